@@ -1,0 +1,25 @@
+# ferroce: the two commands of the README, and helpers.
+#   make demo   - install what is missing, build, run the main job on the embedded default
+#   make test   - install what is missing, run every test (unit, integration, interop)
+CARGO ?= cargo
+
+.PHONY: deps demo test lint bench fmt
+
+deps:
+	@bash scripts/deps.sh
+
+demo: deps
+	$(CARGO) run --release -q -p pmd-bindings --example link_demo
+
+test: deps
+	$(CARGO) test --workspace --no-fail-fast
+
+lint: deps
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+bench: deps
+	$(CARGO) bench --workspace
+
+fmt:
+	$(CARGO) fmt --all

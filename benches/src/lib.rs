@@ -1,0 +1,4 @@
+//! Helpers shared by ferroce's criterion benchmarks and end-to-end throughput runs (in
+//! `benches/benches/`).
+
+#![warn(missing_docs)]

@@ -1,0 +1,6 @@
+//! The InfiniBand transport over RoCEv2, sans-IO: wire formats, ICRC, queue pairs, memory
+//! regions, requester, responder and completer. No DPDK, no threads, no clock: time is an
+//! argument, packets are byte slices in and `Transmit`s out (quinn-proto style).
+
+#![deny(unsafe_code)]
+#![warn(missing_docs)]

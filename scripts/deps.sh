@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Installs the system packages ferroce needs to build and test, only if something is missing
+# (quick when everything is present). Uses sudo when not root. Waits for the dpkg lock,
+# because a fresh machine may be running its own apt at boot.
+set -euo pipefail
+
+APT_PKGS=(libdpdk-dev pkg-config libclang-dev tshark tcpdump python3-pip)
+PIP_PKGS=(scapy)
+
+missing=()
+pkg-config --exists libdpdk 2>/dev/null || missing+=(libdpdk-dev pkg-config)
+[ -e /usr/lib/llvm-14/lib/libclang.so ] || ls /usr/lib/x86_64-linux-gnu/libclang*.so* >/dev/null 2>&1 \
+  || missing+=(libclang-dev)
+command -v tshark >/dev/null || missing+=(tshark)
+command -v tcpdump >/dev/null || missing+=(tcpdump)
+
+SUDO=""
+if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
+
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "deps: installing ${APT_PKGS[*]}" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  # tshark asks whether non-root users may capture; answer no without a prompt.
+  echo "wireshark-common wireshark-common/install-setuid boolean false" | $SUDO debconf-set-selections
+  $SUDO apt-get -o DPkg::Lock::Timeout=600 update -qq >/dev/null || true
+  $SUDO apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends "${APT_PKGS[@]}" >/dev/null
+fi
+
+for p in "${PIP_PKGS[@]}"; do
+  if ! python3 -c "import $p" 2>/dev/null; then
+    echo "deps: pip install $p" >&2
+    python3 -m pip install -q "$p" 2>/dev/null || python3 -m pip install -q --break-system-packages "$p"
+  fi
+done
+
+for tool in rustfmt clippy-driver; do
+  command -v "$tool" >/dev/null || rustup component add "${tool%-driver}" >/dev/null 2>&1 || true
+done

@@ -1,0 +1,4 @@
+//! Shared code of the ferroce command-line tools (`rnicd`, `rnic-perf`, `rnic-ctl`,
+//! `rnic-pcap`).
+
+#![warn(missing_docs)]
