@@ -4,3 +4,9 @@
 
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
+
+pub mod pcap;
+pub mod types;
+pub mod wire;
+
+pub use types::{Gid, Lkey, Msn, Pkey, Psn, Qkey, Qpn, Rkey};

@@ -2,3 +2,5 @@
 //! `rnic-pcap`).
 
 #![warn(missing_docs)]
+
+pub mod pcap_tool;

@@ -1,0 +1,103 @@
+//! Wire-layer costs.
+//!
+//! * `icrc/<impl>/<size>`: CRC-32 throughput for 64, 256, 1024 and 4096 bytes with crc32fast
+//!   (what `roce::wire::icrc` uses) and crc-fast, beside `memcpy/<size>` of the same bytes as the
+//!   baseline measured in the same run.
+//! * `frame/parse_verify_4k_write` and `frame/build_4k_write`: a 4 KiB RDMA WRITE ONLY frame
+//!   parsed with ICRC verification, and built (headers + payload copy + ICRC).
+
+use std::hint::black_box;
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use roce::types::{Psn, Qpn, Rkey};
+use roce::wire::bth::BthRepr;
+use roce::wire::ethernet::EthernetRepr;
+use roce::wire::frame::{self, FrameRepr, IpRepr, TransportRepr};
+use roce::wire::icrc::Icrc;
+use roce::wire::ipv4::{Ecn, Ipv4Repr};
+use roce::wire::opcode::Opcode;
+use roce::wire::reth::RethRepr;
+
+fn crc(c: &mut Criterion) {
+    let mut g = c.benchmark_group("icrc");
+    for size in [64usize, 256, 1024, 4096] {
+        let data: Vec<u8> = (0..size).map(|i| i as u8).collect();
+        let mut dst = vec![0u8; size];
+        g.throughput(Throughput::Bytes(size as u64));
+        g.bench_with_input(BenchmarkId::new("crc32fast", size), &data, |b, d| {
+            b.iter(|| {
+                let mut h = Icrc::new();
+                h.update(black_box(d));
+                h.finish()
+            })
+        });
+        g.bench_with_input(BenchmarkId::new("crc-fast", size), &data, |b, d| {
+            b.iter(|| {
+                let mut h = crc_fast::Digest::new(crc_fast::CrcAlgorithm::Crc32IsoHdlc);
+                h.update(black_box(d));
+                h.finalize()
+            })
+        });
+        g.bench_with_input(BenchmarkId::new("memcpy", size), &data, |b, d| {
+            b.iter(|| {
+                dst.copy_from_slice(black_box(d));
+                black_box(&dst);
+            })
+        });
+    }
+    g.finish();
+}
+
+fn write_frame() -> (FrameRepr, Vec<u8>) {
+    let mut t = TransportRepr::new(BthRepr::new(Opcode(0x0a), Qpn::new(0x12), Psn::new(1)));
+    t.bth.ack_req = true;
+    t.ext.reth = Some(RethRepr {
+        va: 0x1000,
+        rkey: Rkey(0x1234),
+        len: 4096,
+    });
+    let repr = FrameRepr {
+        eth: EthernetRepr {
+            dst: [2, 0, 0, 0x99, 0, 2],
+            src: [2, 0, 0, 0x99, 0, 3],
+            vlan: None,
+            ethertype: 0,
+        },
+        ip: IpRepr::V4(Ipv4Repr {
+            src: [10, 99, 0, 3],
+            dst: [10, 99, 0, 2],
+            dscp: 26,
+            ecn: Ecn::Ect0,
+            ident: 1,
+            dont_frag: true,
+            ttl: 64,
+            protocol: 17,
+            payload_len: 0,
+        }),
+        udp_src_port: 0xc000,
+        udp_checksum: 0,
+        transport: t,
+    };
+    let payload = vec![0x5au8; 4096];
+    let mut buf = vec![0u8; repr.frame_len(4096).unwrap()];
+    repr.emit(&mut buf, &payload).unwrap();
+    (repr, buf)
+}
+
+fn frames(c: &mut Criterion) {
+    let (repr, buf) = write_frame();
+    let payload = vec![0x5au8; 4096];
+    let mut out = vec![0u8; buf.len()];
+    let mut g = c.benchmark_group("frame");
+    g.throughput(Throughput::Elements(1));
+    g.bench_function("parse_verify_4k_write", |b| {
+        b.iter(|| frame::parse(black_box(&buf)).unwrap())
+    });
+    g.bench_function("build_4k_write", |b| {
+        b.iter(|| repr.emit(black_box(&mut out), black_box(&payload)).unwrap())
+    });
+    g.finish();
+}
+
+criterion_group!(wire, crc, frames);
+criterion_main!(wire);

@@ -1,0 +1,927 @@
+//! Whole RoCEv2 frames: a validating parser (contiguous or segmented input) and a builder that
+//! writes headers and trailer into caller memory, with the payload supplied separately.
+//!
+//! Parsing checks, in order: Ethernet type, IP version and header (IPv4 checksum, no
+//! fragments), UDP destination port 4791 and length, BTH TVer, opcode and the extended header
+//! lengths it implies, pad count, and ICRC; the error names the first failure. Every input,
+//! however malformed, yields a result or an error, never a panic.
+
+use super::aeth::{self, AethRepr};
+use super::atomic_ack_eth::{self, AtomicAckEthRepr};
+use super::atomic_eth::{self, AtomicEthRepr};
+use super::bth::{self, BthRepr};
+use super::cnp::{self, CnpRepr};
+use super::deth::{self, DethRepr};
+use super::ethernet::{self, ethertype, EthernetRepr};
+use super::feth::{self, FethRepr};
+use super::icrc::{self, Icrc};
+use super::ieth::{self, IethRepr};
+use super::imm::{self, ImmRepr};
+use super::ipv4::{self, Ipv4Repr};
+use super::ipv6::{self, Ipv6Repr};
+use super::opcode::{ExtHeader, Opcode, OpcodeInfo};
+use super::reth::{self, RethRepr};
+use super::udp::{self, UdpRepr};
+use super::{Error, Layer, Result, ICRC_LEN, ROCEV2_PORT};
+
+/// The extended transport headers of one packet. Which are present is dictated by the opcode
+/// (see [`OpcodeInfo::headers`]); [`TransportRepr::emit`] refuses a mismatch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct ExtHeaders {
+    /// RETH.
+    pub reth: Option<RethRepr>,
+    /// AtomicETH.
+    pub atomic_eth: Option<AtomicEthRepr>,
+    /// DETH.
+    pub deth: Option<DethRepr>,
+    /// FETH.
+    pub feth: Option<FethRepr>,
+    /// Immediate data.
+    pub imm: Option<ImmRepr>,
+    /// IETH.
+    pub ieth: Option<IethRepr>,
+    /// AETH.
+    pub aeth: Option<AethRepr>,
+    /// AtomicAckETH.
+    pub atomic_ack: Option<AtomicAckEthRepr>,
+    /// CNP body.
+    pub cnp: Option<CnpRepr>,
+}
+
+impl ExtHeaders {
+    fn present(&self, h: ExtHeader) -> bool {
+        match h {
+            ExtHeader::Reth => self.reth.is_some(),
+            ExtHeader::AtomicEth => self.atomic_eth.is_some(),
+            ExtHeader::Deth => self.deth.is_some(),
+            ExtHeader::Feth => self.feth.is_some(),
+            ExtHeader::ImmDt => self.imm.is_some(),
+            ExtHeader::Ieth => self.ieth.is_some(),
+            ExtHeader::Aeth => self.aeth.is_some(),
+            ExtHeader::AtomicAckEth => self.atomic_ack.is_some(),
+            ExtHeader::CnpBody => self.cnp.is_some(),
+        }
+    }
+
+    const ALL: [ExtHeader; 9] = [
+        ExtHeader::Reth,
+        ExtHeader::AtomicEth,
+        ExtHeader::Deth,
+        ExtHeader::Feth,
+        ExtHeader::ImmDt,
+        ExtHeader::Ieth,
+        ExtHeader::Aeth,
+        ExtHeader::AtomicAckEth,
+        ExtHeader::CnpBody,
+    ];
+}
+
+/// BTH plus extended headers: everything between UDP and the payload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct TransportRepr {
+    /// Base transport header.
+    pub bth: BthRepr,
+    /// Extended headers.
+    pub ext: ExtHeaders,
+}
+
+impl TransportRepr {
+    /// A transport header with no extended headers set yet.
+    pub const fn new(bth: BthRepr) -> TransportRepr {
+        TransportRepr {
+            bth,
+            ext: ExtHeaders {
+                reth: None,
+                atomic_eth: None,
+                deth: None,
+                feth: None,
+                imm: None,
+                ieth: None,
+                aeth: None,
+                atomic_ack: None,
+                cnp: None,
+            },
+        }
+    }
+
+    /// The opcode's table entry (error for an unknown opcode).
+    pub fn info(&self) -> Result<&'static OpcodeInfo> {
+        self.bth
+            .opcode
+            .info()
+            .ok_or(Error::UnknownOpcode(self.bth.opcode.0))
+    }
+
+    /// Parses the BTH and the extended headers its opcode calls for, from the start of `buf`.
+    /// Returns the headers and their total length.
+    pub fn parse(buf: &[u8]) -> Result<(TransportRepr, usize)> {
+        let bth = BthRepr::parse(&bth::Packet::new_checked(buf)?)?;
+        let info = bth
+            .opcode
+            .info()
+            .ok_or(Error::UnknownOpcode(bth.opcode.0))?;
+        let total = bth::HEADER_LEN + info.ext_len;
+        if buf.len() < total {
+            return Err(Error::Truncated(Layer::ExtHeaders));
+        }
+        let mut t = TransportRepr::new(bth);
+        let mut off = bth::HEADER_LEN;
+        for &h in info.headers {
+            let b = &buf[off..off + h.len()];
+            match h {
+                ExtHeader::Reth => {
+                    t.ext.reth = Some(RethRepr::parse(&reth::Packet::new_checked(b)?)?)
+                }
+                ExtHeader::AtomicEth => {
+                    t.ext.atomic_eth =
+                        Some(AtomicEthRepr::parse(&atomic_eth::Packet::new_checked(b)?)?)
+                }
+                ExtHeader::Deth => {
+                    t.ext.deth = Some(DethRepr::parse(&deth::Packet::new_checked(b)?)?)
+                }
+                ExtHeader::Feth => {
+                    t.ext.feth = Some(FethRepr::parse(&feth::Packet::new_checked(b)?)?)
+                }
+                ExtHeader::ImmDt => {
+                    t.ext.imm = Some(ImmRepr::parse(&imm::Packet::new_checked(b)?)?)
+                }
+                ExtHeader::Ieth => {
+                    t.ext.ieth = Some(IethRepr::parse(&ieth::Packet::new_checked(b)?)?)
+                }
+                ExtHeader::Aeth => {
+                    t.ext.aeth = Some(AethRepr::parse(&aeth::Packet::new_checked(b)?)?)
+                }
+                ExtHeader::AtomicAckEth => {
+                    t.ext.atomic_ack = Some(AtomicAckEthRepr::parse(
+                        &atomic_ack_eth::Packet::new_checked(b)?,
+                    )?)
+                }
+                ExtHeader::CnpBody => {
+                    t.ext.cnp = Some(CnpRepr::parse(&cnp::Packet::new_checked(b)?)?)
+                }
+            }
+            off += h.len();
+        }
+        Ok((t, total))
+    }
+
+    /// Length of the BTH and extended headers.
+    pub fn buffer_len(&self) -> Result<usize> {
+        Ok(bth::HEADER_LEN + self.info()?.ext_len)
+    }
+
+    /// Writes the BTH and the extended headers, in the table's order. Fails if the extended
+    /// headers set are not exactly those the opcode calls for.
+    pub fn emit(&self, buf: &mut [u8]) -> Result<usize> {
+        let info = self.info()?;
+        for h in ExtHeaders::ALL {
+            if self.ext.present(h) != info.has(h) {
+                return Err(Error::HeadersMismatch(info.opcode));
+            }
+        }
+        let total = bth::HEADER_LEN + info.ext_len;
+        if buf.len() < total {
+            return Err(Error::BufferTooSmall { need: total });
+        }
+        self.bth.emit(buf)?;
+        let mut off = bth::HEADER_LEN;
+        for &h in info.headers {
+            let b = &mut buf[off..off + h.len()];
+            // `present` was checked above, so each unwrap_or_default never takes the default.
+            match h {
+                ExtHeader::Reth => self.ext.reth.unwrap_or_default().emit(b)?,
+                ExtHeader::AtomicEth => self.ext.atomic_eth.unwrap_or_default().emit(b)?,
+                ExtHeader::Deth => self.ext.deth.unwrap_or_default().emit(b)?,
+                ExtHeader::Feth => self.ext.feth.unwrap_or_default().emit(b)?,
+                ExtHeader::ImmDt => self.ext.imm.unwrap_or_default().emit(b)?,
+                ExtHeader::Ieth => self.ext.ieth.unwrap_or_default().emit(b)?,
+                ExtHeader::Aeth => self
+                    .ext
+                    .aeth
+                    .unwrap_or(AethRepr::ack(0, Default::default()))
+                    .emit(b)?,
+                ExtHeader::AtomicAckEth => self.ext.atomic_ack.unwrap_or_default().emit(b)?,
+                ExtHeader::CnpBody => self.ext.cnp.unwrap_or_default().emit(b)?,
+            }
+            off += h.len();
+        }
+        Ok(total)
+    }
+}
+
+/// The network layer of a RoCEv2 frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum IpRepr {
+    /// IPv4 (GIDs are IPv4-mapped).
+    V4(Ipv4Repr),
+    /// IPv6.
+    V6(Ipv6Repr),
+}
+
+impl IpRepr {
+    /// Header length.
+    pub const fn header_len(&self) -> usize {
+        match self {
+            IpRepr::V4(_) => ipv4::HEADER_LEN,
+            IpRepr::V6(_) => ipv6::HEADER_LEN,
+        }
+    }
+
+    /// Whether this is IPv6.
+    pub const fn is_ipv6(&self) -> bool {
+        matches!(self, IpRepr::V6(_))
+    }
+
+    /// DSCP.
+    pub const fn dscp(&self) -> u8 {
+        match self {
+            IpRepr::V4(r) => r.dscp,
+            IpRepr::V6(r) => r.dscp,
+        }
+    }
+
+    /// ECN codepoint.
+    pub const fn ecn(&self) -> ipv4::Ecn {
+        match self {
+            IpRepr::V4(r) => r.ecn,
+            IpRepr::V6(r) => r.ecn,
+        }
+    }
+
+    /// Source and destination as GIDs.
+    pub fn gids(&self) -> (super::Gid, super::Gid) {
+        match self {
+            IpRepr::V4(r) => (super::Gid::from_ipv4(r.src), super::Gid::from_ipv4(r.dst)),
+            IpRepr::V6(r) => (super::Gid(r.src), super::Gid(r.dst)),
+        }
+    }
+
+    /// Payload length (after the IP header).
+    pub const fn payload_len(&self) -> usize {
+        match self {
+            IpRepr::V4(r) => r.payload_len,
+            IpRepr::V6(r) => r.payload_len,
+        }
+    }
+
+    fn set_payload_len(&mut self, n: usize) {
+        match self {
+            IpRepr::V4(r) => r.payload_len = n,
+            IpRepr::V6(r) => r.payload_len = n,
+        }
+    }
+
+    fn ethertype(&self) -> u16 {
+        match self {
+            IpRepr::V4(_) => ethertype::IPV4,
+            IpRepr::V6(_) => ethertype::IPV6,
+        }
+    }
+}
+
+/// Every header of a RoCEv2 frame: what the builder needs and what the parser returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct FrameRepr {
+    /// Ethernet header (the EtherType is derived from `ip` when emitting).
+    pub eth: EthernetRepr,
+    /// IP header (its length fields are derived when emitting).
+    pub ip: IpRepr,
+    /// UDP source port (flow entropy).
+    pub udp_src_port: u16,
+    /// UDP checksum as carried (0 when sending).
+    pub udp_checksum: u16,
+    /// BTH and extended headers (the pad count is derived when emitting).
+    pub transport: TransportRepr,
+}
+
+/// Pad bytes that align a payload of `len` bytes to 4 (IBA 9.2: PadCnt).
+pub const fn pad_for(len: usize) -> usize {
+    (4 - (len & 3)) & 3
+}
+
+impl FrameRepr {
+    /// Bytes of headers before the payload.
+    pub fn header_len(&self) -> Result<usize> {
+        Ok(self.eth.buffer_len()
+            + self.ip.header_len()
+            + udp::HEADER_LEN
+            + self.transport.buffer_len()?)
+    }
+
+    /// Bytes of the whole frame for a payload of `payload_len` bytes.
+    pub fn frame_len(&self, payload_len: usize) -> Result<usize> {
+        Ok(self.header_len()? + payload_len + pad_for(payload_len) + ICRC_LEN)
+    }
+
+    /// Writes every header into `hdr`, with the lengths, IPv4 checksum and BTH pad count that
+    /// a payload of `payload_len` bytes implies. Returns the header length. The payload goes
+    /// right after, then the trailer from [`FrameRepr::emit_trailer`].
+    pub fn emit_headers(&self, hdr: &mut [u8], payload_len: usize) -> Result<usize> {
+        let tlen = self.transport.buffer_len()?;
+        let hlen = self.header_len()?;
+        if hdr.len() < hlen {
+            return Err(Error::BufferTooSmall { need: hlen });
+        }
+        let pad = pad_for(payload_len);
+        let udp_payload = tlen + payload_len + pad + ICRC_LEN;
+        let mut eth = self.eth;
+        eth.ethertype = self.ip.ethertype();
+        let mut off = eth.buffer_len();
+        eth.emit(hdr)?;
+        let mut ip = self.ip;
+        ip.set_payload_len(udp::HEADER_LEN + udp_payload);
+        match &ip {
+            IpRepr::V4(r) => r.emit(&mut hdr[off..])?,
+            IpRepr::V6(r) => r.emit(&mut hdr[off..])?,
+        }
+        off += ip.header_len();
+        UdpRepr {
+            src_port: self.udp_src_port,
+            dst_port: ROCEV2_PORT,
+            payload_len: udp_payload,
+            checksum: self.udp_checksum,
+        }
+        .emit(&mut hdr[off..])?;
+        off += udp::HEADER_LEN;
+        let mut t = self.transport;
+        t.bth.pad_count = pad as u8;
+        off += t.emit(&mut hdr[off..])?;
+        debug_assert_eq!(off, hlen);
+        Ok(hlen)
+    }
+
+    /// Computes the trailer (zero pad bytes, then the ICRC least-significant byte first) of a
+    /// frame whose headers `hdr` were written by [`FrameRepr::emit_headers`] and whose payload
+    /// is the concatenation of `payload`. Writes it to `trailer`; returns its length. The
+    /// payload segments are read in place.
+    pub fn emit_trailer(&self, hdr: &[u8], payload: &[&[u8]], trailer: &mut [u8]) -> Result<usize> {
+        let payload_len: usize = payload.iter().map(|s| s.len()).sum();
+        let pad = pad_for(payload_len);
+        let need = pad + ICRC_LEN;
+        if trailer.len() < need {
+            return Err(Error::BufferTooSmall { need });
+        }
+        let l3 = self.eth.buffer_len();
+        let hlen = self.header_len()?;
+        if hdr.len() < hlen {
+            return Err(Error::BufferTooSmall { need: hlen });
+        }
+        let ip_hl = self.ip.header_len();
+        let prefix_end = l3 + ip_hl + udp::HEADER_LEN + bth::HEADER_LEN;
+        let mut c = Icrc::new();
+        c.update_masked_prefix(&hdr[l3..prefix_end], self.ip.is_ipv6(), ip_hl);
+        c.update(&hdr[prefix_end..hlen]);
+        for seg in payload {
+            c.update(seg);
+        }
+        c.update_zeros(pad);
+        trailer[..pad].fill(0);
+        trailer[pad..need].copy_from_slice(&c.finish().to_le_bytes());
+        Ok(need)
+    }
+
+    /// Writes a complete frame (headers, payload, pad, ICRC) into `buf`; returns its length.
+    pub fn emit(&self, buf: &mut [u8], payload: &[u8]) -> Result<usize> {
+        let total = self.frame_len(payload.len())?;
+        if buf.len() < total {
+            return Err(Error::BufferTooSmall { need: total });
+        }
+        let hlen = self.emit_headers(buf, payload.len())?;
+        buf[hlen..hlen + payload.len()].copy_from_slice(payload);
+        let (head, tail) = buf.split_at_mut(hlen + payload.len());
+        self.emit_trailer(&head[..hlen], &[payload], tail)?;
+        Ok(total)
+    }
+}
+
+/// A parsed frame: its headers and where its payload lies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ParsedFrame {
+    /// The headers.
+    pub repr: FrameRepr,
+    /// Offset of the payload from the start of the frame.
+    pub payload_offset: usize,
+    /// Payload length (pad excluded).
+    pub payload_len: usize,
+    /// Offset of the IP header (Ethernet header length).
+    pub l3_offset: usize,
+    /// Length of the frame up to and including the ICRC (Ethernet padding excluded).
+    pub frame_len: usize,
+    /// The ICRC the frame carries (wire bytes read little-endian).
+    pub icrc_received: u32,
+    /// The ICRC computed over the frame.
+    pub icrc_computed: u32,
+}
+
+impl ParsedFrame {
+    /// Whether the ICRC verifies.
+    pub fn icrc_ok(&self) -> bool {
+        self.icrc_received == self.icrc_computed
+    }
+
+    /// The payload of a contiguous frame.
+    pub fn payload<'a>(&self, frame: &'a [u8]) -> &'a [u8] {
+        &frame[self.payload_offset..self.payload_offset + self.payload_len]
+    }
+
+    /// The opcode's table entry (always known after a successful parse).
+    pub fn info(&self) -> &'static OpcodeInfo {
+        self.repr
+            .transport
+            .bth
+            .opcode
+            .info()
+            .expect("parse only accepts known opcodes")
+    }
+}
+
+/// Parses and verifies a frame held in one slice.
+pub fn parse(frame: &[u8]) -> Result<ParsedFrame> {
+    parse_segments(&[frame])
+}
+
+/// Parses and verifies a frame held in several segments (e.g. an mbuf chain).
+pub fn parse_segments(segments: &[&[u8]]) -> Result<ParsedFrame> {
+    let p = inspect_segments(segments)?;
+    if !p.icrc_ok() {
+        return Err(Error::BadIcrc {
+            received: p.icrc_received,
+            computed: p.icrc_computed,
+        });
+    }
+    Ok(p)
+}
+
+/// Longest header stack: tagged Ethernet 18 + IPv4 with options 60 + UDP 8 + BTH 12 + the
+/// largest extended headers (FETH + RETH = 20, or AtomicETH 28).
+const MAX_HEADERS: usize = 18 + 60 + 8 + 12 + 28;
+
+/// Parses a frame and computes its ICRC without failing on a mismatch (for tools that show
+/// `icrc: bad`). Every other check is applied.
+pub fn inspect_segments(segments: &[&[u8]]) -> Result<ParsedFrame> {
+    let total: usize = segments.iter().map(|s| s.len()).sum();
+    // Headers may straddle segments: gather the first bytes into a stack buffer.
+    let mut head = [0u8; MAX_HEADERS];
+    let head_len = copy_range(segments, 0, total.min(MAX_HEADERS), &mut head);
+    let head = &head[..head_len];
+
+    let eth_frame = ethernet::Frame::new_checked(head)?;
+    let eth = EthernetRepr::parse(&eth_frame)?;
+    let l3 = eth_frame.header_len();
+    if eth.ethertype != ethertype::IPV4 && eth.ethertype != ethertype::IPV6 {
+        return Err(Error::NotIp(eth.ethertype));
+    }
+    let after_eth = &head[l3..];
+    let l3_avail = total - l3;
+    // IP: validated against the whole frame length (the payload may lie in later segments).
+    let (ip, ip_hl) = if eth.ethertype == ethertype::IPV4 {
+        let r = Ipv4Repr::parse_header(&ipv4::Packet::new_unchecked(after_eth), l3_avail)?;
+        if r.protocol != ipv4::PROTO_UDP {
+            return Err(Error::NotUdp(r.protocol));
+        }
+        (
+            IpRepr::V4(r),
+            ipv4::Packet::new_unchecked(after_eth).header_len(),
+        )
+    } else {
+        let r = Ipv6Repr::parse_header(&ipv6::Packet::new_unchecked(after_eth), l3_avail)?;
+        if r.next_header != ipv4::PROTO_UDP {
+            return Err(Error::NotUdp(r.next_header));
+        }
+        (IpRepr::V6(r), ipv6::HEADER_LEN)
+    };
+    let ip_payload = ip.payload_len();
+    let l4 = l3 + ip_hl;
+    let udp_view = udp::Packet::new_checked(head.get(l4..).unwrap_or(&[]))?;
+    if udp_view.dst_port() != ROCEV2_PORT {
+        return Err(Error::NotRoceV2(udp_view.dst_port()));
+    }
+    let udp = UdpRepr::parse(&udp_view, ip_payload)?;
+    let bth_off = l4 + udp::HEADER_LEN;
+    let (transport, tlen) = TransportRepr::parse(head.get(bth_off..).unwrap_or(&[]))?;
+    // The BTH through the ICRC must fit in the UDP payload.
+    if udp.payload_len < tlen + ICRC_LEN {
+        return Err(Error::Truncated(Layer::ExtHeaders));
+    }
+    let after_headers = udp.payload_len - tlen - ICRC_LEN;
+    let pad = transport.bth.pad_count as usize;
+    if pad > after_headers || udp.payload_len % 4 != 0 {
+        return Err(Error::BadPadCount(transport.bth.pad_count));
+    }
+    let payload_offset = bth_off + tlen;
+    let payload_len = after_headers - pad;
+    let icrc_off = bth_off + udp.payload_len - ICRC_LEN;
+    let mut icrc_bytes = [0u8; 4];
+    copy_range(segments, icrc_off, icrc_off + ICRC_LEN, &mut icrc_bytes);
+    let computed = icrc::compute_segments(
+        SegmentRange::new(segments, l3, icrc_off),
+        ip.is_ipv6(),
+        ip_hl,
+    );
+    Ok(ParsedFrame {
+        repr: FrameRepr {
+            eth,
+            ip,
+            udp_src_port: udp.src_port,
+            udp_checksum: udp.checksum,
+            transport,
+        },
+        payload_offset,
+        payload_len,
+        l3_offset: l3,
+        frame_len: icrc_off + ICRC_LEN,
+        icrc_received: u32::from_le_bytes(icrc_bytes),
+        icrc_computed: computed,
+    })
+}
+
+/// Contiguous form of [`inspect_segments`].
+pub fn inspect(frame: &[u8]) -> Result<ParsedFrame> {
+    inspect_segments(&[frame])
+}
+
+/// Copies bytes `start..end` of the concatenated segments into `out`; returns how many.
+fn copy_range(segments: &[&[u8]], start: usize, end: usize, out: &mut [u8]) -> usize {
+    let mut n = 0;
+    for s in SegmentRange::new(segments, start, end) {
+        let take = s.len().min(out.len() - n);
+        out[n..n + take].copy_from_slice(&s[..take]);
+        n += take;
+    }
+    n
+}
+
+/// Iterator over the parts of `segments` that fall in `start..end` of their concatenation.
+pub struct SegmentRange<'a, 'b> {
+    segments: &'b [&'a [u8]],
+    idx: usize,
+    pos: usize,
+    start: usize,
+    end: usize,
+}
+
+impl<'a, 'b> SegmentRange<'a, 'b> {
+    /// Bytes `start..end` of the concatenation of `segments`.
+    pub fn new(segments: &'b [&'a [u8]], start: usize, end: usize) -> Self {
+        SegmentRange {
+            segments,
+            idx: 0,
+            pos: 0,
+            start,
+            end,
+        }
+    }
+}
+
+impl<'a> Iterator for SegmentRange<'a, '_> {
+    type Item = &'a [u8];
+
+    fn next(&mut self) -> Option<&'a [u8]> {
+        while self.idx < self.segments.len() {
+            let s = self.segments[self.idx];
+            let (s_start, s_end) = (self.pos, self.pos + s.len());
+            self.idx += 1;
+            self.pos = s_end;
+            let a = self.start.max(s_start);
+            let b = self.end.min(s_end);
+            if a < b {
+                return Some(&s[a - s_start..b - s_start]);
+            }
+            if s_start >= self.end {
+                return None;
+            }
+        }
+        None
+    }
+}
+
+/// Classification of any Ethernet frame (for tools and the dataplane's first look).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FrameKind {
+    /// RoCEv2 (UDP 4791 over IPv4/IPv6), other than CNP.
+    Roce,
+    /// RoCEv2 congestion notification.
+    Cnp,
+    /// 802.1Qbb priority flow control.
+    Pfc,
+    /// 802.3x link-level PAUSE.
+    Pause,
+    /// ARP.
+    Arp,
+    /// Anything else.
+    Other,
+}
+
+impl FrameKind {
+    /// The name rnic-pcap prints.
+    pub const fn name(self) -> &'static str {
+        match self {
+            FrameKind::Roce => "roce",
+            FrameKind::Cnp => "cnp",
+            FrameKind::Pfc => "pfc",
+            FrameKind::Pause => "pause",
+            FrameKind::Arp => "arp",
+            FrameKind::Other => "other",
+        }
+    }
+}
+
+/// Quick classification from the first bytes of a frame (no validation beyond what the
+/// decision needs): MAC control by opcode, ARP by EtherType, RoCE by UDP destination port and
+/// opcode 0x81 for CNP.
+pub fn classify(frame: &[u8]) -> FrameKind {
+    let Ok(eth) = ethernet::Frame::new_checked(frame) else {
+        return FrameKind::Other;
+    };
+    let l3 = eth.header_len();
+    let rest = &frame[l3..];
+    match eth.ethertype() {
+        ethertype::MAC_CONTROL => match rest.get(..2) {
+            Some([0x01, 0x01]) => FrameKind::Pfc,
+            Some([0x00, 0x01]) => FrameKind::Pause,
+            _ => FrameKind::Other,
+        },
+        ethertype::ARP => FrameKind::Arp,
+        et @ (ethertype::IPV4 | ethertype::IPV6) => {
+            let (proto, hl) = if et == ethertype::IPV4 {
+                match rest.first() {
+                    Some(b) if rest.len() >= 20 => (rest[9], ((b & 0x0f) as usize) * 4),
+                    _ => return FrameKind::Other,
+                }
+            } else if rest.len() >= 40 {
+                (rest[6], 40)
+            } else {
+                return FrameKind::Other;
+            };
+            if proto != ipv4::PROTO_UDP {
+                return FrameKind::Other;
+            }
+            match rest.get(hl + 2..hl + 4) {
+                Some(p) if u16::from_be_bytes([p[0], p[1]]) == ROCEV2_PORT => {
+                    match rest.get(hl + udp::HEADER_LEN) {
+                        Some(&op) if Opcode(op) == Opcode::CNP => FrameKind::Cnp,
+                        _ => FrameKind::Roce,
+                    }
+                }
+                _ => FrameKind::Other,
+            }
+        }
+        _ => FrameKind::Other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::{Msn, Psn, Qpn, Rkey};
+    use crate::wire::ethernet::VlanTag;
+    use crate::wire::ipv4::Ecn;
+
+    fn hex(s: &str) -> Vec<u8> {
+        (0..s.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+            .collect()
+    }
+
+    const CX4_CNP: &str = "e41d2dab2bc27cfe90643b32080045c2003c718c4000401191610a0011010a001201000012b7002800008100ffff40000118000000000000000000000000000000000000000082fd002a";
+
+    fn write_frame(ipv6: bool, vlan: bool, payload: &[u8]) -> (FrameRepr, Vec<u8>) {
+        let mut t = TransportRepr::new(BthRepr::new(
+            Opcode(0x0a),
+            Qpn::new(0x12),
+            Psn::new(0xfffffe),
+        ));
+        t.bth.ack_req = true;
+        t.ext.reth = Some(RethRepr {
+            va: 0x1000,
+            rkey: Rkey(0x38b),
+            len: payload.len() as u32,
+        });
+        let ip = if ipv6 {
+            IpRepr::V6(Ipv6Repr {
+                src: [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1],
+                dst: [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2],
+                dscp: 26,
+                ecn: Ecn::Ect0,
+                flow_label: 0x12345,
+                next_header: 17,
+                hop_limit: 64,
+                payload_len: 0,
+            })
+        } else {
+            IpRepr::V4(Ipv4Repr {
+                src: [10, 99, 0, 3],
+                dst: [10, 99, 0, 2],
+                dscp: 26,
+                ecn: Ecn::Ect0,
+                ident: 7,
+                dont_frag: true,
+                ttl: 64,
+                protocol: 17,
+                payload_len: 0,
+            })
+        };
+        let repr = FrameRepr {
+            eth: EthernetRepr {
+                dst: [2, 0, 0, 0x99, 0, 2],
+                src: [2, 0, 0, 0x99, 0, 3],
+                vlan: vlan.then_some(VlanTag {
+                    pcp: 3,
+                    dei: false,
+                    vid: 99,
+                }),
+                ethertype: 0,
+            },
+            ip,
+            udp_src_port: 0xc123,
+            udp_checksum: 0,
+            transport: t,
+        };
+        let mut buf = vec![0u8; repr.frame_len(payload.len()).unwrap()];
+        let n = repr.emit(&mut buf, payload).unwrap();
+        assert_eq!(n, buf.len());
+        (repr, buf)
+    }
+
+    #[test]
+    fn hardware_cnp_parses_and_re_emits() {
+        let f = hex(CX4_CNP);
+        let p = parse(&f).unwrap();
+        assert_eq!(classify(&f), FrameKind::Cnp);
+        let t = &p.repr.transport;
+        assert_eq!(t.bth.opcode, Opcode::CNP);
+        assert!(t.bth.becn);
+        assert_eq!(t.bth.dest_qp, Qpn::new(0x118));
+        assert_eq!(p.repr.ip.dscp(), 48);
+        assert_eq!(p.repr.ip.ecn(), Ecn::Ect0);
+        assert_eq!(p.payload_len, 0);
+        let mut out = vec![0u8; f.len()];
+        assert_eq!(p.repr.emit(&mut out, &[]).unwrap(), f.len());
+        assert_eq!(out, f);
+    }
+
+    #[test]
+    fn build_parse_round_trip_all_l3_variants() {
+        for ipv6 in [false, true] {
+            for vlan in [false, true] {
+                for len in [0usize, 1, 2, 3, 4, 1024, 4095] {
+                    let payload: Vec<u8> = (0..len).map(|i| i as u8).collect();
+                    let (repr, buf) = write_frame(ipv6, vlan, &payload);
+                    let p = parse(&buf).unwrap();
+                    assert_eq!(p.payload(&buf), &payload[..]);
+                    let mut expect = repr;
+                    expect.eth.ethertype = if ipv6 {
+                        ethertype::IPV6
+                    } else {
+                        ethertype::IPV4
+                    };
+                    expect.transport.bth.pad_count = pad_for(len) as u8;
+                    expect.ip.set_payload_len(p.repr.ip.payload_len());
+                    assert_eq!(p.repr, expect);
+                    // Any split into segments parses the same.
+                    for cut in [1, 13, 17, 30, 50, 61, buf.len() - 2] {
+                        if cut < buf.len() {
+                            let (a, b) = buf.split_at(cut);
+                            assert_eq!(parse_segments(&[a, b]).unwrap(), p, "cut {cut}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn icrc_covers_invariant_bytes_only() {
+        let payload = [0x5a; 64];
+        let (_, buf) = write_frame(false, false, &payload);
+        let l3 = 14;
+        // Every byte covered by the ICRC is caught, except the masked ones.
+        let masked = [l3 + 1, l3 + 8, l3 + 10, l3 + 11, l3 + 26, l3 + 27, l3 + 32];
+        for i in l3..buf.len() - 4 {
+            let mut b = buf.clone();
+            b[i] ^= 0x01;
+            let r = parse(&b);
+            if masked.contains(&i) {
+                // TOS/TTL/checksum changes break the IPv4 checksum instead (checked below).
+                if i == l3 + 26 || i == l3 + 27 || i == l3 + 32 {
+                    assert!(r.is_ok(), "masked byte {i} must not matter: {r:?}");
+                }
+            } else {
+                assert!(r.is_err(), "byte {i} not covered");
+            }
+        }
+        // A router rewrites TTL and DSCP/ECN and fixes the IP checksum: still valid.
+        let mut b = buf.clone();
+        {
+            let mut ip = ipv4::Packet::new_unchecked(&mut b[l3..]);
+            ip.set_ttl(3);
+            ip.set_dscp_ecn(10, Ecn::Ce);
+            ip.fill_checksum();
+        }
+        let p = parse(&b).unwrap();
+        assert_eq!(p.repr.ip.ecn(), Ecn::Ce);
+        // ... but without fixing the checksum it is its own error.
+        let mut b = buf.clone();
+        b[l3 + 8] = 1;
+        assert_eq!(parse(&b).unwrap_err(), Error::BadIpv4Checksum);
+        // FECN/BECN set by a switch: still valid.
+        let mut b = buf.clone();
+        bth::Packet::new_unchecked(&mut b[l3 + 28..]).set_fecn(true);
+        assert!(parse(&b).unwrap().repr.transport.bth.fecn);
+        // IPv6: traffic class, flow label and hop limit are masked.
+        let (_, buf6) = write_frame(true, false, &payload);
+        let mut b = buf6.clone();
+        ipv6::Packet::new_unchecked(&mut b[l3..]).set_dscp_ecn(0, Ecn::Ce);
+        ipv6::Packet::new_unchecked(&mut b[l3..]).set_hop_limit(1);
+        b[l3 + 3] ^= 0xff; // flow label
+        assert!(parse(&b).is_ok());
+        let mut b = buf6.clone();
+        b[l3 + 8] ^= 1; // source address
+        assert!(matches!(parse(&b), Err(Error::BadIcrc { .. })));
+    }
+
+    #[test]
+    fn errors_name_the_first_failure() {
+        let (_, buf) = write_frame(false, false, &[1, 2, 3, 4, 5]);
+        let fix = |b: &mut Vec<u8>| ipv4::Packet::new_unchecked(&mut b[14..]).fill_checksum();
+        let mut b = buf.clone();
+        b[12] = 0x88;
+        b[13] = 0x08;
+        assert_eq!(parse(&b).unwrap_err(), Error::NotIp(0x8808));
+        let mut b = buf.clone();
+        b[14] = 0x65;
+        assert_eq!(parse(&b).unwrap_err(), Error::BadIpVersion(6));
+        let mut b = buf.clone();
+        b[20] = 0x20;
+        fix(&mut b);
+        assert_eq!(parse(&b).unwrap_err(), Error::Ipv4Fragment);
+        let mut b = buf.clone();
+        b[23] = 6;
+        fix(&mut b);
+        assert_eq!(parse(&b).unwrap_err(), Error::NotUdp(6));
+        let mut b = buf.clone();
+        b[36] = 0x12;
+        b[37] = 0xb8;
+        assert_eq!(parse(&b).unwrap_err(), Error::NotRoceV2(4792));
+        let mut b = buf.clone();
+        b[39] += 4;
+        assert!(matches!(parse(&b).unwrap_err(), Error::BadUdpLength(_)));
+        let mut b = buf.clone();
+        b[43] |= 1;
+        assert_eq!(parse(&b).unwrap_err(), Error::BadTver(1));
+        let mut b = buf.clone();
+        b[42] = 0x15;
+        assert_eq!(parse(&b).unwrap_err(), Error::UnknownOpcode(0x15));
+        let mut b = buf.clone();
+        b[43] = 0; // pad 3 -> 0: alignment still fine but ICRC now wrong
+        assert!(matches!(parse(&b).unwrap_err(), Error::BadIcrc { .. }));
+        let mut b = buf.clone();
+        b[43] = 0x30;
+        let (_, short) = write_frame(false, false, &[]);
+        let mut s = short.clone();
+        s[43] = 0x30; // pad 3 with no payload
+        assert_eq!(parse(&s).unwrap_err(), Error::BadPadCount(3));
+        let _ = b;
+        assert_eq!(
+            parse(&buf[..buf.len() - 1]).unwrap_err(),
+            Error::BadIpLength(buf.len() as u16 - 14)
+        );
+        assert_eq!(
+            parse(&buf[..10]).unwrap_err(),
+            Error::Truncated(Layer::Ethernet)
+        );
+        // Trailing Ethernet padding is ignored.
+        let mut padded = buf.clone();
+        padded.extend_from_slice(&[0; 7]);
+        assert_eq!(parse(&padded).unwrap().frame_len, buf.len());
+    }
+
+    #[test]
+    fn emit_refuses_headers_that_do_not_match_the_opcode() {
+        let mut t = TransportRepr::new(BthRepr::new(Opcode::RC_ACK, Qpn::new(1), Psn::new(0)));
+        let mut b = [0u8; 64];
+        assert_eq!(t.emit(&mut b), Err(Error::HeadersMismatch(0x11)));
+        t.ext.aeth = Some(AethRepr::ack(31, Msn::new(0)));
+        assert_eq!(t.emit(&mut b), Ok(16));
+        t.ext.reth = Some(RethRepr::default());
+        assert_eq!(t.emit(&mut b), Err(Error::HeadersMismatch(0x11)));
+        t.bth.opcode = Opcode(0x15);
+        assert_eq!(t.emit(&mut b), Err(Error::UnknownOpcode(0x15)));
+    }
+
+    #[test]
+    fn classify_kinds() {
+        let (_, roce) = write_frame(false, true, &[0; 8]);
+        assert_eq!(classify(&roce), FrameKind::Roce);
+        let mut pfc = vec![0u8; 60];
+        pfc[12] = 0x88;
+        pfc[13] = 0x08;
+        pfc[14] = 1;
+        pfc[15] = 1;
+        assert_eq!(classify(&pfc), FrameKind::Pfc);
+        pfc[14] = 0;
+        assert_eq!(classify(&pfc), FrameKind::Pause);
+        assert_eq!(classify(&[0u8; 5]), FrameKind::Other);
+    }
+}

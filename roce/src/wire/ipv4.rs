@@ -1,0 +1,423 @@
+//! IPv4 header (RFC 791) with its header checksum (RFC 1071).
+
+use super::{get_u16, put_u16, Error, Field, Layer, Result};
+
+/// Byte ranges.
+pub mod field {
+    use super::Field;
+    /// Version (4 bits) and IHL (4 bits).
+    pub const VER_IHL: usize = 0;
+    /// DSCP (6 bits) and ECN (2 bits).
+    pub const TOS: usize = 1;
+    /// Total length.
+    pub const LENGTH: Field = 2..4;
+    /// Identification.
+    pub const IDENT: Field = 4..6;
+    /// Flags (3 bits) and fragment offset (13 bits).
+    pub const FLG_OFF: Field = 6..8;
+    /// Time to live.
+    pub const TTL: usize = 8;
+    /// Protocol.
+    pub const PROTOCOL: usize = 9;
+    /// Header checksum.
+    pub const CHECKSUM: Field = 10..12;
+    /// Source address.
+    pub const SRC: Field = 12..16;
+    /// Destination address.
+    pub const DST: Field = 16..20;
+}
+
+/// Header length without options.
+pub const HEADER_LEN: usize = 20;
+/// IP protocol number of UDP.
+pub const PROTO_UDP: u8 = 17;
+
+/// The 2-bit ECN codepoint (RFC 3168), shared by IPv4 and IPv6.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Ecn {
+    /// 00: not ECN-capable.
+    #[default]
+    NotEct,
+    /// 01: ECN-capable transport (1).
+    Ect1,
+    /// 10: ECN-capable transport (0), what RoCE senders mark.
+    Ect0,
+    /// 11: congestion experienced.
+    Ce,
+}
+
+impl Ecn {
+    /// From the low 2 bits.
+    pub const fn from_bits(b: u8) -> Ecn {
+        match b & 3 {
+            0 => Ecn::NotEct,
+            1 => Ecn::Ect1,
+            2 => Ecn::Ect0,
+            _ => Ecn::Ce,
+        }
+    }
+
+    /// The 2-bit value.
+    pub const fn bits(self) -> u8 {
+        match self {
+            Ecn::NotEct => 0,
+            Ecn::Ect1 => 1,
+            Ecn::Ect0 => 2,
+            Ecn::Ce => 3,
+        }
+    }
+
+    /// The name `rnic-pcap` prints: `not-ect`, `ect1`, `ect0`, `ce`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Ecn::NotEct => "not-ect",
+            Ecn::Ect1 => "ect1",
+            Ecn::Ect0 => "ect0",
+            Ecn::Ce => "ce",
+        }
+    }
+}
+
+/// Zero-copy view of an IPv4 header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Packet<T: AsRef<[u8]>> {
+    buffer: T,
+}
+
+impl<T: AsRef<[u8]>> Packet<T> {
+    /// Wraps without checking.
+    pub const fn new_unchecked(buffer: T) -> Self {
+        Packet { buffer }
+    }
+
+    /// Wraps after [`Packet::check_len`].
+    pub fn new_checked(buffer: T) -> Result<Self> {
+        let p = Packet::new_unchecked(buffer);
+        p.check_len()?;
+        Ok(p)
+    }
+
+    /// Checks the fixed header, the IHL and the total length against the buffer.
+    pub fn check_len(&self) -> Result<()> {
+        let b = self.buffer.as_ref();
+        if b.len() < HEADER_LEN {
+            return Err(Error::Truncated(Layer::Ipv4));
+        }
+        let hl = self.header_len();
+        if hl < HEADER_LEN {
+            return Err(Error::BadIpHeaderLength(b[field::VER_IHL] & 0x0f));
+        }
+        if b.len() < hl {
+            return Err(Error::Truncated(Layer::Ipv4));
+        }
+        let total = self.total_len() as usize;
+        if total < hl || total > b.len() {
+            return Err(Error::BadIpLength(self.total_len()));
+        }
+        Ok(())
+    }
+
+    /// The wrapped buffer.
+    pub fn into_inner(self) -> T {
+        self.buffer
+    }
+
+    /// Version nibble.
+    pub fn version(&self) -> u8 {
+        self.buffer.as_ref()[field::VER_IHL] >> 4
+    }
+
+    /// Header length in bytes (IHL x 4).
+    pub fn header_len(&self) -> usize {
+        ((self.buffer.as_ref()[field::VER_IHL] & 0x0f) as usize) * 4
+    }
+
+    /// DSCP.
+    pub fn dscp(&self) -> u8 {
+        self.buffer.as_ref()[field::TOS] >> 2
+    }
+
+    /// ECN codepoint.
+    pub fn ecn(&self) -> Ecn {
+        Ecn::from_bits(self.buffer.as_ref()[field::TOS])
+    }
+
+    /// Total length (header + payload).
+    pub fn total_len(&self) -> u16 {
+        get_u16(self.buffer.as_ref(), field::LENGTH.start)
+    }
+
+    /// Identification.
+    pub fn ident(&self) -> u16 {
+        get_u16(self.buffer.as_ref(), field::IDENT.start)
+    }
+
+    /// Don't-fragment flag.
+    pub fn dont_frag(&self) -> bool {
+        get_u16(self.buffer.as_ref(), field::FLG_OFF.start) & 0x4000 != 0
+    }
+
+    /// More-fragments flag.
+    pub fn more_frags(&self) -> bool {
+        get_u16(self.buffer.as_ref(), field::FLG_OFF.start) & 0x2000 != 0
+    }
+
+    /// Fragment offset in bytes.
+    pub fn frag_offset(&self) -> u16 {
+        (get_u16(self.buffer.as_ref(), field::FLG_OFF.start) & 0x1fff) * 8
+    }
+
+    /// Whether this is a fragment (MF set or a non-zero offset).
+    pub fn is_fragment(&self) -> bool {
+        self.more_frags() || self.frag_offset() != 0
+    }
+
+    /// Time to live.
+    pub fn ttl(&self) -> u8 {
+        self.buffer.as_ref()[field::TTL]
+    }
+
+    /// Protocol.
+    pub fn protocol(&self) -> u8 {
+        self.buffer.as_ref()[field::PROTOCOL]
+    }
+
+    /// Header checksum as carried.
+    pub fn checksum(&self) -> u16 {
+        get_u16(self.buffer.as_ref(), field::CHECKSUM.start)
+    }
+
+    /// Source address.
+    pub fn src(&self) -> [u8; 4] {
+        self.buffer.as_ref()[field::SRC].try_into().unwrap()
+    }
+
+    /// Destination address.
+    pub fn dst(&self) -> [u8; 4] {
+        self.buffer.as_ref()[field::DST].try_into().unwrap()
+    }
+
+    /// Whether the header checksum verifies.
+    pub fn verify_checksum(&self) -> bool {
+        checksum(&self.buffer.as_ref()[..self.header_len()]) == 0
+    }
+
+    /// The payload (up to the total length; Ethernet padding excluded).
+    pub fn payload(&self) -> &[u8] {
+        &self.buffer.as_ref()[self.header_len()..self.total_len() as usize]
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
+    /// Sets the TOS byte from DSCP and ECN.
+    pub fn set_dscp_ecn(&mut self, dscp: u8, ecn: Ecn) {
+        self.buffer.as_mut()[field::TOS] = (dscp << 2) | ecn.bits();
+    }
+
+    /// Sets the TTL.
+    pub fn set_ttl(&mut self, ttl: u8) {
+        self.buffer.as_mut()[field::TTL] = ttl;
+    }
+
+    /// Recomputes and stores the header checksum.
+    pub fn fill_checksum(&mut self) {
+        let hl = self.header_len();
+        let b = self.buffer.as_mut();
+        put_u16(b, field::CHECKSUM.start, 0);
+        let c = checksum(&b[..hl]);
+        put_u16(b, field::CHECKSUM.start, c);
+    }
+}
+
+/// RFC 1071 one's-complement checksum of `data` (0 when a header with its checksum verifies).
+pub fn checksum(data: &[u8]) -> u16 {
+    let mut sum: u32 = 0;
+    let mut chunks = data.chunks_exact(2);
+    for c in &mut chunks {
+        sum += u16::from_be_bytes([c[0], c[1]]) as u32;
+    }
+    if let [b] = chunks.remainder() {
+        sum += (*b as u32) << 8;
+    }
+    while sum >> 16 != 0 {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
+/// High-level IPv4 header (no options).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Ipv4Repr {
+    /// Source address.
+    pub src: [u8; 4],
+    /// Destination address.
+    pub dst: [u8; 4],
+    /// DSCP (6 bits).
+    pub dscp: u8,
+    /// ECN codepoint.
+    pub ecn: Ecn,
+    /// Identification.
+    pub ident: u16,
+    /// Don't-fragment flag (RoCE senders set it).
+    pub dont_frag: bool,
+    /// Time to live.
+    pub ttl: u8,
+    /// Protocol.
+    pub protocol: u8,
+    /// Payload length (total length minus the header).
+    pub payload_len: usize,
+}
+
+impl Ipv4Repr {
+    /// Parses a header whose buffer holds the whole packet; rejects fragments and bad
+    /// checksums.
+    pub fn parse<T: AsRef<[u8]>>(p: &Packet<T>) -> Result<Ipv4Repr> {
+        Self::parse_header(p, p.buffer.as_ref().len())
+    }
+
+    /// Parses a header when the buffer may hold only the header itself and `available` bytes
+    /// follow the header's start in the whole frame (e.g. the rest lies in other segments).
+    /// Checks in order: version, IHL, total length, header checksum, fragmentation.
+    pub fn parse_header<T: AsRef<[u8]>>(p: &Packet<T>, available: usize) -> Result<Ipv4Repr> {
+        let b = p.buffer.as_ref();
+        if b.is_empty() {
+            return Err(Error::Truncated(Layer::Ipv4));
+        }
+        if p.version() != 4 {
+            return Err(Error::BadIpVersion(p.version()));
+        }
+        if b.len() < HEADER_LEN {
+            return Err(Error::Truncated(Layer::Ipv4));
+        }
+        let hl = p.header_len();
+        if hl < HEADER_LEN {
+            return Err(Error::BadIpHeaderLength(b[field::VER_IHL] & 0x0f));
+        }
+        if b.len() < hl {
+            return Err(Error::Truncated(Layer::Ipv4));
+        }
+        let total = p.total_len() as usize;
+        if total < hl || total > available {
+            return Err(Error::BadIpLength(p.total_len()));
+        }
+        if checksum(&b[..hl]) != 0 {
+            return Err(Error::BadIpv4Checksum);
+        }
+        if p.is_fragment() {
+            return Err(Error::Ipv4Fragment);
+        }
+        Ok(Ipv4Repr {
+            src: p.src(),
+            dst: p.dst(),
+            dscp: p.dscp(),
+            ecn: p.ecn(),
+            ident: p.ident(),
+            dont_frag: p.dont_frag(),
+            ttl: p.ttl(),
+            protocol: p.protocol(),
+            payload_len: total - hl,
+        })
+    }
+
+    /// Header length (20).
+    pub const fn buffer_len(&self) -> usize {
+        HEADER_LEN
+    }
+
+    /// Writes the header with a correct checksum.
+    pub fn emit(&self, buf: &mut [u8]) -> Result<()> {
+        if buf.len() < HEADER_LEN {
+            return Err(Error::BufferTooSmall { need: HEADER_LEN });
+        }
+        let total = HEADER_LEN + self.payload_len;
+        let total = u16::try_from(total).map_err(|_| Error::PayloadTooLong)?;
+        buf[field::VER_IHL] = 0x45;
+        buf[field::TOS] = (self.dscp << 2) | self.ecn.bits();
+        put_u16(buf, field::LENGTH.start, total);
+        put_u16(buf, field::IDENT.start, self.ident);
+        put_u16(
+            buf,
+            field::FLG_OFF.start,
+            if self.dont_frag { 0x4000 } else { 0 },
+        );
+        buf[field::TTL] = self.ttl;
+        buf[field::PROTOCOL] = self.protocol;
+        buf[field::SRC].copy_from_slice(&self.src);
+        buf[field::DST].copy_from_slice(&self.dst);
+        put_u16(buf, field::CHECKSUM.start, 0);
+        let c = checksum(&buf[..HEADER_LEN]);
+        put_u16(buf, field::CHECKSUM.start, c);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // A RoCEv2 ACK's IPv4 header from shared/corpus (write_bw_4k).
+    const HDR: [u8; 20] = [
+        0x45, 0x00, 0x00, 0x30, 0x00, 0x01, 0x40, 0x00, 0x40, 0x11, 0x00, 0x00, 10, 99, 0, 4, 10,
+        99, 0, 2,
+    ];
+
+    #[test]
+    fn emit_fills_a_verifying_checksum() {
+        let r = Ipv4Repr {
+            src: [10, 99, 0, 4],
+            dst: [10, 99, 0, 2],
+            dscp: 0,
+            ecn: Ecn::NotEct,
+            ident: 1,
+            dont_frag: true,
+            ttl: 64,
+            protocol: PROTO_UDP,
+            payload_len: 28,
+        };
+        let mut b = [0u8; 48];
+        r.emit(&mut b).unwrap();
+        assert_eq!(&b[..10], &HDR[..10]);
+        let p = Packet::new_checked(&b[..]).unwrap();
+        assert!(p.verify_checksum());
+        assert_eq!(Ipv4Repr::parse(&p).unwrap(), r);
+        b[8] = 63; // a router decrements TTL without fixing the checksum: reject
+        assert_eq!(
+            Ipv4Repr::parse(&Packet::new_unchecked(&b[..])),
+            Err(Error::BadIpv4Checksum)
+        );
+    }
+
+    #[test]
+    fn rejects_fragments_and_bad_lengths() {
+        let mut b = [0u8; 48];
+        let mut r = Ipv4Repr {
+            src: [1, 1, 1, 1],
+            dst: [2, 2, 2, 2],
+            dscp: 26,
+            ecn: Ecn::Ect0,
+            ident: 7,
+            dont_frag: false,
+            ttl: 1,
+            protocol: PROTO_UDP,
+            payload_len: 28,
+        };
+        r.emit(&mut b).unwrap();
+        b[6] = 0x20; // MF
+        Packet::new_unchecked(&mut b[..]).fill_checksum();
+        assert_eq!(
+            Ipv4Repr::parse(&Packet::new_unchecked(&b[..])),
+            Err(Error::Ipv4Fragment)
+        );
+        r.payload_len = 100;
+        r.emit(&mut b).unwrap();
+        assert_eq!(
+            Packet::new_checked(&b[..]).unwrap_err(),
+            Error::BadIpLength(120)
+        );
+        b[0] = 0x44;
+        assert_eq!(
+            Packet::new_checked(&b[..]).unwrap_err(),
+            Error::BadIpHeaderLength(4)
+        );
+    }
+}

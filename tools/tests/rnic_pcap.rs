@@ -1,0 +1,190 @@
+//! rnic-pcap end to end, and ferroce's wire format against scapy's independent RoCEv2 layer:
+//! scapy recomputes the ICRC of every frame `rnic-pcap gen` writes (IPv4, IPv6, VLAN, every
+//! opcode), and ferroce decodes frames scapy built (IPv6, VLAN, ECN, DETH+ImmDt, FECN...).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_rnic-pcap")
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("ferroce-rnic-pcap-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d.join(name)
+}
+
+fn scapy(args: &[&str]) -> std::process::Output {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/scapy_roce.py");
+    let out = Command::new("python3")
+        .arg(script)
+        .args(args)
+        .output()
+        .expect("python3");
+    assert!(
+        out.status.success(),
+        "scapy_roce.py {args:?} failed (is scapy installed? run `make deps`):\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+#[test]
+fn generated_frames_verify_here_and_in_scapy() {
+    let f = tmp("gen.pcap");
+    let out = Command::new(bin()).arg("gen").arg(&f).output().unwrap();
+    assert!(out.status.success());
+    let out = Command::new(bin()).arg("verify").arg(&f).output().unwrap();
+    let line = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{line}");
+    assert!(
+        line.contains("160 RoCE (4 CNP)") && line.contains("all ICRCs ok"),
+        "{line}"
+    );
+    let out = scapy(&["check", f.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.trim_end().ends_with("ok 160"), "{text}");
+    std::fs::remove_file(f).ok();
+}
+
+#[test]
+fn scapy_built_frames_decode_to_what_scapy_put_in() {
+    let f = tmp("scapy.pcap");
+    let out = scapy(&["gen", f.to_str().unwrap()]);
+    let expected: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let out = Command::new(bin())
+        .args(["decode", "--json"])
+        .arg(&f)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let got: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(got.len(), expected.len());
+    let data = std::fs::read(&f).unwrap();
+    let frames: Vec<Vec<u8>> = roce::pcap::Reader::new(&data)
+        .unwrap()
+        .map(|r| r.unwrap().data.to_vec())
+        .collect();
+    for ((g, e), raw) in got.iter().zip(&expected).zip(&frames) {
+        assert_eq!(g["icrc"], "ok", "{g}");
+        for k in ["opcode", "dqpn", "psn", "dscp", "ecn", "pad"] {
+            assert_eq!(g[k], e[k], "{k}: {g} vs {e}");
+        }
+        assert_eq!(g["ip"], if e["ipv6"] == true { 6 } else { 4 });
+        match e["vlan"].as_array() {
+            Some(v) => {
+                assert_eq!(g["vlan"]["pcp"], v[0]);
+                assert_eq!(g["vlan"]["vid"], v[1]);
+            }
+            None => assert!(g.get("vlan").is_none()),
+        }
+        let p = roce::wire::frame::parse(raw).unwrap();
+        let hex: String = p.payload(raw).iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(hex, e["payload"].as_str().unwrap());
+        if let Some(r) = e.get("reth") {
+            assert_eq!(g["reth"]["va"], r[0]);
+            assert_eq!(g["reth"]["rkey"], r[1]);
+            assert_eq!(g["reth"]["len"], r[2]);
+        }
+        if let Some(a) = e.get("aeth") {
+            assert_eq!(g["aeth"]["syndrome"], a[0]);
+            assert_eq!(g["aeth"]["msn"], a[1]);
+            assert_eq!(g["aeth"]["type"], "rnr");
+            assert_eq!(g["aeth"]["rnr_timer"], 14);
+        }
+        if let Some(d) = e.get("deth") {
+            assert_eq!(g["deth"]["qkey"], d[0]);
+            assert_eq!(g["deth"]["sqpn"], d[1]);
+        }
+        if let Some(i) = e.get("imm") {
+            assert_eq!(&g["imm"], i);
+        }
+        if let Some(a) = e.get("atomic") {
+            assert_eq!(g["atomic"]["va"], a[0]);
+            assert_eq!(g["atomic"]["rkey"], a[1]);
+            assert_eq!(g["atomic"]["swap_add"], a[2]);
+            assert_eq!(g["atomic"]["compare"], a[3]);
+            assert_eq!(g["fecn"], true);
+        }
+        if e["opcode"] == 129 {
+            assert_eq!(g["kind"], "cnp");
+            assert_eq!(g["becn"], true);
+        }
+    }
+    std::fs::remove_file(f).ok();
+}
+
+#[test]
+fn verify_fails_on_a_corrupted_capture_and_bad_arguments_are_clear() {
+    let f = tmp("corrupt.pcap");
+    Command::new(bin()).arg("gen").arg(&f).status().unwrap();
+    let mut data = std::fs::read(&f).unwrap();
+    // Flip a payload byte of the first frame (after 24 + 16 header bytes and 42+ of headers).
+    data[24 + 16 + 60] ^= 0xff;
+    std::fs::write(&f, &data).unwrap();
+    let out = Command::new(bin()).arg("verify").arg(&f).output().unwrap();
+    let line = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{line}");
+    assert!(line.contains("1 bad; first: frame 1: bad ICRC"), "{line}");
+    let out = Command::new(bin())
+        .args(["decode", "--json"])
+        .arg(&f)
+        .output()
+        .unwrap();
+    let first = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .next()
+        .unwrap()
+        .to_string();
+    assert!(first.contains(r#""icrc":"bad""#), "{first}");
+    // Not a capture, missing file, bad subcommand: exit 2 with a message, no panic.
+    std::fs::write(&f, b"hello, world, this is not a pcap file").unwrap();
+    let out = Command::new(bin()).arg("decode").arg(&f).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a pcap"));
+    let out = Command::new(bin())
+        .args(["verify", "/nonexistent.pcap"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read"));
+    let out = Command::new(bin()).arg("frobnicate").output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    std::fs::remove_file(f).ok();
+}
+
+#[test]
+fn reads_pcapng_like_pcap() {
+    let corpus = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/corpus/atomic_faa.pcap");
+    let ng = tmp("faa.pcapng");
+    let st = Command::new("editcap")
+        .args(["-F", "pcapng"])
+        .arg(&corpus)
+        .arg(&ng)
+        .status()
+        .expect("editcap (from tshark's wireshark-common): run `make deps`");
+    assert!(st.success());
+    let a = Command::new(bin())
+        .args(["decode", "--json"])
+        .arg(&corpus)
+        .output()
+        .unwrap();
+    let b = Command::new(bin())
+        .args(["decode", "--json"])
+        .arg(&ng)
+        .output()
+        .unwrap();
+    assert!(a.status.success() && b.status.success());
+    assert_eq!(a.stdout, b.stdout);
+    let out = Command::new(bin()).arg("verify").arg(&ng).output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).contains("100 RoCE"));
+    std::fs::remove_file(ng).ok();
+}
