@@ -5,8 +5,12 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod engine;
+pub mod memory;
 pub mod pcap;
+pub mod sim;
 pub mod types;
+pub mod verbs;
 pub mod wire;
 
 pub use types::{Gid, Lkey, Msn, Pkey, Psn, Qkey, Qpn, Rkey};

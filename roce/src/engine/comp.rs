@@ -1,0 +1,518 @@
+//! Completer: processes ACKs, NAKs, READ responses and ATOMIC acknowledgements, completes send
+//! WQEs in order, and drives retransmission (rxe_comp.c's role).
+//!
+//! Rules (IBA 9.7.5.2, roce-wire.md "PSN rules"):
+//! * an ACK acknowledges every PSN up to its own: coalesced ACKs that jump over SEND/WRITE
+//!   packets complete them all;
+//! * only an ACK or READ response whose PSN passes an outstanding READ or ATOMIC implies that
+//!   request was lost (implied NAK: retry from it);
+//! * a PSN sequence error NAK retries from its PSN; an RNR NAK pauses and retries after the
+//!   timer; other NAKs complete the WQE with the matching error and move the QP to ERR;
+//! * the local ACK timeout retries from the oldest unacknowledged PSN, `retry_cnt` times.
+
+use super::qp::Qp;
+use super::queues::WqeState;
+use super::{scatter, Pkt, Shared};
+use crate::types::Psn;
+use crate::verbs::{Completion, QpState, QpType, WcFlags, WcOpcode, WcStatus, WrOp};
+use crate::wire::aeth::{AethKind, NakCode, CREDITS_INVALID, CREDIT_TABLE, RNR_TIMER_NS};
+use crate::wire::opcode::Operation;
+
+impl Qp {
+    /// Handles a response packet (ACK/NAK, READ response, ATOMIC ACK) addressed to this QP.
+    pub(crate) fn handle_response(&mut self, sh: &mut Shared, now: u64, pkt: &Pkt<'_>) {
+        if !matches!(self.state, QpState::Rts | QpState::Sqd | QpState::Sqe) {
+            self.counters.rx_dropped_state += 1;
+            return;
+        }
+        let psn = pkt.bth.psn;
+        // A response must be for a PSN we sent (comp.psn - 2^23 .. req.psn).
+        if !psn.before(self.req.psn) {
+            self.counters.unexpected_responses += 1;
+            return;
+        }
+        if let Some(aeth) = pkt.ext.aeth {
+            self.update_credits(aeth.syndrome, aeth.msn.value());
+        }
+        match pkt.info.op {
+            Operation::Acknowledge => {
+                let aeth = pkt.ext.aeth.expect("ACK carries an AETH");
+                match aeth.kind() {
+                    AethKind::Ack { .. } => {
+                        self.counters.acks_rcvd += 1;
+                        self.ack_upto(sh, now, psn);
+                    }
+                    AethKind::RnrNak { timer } => self.on_rnr_nak(sh, now, psn, timer),
+                    AethKind::Nak(code) => self.on_nak(sh, now, psn, code),
+                    AethKind::Reserved => {
+                        self.counters.unexpected_responses += 1;
+                    }
+                }
+            }
+            Operation::ReadResponse => self.on_read_response(sh, now, pkt),
+            Operation::AtomicAcknowledge => self.on_atomic_ack(sh, now, pkt),
+            _ => self.counters.unexpected_responses += 1,
+        }
+        self.retire(sh);
+    }
+
+    /// End-to-end credits from an AETH (IBA 9.7.7.2): the responder has receive WQEs for
+    /// `credits` more messages after MSN, so SENDs with SSN up to MSN + credits may go.
+    fn update_credits(&mut self, syndrome: u8, msn: u32) {
+        if syndrome & 0x60 != 0 {
+            return; // NAKs carry no credits
+        }
+        let code = syndrome & 0x1f;
+        self.comp.lsn = if code == CREDITS_INVALID || self.srq_peer_unlimited() {
+            None
+        } else {
+            Some(msn.wrapping_add(CREDIT_TABLE[code as usize]) & crate::types::MASK24)
+        };
+    }
+
+    fn srq_peer_unlimited(&self) -> bool {
+        false
+    }
+
+    /// Completes every SEND/WRITE WQE whose last PSN is at or before `psn`. An ACK whose PSN
+    /// passes an outstanding READ/ATOMIC means that request (or its response) was lost:
+    /// implied NAK, retry from it.
+    pub(crate) fn ack_upto(&mut self, sh: &mut Shared, now: u64, psn: Psn) {
+        let mut progressed = false;
+        while self.comp.next < self.req.next {
+            let idx = self.comp.next;
+            let w = self.sq.get(idx);
+            match w.state {
+                WqeState::Done(_) => {
+                    self.comp.next += 1;
+                    continue;
+                }
+                WqeState::Posted => break,
+                WqeState::Sending | WqeState::Sent => {}
+            }
+            if !w.op.is_remote() {
+                self.comp.next += 1;
+                continue;
+            }
+            if w.op.is_read_or_atomic() {
+                if !psn.before(w.first_psn) {
+                    self.counters.implied_nak_seq_err += 1;
+                    self.comp.psn = w.first_psn;
+                    self.retry(sh, now, false);
+                    return;
+                }
+                break;
+            }
+            if w.state == WqeState::Sent && !psn.before(w.last_psn) {
+                self.sq.get_mut(idx).state = WqeState::Done(WcStatus::Success);
+                self.comp.next += 1;
+                progressed = true;
+                continue;
+            }
+            break;
+        }
+        // Coalesced ACKs inside a multi-packet message move comp.psn too.
+        let next = psn.next();
+        if next.after(self.comp.psn) {
+            self.comp.psn = next;
+            progressed = true;
+        }
+        if progressed {
+            self.on_progress(sh, now);
+        }
+    }
+
+    /// Forward progress: reset the retry budget and restart (or stop) the ACK timer.
+    fn on_progress(&mut self, sh: &mut Shared, now: u64) {
+        self.comp.retry_left = self.attr.retry_cnt.unwrap_or(7);
+        self.comp.rnr_left = self.attr.rnr_retry.unwrap_or(7);
+        if self.comp.psn == self.req.psn {
+            self.comp.ack_deadline = None;
+        } else if let Some(to) = self.ack_timeout_ns() {
+            self.comp.ack_deadline = Some(now + to);
+            sh.arm_timer(self.qpn, now + to);
+        }
+    }
+
+    fn on_read_response(&mut self, sh: &mut Shared, now: u64, pkt: &Pkt<'_>) {
+        let psn = pkt.bth.psn;
+        // Everything before the READ is implicitly acknowledged by its response.
+        self.complete_before(psn);
+        let Some(idx) = self.outstanding_head() else {
+            self.counters.unexpected_responses += 1;
+            return;
+        };
+        let w = self.sq.get(idx).clone();
+        let WrOp::Read { .. } = w.op else {
+            if w.op.is_read_or_atomic() && psn.after(w.first_psn) {
+                // The response skipped an outstanding ATOMIC: implied NAK.
+                self.counters.implied_nak_seq_err += 1;
+                self.comp.psn = w.first_psn;
+                self.retry(sh, now, false);
+            } else {
+                self.counters.unexpected_responses += 1;
+            }
+            return;
+        };
+        let mtu = self.mtu();
+        let expected = w.first_psn.add(w.recv_bytes / mtu);
+        if psn.before(expected) {
+            // Duplicate response (we already have it).
+            self.counters.duplicate_request += 0;
+            return;
+        }
+        if psn.after(expected) {
+            // Responses missing in the middle: re-request from the first missing one.
+            self.counters.implied_nak_seq_err += 1;
+            self.comp.psn = expected;
+            self.retry(sh, now, false);
+            return;
+        }
+        let remaining = w.length - w.recv_bytes;
+        let first_of_request = w.recv_bytes == w.sent_bytes;
+        let last = remaining <= mtu;
+        let info = pkt.info;
+        let want_len = remaining.min(mtu) as usize;
+        if info.first != first_of_request || info.last != last || pkt.payload_len != want_len {
+            // IBA 9.7.5.2.x: an unexpected opcode or length is a bad response.
+            self.counters.unexpected_responses += 1;
+            self.fail_wqe(sh, idx, WcStatus::BadRespErr);
+            return;
+        }
+        if let Err(status) = scatter(
+            &sh.mrs,
+            self.pd,
+            self.sq.sges(idx),
+            w.recv_bytes as u64,
+            pkt,
+        ) {
+            self.fail_wqe(sh, idx, status);
+            return;
+        }
+        let wm = self.sq.get_mut(idx);
+        wm.recv_bytes += pkt.payload_len as u32;
+        if last {
+            wm.state = WqeState::Done(WcStatus::Success);
+            self.req.rd_atomic_inflight = self.req.rd_atomic_inflight.saturating_sub(1);
+            self.comp.next = idx + 1;
+        }
+        self.comp.psn = psn.next();
+        self.on_progress(sh, now);
+    }
+
+    fn on_atomic_ack(&mut self, sh: &mut Shared, now: u64, pkt: &Pkt<'_>) {
+        let psn = pkt.bth.psn;
+        self.complete_before(psn);
+        let Some(idx) = self.outstanding_head() else {
+            self.counters.unexpected_responses += 1;
+            return;
+        };
+        let w = self.sq.get(idx).clone();
+        if !matches!(w.op, WrOp::CompareSwap { .. } | WrOp::FetchAdd { .. }) || w.first_psn != psn {
+            if w.op.is_read_or_atomic() && psn.after(w.first_psn) {
+                self.counters.implied_nak_seq_err += 1;
+                self.comp.psn = w.first_psn;
+                self.retry(sh, now, false);
+            } else {
+                self.counters.unexpected_responses += 1;
+            }
+            return;
+        }
+        let orig = pkt.ext.atomic_ack.map(|a| a.orig).unwrap_or(0);
+        // The original value lands in the local buffer in host byte order (verbs semantics).
+        let bytes = orig.to_ne_bytes();
+        if let Err(status) = super::scatter_bytes(&sh.mrs, self.pd, self.sq.sges(idx), 0, &bytes) {
+            self.fail_wqe(sh, idx, status);
+            return;
+        }
+        self.sq.get_mut(idx).state = WqeState::Done(WcStatus::Success);
+        self.req.rd_atomic_inflight = self.req.rd_atomic_inflight.saturating_sub(1);
+        self.comp.next = idx + 1;
+        self.comp.psn = psn.next();
+        self.on_progress(sh, now);
+    }
+
+    /// Completes SEND/WRITE WQEs entirely before `psn` (a response for a later request
+    /// acknowledges them, IBA 9.7.5.2.6).
+    fn complete_before(&mut self, psn: Psn) {
+        while self.comp.next < self.req.next {
+            let idx = self.comp.next;
+            let w = self.sq.get(idx);
+            match w.state {
+                WqeState::Done(_) => {
+                    self.comp.next += 1;
+                    continue;
+                }
+                WqeState::Posted => break,
+                _ => {}
+            }
+            if !w.op.is_remote() {
+                self.comp.next += 1;
+                continue;
+            }
+            if !w.op.is_read_or_atomic() && w.state == WqeState::Sent && w.last_psn.before(psn) {
+                self.sq.get_mut(idx).state = WqeState::Done(WcStatus::Success);
+                self.comp.next += 1;
+                continue;
+            }
+            break;
+        }
+    }
+
+    /// The oldest WQE still waiting for a response (after `complete_before`).
+    fn outstanding_head(&self) -> Option<u64> {
+        let mut idx = self.comp.next;
+        while idx < self.req.next {
+            let w = self.sq.get(idx);
+            match w.state {
+                WqeState::Done(_) => idx += 1,
+                WqeState::Posted => return None,
+                _ if !w.op.is_remote() => idx += 1,
+                _ => return Some(idx),
+            }
+        }
+        None
+    }
+
+    fn on_nak(&mut self, sh: &mut Shared, now: u64, psn: Psn, code: NakCode) {
+        // The NAK's PSN is the failing request: everything before it succeeded.
+        self.complete_before_psn_inclusive(psn);
+        match code {
+            NakCode::PsnSequenceError => {
+                self.counters.packet_seq_err += 1;
+                self.counters.rcvd_seq_err += 1;
+                self.comp.psn = psn;
+                self.retry(sh, now, true);
+            }
+            other => {
+                let status = match other {
+                    NakCode::InvalidRequest => {
+                        self.counters.req_remote_invalid_request += 1;
+                        WcStatus::RemInvReqErr
+                    }
+                    NakCode::RemoteAccessError => {
+                        self.counters.req_remote_access_errors += 1;
+                        WcStatus::RemAccessErr
+                    }
+                    NakCode::RemoteOperationalError => {
+                        self.counters.req_remote_operational_error += 1;
+                        WcStatus::RemOpErr
+                    }
+                    NakCode::InvalidRdRequest => WcStatus::RemInvRdReqErr,
+                    _ => WcStatus::RemOpErr,
+                };
+                match self.outstanding_head() {
+                    Some(idx) => self.fail_wqe(sh, idx, status),
+                    None => self.counters.unexpected_responses += 1,
+                }
+            }
+        }
+    }
+
+    /// Completes SEND/WRITE WQEs that end before `psn` and moves comp.psn to `psn`.
+    fn complete_before_psn_inclusive(&mut self, psn: Psn) {
+        self.complete_before(psn);
+        if psn.after(self.comp.psn) {
+            self.comp.psn = psn;
+        }
+    }
+
+    fn on_rnr_nak(&mut self, sh: &mut Shared, now: u64, psn: Psn, timer: u8) {
+        self.counters.rcvd_rnr_err += 1;
+        self.complete_before_psn_inclusive(psn);
+        let infinite = self.attr.rnr_retry.unwrap_or(0) == 7;
+        if !infinite {
+            if self.comp.rnr_left == 0 {
+                self.counters.rnr_nak_retry_err += 1;
+                match self.outstanding_head() {
+                    Some(idx) => self.fail_wqe(sh, idx, WcStatus::RnrRetryExcErr),
+                    None => self.enter_error(sh),
+                }
+                return;
+            }
+            self.comp.rnr_left -= 1;
+        }
+        self.comp.psn = psn;
+        self.rewind(sh);
+        // Wait the RNR timer the responder asked for, then resend (IBA 9.7.5.2.8).
+        let delay = RNR_TIMER_NS[(timer & 0x1f) as usize];
+        self.comp.rnr_deadline = Some(now + delay);
+        self.comp.ack_deadline = None;
+        sh.arm_timer(self.qpn, now + delay);
+    }
+
+    /// Starts a go-back-N retransmission from comp.psn. `nak` = triggered by a sequence
+    /// error NAK (which does not consume the retry budget in rxe; a timeout does).
+    fn retry(&mut self, sh: &mut Shared, now: u64, nak: bool) {
+        self.counters.completer_retry_err += 1;
+        let _ = nak;
+        self.rewind(sh);
+        self.comp.ack_deadline = None;
+        if let Some(to) = self.ack_timeout_ns() {
+            self.comp.ack_deadline = Some(now + to);
+            sh.arm_timer(self.qpn, now + to);
+        }
+    }
+
+    /// Timer expiry for this QP (ACK timeout or end of an RNR back-off).
+    pub(crate) fn on_timer(&mut self, sh: &mut Shared, now: u64) {
+        if let Some(t) = self.comp.rnr_deadline {
+            if now >= t {
+                self.comp.rnr_deadline = None;
+                if let Some(to) = self.ack_timeout_ns() {
+                    self.comp.ack_deadline = Some(now + to);
+                    sh.arm_timer(self.qpn, now + to);
+                }
+            }
+        }
+        if let Some(t) = self.comp.ack_deadline {
+            if now >= t {
+                self.comp.ack_deadline = None;
+                if self.comp.psn == self.req.psn
+                    || !matches!(self.state, QpState::Rts | QpState::Sqd)
+                {
+                    return;
+                }
+                self.counters.local_ack_timeout_err += 1;
+                if self.comp.retry_left == 0 {
+                    self.counters.retry_exceeded_err += 1;
+                    match self.outstanding_head() {
+                        Some(idx) => self.fail_wqe(sh, idx, WcStatus::RetryExcErr),
+                        None => self.enter_error(sh),
+                    }
+                    return;
+                }
+                self.comp.retry_left -= 1;
+                self.retry(sh, now, false);
+            }
+        }
+    }
+
+    /// Completes WQE `idx` with an error and moves the QP to ERR (flushing the rest).
+    pub(crate) fn fail_wqe(&mut self, sh: &mut Shared, idx: u64, status: WcStatus) {
+        self.sq.get_mut(idx).state = WqeState::Done(status);
+        self.enter_error(sh);
+    }
+
+    /// Retires completed WQEs from the head of the send queue in order, generating their
+    /// completions (always for errors; for successes when signaled).
+    pub(crate) fn retire(&mut self, sh: &mut Shared) {
+        while self.sq.head < self.sq.tail {
+            let idx = self.sq.head;
+            let w = self.sq.get(idx);
+            let WqeState::Done(status) = w.state else {
+                break;
+            };
+            if status != WcStatus::Success || w.signaled {
+                let c = Completion {
+                    wr_id: w.wr_id,
+                    status,
+                    opcode: w.op.wc_opcode(),
+                    vendor_err: 0,
+                    byte_len: w.length,
+                    imm_data: 0,
+                    invalidated_rkey: 0,
+                    qp_num: self.qpn,
+                    src_qp: crate::types::Qpn::new(0),
+                    wc_flags: WcFlags::default(),
+                    pkey_index: 0,
+                    sl: 0,
+                    solicited: false,
+                };
+                sh.complete(self.send_cq, c);
+            }
+            self.sq.head += 1;
+            if self.comp.next < self.sq.head {
+                self.comp.next = self.sq.head;
+            }
+            if self.req.next < self.sq.head {
+                self.req.next = self.sq.head;
+            }
+        }
+        if self.state == QpState::Sqd && self.sq.head == self.req.next && !self.sqd_notified {
+            if self.attr.en_sqd_async_notify == Some(true) {
+                sh.events
+                    .push_back(crate::verbs::AsyncEvent::SqDrained(self.qpn));
+            }
+            self.sqd_notified = true;
+        }
+    }
+
+    /// Moves the QP to ERR (IBA 10.3.1): every outstanding send and receive WR completes with
+    /// WR_FLUSH_ERR. Responses already queued (a final NAK) are still sent.
+    pub(crate) fn enter_error(&mut self, sh: &mut Shared) {
+        if self.state == QpState::Err {
+            self.flush(sh);
+            return;
+        }
+        self.state = QpState::Err;
+        self.comp.ack_deadline = None;
+        self.comp.rnr_deadline = None;
+        self.flush(sh);
+        if self.srq.is_some() {
+            // IBA 11.6.3: a QP on an SRQ reports that it will consume no more WQEs.
+            sh.events
+                .push_back(crate::verbs::AsyncEvent::QpLastWqeReached(self.qpn));
+        }
+    }
+
+    /// Completes every outstanding WR with WR_FLUSH_ERR.
+    pub(crate) fn flush(&mut self, sh: &mut Shared) {
+        for idx in self.sq.head..self.sq.tail {
+            let w = self.sq.get_mut(idx);
+            if !matches!(w.state, WqeState::Done(_)) {
+                w.state = WqeState::Done(WcStatus::WrFlushErr);
+            }
+        }
+        self.req.next = self.sq.tail;
+        self.comp.next = self.sq.tail;
+        self.retire(sh);
+        // A receive WQE held by a message in progress is flushed too.
+        if self.resp.have_recv {
+            self.resp.have_recv = false;
+            let c = self.recv_completion(
+                self.resp.recv_wr_id,
+                WcStatus::WrFlushErr,
+                WcOpcode::Recv,
+                0,
+            );
+            sh.complete(self.recv_cq, c);
+        }
+        if self.srq.is_none() {
+            let mut sges = std::mem::take(&mut self.resp.recv_sges);
+            while let Some(wr_id) = self.rq.pop_into(&mut sges) {
+                let c = self.recv_completion(wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, 0);
+                sh.complete(self.recv_cq, c);
+            }
+            self.resp.recv_sges = sges;
+        }
+        if self.qp_type == QpType::Rc {
+            self.resp.in_msg = super::qp::InMsg::None;
+        }
+    }
+
+    /// A receive completion skeleton.
+    pub(crate) fn recv_completion(
+        &self,
+        wr_id: u64,
+        status: WcStatus,
+        opcode: WcOpcode,
+        len: u32,
+    ) -> Completion {
+        Completion {
+            wr_id,
+            status,
+            opcode,
+            vendor_err: 0,
+            byte_len: len,
+            imm_data: 0,
+            invalidated_rkey: 0,
+            qp_num: self.qpn,
+            src_qp: self.dest_qp(),
+            wc_flags: WcFlags::default(),
+            pkey_index: 0,
+            sl: 0,
+            solicited: false,
+        }
+    }
+}

@@ -1,0 +1,1367 @@
+//! The transport engine, sans-IO (quinn-proto style): [`Device`] owns protection domains,
+//! memory regions, completion queues, shared receive queues and queue pairs; it takes frames
+//! (`handle_frame`) and timeouts (`handle_timeout`) with `now` passed in, and returns packets
+//! (`poll_transmit`), deadlines (`poll_timeout`), completions (`poll_cq`) and asynchronous
+//! events (`poll_event`). It reads no clock, spawns no thread and does no I/O.
+//!
+//! Roles are split by file as in Linux rxe: `req.rs` (requester), `resp.rs` (responder),
+//! `comp.rs` (completer); `qp.rs` holds the QP state machine.
+
+mod comp;
+pub mod counters;
+pub mod qp;
+mod queues;
+mod req;
+mod resp;
+pub mod transmit;
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
+use std::sync::Arc;
+
+pub use counters::{DeviceCounters, QpCounters};
+pub use qp::ModifyError;
+pub use transmit::{Path, Payload, PayloadSeg, Transmit, MAX_INLINE, MAX_PAYLOAD_SEGS};
+
+use crate::memory::{KeyError, Memory, MemoryError, MemoryRegion, MrTable, PdId};
+use crate::types::{Gid, Lkey, Qpn, Rkey};
+use crate::verbs::{
+    Access, AsyncEvent, Completion, Mtu, QpAttr, QpCaps, QpInfo, QpState, QpType, RecvWr,
+    SendFlags, SendWr, Sge, WcStatus, WrOp,
+};
+use crate::wire::ethernet::VlanTag;
+use crate::wire::frame::{self, ExtHeaders, ParsedFrame, SegmentRange};
+use crate::wire::opcode::{Opcode, OpcodeInfo, Transport};
+use crate::wire::{bth::BthRepr, ipv4::Ecn};
+use qp::Qp;
+use queues::{CompletionQueue, RecvQueue, SendWqe};
+
+/// First QP number handed out (QP0 is unused on RoCE and QP1 is the GSI; rxe starts at 17).
+pub const QPN_BASE: u32 = 0x11;
+
+/// How the responder fills the credit field of its ACKs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CreditMode {
+    /// Advertise the receive WQEs really available (IBA 9.7.7.2; hardware RNICs do).
+    FromReceiveQueue,
+    /// Always "no credits advertised" (0x1F), as Linux rxe does.
+    Unlimited,
+}
+
+/// Device configuration and limits. The limits are what `query_device` reports and what the
+/// engine enforces.
+#[derive(Debug, Clone)]
+pub struct DeviceConfig {
+    /// GID table (index 0 first).
+    pub gids: Vec<Gid>,
+    /// Active MTU of the port (UD message limit; upper bound for path MTUs).
+    pub port_mtu: Mtu,
+    /// Maximum QPs.
+    pub max_qp: u32,
+    /// Maximum WRs per queue.
+    pub max_qp_wr: u32,
+    /// Maximum SGEs per WR.
+    pub max_sge: u32,
+    /// Maximum CQs.
+    pub max_cq: u32,
+    /// Maximum CQEs per CQ.
+    pub max_cqe: u32,
+    /// Maximum MRs.
+    pub max_mr: u32,
+    /// Maximum PDs.
+    pub max_pd: u32,
+    /// Maximum outstanding READ/ATOMIC per QP, both directions.
+    pub max_qp_rd_atom: u8,
+    /// Maximum SRQs.
+    pub max_srq: u32,
+    /// Unacknowledged PSNs a requester may have outstanding (rxe: 128).
+    pub max_unacked_psns: u32,
+    /// A requester sets AckReq at least every this many packets (rxe: 64).
+    pub ack_every: u32,
+    /// Credit advertisement.
+    pub credits: CreditMode,
+}
+
+impl Default for DeviceConfig {
+    fn default() -> Self {
+        DeviceConfig {
+            gids: Vec::new(),
+            port_mtu: Mtu::M1024,
+            max_qp: 1024,
+            max_qp_wr: 4096,
+            max_sge: transmit::MAX_PAYLOAD_SEGS as u32,
+            max_cq: 1024,
+            max_cqe: 65536,
+            max_mr: 4096,
+            max_pd: 256,
+            max_qp_rd_atom: 16,
+            max_srq: 256,
+            max_unacked_psns: 128,
+            ack_every: 64,
+            credits: CreditMode::FromReceiveQueue,
+        }
+    }
+}
+
+/// What `query_device` reports (`ibv_device_attr`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceAttr {
+    /// Firmware version string.
+    pub fw_ver: String,
+    /// Vendor id.
+    pub vendor_id: u32,
+    /// Vendor part id.
+    pub vendor_part_id: u32,
+    /// Largest MR.
+    pub max_mr_size: u64,
+    /// Maximum QPs.
+    pub max_qp: u32,
+    /// Maximum WRs per queue.
+    pub max_qp_wr: u32,
+    /// Maximum SGEs per WR.
+    pub max_sge: u32,
+    /// Maximum CQs.
+    pub max_cq: u32,
+    /// Maximum CQEs per CQ.
+    pub max_cqe: u32,
+    /// Maximum MRs.
+    pub max_mr: u32,
+    /// Maximum PDs.
+    pub max_pd: u32,
+    /// Outstanding READ/ATOMIC a QP accepts.
+    pub max_qp_rd_atom: u8,
+    /// Outstanding READ/ATOMIC a QP initiates.
+    pub max_qp_init_rd_atom: u8,
+    /// Maximum SRQs.
+    pub max_srq: u32,
+    /// Maximum WRs per SRQ.
+    pub max_srq_wr: u32,
+    /// Maximum SGEs per SRQ WR.
+    pub max_srq_sge: u32,
+    /// Atomic guarantee: 1 = `IBV_ATOMIC_HCA` (atomic with respect to this device's other
+    /// atomics; memory is accessed with CPU atomics, so also to other CPUs' atomics).
+    pub atomic_cap: u32,
+    /// Inline data per send WR.
+    pub max_inline_data: u32,
+}
+
+/// What `query_port` reports (`ibv_port_attr`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PortAttr {
+    /// Port up.
+    pub active: bool,
+    /// Largest MTU the port supports.
+    pub max_mtu: Mtu,
+    /// MTU in use.
+    pub active_mtu: Mtu,
+    /// GID table length.
+    pub gid_tbl_len: u32,
+    /// P_Key table length.
+    pub pkey_tbl_len: u32,
+    /// Always "Ethernet" for RoCE.
+    pub link_layer: &'static str,
+}
+
+/// Verbs call failures.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum VerbsError {
+    /// An argument is out of range or inconsistent.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// A limit of the device was reached.
+    #[error("out of resources: {0}")]
+    NoResources(&'static str),
+    /// The handle does not exist.
+    #[error("no such {0}")]
+    NotFound(&'static str),
+    /// The object is in use (e.g. a PD with MRs).
+    #[error("{0} is in use")]
+    Busy(&'static str),
+    /// The work queue is full.
+    #[error("work queue full")]
+    QueueFull,
+    /// The QP's state does not allow the call.
+    #[error("QP state {0:?} does not allow this")]
+    InvalidState(QpState),
+    /// `modify_qp` refused.
+    #[error("modify_qp: {0}")]
+    Modify(#[from] ModifyError),
+}
+
+/// Result of verbs calls.
+pub type VerbsResult<T> = Result<T, VerbsError>;
+
+/// A completion queue handle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CqId(pub u32);
+
+/// A shared receive queue handle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SrqId(pub u32);
+
+/// Parameters of `create_qp` (`ibv_qp_init_attr`).
+#[derive(Debug, Clone, Copy)]
+pub struct QpInit {
+    /// Protection domain.
+    pub pd: PdId,
+    /// Transport.
+    pub qp_type: QpType,
+    /// CQ for send completions.
+    pub send_cq: CqId,
+    /// CQ for receive completions.
+    pub recv_cq: CqId,
+    /// Shared receive queue, if any.
+    pub srq: Option<SrqId>,
+    /// Queue sizes.
+    pub caps: QpCaps,
+    /// Every send WR generates a completion.
+    pub sq_sig_all: bool,
+}
+
+/// SRQ attributes (`ibv_srq_attr`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SrqAttr {
+    /// Depth.
+    pub max_wr: u32,
+    /// SGEs per WR.
+    pub max_sge: u32,
+    /// Limit: an SRQ_LIMIT_REACHED event fires when fewer WQEs remain (0 = disarmed).
+    pub srq_limit: u32,
+}
+
+pub(crate) struct Srq {
+    pub pd: PdId,
+    pub rq: RecvQueue,
+    pub limit: u32,
+    pub users: u32,
+}
+
+/// State shared by every QP: the parts a role needs besides its own QP.
+pub(crate) struct Shared {
+    pub cfg: DeviceConfig,
+    pub mrs: MrTable,
+    pub cqs: Vec<Option<CompletionQueue>>,
+    pub srqs: Vec<Option<Srq>>,
+    pub events: VecDeque<AsyncEvent>,
+    pub counters: DeviceCounters,
+    pub timers: BinaryHeap<Reverse<(u64, u32)>>,
+}
+
+impl Shared {
+    pub fn gid(&self, idx: u8) -> Gid {
+        self.cfg.gids.get(idx as usize).copied().unwrap_or_default()
+    }
+
+    pub fn arm_timer(&mut self, qpn: Qpn, deadline: u64) {
+        self.timers.push(Reverse((deadline, qpn.value())));
+    }
+
+    /// Queues a completion; an overflowing CQ raises CQ_ERR once (IBA 11.4.2.1).
+    pub fn complete(&mut self, cq: u32, c: Completion) {
+        if let Some(Some(q)) = self.cqs.get_mut(cq as usize) {
+            let was = q.overflowed;
+            if !q.push(c) {
+                self.counters.cq_overflows += 1;
+                if !was {
+                    self.events.push_back(AsyncEvent::CqError(cq));
+                }
+            }
+        }
+    }
+
+    pub fn srq_pop(&mut self, srq: u32, out: &mut Vec<Sge>) -> Option<u64> {
+        let s = self.srqs.get_mut(srq as usize)?.as_mut()?;
+        let id = s.rq.pop_into(out)?;
+        if s.limit > 0 && (s.rq.len() as u32) < s.limit {
+            // The limit is a one-shot trigger; the application re-arms it (IBA 10.2.9.3).
+            s.limit = 0;
+            self.events.push_back(AsyncEvent::SrqLimitReached(srq));
+        }
+        Some(id)
+    }
+
+    /// Invalidates the MR whose rkey (or lkey) is `key`, if it belongs to `pd`.
+    pub fn invalidate(&mut self, key: u32, pd: PdId) -> WcStatus {
+        let idx = key >> 8;
+        match self.mrs.get_mut_by_index(idx) {
+            Some(mr) if mr.pd == pd && (mr.lkey.0 == key || mr.rkey.map(|r| r.0) == Some(key)) => {
+                if !mr.valid {
+                    return WcStatus::LocProtErr;
+                }
+                mr.valid = false;
+                WcStatus::Success
+            }
+            _ => WcStatus::LocProtErr,
+        }
+    }
+
+    /// Fast registration (IBA 10.6.3.6): re-binds an MR allocated for it to a new range,
+    /// access and key byte; it must be invalid (freshly allocated or invalidated).
+    pub fn fast_register(
+        &mut self,
+        lkey: Lkey,
+        key: u8,
+        addr: u64,
+        length: u64,
+        access: Access,
+        pd: PdId,
+    ) -> WcStatus {
+        let Some(mr) = self.mrs.get_mut_by_index(lkey.index()) else {
+            return WcStatus::LocProtErr;
+        };
+        if mr.pd != pd || !mr.fast_reg || mr.valid || mr.lkey.index() != lkey.index() {
+            return WcStatus::LocProtErr;
+        }
+        // The backing memory bounds the new range.
+        if length > mr.mem.len() as u64 {
+            return WcStatus::LocLenErr;
+        }
+        let new = (lkey.index() << 8) | key as u32;
+        mr.lkey = Lkey(new);
+        mr.rkey = access.any_remote().then_some(Rkey(new));
+        mr.addr = addr;
+        mr.length = length;
+        mr.access = access;
+        mr.mem_offset = 0;
+        mr.valid = true;
+        WcStatus::Success
+    }
+}
+
+/// A request or response packet as the roles see it.
+pub(crate) struct Pkt<'a> {
+    pub bth: BthRepr,
+    pub ext: ExtHeaders,
+    pub info: &'static OpcodeInfo,
+    pub segs: &'a [&'a [u8]],
+    pub payload_off: usize,
+    pub payload_len: usize,
+    l3: [u8; 60],
+    l3_len: usize,
+}
+
+impl<'a> Pkt<'a> {
+    /// The payload, as slices of the frame's segments.
+    pub fn payload(&self) -> SegmentRange<'a, 'a> {
+        SegmentRange::new(
+            self.segs,
+            self.payload_off,
+            self.payload_off + self.payload_len,
+        )
+    }
+
+    /// The IP header bytes (for the UD GRH).
+    pub fn l3_header(&self) -> &[u8] {
+        &self.l3[..self.l3_len]
+    }
+
+    /// Writes the payload to `mem` at `offset`, in ascending order.
+    pub fn write_payload(&self, mem: &dyn Memory, offset: usize) -> Result<(), MemoryError> {
+        let mut at = offset;
+        for piece in self.payload() {
+            mem.write(at, piece)?;
+            at += piece.len();
+        }
+        Ok(())
+    }
+}
+
+/// Scatters the packet payload into `sges` starting `msg_off` bytes into the message. The
+/// MRs must grant LOCAL_WRITE in `pd`.
+pub(crate) fn scatter(
+    mrs: &MrTable,
+    pd: PdId,
+    sges: &[Sge],
+    msg_off: u64,
+    pkt: &Pkt<'_>,
+) -> Result<(), WcStatus> {
+    scatter_iter(mrs, pd, sges, msg_off, pkt.payload())
+}
+
+/// Scatters `bytes` into `sges` at `msg_off`.
+pub(crate) fn scatter_bytes(
+    mrs: &MrTable,
+    pd: PdId,
+    sges: &[Sge],
+    msg_off: u64,
+    bytes: &[u8],
+) -> Result<(), WcStatus> {
+    scatter_iter(mrs, pd, sges, msg_off, std::iter::once(bytes))
+}
+
+fn scatter_iter<'b>(
+    mrs: &MrTable,
+    pd: PdId,
+    sges: &[Sge],
+    msg_off: u64,
+    pieces: impl Iterator<Item = &'b [u8]>,
+) -> Result<(), WcStatus> {
+    let mut sge_idx = 0;
+    let mut within = msg_off;
+    // Find the SGE where `msg_off` falls.
+    while sge_idx < sges.len() && within >= sges[sge_idx].length as u64 {
+        within -= sges[sge_idx].length as u64;
+        sge_idx += 1;
+    }
+    for mut piece in pieces {
+        while !piece.is_empty() {
+            let Some(sge) = sges.get(sge_idx) else {
+                return Err(WcStatus::LocLenErr);
+            };
+            let room = sge.length as u64 - within;
+            if room == 0 {
+                sge_idx += 1;
+                within = 0;
+                continue;
+            }
+            let n = (piece.len() as u64).min(room);
+            let (mr, off) = mrs
+                .check_local(sge.lkey, pd, sge.addr + within, n, Access::LOCAL_WRITE)
+                .map_err(|_: KeyError| WcStatus::LocProtErr)?;
+            mr.mem
+                .write(off, &piece[..n as usize])
+                .map_err(|_| WcStatus::LocProtErr)?;
+            piece = &piece[n as usize..];
+            within += n;
+        }
+    }
+    Ok(())
+}
+
+/// The RDMA engine of one device (see the module documentation).
+pub struct Device {
+    sh: Shared,
+    qps: Vec<Option<Box<Qp>>>,
+    free_qps: Vec<u32>,
+    pds: Vec<bool>,
+    ready: VecDeque<u32>,
+    port_active: bool,
+}
+
+impl std::fmt::Debug for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Device")
+            .field("gids", &self.sh.cfg.gids)
+            .field("qps", &self.qps.iter().flatten().count())
+            .field("mrs", &self.sh.mrs.len())
+            .finish()
+    }
+}
+
+impl Device {
+    /// A device with the given configuration.
+    pub fn new(cfg: DeviceConfig) -> Device {
+        let max_mr = cfg.max_mr as usize;
+        Device {
+            sh: Shared {
+                cfg,
+                mrs: MrTable::new(max_mr),
+                cqs: Vec::new(),
+                srqs: Vec::new(),
+                events: VecDeque::new(),
+                counters: DeviceCounters::default(),
+                timers: BinaryHeap::new(),
+            },
+            qps: Vec::new(),
+            free_qps: Vec::new(),
+            pds: Vec::new(),
+            ready: VecDeque::new(),
+            port_active: true,
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &DeviceConfig {
+        &self.sh.cfg
+    }
+
+    /// The GID table.
+    pub fn gids(&self) -> &[Gid] {
+        &self.sh.cfg.gids
+    }
+
+    /// Replaces the GID table (addresses configured or changed by the dataplane).
+    pub fn set_gids(&mut self, gids: Vec<Gid>) {
+        self.sh.cfg.gids = gids;
+    }
+
+    /// Whether `gid` is one of ours.
+    pub fn is_our_gid(&self, gid: &Gid) -> bool {
+        self.sh.cfg.gids.contains(gid)
+    }
+
+    /// `query_device`.
+    pub fn attr(&self) -> DeviceAttr {
+        let c = &self.sh.cfg;
+        DeviceAttr {
+            fw_ver: concat!("ferroce ", env!("CARGO_PKG_VERSION")).to_string(),
+            vendor_id: 0xffffff,
+            vendor_part_id: 0,
+            max_mr_size: u64::MAX,
+            max_qp: c.max_qp,
+            max_qp_wr: c.max_qp_wr,
+            max_sge: c.max_sge,
+            max_cq: c.max_cq,
+            max_cqe: c.max_cqe,
+            max_mr: c.max_mr,
+            max_pd: c.max_pd,
+            max_qp_rd_atom: c.max_qp_rd_atom,
+            max_qp_init_rd_atom: c.max_qp_rd_atom,
+            max_srq: c.max_srq,
+            max_srq_wr: c.max_qp_wr,
+            max_srq_sge: c.max_sge,
+            atomic_cap: 1,
+            max_inline_data: MAX_INLINE as u32,
+        }
+    }
+
+    /// `query_port` (port 1).
+    pub fn port_attr(&self) -> PortAttr {
+        PortAttr {
+            active: self.port_active,
+            max_mtu: Mtu::M4096,
+            active_mtu: self.sh.cfg.port_mtu,
+            gid_tbl_len: self.sh.cfg.gids.len() as u32,
+            pkey_tbl_len: 1,
+            link_layer: "Ethernet",
+        }
+    }
+
+    /// Link state changes, reported by the dataplane; raises PORT_ACTIVE / PORT_ERR.
+    pub fn set_port_active(&mut self, active: bool) {
+        if active != self.port_active {
+            self.port_active = active;
+            self.sh.events.push_back(if active {
+                AsyncEvent::PortActive
+            } else {
+                AsyncEvent::PortError
+            });
+        }
+    }
+
+    /// Allocates a protection domain.
+    pub fn alloc_pd(&mut self) -> VerbsResult<PdId> {
+        if let Some(i) = self.pds.iter().position(|used| !used) {
+            self.pds[i] = true;
+            return Ok(PdId(i as u32 + 1));
+        }
+        if self.pds.len() >= self.sh.cfg.max_pd as usize {
+            return Err(VerbsError::NoResources("protection domains"));
+        }
+        self.pds.push(true);
+        Ok(PdId(self.pds.len() as u32))
+    }
+
+    fn pd_ok(&self, pd: PdId) -> bool {
+        pd.0 >= 1 && self.pds.get(pd.0 as usize - 1).copied().unwrap_or(false)
+    }
+
+    /// Deallocates a PD; it must have no MRs, QPs or SRQs.
+    pub fn dealloc_pd(&mut self, pd: PdId) -> VerbsResult<()> {
+        if !self.pd_ok(pd) {
+            return Err(VerbsError::NotFound("protection domain"));
+        }
+        let in_use = self.sh.mrs.count_in_pd(pd) > 0
+            || self.qps.iter().flatten().any(|q| q.pd == pd)
+            || self.sh.srqs.iter().flatten().any(|s| s.pd == pd);
+        if in_use {
+            return Err(VerbsError::Busy("protection domain"));
+        }
+        self.pds[pd.0 as usize - 1] = false;
+        Ok(())
+    }
+
+    /// Registers `length` bytes of `mem` starting at `mem_offset` as an MR at address
+    /// `addr`. Returns the lkey and, with remote access, the rkey (equal to the lkey, as rxe).
+    pub fn reg_mr(
+        &mut self,
+        pd: PdId,
+        mem: Arc<dyn Memory>,
+        mem_offset: usize,
+        addr: u64,
+        length: u64,
+        access: Access,
+    ) -> VerbsResult<(Lkey, Option<Rkey>)> {
+        if !self.pd_ok(pd) {
+            return Err(VerbsError::NotFound("protection domain"));
+        }
+        if access.0 & !Access::ALL.0 != 0 {
+            return Err(VerbsError::InvalidArgument(format!(
+                "unknown access flags {:#x}",
+                access.0
+            )));
+        }
+        // IBA 10.6.3.1: remote write or atomic requires local write.
+        if (access.contains(Access::REMOTE_WRITE) || access.contains(Access::REMOTE_ATOMIC))
+            && !access.contains(Access::LOCAL_WRITE)
+        {
+            return Err(VerbsError::InvalidArgument(
+                "REMOTE_WRITE and REMOTE_ATOMIC require LOCAL_WRITE".into(),
+            ));
+        }
+        let end = (mem_offset as u64).checked_add(length);
+        if end.is_none_or(|e| e > mem.len() as u64) || addr.checked_add(length).is_none() {
+            return Err(VerbsError::InvalidArgument(format!(
+                "region of {length} bytes at offset {mem_offset} exceeds its memory ({} bytes)",
+                mem.len()
+            )));
+        }
+        let lkey = self
+            .sh
+            .mrs
+            .insert(|lkey| MemoryRegion {
+                pd,
+                lkey,
+                rkey: access.any_remote().then_some(Rkey(lkey.0)),
+                access,
+                addr,
+                length,
+                mem,
+                mem_offset,
+                fast_reg: false,
+                valid: true,
+            })
+            .ok_or(VerbsError::NoResources("memory regions"))?;
+        Ok((lkey, self.sh.mrs.get(lkey).and_then(|m| m.rkey)))
+    }
+
+    /// Allocates an MR for fast registration (`ibv_alloc_mr`): invalid until a REG_MR work
+    /// request binds it to a range of `mem`.
+    pub fn alloc_mr(&mut self, pd: PdId, mem: Arc<dyn Memory>) -> VerbsResult<Lkey> {
+        if !self.pd_ok(pd) {
+            return Err(VerbsError::NotFound("protection domain"));
+        }
+        self.sh
+            .mrs
+            .insert(|lkey| MemoryRegion {
+                pd,
+                lkey,
+                rkey: None,
+                access: Access(0),
+                addr: 0,
+                length: 0,
+                mem,
+                mem_offset: 0,
+                fast_reg: true,
+                valid: false,
+            })
+            .ok_or(VerbsError::NoResources("memory regions"))
+    }
+
+    /// Deregisters an MR (by its current lkey, or for fast-registration MRs any key of it).
+    pub fn dereg_mr(&mut self, lkey: Lkey) -> VerbsResult<()> {
+        let key = match self.sh.mrs.get_mut_by_index(lkey.index()) {
+            Some(mr) if mr.lkey == lkey || mr.fast_reg => mr.lkey,
+            _ => return Err(VerbsError::NotFound("memory region")),
+        };
+        self.sh
+            .mrs
+            .remove(key)
+            .map(|_| ())
+            .ok_or(VerbsError::NotFound("memory region"))
+    }
+
+    /// The MR with this lkey.
+    pub fn mr(&self, lkey: Lkey) -> Option<&MemoryRegion> {
+        self.sh.mrs.get(lkey)
+    }
+
+    /// The memory behind an lkey (to resolve a `PayloadSeg`).
+    pub fn memory(&self, lkey: Lkey) -> Option<&Arc<dyn Memory>> {
+        self.sh.mrs.get(lkey).map(|m| &m.mem)
+    }
+
+    /// Creates a CQ of at least `cqe` entries.
+    pub fn create_cq(&mut self, cqe: u32) -> VerbsResult<CqId> {
+        if cqe == 0 || cqe > self.sh.cfg.max_cqe {
+            return Err(VerbsError::InvalidArgument(format!(
+                "cqe {cqe} not in 1..={}",
+                self.sh.cfg.max_cqe
+            )));
+        }
+        let slot = self.sh.cqs.iter().position(|c| c.is_none());
+        let cq = CompletionQueue::new(cqe as usize);
+        let id = match slot {
+            Some(i) => {
+                self.sh.cqs[i] = Some(cq);
+                i
+            }
+            None => {
+                if self.sh.cqs.len() >= self.sh.cfg.max_cq as usize {
+                    return Err(VerbsError::NoResources("completion queues"));
+                }
+                self.sh.cqs.push(Some(cq));
+                self.sh.cqs.len() - 1
+            }
+        };
+        Ok(CqId(id as u32))
+    }
+
+    /// Destroys a CQ no QP uses.
+    pub fn destroy_cq(&mut self, cq: CqId) -> VerbsResult<()> {
+        match self.sh.cqs.get(cq.0 as usize) {
+            Some(Some(c)) if c.users > 0 => Err(VerbsError::Busy("completion queue")),
+            Some(Some(_)) => {
+                self.sh.cqs[cq.0 as usize] = None;
+                Ok(())
+            }
+            _ => Err(VerbsError::NotFound("completion queue")),
+        }
+    }
+
+    /// Takes up to `out.len()` completions; returns how many.
+    pub fn poll_cq(&mut self, cq: CqId, out: &mut [Completion]) -> VerbsResult<usize> {
+        let q = self
+            .sh
+            .cqs
+            .get_mut(cq.0 as usize)
+            .and_then(|c| c.as_mut())
+            .ok_or(VerbsError::NotFound("completion queue"))?;
+        let mut n = 0;
+        while n < out.len() {
+            match q.entries.pop_front() {
+                Some(c) => {
+                    out[n] = c;
+                    n += 1;
+                }
+                None => break,
+            }
+        }
+        Ok(n)
+    }
+
+    /// Takes one completion.
+    pub fn poll_completion(&mut self, cq: CqId) -> Option<Completion> {
+        self.sh
+            .cqs
+            .get_mut(cq.0 as usize)?
+            .as_mut()?
+            .entries
+            .pop_front()
+    }
+
+    /// Whether a CQ has overflowed (it then stays in error).
+    pub fn cq_overflowed(&self, cq: CqId) -> bool {
+        matches!(self.sh.cqs.get(cq.0 as usize), Some(Some(c)) if c.overflowed)
+    }
+
+    fn cq_ok(&self, cq: CqId) -> bool {
+        matches!(self.sh.cqs.get(cq.0 as usize), Some(Some(_)))
+    }
+
+    /// Creates a QP in RESET.
+    pub fn create_qp(&mut self, init: &QpInit) -> VerbsResult<Qpn> {
+        if !self.pd_ok(init.pd) {
+            return Err(VerbsError::NotFound("protection domain"));
+        }
+        if !self.cq_ok(init.send_cq) || !self.cq_ok(init.recv_cq) {
+            return Err(VerbsError::NotFound("completion queue"));
+        }
+        let c = &self.sh.cfg;
+        let caps = init.caps;
+        if caps.max_send_wr == 0 || caps.max_send_wr > c.max_qp_wr {
+            return Err(VerbsError::InvalidArgument(format!(
+                "max_send_wr {} not in 1..={}",
+                caps.max_send_wr, c.max_qp_wr
+            )));
+        }
+        if init.srq.is_none() && (caps.max_recv_wr == 0 || caps.max_recv_wr > c.max_qp_wr) {
+            return Err(VerbsError::InvalidArgument(format!(
+                "max_recv_wr {} not in 1..={}",
+                caps.max_recv_wr, c.max_qp_wr
+            )));
+        }
+        if caps.max_send_sge > c.max_sge || caps.max_recv_sge > c.max_sge {
+            return Err(VerbsError::InvalidArgument(format!(
+                "SGEs per WR limited to {}",
+                c.max_sge
+            )));
+        }
+        if caps.max_inline_data as usize > MAX_INLINE {
+            return Err(VerbsError::InvalidArgument(format!(
+                "max_inline_data {} exceeds {MAX_INLINE}",
+                caps.max_inline_data
+            )));
+        }
+        if let Some(s) = init.srq {
+            match self.sh.srqs.get(s.0 as usize) {
+                Some(Some(srq)) if srq.pd == init.pd => {}
+                Some(Some(_)) => {
+                    return Err(VerbsError::InvalidArgument(
+                        "SRQ belongs to another PD".into(),
+                    ))
+                }
+                _ => return Err(VerbsError::NotFound("shared receive queue")),
+            }
+        }
+        let slot = match self.free_qps.pop() {
+            Some(s) => s,
+            None => {
+                if self.qps.len() >= self.sh.cfg.max_qp as usize {
+                    return Err(VerbsError::NoResources("queue pairs"));
+                }
+                self.qps.push(None);
+                (self.qps.len() - 1) as u32
+            }
+        };
+        let qpn = Qpn::new(QPN_BASE + slot);
+        // Even a zero-sized request gets one SGE, so empty WRs still have room.
+        let mut caps = caps;
+        caps.max_send_sge = caps.max_send_sge.max(1);
+        caps.max_recv_sge = caps.max_recv_sge.max(1);
+        let qp = Qp::new(qpn, &QpInit { caps, ..*init });
+        self.qps[slot as usize] = Some(Box::new(qp));
+        for cq in [init.send_cq, init.recv_cq] {
+            if let Some(Some(c)) = self.sh.cqs.get_mut(cq.0 as usize) {
+                c.users += 1;
+            }
+        }
+        if let Some(s) = init.srq {
+            if let Some(Some(srq)) = self.sh.srqs.get_mut(s.0 as usize) {
+                srq.users += 1;
+            }
+        }
+        Ok(qpn)
+    }
+
+    fn slot_of(qpn: Qpn) -> Option<usize> {
+        qpn.value().checked_sub(QPN_BASE).map(|s| s as usize)
+    }
+
+    fn qp_ref(&self, qpn: Qpn) -> VerbsResult<&Qp> {
+        Self::slot_of(qpn)
+            .and_then(|s| self.qps.get(s))
+            .and_then(|q| q.as_deref())
+            .ok_or(VerbsError::NotFound("queue pair"))
+    }
+
+    /// Modifies a QP (`ibv_modify_qp`); invalid attributes leave it unchanged.
+    pub fn modify_qp(&mut self, qpn: Qpn, attr: &QpAttr) -> VerbsResult<()> {
+        let max_rd = self.sh.cfg.max_qp_rd_atom;
+        let ngids = self.sh.cfg.gids.len();
+        let port_mtu = self.sh.cfg.port_mtu;
+        let slot = Self::slot_of(qpn).ok_or(VerbsError::NotFound("queue pair"))?;
+        let qp = self
+            .qps
+            .get_mut(slot)
+            .and_then(|q| q.as_deref_mut())
+            .ok_or(VerbsError::NotFound("queue pair"))?;
+        if let Some(m) = attr.path_mtu {
+            if m > port_mtu {
+                return Err(VerbsError::Modify(ModifyError::Invalid(format!(
+                    "path MTU {} exceeds the port's active MTU {}",
+                    m.bytes(),
+                    port_mtu.bytes()
+                ))));
+            }
+        }
+        let (from, to) = qp.modify(attr, max_rd, ngids)?;
+        match to {
+            QpState::Err if from != QpState::Err => {
+                qp.state = from;
+                qp.enter_error(&mut self.sh);
+            }
+            QpState::Reset => qp.reset(),
+            _ => {}
+        }
+        self.mark_ready(slot as u32);
+        Ok(())
+    }
+
+    /// `query_qp`.
+    pub fn query_qp(&self, qpn: Qpn) -> VerbsResult<QpInfo> {
+        let qp = self.qp_ref(qpn)?;
+        let mut attr = qp.attr;
+        attr.state = Some(qp.state);
+        if qp.state != QpState::Reset {
+            attr.sq_psn = Some(qp.req.psn);
+            attr.rq_psn = Some(qp.resp.epsn);
+        }
+        Ok(QpInfo {
+            qpn,
+            qp_type: qp.qp_type,
+            state: qp.state,
+            caps: qp.caps,
+            attr,
+            sq_sig_all: qp.sq_sig_all,
+        })
+    }
+
+    /// Destroys a QP. Outstanding WRs are discarded without completions (verbs semantics).
+    pub fn destroy_qp(&mut self, qpn: Qpn) -> VerbsResult<()> {
+        let slot = Self::slot_of(qpn).ok_or(VerbsError::NotFound("queue pair"))?;
+        let qp = self
+            .qps
+            .get_mut(slot)
+            .and_then(|q| q.take())
+            .ok_or(VerbsError::NotFound("queue pair"))?;
+        for cq in [qp.send_cq, qp.recv_cq] {
+            if let Some(Some(c)) = self.sh.cqs.get_mut(cq as usize) {
+                c.users = c.users.saturating_sub(1);
+            }
+        }
+        if let Some(s) = qp.srq {
+            if let Some(Some(srq)) = self.sh.srqs.get_mut(s as usize) {
+                srq.users = srq.users.saturating_sub(1);
+            }
+        }
+        self.free_qps.push(slot as u32);
+        self.ready.retain(|&s| s != slot as u32);
+        Ok(())
+    }
+
+    /// Creates an SRQ.
+    pub fn create_srq(&mut self, pd: PdId, attr: &SrqAttr) -> VerbsResult<SrqId> {
+        if !self.pd_ok(pd) {
+            return Err(VerbsError::NotFound("protection domain"));
+        }
+        if attr.max_wr == 0
+            || attr.max_wr > self.sh.cfg.max_qp_wr
+            || attr.max_sge > self.sh.cfg.max_sge
+        {
+            return Err(VerbsError::InvalidArgument(format!(
+                "SRQ of {} WRs x {} SGEs exceeds the device limits",
+                attr.max_wr, attr.max_sge
+            )));
+        }
+        if attr.srq_limit > attr.max_wr {
+            return Err(VerbsError::InvalidArgument(
+                "srq_limit exceeds max_wr".into(),
+            ));
+        }
+        let srq = Srq {
+            pd,
+            rq: RecvQueue::new(attr.max_wr as usize, attr.max_sge.max(1) as usize),
+            limit: attr.srq_limit,
+            users: 0,
+        };
+        let id = match self.sh.srqs.iter().position(|s| s.is_none()) {
+            Some(i) => {
+                self.sh.srqs[i] = Some(srq);
+                i
+            }
+            None => {
+                if self.sh.srqs.len() >= self.sh.cfg.max_srq as usize {
+                    return Err(VerbsError::NoResources("shared receive queues"));
+                }
+                self.sh.srqs.push(Some(srq));
+                self.sh.srqs.len() - 1
+            }
+        };
+        Ok(SrqId(id as u32))
+    }
+
+    fn srq_mut(&mut self, srq: SrqId) -> VerbsResult<&mut Srq> {
+        self.sh
+            .srqs
+            .get_mut(srq.0 as usize)
+            .and_then(|s| s.as_mut())
+            .ok_or(VerbsError::NotFound("shared receive queue"))
+    }
+
+    /// Arms the SRQ limit (`ibv_modify_srq` with IBV_SRQ_LIMIT; resizing is not supported).
+    pub fn modify_srq(&mut self, srq: SrqId, limit: u32) -> VerbsResult<()> {
+        let s = self.srq_mut(srq)?;
+        if limit > s.rq.depth() as u32 {
+            return Err(VerbsError::InvalidArgument(
+                "srq_limit exceeds max_wr".into(),
+            ));
+        }
+        s.limit = limit;
+        Ok(())
+    }
+
+    /// `ibv_query_srq`.
+    pub fn query_srq(&mut self, srq: SrqId) -> VerbsResult<SrqAttr> {
+        let s = self.srq_mut(srq)?;
+        Ok(SrqAttr {
+            max_wr: s.rq.depth() as u32,
+            max_sge: s.rq.max_sge as u32,
+            srq_limit: s.limit,
+        })
+    }
+
+    /// Destroys an SRQ no QP uses.
+    pub fn destroy_srq(&mut self, srq: SrqId) -> VerbsResult<()> {
+        if self.srq_mut(srq)?.users > 0 {
+            return Err(VerbsError::Busy("shared receive queue"));
+        }
+        self.sh.srqs[srq.0 as usize] = None;
+        Ok(())
+    }
+
+    /// Posts a receive WR to an SRQ.
+    pub fn post_srq_recv(&mut self, srq: SrqId, wr: &RecvWr<'_>) -> VerbsResult<()> {
+        let s = self.srq_mut(srq)?;
+        if wr.sg_list.len() > s.rq.max_sge {
+            return Err(VerbsError::InvalidArgument(format!(
+                "{} SGEs exceed the SRQ's {}",
+                wr.sg_list.len(),
+                s.rq.max_sge
+            )));
+        }
+        if s.rq.len() >= s.rq.depth() {
+            return Err(VerbsError::QueueFull);
+        }
+        s.rq.push(wr.wr_id, wr.sg_list);
+        Ok(())
+    }
+
+    /// Posts a send WR (`ibv_post_send`).
+    pub fn post_send(&mut self, qpn: Qpn, wr: &SendWr<'_>) -> VerbsResult<()> {
+        let port_mtu = self.sh.cfg.port_mtu.bytes();
+        let slot = Self::slot_of(qpn).ok_or(VerbsError::NotFound("queue pair"))?;
+        let qp = self
+            .qps
+            .get_mut(slot)
+            .and_then(|q| q.as_deref_mut())
+            .ok_or(VerbsError::NotFound("queue pair"))?;
+        if matches!(qp.state, QpState::Reset | QpState::Init | QpState::Rtr) {
+            return Err(VerbsError::InvalidState(qp.state));
+        }
+        if qp.sq.is_full() {
+            return Err(VerbsError::QueueFull);
+        }
+        if wr.sg_list.len() > qp.caps.max_send_sge as usize {
+            return Err(VerbsError::InvalidArgument(format!(
+                "{} SGEs exceed max_send_sge {}",
+                wr.sg_list.len(),
+                qp.caps.max_send_sge
+            )));
+        }
+        let allowed = match qp.qp_type {
+            QpType::Rc => true,
+            QpType::Uc => matches!(
+                wr.op,
+                WrOp::Send
+                    | WrOp::SendWithImm { .. }
+                    | WrOp::Write { .. }
+                    | WrOp::WriteWithImm { .. }
+                    | WrOp::LocalInv { .. }
+                    | WrOp::RegMr { .. }
+            ),
+            QpType::Ud => matches!(wr.op, WrOp::Send | WrOp::SendWithImm { .. }),
+        };
+        if !allowed {
+            return Err(VerbsError::InvalidArgument(format!(
+                "{:?} is not available on a {:?} QP",
+                wr.op, qp.qp_type
+            )));
+        }
+        if qp.qp_type == QpType::Ud && wr.ud.is_none() {
+            return Err(VerbsError::InvalidArgument(
+                "UD sends need an address handle".into(),
+            ));
+        }
+        let length: u64 = wr.sg_list.iter().map(|s| s.length as u64).sum();
+        if length > 1 << 31 {
+            return Err(VerbsError::InvalidArgument(format!(
+                "message of {length} bytes exceeds 2^31"
+            )));
+        }
+        if qp.qp_type == QpType::Ud && length > port_mtu as u64 {
+            return Err(VerbsError::InvalidArgument(format!(
+                "UD message of {length} bytes exceeds the port MTU {port_mtu}"
+            )));
+        }
+        if matches!(wr.op, WrOp::CompareSwap { .. } | WrOp::FetchAdd { .. }) && length != 8 {
+            return Err(VerbsError::InvalidArgument(
+                "an ATOMIC needs an 8-byte local buffer".into(),
+            ));
+        }
+        let mut inline_buf = [0u8; MAX_INLINE];
+        let mut inline_len = 0;
+        let inline = wr.flags.contains(SendFlags::INLINE) && !wr.op.is_read_or_atomic();
+        if inline {
+            if length > qp.caps.max_inline_data as u64 {
+                return Err(VerbsError::InvalidArgument(format!(
+                    "{length} inline bytes exceed max_inline_data {}",
+                    qp.caps.max_inline_data
+                )));
+            }
+            // Inline data is copied now; the SGEs need not stay valid (verbs semantics).
+            for sge in wr.sg_list {
+                let mr = self
+                    .sh
+                    .mrs
+                    .get(sge.lkey)
+                    .filter(|m| m.valid)
+                    .ok_or_else(|| {
+                        VerbsError::InvalidArgument("inline SGE with an unknown lkey".into())
+                    })?;
+                let off = mr.offset_of(sge.addr, sge.length as u64).ok_or_else(|| {
+                    VerbsError::InvalidArgument("inline SGE outside its MR".into())
+                })?;
+                mr.mem
+                    .read(
+                        off,
+                        &mut inline_buf[inline_len..inline_len + sge.length as usize],
+                    )
+                    .map_err(|_| VerbsError::InvalidArgument("inline SGE unreadable".into()))?;
+                inline_len += sge.length as usize;
+            }
+        }
+        let mut wqe = SendWqe::EMPTY;
+        wqe.wr_id = wr.wr_id;
+        wqe.op = wr.op;
+        wqe.flags = wr.flags;
+        wqe.ud = wr.ud;
+        wqe.length = length as u32;
+        wqe.signaled = qp.sq_sig_all || wr.flags.contains(SendFlags::SIGNALED);
+        if wr.op.is_remote() {
+            qp.req.ssn = qp.req.ssn.wrapping_add(1) & crate::types::MASK24;
+            wqe.ssn = qp.req.ssn;
+        }
+        let sges: &[Sge] = if inline { &[] } else { wr.sg_list };
+        let idx = qp.sq.push(wqe, sges, &inline_buf[..inline_len]);
+        if inline && inline_len == 0 {
+            // A zero-length inline WR still counts as inline (no SGEs to check).
+            qp.sq.get_mut(idx).flags = wr.flags;
+        }
+        if matches!(qp.state, QpState::Err | QpState::Sqe) {
+            qp.flush(&mut self.sh);
+        }
+        self.mark_ready(slot as u32);
+        Ok(())
+    }
+
+    /// Posts a receive WR (`ibv_post_recv`).
+    pub fn post_recv(&mut self, qpn: Qpn, wr: &RecvWr<'_>) -> VerbsResult<()> {
+        let slot = Self::slot_of(qpn).ok_or(VerbsError::NotFound("queue pair"))?;
+        let qp = self
+            .qps
+            .get_mut(slot)
+            .and_then(|q| q.as_deref_mut())
+            .ok_or(VerbsError::NotFound("queue pair"))?;
+        if qp.srq.is_some() {
+            return Err(VerbsError::InvalidArgument(
+                "the QP uses an SRQ: post to the SRQ".into(),
+            ));
+        }
+        if qp.state == QpState::Reset {
+            return Err(VerbsError::InvalidState(qp.state));
+        }
+        if wr.sg_list.len() > qp.caps.max_recv_sge as usize {
+            return Err(VerbsError::InvalidArgument(format!(
+                "{} SGEs exceed max_recv_sge {}",
+                wr.sg_list.len(),
+                qp.caps.max_recv_sge
+            )));
+        }
+        if qp.rq.len() >= qp.rq.depth() {
+            return Err(VerbsError::QueueFull);
+        }
+        qp.rq.push(wr.wr_id, wr.sg_list);
+        if qp.state == QpState::Err {
+            qp.flush(&mut self.sh);
+        }
+        Ok(())
+    }
+
+    fn mark_ready(&mut self, slot: u32) {
+        if let Some(Some(qp)) = self.qps.get_mut(slot as usize) {
+            if !qp.queued {
+                qp.queued = true;
+                self.ready.push_back(slot);
+            }
+        }
+    }
+
+    /// Takes a frame off the wire (one contiguous slice).
+    pub fn handle_frame(&mut self, now: u64, frame: &[u8]) {
+        self.handle_frame_segments(now, &[frame]);
+    }
+
+    /// Takes a frame held in several segments (an mbuf chain).
+    pub fn handle_frame_segments(&mut self, now: u64, segs: &[&[u8]]) {
+        self.sh.counters.rx_frames += 1;
+        match frame::parse_segments(segs) {
+            Ok(p) => self.handle_parsed(now, &p, segs),
+            Err(crate::wire::Error::BadIcrc { .. }) => self.sh.counters.rx_icrc_encapsulated += 1,
+            Err(_) => self.sh.counters.rx_malformed += 1,
+        }
+    }
+
+    /// Takes a frame the caller already parsed and verified.
+    pub fn handle_parsed(&mut self, now: u64, p: &ParsedFrame, segs: &[&[u8]]) {
+        let t = &p.repr.transport;
+        let (src_gid, dst_gid) = p.repr.ip.gids();
+        if !self.is_our_gid(&dst_gid) {
+            self.sh.counters.rx_dropped_not_ours += 1;
+            return;
+        }
+        let info = p.info();
+        if info.transport == Transport::Cnp {
+            self.sh.counters.rx_cnp += 1;
+            return;
+        }
+        if t.bth.dest_qp == Qpn::GSI {
+            // Connection manager MADs: counted and dropped until RDMA CM is implemented.
+            self.sh.counters.rx_gsi_mads += 1;
+            return;
+        }
+        let Some(slot) = Self::slot_of(t.bth.dest_qp) else {
+            self.sh.counters.rx_dropped_no_qp += 1;
+            return;
+        };
+        let Some(Some(qp)) = self.qps.get_mut(slot) else {
+            self.sh.counters.rx_dropped_no_qp += 1;
+            return;
+        };
+        let qp: &mut Qp = qp;
+        let matches_transport = matches!(
+            (info.transport, qp.qp_type),
+            (Transport::Rc, QpType::Rc) | (Transport::Uc, QpType::Uc) | (Transport::Ud, QpType::Ud)
+        );
+        if !matches_transport {
+            self.sh.counters.rx_dropped_wrong_transport += 1;
+            return;
+        }
+        // P_Key: the table holds the default full-membership key (IBA 10.9.3).
+        if t.bth.pkey.0 & 0x7fff != 0x7fff {
+            qp.counters.rx_dropped_pkey += 1;
+            return;
+        }
+        if qp.qp_type != QpType::Ud {
+            // rxe drops RC/UC packets whose addresses do not match the QP's path.
+            let ok = qp.attr.av.is_some_and(|av| {
+                av.dgid == src_gid && self.sh.cfg.gids.get(av.sgid_index as usize) == Some(&dst_gid)
+            });
+            if !ok {
+                qp.counters.rx_dropped_path += 1;
+                return;
+            }
+        }
+        let mut l3 = [0u8; 60];
+        let l3_len = p.repr.ip.header_len();
+        let mut n = 0;
+        for piece in SegmentRange::new(segs, p.l3_offset, p.l3_offset + l3_len) {
+            l3[n..n + piece.len()].copy_from_slice(piece);
+            n += piece.len();
+        }
+        let pkt = Pkt {
+            bth: t.bth,
+            ext: t.ext,
+            info,
+            segs,
+            payload_off: p.payload_offset,
+            payload_len: p.payload_len,
+            l3,
+            l3_len: n,
+        };
+        let _ = Ecn::NotEct;
+        if info.is_request {
+            qp.handle_request(&mut self.sh, now, &pkt);
+        } else {
+            qp.handle_response(&mut self.sh, now, &pkt);
+        }
+        self.mark_ready(slot as u32);
+    }
+
+    /// Produces the next packet to send into `tx`; false when there is nothing to send. QPs
+    /// are served round robin; within a QP, responses (ACKs, READ responses) go first.
+    pub fn poll_transmit(&mut self, now: u64, tx: &mut Transmit) -> bool {
+        while let Some(slot) = self.ready.pop_front() {
+            let Some(Some(qp)) = self.qps.get_mut(slot as usize) else {
+                continue;
+            };
+            let qp: &mut Qp = qp;
+            let sent = qp.next_response(&mut self.sh, tx)
+                || qp.next_request(&mut self.sh, now, tx) == req::ReqStep::Sent;
+            if sent {
+                self.ready.push_back(slot);
+                return true;
+            }
+            qp.queued = false;
+        }
+        false
+    }
+
+    /// The earliest deadline at which `handle_timeout` must be called.
+    pub fn poll_timeout(&mut self) -> Option<u64> {
+        self.sh.timers.peek().map(|Reverse((t, _))| *t)
+    }
+
+    /// Runs the timers due at `now` (ACK timeouts, RNR back-off ends).
+    pub fn handle_timeout(&mut self, now: u64) {
+        while let Some(&Reverse((t, qpn))) = self.sh.timers.peek() {
+            if t > now {
+                break;
+            }
+            self.sh.timers.pop();
+            let Some(slot) = Self::slot_of(Qpn::new(qpn)) else {
+                continue;
+            };
+            if let Some(Some(qp)) = self.qps.get_mut(slot) {
+                qp.on_timer(&mut self.sh, now);
+                self.mark_ready(slot as u32);
+            }
+        }
+    }
+
+    /// Takes the next asynchronous event.
+    pub fn poll_event(&mut self) -> Option<AsyncEvent> {
+        self.sh.events.pop_front()
+    }
+
+    /// Counters of one QP.
+    pub fn qp_counters(&self, qpn: Qpn) -> Option<QpCounters> {
+        self.qp_ref(qpn).ok().map(|q| q.counters)
+    }
+
+    /// Device counters, and the sum of every live QP's counters.
+    pub fn counters(&self) -> (DeviceCounters, QpCounters) {
+        let mut total = QpCounters::default();
+        for q in self.qps.iter().flatten() {
+            total.add(&q.counters);
+        }
+        (self.sh.counters, total)
+    }
+
+    /// Copies the payload of `tx` into `out` (which must hold `tx.payload.len()` bytes).
+    pub fn gather(&self, tx: &Transmit, out: &mut [u8]) -> Result<(), MemoryError> {
+        let inline = tx.payload.inline();
+        if !inline.is_empty() {
+            out[..inline.len()].copy_from_slice(inline);
+            return Ok(());
+        }
+        let mut at = 0;
+        for seg in tx.payload.segs() {
+            let mem = self.memory(seg.lkey).ok_or(MemoryError::OutOfBounds)?;
+            mem.read(seg.offset, &mut out[at..at + seg.len as usize])?;
+            at += seg.len as usize;
+        }
+        Ok(())
+    }
+
+    /// Writes the whole frame for `tx` into `buf` (headers, gathered payload, pad, ICRC);
+    /// returns its length. For tests, simulations and simple callers; the dataplane builds
+    /// frames straight into mbufs instead.
+    pub fn write_frame(
+        &self,
+        tx: &Transmit,
+        src_mac: [u8; 6],
+        dst_mac: [u8; 6],
+        vlan: Option<VlanTag>,
+        ip_ident: u16,
+        buf: &mut [u8],
+    ) -> Result<usize, crate::wire::Error> {
+        let repr = tx.frame_repr(src_mac, dst_mac, vlan, ip_ident);
+        let plen = tx.payload.len();
+        let total = repr.frame_len(plen)?;
+        if buf.len() < total {
+            return Err(crate::wire::Error::BufferTooSmall { need: total });
+        }
+        let hlen = repr.emit_headers(buf, plen)?;
+        self.gather(tx, &mut buf[hlen..hlen + plen])
+            .map_err(|_| crate::wire::Error::Malformed(crate::wire::Layer::ExtHeaders))?;
+        let (head, tail) = buf.split_at_mut(hlen + plen);
+        repr.emit_trailer(&head[..hlen], &[&head[hlen..hlen + plen]], tail)?;
+        Ok(total)
+    }
+
+    /// Opcode name helper for logs.
+    pub fn opcode_name(op: Opcode) -> &'static str {
+        op.name()
+    }
+}

@@ -1,0 +1,803 @@
+//! Queue pair state: the state machine with per-transition attribute rules, and the state each
+//! role (requester, responder, completer) keeps.
+
+use std::collections::VecDeque;
+
+use super::counters::QpCounters;
+use super::queues::{RecvQueue, SendQueue};
+use super::transmit::{udp_sport_connected, udp_sport_ud};
+use crate::memory::PdId;
+use crate::types::{Msn, Psn, Qkey, Qpn};
+use crate::verbs::{Access, Mtu, QpAttr, QpCaps, QpState, QpType, Sge};
+
+/// Why `modify_qp` refused (the QP is left unchanged).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ModifyError {
+    /// The transition is not allowed from the current state.
+    #[error("transition {from:?} -> {to:?} is not allowed")]
+    BadTransition {
+        /// Current state.
+        from: QpState,
+        /// Requested state.
+        to: QpState,
+    },
+    /// `cur_state` does not match the QP's state.
+    #[error("cur_state {given:?} does not match the QP state {actual:?}")]
+    CurStateMismatch {
+        /// Given.
+        given: QpState,
+        /// Actual.
+        actual: QpState,
+    },
+    /// A required attribute is missing.
+    #[error("{0} is required for this transition")]
+    Missing(&'static str),
+    /// An attribute is not allowed for this transition or QP type.
+    #[error("{0} may not be set in this transition")]
+    NotAllowed(&'static str),
+    /// An attribute's value is out of range.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// Attribute bits, as `ibv_qp_attr_mask`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Mask(u32);
+
+impl Mask {
+    const STATE: u32 = 1 << 0;
+    const CUR_STATE: u32 = 1 << 1;
+    const EN_SQD: u32 = 1 << 2;
+    const ACCESS: u32 = 1 << 3;
+    const PKEY: u32 = 1 << 4;
+    const PORT: u32 = 1 << 5;
+    const QKEY: u32 = 1 << 6;
+    const AV: u32 = 1 << 7;
+    const MTU: u32 = 1 << 8;
+    const TIMEOUT: u32 = 1 << 9;
+    const RETRY: u32 = 1 << 10;
+    const RNR_RETRY: u32 = 1 << 11;
+    const RQ_PSN: u32 = 1 << 12;
+    const MAX_RD: u32 = 1 << 13;
+    const MIN_RNR: u32 = 1 << 15;
+    const SQ_PSN: u32 = 1 << 16;
+    const MAX_DEST_RD: u32 = 1 << 17;
+    const DEST_QPN: u32 = 1 << 20;
+
+    const NAMES: [(u32, &'static str); 17] = [
+        (Self::STATE, "qp_state"),
+        (Self::CUR_STATE, "cur_qp_state"),
+        (Self::EN_SQD, "en_sqd_async_notify"),
+        (Self::ACCESS, "qp_access_flags"),
+        (Self::PKEY, "pkey_index"),
+        (Self::PORT, "port_num"),
+        (Self::QKEY, "qkey"),
+        (Self::AV, "ah_attr"),
+        (Self::MTU, "path_mtu"),
+        (Self::TIMEOUT, "timeout"),
+        (Self::RETRY, "retry_cnt"),
+        (Self::RNR_RETRY, "rnr_retry"),
+        (Self::RQ_PSN, "rq_psn"),
+        (Self::MAX_RD, "max_rd_atomic"),
+        (Self::MIN_RNR, "min_rnr_timer"),
+        (Self::SQ_PSN, "sq_psn"),
+        (Self::MAX_DEST_RD, "max_dest_rd_atomic"),
+    ];
+
+    fn of(a: &QpAttr) -> Mask {
+        let mut m = 0;
+        let mut set = |b: bool, bit: u32| {
+            if b {
+                m |= bit;
+            }
+        };
+        set(a.state.is_some(), Self::STATE);
+        set(a.cur_state.is_some(), Self::CUR_STATE);
+        set(a.en_sqd_async_notify.is_some(), Self::EN_SQD);
+        set(a.access.is_some(), Self::ACCESS);
+        set(a.pkey_index.is_some(), Self::PKEY);
+        set(a.port.is_some(), Self::PORT);
+        set(a.qkey.is_some(), Self::QKEY);
+        set(a.av.is_some(), Self::AV);
+        set(a.path_mtu.is_some(), Self::MTU);
+        set(a.timeout.is_some(), Self::TIMEOUT);
+        set(a.retry_cnt.is_some(), Self::RETRY);
+        set(a.rnr_retry.is_some(), Self::RNR_RETRY);
+        set(a.rq_psn.is_some(), Self::RQ_PSN);
+        set(a.max_rd_atomic.is_some(), Self::MAX_RD);
+        set(a.min_rnr_timer.is_some(), Self::MIN_RNR);
+        set(a.sq_psn.is_some(), Self::SQ_PSN);
+        set(a.max_dest_rd_atomic.is_some(), Self::MAX_DEST_RD);
+        set(a.dest_qp.is_some(), Self::DEST_QPN);
+        Mask(m)
+    }
+
+    fn name(bit: u32) -> &'static str {
+        if bit == Self::DEST_QPN {
+            return "dest_qp_num";
+        }
+        Self::NAMES
+            .iter()
+            .find(|(b, _)| *b == bit)
+            .map(|(_, n)| *n)
+            .unwrap_or("attribute")
+    }
+}
+
+/// Required and optional attributes of a transition (IBA Table 94-ish; the same table as
+/// `ib_modify_qp_is_ok` in the Linux kernel).
+fn transition_rules(t: QpType, from: QpState, to: QpState) -> Option<(u32, u32)> {
+    use QpState::*;
+    type M = Mask;
+    let (rc, uc, ud) = (t == QpType::Rc, t == QpType::Uc, t == QpType::Ud);
+    let pick = |rcv: u32, ucv: u32, udv: u32| {
+        if rc {
+            rcv
+        } else if uc {
+            ucv
+        } else {
+            udv
+        }
+    };
+    let _ = ud;
+    Some(match (from, to) {
+        (_, Reset) => (0, 0),
+        (_, Err) => (0, 0),
+        (Reset, Init) => (
+            pick(
+                M::PKEY | M::PORT | M::ACCESS,
+                M::PKEY | M::PORT | M::ACCESS,
+                M::PKEY | M::PORT | M::QKEY,
+            ),
+            0,
+        ),
+        (Init, Init) => (
+            0,
+            pick(
+                M::PKEY | M::PORT | M::ACCESS,
+                M::PKEY | M::PORT | M::ACCESS,
+                M::PKEY | M::PORT | M::QKEY,
+            ),
+        ),
+        (Init, Rtr) => (
+            pick(
+                M::AV | M::MTU | M::DEST_QPN | M::RQ_PSN | M::MAX_DEST_RD | M::MIN_RNR,
+                M::AV | M::MTU | M::DEST_QPN | M::RQ_PSN,
+                0,
+            ),
+            pick(M::ACCESS | M::PKEY, M::ACCESS | M::PKEY, M::PKEY | M::QKEY),
+        ),
+        (Rtr, Rts) => (
+            pick(
+                M::SQ_PSN | M::TIMEOUT | M::RETRY | M::RNR_RETRY | M::MAX_RD,
+                M::SQ_PSN,
+                M::SQ_PSN,
+            ),
+            pick(
+                M::CUR_STATE | M::ACCESS | M::MIN_RNR,
+                M::CUR_STATE | M::ACCESS,
+                M::CUR_STATE | M::QKEY,
+            ),
+        ),
+        (Rts, Rts) => (
+            0,
+            pick(
+                M::CUR_STATE | M::ACCESS | M::MIN_RNR,
+                M::CUR_STATE | M::ACCESS,
+                M::CUR_STATE | M::QKEY,
+            ),
+        ),
+        (Rts, Sqd) => (0, M::EN_SQD),
+        (Sqd, Rts) => (
+            0,
+            pick(
+                M::CUR_STATE | M::ACCESS | M::MIN_RNR,
+                M::CUR_STATE | M::ACCESS,
+                M::CUR_STATE | M::QKEY,
+            ),
+        ),
+        (Sqd, Sqd) => (
+            0,
+            pick(
+                M::PKEY
+                    | M::AV
+                    | M::MAX_RD
+                    | M::MAX_DEST_RD
+                    | M::ACCESS
+                    | M::MIN_RNR
+                    | M::TIMEOUT
+                    | M::RETRY
+                    | M::RNR_RETRY,
+                M::AV | M::ACCESS | M::PKEY,
+                M::PKEY | M::QKEY,
+            ),
+        ),
+        (Sqe, Rts) => (0, pick(0, M::CUR_STATE | M::ACCESS, M::CUR_STATE | M::QKEY)),
+        _ => return None,
+    })
+}
+
+/// What a responder is in the middle of (for the op-sequence check, IBA 9.7.5.1.7).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum InMsg {
+    /// Between messages.
+    None,
+    /// Inside a multi-packet SEND; the receive WQE is `resp.recv_wr_id`.
+    Send,
+    /// Inside a multi-packet RDMA WRITE.
+    Write,
+}
+
+/// A packet the responder still has to send.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum RespItem {
+    /// ACK, NAK or RNR NAK with this AETH syndrome, for `psn`, with `msn`.
+    Ack { psn: Psn, syndrome: u8, msn: Msn },
+    /// READ response: `len` bytes from the MR `lkey` at `mem_offset`, starting at `first_psn`;
+    /// `sent` bytes already sent.
+    Read {
+        first_psn: Psn,
+        lkey: crate::types::Lkey,
+        mem_offset: usize,
+        len: u32,
+        sent: u32,
+        msn: Msn,
+    },
+    /// ATOMIC acknowledge with the original value.
+    Atomic { psn: Psn, orig: u64, msn: Msn },
+}
+
+/// A READ or ATOMIC the responder executed, kept so duplicates are answered from it (IBA
+/// 9.7.5.1.6: never execute an ATOMIC twice; re-read a READ from memory).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Resource {
+    /// READ covering PSNs `first..first+npkts`.
+    Read {
+        first_psn: Psn,
+        npkts: u32,
+        msn: Msn,
+    },
+    /// ATOMIC at `psn` that returned `orig`.
+    Atomic { psn: Psn, orig: u64, msn: Msn },
+}
+
+/// Requester state (rxe_req.c's `qp->req`).
+#[derive(Debug, Clone)]
+pub(crate) struct ReqState {
+    /// PSN of the next new packet.
+    pub psn: Psn,
+    /// Index of the WQE being sent (or next to send).
+    pub next: u64,
+    /// Packets since the last AckReq.
+    pub noack_pkts: u32,
+    /// READ/ATOMIC WQEs sent and not completed.
+    pub rd_atomic_inflight: u32,
+    /// SSN of the last request message posted (24-bit, IBA 9.7.7.2).
+    pub ssn: u32,
+}
+
+/// Completer state (rxe_comp.c's `qp->comp`).
+#[derive(Debug, Clone)]
+pub(crate) struct CompState {
+    /// Oldest PSN not yet acknowledged.
+    pub psn: Psn,
+    /// Index of the oldest WQE not yet completed by a response.
+    pub next: u64,
+    /// Transport retries left for the current stall.
+    pub retry_left: u8,
+    /// RNR retries left.
+    pub rnr_left: u8,
+    /// Local ACK timeout deadline.
+    pub ack_deadline: Option<u64>,
+    /// RNR back-off deadline (sending is paused until then).
+    pub rnr_deadline: Option<u64>,
+    /// Limit sequence number: SENDs with SSN beyond it wait for credits (None = unlimited).
+    pub lsn: Option<u32>,
+}
+
+/// Responder state (rxe_resp.c's `qp->resp`).
+#[derive(Debug, Clone)]
+pub(crate) struct RespState {
+    /// Expected PSN.
+    pub epsn: Psn,
+    /// Messages completed.
+    pub msn: Msn,
+    /// Message in progress.
+    pub in_msg: InMsg,
+    /// Current receive WQE (SEND in progress).
+    pub recv_wr_id: u64,
+    /// Its SGEs.
+    pub recv_sges: Vec<Sge>,
+    /// Bytes placed into it so far.
+    pub recv_offset: u32,
+    /// The receive WQE is held across the packets of a message.
+    pub have_recv: bool,
+    /// WRITE in progress: MR, offset in its memory, bytes left of the RETH length.
+    pub write_lkey: crate::types::Lkey,
+    pub write_mem_offset: usize,
+    pub write_left: u32,
+    pub write_total: u32,
+    /// A PSN sequence error NAK was sent for the current gap (send one per gap).
+    pub nak_sent: bool,
+    /// Output waiting to be sent.
+    pub out: VecDeque<RespItem>,
+    /// READ/ATOMIC replay cache, oldest first, at most max_dest_rd_atomic.
+    pub resources: VecDeque<Resource>,
+}
+
+/// A queue pair.
+pub(crate) struct Qp {
+    pub qpn: Qpn,
+    pub qp_type: QpType,
+    pub state: QpState,
+    pub pd: PdId,
+    pub send_cq: u32,
+    pub recv_cq: u32,
+    pub srq: Option<u32>,
+    pub caps: QpCaps,
+    pub sq_sig_all: bool,
+    /// Attributes as set.
+    pub attr: QpAttr,
+    pub sq: SendQueue,
+    pub rq: RecvQueue,
+    pub req: ReqState,
+    pub comp: CompState,
+    pub resp: RespState,
+    pub counters: QpCounters,
+    /// In the device's ready list.
+    pub queued: bool,
+    /// The SQ drained event was delivered for the current SQD period.
+    pub sqd_notified: bool,
+    /// UDP source port derived from the QP pair.
+    pub udp_sport: u16,
+}
+
+impl Qp {
+    pub fn new(qpn: Qpn, init: &super::QpInit) -> Qp {
+        let super::QpInit {
+            pd,
+            qp_type,
+            send_cq,
+            recv_cq,
+            srq,
+            caps,
+            sq_sig_all,
+        } = *init;
+        let (send_cq, recv_cq, srq) = (send_cq.0, recv_cq.0, srq.map(|s| s.0));
+        let rq_depth = if srq.is_some() {
+            0
+        } else {
+            caps.max_recv_wr as usize
+        };
+        Qp {
+            qpn,
+            qp_type,
+            state: QpState::Reset,
+            pd,
+            send_cq,
+            recv_cq,
+            srq,
+            caps,
+            sq_sig_all,
+            attr: QpAttr::default(),
+            sq: SendQueue::new(
+                caps.max_send_wr as usize,
+                caps.max_send_sge as usize,
+                caps.max_inline_data as usize,
+            ),
+            rq: RecvQueue::new(rq_depth, caps.max_recv_sge as usize),
+            req: ReqState {
+                psn: Psn::new(0),
+                next: 0,
+                noack_pkts: 0,
+                rd_atomic_inflight: 0,
+                ssn: 0,
+            },
+            comp: CompState {
+                psn: Psn::new(0),
+                next: 0,
+                retry_left: 7,
+                rnr_left: 7,
+                ack_deadline: None,
+                rnr_deadline: None,
+                lsn: None,
+            },
+            resp: RespState {
+                epsn: Psn::new(0),
+                msn: Msn::new(0),
+                in_msg: InMsg::None,
+                recv_wr_id: 0,
+                recv_sges: Vec::with_capacity(caps.max_recv_sge as usize),
+                recv_offset: 0,
+                have_recv: false,
+                write_lkey: crate::types::Lkey(0),
+                write_mem_offset: 0,
+                write_left: 0,
+                write_total: 0,
+                nak_sent: false,
+                out: VecDeque::with_capacity(64),
+                resources: VecDeque::with_capacity(16),
+            },
+            counters: QpCounters::default(),
+            queued: false,
+            sqd_notified: false,
+            udp_sport: 0xc000,
+        }
+    }
+
+    /// Path MTU in bytes (UD: the port's active MTU, passed by the device).
+    pub fn mtu(&self) -> u32 {
+        self.attr.path_mtu.map(Mtu::bytes).unwrap_or(1024)
+    }
+
+    pub fn dest_qp(&self) -> Qpn {
+        self.attr.dest_qp.unwrap_or(Qpn::new(0))
+    }
+
+    pub fn access(&self) -> Access {
+        self.attr.access.unwrap_or_default()
+    }
+
+    pub fn qkey(&self) -> Qkey {
+        self.attr.qkey.unwrap_or_default()
+    }
+
+    /// Local ACK timeout in ns (None = infinite): 4.096 us x 2^timeout (IBA 9.7.6.1.3).
+    pub fn ack_timeout_ns(&self) -> Option<u64> {
+        match self.attr.timeout.unwrap_or(0) {
+            0 => None,
+            t => Some(4096u64 << t.min(31)),
+        }
+    }
+
+    /// Whether the responder side accepts packets.
+    pub fn can_receive(&self) -> bool {
+        matches!(
+            self.state,
+            QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
+        )
+    }
+
+    /// Whether the requester side may send.
+    pub fn can_send(&self) -> bool {
+        matches!(self.state, QpState::Rts | QpState::Sqd)
+    }
+
+    /// Validates and applies `attr`. Returns the previous and new states; on error nothing
+    /// changes.
+    pub fn modify(
+        &mut self,
+        attr: &QpAttr,
+        max_rd_atom: u8,
+        gid_count: usize,
+    ) -> Result<(QpState, QpState), ModifyError> {
+        let mask = Mask::of(attr);
+        let from = self.state;
+        if let Some(cur) = attr.cur_state {
+            if cur != from {
+                return Err(ModifyError::CurStateMismatch {
+                    given: cur,
+                    actual: from,
+                });
+            }
+        }
+        let to = attr.state.unwrap_or(from);
+        let (required, optional) = transition_rules(self.qp_type, from, to)
+            .ok_or(ModifyError::BadTransition { from, to })?;
+        let present = mask.0 & !(Mask::STATE);
+        // With no state change, the attributes allowed are those of the X -> X transition.
+        for bit in 0..21 {
+            let b = 1u32 << bit;
+            if required & b != 0 && present & b == 0 {
+                return Err(ModifyError::Missing(Mask::name(b)));
+            }
+            if present & b != 0 && (required | optional) & b == 0 {
+                return Err(ModifyError::NotAllowed(Mask::name(b)));
+            }
+        }
+        // Value checks.
+        if let Some(p) = attr.port {
+            if p != 1 {
+                return Err(ModifyError::Invalid(format!(
+                    "port {p} does not exist (only 1)"
+                )));
+            }
+        }
+        if let Some(p) = attr.pkey_index {
+            if p != 0 {
+                return Err(ModifyError::Invalid(format!(
+                    "pkey_index {p} out of range (the P_Key table has one entry)"
+                )));
+            }
+        }
+        if let Some(av) = attr.av {
+            if av.sgid_index as usize >= gid_count {
+                return Err(ModifyError::Invalid(format!(
+                    "sgid_index {} out of range ({gid_count} GIDs)",
+                    av.sgid_index
+                )));
+            }
+            if av.dgid.is_zero() {
+                return Err(ModifyError::Invalid("destination GID is zero".into()));
+            }
+        }
+        if let Some(q) = attr.dest_qp {
+            if q.value() == 0 {
+                return Err(ModifyError::Invalid(
+                    "dest_qp_num 0 is not a valid QP".into(),
+                ));
+            }
+        }
+        for (v, name, max) in [
+            (attr.timeout, "timeout", 31),
+            (attr.retry_cnt, "retry_cnt", 7),
+            (attr.rnr_retry, "rnr_retry", 7),
+            (attr.min_rnr_timer, "min_rnr_timer", 31),
+            (attr.max_rd_atomic, "max_rd_atomic", max_rd_atom),
+            (attr.max_dest_rd_atomic, "max_dest_rd_atomic", max_rd_atom),
+        ] {
+            if let Some(v) = v {
+                if v > max {
+                    return Err(ModifyError::Invalid(format!("{name} {v} exceeds {max}")));
+                }
+            }
+        }
+        if let Some(a) = attr.access {
+            if a.0 & !crate::verbs::Access::ALL.0 != 0 {
+                return Err(ModifyError::Invalid(format!(
+                    "unknown access flags {:#x}",
+                    a.0
+                )));
+            }
+        }
+        // Apply.
+        let a = &mut self.attr;
+        macro_rules! take {
+            ($($f:ident),*) => { $(if attr.$f.is_some() { a.$f = attr.$f; })* };
+        }
+        take!(
+            path_mtu,
+            qkey,
+            rq_psn,
+            sq_psn,
+            dest_qp,
+            access,
+            av,
+            pkey_index,
+            port,
+            max_rd_atomic,
+            max_dest_rd_atomic,
+            min_rnr_timer,
+            timeout,
+            retry_cnt,
+            rnr_retry,
+            en_sqd_async_notify
+        );
+        a.state = Some(to);
+        if let Some(psn) = attr.rq_psn {
+            self.resp.epsn = psn;
+        }
+        if let Some(psn) = attr.sq_psn {
+            self.req.psn = psn;
+            self.comp.psn = psn;
+        }
+        if let Some(r) = attr.retry_cnt {
+            self.comp.retry_left = r;
+        }
+        if let Some(r) = attr.rnr_retry {
+            self.comp.rnr_left = r;
+        }
+        if matches!(self.qp_type, QpType::Rc | QpType::Uc) {
+            if let (Some(dq), Some(av)) = (self.attr.dest_qp, self.attr.av) {
+                self.udp_sport = udp_sport_connected(av.flow_label, self.qpn.value(), dq.value());
+            }
+        } else {
+            self.udp_sport = udp_sport_ud(self.qpn.value());
+        }
+        self.state = to;
+        if to == QpState::Sqd {
+            self.sqd_notified = false;
+        }
+        Ok((from, to))
+    }
+
+    /// Back to the state of a newly created QP (transition to RESET): queues emptied,
+    /// attributes cleared.
+    pub fn reset(&mut self) {
+        let fresh = Qp::new(
+            self.qpn,
+            &super::QpInit {
+                pd: self.pd,
+                qp_type: self.qp_type,
+                send_cq: super::CqId(self.send_cq),
+                recv_cq: super::CqId(self.recv_cq),
+                srq: self.srq.map(super::SrqId),
+                caps: self.caps,
+                sq_sig_all: self.sq_sig_all,
+            },
+        );
+        let counters = self.counters;
+        let queued = self.queued;
+        *self = fresh;
+        self.counters = counters;
+        self.queued = queued;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::Gid;
+    use crate::verbs::AddressVector;
+
+    fn qp(t: QpType) -> Qp {
+        Qp::new(
+            Qpn::new(0x12),
+            &crate::engine::QpInit {
+                pd: PdId(1),
+                qp_type: t,
+                send_cq: crate::engine::CqId(1),
+                recv_cq: crate::engine::CqId(1),
+                srq: None,
+                caps: QpCaps::default(),
+                sq_sig_all: false,
+            },
+        )
+    }
+
+    fn init() -> QpAttr {
+        QpAttr {
+            state: Some(QpState::Init),
+            pkey_index: Some(0),
+            port: Some(1),
+            access: Some(Access::REMOTE_WRITE),
+            ..Default::default()
+        }
+    }
+
+    fn rtr() -> QpAttr {
+        QpAttr {
+            state: Some(QpState::Rtr),
+            av: Some(AddressVector::new(Gid::from_ipv4([10, 99, 0, 2]), 0)),
+            path_mtu: Some(Mtu::M1024),
+            dest_qp: Some(Qpn::new(0x20)),
+            rq_psn: Some(Psn::new(100)),
+            max_dest_rd_atomic: Some(16),
+            min_rnr_timer: Some(12),
+            ..Default::default()
+        }
+    }
+
+    fn rts() -> QpAttr {
+        QpAttr {
+            state: Some(QpState::Rts),
+            sq_psn: Some(Psn::new(200)),
+            timeout: Some(14),
+            retry_cnt: Some(7),
+            rnr_retry: Some(7),
+            max_rd_atomic: Some(16),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn rc_walks_reset_init_rtr_rts() {
+        let mut q = qp(QpType::Rc);
+        q.modify(&init(), 16, 2).unwrap();
+        q.modify(&rtr(), 16, 2).unwrap();
+        assert_eq!(q.resp.epsn, Psn::new(100));
+        q.modify(&rts(), 16, 2).unwrap();
+        assert_eq!(q.state, QpState::Rts);
+        assert_eq!(q.req.psn, Psn::new(200));
+        assert_eq!(q.ack_timeout_ns(), Some(4096 << 14));
+        assert_eq!(q.udp_sport, udp_sport_connected(0, 0x12, 0x20));
+    }
+
+    #[test]
+    fn bad_modifies_leave_the_qp_unchanged() {
+        let mut q = qp(QpType::Rc);
+        assert_eq!(
+            q.modify(&rtr(), 16, 2).unwrap_err(),
+            ModifyError::BadTransition {
+                from: QpState::Reset,
+                to: QpState::Rtr
+            }
+        );
+        let mut a = init();
+        a.access = None;
+        assert_eq!(
+            q.modify(&a, 16, 2).unwrap_err(),
+            ModifyError::Missing("qp_access_flags")
+        );
+        let mut a = init();
+        a.sq_psn = Some(Psn::new(1));
+        assert_eq!(
+            q.modify(&a, 16, 2).unwrap_err(),
+            ModifyError::NotAllowed("sq_psn")
+        );
+        assert_eq!(q.state, QpState::Reset);
+        q.modify(&init(), 16, 2).unwrap();
+        let mut r = rtr();
+        r.max_dest_rd_atomic = Some(200);
+        assert!(matches!(q.modify(&r, 16, 2), Err(ModifyError::Invalid(_))));
+        let mut r = rtr();
+        r.av.as_mut().unwrap().sgid_index = 5;
+        assert!(matches!(q.modify(&r, 16, 2), Err(ModifyError::Invalid(_))));
+        let mut r = rtr();
+        r.path_mtu = None;
+        assert_eq!(
+            q.modify(&r, 16, 2).unwrap_err(),
+            ModifyError::Missing("path_mtu")
+        );
+        assert_eq!(q.state, QpState::Init);
+        assert_eq!(q.attr.path_mtu, None);
+        let mut c = rtr();
+        c.cur_state = Some(QpState::Rts);
+        assert!(matches!(
+            q.modify(&c, 16, 2),
+            Err(ModifyError::NotAllowed(_)) | Err(ModifyError::CurStateMismatch { .. })
+        ));
+    }
+
+    #[test]
+    fn ud_needs_qkey_and_no_path() {
+        let mut q = qp(QpType::Ud);
+        let mut a = init();
+        a.access = None;
+        assert_eq!(
+            q.modify(&a, 16, 2).unwrap_err(),
+            ModifyError::Missing("qkey")
+        );
+        a.qkey = Some(Qkey(0x11111111));
+        q.modify(&a, 16, 2).unwrap();
+        q.modify(
+            &QpAttr {
+                state: Some(QpState::Rtr),
+                ..Default::default()
+            },
+            16,
+            2,
+        )
+        .unwrap();
+        assert!(q
+            .modify(
+                &QpAttr {
+                    state: Some(QpState::Rts),
+                    sq_psn: Some(Psn::new(0)),
+                    timeout: Some(3),
+                    ..Default::default()
+                },
+                16,
+                2
+            )
+            .is_err());
+        assert_eq!(q.udp_sport, udp_sport_ud(0x12));
+    }
+
+    #[test]
+    fn any_state_to_error_and_reset() {
+        let mut q = qp(QpType::Uc);
+        q.modify(
+            &QpAttr {
+                state: Some(QpState::Err),
+                ..Default::default()
+            },
+            16,
+            2,
+        )
+        .unwrap();
+        assert!(q.modify(&init(), 16, 2).is_err());
+        q.modify(
+            &QpAttr {
+                state: Some(QpState::Reset),
+                ..Default::default()
+            },
+            16,
+            2,
+        )
+        .unwrap();
+        q.reset();
+        assert_eq!(q.state, QpState::Reset);
+        q.modify(&init(), 16, 2).unwrap();
+    }
+}

@@ -1,0 +1,243 @@
+//! Work queues and completion queues, in preallocated storage: posting and consuming work
+//! never allocates once a queue exists (SGEs and inline data live in flat arrays sized at
+//! creation).
+
+use std::collections::VecDeque;
+
+use crate::types::Psn;
+use crate::verbs::{Completion, SendFlags, Sge, UdDest, WcStatus, WrOp};
+
+/// Progress of a send WQE.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum WqeState {
+    /// Posted, no packet sent yet.
+    Posted,
+    /// Some packets sent.
+    Sending,
+    /// Every packet sent; waiting for the ACK / response (RC) or for its turn to complete.
+    Sent,
+    /// Completed with this status; waiting to be retired in order.
+    Done(WcStatus),
+}
+
+/// A send work queue entry.
+#[derive(Debug, Clone)]
+pub(crate) struct SendWqe {
+    pub wr_id: u64,
+    pub op: WrOp,
+    pub flags: SendFlags,
+    pub ud: Option<UdDest>,
+    /// Number of SGEs (in the queue's flat SGE array) or inline bytes.
+    pub nsge: u8,
+    pub inline_len: u16,
+    /// Total message length.
+    pub length: u32,
+    pub state: WqeState,
+    /// PSN of the first packet (READ: of the request; responses use first..=last).
+    pub first_psn: Psn,
+    /// PSN of the last packet (READ: of the last response).
+    pub last_psn: Psn,
+    /// Payload bytes already put into packets (requester progress).
+    pub sent_bytes: u32,
+    /// READ: payload bytes received in responses.
+    pub recv_bytes: u32,
+    /// Whether a completion is generated on success.
+    pub signaled: bool,
+    /// Send sequence number (remote operations only): for end-to-end credits.
+    pub ssn: u32,
+}
+
+impl SendWqe {
+    pub(crate) const EMPTY: SendWqe = SendWqe {
+        wr_id: 0,
+        op: WrOp::Send,
+        flags: SendFlags(0),
+        ud: None,
+        nsge: 0,
+        inline_len: 0,
+        length: 0,
+        state: WqeState::Posted,
+        first_psn: Psn::new(0),
+        last_psn: Psn::new(0),
+        sent_bytes: 0,
+        recv_bytes: 0,
+        signaled: false,
+        ssn: 0,
+    };
+}
+
+/// The send queue: a ring of WQEs with monotonically increasing indices.
+///
+/// `head` = oldest WQE not yet retired; `tail` = next free index. The requester's and
+/// completer's positions are indices between them, kept in their own state.
+pub(crate) struct SendQueue {
+    pub wqes: Vec<SendWqe>,
+    pub sges: Vec<Sge>,
+    pub inline: Vec<u8>,
+    pub max_sge: usize,
+    pub max_inline: usize,
+    pub head: u64,
+    pub tail: u64,
+}
+
+impl SendQueue {
+    pub fn new(depth: usize, max_sge: usize, max_inline: usize) -> SendQueue {
+        SendQueue {
+            wqes: vec![SendWqe::EMPTY; depth],
+            sges: vec![Sge::default(); depth * max_sge],
+            inline: vec![0; depth * max_inline],
+            max_sge,
+            max_inline,
+            head: 0,
+            tail: 0,
+        }
+    }
+
+    pub fn depth(&self) -> usize {
+        self.wqes.len()
+    }
+
+    pub fn len(&self) -> usize {
+        (self.tail - self.head) as usize
+    }
+
+    pub fn is_full(&self) -> bool {
+        self.len() >= self.depth()
+    }
+
+    fn slot(&self, idx: u64) -> usize {
+        (idx % self.wqes.len() as u64) as usize
+    }
+
+    pub fn get(&self, idx: u64) -> &SendWqe {
+        &self.wqes[self.slot(idx)]
+    }
+
+    pub fn get_mut(&mut self, idx: u64) -> &mut SendWqe {
+        let s = self.slot(idx);
+        &mut self.wqes[s]
+    }
+
+    /// The SGEs of WQE `idx`.
+    pub fn sges(&self, idx: u64) -> &[Sge] {
+        let s = self.slot(idx);
+        let n = self.wqes[s].nsge as usize;
+        &self.sges[s * self.max_sge..s * self.max_sge + n]
+    }
+
+    /// The inline bytes of WQE `idx`.
+    pub fn inline(&self, idx: u64) -> &[u8] {
+        let s = self.slot(idx);
+        let n = self.wqes[s].inline_len as usize;
+        &self.inline[s * self.max_inline..s * self.max_inline + n]
+    }
+
+    /// Appends a WQE (caller checked `is_full`, SGE count and inline length).
+    pub fn push(&mut self, wqe: SendWqe, sges: &[Sge], inline: &[u8]) -> u64 {
+        let idx = self.tail;
+        let s = self.slot(idx);
+        let mut w = wqe;
+        w.nsge = sges.len() as u8;
+        w.inline_len = inline.len() as u16;
+        self.sges[s * self.max_sge..s * self.max_sge + sges.len()].copy_from_slice(sges);
+        self.inline[s * self.max_inline..s * self.max_inline + inline.len()]
+            .copy_from_slice(inline);
+        self.wqes[s] = w;
+        self.tail += 1;
+        idx
+    }
+}
+
+/// A receive WQE as the responder uses it.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct RecvSlot {
+    pub wr_id: u64,
+    pub nsge: u8,
+}
+
+/// A receive queue (a QP's own, or an SRQ's).
+pub(crate) struct RecvQueue {
+    pub slots: Vec<RecvSlot>,
+    pub sges: Vec<Sge>,
+    pub max_sge: usize,
+    pub head: u64,
+    pub tail: u64,
+}
+
+impl RecvQueue {
+    pub fn new(depth: usize, max_sge: usize) -> RecvQueue {
+        RecvQueue {
+            slots: vec![RecvSlot::default(); depth],
+            sges: vec![Sge::default(); depth * max_sge],
+            max_sge,
+            head: 0,
+            tail: 0,
+        }
+    }
+
+    pub fn depth(&self) -> usize {
+        self.slots.len()
+    }
+
+    pub fn len(&self) -> usize {
+        (self.tail - self.head) as usize
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.head == self.tail
+    }
+
+    pub fn push(&mut self, wr_id: u64, sges: &[Sge]) {
+        let s = (self.tail % self.slots.len() as u64) as usize;
+        self.slots[s] = RecvSlot {
+            wr_id,
+            nsge: sges.len() as u8,
+        };
+        self.sges[s * self.max_sge..s * self.max_sge + sges.len()].copy_from_slice(sges);
+        self.tail += 1;
+    }
+
+    /// Takes the oldest WQE, copying its SGEs into `out` (which keeps its capacity).
+    pub fn pop_into(&mut self, out: &mut Vec<Sge>) -> Option<u64> {
+        if self.is_empty() {
+            return None;
+        }
+        let s = (self.head % self.slots.len() as u64) as usize;
+        let slot = self.slots[s];
+        out.clear();
+        out.extend_from_slice(&self.sges[s * self.max_sge..s * self.max_sge + slot.nsge as usize]);
+        self.head += 1;
+        Some(slot.wr_id)
+    }
+}
+
+/// A completion queue.
+pub(crate) struct CompletionQueue {
+    pub entries: VecDeque<Completion>,
+    pub capacity: usize,
+    /// Set when a completion could not be queued (CQ overflow is an error, IBA 11.4.2.1).
+    pub overflowed: bool,
+    /// Number of QPs and SRQs using it (a CQ in use cannot be destroyed).
+    pub users: u32,
+}
+
+impl CompletionQueue {
+    pub fn new(capacity: usize) -> CompletionQueue {
+        CompletionQueue {
+            entries: VecDeque::with_capacity(capacity),
+            capacity,
+            overflowed: false,
+            users: 0,
+        }
+    }
+
+    /// Queues a completion; false on overflow.
+    pub fn push(&mut self, c: Completion) -> bool {
+        if self.overflowed || self.entries.len() >= self.capacity {
+            self.overflowed = true;
+            return false;
+        }
+        self.entries.push_back(c);
+        true
+    }
+}

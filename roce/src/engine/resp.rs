@@ -1,0 +1,832 @@
+//! Responder: executes incoming requests and produces ACKs, NAKs, READ responses and ATOMIC
+//! acknowledgements (rxe_resp.c's role).
+//!
+//! RC requests are checked in the spec's order (IBA 9.7.5.1; rxe's responder states): PSN,
+//! operation sequence, operation allowed on the QP, resources (receive WQE, responder
+//! resources), length, R_Key, then execution. Errors are handled by class:
+//! * PSN ahead: one PSN-sequence-error NAK per gap, then silence until the expected PSN;
+//! * PSN behind: duplicate, re-ACK / re-read / replay the saved ATOMIC result;
+//! * no receive WQE for a SEND: RNR NAK with the QP's min_rnr_timer (class B);
+//! * invalid request, remote access, remote operational errors: NAK, complete the receive WQE
+//!   in progress with the error, move the QP to ERR (class C).
+//!
+//! UC drops a broken message and resumes at the next FIRST/ONLY; UD checks the Q_Key and
+//! writes the 40-byte GRH before the payload. Neither sends ACKs.
+
+use super::qp::{InMsg, Qp, Resource, RespItem};
+use super::req::read_pkts;
+use super::transmit::{PayloadSeg, Transmit};
+use super::{scatter, scatter_bytes, CreditMode, Pkt, Shared};
+use crate::types::Psn;
+use crate::verbs::{Access, AsyncEvent, QpType, WcFlags, WcOpcode, WcStatus};
+use crate::wire::aeth::{credits_to_code, AethRepr, NakCode, CREDITS_INVALID};
+use crate::wire::atomic_ack_eth::AtomicAckEthRepr;
+use crate::wire::bth::BthRepr;
+use crate::wire::frame::TransportRepr;
+use crate::wire::opcode::{Opcode, Operation};
+
+/// Largest RDMA message (IBA: 2^31 bytes).
+const MAX_MSG: u32 = 1 << 31;
+
+/// Why the responder rejected an RC request (its NAK and the receive WQE's status).
+#[derive(Debug, Clone, Copy)]
+struct Reject {
+    nak: NakCode,
+    recv_status: WcStatus,
+    event: Option<fn(crate::types::Qpn) -> AsyncEvent>,
+}
+
+const INVALID: Reject = Reject {
+    nak: NakCode::InvalidRequest,
+    recv_status: WcStatus::RemInvReqErr,
+    event: Some(AsyncEvent::QpRequestError),
+};
+const ACCESS: Reject = Reject {
+    nak: NakCode::RemoteAccessError,
+    recv_status: WcStatus::RemAccessErr,
+    event: Some(AsyncEvent::QpAccessError),
+};
+
+impl Qp {
+    /// Handles a request packet addressed to this QP.
+    pub(crate) fn handle_request(&mut self, sh: &mut Shared, now: u64, pkt: &Pkt<'_>) {
+        let _ = now;
+        if !self.can_receive() {
+            self.counters.rx_dropped_state += 1;
+            return;
+        }
+        self.counters.rcvd_pkts += 1;
+        match self.qp_type {
+            QpType::Rc => self.rc_request(sh, pkt),
+            QpType::Uc => self.uc_request(sh, pkt),
+            QpType::Ud => self.ud_request(sh, pkt),
+        }
+    }
+
+    /// The credit field of an ACK: receive WQEs available (IBA 9.7.7.2), or "invalid" with an
+    /// SRQ or when configured like rxe.
+    fn credit_code(&self, sh: &Shared) -> u8 {
+        if self.srq.is_some() || sh.cfg.credits == CreditMode::Unlimited {
+            CREDITS_INVALID
+        } else {
+            credits_to_code(self.rq.len() as u32)
+        }
+    }
+
+    /// Queues an ACK for `psn`, merging it with an ACK already waiting (coalescing).
+    fn queue_ack(&mut self, sh: &Shared, psn: Psn) {
+        let syndrome = self.credit_code(sh);
+        let msn = self.resp.msn;
+        if let Some(RespItem::Ack {
+            psn: p,
+            syndrome: s,
+            msn: m,
+        }) = self.resp.out.back_mut()
+        {
+            if *s & 0x60 == 0 {
+                *p = psn;
+                *s = syndrome;
+                *m = msn;
+                return;
+            }
+        }
+        self.resp
+            .out
+            .push_back(RespItem::Ack { psn, syndrome, msn });
+    }
+
+    fn queue_nak(&mut self, psn: Psn, code: NakCode) {
+        self.counters.naks_sent += 1;
+        let syndrome = AethRepr::nak(code, self.resp.msn).syndrome;
+        self.resp.out.push_back(RespItem::Ack {
+            psn,
+            syndrome,
+            msn: self.resp.msn,
+        });
+    }
+
+    /// Class C error: NAK, complete the receive WQE in progress with the error, event, ERR.
+    fn reject(&mut self, sh: &mut Shared, psn: Psn, r: Reject) {
+        match r.nak {
+            NakCode::RemoteAccessError => self.counters.resp_remote_access_errors += 1,
+            NakCode::InvalidRequest => self.counters.resp_remote_invalid_request += 1,
+            _ => {}
+        }
+        self.queue_nak(psn, r.nak);
+        if self.resp.have_recv {
+            self.resp.have_recv = false;
+            let c = self.recv_completion(
+                self.resp.recv_wr_id,
+                r.recv_status,
+                WcOpcode::Recv,
+                self.resp.recv_offset,
+            );
+            sh.complete(self.recv_cq, c);
+        }
+        if let Some(ev) = r.event {
+            sh.events.push_back(ev(self.qpn));
+        }
+        self.resp.in_msg = InMsg::None;
+        self.enter_error(sh);
+    }
+
+    /// Takes the next receive WQE (from the SRQ if the QP has one). False if none.
+    fn take_recv(&mut self, sh: &mut Shared) -> bool {
+        let wr_id = match self.srq {
+            Some(s) => sh.srq_pop(s, &mut self.resp.recv_sges),
+            None => self.rq.pop_into(&mut self.resp.recv_sges),
+        };
+        match wr_id {
+            Some(id) => {
+                self.resp.recv_wr_id = id;
+                self.resp.recv_offset = 0;
+                self.resp.have_recv = true;
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn recv_capacity(&self) -> u64 {
+        self.resp.recv_sges.iter().map(|s| s.length as u64).sum()
+    }
+
+    fn rc_request(&mut self, sh: &mut Shared, pkt: &Pkt<'_>) {
+        let psn = pkt.bth.psn;
+        let info = pkt.info;
+        // 1. PSN (IBA 9.7.5.1.2).
+        let d = psn.diff(self.resp.epsn);
+        if d > 0 {
+            self.counters.out_of_sequence += 1;
+            self.counters.out_of_seq_request += 1;
+            if !self.resp.nak_sent {
+                self.resp.nak_sent = true;
+                let epsn = self.resp.epsn;
+                self.queue_nak(epsn, NakCode::PsnSequenceError);
+            }
+            return;
+        }
+        if d < 0 {
+            self.counters.duplicate_request += 1;
+            self.rc_duplicate(sh, pkt);
+            return;
+        }
+        self.resp.nak_sent = false;
+        // 2. Operation sequence (IBA 9.7.5.1.7).
+        let seq_ok = match self.resp.in_msg {
+            InMsg::Send => info.op == Operation::Send && !info.first,
+            InMsg::Write => info.op == Operation::Write && !info.first,
+            InMsg::None => info.first,
+        };
+        if !seq_ok {
+            self.reject(sh, psn, INVALID);
+            return;
+        }
+        // 3. Operation allowed on this QP (rxe: RESPST_ERR_UNSUPPORTED_OPCODE, class C).
+        let access = self.access();
+        let allowed = match info.op {
+            Operation::Send => true,
+            Operation::Write => access.contains(Access::REMOTE_WRITE),
+            Operation::ReadRequest => access.contains(Access::REMOTE_READ),
+            Operation::CompareSwap | Operation::FetchAdd => access.contains(Access::REMOTE_ATOMIC),
+            _ => false,
+        };
+        if !allowed {
+            self.reject(sh, psn, INVALID);
+            return;
+        }
+        match info.op {
+            Operation::Send => self.rc_send(sh, pkt),
+            Operation::Write => self.rc_write(sh, pkt),
+            Operation::ReadRequest => self.rc_read(sh, pkt),
+            _ => self.rc_atomic(sh, pkt),
+        }
+    }
+
+    /// Length rules shared by SEND and WRITE packets (IBA 9.7.5.1.4): no more than the path
+    /// MTU; FIRST and MIDDLE exactly the MTU.
+    fn bad_packet_length(&self, pkt: &Pkt<'_>) -> bool {
+        let mtu = self.mtu() as usize;
+        pkt.payload_len > mtu || (!pkt.info.last && pkt.payload_len != mtu)
+    }
+
+    fn rc_send(&mut self, sh: &mut Shared, pkt: &Pkt<'_>) {
+        let psn = pkt.bth.psn;
+        let info = pkt.info;
+        if info.first {
+            self.counters.rx_send_requests += 1;
+            // 4. Resources: a receive WQE, else RNR NAK (class B; IBA 9.7.5.1.5).
+            if !self.resp.have_recv && !self.take_recv(sh) {
+                self.counters.send_rnr_err += 1;
+                let timer = self.attr.min_rnr_timer.unwrap_or(0);
+                let msn = self.resp.msn;
+                self.resp.out.push_back(RespItem::Ack {
+                    psn,
+                    syndrome: AethRepr::rnr_nak(timer, msn).syndrome,
+                    msn,
+                });
+                return;
+            }
+        }
+        // 5. Length.
+        if self.bad_packet_length(pkt) {
+            self.reject(sh, psn, INVALID);
+            return;
+        }
+        if self.resp.recv_offset as u64 + pkt.payload_len as u64 > self.recv_capacity() {
+            self.counters.resp_local_length_error += 1;
+            self.reject(
+                sh,
+                psn,
+                Reject {
+                    nak: NakCode::InvalidRequest,
+                    recv_status: WcStatus::LocLenErr,
+                    event: None,
+                },
+            );
+            return;
+        }
+        // 7. Execute: scatter into the receive WQE.
+        if let Err(status) = scatter(
+            &sh.mrs,
+            self.pd,
+            &self.resp.recv_sges,
+            self.resp.recv_offset as u64,
+            pkt,
+        ) {
+            self.reject(
+                sh,
+                psn,
+                Reject {
+                    nak: NakCode::RemoteOperationalError,
+                    recv_status: status,
+                    event: None,
+                },
+            );
+            return;
+        }
+        self.resp.recv_offset += pkt.payload_len as u32;
+        self.resp.epsn = psn.next();
+        if info.last {
+            let mut c = self.recv_completion(
+                self.resp.recv_wr_id,
+                WcStatus::Success,
+                WcOpcode::Recv,
+                self.resp.recv_offset,
+            );
+            if let Some(imm) = pkt.ext.imm {
+                c.imm_data = imm.imm;
+                c.wc_flags.insert(WcFlags::WITH_IMM);
+            }
+            c.solicited = pkt.bth.se;
+            if let Some(ieth) = pkt.ext.ieth {
+                if sh.invalidate(ieth.rkey.0, self.pd) != WcStatus::Success {
+                    // rxe: RESPST_ERR_INVALIDATE_RKEY (class J).
+                    self.reject(sh, psn, INVALID);
+                    return;
+                }
+                c.invalidated_rkey = ieth.rkey.0;
+                c.wc_flags.insert(WcFlags::WITH_INV);
+            }
+            self.resp.have_recv = false;
+            self.resp.in_msg = InMsg::None;
+            self.resp.msn = self.resp.msn.next();
+            sh.complete(self.recv_cq, c);
+        } else {
+            self.resp.in_msg = InMsg::Send;
+        }
+        if pkt.bth.ack_req {
+            self.queue_ack(sh, psn);
+        }
+    }
+
+    fn rc_write(&mut self, sh: &mut Shared, pkt: &Pkt<'_>) {
+        let psn = pkt.bth.psn;
+        let info = pkt.info;
+        if self.bad_packet_length(pkt) {
+            self.reject(sh, psn, INVALID);
+            return;
+        }
+        if info.first {
+            self.counters.rx_write_requests += 1;
+            let reth = pkt.ext.reth.expect("WRITE FIRST/ONLY carries a RETH");
+            if reth.len > MAX_MSG {
+                self.reject(sh, psn, INVALID);
+                return;
+            }
+            // 6. R_Key; a zero-length WRITE is not checked (IBA 9.4.2: rkey ignored).
+            if reth.len > 0 {
+                match sh.mrs.check_remote(
+                    reth.rkey,
+                    self.pd,
+                    reth.va,
+                    reth.len as u64,
+                    Access::REMOTE_WRITE,
+                ) {
+                    Ok((mr, off)) => {
+                        self.resp.write_lkey = mr.lkey;
+                        self.resp.write_mem_offset = off;
+                    }
+                    Err(_) => {
+                        self.reject(sh, psn, ACCESS);
+                        return;
+                    }
+                }
+            }
+            self.resp.write_left = reth.len;
+            self.resp.write_total = reth.len;
+        }
+        // Length against the RETH: never more than announced, and exactly all at the end.
+        let n = pkt.payload_len as u32;
+        if n > self.resp.write_left || (info.last && n != self.resp.write_left) {
+            self.reject(sh, psn, INVALID);
+            return;
+        }
+        // WRITE with immediate consumes a receive WQE on its last packet.
+        if info.last && info.has_imm && !self.resp.have_recv && !self.take_recv(sh) {
+            self.counters.send_rnr_err += 1;
+            let timer = self.attr.min_rnr_timer.unwrap_or(0);
+            let msn = self.resp.msn;
+            self.resp.out.push_back(RespItem::Ack {
+                psn,
+                syndrome: AethRepr::rnr_nak(timer, msn).syndrome,
+                msn,
+            });
+            return;
+        }
+        if n > 0 {
+            let done = self.resp.write_total - self.resp.write_left;
+            let Some(mr) = sh.mrs.get(self.resp.write_lkey).filter(|m| m.valid) else {
+                self.reject(sh, psn, ACCESS);
+                return;
+            };
+            let base = self.resp.write_mem_offset + done as usize;
+            if pkt.write_payload(&*mr.mem, base).is_err() {
+                self.reject(sh, psn, ACCESS);
+                return;
+            }
+        }
+        self.resp.write_left -= n;
+        self.resp.epsn = psn.next();
+        if info.last {
+            self.resp.in_msg = InMsg::None;
+            self.resp.msn = self.resp.msn.next();
+            if let Some(imm) = pkt.ext.imm {
+                let mut c = self.recv_completion(
+                    self.resp.recv_wr_id,
+                    WcStatus::Success,
+                    WcOpcode::RecvRdmaWithImm,
+                    self.resp.write_total,
+                );
+                c.imm_data = imm.imm;
+                c.wc_flags.insert(WcFlags::WITH_IMM);
+                c.solicited = pkt.bth.se;
+                self.resp.have_recv = false;
+                sh.complete(self.recv_cq, c);
+            }
+        } else {
+            self.resp.in_msg = InMsg::Write;
+        }
+        if pkt.bth.ack_req {
+            self.queue_ack(sh, psn);
+        }
+    }
+
+    fn push_resource(&mut self, r: Resource) {
+        let max = self.attr.max_dest_rd_atomic.unwrap_or(0).max(1) as usize;
+        while self.resp.resources.len() >= max {
+            self.resp.resources.pop_front();
+        }
+        self.resp.resources.push_back(r);
+    }
+
+    fn rc_read(&mut self, sh: &mut Shared, pkt: &Pkt<'_>) {
+        let psn = pkt.bth.psn;
+        self.counters.rx_read_requests += 1;
+        let reth = pkt.ext.reth.expect("READ carries a RETH");
+        if self.attr.max_dest_rd_atomic.unwrap_or(0) == 0 || reth.len > MAX_MSG {
+            self.reject(sh, psn, INVALID);
+            return;
+        }
+        let (lkey, off) = if reth.len > 0 {
+            match sh.mrs.check_remote(
+                reth.rkey,
+                self.pd,
+                reth.va,
+                reth.len as u64,
+                Access::REMOTE_READ,
+            ) {
+                Ok((mr, off)) => (mr.lkey, off),
+                Err(_) => {
+                    self.reject(sh, psn, ACCESS);
+                    return;
+                }
+            }
+        } else {
+            (crate::types::Lkey(0), 0)
+        };
+        let npkts = read_pkts(reth.len, self.mtu());
+        // The MSN counts the READ as complete when it is accepted (rxe; responses carry it).
+        self.resp.msn = self.resp.msn.next();
+        let msn = self.resp.msn;
+        self.push_resource(Resource::Read {
+            first_psn: psn,
+            npkts,
+            msn,
+        });
+        self.resp.out.push_back(RespItem::Read {
+            first_psn: psn,
+            lkey,
+            mem_offset: off,
+            len: reth.len,
+            sent: 0,
+            msn,
+        });
+        self.resp.epsn = psn.add(npkts);
+    }
+
+    fn rc_atomic(&mut self, sh: &mut Shared, pkt: &Pkt<'_>) {
+        let psn = pkt.bth.psn;
+        self.counters.rx_atomic_requests += 1;
+        let a = pkt.ext.atomic_eth.expect("ATOMIC carries an AtomicETH");
+        if self.attr.max_dest_rd_atomic.unwrap_or(0) == 0 {
+            self.reject(sh, psn, INVALID);
+            return;
+        }
+        // A misaligned target is a remote access error (IBA 9.4.5, as mlx5 reports it).
+        if a.va % 8 != 0 {
+            self.reject(sh, psn, ACCESS);
+            return;
+        }
+        let (mem, off) = match sh
+            .mrs
+            .check_remote(a.rkey, self.pd, a.va, 8, Access::REMOTE_ATOMIC)
+        {
+            Ok((mr, off)) => (mr.mem.clone(), off),
+            Err(_) => {
+                self.reject(sh, psn, ACCESS);
+                return;
+            }
+        };
+        let r = if pkt.info.op == Operation::CompareSwap {
+            mem.compare_swap(off, a.compare, a.swap_add)
+        } else {
+            mem.fetch_add(off, a.swap_add)
+        };
+        let Ok(orig) = r else {
+            self.reject(sh, psn, ACCESS);
+            return;
+        };
+        self.resp.msn = self.resp.msn.next();
+        let msn = self.resp.msn;
+        self.push_resource(Resource::Atomic { psn, orig, msn });
+        self.resp.out.push_back(RespItem::Atomic { psn, orig, msn });
+        self.resp.epsn = psn.next();
+    }
+
+    /// Duplicate request (IBA 9.7.5.1.2, C9-105..C9-108).
+    fn rc_duplicate(&mut self, sh: &mut Shared, pkt: &Pkt<'_>) {
+        let psn = pkt.bth.psn;
+        match pkt.info.op {
+            Operation::Send | Operation::Write => {
+                // Acknowledge again, with the PSN of the last request received.
+                let last = self.resp.epsn.sub(1);
+                self.queue_ack(sh, last);
+            }
+            Operation::ReadRequest => {
+                let found = self.resp.resources.iter().rev().find_map(|r| match *r {
+                    Resource::Read {
+                        first_psn,
+                        npkts,
+                        msn,
+                    } if !psn.before(first_psn) && psn.before(first_psn.add(npkts)) => Some(msn),
+                    _ => None,
+                });
+                let Some(msn) = found else {
+                    // Not in the replay cache any more: drop (class D).
+                    return;
+                };
+                // Re-execute from memory, for what the duplicate asks (it may re-request only
+                // the tail of the original).
+                let Some(reth) = pkt.ext.reth else { return };
+                let (lkey, off) = if reth.len > 0 {
+                    match sh.mrs.check_remote(
+                        reth.rkey,
+                        self.pd,
+                        reth.va,
+                        reth.len as u64,
+                        Access::REMOTE_READ,
+                    ) {
+                        Ok((mr, off)) => (mr.lkey, off),
+                        Err(_) => return,
+                    }
+                } else {
+                    (crate::types::Lkey(0), 0)
+                };
+                self.resp.out.push_back(RespItem::Read {
+                    first_psn: psn,
+                    lkey,
+                    mem_offset: off,
+                    len: reth.len,
+                    sent: 0,
+                    msn,
+                });
+            }
+            Operation::CompareSwap | Operation::FetchAdd => {
+                // Replay the saved result; never execute an ATOMIC twice.
+                let found = self.resp.resources.iter().rev().find_map(|r| match *r {
+                    Resource::Atomic { psn: p, orig, msn } if p == psn => Some((orig, msn)),
+                    _ => None,
+                });
+                if let Some((orig, msn)) = found {
+                    self.resp.out.push_back(RespItem::Atomic { psn, orig, msn });
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn uc_request(&mut self, sh: &mut Shared, pkt: &Pkt<'_>) {
+        let psn = pkt.bth.psn;
+        let info = pkt.info;
+        // A gap breaks the message in progress: drop it and resume at the next FIRST/ONLY
+        // (IBA 9.8.2). The receive WQE of a broken SEND is kept for the next message.
+        if psn != self.resp.epsn && self.resp.in_msg != InMsg::None {
+            self.counters.rx_dropped_unreliable += 1;
+            self.resp.in_msg = InMsg::None;
+            self.resp.recv_offset = 0;
+        }
+        self.resp.epsn = psn.next();
+        let seq_ok = match self.resp.in_msg {
+            InMsg::Send => info.op == Operation::Send && !info.first,
+            InMsg::Write => info.op == Operation::Write && !info.first,
+            InMsg::None => info.first,
+        };
+        if !seq_ok {
+            self.counters.rx_dropped_unreliable += 1;
+            self.resp.in_msg = InMsg::None;
+            self.resp.recv_offset = 0;
+            return;
+        }
+        let drop_msg = |q: &mut Qp| {
+            q.counters.rx_dropped_unreliable += 1;
+            q.resp.in_msg = InMsg::None;
+            q.resp.recv_offset = 0;
+        };
+        if self.bad_packet_length(pkt) {
+            drop_msg(self);
+            return;
+        }
+        match info.op {
+            Operation::Send => {
+                if info.first {
+                    self.counters.rx_send_requests += 1;
+                    if !self.resp.have_recv && !self.take_recv(sh) {
+                        drop_msg(self);
+                        return;
+                    }
+                    self.resp.recv_offset = 0;
+                }
+                if self.resp.recv_offset as u64 + pkt.payload_len as u64 > self.recv_capacity()
+                    || scatter(
+                        &sh.mrs,
+                        self.pd,
+                        &self.resp.recv_sges,
+                        self.resp.recv_offset as u64,
+                        pkt,
+                    )
+                    .is_err()
+                {
+                    drop_msg(self);
+                    return;
+                }
+                self.resp.recv_offset += pkt.payload_len as u32;
+                if info.last {
+                    let mut c = self.recv_completion(
+                        self.resp.recv_wr_id,
+                        WcStatus::Success,
+                        WcOpcode::Recv,
+                        self.resp.recv_offset,
+                    );
+                    if let Some(imm) = pkt.ext.imm {
+                        c.imm_data = imm.imm;
+                        c.wc_flags.insert(WcFlags::WITH_IMM);
+                    }
+                    c.solicited = pkt.bth.se;
+                    self.resp.have_recv = false;
+                    self.resp.in_msg = InMsg::None;
+                    self.resp.msn = self.resp.msn.next();
+                    sh.complete(self.recv_cq, c);
+                } else {
+                    self.resp.in_msg = InMsg::Send;
+                }
+            }
+            Operation::Write => {
+                if !self.access().contains(Access::REMOTE_WRITE) {
+                    drop_msg(self);
+                    return;
+                }
+                if info.first {
+                    self.counters.rx_write_requests += 1;
+                    let reth = pkt.ext.reth.expect("WRITE FIRST/ONLY carries a RETH");
+                    if reth.len > 0 {
+                        match sh.mrs.check_remote(
+                            reth.rkey,
+                            self.pd,
+                            reth.va,
+                            reth.len as u64,
+                            Access::REMOTE_WRITE,
+                        ) {
+                            Ok((mr, off)) => {
+                                self.resp.write_lkey = mr.lkey;
+                                self.resp.write_mem_offset = off;
+                            }
+                            Err(_) => {
+                                drop_msg(self);
+                                return;
+                            }
+                        }
+                    }
+                    self.resp.write_left = reth.len;
+                    self.resp.write_total = reth.len;
+                }
+                let n = pkt.payload_len as u32;
+                if n > self.resp.write_left || (info.last && n != self.resp.write_left) {
+                    drop_msg(self);
+                    return;
+                }
+                if info.last && info.has_imm && !self.resp.have_recv && !self.take_recv(sh) {
+                    drop_msg(self);
+                    return;
+                }
+                if n > 0 {
+                    let done = self.resp.write_total - self.resp.write_left;
+                    let ok = sh
+                        .mrs
+                        .get(self.resp.write_lkey)
+                        .filter(|m| m.valid)
+                        .map(|mr| {
+                            pkt.write_payload(&*mr.mem, self.resp.write_mem_offset + done as usize)
+                                .is_ok()
+                        })
+                        .unwrap_or(false);
+                    if !ok {
+                        drop_msg(self);
+                        return;
+                    }
+                }
+                self.resp.write_left -= n;
+                if info.last {
+                    self.resp.in_msg = InMsg::None;
+                    self.resp.msn = self.resp.msn.next();
+                    if let Some(imm) = pkt.ext.imm {
+                        let mut c = self.recv_completion(
+                            self.resp.recv_wr_id,
+                            WcStatus::Success,
+                            WcOpcode::RecvRdmaWithImm,
+                            self.resp.write_total,
+                        );
+                        c.imm_data = imm.imm;
+                        c.wc_flags.insert(WcFlags::WITH_IMM);
+                        self.resp.have_recv = false;
+                        sh.complete(self.recv_cq, c);
+                    }
+                } else {
+                    self.resp.in_msg = InMsg::Write;
+                }
+            }
+            _ => drop_msg(self),
+        }
+    }
+
+    fn ud_request(&mut self, sh: &mut Shared, pkt: &Pkt<'_>) {
+        let Some(deth) = pkt.ext.deth else {
+            self.counters.rx_dropped_unreliable += 1;
+            return;
+        };
+        // Q_Key check (IBA 10.2.5).
+        if deth.qkey != self.qkey() {
+            self.counters.rx_dropped_qkey += 1;
+            return;
+        }
+        if pkt.payload_len > sh.cfg.port_mtu.bytes() as usize {
+            self.counters.rx_dropped_unreliable += 1;
+            return;
+        }
+        self.counters.rx_send_requests += 1;
+        if !self.take_recv(sh) {
+            self.counters.rx_dropped_unreliable += 1;
+            return;
+        }
+        let total = 40 + pkt.payload_len as u64;
+        let wr_id = self.resp.recv_wr_id;
+        self.resp.have_recv = false;
+        if total > self.recv_capacity() {
+            self.counters.resp_local_length_error += 1;
+            let c = self.recv_completion(wr_id, WcStatus::LocLenErr, WcOpcode::Recv, 0);
+            sh.complete(self.recv_cq, c);
+            return;
+        }
+        // The 40-byte GRH area: the IPv6 header, or 20 zero bytes and the IPv4 header (rxe).
+        let mut grh = [0u8; 40];
+        let l3 = pkt.l3_header();
+        if l3.len() == 40 {
+            grh.copy_from_slice(l3);
+        } else {
+            grh[20..20 + l3.len().min(20)].copy_from_slice(&l3[..l3.len().min(20)]);
+        }
+        let placed = scatter_bytes(&sh.mrs, self.pd, &self.resp.recv_sges, 0, &grh)
+            .and_then(|_| scatter(&sh.mrs, self.pd, &self.resp.recv_sges, 40, pkt));
+        let mut c = match placed {
+            Ok(()) => self.recv_completion(wr_id, WcStatus::Success, WcOpcode::Recv, total as u32),
+            Err(status) => self.recv_completion(wr_id, status, WcOpcode::Recv, 0),
+        };
+        c.src_qp = deth.src_qp;
+        c.wc_flags.insert(WcFlags::GRH);
+        if let Some(imm) = pkt.ext.imm {
+            c.imm_data = imm.imm;
+            c.wc_flags.insert(WcFlags::WITH_IMM);
+        }
+        c.solicited = pkt.bth.se;
+        sh.complete(self.recv_cq, c);
+    }
+
+    /// Produces the next responder packet (ACK/NAK, READ response, ATOMIC ACK).
+    pub(crate) fn next_response(&mut self, sh: &mut Shared, tx: &mut Transmit) -> bool {
+        let Some(item) = self.resp.out.front_mut() else {
+            return false;
+        };
+        let mtu = self.attr.path_mtu.map(|m| m.bytes()).unwrap_or(1024);
+        let dest = self.attr.dest_qp.unwrap_or(crate::types::Qpn::new(0));
+        tx.payload.clear();
+        let mut pop = true;
+        let mut t;
+        match item {
+            RespItem::Ack { psn, syndrome, msn } => {
+                t = TransportRepr::new(BthRepr::new(Opcode::RC_ACK, dest, *psn));
+                t.ext.aeth = Some(AethRepr {
+                    syndrome: *syndrome,
+                    msn: *msn,
+                });
+                if *syndrome & 0x60 == 0 {
+                    self.counters.acks_sent += 1;
+                }
+            }
+            RespItem::Atomic { psn, orig, msn } => {
+                t = TransportRepr::new(BthRepr::new(Opcode::RC_ATOMIC_ACK, dest, *psn));
+                t.ext.aeth = Some(AethRepr {
+                    syndrome: CREDITS_INVALID,
+                    msn: *msn,
+                });
+                t.ext.atomic_ack = Some(AtomicAckEthRepr { orig: *orig });
+            }
+            RespItem::Read {
+                first_psn,
+                lkey,
+                mem_offset,
+                len,
+                sent,
+                msn,
+            } => {
+                let n = (*len - *sent).min(mtu);
+                let first = *sent == 0;
+                let last = *sent + n == *len;
+                let op = match (first, last) {
+                    (true, true) => 0x10,
+                    (true, false) => 0x0d,
+                    (false, false) => 0x0e,
+                    (false, true) => 0x0f,
+                };
+                let psn = first_psn.add(*sent / mtu);
+                t = TransportRepr::new(BthRepr::new(Opcode(op), dest, psn));
+                if first || last {
+                    t.ext.aeth = Some(AethRepr {
+                        syndrome: CREDITS_INVALID,
+                        msn: *msn,
+                    });
+                }
+                tx.payload.push_seg(PayloadSeg {
+                    lkey: *lkey,
+                    offset: *mem_offset + *sent as usize,
+                    len: n,
+                });
+                *sent += n;
+                pop = last;
+            }
+        }
+        // Responses carry the credit field like ACKs do (except NAKs).
+        if let Some(aeth) = t.ext.aeth.as_mut() {
+            if aeth.syndrome & 0x60 == 0 {
+                aeth.syndrome = self.credit_code(sh);
+            }
+        }
+        if pop {
+            self.resp.out.pop_front();
+        }
+        tx.qpn = self.qpn;
+        tx.path = self.connected_path(sh);
+        tx.transport = t;
+        self.counters.sent_pkts += 1;
+        true
+    }
+}

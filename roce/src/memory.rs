@@ -1,0 +1,512 @@
+//! Memory behind memory regions, and the MR table with its keys, protection domains and
+//! access checks.
+//!
+//! The engine never touches application memory directly: it goes through the [`Memory`]
+//! trait, which the dataplane implements over its mappings (shared memory between processes
+//! later) and which [`HeapMemory`] implements safely for tests and simulations.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use crate::types::{Lkey, Rkey};
+use crate::verbs::Access;
+
+/// Why a memory access was refused by the backing itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum MemoryError {
+    /// Outside the backing.
+    #[error("access outside the memory")]
+    OutOfBounds,
+    /// An atomic on an address that is not 8-byte aligned.
+    #[error("atomic on a misaligned address")]
+    Misaligned,
+}
+
+/// Memory that memory regions point into.
+///
+/// Contract for implementations:
+/// * every method checks `offset..offset+len` against [`Memory::len`] and returns
+///   [`MemoryError::OutOfBounds`] rather than touching anything outside;
+/// * [`Memory::write`] stores bytes in ascending address order and makes the last byte
+///   visible last (applications such as `ib_write_lat` poll the last byte of a buffer to detect
+///   an incoming RDMA WRITE);
+/// * the atomics are real CPU atomics on the target memory (two workers, or an application and
+///   a worker, may operate on one address), on the value in host byte order; the offset must be
+///   8-byte aligned.
+pub trait Memory: Send + Sync {
+    /// Length in bytes.
+    fn len(&self) -> usize;
+
+    /// Whether it is empty.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Copies `dst.len()` bytes at `offset` into `dst`.
+    fn read(&self, offset: usize, dst: &mut [u8]) -> Result<(), MemoryError>;
+
+    /// Copies `src` to `offset` (ascending, last byte last).
+    fn write(&self, offset: usize, src: &[u8]) -> Result<(), MemoryError>;
+
+    /// Atomically: `old = *p; if old == compare { *p = swap }; old`.
+    fn compare_swap(&self, offset: usize, compare: u64, swap: u64) -> Result<u64, MemoryError>;
+
+    /// Atomically: `old = *p; *p = old + add; old` (wrapping).
+    fn fetch_add(&self, offset: usize, add: u64) -> Result<u64, MemoryError>;
+}
+
+fn check(len: usize, offset: usize, n: usize) -> Result<(), MemoryError> {
+    match offset.checked_add(n) {
+        Some(end) if end <= len => Ok(()),
+        _ => Err(MemoryError::OutOfBounds),
+    }
+}
+
+/// Heap memory made of 64-bit atomic words: safe to share between threads, with real CPU
+/// atomics for RDMA ATOMIC operations. Byte accesses touch whole words with relaxed loads and
+/// compare-exchange merges, so concurrent writers of different bytes of one word never lose
+/// each other's data.
+pub struct HeapMemory {
+    words: Box<[AtomicU64]>,
+    len: usize,
+}
+
+impl std::fmt::Debug for HeapMemory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "HeapMemory({} bytes)", self.len)
+    }
+}
+
+impl HeapMemory {
+    /// `len` zero bytes.
+    pub fn new(len: usize) -> HeapMemory {
+        let words = (0..len.div_ceil(8)).map(|_| AtomicU64::new(0)).collect();
+        HeapMemory { words, len }
+    }
+
+    /// A shared handle to `len` zero bytes.
+    pub fn shared(len: usize) -> Arc<HeapMemory> {
+        Arc::new(HeapMemory::new(len))
+    }
+
+    /// Memory initialised with `bytes`.
+    pub fn from_bytes(bytes: &[u8]) -> HeapMemory {
+        let m = HeapMemory::new(bytes.len());
+        m.write(0, bytes).expect("in bounds");
+        m
+    }
+
+    /// A copy of `len` bytes at `offset` (panics if out of bounds: for tests).
+    pub fn to_vec(&self, offset: usize, len: usize) -> Vec<u8> {
+        let mut v = vec![0u8; len];
+        self.read(offset, &mut v)
+            .expect("HeapMemory::to_vec in bounds");
+        v
+    }
+
+    /// Fills the whole memory with `byte`.
+    pub fn fill(&self, byte: u8) {
+        let w = u64::from_ne_bytes([byte; 8]);
+        for x in self.words.iter() {
+            x.store(w, Ordering::Relaxed);
+        }
+    }
+}
+
+impl Memory for HeapMemory {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn read(&self, offset: usize, dst: &mut [u8]) -> Result<(), MemoryError> {
+        check(self.len, offset, dst.len())?;
+        let mut pos = offset;
+        let mut out = 0;
+        while out < dst.len() {
+            let w = self.words[pos / 8].load(Ordering::Acquire).to_ne_bytes();
+            let within = pos % 8;
+            let n = (8 - within).min(dst.len() - out);
+            dst[out..out + n].copy_from_slice(&w[within..within + n]);
+            out += n;
+            pos += n;
+        }
+        Ok(())
+    }
+
+    fn write(&self, offset: usize, src: &[u8]) -> Result<(), MemoryError> {
+        check(self.len, offset, src.len())?;
+        let mut pos = offset;
+        let mut inp = 0;
+        while inp < src.len() {
+            let within = pos % 8;
+            let n = (8 - within).min(src.len() - inp);
+            let word = &self.words[pos / 8];
+            if n == 8 {
+                let v = u64::from_ne_bytes(src[inp..inp + 8].try_into().expect("8 bytes"));
+                word.store(v, Ordering::Release);
+            } else {
+                // Merge the bytes into the word without disturbing its other bytes.
+                let mut cur = word.load(Ordering::Relaxed);
+                loop {
+                    let mut b = cur.to_ne_bytes();
+                    b[within..within + n].copy_from_slice(&src[inp..inp + n]);
+                    match word.compare_exchange_weak(
+                        cur,
+                        u64::from_ne_bytes(b),
+                        Ordering::Release,
+                        Ordering::Relaxed,
+                    ) {
+                        Ok(_) => break,
+                        Err(x) => cur = x,
+                    }
+                }
+            }
+            inp += n;
+            pos += n;
+        }
+        Ok(())
+    }
+
+    fn compare_swap(&self, offset: usize, compare: u64, swap: u64) -> Result<u64, MemoryError> {
+        check(self.len, offset, 8)?;
+        if offset % 8 != 0 {
+            return Err(MemoryError::Misaligned);
+        }
+        let w = &self.words[offset / 8];
+        Ok(
+            match w.compare_exchange(compare, swap, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(v) | Err(v) => v,
+            },
+        )
+    }
+
+    fn fetch_add(&self, offset: usize, add: u64) -> Result<u64, MemoryError> {
+        check(self.len, offset, 8)?;
+        if offset % 8 != 0 {
+            return Err(MemoryError::Misaligned);
+        }
+        Ok(self.words[offset / 8].fetch_add(add, Ordering::AcqRel))
+    }
+}
+
+/// A protection domain handle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PdId(pub u32);
+
+/// A registered memory region.
+#[derive(Clone)]
+pub struct MemoryRegion {
+    /// Protection domain.
+    pub pd: PdId,
+    /// Local key.
+    pub lkey: Lkey,
+    /// Remote key (`None` without remote access).
+    pub rkey: Option<Rkey>,
+    /// Access rights.
+    pub access: Access,
+    /// First address (the application's virtual address, or 0 for zero-based).
+    pub addr: u64,
+    /// Length in bytes.
+    pub length: u64,
+    /// The memory.
+    pub mem: Arc<dyn Memory>,
+    /// Offset of `addr` within `mem`.
+    pub mem_offset: usize,
+    /// Allocated for fast registration (re-bound by REG_MR work requests).
+    pub fast_reg: bool,
+    /// False after invalidation (LOCAL_INV / SEND with invalidate) until re-registered.
+    pub valid: bool,
+}
+
+impl std::fmt::Debug for MemoryRegion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryRegion")
+            .field("pd", &self.pd)
+            .field("lkey", &self.lkey)
+            .field("rkey", &self.rkey)
+            .field("access", &self.access)
+            .field("addr", &format_args!("{:#x}", self.addr))
+            .field("length", &self.length)
+            .field("valid", &self.valid)
+            .finish()
+    }
+}
+
+impl MemoryRegion {
+    /// Offset into the backing memory of `addr..addr+len`, if the range lies in the region.
+    pub fn offset_of(&self, addr: u64, len: u64) -> Option<usize> {
+        let end = addr.checked_add(len)?;
+        if addr < self.addr || end > self.addr + self.length {
+            return None;
+        }
+        Some(self.mem_offset + (addr - self.addr) as usize)
+    }
+}
+
+/// Why a key did not grant an access. Each maps to one completion status or NAK.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyError {
+    /// No such key (never registered, deregistered, stale key byte or invalidated).
+    BadKey,
+    /// The MR belongs to another protection domain.
+    WrongPd,
+    /// The MR does not grant the access.
+    Access,
+    /// The range is outside the MR.
+    Bounds,
+}
+
+struct Slot {
+    /// Key byte of the current (or last) registration.
+    key: u8,
+    mr: Option<MemoryRegion>,
+}
+
+/// Memory regions by key. The upper 24 bits of a key index the table; the low 8 bits change on
+/// every registration so a stale key never matches (the rxe/mlx5 scheme).
+#[derive(Default)]
+pub struct MrTable {
+    slots: Vec<Slot>,
+    free: Vec<u32>,
+    count: usize,
+    max: usize,
+}
+
+impl MrTable {
+    /// A table holding at most `max` regions.
+    pub fn new(max: usize) -> MrTable {
+        MrTable {
+            slots: Vec::new(),
+            free: Vec::new(),
+            count: 0,
+            max,
+        }
+    }
+
+    /// Number of live regions.
+    pub fn len(&self) -> usize {
+        self.count
+    }
+
+    /// Whether no region is registered.
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// Inserts a region built by `make(lkey)`; returns its lkey, or `None` when full.
+    pub fn insert(&mut self, make: impl FnOnce(Lkey) -> MemoryRegion) -> Option<Lkey> {
+        if self.count >= self.max {
+            return None;
+        }
+        // Index 0 is never used, so that key 0 is always invalid.
+        let idx = match self.free.pop() {
+            Some(i) => i,
+            None => {
+                if self.slots.is_empty() {
+                    self.slots.push(Slot { key: 0, mr: None });
+                }
+                self.slots.push(Slot { key: 0, mr: None });
+                (self.slots.len() - 1) as u32
+            }
+        };
+        let slot = &mut self.slots[idx as usize];
+        slot.key = slot.key.wrapping_add(1);
+        let lkey = Lkey((idx << 8) | slot.key as u32);
+        slot.mr = Some(make(lkey));
+        self.count += 1;
+        Some(lkey)
+    }
+
+    /// Removes the region with this exact lkey.
+    pub fn remove(&mut self, lkey: Lkey) -> Option<MemoryRegion> {
+        let idx = lkey.index() as usize;
+        let slot = self.slots.get_mut(idx)?;
+        match &slot.mr {
+            Some(mr) if mr.lkey == lkey => {
+                self.count -= 1;
+                self.free.push(idx as u32);
+                slot.mr.take()
+            }
+            _ => None,
+        }
+    }
+
+    /// The region whose lkey is exactly `lkey` (valid or not).
+    pub fn get(&self, lkey: Lkey) -> Option<&MemoryRegion> {
+        let mr = self.slots.get(lkey.index() as usize)?.mr.as_ref()?;
+        (mr.lkey == lkey).then_some(mr)
+    }
+
+    /// Mutable access by the MR's index (for invalidation and fast registration, which
+    /// change the key byte).
+    pub fn get_mut_by_index(&mut self, index: u32) -> Option<&mut MemoryRegion> {
+        self.slots.get_mut(index as usize)?.mr.as_mut()
+    }
+
+    /// Checks a local access (an SGE): key, PD, access and bounds. Returns the MR and the
+    /// offset into its memory.
+    pub fn check_local(
+        &self,
+        lkey: Lkey,
+        pd: PdId,
+        addr: u64,
+        len: u64,
+        need: Access,
+    ) -> Result<(&MemoryRegion, usize), KeyError> {
+        let mr = self.get(lkey).filter(|m| m.valid).ok_or(KeyError::BadKey)?;
+        if mr.pd != pd {
+            return Err(KeyError::WrongPd);
+        }
+        if !mr.access.contains(need) {
+            return Err(KeyError::Access);
+        }
+        let off = mr.offset_of(addr, len).ok_or(KeyError::Bounds)?;
+        Ok((mr, off))
+    }
+
+    /// Checks a remote access (RETH / AtomicETH): the rkey must name a valid MR in the QP's
+    /// PD (rxe's lookup rule: the tenant-isolation boundary) that grants `need` over the range.
+    pub fn check_remote(
+        &self,
+        rkey: Rkey,
+        pd: PdId,
+        va: u64,
+        len: u64,
+        need: Access,
+    ) -> Result<(&MemoryRegion, usize), KeyError> {
+        let mr = self
+            .slots
+            .get(rkey.index() as usize)
+            .and_then(|s| s.mr.as_ref())
+            .filter(|m| m.valid && m.rkey == Some(rkey))
+            .ok_or(KeyError::BadKey)?;
+        if mr.pd != pd {
+            return Err(KeyError::WrongPd);
+        }
+        if !mr.access.contains(need) {
+            return Err(KeyError::Access);
+        }
+        let off = mr.offset_of(va, len).ok_or(KeyError::Bounds)?;
+        Ok((mr, off))
+    }
+
+    /// Number of regions in a PD.
+    pub fn count_in_pd(&self, pd: PdId) -> usize {
+        self.slots
+            .iter()
+            .filter(|s| s.mr.as_ref().is_some_and(|m| m.pd == pd))
+            .count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn heap_memory_bytes_and_atomics() {
+        let m = HeapMemory::new(20);
+        m.write(3, &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]).unwrap();
+        assert_eq!(m.to_vec(0, 14), [0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 0]);
+        assert_eq!(m.write(15, &[0; 6]), Err(MemoryError::OutOfBounds));
+        assert_eq!(
+            m.read(usize::MAX, &mut [0; 2]),
+            Err(MemoryError::OutOfBounds)
+        );
+        assert_eq!(m.fetch_add(3, 1), Err(MemoryError::Misaligned));
+        let z = HeapMemory::new(16);
+        assert_eq!(z.fetch_add(8, 5).unwrap(), 0);
+        assert_eq!(z.compare_swap(8, 5, 9).unwrap(), 5);
+        assert_eq!(z.compare_swap(8, 5, 1).unwrap(), 9);
+        let mut b = [0u8; 8];
+        z.read(8, &mut b).unwrap();
+        assert_eq!(u64::from_ne_bytes(b), 9);
+        assert_eq!(z.fetch_add(16, 1), Err(MemoryError::OutOfBounds));
+    }
+
+    #[test]
+    fn concurrent_atomics_are_real() {
+        let m = HeapMemory::shared(8);
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let m = m.clone();
+                std::thread::spawn(move || {
+                    for _ in 0..10_000 {
+                        m.fetch_add(0, 1).unwrap();
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert_eq!(m.fetch_add(0, 0).unwrap(), 40_000);
+    }
+
+    fn region(pd: u32, lkey: Lkey, access: Access) -> MemoryRegion {
+        MemoryRegion {
+            pd: PdId(pd),
+            lkey,
+            rkey: access.any_remote().then_some(Rkey(lkey.0)),
+            access,
+            addr: 0x1000,
+            length: 0x100,
+            mem: HeapMemory::shared(0x100),
+            mem_offset: 0,
+            fast_reg: false,
+            valid: true,
+        }
+    }
+
+    #[test]
+    fn keys_change_on_reregistration_and_checks_are_ordered() {
+        let mut t = MrTable::new(4);
+        let a = t
+            .insert(|k| region(1, k, Access::LOCAL_WRITE | Access::REMOTE_WRITE))
+            .unwrap();
+        assert_eq!(a.index(), 1);
+        let ra = Rkey(a.0);
+        assert!(t
+            .check_remote(ra, PdId(1), 0x1000, 0x100, Access::REMOTE_WRITE)
+            .is_ok());
+        assert_eq!(
+            t.check_remote(ra, PdId(2), 0x1000, 1, Access::REMOTE_WRITE)
+                .unwrap_err(),
+            KeyError::WrongPd
+        );
+        assert_eq!(
+            t.check_remote(ra, PdId(1), 0x1000, 1, Access::REMOTE_READ)
+                .unwrap_err(),
+            KeyError::Access
+        );
+        assert_eq!(
+            t.check_remote(ra, PdId(1), 0x10ff, 2, Access::REMOTE_WRITE)
+                .unwrap_err(),
+            KeyError::Bounds
+        );
+        assert_eq!(
+            t.check_remote(ra, PdId(1), u64::MAX, 2, Access::REMOTE_WRITE)
+                .unwrap_err(),
+            KeyError::Bounds
+        );
+        t.remove(a).unwrap();
+        let b = t.insert(|k| region(1, k, Access::REMOTE_WRITE)).unwrap();
+        assert_eq!(b.index(), a.index(), "slot reused");
+        assert_ne!(b, a, "with a new key byte");
+        assert_eq!(
+            t.check_remote(ra, PdId(1), 0x1000, 1, Access::REMOTE_WRITE)
+                .unwrap_err(),
+            KeyError::BadKey,
+            "the stale key fails"
+        );
+        assert!(t.check_local(Lkey(0), PdId(1), 0, 0, Access(0)).is_err());
+        let l = t.insert(|k| region(1, k, Access::LOCAL_WRITE)).unwrap();
+        assert!(t.get(l).unwrap().rkey.is_none());
+        assert_eq!(
+            t.check_remote(Rkey(l.0), PdId(1), 0x1000, 1, Access(0))
+                .unwrap_err(),
+            KeyError::BadKey,
+            "no rkey without remote access"
+        );
+    }
+}
