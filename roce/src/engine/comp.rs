@@ -97,7 +97,7 @@ impl Qp {
             if w.op.is_read_or_atomic() {
                 if !psn.before(w.first_psn) {
                     self.counters.implied_nak_seq_err += 1;
-                    self.comp.psn = w.first_psn;
+                    self.comp.psn = self.resume_psn(idx);
                     self.retry(sh, now, false);
                     return;
                 }
@@ -112,11 +112,9 @@ impl Qp {
             break;
         }
         // Coalesced ACKs inside a multi-packet message move comp.psn too.
-        let next = psn.next();
-        if next.after(self.comp.psn) {
-            self.comp.psn = next;
-            progressed = true;
-        }
+        let before = self.comp.psn;
+        self.complete_before_psn_inclusive(psn.next());
+        progressed |= self.comp.psn != before;
         if progressed {
             self.on_progress(sh, now);
         }
@@ -124,13 +122,16 @@ impl Qp {
 
     /// Forward progress: reset the retry budget and restart (or stop) the ACK timer.
     fn on_progress(&mut self, sh: &mut Shared, now: u64) {
+        if self.comp.retry_from.is_some_and(|p| self.comp.psn.after(p)) {
+            self.comp.retry_from = None;
+        }
         self.comp.retry_left = self.attr.retry_cnt.unwrap_or(7);
         self.comp.rnr_left = self.attr.rnr_retry.unwrap_or(7);
         if self.comp.psn == self.req.psn {
             self.comp.ack_deadline = None;
         } else if let Some(to) = self.ack_timeout_ns() {
             self.comp.ack_deadline = Some(now + to);
-            sh.arm_timer(self.qpn, now + to);
+            self.arm_timer(sh, now + to);
         }
     }
 
@@ -147,7 +148,7 @@ impl Qp {
             if w.op.is_read_or_atomic() && psn.after(w.first_psn) {
                 // The response skipped an outstanding ATOMIC: implied NAK.
                 self.counters.implied_nak_seq_err += 1;
-                self.comp.psn = w.first_psn;
+                self.comp.psn = self.resume_psn(idx);
                 self.retry(sh, now, false);
             } else {
                 self.counters.unexpected_responses += 1;
@@ -168,12 +169,14 @@ impl Qp {
             self.retry(sh, now, false);
             return;
         }
+        // PSN and length identify the bytes: a MIDDLE of the original response stream and a
+        // FIRST of a re-request carry the same data, so either is accepted at this PSN. The
+        // last packet, and only it, must be LAST/ONLY with the remaining length.
         let remaining = w.length - w.recv_bytes;
-        let first_of_request = w.recv_bytes == w.sent_bytes;
         let last = remaining <= mtu;
         let info = pkt.info;
         let want_len = remaining.min(mtu) as usize;
-        if info.first != first_of_request || info.last != last || pkt.payload_len != want_len {
+        if info.last != last || pkt.payload_len != want_len {
             // IBA 9.7.5.2.x: an unexpected opcode or length is a bad response.
             self.counters.unexpected_responses += 1;
             self.fail_wqe(sh, idx, WcStatus::BadRespErr);
@@ -211,7 +214,7 @@ impl Qp {
         if !matches!(w.op, WrOp::CompareSwap { .. } | WrOp::FetchAdd { .. }) || w.first_psn != psn {
             if w.op.is_read_or_atomic() && psn.after(w.first_psn) {
                 self.counters.implied_nak_seq_err += 1;
-                self.comp.psn = w.first_psn;
+                self.comp.psn = self.resume_psn(idx);
                 self.retry(sh, now, false);
             } else {
                 self.counters.unexpected_responses += 1;
@@ -281,8 +284,7 @@ impl Qp {
             NakCode::PsnSequenceError => {
                 self.counters.packet_seq_err += 1;
                 self.counters.rcvd_seq_err += 1;
-                self.comp.psn = psn;
-                self.retry(sh, now, true);
+                self.retry(sh, now, false);
             }
             other => {
                 let status = match other {
@@ -309,11 +311,33 @@ impl Qp {
         }
     }
 
-    /// Completes SEND/WRITE WQEs that end before `psn` and moves comp.psn to `psn`.
+    /// Completes SEND/WRITE WQEs that end before `psn` and moves comp.psn to `psn`, but not
+    /// past a READ/ATOMIC still waiting for its response: retransmission must restart there
+    /// (the response is what was lost), so PSNs are re-derived exactly as first assigned.
     fn complete_before_psn_inclusive(&mut self, psn: Psn) {
         self.complete_before(psn);
-        if psn.after(self.comp.psn) {
-            self.comp.psn = psn;
+        let target = match self.outstanding_head() {
+            Some(idx) if self.sq.get(idx).op.is_read_or_atomic() => {
+                let r = self.resume_psn(idx);
+                if r.before(psn) {
+                    r
+                } else {
+                    psn
+                }
+            }
+            _ => psn,
+        };
+        if target.after(self.comp.psn) {
+            self.comp.psn = target;
+        }
+    }
+
+    /// The PSN a READ/ATOMIC resumes at: the first response not yet received.
+    fn resume_psn(&self, idx: u64) -> Psn {
+        let w = self.sq.get(idx);
+        match w.op {
+            WrOp::Read { .. } => w.first_psn.add(w.recv_bytes / self.mtu()),
+            _ => w.first_psn,
         }
     }
 
@@ -332,36 +356,59 @@ impl Qp {
             }
             self.comp.rnr_left -= 1;
         }
-        self.comp.psn = psn;
         self.rewind(sh);
         // Wait the RNR timer the responder asked for, then resend (IBA 9.7.5.2.8).
         let delay = RNR_TIMER_NS[(timer & 0x1f) as usize];
         self.comp.rnr_deadline = Some(now + delay);
         self.comp.ack_deadline = None;
-        sh.arm_timer(self.qpn, now + delay);
+        self.arm_timer(sh, now + delay);
     }
 
-    /// Starts a go-back-N retransmission from comp.psn. `nak` = triggered by a sequence
-    /// error NAK (which does not consume the retry budget in rxe; a timeout does).
-    fn retry(&mut self, sh: &mut Shared, now: u64, nak: bool) {
+    /// Starts a go-back-N retransmission from comp.psn. `timeout` = the local ACK timer
+    /// expired (always retries); otherwise a NAK or implied NAK, ignored while a retry from
+    /// this PSN is already under way.
+    fn retry(&mut self, sh: &mut Shared, now: u64, timeout: bool) {
+        if !timeout
+            && self
+                .comp
+                .retry_from
+                .is_some_and(|p| !self.comp.psn.after(p))
+        {
+            return;
+        }
+        self.comp.retry_from = Some(self.comp.psn);
         self.counters.completer_retry_err += 1;
-        let _ = nak;
         self.rewind(sh);
         self.comp.ack_deadline = None;
         if let Some(to) = self.ack_timeout_ns() {
             self.comp.ack_deadline = Some(now + to);
-            sh.arm_timer(self.qpn, now + to);
+            self.arm_timer(sh, now + to);
         }
     }
 
-    /// Timer expiry for this QP (ACK timeout or end of an RNR back-off).
-    pub(crate) fn on_timer(&mut self, sh: &mut Shared, now: u64) {
+    /// A heap entry for this QP fired at `now` (`fired` = the entry's time): handles the due
+    /// deadline (ACK timeout or end of an RNR back-off) and re-queues the next one.
+    pub(crate) fn on_timer(&mut self, sh: &mut Shared, now: u64, fired: u64) {
+        if self.timer_queued == Some(fired) {
+            self.timer_queued = None;
+        }
+        self.expire_timers(sh, now);
+        if let Some(next) = [self.comp.ack_deadline, self.comp.rnr_deadline]
+            .into_iter()
+            .flatten()
+            .min()
+        {
+            self.arm_timer(sh, next);
+        }
+    }
+
+    fn expire_timers(&mut self, sh: &mut Shared, now: u64) {
         if let Some(t) = self.comp.rnr_deadline {
             if now >= t {
                 self.comp.rnr_deadline = None;
                 if let Some(to) = self.ack_timeout_ns() {
                     self.comp.ack_deadline = Some(now + to);
-                    sh.arm_timer(self.qpn, now + to);
+                    self.arm_timer(sh, now + to);
                 }
             }
         }
@@ -383,7 +430,7 @@ impl Qp {
                     return;
                 }
                 self.comp.retry_left -= 1;
-                self.retry(sh, now, false);
+                self.retry(sh, now, true);
             }
         }
     }

@@ -252,10 +252,6 @@ impl Shared {
         self.cfg.gids.get(idx as usize).copied().unwrap_or_default()
     }
 
-    pub fn arm_timer(&mut self, qpn: Qpn, deadline: u64) {
-        self.timers.push(Reverse((deadline, qpn.value())));
-    }
-
     /// Queues a completion; an overflowing CQ raises CQ_ERR once (IBA 11.4.2.1).
     pub fn complete(&mut self, cq: u32, c: Completion) {
         if let Some(Some(q)) = self.cqs.get_mut(cq as usize) {
@@ -1293,7 +1289,7 @@ impl Device {
                 continue;
             };
             if let Some(Some(qp)) = self.qps.get_mut(slot) {
-                qp.on_timer(&mut self.sh, now);
+                qp.on_timer(&mut self.sh, now, t);
                 self.mark_ready(slot as u32);
             }
         }

@@ -293,6 +293,10 @@ pub(crate) struct CompState {
     pub rnr_deadline: Option<u64>,
     /// Limit sequence number: SENDs with SSN beyond it wait for credits (None = unlimited).
     pub lsn: Option<u32>,
+    /// PSN a NAK-triggered retry restarted from; until a response acknowledges past it,
+    /// further NAKs or implied NAKs for it (stale, already in flight) start no new retry
+    /// (rxe's `started_retry`). Timeouts always retry.
+    pub retry_from: Option<Psn>,
 }
 
 /// Responder state (rxe_resp.c's `qp->resp`).
@@ -350,6 +354,9 @@ pub(crate) struct Qp {
     pub sqd_notified: bool,
     /// UDP source port derived from the QP pair.
     pub udp_sport: u16,
+    /// Earliest deadline this QP has in the device's timer heap (at most one live entry per
+    /// QP, so the heap stays small however often the ACK timer restarts).
+    pub timer_queued: Option<u64>,
 }
 
 impl Qp {
@@ -401,6 +408,7 @@ impl Qp {
                 ack_deadline: None,
                 rnr_deadline: None,
                 lsn: None,
+                retry_from: None,
             },
             resp: RespState {
                 epsn: Psn::new(0),
@@ -422,6 +430,20 @@ impl Qp {
             queued: false,
             sqd_notified: false,
             udp_sport: 0xc000,
+            timer_queued: None,
+        }
+    }
+
+    /// Makes sure the device wakes this QP at `deadline`: pushes a heap entry only if none
+    /// is queued at or before it (a later deadline is re-queued when the earlier entry fires).
+    pub fn arm_timer(&mut self, sh: &mut super::Shared, deadline: u64) {
+        match self.timer_queued {
+            Some(t) if t <= deadline => {}
+            _ => {
+                sh.timers
+                    .push(std::cmp::Reverse((deadline, self.qpn.value())));
+                self.timer_queued = Some(deadline);
+            }
         }
     }
 

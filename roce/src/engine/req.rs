@@ -353,7 +353,7 @@ impl Qp {
                 if self.comp.ack_deadline.is_none() {
                     if let Some(to) = self.ack_timeout_ns() {
                         self.comp.ack_deadline = Some(now + to);
-                        sh.arm_timer(self.qpn, now + to);
+                        self.arm_timer(sh, now + to);
                     }
                 }
             }
@@ -460,13 +460,15 @@ impl Qp {
     pub(crate) fn rewind(&mut self, sh: &mut Shared) {
         let mtu = self.mtu();
         let from = self.comp.next;
-        let upto = self.req.next.max(from);
         let mut retransmit = 0u32;
-        for idx in from..upto.min(self.sq.tail) {
+        // Everything from the oldest incomplete WQE up to the last one with packets out
+        // (including one only partly sent) goes again; the first Posted WQE ends the range,
+        // since WQEs are sent in order.
+        for idx in from..self.sq.tail {
             let w = self.sq.get_mut(idx);
             match w.state {
                 WqeState::Done(_) => continue,
-                WqeState::Posted => continue,
+                WqeState::Posted => break,
                 WqeState::Sending | WqeState::Sent => {}
             }
             if !w.op.is_remote() {
@@ -500,13 +502,11 @@ impl Qp {
                 }
             }
         }
-        // Re-derive PSNs: the first WQE resumes at comp.psn; PSNs of the rest follow.
+        // PSNs are re-derived in order from comp.psn, so every packet gets the PSN it had.
         self.req.next = from;
         self.req.psn = self.comp.psn;
         self.req.noack_pkts = 0;
         self.req.rd_atomic_inflight = 0;
-        // WQEs restarted from scratch must get the same PSNs: first_psn is reassigned when
-        // their first packet goes out again, in order from comp.psn.
         self.counters.retransmitted_pkts += retransmit as u64;
         let _ = sh;
     }

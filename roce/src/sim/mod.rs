@@ -622,3 +622,5 @@ pub fn drain_cq(dev: &mut Device, cq: CqId, out: &mut VecDeque<Completion>) {
         out.push_back(c);
     }
 }
+
+pub mod traffic;
