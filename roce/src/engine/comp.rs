@@ -393,11 +393,7 @@ impl Qp {
             self.timer_queued = None;
         }
         self.expire_timers(sh, now);
-        if let Some(next) = [self.comp.ack_deadline, self.comp.rnr_deadline]
-            .into_iter()
-            .flatten()
-            .min()
-        {
+        if let Some(next) = self.next_deadline() {
             self.arm_timer(sh, next);
         }
     }

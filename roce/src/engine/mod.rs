@@ -1275,7 +1275,30 @@ impl Device {
 
     /// The earliest deadline at which `handle_timeout` must be called.
     pub fn poll_timeout(&mut self) -> Option<u64> {
-        self.sh.timers.peek().map(|Reverse((t, _))| *t)
+        // Drop entries whose QP no longer needs them (its deadline moved or was cancelled), so
+        // callers never wake for nothing.
+        while let Some(&Reverse((t, qpn))) = self.sh.timers.peek() {
+            let qp = Self::slot_of(Qpn::new(qpn))
+                .and_then(|s| self.qps.get_mut(s))
+                .and_then(|q| q.as_deref_mut());
+            let Some(qp) = qp else {
+                self.sh.timers.pop();
+                continue;
+            };
+            match qp.next_deadline() {
+                Some(d) if d <= t => return Some(t),
+                next => {
+                    self.sh.timers.pop();
+                    if qp.timer_queued == Some(t) {
+                        qp.timer_queued = None;
+                    }
+                    if let Some(d) = next {
+                        qp.arm_timer(&mut self.sh, d);
+                    }
+                }
+            }
+        }
+        None
     }
 
     /// Runs the timers due at `now` (ACK timeouts, RNR back-off ends).

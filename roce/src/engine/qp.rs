@@ -447,6 +447,14 @@ impl Qp {
         }
     }
 
+    /// The earliest pending deadline (ACK timeout or end of an RNR back-off).
+    pub fn next_deadline(&self) -> Option<u64> {
+        [self.comp.ack_deadline, self.comp.rnr_deadline]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
     /// Path MTU in bytes (UD: the port's active MTU, passed by the device).
     pub fn mtu(&self) -> u32 {
         self.attr.path_mtu.map(Mtu::bytes).unwrap_or(1024)

@@ -150,6 +150,13 @@ pub struct Pair {
     tx: Transmit,
     buf: Vec<u8>,
     pending: [bool; 2],
+    /// Every frame put on a link, as (direction, time, bytes), when `record` is set.
+    pub recorded: Vec<(usize, u64, Vec<u8>)>,
+    /// Record frames into `recorded`.
+    pub record: bool,
+    /// Frames for which this returns true are dropped on the link (after recording).
+    #[allow(clippy::type_complexity)]
+    pub drop_if: Option<Box<dyn FnMut(usize, &crate::wire::frame::ParsedFrame) -> bool>>,
 }
 
 /// The GID of node `i` (0 = A: 10.99.0.3, 1 = B: 10.99.0.4, IPv4-mapped).
@@ -198,6 +205,9 @@ impl Pair {
             tx: Transmit::default(),
             buf: vec![0u8; 9216],
             pending: [true, true],
+            recorded: Vec::new(),
+            record: false,
+            drop_if: None,
         }
     }
 
@@ -221,6 +231,47 @@ impl Pair {
     /// Replaces the link model of direction `from` (0 = A->B, 1 = B->A).
     pub fn set_link(&mut self, from: usize, cfg: LinkConfig) {
         self.links[from].cfg = cfg;
+    }
+
+    /// Delivers a frame to node `to` now, as if it came off the wire.
+    pub fn inject(&mut self, to: usize, frame: &[u8]) {
+        let now = self.now;
+        self.node(to).dev.handle_frame(now, frame);
+        self.pending[to] = true;
+    }
+
+    /// Builds a frame from node `from` to the other node carrying `transport` and `payload`
+    /// (for tests that craft packets).
+    pub fn craft(
+        &self,
+        from: usize,
+        transport: crate::wire::frame::TransportRepr,
+        payload: &[u8],
+    ) -> Vec<u8> {
+        let (src, dst) = if from == 0 {
+            (&self.a, &self.b)
+        } else {
+            (&self.b, &self.a)
+        };
+        let mut tx = Transmit {
+            transport,
+            ..Default::default()
+        };
+        tx.path.sgid = src.dev.gids()[0];
+        tx.path.dgid = dst.dev.gids()[0];
+        let repr = tx.frame_repr(src.mac, dst.mac, None, 1);
+        let mut buf = vec![0u8; repr.frame_len(payload.len()).expect("known opcode")];
+        repr.emit(&mut buf, payload).expect("fits");
+        buf
+    }
+
+    /// Parsed frames recorded in direction `from` (see `record`).
+    pub fn recorded_frames(&self, from: usize) -> Vec<crate::wire::frame::ParsedFrame> {
+        self.recorded
+            .iter()
+            .filter(|(s, _, _)| *s == from)
+            .filter_map(|(_, _, f)| crate::wire::frame::parse(f).ok())
+            .collect()
     }
 
     /// Statistics of direction `from`.
@@ -282,6 +333,17 @@ impl Pair {
         let now = self.now;
         if let Some(w) = self.pcap.as_mut() {
             let _ = w.write(now, &frame);
+        }
+        if self.record {
+            self.recorded.push((side, now, frame.clone()));
+        }
+        if let Some(f) = self.drop_if.as_mut() {
+            if let Ok(p) = crate::wire::frame::parse(&frame) {
+                if f(side, &p) {
+                    self.links[side].stats.lost += 1;
+                    return;
+                }
+            }
         }
         let l = &mut self.links[side];
         let ser = (frame.len() as u64 * 8 * 1_000_000_000).div_ceil(l.cfg.bandwidth_bps.max(1));

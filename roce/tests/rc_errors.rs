@@ -1,0 +1,1067 @@
+//! One named test per RC error path: the exact NAK on the wire and the exact completion status
+//! on both sides (IBA 9.7.5, 9.9; rxe's responder error classes).
+
+use roce::engine::{CreditMode, DeviceConfig, QpInit};
+use roce::memory::{HeapMemory, Memory};
+use roce::sim::{connect, ConnectOpts, Endpoint, LinkConfig, Pair};
+use roce::types::{Lkey, Msn, Psn, Rkey};
+use roce::verbs::*;
+use roce::wire::aeth::{AethKind, AethRepr, RNR_TIMER_NS};
+use roce::wire::bth::BthRepr;
+use roce::wire::frame::{ParsedFrame, TransportRepr};
+use roce::wire::opcode::{Opcode, Operation};
+use roce::wire::reth::RethRepr;
+
+const SEC: u64 = 1_000_000_000;
+
+fn setup_with(
+    o: ConnectOpts,
+    cfg_a: DeviceConfig,
+    cfg_b: DeviceConfig,
+) -> (Pair, Endpoint, Endpoint) {
+    let mut p = Pair::new(cfg_a, cfg_b, LinkConfig::default(), 7);
+    p.record = true;
+    let (a, b) = connect(&mut p, &o);
+    (p, a, b)
+}
+
+fn cfg() -> DeviceConfig {
+    DeviceConfig {
+        port_mtu: Mtu::M4096,
+        ..Default::default()
+    }
+}
+
+fn setup(o: ConnectOpts) -> (Pair, Endpoint, Endpoint) {
+    setup_with(o, cfg(), cfg())
+}
+
+fn sge(e: &Endpoint, off: u64, len: u32) -> Sge {
+    Sge {
+        addr: e.addr + off,
+        length: len,
+        lkey: e.lkey,
+    }
+}
+
+fn post(p: &mut Pair, side: usize, e: &Endpoint, wr_id: u64, op: WrOp, sges: &[Sge]) {
+    p.node(side)
+        .dev
+        .post_send(
+            e.qpn,
+            &SendWr {
+                wr_id,
+                op,
+                sg_list: sges,
+                flags: SendFlags::SIGNALED,
+                ud: None,
+            },
+        )
+        .expect("post_send");
+}
+
+fn recv(p: &mut Pair, side: usize, e: &Endpoint, wr_id: u64, sges: &[Sge]) {
+    p.node(side)
+        .dev
+        .post_recv(
+            e.qpn,
+            &RecvWr {
+                wr_id,
+                sg_list: sges,
+            },
+        )
+        .expect("post_recv");
+}
+
+fn cqes(p: &mut Pair, side: usize, e: &Endpoint) -> Vec<Completion> {
+    let mut v = Vec::new();
+    while let Some(c) = p.node(side).dev.poll_completion(e.cq) {
+        v.push(c);
+    }
+    v
+}
+
+/// AETH syndromes of NAKs (and RNR NAKs) sent in direction `from`, with their PSNs.
+fn naks(p: &Pair, from: usize) -> Vec<(Psn, u8)> {
+    p.recorded_frames(from)
+        .iter()
+        .filter_map(|f: &ParsedFrame| {
+            let a = f.repr.transport.ext.aeth?;
+            (f.repr.transport.bth.opcode == Opcode::RC_ACK && a.syndrome & 0x60 != 0)
+                .then_some((f.repr.transport.bth.psn, a.syndrome))
+        })
+        .collect()
+}
+
+fn state(p: &Pair, side: usize, e: &Endpoint) -> QpState {
+    let dev = if side == 0 { &p.a.dev } else { &p.b.dev };
+    dev.query_qp(e.qpn).unwrap().state
+}
+
+/// Posts one operation from A, runs, and checks: the NAK B sent, A's completion status, and
+/// that both QPs ended in ERR.
+fn expect_nak(
+    mut p: Pair,
+    a: &Endpoint,
+    b: &Endpoint,
+    op: WrOp,
+    sges: &[Sge],
+    nak: u8,
+    status: WcStatus,
+) -> Pair {
+    post(&mut p, 0, a, 1, op, sges);
+    post(
+        &mut p,
+        0,
+        a,
+        2,
+        WrOp::Write {
+            remote_addr: b.addr,
+            rkey: b.rkey,
+        },
+        &[sge(a, 0, 8)],
+    );
+    p.run_until_idle(SEC);
+    let n = naks(&p, 1);
+    assert_eq!(n.len(), 1, "one NAK expected, saw {n:x?}");
+    assert_eq!(n[0].1, nak, "NAK syndrome");
+    let c = cqes(&mut p, 0, a);
+    assert_eq!(c.len(), 2, "{c:?}");
+    assert_eq!((c[0].wr_id, c[0].status), (1, status));
+    assert_eq!((c[1].wr_id, c[1].status), (2, WcStatus::WrFlushErr));
+    assert_eq!(state(&p, 0, a), QpState::Err);
+    assert_eq!(
+        state(&p, 1, b),
+        QpState::Err,
+        "the responder moves to ERR too"
+    );
+    p
+}
+
+// ---- remote access errors (NAK 0x62 -> REM_ACCESS_ERR) ----
+
+#[test]
+fn stale_rkey_is_remote_access_error() {
+    let (p, a, b) = setup(ConnectOpts::default());
+    let bad = Rkey(b.rkey.0.wrapping_add(1));
+    let mut p = expect_nak(
+        p,
+        &a,
+        &b,
+        WrOp::Write {
+            remote_addr: b.addr,
+            rkey: bad,
+        },
+        &[sge(&a, 0, 64)],
+        0x62,
+        WcStatus::RemAccessErr,
+    );
+    assert_eq!(p.b.dev.poll_event(), Some(AsyncEvent::QpAccessError(b.qpn)));
+    assert_eq!(
+        p.b.dev
+            .qp_counters(b.qpn)
+            .unwrap()
+            .resp_remote_access_errors,
+        1
+    );
+    assert_eq!(
+        p.a.dev.qp_counters(a.qpn).unwrap().req_remote_access_errors,
+        1
+    );
+}
+
+#[test]
+fn rkey_of_another_protection_domain_is_remote_access_error() {
+    let (mut p, a, b) = setup(ConnectOpts::default());
+    // An MR in a second PD on B: its rkey must not be honoured on B's QP (rxe's rule).
+    let pd2 = p.b.dev.alloc_pd().unwrap();
+    let (_, rkey2) =
+        p.b.dev
+            .reg_mr(
+                pd2,
+                HeapMemory::shared(4096),
+                0,
+                0x9000,
+                4096,
+                Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+            )
+            .unwrap();
+    expect_nak(
+        p,
+        &a,
+        &b,
+        WrOp::Write {
+            remote_addr: 0x9000,
+            rkey: rkey2.unwrap(),
+        },
+        &[sge(&a, 0, 64)],
+        0x62,
+        WcStatus::RemAccessErr,
+    );
+}
+
+#[test]
+fn write_out_of_bounds_is_remote_access_error() {
+    let o = ConnectOpts::default();
+    let (p, a, b) = setup(o);
+    let end = b.addr + o.mem_len as u64;
+    expect_nak(
+        p,
+        &a,
+        &b,
+        WrOp::Write {
+            remote_addr: end - 32,
+            rkey: b.rkey,
+        },
+        &[sge(&a, 0, 64)],
+        0x62,
+        WcStatus::RemAccessErr,
+    );
+}
+
+#[test]
+fn mr_without_remote_write_is_remote_access_error() {
+    let (mut p, a, b) = setup(ConnectOpts::default());
+    let (_, rkey) =
+        p.b.dev
+            .reg_mr(
+                b.pd,
+                b.mem.clone(),
+                0,
+                0x5000_0000,
+                4096,
+                Access::REMOTE_READ,
+            )
+            .unwrap();
+    expect_nak(
+        p,
+        &a,
+        &b,
+        WrOp::Write {
+            remote_addr: 0x5000_0000,
+            rkey: rkey.unwrap(),
+        },
+        &[sge(&a, 0, 64)],
+        0x62,
+        WcStatus::RemAccessErr,
+    );
+}
+
+#[test]
+fn mr_without_remote_read_is_remote_access_error() {
+    let (mut p, a, b) = setup(ConnectOpts::default());
+    let (_, rkey) =
+        p.b.dev
+            .reg_mr(
+                b.pd,
+                b.mem.clone(),
+                0,
+                0x5000_0000,
+                4096,
+                Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+            )
+            .unwrap();
+    expect_nak(
+        p,
+        &a,
+        &b,
+        WrOp::Read {
+            remote_addr: 0x5000_0000,
+            rkey: rkey.unwrap(),
+        },
+        &[sge(&a, 0, 64)],
+        0x62,
+        WcStatus::RemAccessErr,
+    );
+}
+
+#[test]
+fn misaligned_atomic_is_remote_access_error() {
+    let (p, a, b) = setup(ConnectOpts::default());
+    let p = expect_nak(
+        p,
+        &a,
+        &b,
+        WrOp::FetchAdd {
+            remote_addr: b.addr + 4,
+            rkey: b.rkey,
+            add: 1,
+        },
+        &[sge(&a, 0, 8)],
+        0x62,
+        WcStatus::RemAccessErr,
+    );
+    assert_eq!(b.mem.to_vec(0, 16), vec![0; 16], "nothing executed");
+    drop(p);
+}
+
+// ---- invalid request (NAK 0x61 -> REM_INV_REQ_ERR) ----
+
+#[test]
+fn qp_without_remote_write_access_is_invalid_request() {
+    let o = ConnectOpts {
+        access: Access::LOCAL_WRITE | Access::REMOTE_READ,
+        ..Default::default()
+    };
+    let (mut p, a, b) = setup(o);
+    p = expect_nak(
+        p,
+        &a,
+        &b,
+        WrOp::Write {
+            remote_addr: b.addr,
+            rkey: b.rkey,
+        },
+        &[sge(&a, 0, 64)],
+        0x61,
+        WcStatus::RemInvReqErr,
+    );
+    assert_eq!(
+        p.b.dev.poll_event(),
+        Some(AsyncEvent::QpRequestError(b.qpn))
+    );
+}
+
+#[test]
+fn payload_over_the_path_mtu_is_invalid_request() {
+    // The requester believes the path MTU is 2048, the responder 1024.
+    let mut r = Pair::new(cfg(), cfg(), LinkConfig::default(), 7);
+    r.record = true;
+    let (ra, rb) = connect_mtus(&mut r, Mtu::M2048, Mtu::M1024);
+    recv(&mut r, 1, &rb, 9, &[sge(&rb, 0, 4096)]);
+    let mut r = expect_nak(
+        r,
+        &ra,
+        &rb,
+        WrOp::Send,
+        &[sge(&ra, 0, 1500)],
+        0x61,
+        WcStatus::RemInvReqErr,
+    );
+    let c = cqes(&mut r, 1, &rb);
+    assert_eq!(c[0].wr_id, 9);
+    assert_eq!(
+        c[0].status,
+        WcStatus::RemInvReqErr,
+        "the receive WQE completes with the error"
+    );
+}
+
+/// Connects with a different path MTU on each side (a misconfiguration the responder must
+/// catch).
+fn connect_mtus(p: &mut Pair, mtu_a: Mtu, mtu_b: Mtu) -> (Endpoint, Endpoint) {
+    use roce::sim::{bring_up, node_gid};
+    let oa = ConnectOpts {
+        mtu: mtu_a,
+        ..Default::default()
+    };
+    let ob = ConnectOpts {
+        mtu: mtu_b,
+        ..Default::default()
+    };
+    let (mut a, mut b) = {
+        let mk = |dev: &mut roce::engine::Device, base: u64| {
+            let pd = dev.alloc_pd().unwrap();
+            let cq = dev.create_cq(1024).unwrap();
+            let qpn = dev
+                .create_qp(&QpInit {
+                    pd,
+                    qp_type: QpType::Rc,
+                    send_cq: cq,
+                    recv_cq: cq,
+                    srq: None,
+                    caps: QpCaps::default(),
+                    sq_sig_all: false,
+                })
+                .unwrap();
+            let mem = HeapMemory::shared(1 << 20);
+            let (lkey, rkey) = dev
+                .reg_mr(pd, mem.clone(), 0, base, 1 << 20, Access::ALL)
+                .unwrap();
+            Endpoint {
+                pd,
+                cq,
+                qpn,
+                mem,
+                addr: base,
+                lkey,
+                rkey: rkey.unwrap(),
+                sq_psn: Psn::new(0),
+            }
+        };
+        (mk(&mut p.a.dev, 0x1000_0000), mk(&mut p.b.dev, 0x2000_0000))
+    };
+    a.sq_psn = Psn::new(oa.psns.0);
+    b.sq_psn = Psn::new(oa.psns.1);
+    bring_up(
+        &mut p.a.dev,
+        &a,
+        b.qpn,
+        node_gid(1),
+        &oa,
+        oa.psns.0,
+        oa.psns.1,
+    );
+    bring_up(
+        &mut p.b.dev,
+        &b,
+        a.qpn,
+        node_gid(0),
+        &ob,
+        oa.psns.1,
+        oa.psns.0,
+    );
+    (a, b)
+}
+
+#[test]
+fn first_packet_shorter_than_the_mtu_is_invalid_request() {
+    // A segments at 512, B expects FIRST/MIDDLE packets of exactly 1024 (IBA 9.7.5.1.4).
+    let mut p = Pair::new(cfg(), cfg(), LinkConfig::default(), 7);
+    p.record = true;
+    let (a, b) = connect_mtus(&mut p, Mtu::M512, Mtu::M1024);
+    expect_nak(
+        p,
+        &a,
+        &b,
+        WrOp::Write {
+            remote_addr: b.addr,
+            rkey: b.rkey,
+        },
+        &[sge(&a, 0, 3000)],
+        0x61,
+        WcStatus::RemInvReqErr,
+    );
+}
+
+#[test]
+fn receive_buffer_too_small_is_local_length_error_and_invalid_request() {
+    let (mut p, a, b) = setup(ConnectOpts::default());
+    recv(&mut p, 1, &b, 5, &[sge(&b, 0, 100)]);
+    let mut p = expect_nak(
+        p,
+        &a,
+        &b,
+        WrOp::Send,
+        &[sge(&a, 0, 200)],
+        0x61,
+        WcStatus::RemInvReqErr,
+    );
+    let c = cqes(&mut p, 1, &b);
+    assert_eq!((c[0].wr_id, c[0].status), (5, WcStatus::LocLenErr));
+    assert_eq!(
+        p.b.dev.qp_counters(b.qpn).unwrap().resp_local_length_error,
+        1
+    );
+}
+
+#[test]
+fn out_of_sequence_opcode_is_invalid_request() {
+    let (mut p, a, b) = setup(ConnectOpts::default());
+    recv(&mut p, 1, &b, 5, &[sge(&b, 0, 4096)]);
+    // A SEND_MIDDLE at B's expected PSN with no SEND_FIRST before it.
+    let t = TransportRepr::new(BthRepr::new(Opcode(0x01), b.qpn, a.sq_psn));
+    let f = p.craft(0, t, &[0u8; 1024]);
+    p.inject(1, &f);
+    p.run_until_idle(SEC);
+    assert_eq!(naks(&p, 1), vec![(a.sq_psn, 0x61)]);
+    assert_eq!(state(&p, 1, &b), QpState::Err);
+    assert_eq!(
+        p.b.dev.poll_event(),
+        Some(AsyncEvent::QpRequestError(b.qpn))
+    );
+    // A never sent that PSN: its completer ignores the NAK.
+    assert_eq!(p.a.dev.qp_counters(a.qpn).unwrap().unexpected_responses, 1);
+    assert_eq!(state(&p, 0, &a), QpState::Rts);
+}
+
+#[test]
+fn write_shorter_than_its_reth_length_is_invalid_request() {
+    let (mut p, a, b) = setup(ConnectOpts::default());
+    let mut t = TransportRepr::new(BthRepr::new(Opcode(0x0a), b.qpn, a.sq_psn));
+    t.bth.ack_req = true;
+    t.ext.reth = Some(RethRepr {
+        va: b.addr,
+        rkey: b.rkey,
+        len: 100,
+    });
+    let f = p.craft(0, t, &[7u8; 60]);
+    p.inject(1, &f);
+    p.run_until_idle(SEC);
+    assert_eq!(naks(&p, 1), vec![(a.sq_psn, 0x61)]);
+    assert_eq!(b.mem.to_vec(0, 60), vec![0; 60], "nothing written");
+}
+
+// ---- remote operational error (NAK 0x63 -> REM_OP_ERR) ----
+
+#[test]
+fn receive_sge_with_a_bad_lkey_is_remote_operational_error() {
+    let (mut p, a, b) = setup(ConnectOpts::default());
+    let bad = Sge {
+        addr: b.addr,
+        length: 4096,
+        lkey: Lkey(b.lkey.0 ^ 0x100),
+    };
+    recv(&mut p, 1, &b, 5, &[bad]);
+    let mut p = expect_nak(
+        p,
+        &a,
+        &b,
+        WrOp::Send,
+        &[sge(&a, 0, 200)],
+        0x63,
+        WcStatus::RemOpErr,
+    );
+    let c = cqes(&mut p, 1, &b);
+    assert_eq!((c[0].wr_id, c[0].status), (5, WcStatus::LocProtErr));
+}
+
+// ---- local errors at the requester ----
+
+fn expect_local(
+    op: WrOp,
+    sg: impl Fn(&Endpoint) -> Sge,
+    status: WcStatus,
+    access_a: Option<Access>,
+) {
+    let (mut p, mut a, b) = setup(ConnectOpts::default());
+    if let Some(acc) = access_a {
+        let (lkey, _) =
+            p.a.dev
+                .reg_mr(a.pd, a.mem.clone(), 0, 0x7000_0000, 4096, acc)
+                .unwrap();
+        a.lkey = lkey;
+        a.addr = 0x7000_0000;
+    }
+    let op = match op {
+        WrOp::Read { .. } => WrOp::Read {
+            remote_addr: b.addr,
+            rkey: b.rkey,
+        },
+        o => o,
+    };
+    post(&mut p, 0, &a, 1, op, &[sg(&a)]);
+    post(
+        &mut p,
+        0,
+        &a,
+        2,
+        WrOp::Write {
+            remote_addr: b.addr,
+            rkey: b.rkey,
+        },
+        &[sge(&a, 0, 8)],
+    );
+    p.run_until_idle(SEC);
+    let c = cqes(&mut p, 0, &a);
+    assert_eq!((c[0].wr_id, c[0].status), (1, status));
+    assert_eq!((c[1].wr_id, c[1].status), (2, WcStatus::WrFlushErr));
+    assert!(p.recorded_frames(0).is_empty(), "nothing went on the wire");
+    assert_eq!(state(&p, 0, &a), QpState::Err);
+    assert_eq!(state(&p, 1, &b), QpState::Rts);
+}
+
+#[test]
+fn send_sge_with_a_bad_lkey_is_local_protection_error() {
+    expect_local(
+        WrOp::Send,
+        |a| Sge {
+            addr: a.addr,
+            length: 64,
+            lkey: Lkey(a.lkey.0 + 1),
+        },
+        WcStatus::LocProtErr,
+        None,
+    );
+}
+
+#[test]
+fn send_sge_out_of_bounds_is_local_protection_error() {
+    expect_local(
+        WrOp::Send,
+        |a| sge(a, (1 << 20) - 10, 64),
+        WcStatus::LocProtErr,
+        None,
+    );
+}
+
+#[test]
+fn read_into_memory_without_local_write_is_local_protection_error() {
+    expect_local(
+        WrOp::Read {
+            remote_addr: 0,
+            rkey: Rkey(0),
+        },
+        |a| sge(a, 0, 64),
+        WcStatus::LocProtErr,
+        Some(Access::REMOTE_READ),
+    );
+}
+
+// ---- bad response ----
+
+#[test]
+fn read_response_of_the_wrong_length_is_bad_response() {
+    let (mut p, a, b) = setup(ConnectOpts::default());
+    // Swallow B's real responses, then answer the READ with a too-short RESPONSE_ONLY.
+    p.drop_if = Some(Box::new(|side, f| {
+        side == 1 && f.info().op == Operation::ReadResponse
+    }));
+    post(
+        &mut p,
+        0,
+        &a,
+        1,
+        WrOp::Read {
+            remote_addr: b.addr,
+            rkey: b.rkey,
+        },
+        &[sge(&a, 0, 800)],
+    );
+    p.run_until_idle(1000);
+    let mut t = TransportRepr::new(BthRepr::new(Opcode(0x10), a.qpn, a.sq_psn));
+    t.ext.aeth = Some(AethRepr::ack(31, Msn::new(1)));
+    let f = p.craft(1, t, &[1u8; 100]);
+    p.inject(0, &f);
+    p.run_until_idle(SEC);
+    let c = cqes(&mut p, 0, &a);
+    assert_eq!((c[0].wr_id, c[0].status), (1, WcStatus::BadRespErr));
+    assert_eq!(state(&p, 0, &a), QpState::Err);
+    assert_eq!(
+        a.mem.to_vec(0, 100),
+        vec![0; 100],
+        "no data placed from a bad response"
+    );
+}
+
+// ---- RNR ----
+
+#[test]
+fn rnr_nak_waits_the_timer_then_succeeds() {
+    let o = ConnectOpts {
+        min_rnr_timer: 14, // 1.28 ms
+        rnr_retry: 7,
+        ..Default::default()
+    };
+    let (mut p, a, b) = setup(o);
+    a.mem.write(0, &[5; 300]).unwrap();
+    post(&mut p, 0, &a, 1, WrOp::Send, &[sge(&a, 0, 300)]);
+    // B has no receive WQE yet: RNR NAKs until one is posted at t = 5 ms.
+    p.run(5_000_000, |_| false);
+    recv(&mut p, 1, &b, 8, &[sge(&b, 0, 4096)]);
+    p.run_until_idle(SEC);
+    let n = naks(&p, 1);
+    assert!(!n.is_empty());
+    assert!(
+        n.iter().all(|&(psn, s)| psn == a.sq_psn && s == 0x20 | 14),
+        "{n:x?}"
+    );
+    // Retries are spaced by at least the advertised RNR timer.
+    let sends: Vec<u64> = p
+        .recorded
+        .iter()
+        .filter(|(s, _, _)| *s == 0)
+        .map(|(_, t, _)| *t)
+        .collect();
+    for w in sends.windows(2) {
+        assert!(
+            w[1] - w[0] >= RNR_TIMER_NS[14],
+            "retry after {} ns",
+            w[1] - w[0]
+        );
+    }
+    assert_eq!(cqes(&mut p, 0, &a)[0].status, WcStatus::Success);
+    let c = cqes(&mut p, 1, &b);
+    assert_eq!((c[0].wr_id, c[0].byte_len), (8, 300));
+    assert_eq!(
+        p.a.dev.qp_counters(a.qpn).unwrap().rcvd_rnr_err,
+        n.len() as u64
+    );
+    assert_eq!(
+        p.b.dev.qp_counters(b.qpn).unwrap().send_rnr_err,
+        n.len() as u64
+    );
+}
+
+#[test]
+fn rnr_retries_exhausted_is_rnr_retry_exceeded() {
+    let o = ConnectOpts {
+        min_rnr_timer: 1,
+        rnr_retry: 2,
+        ..Default::default()
+    };
+    let (mut p, a, b) = setup(o);
+    post(&mut p, 0, &a, 1, WrOp::Send, &[sge(&a, 0, 10)]);
+    post(&mut p, 0, &a, 2, WrOp::Send, &[sge(&a, 0, 10)]);
+    p.run_until_idle(SEC);
+    let rnr = naks(&p, 1)
+        .into_iter()
+        .filter(|&(_, s)| s & 0x60 == 0x20)
+        .count();
+    assert_eq!(rnr, 3, "the first try and two retries");
+    let c = cqes(&mut p, 0, &a);
+    assert_eq!((c[0].wr_id, c[0].status), (1, WcStatus::RnrRetryExcErr));
+    assert_eq!((c[1].wr_id, c[1].status), (2, WcStatus::WrFlushErr));
+    assert_eq!(state(&p, 0, &a), QpState::Err);
+    assert_eq!(
+        state(&p, 1, &b),
+        QpState::Rts,
+        "RNR is not an error for the responder"
+    );
+    assert_eq!(p.a.dev.qp_counters(a.qpn).unwrap().rnr_nak_retry_err, 1);
+}
+
+// ---- timeouts and retries ----
+
+#[test]
+fn silent_peer_exhausts_retries() {
+    let o = ConnectOpts {
+        timeout: 10, // 4.2 ms
+        retry_cnt: 3,
+        ..Default::default()
+    };
+    let (mut p, a, b) = setup(o);
+    p.drop_if = Some(Box::new(|side, _| side == 0));
+    post(
+        &mut p,
+        0,
+        &a,
+        1,
+        WrOp::Write {
+            remote_addr: b.addr,
+            rkey: b.rkey,
+        },
+        &[sge(&a, 0, 64)],
+    );
+    post(
+        &mut p,
+        0,
+        &a,
+        2,
+        WrOp::Write {
+            remote_addr: b.addr,
+            rkey: b.rkey,
+        },
+        &[sge(&a, 0, 64)],
+    );
+    p.run_until_idle(10 * SEC);
+    let sent = p.recorded_frames(0);
+    assert_eq!(
+        sent.len(),
+        2 * 4,
+        "each WRITE sent once and retried 3 times"
+    );
+    let c = cqes(&mut p, 0, &a);
+    assert_eq!((c[0].wr_id, c[0].status), (1, WcStatus::RetryExcErr));
+    assert_eq!((c[1].wr_id, c[1].status), (2, WcStatus::WrFlushErr));
+    let k = p.a.dev.qp_counters(a.qpn).unwrap();
+    assert_eq!(k.local_ack_timeout_err, 4);
+    assert_eq!(k.retry_exceeded_err, 1);
+    // The timeout doubles nothing: retries are one timeout apart (4.096 us x 2^10).
+    assert!(p.now >= 4 * (4096 << 10));
+}
+
+#[test]
+fn one_lost_packet_gets_one_nak_and_is_resent() {
+    let (mut p, a, b) = setup(ConnectOpts::default());
+    let mut dropped = false;
+    p.drop_if = Some(Box::new(move |side, f| {
+        // Lose the second packet of the first WRITE, once.
+        if side == 0 && !dropped && f.repr.transport.bth.opcode == Opcode(0x07) {
+            dropped = true;
+            return true;
+        }
+        false
+    }));
+    let data: Vec<u8> = (0..5000u32).map(|i| i as u8).collect();
+    a.mem.write(0, &data).unwrap();
+    post(
+        &mut p,
+        0,
+        &a,
+        1,
+        WrOp::Write {
+            remote_addr: b.addr,
+            rkey: b.rkey,
+        },
+        &[sge(&a, 0, 5000)],
+    );
+    p.run_until_idle(SEC);
+    let n = naks(&p, 1);
+    assert_eq!(
+        n,
+        vec![(a.sq_psn.add(1), 0x60)],
+        "one NAK for the gap despite 3 packets after it"
+    );
+    assert_eq!(cqes(&mut p, 0, &a)[0].status, WcStatus::Success);
+    assert_eq!(b.mem.to_vec(0, 5000), data);
+    let kb = p.b.dev.qp_counters(b.qpn).unwrap();
+    assert_eq!(kb.out_of_sequence, 3);
+    let ka = p.a.dev.qp_counters(a.qpn).unwrap();
+    assert_eq!(ka.packet_seq_err, 1);
+    assert_eq!(ka.retransmitted_pkts, 4);
+}
+
+#[test]
+fn lost_read_response_is_found_by_an_implied_nak() {
+    let (mut p, a, b) = setup(ConnectOpts::default());
+    let mut dropped = false;
+    p.drop_if = Some(Box::new(move |side, f| {
+        if side == 1 && !dropped && f.info().op == Operation::ReadResponse {
+            dropped = true;
+            return true;
+        }
+        false
+    }));
+    b.mem.write(0, &[9u8; 512]).unwrap();
+    recv(&mut p, 1, &b, 3, &[sge(&b, 8192, 64)]);
+    post(
+        &mut p,
+        0,
+        &a,
+        1,
+        WrOp::Read {
+            remote_addr: b.addr,
+            rkey: b.rkey,
+        },
+        &[sge(&a, 0, 512)],
+    );
+    post(&mut p, 0, &a, 2, WrOp::Send, &[sge(&a, 4096, 64)]);
+    p.run_until_idle(SEC);
+    let ka = p.a.dev.qp_counters(a.qpn).unwrap();
+    assert_eq!(ka.implied_nak_seq_err, 1, "the SEND's ACK passed the READ");
+    assert_eq!(
+        ka.local_ack_timeout_err, 0,
+        "recovered without waiting for the timer"
+    );
+    let c = cqes(&mut p, 0, &a);
+    assert!(c.iter().all(|c| c.status == WcStatus::Success));
+    assert_eq!(a.mem.to_vec(0, 512), vec![9u8; 512]);
+    assert_eq!(
+        p.b.dev.qp_counters(b.qpn).unwrap().duplicate_request,
+        2,
+        "READ and SEND again"
+    );
+}
+
+// ---- duplicates ----
+
+#[test]
+fn duplicate_atomic_is_replayed_not_executed_again() {
+    let (mut p, a, b) = setup(ConnectOpts::default());
+    b.mem.write(64, &100u64.to_ne_bytes()).unwrap();
+    post(
+        &mut p,
+        0,
+        &a,
+        1,
+        WrOp::FetchAdd {
+            remote_addr: b.addr + 64,
+            rkey: b.rkey,
+            add: 5,
+        },
+        &[sge(&a, 0, 8)],
+    );
+    p.run_until_idle(SEC);
+    assert_eq!(b.mem.to_vec(64, 8), 105u64.to_ne_bytes());
+    let req = p
+        .recorded
+        .iter()
+        .find(|(s, _, _)| *s == 0)
+        .unwrap()
+        .2
+        .clone();
+    p.recorded.clear();
+    p.inject(1, &req);
+    p.run_until_idle(SEC);
+    assert_eq!(
+        b.mem.to_vec(64, 8),
+        105u64.to_ne_bytes(),
+        "not executed twice"
+    );
+    let replies = p.recorded_frames(1);
+    assert_eq!(replies.len(), 1);
+    assert_eq!(
+        replies[0].repr.transport.ext.atomic_ack.unwrap().orig,
+        100,
+        "the saved result"
+    );
+    assert_eq!(p.b.dev.qp_counters(b.qpn).unwrap().duplicate_request, 1);
+}
+
+#[test]
+fn duplicate_read_is_read_again_from_memory() {
+    let (mut p, a, b) = setup(ConnectOpts::default());
+    b.mem.write(0, &[1u8; 100]).unwrap();
+    post(
+        &mut p,
+        0,
+        &a,
+        1,
+        WrOp::Read {
+            remote_addr: b.addr,
+            rkey: b.rkey,
+        },
+        &[sge(&a, 0, 100)],
+    );
+    p.run_until_idle(SEC);
+    let req = p
+        .recorded
+        .iter()
+        .find(|(s, _, _)| *s == 0)
+        .unwrap()
+        .2
+        .clone();
+    b.mem.write(0, &[2u8; 100]).unwrap();
+    p.recorded.clear();
+    p.inject(1, &req);
+    p.run_until_idle(SEC);
+    let replies = p.recorded_frames(1);
+    assert_eq!(replies.len(), 1);
+    let f = &p.recorded.iter().find(|(s, _, _)| *s == 1).unwrap().2;
+    assert_eq!(replies[0].payload(f), &[2u8; 100][..]);
+}
+
+#[test]
+fn duplicate_write_is_acknowledged_again() {
+    let (mut p, a, b) = setup(ConnectOpts::default());
+    post(
+        &mut p,
+        0,
+        &a,
+        1,
+        WrOp::Write {
+            remote_addr: b.addr,
+            rkey: b.rkey,
+        },
+        &[sge(&a, 0, 100)],
+    );
+    p.run_until_idle(SEC);
+    let req = p
+        .recorded
+        .iter()
+        .find(|(s, _, _)| *s == 0)
+        .unwrap()
+        .2
+        .clone();
+    p.recorded.clear();
+    p.inject(1, &req);
+    p.run_until_idle(SEC);
+    let acks = p.recorded_frames(1);
+    assert_eq!(acks.len(), 1);
+    let t = &acks[0].repr.transport;
+    assert_eq!(t.bth.psn, a.sq_psn);
+    assert!(matches!(t.ext.aeth.unwrap().kind(), AethKind::Ack { .. }));
+}
+
+// ---- flush ----
+
+#[test]
+fn entering_error_flushes_every_outstanding_wr() {
+    let (mut p, a, b) = setup(ConnectOpts::default());
+    for i in 0..3 {
+        recv(&mut p, 0, &a, 100 + i, &[sge(&a, 0, 64)]);
+    }
+    // Nothing reaches B, so the WRITEs stay outstanding.
+    p.drop_if = Some(Box::new(|_, _| true));
+    for i in 0..4 {
+        post(
+            &mut p,
+            0,
+            &a,
+            i,
+            WrOp::Write {
+                remote_addr: b.addr,
+                rkey: b.rkey,
+            },
+            &[sge(&a, 0, 64)],
+        );
+    }
+    p.run(10_000, |_| false);
+    p.a.dev
+        .modify_qp(
+            a.qpn,
+            &QpAttr {
+                state: Some(QpState::Err),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    let c = cqes(&mut p, 0, &a);
+    let sends: Vec<_> = c
+        .iter()
+        .filter(|c| c.opcode == WcOpcode::RdmaWrite)
+        .collect();
+    let recvs: Vec<_> = c.iter().filter(|c| c.opcode == WcOpcode::Recv).collect();
+    assert_eq!(
+        sends.iter().map(|c| c.wr_id).collect::<Vec<_>>(),
+        vec![0, 1, 2, 3]
+    );
+    assert_eq!(
+        recvs.iter().map(|c| c.wr_id).collect::<Vec<_>>(),
+        vec![100, 101, 102]
+    );
+    assert!(c.iter().all(|c| c.status == WcStatus::WrFlushErr));
+    // WRs posted in ERR complete at once, flushed.
+    post(&mut p, 0, &a, 9, WrOp::Send, &[sge(&a, 0, 1)]);
+    recv(&mut p, 0, &a, 10, &[sge(&a, 0, 1)]);
+    let c = cqes(&mut p, 0, &a);
+    assert_eq!(
+        c.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(),
+        vec![(9, WcStatus::WrFlushErr), (10, WcStatus::WrFlushErr)]
+    );
+}
+
+// ---- end-to-end credits ----
+
+#[test]
+fn sends_beyond_advertised_credits_wait_except_one_probe() {
+    let o = ConnectOpts {
+        rnr_retry: 7,
+        min_rnr_timer: 10,
+        ..Default::default()
+    };
+    let mut cb = cfg();
+    cb.credits = CreditMode::FromReceiveQueue;
+    let (mut p, a, b) = setup_with(o, cfg(), cb);
+    recv(&mut p, 1, &b, 1, &[sge(&b, 0, 64)]);
+    post(&mut p, 0, &a, 1, WrOp::Send, &[sge(&a, 0, 8)]);
+    p.run_until_idle(SEC);
+    // B's ACK advertised 0 credits (its RQ is empty now).
+    let ack = p
+        .recorded_frames(1)
+        .last()
+        .unwrap()
+        .repr
+        .transport
+        .ext
+        .aeth
+        .unwrap();
+    assert_eq!(ack.kind(), AethKind::Ack { credits: 0 });
+    p.recorded.clear();
+    post(&mut p, 0, &a, 2, WrOp::Send, &[sge(&a, 0, 8)]);
+    post(&mut p, 0, &a, 3, WrOp::Send, &[sge(&a, 0, 8)]);
+    p.run(3_000_000, |_| false);
+    // Only the probe (SEND 2) went out, again after each RNR NAK; SEND 3 waited.
+    let psns: Vec<Psn> = p
+        .recorded_frames(0)
+        .iter()
+        .map(|f| f.repr.transport.bth.psn)
+        .collect();
+    assert!(
+        psns.len() >= 2 && psns.iter().all(|&x| x == a.sq_psn.add(1)),
+        "{psns:x?}"
+    );
+    recv(&mut p, 1, &b, 2, &[sge(&b, 0, 64)]);
+    recv(&mut p, 1, &b, 3, &[sge(&b, 0, 64)]);
+    p.run_until_idle(SEC);
+    let c = cqes(&mut p, 0, &a);
+    assert_eq!(
+        c.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(),
+        vec![
+            (1, WcStatus::Success),
+            (2, WcStatus::Success),
+            (3, WcStatus::Success)
+        ]
+    );
+}
