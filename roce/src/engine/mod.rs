@@ -94,7 +94,7 @@ impl Default for DeviceConfig {
             max_cqe: 65536,
             max_mr: 4096,
             max_pd: 256,
-            max_qp_rd_atom: 16,
+            max_qp_rd_atom: 128,
             max_srq: 256,
             max_unacked_psns: 128,
             ack_every: 64,

@@ -128,8 +128,9 @@ impl Qp {
                     return ReqStep::Idle;
                 }
             }
+            // The send window: rxe stops when req.psn passes comp.psn + RXE_MAX_UNACKED_PSNS.
             if self.qp_type == QpType::Rc
-                && self.req.psn.diff(self.comp.psn) >= sh.cfg.max_unacked_psns as i32
+                && self.req.psn.diff(self.comp.psn) > sh.cfg.max_unacked_psns as i32
             {
                 return ReqStep::Idle;
             }
@@ -338,10 +339,15 @@ impl Qp {
                 self.req.psn = psn.add(1);
             }
         }
-        // AckReq: every last packet, and at least every `ack_every` packets (rxe).
+        // AckReq on every last packet, and on the first packet after more than `ack_every`
+        // without one (rxe_req.c: `END || noack_pkts++ > RXE_MAX_PKT_PER_ACK`). RC only.
         if self.qp_type == QpType::Rc {
-            self.req.noack_pkts += 1;
-            if last || self.req.noack_pkts >= sh.cfg.ack_every {
+            let ack_req = last || {
+                let n = self.req.noack_pkts;
+                self.req.noack_pkts += 1;
+                n > sh.cfg.ack_every
+            };
+            if ack_req {
                 t.bth.ack_req = true;
                 self.req.noack_pkts = 0;
             }
