@@ -245,6 +245,8 @@ pub(crate) struct Shared {
     pub events: VecDeque<AsyncEvent>,
     pub counters: DeviceCounters,
     pub timers: BinaryHeap<Reverse<(u64, u32)>>,
+    /// CQs that just overflowed: their QPs are moved to ERR with a QP_FATAL event.
+    pub overflowed: Vec<u32>,
 }
 
 impl Shared {
@@ -260,6 +262,7 @@ impl Shared {
                 self.counters.cq_overflows += 1;
                 if !was {
                     self.events.push_back(AsyncEvent::CqError(cq));
+                    self.overflowed.push(cq);
                 }
             }
         }
@@ -457,6 +460,7 @@ impl Device {
                 events: VecDeque::new(),
                 counters: DeviceCounters::default(),
                 timers: BinaryHeap::new(),
+                overflowed: Vec::new(),
             },
             qps: Vec::new(),
             free_qps: Vec::new(),
@@ -1154,6 +1158,19 @@ impl Device {
         Ok(())
     }
 
+    /// IBA 11.4.2.1: a CQ overrun is a CQ error and an affiliated QP error for every QP using
+    /// the CQ: those QPs go to ERR with a QP_FATAL event.
+    fn handle_cq_overflows(&mut self) {
+        while let Some(cq) = self.sh.overflowed.pop() {
+            for qp in self.qps.iter_mut().flatten() {
+                if (qp.send_cq == cq || qp.recv_cq == cq) && qp.state != QpState::Err {
+                    self.sh.events.push_back(AsyncEvent::QpFatal(qp.qpn));
+                    qp.enter_error(&mut self.sh);
+                }
+            }
+        }
+    }
+
     fn mark_ready(&mut self, slot: u32) {
         if let Some(Some(qp)) = self.qps.get_mut(slot as usize) {
             if !qp.queued {
@@ -1252,6 +1269,9 @@ impl Device {
             qp.handle_response(&mut self.sh, now, &pkt);
         }
         self.mark_ready(slot as u32);
+        if !self.sh.overflowed.is_empty() {
+            self.handle_cq_overflows();
+        }
     }
 
     /// Produces the next packet to send into `tx`; false when there is nothing to send. QPs
@@ -1266,9 +1286,15 @@ impl Device {
                 || qp.next_request(&mut self.sh, now, tx) == req::ReqStep::Sent;
             if sent {
                 self.ready.push_back(slot);
+                if !self.sh.overflowed.is_empty() {
+                    self.handle_cq_overflows();
+                }
                 return true;
             }
             qp.queued = false;
+        }
+        if !self.sh.overflowed.is_empty() {
+            self.handle_cq_overflows();
         }
         false
     }
@@ -1315,6 +1341,9 @@ impl Device {
                 qp.on_timer(&mut self.sh, now, t);
                 self.mark_ready(slot as u32);
             }
+        }
+        if !self.sh.overflowed.is_empty() {
+            self.handle_cq_overflows();
         }
     }
 

@@ -482,6 +482,97 @@ pub struct Endpoint {
     pub sq_psn: Psn,
 }
 
+impl Endpoint {
+    /// An SGE of `len` bytes at `off` in this endpoint's MR.
+    pub fn sge(&self, off: u64, len: u32) -> crate::verbs::Sge {
+        crate::verbs::Sge {
+            addr: self.addr + off,
+            length: len,
+            lkey: self.lkey,
+        }
+    }
+}
+
+impl Pair {
+    /// Posts a signaled send WR on `ep` (a QP of node `side`); panics if refused.
+    pub fn post(
+        &mut self,
+        side: usize,
+        ep: &Endpoint,
+        wr_id: u64,
+        op: crate::verbs::WrOp,
+        sges: &[crate::verbs::Sge],
+    ) {
+        self.post_flags(side, ep, wr_id, op, sges, crate::verbs::SendFlags::SIGNALED);
+    }
+
+    /// Posts a send WR with explicit flags; panics if refused.
+    pub fn post_flags(
+        &mut self,
+        side: usize,
+        ep: &Endpoint,
+        wr_id: u64,
+        op: crate::verbs::WrOp,
+        sges: &[crate::verbs::Sge],
+        flags: crate::verbs::SendFlags,
+    ) {
+        self.node(side)
+            .dev
+            .post_send(
+                ep.qpn,
+                &crate::verbs::SendWr {
+                    wr_id,
+                    op,
+                    sg_list: sges,
+                    flags,
+                    ud: None,
+                },
+            )
+            .expect("post_send");
+    }
+
+    /// Posts a receive WR; panics if refused.
+    pub fn recv(&mut self, side: usize, ep: &Endpoint, wr_id: u64, sges: &[crate::verbs::Sge]) {
+        self.node(side)
+            .dev
+            .post_recv(
+                ep.qpn,
+                &crate::verbs::RecvWr {
+                    wr_id,
+                    sg_list: sges,
+                },
+            )
+            .expect("post_recv");
+    }
+
+    /// Every completion waiting on `ep`'s CQ.
+    pub fn cqes(&mut self, side: usize, ep: &Endpoint) -> Vec<Completion> {
+        let mut v = Vec::new();
+        while let Some(c) = self.node(side).dev.poll_completion(ep.cq) {
+            v.push(c);
+        }
+        v
+    }
+
+    /// (PSN, syndrome) of every NAK and RNR NAK recorded in direction `from`.
+    pub fn naks(&self, from: usize) -> Vec<(Psn, u8)> {
+        self.recorded_frames(from)
+            .iter()
+            .filter_map(|f| {
+                let a = f.repr.transport.ext.aeth?;
+                (f.repr.transport.bth.opcode == Opcode::RC_ACK && a.syndrome & 0x60 != 0)
+                    .then_some((f.repr.transport.bth.psn, a.syndrome))
+            })
+            .collect()
+    }
+
+    /// The state of `ep`'s QP on node `side`.
+    pub fn qp_state(&self, side: usize, ep: &Endpoint) -> QpState {
+        let dev = if side == 0 { &self.a.dev } else { &self.b.dev };
+        dev.query_qp(ep.qpn).expect("QP exists").state
+    }
+}
+
 /// Options for [`connect`].
 #[derive(Debug, Clone, Copy)]
 pub struct ConnectOpts {

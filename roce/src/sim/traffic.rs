@@ -363,6 +363,8 @@ impl Traffic {
             self.collect(p, eps);
             self.all_completed() || (self.any_error() && self.posted_all())
         });
+        // Unreliable transports complete sends when they leave: let the last packets land.
+        pair.run_until_idle(deadline);
         self.collect(pair, eps);
         self.all_completed()
     }

@@ -1,0 +1,956 @@
+//! Transport breadth: UC, UD, SRQ, SEND with invalidate, LOCAL_INV and fast registration,
+//! fence, solicited events, inline data and SGE limits, asynchronous events and device
+//! attributes.
+
+use roce::engine::{DeviceConfig, QpInit, SrqAttr};
+use roce::memory::{HeapMemory, Memory};
+use roce::sim::traffic::{OpKind, Traffic, TrafficSpec};
+use roce::sim::{bring_up, connect, node_gid, ConnectOpts, Endpoint, LinkConfig, Pair, Rng};
+use roce::types::{Gid, Lkey, Psn, Qkey, Qpn, Rkey};
+use roce::verbs::*;
+use roce::wire::opcode::{Opcode, Operation};
+
+const SEC: u64 = 1_000_000_000;
+
+fn cfg() -> DeviceConfig {
+    DeviceConfig {
+        port_mtu: Mtu::M4096,
+        ..Default::default()
+    }
+}
+
+fn pair(seed: u64) -> Pair {
+    let mut p = Pair::new(cfg(), cfg(), LinkConfig::default(), seed);
+    p.record = true;
+    p
+}
+
+fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut r = Rng::new(seed);
+    (0..len).map(|_| r.next_u64() as u8).collect()
+}
+
+// ---- UC ----
+
+#[test]
+fn uc_send_and_write_on_a_lossless_link() {
+    for seed in 0..20 {
+        let mut p = pair(seed);
+        let o = ConnectOpts {
+            qp_type: QpType::Uc,
+            mtu: [Mtu::M256, Mtu::M1024, Mtu::M4096][seed as usize % 3],
+            mem_len: 8 << 20,
+            ..Default::default()
+        };
+        let (a, b) = connect(&mut p, &o);
+        let spec = TrafficSpec {
+            ops_per_side: 30,
+            max_len: 64 << 10,
+            kinds: OpKind::UC.to_vec(),
+            bidirectional: true,
+        };
+        let mut t = Traffic::plan(&mut Rng::new(seed), &spec, 8 << 20);
+        assert!(t.run(&mut p, [&a, &b], 10 * SEC));
+        t.verify([&a, &b], true)
+            .unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+        assert!(
+            p.recorded_frames(1)
+                .iter()
+                .all(|f| f.repr.transport.bth.opcode != Opcode::RC_ACK),
+            "UC sends no ACKs"
+        );
+    }
+}
+
+#[test]
+fn uc_under_faults_drops_broken_messages_but_never_completes_a_wrong_one() {
+    for seed in 0..40 {
+        // Loss and corruption keep order; reordering and duplication do not (UC has no
+        // duplicate detection: rxe, too, delivers any FIRST/ONLY it receives).
+        let ordered = seed % 2 == 0;
+        let mut link = LinkConfig::lossless(25, 2_000).faulty(0.03);
+        if ordered {
+            link.reorder = 0.0;
+            link.duplicate = 0.0;
+        }
+        let mut p = Pair::new(cfg(), cfg(), link, seed);
+        let o = ConnectOpts {
+            qp_type: QpType::Uc,
+            mtu: Mtu::M1024,
+            mem_len: 8 << 20,
+            ..Default::default()
+        };
+        let (a, b) = connect(&mut p, &o);
+        let mut rng = Rng::new(seed);
+        let n = 40;
+        let lens: Vec<u32> = (0..n).map(|_| 1 + rng.below(8000) as u32).collect();
+        for (i, &len) in lens.iter().enumerate() {
+            a.mem
+                .write(i * 8192, &pattern(i as u64, len as usize))
+                .unwrap();
+            p.recv(1, &b, i as u64, &[b.sge(i as u64 * 8192, 8192)]);
+        }
+        for (i, &len) in lens.iter().enumerate() {
+            let op = if i % 2 == 0 {
+                WrOp::Send
+            } else {
+                WrOp::SendWithImm { imm: i as u32 }
+            };
+            p.post(0, &a, i as u64, op, &[a.sge(i as u64 * 8192, len)]);
+        }
+        p.run_until_idle(10 * SEC);
+        // UC completes sends when they leave: all succeed.
+        let sent = p.cqes(0, &a);
+        assert_eq!(sent.len(), n);
+        assert!(sent.iter().all(|c| c.status == WcStatus::Success));
+        // Every receive that completed holds exactly one message, whole, in order.
+        let mut last = None;
+        for c in p.cqes(1, &b) {
+            assert_eq!(c.status, WcStatus::Success, "seed {seed}: {c:?}");
+            let buf = b.mem.to_vec(c.wr_id as usize * 8192, c.byte_len as usize);
+            let k = (0..n)
+                .find(|&k| lens[k] == c.byte_len && pattern(k as u64, lens[k] as usize) == buf)
+                .unwrap_or_else(|| {
+                    panic!("seed {seed}: receive {} holds no whole message", c.wr_id)
+                });
+            if ordered {
+                assert!(
+                    last.is_none_or(|l| k > l),
+                    "seed {seed}: messages out of order"
+                );
+            }
+            assert_eq!(c.wc_flags.contains(WcFlags::WITH_IMM), k % 2 == 1);
+            if k % 2 == 1 {
+                assert_eq!(c.imm_data, k as u32);
+            }
+            last = Some(k);
+        }
+    }
+}
+
+// ---- UD ----
+
+fn ud_endpoints(p: &mut Pair) -> (Endpoint, Endpoint) {
+    let o = ConnectOpts {
+        qp_type: QpType::Ud,
+        ..Default::default()
+    };
+    connect(p, &o)
+}
+
+fn ud_dest(to: &Endpoint, gid: Gid, qkey: u32) -> UdDest {
+    UdDest {
+        ah: AddressVector::new(gid, 0),
+        remote_qpn: to.qpn,
+        remote_qkey: Qkey(qkey),
+    }
+}
+
+fn post_ud(
+    p: &mut Pair,
+    side: usize,
+    from: &Endpoint,
+    wr_id: u64,
+    op: WrOp,
+    sge: Sge,
+    dest: UdDest,
+) -> Result<(), roce::engine::VerbsError> {
+    p.node(side).dev.post_send(
+        from.qpn,
+        &SendWr {
+            wr_id,
+            op,
+            sg_list: &[sge],
+            flags: SendFlags::SIGNALED | SendFlags::SOLICITED,
+            ud: Some(dest),
+        },
+    )
+}
+
+#[test]
+fn ud_send_delivers_grh_source_qp_and_immediate() {
+    let mut p = pair(1);
+    let (a, b) = ud_endpoints(&mut p);
+    let data = pattern(5, 1000);
+    a.mem.write(0, &data).unwrap();
+    p.recv(1, &b, 7, &[b.sge(0, 2048)]);
+    post_ud(
+        &mut p,
+        0,
+        &a,
+        1,
+        WrOp::SendWithImm { imm: 0xfeed },
+        a.sge(0, 1000),
+        ud_dest(&b, node_gid(1), 0x1111_1111),
+    )
+    .unwrap();
+    p.run_until_idle(SEC);
+    assert_eq!(p.cqes(0, &a)[0].status, WcStatus::Success);
+    let c = p.cqes(1, &b)[0];
+    assert_eq!(
+        (c.wr_id, c.status, c.byte_len),
+        (7, WcStatus::Success, 1040)
+    );
+    assert!(c.wc_flags.contains(WcFlags::GRH) && c.wc_flags.contains(WcFlags::WITH_IMM));
+    assert_eq!((c.src_qp, c.imm_data), (a.qpn, 0xfeed));
+    assert!(c.solicited);
+    // GRH area: 20 zero bytes, then the IPv4 header (rxe's layout for RoCEv2 over IPv4).
+    let grh = b.mem.to_vec(0, 40);
+    assert_eq!(&grh[..20], &[0u8; 20]);
+    assert_eq!(grh[20], 0x45);
+    assert_eq!(&grh[32..40], &[10, 99, 0, 3, 10, 99, 0, 4]);
+    assert_eq!(b.mem.to_vec(40, 1000), data);
+    // The frame on the wire: UD_SEND_ONLY_WITH_IMMEDIATE, DETH with our QP and the Q_Key.
+    let f = &p.recorded_frames(0)[0];
+    let t = &f.repr.transport;
+    assert_eq!(t.bth.opcode, Opcode(0x65));
+    assert_eq!(t.ext.deth.unwrap().src_qp, a.qpn);
+    assert_eq!(t.ext.deth.unwrap().qkey, Qkey(0x1111_1111));
+    assert_eq!(
+        f.repr.udp_src_port,
+        roce::engine::transmit::udp_sport_ud(a.qpn.value())
+    );
+    assert!(!t.bth.ack_req);
+}
+
+#[test]
+fn ud_qkey_mismatch_is_dropped_and_privileged_qkey_uses_the_qps() {
+    let mut p = pair(2);
+    let (a, b) = ud_endpoints(&mut p);
+    p.recv(1, &b, 1, &[b.sge(0, 2048)]);
+    post_ud(
+        &mut p,
+        0,
+        &a,
+        1,
+        WrOp::Send,
+        a.sge(0, 10),
+        ud_dest(&b, node_gid(1), 0x2222),
+    )
+    .unwrap();
+    p.run_until_idle(SEC);
+    assert!(p.cqes(1, &b).is_empty());
+    assert_eq!(p.b.dev.qp_counters(b.qpn).unwrap().rx_dropped_qkey, 1);
+    // A Q_Key with the high bit set means "use the sending QP's Q_Key" (IBA 10.2.5).
+    post_ud(
+        &mut p,
+        0,
+        &a,
+        2,
+        WrOp::Send,
+        a.sge(0, 10),
+        ud_dest(&b, node_gid(1), 0x8000_0000),
+    )
+    .unwrap();
+    p.run_until_idle(SEC);
+    assert_eq!(p.cqes(1, &b).len(), 1);
+}
+
+#[test]
+fn ud_messages_larger_than_the_port_mtu_are_refused_at_post_time() {
+    let mut p = Pair::new(
+        DeviceConfig::default(),
+        DeviceConfig::default(),
+        LinkConfig::default(),
+        3,
+    );
+    let (a, b) = ud_endpoints(&mut p);
+    let e = post_ud(
+        &mut p,
+        0,
+        &a,
+        1,
+        WrOp::Send,
+        a.sge(0, 1025),
+        ud_dest(&b, node_gid(1), 0x1111_1111),
+    );
+    assert!(matches!(
+        e,
+        Err(roce::engine::VerbsError::InvalidArgument(_))
+    ));
+    post_ud(
+        &mut p,
+        0,
+        &a,
+        1,
+        WrOp::Send,
+        a.sge(0, 1024),
+        ud_dest(&b, node_gid(1), 0x1111_1111),
+    )
+    .unwrap();
+    // UD allows only SEND.
+    let e = p.a.dev.post_send(
+        a.qpn,
+        &SendWr {
+            wr_id: 2,
+            op: WrOp::Write {
+                remote_addr: 0,
+                rkey: Rkey(1),
+            },
+            sg_list: &[a.sge(0, 8)],
+            flags: SendFlags::SIGNALED,
+            ud: Some(ud_dest(&b, node_gid(1), 1)),
+        },
+    );
+    assert!(e.is_err());
+}
+
+#[test]
+fn ud_over_ipv6_gids_writes_the_ipv6_header_as_grh() {
+    let v6 = |i: u8| Gid([0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, i]);
+    let mk = |g| DeviceConfig {
+        gids: vec![g],
+        port_mtu: Mtu::M4096,
+        ..Default::default()
+    };
+    let mut p = Pair::new(mk(v6(3)), mk(v6(4)), LinkConfig::default(), 4);
+    let o = ConnectOpts {
+        qp_type: QpType::Ud,
+        ..Default::default()
+    };
+    // connect() uses IPv4 node GIDs for the path; UD needs no path, only the AH.
+    let (a, b) = connect(&mut p, &o);
+    p.recv(1, &b, 1, &[b.sge(0, 256)]);
+    post_ud(
+        &mut p,
+        0,
+        &a,
+        1,
+        WrOp::Send,
+        a.sge(0, 16),
+        ud_dest(&b, v6(4), 0x1111_1111),
+    )
+    .unwrap();
+    p.run_until_idle(SEC);
+    let c = p.cqes(1, &b)[0];
+    assert_eq!((c.status, c.byte_len), (WcStatus::Success, 56));
+    let grh = b.mem.to_vec(0, 40);
+    assert_eq!(grh[0] >> 4, 6);
+    assert_eq!(&grh[8..24], &v6(3).0);
+    assert_eq!(&grh[24..40], &v6(4).0);
+}
+
+#[test]
+fn mads_to_qp1_are_counted_and_dropped() {
+    let mut p = pair(5);
+    let (a, _b) = ud_endpoints(&mut p);
+    let gsi = Endpoint {
+        qpn: Qpn::GSI,
+        ..a.clone()
+    };
+    post_ud(
+        &mut p,
+        0,
+        &a,
+        1,
+        WrOp::Send,
+        a.sge(0, 256),
+        ud_dest(&gsi, node_gid(1), 0x8001_0000),
+    )
+    .unwrap();
+    p.run_until_idle(SEC);
+    assert_eq!(p.b.dev.counters().0.rx_gsi_mads, 1);
+}
+
+// ---- SRQ ----
+
+fn qp_on_srq(
+    p: &mut Pair,
+    side: usize,
+    pd: roce::memory::PdId,
+    cq: roce::engine::CqId,
+    srq: roce::engine::SrqId,
+) -> Qpn {
+    p.node(side)
+        .dev
+        .create_qp(&QpInit {
+            pd,
+            qp_type: QpType::Rc,
+            send_cq: cq,
+            recv_cq: cq,
+            srq: Some(srq),
+            caps: QpCaps::default(),
+            sq_sig_all: false,
+        })
+        .unwrap()
+}
+
+#[test]
+fn srq_feeds_several_qps_and_fires_its_limit() {
+    let mut p = pair(6);
+    let o = ConnectOpts::default();
+    let (a0, b0) = connect(&mut p, &o);
+    let srq =
+        p.b.dev
+            .create_srq(
+                b0.pd,
+                &SrqAttr {
+                    max_wr: 64,
+                    max_sge: 1,
+                    srq_limit: 0,
+                },
+            )
+            .unwrap();
+    // Three QP pairs; B's side of each uses the SRQ.
+    let mut pairs = Vec::new();
+    for _ in 0..3 {
+        let qa =
+            p.a.dev
+                .create_qp(&QpInit {
+                    pd: a0.pd,
+                    qp_type: QpType::Rc,
+                    send_cq: a0.cq,
+                    recv_cq: a0.cq,
+                    srq: None,
+                    caps: QpCaps::default(),
+                    sq_sig_all: false,
+                })
+                .unwrap();
+        let qb = qp_on_srq(&mut p, 1, b0.pd, b0.cq, srq);
+        let ea = Endpoint {
+            qpn: qa,
+            ..a0.clone()
+        };
+        let eb = Endpoint {
+            qpn: qb,
+            ..b0.clone()
+        };
+        bring_up(&mut p.a.dev, &ea, qb, node_gid(1), &o, 0x10, 0x20);
+        bring_up(&mut p.b.dev, &eb, qa, node_gid(0), &o, 0x20, 0x10);
+        pairs.push((ea, eb));
+    }
+    for i in 0..12u64 {
+        p.b.dev
+            .post_srq_recv(
+                srq,
+                &RecvWr {
+                    wr_id: 100 + i,
+                    sg_list: &[b0.sge(i * 256, 256)],
+                },
+            )
+            .unwrap();
+    }
+    assert!(
+        p.b.dev
+            .post_recv(
+                pairs[0].1.qpn,
+                &RecvWr {
+                    wr_id: 0,
+                    sg_list: &[]
+                }
+            )
+            .is_err(),
+        "post to the SRQ, not the QP"
+    );
+    p.b.dev.modify_srq(srq, 4).unwrap();
+    assert_eq!(
+        p.b.dev.query_srq(srq).unwrap(),
+        SrqAttr {
+            max_wr: 64,
+            max_sge: 1,
+            srq_limit: 4
+        }
+    );
+    for (i, (ea, _)) in pairs.iter().enumerate() {
+        for k in 0..3u64 {
+            a0.mem
+                .write(
+                    ((i as u64 * 3 + k) * 100) as usize,
+                    &[(i * 3) as u8 + k as u8; 100],
+                )
+                .unwrap();
+            p.post(
+                0,
+                ea,
+                k,
+                WrOp::Send,
+                &[ea.sge((i as u64 * 3 + k) * 100, 100)],
+            );
+        }
+    }
+    p.run_until_idle(SEC);
+    let got = p.cqes(1, &b0);
+    assert_eq!(got.len(), 9);
+    assert!(got
+        .iter()
+        .all(|c| c.status == WcStatus::Success && c.byte_len == 100));
+    let qps: std::collections::HashSet<Qpn> = got.iter().map(|c| c.qp_num).collect();
+    assert_eq!(qps.len(), 3, "three QPs consumed from the one SRQ");
+    let mut ids: Vec<u64> = got.iter().map(|c| c.wr_id).collect();
+    ids.sort();
+    assert_eq!(ids, (100..109).collect::<Vec<_>>());
+    // 3 WQEs left < limit 4: the event fired once and disarmed the limit.
+    let events: Vec<_> = std::iter::from_fn(|| p.b.dev.poll_event()).collect();
+    assert_eq!(events, vec![AsyncEvent::SrqLimitReached(srq.0)]);
+    assert_eq!(p.b.dev.query_srq(srq).unwrap().srq_limit, 0);
+    // A QP on the SRQ that enters ERR reports LAST_WQE_REACHED.
+    p.b.dev
+        .modify_qp(
+            pairs[1].1.qpn,
+            &QpAttr {
+                state: Some(QpState::Err),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    assert_eq!(
+        p.b.dev.poll_event(),
+        Some(AsyncEvent::QpLastWqeReached(pairs[1].1.qpn))
+    );
+    assert!(p.b.dev.destroy_srq(srq).is_err(), "still in use");
+    // SRQ QPs advertise no credits (IBA 9.7.7.2).
+    let acks = p.recorded_frames(1);
+    assert!(acks
+        .iter()
+        .filter_map(|f| f.repr.transport.ext.aeth)
+        .all(|a| a.syndrome & 0x1f == 0x1f));
+}
+
+// ---- invalidation and fast registration ----
+
+#[test]
+fn send_with_invalidate_revokes_the_rkey() {
+    let mut p = pair(7);
+    let (a, b) = connect(&mut p, &ConnectOpts::default());
+    p.recv(1, &b, 1, &[b.sge(0, 64)]);
+    p.post(
+        0,
+        &a,
+        1,
+        WrOp::SendWithInv { rkey: b.rkey },
+        &[a.sge(0, 16)],
+    );
+    p.run_until_idle(SEC);
+    let c = p.cqes(1, &b)[0];
+    assert!(c.wc_flags.contains(WcFlags::WITH_INV));
+    assert_eq!(c.invalidated_rkey, b.rkey.0);
+    assert_eq!(
+        p.recorded_frames(0)[0].repr.transport.bth.opcode,
+        Opcode(0x17)
+    );
+    // The rkey no longer works.
+    p.post(
+        0,
+        &a,
+        2,
+        WrOp::Write {
+            remote_addr: b.addr,
+            rkey: b.rkey,
+        },
+        &[a.sge(0, 8)],
+    );
+    p.run_until_idle(SEC);
+    let c = p.cqes(0, &a);
+    assert_eq!(c.last().unwrap().status, WcStatus::RemAccessErr);
+}
+
+#[test]
+fn fast_registration_binds_a_new_key_and_local_invalidate_revokes_it() {
+    let mut p = pair(8);
+    let (a, b) = connect(&mut p, &ConnectOpts::default());
+    let mem = HeapMemory::shared(1 << 16);
+    let frmr = p.b.dev.alloc_mr(b.pd, mem.clone()).unwrap();
+    let key = 0x42;
+    p.post(
+        1,
+        &b,
+        1,
+        WrOp::RegMr {
+            lkey: frmr,
+            key,
+            addr: 0xabc0_0000,
+            length: 1 << 16,
+            access: Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+        },
+        &[],
+    );
+    p.run_until_idle(SEC);
+    assert_eq!(p.cqes(1, &b)[0].opcode, WcOpcode::RegMr);
+    let rkey = Rkey((frmr.index() << 8) | key as u32);
+    a.mem.write(0, &[0x77; 100]).unwrap();
+    p.post(
+        0,
+        &a,
+        1,
+        WrOp::Write {
+            remote_addr: 0xabc0_0100,
+            rkey,
+        },
+        &[a.sge(0, 100)],
+    );
+    p.run_until_idle(SEC);
+    assert_eq!(p.cqes(0, &a)[0].status, WcStatus::Success);
+    assert_eq!(mem.to_vec(0x100, 100), vec![0x77; 100]);
+    p.post(1, &b, 2, WrOp::LocalInv { rkey }, &[]);
+    p.run_until_idle(SEC);
+    assert_eq!(p.cqes(1, &b)[0].opcode, WcOpcode::LocalInv);
+    p.post(
+        0,
+        &a,
+        2,
+        WrOp::Write {
+            remote_addr: 0xabc0_0100,
+            rkey,
+        },
+        &[a.sge(0, 100)],
+    );
+    p.run_until_idle(SEC);
+    assert_eq!(p.cqes(0, &a)[0].status, WcStatus::RemAccessErr);
+    // Re-registering with a new key byte works again; the old key stays dead.
+    let _ = Lkey(0);
+}
+
+// ---- fence, solicited, inline, SGE limits ----
+
+#[test]
+fn fenced_write_waits_for_the_read_before_it() {
+    for fence in [false, true] {
+        let mut p = pair(9);
+        let (a, b) = connect(&mut p, &ConnectOpts::default());
+        p.post(
+            0,
+            &a,
+            1,
+            WrOp::Read {
+                remote_addr: b.addr,
+                rkey: b.rkey,
+            },
+            &[a.sge(0, 16384)],
+        );
+        let flags = if fence {
+            SendFlags::SIGNALED | SendFlags::FENCE
+        } else {
+            SendFlags::SIGNALED
+        };
+        p.post_flags(
+            0,
+            &a,
+            2,
+            WrOp::Write {
+                remote_addr: b.addr + 65536,
+                rkey: b.rkey,
+            },
+            &[a.sge(32768, 64)],
+            flags,
+        );
+        p.run_until_idle(SEC);
+        let t = |side: usize, pred: &dyn Fn(Operation) -> bool| -> Vec<u64> {
+            p.recorded
+                .iter()
+                .filter(|(s, _, f)| {
+                    *s == side && pred(roce::wire::frame::parse(f).unwrap().info().op)
+                })
+                .map(|(_, t, _)| *t)
+                .collect()
+        };
+        let write_at = t(0, &|o| o == Operation::Write)[0];
+        let last_resp = *t(1, &|o| o == Operation::ReadResponse).last().unwrap();
+        assert_eq!(write_at > last_resp, fence, "fence={fence}");
+        assert!(p.cqes(0, &a).iter().all(|c| c.status == WcStatus::Success));
+    }
+}
+
+#[test]
+fn solicited_event_bit_is_carried_on_the_last_packet() {
+    let mut p = pair(10);
+    let (a, b) = connect(&mut p, &ConnectOpts::default());
+    p.recv(1, &b, 1, &[b.sge(0, 4096)]);
+    p.recv(1, &b, 2, &[b.sge(0, 4096)]);
+    p.post_flags(
+        0,
+        &a,
+        1,
+        WrOp::Send,
+        &[a.sge(0, 3000)],
+        SendFlags::SIGNALED | SendFlags::SOLICITED,
+    );
+    p.post(0, &a, 2, WrOp::Send, &[a.sge(0, 10)]);
+    p.run_until_idle(SEC);
+    let se: Vec<bool> = p
+        .recorded_frames(0)
+        .iter()
+        .map(|f| f.repr.transport.bth.se)
+        .collect();
+    assert_eq!(se, vec![false, false, true, false]);
+    let c = p.cqes(1, &b);
+    assert!(c[0].solicited && !c[1].solicited);
+}
+
+#[test]
+fn inline_data_is_copied_at_post_time_within_the_reported_limit() {
+    let mut p = pair(11);
+    let o = ConnectOpts {
+        max_inline: 64,
+        ..Default::default()
+    };
+    let (a, b) = connect(&mut p, &o);
+    assert_eq!(p.a.dev.query_qp(a.qpn).unwrap().caps.max_inline_data, 64);
+    assert_eq!(
+        p.a.dev.attr().max_inline_data,
+        roce::engine::MAX_INLINE as u32
+    );
+    p.recv(1, &b, 1, &[b.sge(0, 128)]);
+    a.mem.write(0, &[1; 64]).unwrap();
+    p.post_flags(
+        0,
+        &a,
+        1,
+        WrOp::Send,
+        &[a.sge(0, 64)],
+        SendFlags::SIGNALED | SendFlags::INLINE,
+    );
+    a.mem.write(0, &[2; 64]).unwrap(); // changed after posting: the receiver sees the old data
+    let too_big = p.a.dev.post_send(
+        a.qpn,
+        &SendWr {
+            wr_id: 2,
+            op: WrOp::Send,
+            sg_list: &[a.sge(0, 65)],
+            flags: SendFlags::INLINE,
+            ud: None,
+        },
+    );
+    assert!(too_big.is_err());
+    p.run_until_idle(SEC);
+    assert_eq!(p.cqes(1, &b)[0].byte_len, 64);
+    assert_eq!(b.mem.to_vec(0, 64), vec![1; 64]);
+}
+
+#[test]
+fn sge_limits_are_enforced_and_multi_sge_gathers_and_scatters() {
+    let mut p = pair(12);
+    let o = ConnectOpts {
+        max_sge: 3,
+        ..Default::default()
+    };
+    let (a, b) = connect(&mut p, &o);
+    let four = [a.sge(0, 1), a.sge(1, 1), a.sge(2, 1), a.sge(3, 1)];
+    assert!(p
+        .a
+        .dev
+        .post_send(
+            a.qpn,
+            &SendWr {
+                wr_id: 1,
+                op: WrOp::Send,
+                sg_list: &four,
+                flags: SendFlags::SIGNALED,
+                ud: None
+            }
+        )
+        .is_err());
+    assert!(p
+        .b
+        .dev
+        .post_recv(
+            b.qpn,
+            &RecvWr {
+                wr_id: 1,
+                sg_list: &[b.sge(0, 1); 4]
+            }
+        )
+        .is_err());
+    let data = pattern(3, 3000);
+    a.mem.write(1000, &data[..1000]).unwrap();
+    a.mem.write(5000, &data[1000..2500]).unwrap();
+    a.mem.write(9000, &data[2500..]).unwrap();
+    p.recv(1, &b, 1, &[b.sge(0, 700), b.sge(10_000, 2300)]);
+    p.post(
+        0,
+        &a,
+        1,
+        WrOp::Send,
+        &[a.sge(1000, 1000), a.sge(5000, 1500), a.sge(9000, 500)],
+    );
+    p.run_until_idle(SEC);
+    assert_eq!(p.cqes(1, &b)[0].byte_len, 3000);
+    let mut got = b.mem.to_vec(0, 700);
+    got.extend(b.mem.to_vec(10_000, 2300));
+    assert_eq!(got, data);
+}
+
+// ---- events and attributes ----
+
+#[test]
+fn cq_overflow_raises_cq_error_and_fails_its_qps() {
+    let mut p = pair(13);
+    let (a, b) = connect(&mut p, &ConnectOpts::default());
+    let small = p.a.dev.create_cq(2).unwrap();
+    let qpn =
+        p.a.dev
+            .create_qp(&QpInit {
+                pd: a.pd,
+                qp_type: QpType::Rc,
+                send_cq: small,
+                recv_cq: small,
+                srq: None,
+                caps: QpCaps::default(),
+                sq_sig_all: true,
+            })
+            .unwrap();
+    let e = Endpoint {
+        qpn,
+        cq: small,
+        ..a.clone()
+    };
+    let qb =
+        p.b.dev
+            .create_qp(&QpInit {
+                pd: b.pd,
+                qp_type: QpType::Rc,
+                send_cq: b.cq,
+                recv_cq: b.cq,
+                srq: None,
+                caps: QpCaps::default(),
+                sq_sig_all: false,
+            })
+            .unwrap();
+    let o = ConnectOpts::default();
+    bring_up(&mut p.a.dev, &e, qb, node_gid(1), &o, 1, 2);
+    bring_up(
+        &mut p.b.dev,
+        &Endpoint {
+            qpn: qb,
+            ..b.clone()
+        },
+        qpn,
+        node_gid(0),
+        &o,
+        2,
+        1,
+    );
+    for i in 0..3 {
+        p.post(
+            0,
+            &e,
+            i,
+            WrOp::Write {
+                remote_addr: b.addr,
+                rkey: b.rkey,
+            },
+            &[a.sge(0, 8)],
+        );
+    }
+    p.run_until_idle(SEC);
+    assert!(p.a.dev.cq_overflowed(small));
+    let ev: Vec<_> = std::iter::from_fn(|| p.a.dev.poll_event()).collect();
+    assert_eq!(
+        ev,
+        vec![AsyncEvent::CqError(small.0), AsyncEvent::QpFatal(qpn)]
+    );
+    assert_eq!(p.a.dev.query_qp(qpn).unwrap().state, QpState::Err);
+    assert_eq!(p.a.dev.counters().0.cq_overflows, 1);
+}
+
+#[test]
+fn port_state_changes_are_events() {
+    let mut p = pair(14);
+    p.a.dev.set_port_active(false);
+    p.a.dev.set_port_active(false);
+    p.a.dev.set_port_active(true);
+    let ev: Vec<_> = std::iter::from_fn(|| p.a.dev.poll_event()).collect();
+    assert_eq!(ev, vec![AsyncEvent::PortError, AsyncEvent::PortActive]);
+    assert!(p.a.dev.port_attr().active);
+}
+
+#[test]
+fn device_and_port_attributes_are_the_enforced_limits() {
+    let mut dev = roce::engine::Device::new(DeviceConfig {
+        gids: vec![node_gid(0), Gid::link_local_from_mac([2, 0, 0, 0x99, 0, 3])],
+        max_qp: 2,
+        max_cq: 1,
+        max_mr: 1,
+        max_pd: 1,
+        ..Default::default()
+    });
+    let at = dev.attr();
+    assert_eq!(
+        (
+            at.max_qp,
+            at.max_cq,
+            at.max_mr,
+            at.max_pd,
+            at.max_qp_rd_atom
+        ),
+        (2, 1, 1, 1, 128)
+    );
+    assert_eq!(at.atomic_cap, 1);
+    let port = dev.port_attr();
+    assert_eq!(
+        (port.active_mtu, port.gid_tbl_len, port.link_layer),
+        (Mtu::M1024, 2, "Ethernet")
+    );
+    let pd = dev.alloc_pd().unwrap();
+    assert!(dev.alloc_pd().is_err());
+    let cq = dev.create_cq(16).unwrap();
+    assert!(dev.create_cq(16).is_err());
+    assert!(dev.create_cq(at.max_cqe + 1).is_err());
+    let mem = HeapMemory::shared(4096);
+    dev.reg_mr(pd, mem.clone(), 0, 0, 4096, Access::LOCAL_WRITE)
+        .unwrap();
+    assert!(dev
+        .reg_mr(pd, mem.clone(), 0, 0, 4096, Access::LOCAL_WRITE)
+        .is_err());
+    assert!(
+        dev.reg_mr(pd, mem, 0, 0, 8192, Access::LOCAL_WRITE)
+            .is_err(),
+        "longer than its memory"
+    );
+    let init = QpInit {
+        pd,
+        qp_type: QpType::Rc,
+        send_cq: cq,
+        recv_cq: cq,
+        srq: None,
+        caps: QpCaps::default(),
+        sq_sig_all: false,
+    };
+    let q1 = dev.create_qp(&init).unwrap();
+    dev.create_qp(&init).unwrap();
+    assert!(dev.create_qp(&init).is_err());
+    assert!(dev
+        .create_qp(&QpInit {
+            caps: QpCaps {
+                max_send_wr: at.max_qp_wr + 1,
+                ..Default::default()
+            },
+            ..init
+        })
+        .is_err());
+    // A PD in use cannot go; a destroyed QP frees its slot; a path MTU above the port's fails.
+    assert!(dev.dealloc_pd(pd).is_err());
+    dev.destroy_qp(q1).unwrap();
+    dev.create_qp(&init).unwrap();
+    let _ = Psn::new(0);
+}
+
+#[test]
+fn path_mtu_above_the_port_mtu_is_refused() {
+    let mut p = Pair::new(
+        DeviceConfig::default(),
+        DeviceConfig::default(),
+        LinkConfig::default(),
+        1,
+    );
+    let o = ConnectOpts {
+        mtu: Mtu::M1024,
+        ..Default::default()
+    };
+    let (a, _b) = connect(&mut p, &o);
+    let r = p.a.dev.modify_qp(
+        a.qpn,
+        &QpAttr {
+            state: Some(QpState::Sqd),
+            ..Default::default()
+        },
+    );
+    assert!(r.is_ok());
+    let r = p.a.dev.modify_qp(
+        a.qpn,
+        &QpAttr {
+            path_mtu: Some(Mtu::M4096),
+            ..Default::default()
+        },
+    );
+    assert!(r.is_err());
+}
