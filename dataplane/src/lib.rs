@@ -3,3 +3,6 @@
 //! use queue pairs.
 
 #![warn(missing_docs)]
+
+pub mod config;
+pub mod neighbor;

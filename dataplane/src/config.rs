@@ -1,0 +1,734 @@
+//! RNIC configuration: a TOML file plus `key=value` overrides (the CLI maps its flags onto
+//! them), validated at start with errors that name the key and the problem.
+//!
+//! ```toml
+//! [eal]
+//! args = "--no-huge --no-pci -m 512 --no-shconf"   # default: software arguments
+//!
+//! [port]
+//! device = "net_af_packet0,iface=tap0"   # vdev devargs or a PCI address
+//! mtu = 1500                               # IP MTU of the link
+//!
+//! [address]
+//! mac = "02:00:00:99:00:03"
+//! ipv4 = ["10.99.0.3/24"]
+//! ipv6 = ["fd00:99::3/64"]
+//! gateway = "10.99.0.1"
+//!
+//! [roce]
+//! path_mtu = 1024      # upper limit of QP path MTUs (and the UD message size)
+//! dscp = 26
+//! ecn = true           # mark ECT(0)
+//! ```
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::path::{Path, PathBuf};
+
+use roce::types::Gid;
+use roce::verbs::Mtu;
+use roce::wire::ethernet::{mac_to_string, parse_mac};
+use serde::Deserialize;
+
+/// A configuration problem, naming the key.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("config {key}: {problem}")]
+pub struct ConfigError {
+    /// The dotted key, e.g. `address.ipv4[0]`.
+    pub key: String,
+    /// What is wrong.
+    pub problem: String,
+}
+
+fn err<T>(key: &str, problem: impl Into<String>) -> Result<T, ConfigError> {
+    Err(ConfigError {
+        key: key.to_string(),
+        problem: problem.into(),
+    })
+}
+
+/// The file as written (every field optional; defaults applied in [`RawConfig::validate`]).
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    /// `[eal]`
+    #[serde(default)]
+    pub eal: RawEal,
+    /// `[port]`
+    #[serde(default)]
+    pub port: RawPort,
+    /// `[address]`
+    #[serde(default)]
+    pub address: RawAddress,
+    /// `[roce]`
+    #[serde(default)]
+    pub roce: RawRoce,
+    /// `[worker]`
+    #[serde(default)]
+    pub worker: RawWorker,
+    /// `[capture]`
+    #[serde(default)]
+    pub capture: RawCapture,
+    /// `[fault]`
+    #[serde(default)]
+    pub fault: RawFault,
+}
+
+/// `[eal]`
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RawEal {
+    /// Extra EAL arguments, whitespace separated (replace the software defaults when set).
+    pub args: Option<String>,
+    /// `--file-prefix`.
+    pub file_prefix: Option<String>,
+}
+
+/// `[port]`
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RawPort {
+    /// vdev devargs (`net_...`) or a PCI address.
+    pub device: Option<String>,
+    /// IP MTU of the link.
+    pub mtu: Option<u32>,
+    /// Receive descriptors.
+    pub rx_desc: Option<u32>,
+    /// Transmit descriptors.
+    pub tx_desc: Option<u32>,
+    /// Mbufs in the pool.
+    pub mbufs: Option<u32>,
+    /// Promiscuous mode.
+    pub promiscuous: Option<bool>,
+    /// Link speed in Gb/s when the driver reports none (virtual ports).
+    pub speed_gbps: Option<u32>,
+}
+
+/// `[address]`
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RawAddress {
+    /// MAC address (default: the port's).
+    pub mac: Option<String>,
+    /// IPv4 addresses with prefix length.
+    #[serde(default)]
+    pub ipv4: Vec<String>,
+    /// IPv6 addresses with prefix length.
+    #[serde(default)]
+    pub ipv6: Vec<String>,
+    /// IPv4 gateway for off-subnet peers.
+    pub gateway: Option<String>,
+    /// IPv6 gateway for off-subnet peers.
+    pub gateway6: Option<String>,
+}
+
+/// `[roce]`
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RawRoce {
+    /// Largest path MTU (bytes).
+    pub path_mtu: Option<u32>,
+    /// VLAN id to tag frames with.
+    pub vlan: Option<u16>,
+    /// 802.1p priority for tagged frames.
+    pub pcp: Option<u8>,
+    /// DSCP of RoCE packets.
+    pub dscp: Option<u8>,
+    /// Mark packets ECN-capable (ECT(0)).
+    pub ecn: Option<bool>,
+    /// Credit advertisement: `receive-queue` (default) or `unlimited` (like rxe).
+    pub credits: Option<String>,
+}
+
+/// `[worker]`
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RawWorker {
+    /// Idle iterations spent spinning before pausing.
+    pub idle_spin: Option<u32>,
+    /// Idle iterations spent with `pause` before sleeping.
+    pub idle_pause: Option<u32>,
+    /// Sleep when idle, in microseconds.
+    pub idle_sleep_us: Option<u32>,
+}
+
+/// `[capture]`
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RawCapture {
+    /// Write every frame sent and received to this pcap file.
+    pub pcap: Option<String>,
+}
+
+/// `[fault]`: a fault-injecting transmit path, for testing recovery on real links.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RawFault {
+    /// Probability a frame is dropped.
+    pub loss: Option<f64>,
+    /// Probability a frame is sent twice.
+    pub duplicate: Option<f64>,
+    /// Probability one byte is flipped.
+    pub corrupt: Option<f64>,
+    /// Probability a frame is held back behind the next one.
+    pub reorder: Option<f64>,
+    /// RNG seed.
+    pub seed: Option<u64>,
+}
+
+/// An address with its prefix length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cidr<A> {
+    /// The address.
+    pub addr: A,
+    /// Prefix length.
+    pub prefix: u8,
+}
+
+impl Cidr<Ipv4Addr> {
+    /// Whether `a` is in this subnet.
+    pub fn contains(&self, a: Ipv4Addr) -> bool {
+        let mask = if self.prefix == 0 {
+            0
+        } else {
+            u32::MAX << (32 - self.prefix)
+        };
+        u32::from(a) & mask == u32::from(self.addr) & mask
+    }
+}
+
+impl Cidr<Ipv6Addr> {
+    /// Whether `a` is in this subnet.
+    pub fn contains(&self, a: Ipv6Addr) -> bool {
+        let mask = if self.prefix == 0 {
+            0
+        } else {
+            u128::MAX << (128 - self.prefix as u32)
+        };
+        u128::from(a) & mask == u128::from(self.addr) & mask
+    }
+}
+
+/// Fault injection probabilities.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct FaultConfig {
+    /// Drop.
+    pub loss: f64,
+    /// Duplicate.
+    pub duplicate: f64,
+    /// Corrupt one byte.
+    pub corrupt: f64,
+    /// Swap with the next frame.
+    pub reorder: f64,
+    /// Seed.
+    pub seed: u64,
+}
+
+impl FaultConfig {
+    /// Whether any fault is enabled.
+    pub fn any(&self) -> bool {
+        self.loss > 0.0 || self.duplicate > 0.0 || self.corrupt > 0.0 || self.reorder > 0.0
+    }
+}
+
+/// A validated configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RnicConfig {
+    /// EAL arguments (None: software defaults).
+    pub eal_args: Option<Vec<String>>,
+    /// EAL file prefix.
+    pub file_prefix: Option<String>,
+    /// Port: devargs or PCI address.
+    pub device: String,
+    /// IP MTU.
+    pub mtu: u32,
+    /// Receive descriptors.
+    pub rx_desc: u16,
+    /// Transmit descriptors.
+    pub tx_desc: u16,
+    /// Mbufs.
+    pub mbufs: u32,
+    /// Promiscuous.
+    pub promiscuous: bool,
+    /// Link speed to assume when the driver reports none, in Gb/s.
+    pub speed_gbps: u32,
+    /// MAC (None: the port's own).
+    pub mac: Option<[u8; 6]>,
+    /// IPv4 addresses.
+    pub ipv4: Vec<Cidr<Ipv4Addr>>,
+    /// IPv6 addresses.
+    pub ipv6: Vec<Cidr<Ipv6Addr>>,
+    /// IPv4 gateway.
+    pub gateway: Option<Ipv4Addr>,
+    /// IPv6 gateway.
+    pub gateway6: Option<Ipv6Addr>,
+    /// Largest path MTU.
+    pub path_mtu: Mtu,
+    /// VLAN id.
+    pub vlan: Option<u16>,
+    /// 802.1p priority.
+    pub pcp: u8,
+    /// DSCP.
+    pub dscp: u8,
+    /// ECT(0) marking.
+    pub ecn: bool,
+    /// Credits advertised from the receive queue (false: unlimited, like rxe).
+    pub credits_from_rq: bool,
+    /// Idle spin iterations.
+    pub idle_spin: u32,
+    /// Idle pause iterations.
+    pub idle_pause: u32,
+    /// Idle sleep (us).
+    pub idle_sleep_us: u32,
+    /// Capture file.
+    pub pcap: Option<PathBuf>,
+    /// Faults.
+    pub fault: FaultConfig,
+}
+
+fn parse_cidr<A: std::str::FromStr>(key: &str, s: &str, max: u8) -> Result<Cidr<A>, ConfigError> {
+    let (a, p) = match s.split_once('/') {
+        Some((a, p)) => (a, p),
+        None => return err(key, format!("{s:?} needs a prefix length, e.g. {s}/24")),
+    };
+    let addr = a.trim().parse::<A>().map_err(|_| ConfigError {
+        key: key.into(),
+        problem: format!("{a:?} is not a valid address"),
+    })?;
+    let prefix: u8 = p.trim().parse().map_err(|_| ConfigError {
+        key: key.into(),
+        problem: format!("prefix length {p:?} is not a number"),
+    })?;
+    if prefix > max {
+        return err(key, format!("prefix length {prefix} exceeds {max}"));
+    }
+    Ok(Cidr { addr, prefix })
+}
+
+fn prob(key: &str, v: Option<f64>) -> Result<f64, ConfigError> {
+    match v {
+        None => Ok(0.0),
+        Some(p) if (0.0..=1.0).contains(&p) => Ok(p),
+        Some(p) => err(key, format!("{p} is not a probability in 0..=1")),
+    }
+}
+
+impl RawConfig {
+    /// Parses TOML text.
+    pub fn parse(text: &str) -> Result<RawConfig, ConfigError> {
+        toml::from_str(text).map_err(|e| {
+            let key = e
+                .span()
+                .map(|s| format!("line {}", text[..s.start].lines().count().max(1)))
+                .unwrap_or_else(|| "file".into());
+            ConfigError {
+                key,
+                problem: e.message().to_string(),
+            }
+        })
+    }
+
+    /// Reads and parses a TOML file.
+    pub fn load(path: &Path) -> Result<RawConfig, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+            key: path.display().to_string(),
+            problem: format!("cannot read: {e}"),
+        })?;
+        Self::parse(&text)
+    }
+
+    /// Applies one `key=value` override (keys as in the file: `port.device`,
+    /// `address.ipv4` (comma-separated), `roce.path_mtu`...).
+    pub fn set(&mut self, key: &str, value: &str) -> Result<(), ConfigError> {
+        let num = |v: &str| -> Result<u64, ConfigError> {
+            v.parse().map_err(|_| ConfigError {
+                key: key.into(),
+                problem: format!("{v:?} is not a number"),
+            })
+        };
+        let boolean = |v: &str| -> Result<bool, ConfigError> {
+            match v {
+                "true" | "yes" | "1" | "on" => Ok(true),
+                "false" | "no" | "0" | "off" => Ok(false),
+                _ => err(key, format!("{v:?} is not true/false")),
+            }
+        };
+        let list = |v: &str| {
+            v.split(',')
+                .map(|s| s.trim().to_string())
+                .filter(|s| !s.is_empty())
+                .collect()
+        };
+        let small = |v: &str, max: u64| -> Result<u64, ConfigError> {
+            let n = num(v)?;
+            if n > max {
+                return err(key, format!("{n} exceeds {max}"));
+            }
+            Ok(n)
+        };
+        match key {
+            "eal.args" => self.eal.args = Some(value.into()),
+            "eal.file_prefix" => self.eal.file_prefix = Some(value.into()),
+            "port.device" => self.port.device = Some(value.into()),
+            "port.mtu" => self.port.mtu = Some(small(value, u32::MAX as u64)? as u32),
+            "port.rx_desc" => self.port.rx_desc = Some(small(value, u32::MAX as u64)? as u32),
+            "port.tx_desc" => self.port.tx_desc = Some(small(value, u32::MAX as u64)? as u32),
+            "port.mbufs" => self.port.mbufs = Some(small(value, u32::MAX as u64)? as u32),
+            "port.promiscuous" => self.port.promiscuous = Some(boolean(value)?),
+            "port.speed_gbps" => self.port.speed_gbps = Some(small(value, u32::MAX as u64)? as u32),
+            "address.mac" => self.address.mac = Some(value.into()),
+            "address.ipv4" => self.address.ipv4 = list(value),
+            "address.ipv6" => self.address.ipv6 = list(value),
+            "address.gateway" => self.address.gateway = Some(value.into()),
+            "address.gateway6" => self.address.gateway6 = Some(value.into()),
+            "roce.path_mtu" => self.roce.path_mtu = Some(small(value, u32::MAX as u64)? as u32),
+            "roce.vlan" => self.roce.vlan = Some(small(value, u16::MAX as u64)? as u16),
+            "roce.pcp" => self.roce.pcp = Some(small(value, 255)? as u8),
+            "roce.dscp" => self.roce.dscp = Some(small(value, 255)? as u8),
+            "roce.ecn" => self.roce.ecn = Some(boolean(value)?),
+            "roce.credits" => self.roce.credits = Some(value.into()),
+            "worker.idle_spin" => {
+                self.worker.idle_spin = Some(small(value, u32::MAX as u64)? as u32)
+            }
+            "worker.idle_pause" => {
+                self.worker.idle_pause = Some(small(value, u32::MAX as u64)? as u32)
+            }
+            "worker.idle_sleep_us" => {
+                self.worker.idle_sleep_us = Some(small(value, u32::MAX as u64)? as u32)
+            }
+            "capture.pcap" => self.capture.pcap = Some(value.into()),
+            "fault.loss" | "fault.duplicate" | "fault.corrupt" | "fault.reorder" => {
+                let p: f64 = value.parse().map_err(|_| ConfigError {
+                    key: key.into(),
+                    problem: format!("{value:?} is not a number"),
+                })?;
+                match key {
+                    "fault.loss" => self.fault.loss = Some(p),
+                    "fault.duplicate" => self.fault.duplicate = Some(p),
+                    "fault.corrupt" => self.fault.corrupt = Some(p),
+                    _ => self.fault.reorder = Some(p),
+                }
+            }
+            "fault.seed" => self.fault.seed = Some(num(value)?),
+            _ => return err(key, "unknown key"),
+        }
+        Ok(())
+    }
+
+    /// Checks everything and applies defaults.
+    pub fn validate(&self) -> Result<RnicConfig, ConfigError> {
+        let device = match self.port.device.as_deref().map(str::trim) {
+            Some(d) if !d.is_empty() => d.to_string(),
+            _ => {
+                return err(
+                    "port.device",
+                    "missing: a DPDK vdev (e.g. net_af_packet0,iface=tap0) or a PCI address",
+                )
+            }
+        };
+        let mtu = self.port.mtu.unwrap_or(1500);
+        if !(576..=9600).contains(&mtu) {
+            return err("port.mtu", format!("{mtu} is not in 576..=9600"));
+        }
+        let desc = |key: &str, v: Option<u32>| -> Result<u16, ConfigError> {
+            let v = v.unwrap_or(1024);
+            if !(32..=16384).contains(&v) {
+                return err(key, format!("{v} is not in 32..=16384"));
+            }
+            Ok(v as u16)
+        };
+        let rx_desc = desc("port.rx_desc", self.port.rx_desc)?;
+        let tx_desc = desc("port.tx_desc", self.port.tx_desc)?;
+        let mbufs = self.port.mbufs.unwrap_or(8192);
+        let need = rx_desc as u32 + tx_desc as u32 + 1024;
+        if mbufs < need {
+            return err(
+                "port.mbufs",
+                format!("{mbufs} is fewer than rx_desc + tx_desc + 1024 = {need}"),
+            );
+        }
+        let mac = match &self.address.mac {
+            None => None,
+            Some(s) => match parse_mac(s) {
+                Some(m) if m[0] & 1 == 0 && m != [0; 6] => Some(m),
+                Some(_) => return err("address.mac", format!("{s} is not a unicast address")),
+                None => {
+                    return err(
+                        "address.mac",
+                        format!("{s:?} is not a MAC address (aa:bb:cc:dd:ee:ff)"),
+                    )
+                }
+            },
+        };
+        let mut ipv4 = Vec::new();
+        for (i, s) in self.address.ipv4.iter().enumerate() {
+            let key = format!("address.ipv4[{i}]");
+            let c: Cidr<Ipv4Addr> = parse_cidr(&key, s, 32)?;
+            if c.addr.is_multicast() || c.addr.is_broadcast() || c.addr.is_unspecified() {
+                return err(&key, format!("{} is not a unicast address", c.addr));
+            }
+            ipv4.push(c);
+        }
+        let mut ipv6 = Vec::new();
+        for (i, s) in self.address.ipv6.iter().enumerate() {
+            let key = format!("address.ipv6[{i}]");
+            let c: Cidr<Ipv6Addr> = parse_cidr(&key, s, 128)?;
+            if c.addr.is_multicast() || c.addr.is_unspecified() {
+                return err(&key, format!("{} is not a unicast address", c.addr));
+            }
+            ipv6.push(c);
+        }
+        if !ipv6.is_empty() && mtu < 1280 {
+            return err("port.mtu", format!("{mtu} is below IPv6's minimum of 1280"));
+        }
+        let gateway = match &self.address.gateway {
+            None => None,
+            Some(s) => {
+                let g: Ipv4Addr = s.parse().map_err(|_| ConfigError {
+                    key: "address.gateway".into(),
+                    problem: format!("{s:?} is not an IPv4 address"),
+                })?;
+                if !ipv4.iter().any(|c| c.contains(g)) {
+                    return err(
+                        "address.gateway",
+                        format!("{g} is not in any configured IPv4 subnet"),
+                    );
+                }
+                Some(g)
+            }
+        };
+        let gateway6 = match &self.address.gateway6 {
+            None => None,
+            Some(s) => {
+                let g: Ipv6Addr = s.parse().map_err(|_| ConfigError {
+                    key: "address.gateway6".into(),
+                    problem: format!("{s:?} is not an IPv6 address"),
+                })?;
+                let ll = g.segments()[0] & 0xffc0 == 0xfe80;
+                if !ll && !ipv6.iter().any(|c| c.contains(g)) {
+                    return err(
+                        "address.gateway6",
+                        format!("{g} is not link-local nor in a configured IPv6 subnet"),
+                    );
+                }
+                Some(g)
+            }
+        };
+        let fits = Mtu::for_ip_mtu(mtu, !ipv6.is_empty());
+        let path_mtu = match self.roce.path_mtu {
+            None => fits,
+            Some(b) => match Mtu::from_bytes(b) {
+                None => {
+                    return err(
+                        "roce.path_mtu",
+                        format!("{b} is not one of 256, 512, 1024, 2048, 4096"),
+                    )
+                }
+                Some(m) if m > fits => {
+                    return err(
+                        "roce.path_mtu",
+                        format!(
+                            "{b} does not fit the port MTU {mtu} (largest: {})",
+                            fits.bytes()
+                        ),
+                    )
+                }
+                Some(m) => m,
+            },
+        };
+        if let Some(v) = self.roce.vlan {
+            if v > 4094 {
+                return err("roce.vlan", format!("{v} is not in 0..=4094"));
+            }
+        }
+        let pcp = self.roce.pcp.unwrap_or(0);
+        if pcp > 7 {
+            return err("roce.pcp", format!("{pcp} is not in 0..=7"));
+        }
+        let dscp = self.roce.dscp.unwrap_or(0);
+        if dscp > 63 {
+            return err("roce.dscp", format!("{dscp} is not in 0..=63"));
+        }
+        let credits_from_rq = match self.roce.credits.as_deref() {
+            None | Some("receive-queue") => true,
+            Some("unlimited") => false,
+            Some(o) => {
+                return err(
+                    "roce.credits",
+                    format!("{o:?} is not receive-queue or unlimited"),
+                )
+            }
+        };
+        let eal_args = self
+            .eal
+            .args
+            .as_ref()
+            .map(|a| a.split_whitespace().map(String::from).collect());
+        let fault = FaultConfig {
+            loss: prob("fault.loss", self.fault.loss)?,
+            duplicate: prob("fault.duplicate", self.fault.duplicate)?,
+            corrupt: prob("fault.corrupt", self.fault.corrupt)?,
+            reorder: prob("fault.reorder", self.fault.reorder)?,
+            seed: self.fault.seed.unwrap_or(1),
+        };
+        Ok(RnicConfig {
+            eal_args,
+            file_prefix: self.eal.file_prefix.clone(),
+            device,
+            mtu,
+            rx_desc,
+            tx_desc,
+            mbufs,
+            promiscuous: self.port.promiscuous.unwrap_or(true),
+            speed_gbps: self.port.speed_gbps.unwrap_or(100),
+            mac,
+            ipv4,
+            ipv6,
+            gateway,
+            gateway6,
+            path_mtu,
+            vlan: self.roce.vlan,
+            pcp,
+            dscp,
+            ecn: self.roce.ecn.unwrap_or(false),
+            credits_from_rq,
+            idle_spin: self.worker.idle_spin.unwrap_or(2000),
+            idle_pause: self.worker.idle_pause.unwrap_or(2000),
+            idle_sleep_us: self.worker.idle_sleep_us.unwrap_or(100),
+            pcap: self.capture.pcap.as_ref().map(PathBuf::from),
+            fault,
+        })
+    }
+}
+
+impl RnicConfig {
+    /// The GID table, derived as rxe does: index 0 the link-local GID from the MAC, then the
+    /// IPv4-mapped GID of each IPv4 address, then each IPv6 address.
+    pub fn gids(&self, mac: [u8; 6]) -> Vec<Gid> {
+        let mut g = vec![Gid::link_local_from_mac(mac)];
+        g.extend(self.ipv4.iter().map(|c| Gid::from(c.addr)));
+        g.extend(self.ipv6.iter().map(|c| Gid::from(c.addr)));
+        g
+    }
+
+    /// Whether `ip` is on one of our subnets (else it goes through a gateway).
+    pub fn on_link(&self, ip: IpAddr) -> bool {
+        match ip {
+            IpAddr::V4(a) => self.ipv4.iter().any(|c| c.contains(a)),
+            IpAddr::V6(a) => {
+                a.segments()[0] & 0xffc0 == 0xfe80 || self.ipv6.iter().any(|c| c.contains(a))
+            }
+        }
+    }
+
+    /// A one-line summary for logs.
+    pub fn summary(&self, mac: [u8; 6]) -> String {
+        let ips: Vec<String> = self
+            .ipv4
+            .iter()
+            .map(|c| format!("{}/{}", c.addr, c.prefix))
+            .chain(self.ipv6.iter().map(|c| format!("{}/{}", c.addr, c.prefix)))
+            .collect();
+        format!(
+            "{} mac {} ip [{}] mtu {} path_mtu {}",
+            self.device,
+            mac_to_string(&mac),
+            ips.join(", "),
+            self.mtu,
+            self.path_mtu.bytes()
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ok(text: &str) -> RnicConfig {
+        RawConfig::parse(text).unwrap().validate().unwrap()
+    }
+
+    fn bad(text: &str) -> ConfigError {
+        match RawConfig::parse(text) {
+            Err(e) => e,
+            Ok(r) => r.validate().unwrap_err(),
+        }
+    }
+
+    #[test]
+    fn full_file_and_defaults() {
+        let c = ok(r#"
+            [port]
+            device = "net_af_packet0,iface=tap0"
+            [address]
+            mac = "02:00:00:99:00:03"
+            ipv4 = ["10.99.0.3/24"]
+            gateway = "10.99.0.1"
+            [roce]
+            dscp = 26
+            ecn = true
+        "#);
+        assert_eq!(c.mtu, 1500);
+        assert_eq!(c.path_mtu, Mtu::M1024, "1024 is the largest that fits 1500");
+        assert_eq!(c.gateway, Some(Ipv4Addr::new(10, 99, 0, 1)));
+        let gids = c.gids(c.mac.unwrap());
+        assert_eq!(gids[1], Gid::from_ipv4([10, 99, 0, 3]));
+        assert_eq!(gids[0].to_string(), "fe80::ff:fe99:3");
+        assert!(c.on_link("10.99.0.77".parse().unwrap()));
+        assert!(!c.on_link("10.98.0.1".parse().unwrap()));
+        let j = ok("[port]\ndevice = \"net_ring0\"\nmtu = 9000\n");
+        assert_eq!(j.path_mtu, Mtu::M4096);
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        assert_eq!(bad("").key, "port.device");
+        assert_eq!(
+            bad("[port]\ndevice='x'\n[address]\nipv4=['10.0.0.1']").key,
+            "address.ipv4[0]"
+        );
+        assert!(bad("[port]\ndevice='x'\n[address]\nipv4=['10.0.0.1/33']")
+            .problem
+            .contains("33"));
+        assert_eq!(
+            bad("[port]\ndevice='x'\n[address]\nipv4=['10.0.0.1/24']\ngateway='10.1.0.1'").key,
+            "address.gateway"
+        );
+        assert_eq!(
+            bad("[port]\ndevice='x'\n[address]\nmac='01:00:5e:00:00:01'").key,
+            "address.mac"
+        );
+        assert_eq!(
+            bad("[port]\ndevice='x'\n[roce]\npath_mtu=4096").key,
+            "roce.path_mtu"
+        );
+        assert_eq!(
+            bad("[port]\ndevice='x'\n[roce]\npath_mtu=1000").key,
+            "roce.path_mtu"
+        );
+        assert_eq!(bad("[port]\ndevice='x'\nmtu=100").key, "port.mtu");
+        assert_eq!(bad("[port]\ndevice='x'\n[roce]\ndscp=64").key, "roce.dscp");
+        assert_eq!(
+            bad("[port]\ndevice='x'\n[fault]\nloss=2.0").key,
+            "fault.loss"
+        );
+        assert_eq!(bad("[port]\ndevice='x'\nmbufs=10").key, "port.mbufs");
+        // Unknown keys and type errors in the file are reported with their line.
+        let e = bad("[port]\ndevice='x'\nbogus=1");
+        assert!(e.key.starts_with("line"), "{e}");
+        assert!(e.problem.contains("bogus"), "{e}");
+    }
+
+    #[test]
+    fn overrides() {
+        let mut r = RawConfig::default();
+        r.set("port.device", "net_ring0").unwrap();
+        r.set("address.ipv4", "10.99.0.3/24, 10.99.1.3/24").unwrap();
+        r.set("roce.ecn", "yes").unwrap();
+        let c = r.validate().unwrap();
+        assert_eq!(c.ipv4.len(), 2);
+        assert!(c.ecn);
+        assert_eq!(r.set("port.nope", "1").unwrap_err().key, "port.nope");
+        assert!(r.set("roce.ecn", "maybe").is_err());
+        assert!(r.set("port.mtu", "lots").is_err());
+    }
+}

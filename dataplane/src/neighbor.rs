@@ -1,0 +1,866 @@
+//! Neighbour handling, sans-IO: answers ARP, ICMP echo, IPv6 neighbour solicitations and
+//! ICMPv6 echo for our addresses; resolves peers' MACs (through the gateway when off-link)
+//! with retries and ageing; announces our addresses at start (gratuitous ARP, unsolicited NA).
+//! Wire formats are smoltcp's; the table is ours.
+
+use std::collections::{HashMap, VecDeque};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use roce::wire::ethernet::{self, ethertype, EthernetRepr, VlanTag};
+use smoltcp::phy::ChecksumCapabilities;
+use smoltcp::wire::{
+    ArpOperation, ArpPacket, ArpRepr, EthernetAddress, Icmpv4Packet, Icmpv4Repr, Icmpv6Packet,
+    Icmpv6Repr, IpProtocol, Ipv4Packet, Ipv4Repr, Ipv6Packet, Ipv6Repr, NdiscNeighborFlags,
+    NdiscRepr, RawHardwareAddress,
+};
+
+use crate::config::{Cidr, RnicConfig};
+
+/// Seconds, in ns.
+const SEC: u64 = 1_000_000_000;
+/// Interval between resolution attempts (Linux: retrans_time 1 s).
+pub const RETRY_NS: u64 = SEC;
+/// Attempts before a neighbour is declared unreachable (Linux: mcast_solicit 3).
+pub const MAX_TRIES: u8 = 3;
+/// How long an answer is trusted before it is re-probed.
+pub const REACHABLE_NS: u64 = 30 * SEC;
+/// How long an unreachable neighbour is not retried.
+pub const FAILED_NS: u64 = 3 * SEC;
+
+/// State of one neighbour entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NeighborState {
+    /// Being resolved: `tries` requests sent, the next at `next`.
+    Incomplete {
+        /// Requests sent.
+        tries: u8,
+        /// Next retry.
+        next: u64,
+    },
+    /// Known, trusted until `expires`.
+    Reachable {
+        /// MAC address.
+        mac: [u8; 6],
+        /// Re-probe after this.
+        expires: u64,
+    },
+    /// Known but being confirmed again; still used meanwhile.
+    Probe {
+        /// Last known MAC.
+        mac: [u8; 6],
+        /// Requests sent.
+        tries: u8,
+        /// Next retry.
+        next: u64,
+    },
+    /// Did not answer; not retried before `until`.
+    Failed {
+        /// Retry allowed after this.
+        until: u64,
+    },
+}
+
+/// Result of resolving a destination.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resolve {
+    /// Send to this MAC.
+    Mac([u8; 6]),
+    /// Resolution in progress: hold the frame.
+    Pending,
+    /// No route or no answer.
+    Unreachable,
+}
+
+/// Counters of the neighbour layer.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NeighborCounters {
+    /// ARP requests for our addresses.
+    pub arp_requests_rx: u64,
+    /// ARP replies we sent.
+    pub arp_replies_tx: u64,
+    /// ARP requests we sent (resolution, announcements).
+    pub arp_requests_tx: u64,
+    /// ARP replies received.
+    pub arp_replies_rx: u64,
+    /// ICMP (v4 and v6) echo requests answered.
+    pub echo_replies_tx: u64,
+    /// Neighbour solicitations for our addresses.
+    pub ns_rx: u64,
+    /// Neighbour advertisements sent.
+    pub na_tx: u64,
+    /// Neighbour solicitations sent.
+    pub ns_tx: u64,
+    /// Neighbour advertisements received.
+    pub na_rx: u64,
+    /// Resolutions that failed.
+    pub unreachable: u64,
+    /// Malformed ARP/ICMP/ND frames.
+    pub malformed: u64,
+}
+
+/// The neighbour table and the protocol handlers around it.
+#[derive(Debug)]
+pub struct Neighbors {
+    mac: [u8; 6],
+    v4: Vec<Cidr<Ipv4Addr>>,
+    v6: Vec<Ipv6Addr>,
+    v6_cidrs: Vec<Cidr<Ipv6Addr>>,
+    gw4: Option<Ipv4Addr>,
+    gw6: Option<Ipv6Addr>,
+    vlan: Option<VlanTag>,
+    entries: HashMap<IpAddr, NeighborState>,
+    out: VecDeque<Vec<u8>>,
+    /// Counters.
+    pub counters: NeighborCounters,
+}
+
+fn ll_from_mac(mac: [u8; 6]) -> Ipv6Addr {
+    Ipv6Addr::from(roce::types::Gid::link_local_from_mac(mac).0)
+}
+
+fn solicited_node(a: Ipv6Addr) -> Ipv6Addr {
+    let o = a.octets();
+    Ipv6Addr::new(
+        0xff02,
+        0,
+        0,
+        0,
+        0,
+        1,
+        0xff00 | o[13] as u16,
+        ((o[14] as u16) << 8) | o[15] as u16,
+    )
+}
+
+fn multicast_mac(a: Ipv6Addr) -> [u8; 6] {
+    let o = a.octets();
+    [0x33, 0x33, o[12], o[13], o[14], o[15]]
+}
+
+const ALL_NODES: Ipv6Addr = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1);
+
+impl Neighbors {
+    /// A table for an interface with `mac` and the addresses of `cfg`.
+    pub fn new(mac: [u8; 6], cfg: &RnicConfig) -> Neighbors {
+        let mut v6 = vec![ll_from_mac(mac)];
+        v6.extend(cfg.ipv6.iter().map(|c| c.addr));
+        Neighbors {
+            mac,
+            v4: cfg.ipv4.clone(),
+            v6,
+            v6_cidrs: cfg.ipv6.clone(),
+            gw4: cfg.gateway,
+            gw6: cfg.gateway6,
+            vlan: cfg.vlan.map(|vid| VlanTag {
+                pcp: cfg.pcp,
+                dei: false,
+                vid,
+            }),
+            entries: HashMap::new(),
+            out: VecDeque::new(),
+            counters: NeighborCounters::default(),
+        }
+    }
+
+    /// Whether `ip` is one of ours.
+    pub fn is_ours(&self, ip: IpAddr) -> bool {
+        match ip {
+            IpAddr::V4(a) => self.v4.iter().any(|c| c.addr == a),
+            IpAddr::V6(a) => self.v6.contains(&a),
+        }
+    }
+
+    fn next_hop(&self, dst: IpAddr) -> Option<IpAddr> {
+        match dst {
+            IpAddr::V4(a) => {
+                if self.v4.iter().any(|c| c.contains(a)) {
+                    Some(dst)
+                } else {
+                    self.gw4.map(IpAddr::V4)
+                }
+            }
+            IpAddr::V6(a) => {
+                let ll = a.segments()[0] & 0xffc0 == 0xfe80;
+                if ll || self.v6_cidrs.iter().any(|c| c.contains(a)) {
+                    Some(dst)
+                } else {
+                    self.gw6.map(IpAddr::V6)
+                }
+            }
+        }
+    }
+
+    /// The MAC to send to `dst` (via the gateway when off-link), starting resolution if needed.
+    pub fn resolve(&mut self, now: u64, dst: IpAddr) -> Resolve {
+        let Some(hop) = self.next_hop(dst) else {
+            self.counters.unreachable += 1;
+            return Resolve::Unreachable;
+        };
+        match self.entries.get(&hop).copied() {
+            Some(NeighborState::Reachable { mac, expires }) => {
+                if now >= expires {
+                    self.entries.insert(
+                        hop,
+                        NeighborState::Probe {
+                            mac,
+                            tries: 1,
+                            next: now + RETRY_NS,
+                        },
+                    );
+                    self.solicit(hop);
+                }
+                Resolve::Mac(mac)
+            }
+            Some(NeighborState::Probe { mac, .. }) => Resolve::Mac(mac),
+            Some(NeighborState::Incomplete { .. }) => Resolve::Pending,
+            Some(NeighborState::Failed { until }) if now < until => Resolve::Unreachable,
+            _ => {
+                self.entries.insert(
+                    hop,
+                    NeighborState::Incomplete {
+                        tries: 1,
+                        next: now + RETRY_NS,
+                    },
+                );
+                self.solicit(hop);
+                Resolve::Pending
+            }
+        }
+    }
+
+    /// The entry for an address (for tools and tests).
+    pub fn entry(&self, ip: IpAddr) -> Option<NeighborState> {
+        self.entries.get(&ip).copied()
+    }
+
+    /// Every entry.
+    pub fn entries(&self) -> impl Iterator<Item = (&IpAddr, &NeighborState)> {
+        self.entries.iter()
+    }
+
+    /// Gratuitous ARP for each IPv4 address and an unsolicited NA for each IPv6 one.
+    pub fn announce(&mut self) {
+        for c in self.v4.clone() {
+            self.arp(ArpOperation::Request, c.addr, [0xff; 6], c.addr, [0; 6]);
+            self.counters.arp_requests_tx += 1;
+        }
+        for a in self.v6.clone() {
+            self.ndisc_advert(a, ALL_NODES, [0x33, 0x33, 0, 0, 0, 1], false);
+        }
+    }
+
+    /// A frame to send, if any.
+    pub fn poll_frame(&mut self) -> Option<Vec<u8>> {
+        self.out.pop_front()
+    }
+
+    /// The next retry deadline.
+    pub fn poll_timeout(&self) -> Option<u64> {
+        self.entries
+            .values()
+            .filter_map(|e| match e {
+                NeighborState::Incomplete { next, .. } | NeighborState::Probe { next, .. } => {
+                    Some(*next)
+                }
+                _ => None,
+            })
+            .min()
+    }
+
+    /// Retries due at `now`.
+    pub fn handle_timeout(&mut self, now: u64) {
+        let due: Vec<(IpAddr, NeighborState)> = self
+            .entries
+            .iter()
+            .filter(|(_, e)| matches!(e, NeighborState::Incomplete { next, .. } | NeighborState::Probe { next, .. } if *next <= now))
+            .map(|(k, v)| (*k, *v))
+            .collect();
+        for (ip, e) in due {
+            let (tries, mac) = match e {
+                NeighborState::Incomplete { tries, .. } => (tries, None),
+                NeighborState::Probe { tries, mac, .. } => (tries, Some(mac)),
+                _ => continue,
+            };
+            if tries >= MAX_TRIES {
+                self.counters.unreachable += 1;
+                self.entries.insert(
+                    ip,
+                    NeighborState::Failed {
+                        until: now + FAILED_NS,
+                    },
+                );
+                continue;
+            }
+            let next = now + RETRY_NS;
+            self.entries.insert(
+                ip,
+                match mac {
+                    Some(mac) => NeighborState::Probe {
+                        mac,
+                        tries: tries + 1,
+                        next,
+                    },
+                    None => NeighborState::Incomplete {
+                        tries: tries + 1,
+                        next,
+                    },
+                },
+            );
+            self.solicit(ip);
+        }
+    }
+
+    fn learn(&mut self, now: u64, ip: IpAddr, mac: [u8; 6], create: bool) {
+        if mac[0] & 1 != 0 || mac == [0; 6] {
+            return;
+        }
+        if create || self.entries.contains_key(&ip) {
+            self.entries.insert(
+                ip,
+                NeighborState::Reachable {
+                    mac,
+                    expires: now + REACHABLE_NS,
+                },
+            );
+        }
+    }
+
+    fn solicit(&mut self, ip: IpAddr) {
+        match ip {
+            IpAddr::V4(a) => {
+                let Some(src) = self
+                    .v4
+                    .iter()
+                    .find(|c| c.contains(a))
+                    .or(self.v4.first())
+                    .map(|c| c.addr)
+                else {
+                    return;
+                };
+                self.arp(ArpOperation::Request, src, [0xff; 6], a, [0; 6]);
+                self.counters.arp_requests_tx += 1;
+            }
+            IpAddr::V6(a) => {
+                let src = self.v6[0];
+                let dst = solicited_node(a);
+                let repr = Icmpv6Repr::Ndisc(NdiscRepr::NeighborSolicit {
+                    target_addr: a,
+                    lladdr: Some(RawHardwareAddress::from(EthernetAddress(self.mac))),
+                });
+                self.icmpv6(src, dst, multicast_mac(dst), &repr);
+                self.counters.ns_tx += 1;
+            }
+        }
+    }
+
+    fn l2(&self, dst: [u8; 6], et: u16, payload_len: usize) -> (Vec<u8>, usize) {
+        let eth = EthernetRepr {
+            dst,
+            src: self.mac,
+            vlan: self.vlan,
+            ethertype: et,
+        };
+        let hl = eth.buffer_len();
+        let mut f = vec![0u8; (hl + payload_len).max(60)];
+        eth.emit(&mut f).expect("sized");
+        (f, hl)
+    }
+
+    fn arp(
+        &mut self,
+        op: ArpOperation,
+        src_ip: Ipv4Addr,
+        dst_mac: [u8; 6],
+        target_ip: Ipv4Addr,
+        target_mac: [u8; 6],
+    ) {
+        let repr = ArpRepr::EthernetIpv4 {
+            operation: op,
+            source_hardware_addr: EthernetAddress(self.mac),
+            source_protocol_addr: src_ip,
+            target_hardware_addr: EthernetAddress(target_mac),
+            target_protocol_addr: target_ip,
+        };
+        let (mut f, hl) = self.l2(dst_mac, ethertype::ARP, repr.buffer_len());
+        repr.emit(&mut ArpPacket::new_unchecked(
+            &mut f[hl..hl + repr.buffer_len()],
+        ));
+        self.out.push_back(f);
+    }
+
+    fn icmpv6(&mut self, src: Ipv6Addr, dst: Ipv6Addr, dst_mac: [u8; 6], repr: &Icmpv6Repr<'_>) {
+        let ip = Ipv6Repr {
+            src_addr: src,
+            dst_addr: dst,
+            next_header: IpProtocol::Icmpv6,
+            payload_len: repr.buffer_len(),
+            hop_limit: 255,
+        };
+        let (mut f, hl) = self.l2(
+            dst_mac,
+            ethertype::IPV6,
+            ip.buffer_len() + repr.buffer_len(),
+        );
+        let mut p = Ipv6Packet::new_unchecked(&mut f[hl..]);
+        ip.emit(&mut p);
+        let mut icmp = Icmpv6Packet::new_unchecked(p.payload_mut());
+        repr.emit(&src, &dst, &mut icmp, &ChecksumCapabilities::default());
+        self.out.push_back(f);
+    }
+
+    fn ndisc_advert(&mut self, target: Ipv6Addr, dst: Ipv6Addr, dst_mac: [u8; 6], solicited: bool) {
+        let mut flags = NdiscNeighborFlags::OVERRIDE;
+        if solicited {
+            flags |= NdiscNeighborFlags::SOLICITED;
+        }
+        let repr = Icmpv6Repr::Ndisc(NdiscRepr::NeighborAdvert {
+            flags,
+            target_addr: target,
+            lladdr: Some(RawHardwareAddress::from(EthernetAddress(self.mac))),
+        });
+        self.icmpv6(target, dst, dst_mac, &repr);
+        self.counters.na_tx += 1;
+    }
+
+    /// Handles an ARP, IPv4 ICMP or ICMPv6 frame. Returns whether the frame was for this
+    /// layer (consumed), so the caller counts the rest as dropped.
+    pub fn handle_frame(&mut self, now: u64, frame: &[u8]) -> bool {
+        let Ok(eth) = ethernet::Frame::new_checked(frame) else {
+            return false;
+        };
+        let src_mac = eth.src();
+        let body = eth.payload();
+        match eth.ethertype() {
+            ethertype::ARP => {
+                self.handle_arp(now, body);
+                true
+            }
+            ethertype::IPV4 => self.handle_ipv4(src_mac, body),
+            ethertype::IPV6 => self.handle_ipv6(now, src_mac, body),
+            _ => false,
+        }
+    }
+
+    fn handle_arp(&mut self, now: u64, body: &[u8]) {
+        let Ok(repr) = ArpPacket::new_checked(body).and_then(|p| ArpRepr::parse(&p)) else {
+            self.counters.malformed += 1;
+            return;
+        };
+        let ArpRepr::EthernetIpv4 {
+            operation,
+            source_hardware_addr,
+            source_protocol_addr,
+            target_protocol_addr,
+            ..
+        } = repr
+        else {
+            return;
+        };
+        let for_us = self.v4.iter().any(|c| c.addr == target_protocol_addr);
+        // RFC 826 merge: update a known sender; add it when the packet is for us.
+        self.learn(
+            now,
+            IpAddr::V4(source_protocol_addr),
+            source_hardware_addr.0,
+            for_us,
+        );
+        match operation {
+            ArpOperation::Request if for_us && source_protocol_addr != target_protocol_addr => {
+                self.counters.arp_requests_rx += 1;
+                self.arp(
+                    ArpOperation::Reply,
+                    target_protocol_addr,
+                    source_hardware_addr.0,
+                    source_protocol_addr,
+                    source_hardware_addr.0,
+                );
+                self.counters.arp_replies_tx += 1;
+            }
+            ArpOperation::Reply if for_us => self.counters.arp_replies_rx += 1,
+            _ => {}
+        }
+    }
+
+    fn handle_ipv4(&mut self, src_mac: [u8; 6], body: &[u8]) -> bool {
+        let caps = ChecksumCapabilities::default();
+        let Ok(p) = Ipv4Packet::new_checked(body) else {
+            return false;
+        };
+        let Ok(ip) = Ipv4Repr::parse(&p, &caps) else {
+            return false;
+        };
+        if ip.next_header != IpProtocol::Icmp || !self.v4.iter().any(|c| c.addr == ip.dst_addr) {
+            return false;
+        }
+        let Ok(ip4) = Icmpv4Packet::new_checked(p.payload()) else {
+            self.counters.malformed += 1;
+            return true;
+        };
+        let Ok(Icmpv4Repr::EchoRequest {
+            ident,
+            seq_no,
+            data,
+        }) = Icmpv4Repr::parse(&ip4, &caps)
+        else {
+            return true; // other ICMP for us: consumed, ignored
+        };
+        let reply = Icmpv4Repr::EchoReply {
+            ident,
+            seq_no,
+            data,
+        };
+        let rip = Ipv4Repr {
+            src_addr: ip.dst_addr,
+            dst_addr: ip.src_addr,
+            next_header: IpProtocol::Icmp,
+            payload_len: reply.buffer_len(),
+            hop_limit: 64,
+        };
+        let (mut f, hl) = self.l2(
+            src_mac,
+            ethertype::IPV4,
+            rip.buffer_len() + reply.buffer_len(),
+        );
+        let mut op = Ipv4Packet::new_unchecked(&mut f[hl..]);
+        rip.emit(&mut op, &caps);
+        reply.emit(&mut Icmpv4Packet::new_unchecked(op.payload_mut()), &caps);
+        self.out.push_back(f);
+        self.counters.echo_replies_tx += 1;
+        true
+    }
+
+    fn handle_ipv6(&mut self, now: u64, src_mac: [u8; 6], body: &[u8]) -> bool {
+        let caps = ChecksumCapabilities::default();
+        let Ok(p) = Ipv6Packet::new_checked(body) else {
+            return false;
+        };
+        let Ok(ip) = Ipv6Repr::parse(&p) else {
+            return false;
+        };
+        if ip.next_header != IpProtocol::Icmpv6 {
+            return false;
+        }
+        let Ok(icmp) = Icmpv6Packet::new_checked(p.payload()) else {
+            self.counters.malformed += 1;
+            return true;
+        };
+        let Ok(repr) = Icmpv6Repr::parse(&ip.src_addr, &ip.dst_addr, &icmp, &caps) else {
+            self.counters.malformed += 1;
+            return true;
+        };
+        match repr {
+            Icmpv6Repr::Ndisc(NdiscRepr::NeighborSolicit {
+                target_addr,
+                lladdr,
+            }) => {
+                if !self.v6.contains(&target_addr) {
+                    return true;
+                }
+                self.counters.ns_rx += 1;
+                let mac = lladdr.map(|l| {
+                    let mut m = [0u8; 6];
+                    let b = l.as_bytes();
+                    m.copy_from_slice(&b[..6.min(b.len())]);
+                    m
+                });
+                if ip.src_addr.is_unspecified() {
+                    // Duplicate address detection: answer to all-nodes.
+                    self.ndisc_advert(target_addr, ALL_NODES, [0x33, 0x33, 0, 0, 0, 1], false);
+                } else {
+                    if let Some(m) = mac {
+                        self.learn(now, IpAddr::V6(ip.src_addr), m, true);
+                    }
+                    self.ndisc_advert(target_addr, ip.src_addr, mac.unwrap_or(src_mac), true);
+                }
+                true
+            }
+            Icmpv6Repr::Ndisc(NdiscRepr::NeighborAdvert {
+                target_addr,
+                lladdr,
+                ..
+            }) => {
+                self.counters.na_rx += 1;
+                let mac = lladdr
+                    .map(|l| {
+                        let mut m = [0u8; 6];
+                        let b = l.as_bytes();
+                        m.copy_from_slice(&b[..6.min(b.len())]);
+                        m
+                    })
+                    .unwrap_or(src_mac);
+                self.learn(now, IpAddr::V6(target_addr), mac, false);
+                true
+            }
+            Icmpv6Repr::EchoRequest {
+                ident,
+                seq_no,
+                data,
+            } if self.v6.contains(&ip.dst_addr) => {
+                let reply = Icmpv6Repr::EchoReply {
+                    ident,
+                    seq_no,
+                    data,
+                };
+                self.icmpv6(ip.dst_addr, ip.src_addr, src_mac, &reply);
+                self.counters.echo_replies_tx += 1;
+                true
+            }
+            _ => self.v6.contains(&ip.dst_addr),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::RawConfig;
+
+    fn table() -> Neighbors {
+        let mut r = RawConfig::default();
+        r.set("port.device", "net_ring0").unwrap();
+        r.set("address.ipv4", "10.99.0.3/24").unwrap();
+        r.set("address.ipv6", "fd00:99::3/64").unwrap();
+        r.set("address.gateway", "10.99.0.1").unwrap();
+        Neighbors::new([2, 0, 0, 0x99, 0, 3], &r.validate().unwrap())
+    }
+
+    fn arp_frame(
+        op: ArpOperation,
+        smac: [u8; 6],
+        sip: [u8; 4],
+        tip: [u8; 4],
+        dst: [u8; 6],
+    ) -> Vec<u8> {
+        let repr = ArpRepr::EthernetIpv4 {
+            operation: op,
+            source_hardware_addr: EthernetAddress(smac),
+            source_protocol_addr: Ipv4Addr::from(sip),
+            target_hardware_addr: EthernetAddress([0; 6]),
+            target_protocol_addr: Ipv4Addr::from(tip),
+        };
+        let mut f = vec![0u8; 60];
+        EthernetRepr {
+            dst,
+            src: smac,
+            vlan: None,
+            ethertype: ethertype::ARP,
+        }
+        .emit(&mut f)
+        .unwrap();
+        repr.emit(&mut ArpPacket::new_unchecked(&mut f[14..42]));
+        f
+    }
+
+    #[test]
+    fn answers_arp_for_our_address_and_learns_the_sender() {
+        let mut n = table();
+        let peer = [0x52, 0x54, 0, 0x99, 0, 2];
+        assert!(n.handle_frame(
+            0,
+            &arp_frame(
+                ArpOperation::Request,
+                peer,
+                [10, 99, 0, 2],
+                [10, 99, 0, 3],
+                [0xff; 6]
+            )
+        ));
+        let reply = n.poll_frame().unwrap();
+        assert_eq!(&reply[..6], &peer);
+        let p = ArpRepr::parse(&ArpPacket::new_checked(&reply[14..42]).unwrap()).unwrap();
+        match p {
+            ArpRepr::EthernetIpv4 {
+                operation,
+                source_hardware_addr,
+                source_protocol_addr,
+                ..
+            } => {
+                assert_eq!(operation, ArpOperation::Reply);
+                assert_eq!(source_hardware_addr.0, [2, 0, 0, 0x99, 0, 3]);
+                assert_eq!(source_protocol_addr, Ipv4Addr::new(10, 99, 0, 3));
+            }
+            _ => unreachable!(),
+        }
+        assert_eq!(
+            n.resolve(1, "10.99.0.2".parse().unwrap()),
+            Resolve::Mac(peer)
+        );
+        // Not for us: ignored, nothing learned.
+        n.handle_frame(
+            0,
+            &arp_frame(
+                ArpOperation::Request,
+                [2, 0, 0, 0, 0, 9],
+                [10, 99, 0, 9],
+                [10, 99, 0, 8],
+                [0xff; 6],
+            ),
+        );
+        assert!(n.poll_frame().is_none());
+        assert!(n.entry("10.99.0.9".parse().unwrap()).is_none());
+    }
+
+    #[test]
+    fn resolves_with_retries_then_fails_and_ages() {
+        let mut n = table();
+        let ip: IpAddr = "10.99.0.2".parse().unwrap();
+        assert_eq!(n.resolve(0, ip), Resolve::Pending);
+        assert!(n.poll_frame().is_some(), "request sent");
+        assert_eq!(n.resolve(10, ip), Resolve::Pending);
+        assert!(
+            n.poll_frame().is_none(),
+            "no duplicate request before the retry"
+        );
+        n.handle_timeout(RETRY_NS);
+        n.handle_timeout(2 * RETRY_NS);
+        assert_eq!(n.counters.arp_requests_tx, 3);
+        n.handle_timeout(3 * RETRY_NS);
+        assert_eq!(n.resolve(3 * RETRY_NS, ip), Resolve::Unreachable);
+        // After the hold-down a new attempt starts; a reply makes it reachable.
+        let t = 3 * RETRY_NS + FAILED_NS;
+        assert_eq!(n.resolve(t, ip), Resolve::Pending);
+        let peer = [0x52, 0x54, 0, 0x99, 0, 2];
+        n.handle_frame(
+            t,
+            &arp_frame(
+                ArpOperation::Reply,
+                peer,
+                [10, 99, 0, 2],
+                [10, 99, 0, 3],
+                [2, 0, 0, 0x99, 0, 3],
+            ),
+        );
+        assert_eq!(n.resolve(t + 1, ip), Resolve::Mac(peer));
+        // Ageing: past REACHABLE the entry is re-probed but still used.
+        while n.poll_frame().is_some() {}
+        assert_eq!(n.resolve(t + REACHABLE_NS + 1, ip), Resolve::Mac(peer));
+        assert!(n.poll_frame().is_some(), "re-probe sent");
+        assert!(matches!(n.entry(ip), Some(NeighborState::Probe { .. })));
+    }
+
+    #[test]
+    fn off_subnet_goes_via_the_gateway() {
+        let mut n = table();
+        assert_eq!(n.resolve(0, "192.0.2.1".parse().unwrap()), Resolve::Pending);
+        assert!(
+            n.entry("10.99.0.1".parse().unwrap()).is_some(),
+            "the gateway is resolved"
+        );
+        assert_eq!(
+            n.resolve(0, "2001:db8::1".parse().unwrap()),
+            Resolve::Unreachable,
+            "no IPv6 gateway"
+        );
+    }
+
+    #[test]
+    fn answers_ping_and_neighbour_solicitation() {
+        let mut n = table();
+        let caps = ChecksumCapabilities::default();
+        // ICMP echo request to 10.99.0.3.
+        let echo = Icmpv4Repr::EchoRequest {
+            ident: 7,
+            seq_no: 1,
+            data: b"hello",
+        };
+        let ip = Ipv4Repr {
+            src_addr: Ipv4Addr::new(10, 99, 0, 2),
+            dst_addr: Ipv4Addr::new(10, 99, 0, 3),
+            next_header: IpProtocol::Icmp,
+            payload_len: echo.buffer_len(),
+            hop_limit: 64,
+        };
+        let mut f = vec![0u8; 14 + 20 + echo.buffer_len()];
+        EthernetRepr {
+            dst: [2, 0, 0, 0x99, 0, 3],
+            src: [0x52, 0, 0, 0, 0, 2],
+            vlan: None,
+            ethertype: ethertype::IPV4,
+        }
+        .emit(&mut f)
+        .unwrap();
+        let mut p = Ipv4Packet::new_unchecked(&mut f[14..]);
+        ip.emit(&mut p, &caps);
+        echo.emit(&mut Icmpv4Packet::new_unchecked(p.payload_mut()), &caps);
+        assert!(n.handle_frame(0, &f));
+        let r = n.poll_frame().unwrap();
+        let rp = Ipv4Packet::new_checked(&r[14..]).unwrap();
+        assert_eq!(rp.dst_addr(), Ipv4Addr::new(10, 99, 0, 2));
+        let rr =
+            Icmpv4Repr::parse(&Icmpv4Packet::new_checked(rp.payload()).unwrap(), &caps).unwrap();
+        assert_eq!(
+            rr,
+            Icmpv4Repr::EchoReply {
+                ident: 7,
+                seq_no: 1,
+                data: b"hello"
+            }
+        );
+        // Neighbour solicitation for fd00:99::3.
+        let target: Ipv6Addr = "fd00:99::3".parse().unwrap();
+        let src: Ipv6Addr = "fd00:99::2".parse().unwrap();
+        let ns = Icmpv6Repr::Ndisc(NdiscRepr::NeighborSolicit {
+            target_addr: target,
+            lladdr: Some(RawHardwareAddress::from(EthernetAddress([
+                0x52, 0, 0, 0, 0, 2,
+            ]))),
+        });
+        let dst = solicited_node(target);
+        let ip6 = Ipv6Repr {
+            src_addr: src,
+            dst_addr: dst,
+            next_header: IpProtocol::Icmpv6,
+            payload_len: ns.buffer_len(),
+            hop_limit: 255,
+        };
+        let mut f = vec![0u8; 14 + 40 + ns.buffer_len()];
+        EthernetRepr {
+            dst: multicast_mac(dst),
+            src: [0x52, 0, 0, 0, 0, 2],
+            vlan: None,
+            ethertype: ethertype::IPV6,
+        }
+        .emit(&mut f)
+        .unwrap();
+        let mut p = Ipv6Packet::new_unchecked(&mut f[14..]);
+        ip6.emit(&mut p);
+        ns.emit(
+            &src,
+            &dst,
+            &mut Icmpv6Packet::new_unchecked(p.payload_mut()),
+            &caps,
+        );
+        assert!(n.handle_frame(0, &f));
+        let r = n.poll_frame().unwrap();
+        let rp = Ipv6Packet::new_checked(&r[14..]).unwrap();
+        let rip = Ipv6Repr::parse(&rp).unwrap();
+        assert_eq!(rip.dst_addr, src);
+        let na = Icmpv6Repr::parse(
+            &rip.src_addr,
+            &rip.dst_addr,
+            &Icmpv6Packet::new_checked(rp.payload()).unwrap(),
+            &caps,
+        )
+        .unwrap();
+        assert!(
+            matches!(na, Icmpv6Repr::Ndisc(NdiscRepr::NeighborAdvert { target_addr, .. }) if target_addr == target)
+        );
+        assert_eq!(
+            n.resolve(1, IpAddr::V6(src)),
+            Resolve::Mac([0x52, 0, 0, 0, 0, 2])
+        );
+    }
+
+    #[test]
+    fn announces_every_address() {
+        let mut n = table();
+        n.announce();
+        let frames: Vec<_> = std::iter::from_fn(|| n.poll_frame()).collect();
+        assert_eq!(
+            frames.len(),
+            3,
+            "one gratuitous ARP, two unsolicited NAs (link-local and fd00:99::3)"
+        );
+        assert!(!n.handle_frame(0, &[0u8; 10]));
+    }
+}
