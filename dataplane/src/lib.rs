@@ -4,5 +4,14 @@
 
 #![warn(missing_docs)]
 
+pub mod area;
 pub mod config;
+pub mod host;
 pub mod neighbor;
+pub mod nic;
+pub mod ring;
+pub mod runtime;
+pub mod worker;
+
+pub use host::{Buffer, Context, Mr, Verbs};
+pub use runtime::{Runtime, StartError};

@@ -1,3 +1,154 @@
 //! Helpers shared by ferroce's cross-crate integration tests (in `tests/tests/`).
 
 #![warn(missing_docs)]
+
+use dataplane::{Buffer, Context, Mr, Verbs};
+use roce::engine::{CqId, QpInit};
+use roce::memory::PdId;
+use roce::types::{Gid, Psn, Qkey, Qpn};
+use roce::verbs::*;
+
+/// One side of a connection made through the verbs API.
+pub struct Side {
+    /// The context.
+    pub ctx: Context,
+    /// Protection domain.
+    pub pd: PdId,
+    /// Send and receive CQ.
+    pub cq: CqId,
+    /// QP.
+    pub qpn: Qpn,
+    /// Buffer.
+    pub buf: Buffer,
+    /// Its MR.
+    pub mr: Mr,
+    /// GID index used (1 = the IPv4-mapped GID).
+    pub gid: Gid,
+}
+
+/// Creates PD, CQ, a QP of `qp_type`, and a `len`-byte registered buffer on `ctx`.
+pub fn side(mut ctx: Context, qp_type: QpType, len: usize, depth: u32) -> Side {
+    let pd = ctx.alloc_pd().expect("pd");
+    let cq = ctx.create_cq(depth * 4).expect("cq");
+    let qpn = ctx
+        .create_qp(&QpInit {
+            pd,
+            qp_type,
+            send_cq: cq,
+            recv_cq: cq,
+            srq: None,
+            caps: QpCaps {
+                max_send_wr: depth,
+                max_recv_wr: depth,
+                max_send_sge: 2,
+                max_recv_sge: 2,
+                max_inline_data: 64,
+            },
+            sq_sig_all: false,
+        })
+        .expect("qp");
+    let buf = ctx.alloc_buffer(len).expect("buffer");
+    let mr = ctx.reg_mr(pd, &buf, 0, len, Access::ALL).expect("mr");
+    let gid = ctx.query_gid(1).expect("gid 1");
+    Side {
+        ctx,
+        pd,
+        cq,
+        qpn,
+        buf,
+        mr,
+        gid,
+    }
+}
+
+/// Brings `me` to RTS towards `peer` (RC/UC) or to RTS (UD).
+pub fn connect(
+    me: &mut Side,
+    peer_qpn: Qpn,
+    peer_gid: Gid,
+    mtu: Mtu,
+    my_psn: u32,
+    peer_psn: u32,
+    qp_type: QpType,
+) {
+    let mut init = QpAttr {
+        state: Some(QpState::Init),
+        pkey_index: Some(0),
+        port: Some(1),
+        ..Default::default()
+    };
+    if qp_type == QpType::Ud {
+        init.qkey = Some(Qkey(0x1111_1111));
+    } else {
+        init.access = Some(Access::ALL);
+    }
+    me.ctx.modify_qp(me.qpn, &init).expect("INIT");
+    let rtr = match qp_type {
+        QpType::Ud => QpAttr {
+            state: Some(QpState::Rtr),
+            ..Default::default()
+        },
+        _ => QpAttr {
+            state: Some(QpState::Rtr),
+            av: Some(AddressVector::new(peer_gid, 1)),
+            path_mtu: Some(mtu),
+            dest_qp: Some(peer_qpn),
+            rq_psn: Some(Psn::new(peer_psn)),
+            max_dest_rd_atomic: (qp_type == QpType::Rc).then_some(16),
+            min_rnr_timer: (qp_type == QpType::Rc).then_some(1),
+            ..Default::default()
+        },
+    };
+    me.ctx.modify_qp(me.qpn, &rtr).expect("RTR");
+    let rts = match qp_type {
+        QpType::Rc => QpAttr {
+            state: Some(QpState::Rts),
+            sq_psn: Some(Psn::new(my_psn)),
+            timeout: Some(10),
+            retry_cnt: Some(7),
+            rnr_retry: Some(7),
+            max_rd_atomic: Some(16),
+            ..Default::default()
+        },
+        _ => QpAttr {
+            state: Some(QpState::Rts),
+            sq_psn: Some(Psn::new(my_psn)),
+            ..Default::default()
+        },
+    };
+    me.ctx.modify_qp(me.qpn, &rts).expect("RTS");
+}
+
+/// Polls `cq` until `n` completions arrived or `secs` passed.
+pub fn wait_cq(s: &mut Side, n: usize, secs: u64) -> Vec<Completion> {
+    let mut out = Vec::new();
+    let mut buf = [zero(); 32];
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    while out.len() < n && std::time::Instant::now() < deadline {
+        let k = s.ctx.poll_cq(s.cq, &mut buf).expect("poll");
+        out.extend_from_slice(&buf[..k]);
+        if k == 0 {
+            std::thread::sleep(std::time::Duration::from_micros(50));
+        }
+    }
+    out
+}
+
+/// An all-zero completion (for poll buffers).
+pub fn zero() -> Completion {
+    Completion {
+        wr_id: 0,
+        status: WcStatus::Success,
+        opcode: WcOpcode::Send,
+        vendor_err: 0,
+        byte_len: 0,
+        imm_data: 0,
+        invalidated_rkey: 0,
+        qp_num: Qpn::new(0),
+        src_qp: Qpn::new(0),
+        wc_flags: WcFlags::default(),
+        pkey_index: 0,
+        sl: 0,
+        solicited: false,
+    }
+}

@@ -1352,6 +1352,62 @@ impl Device {
         self.sh.events.pop_front()
     }
 
+    /// How many send and receive WQEs of a QP have been retired (completed or flushed) since
+    /// it was created or reset: the consumer indices of its work queues, which a host
+    /// interface publishes so applications can tell when a queue has room.
+    pub fn queue_positions(&self, qpn: Qpn) -> Option<(u64, u64)> {
+        let qp = self.qp_ref(qpn).ok()?;
+        let rq = if qp.srq.is_some() { 0 } else { qp.rq.head };
+        Some((qp.sq.head, rq))
+    }
+
+    /// How many WQEs an SRQ has handed out.
+    pub fn srq_position(&self, srq: SrqId) -> Option<u64> {
+        self.sh
+            .srqs
+            .get(srq.0 as usize)?
+            .as_ref()
+            .map(|s| s.rq.head)
+    }
+
+    /// Completes a work request the host interface could not post (e.g. it arrived for a QP
+    /// that was meanwhile destroyed or reset) with LOC_QP_OP_ERR on the QP's send CQ, so the
+    /// application learns about it in order.
+    pub fn fail_posted_wr(
+        &mut self,
+        qpn: Qpn,
+        wr_id: u64,
+        opcode: crate::verbs::WcOpcode,
+        recv: bool,
+    ) {
+        let Ok(qp) = self.qp_ref(qpn) else { return };
+        let cq = if recv { qp.recv_cq } else { qp.send_cq };
+        let mut c = qp.recv_completion(wr_id, WcStatus::LocQpOpErr, opcode, 0);
+        c.src_qp = Qpn::new(0);
+        self.sh.complete(cq, c);
+    }
+
+    /// Moves every connected QP whose path leads to `dgid` to ERR with a QP_FATAL event: the
+    /// dataplane calls this when the peer's MAC cannot be resolved, so applications get a clear
+    /// error instead of waiting for the retry counter. Returns how many QPs it failed.
+    pub fn fail_qps_to(&mut self, dgid: &Gid) -> usize {
+        let mut n = 0;
+        for qp in self.qps.iter_mut().flatten() {
+            let to_peer = qp.qp_type != QpType::Ud && qp.attr.av.is_some_and(|av| av.dgid == *dgid);
+            if to_peer && !matches!(qp.state, QpState::Err | QpState::Reset | QpState::Init) {
+                self.sh.events.push_back(AsyncEvent::QpFatal(qp.qpn));
+                qp.enter_error(&mut self.sh);
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// Every CQ id that has completions waiting.
+    pub fn cq_has_entries(&self, cq: CqId) -> bool {
+        matches!(self.sh.cqs.get(cq.0 as usize), Some(Some(c)) if !c.entries.is_empty())
+    }
+
     /// Counters of one QP.
     pub fn qp_counters(&self, qpn: Qpn) -> Option<QpCounters> {
         self.qp_ref(qpn).ok().map(|q| q.counters)

@@ -1,0 +1,238 @@
+//! Single-producer/single-consumer rings of fixed-size slots in an [`Area`].
+//!
+//! Layout: the consumer index at byte 0, the producer index at byte 64 (separate cache lines),
+//! slots from byte 128. Indices are free-running u64 counters; the producer publishes with a
+//! release store, the consumer reads with acquire (and the other way round for free space).
+//! Nothing inside the area is a pointer, and an index that claims more entries than the
+//! capacity (a corrupted or hostile peer) is rejected rather than trusted.
+
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use crate::area::{Area, AreaRegistry};
+
+/// Types that may live in a ring slot: plain data, `Copy`, no pointers or references, so a
+/// slot's bytes mean the same in any address space.
+///
+/// # Safety
+/// Implementors must contain no pointers, references, or types with drop glue.
+pub unsafe trait Plain: Copy + 'static {}
+
+const HEAD: usize = 0;
+const TAIL: usize = 64;
+const SLOTS: usize = 128;
+
+/// Bytes an area needs for a ring of `capacity` slots of `T`.
+pub fn ring_bytes<T: Plain>(capacity: usize) -> usize {
+    SLOTS + capacity * std::mem::size_of::<T>()
+}
+
+fn idx(area: &Area, off: usize) -> &AtomicU64 {
+    area.atomic_u64(off)
+        .expect("ring header in bounds and aligned")
+}
+
+/// Creates a ring of `capacity` (a power of two) slots in a new area of `reg`; returns the
+/// area id and both ends.
+pub fn ring<T: Plain>(
+    reg: &AreaRegistry,
+    capacity: usize,
+) -> std::io::Result<(u32, Producer<T>, Consumer<T>)> {
+    assert!(
+        capacity.is_power_of_two(),
+        "ring capacity must be a power of two"
+    );
+    assert_eq!(std::mem::align_of::<T>() <= 64, true);
+    let area = reg.create(ring_bytes::<T>(capacity))?;
+    let id = area.id();
+    Ok((
+        id,
+        Producer::attach(area.clone(), capacity),
+        Consumer::attach(area, capacity),
+    ))
+}
+
+/// The producing end.
+pub struct Producer<T: Plain> {
+    area: Arc<Area>,
+    cap: u64,
+    tail: u64,
+    _t: PhantomData<*const T>,
+}
+
+/// The consuming end.
+pub struct Consumer<T: Plain> {
+    area: Arc<Area>,
+    cap: u64,
+    head: u64,
+    /// Times the producer's index was implausible (corruption).
+    pub rejected: u64,
+    _t: PhantomData<*const T>,
+}
+
+// SAFETY: each end is used by one thread at a time; the area is Sync.
+unsafe impl<T: Plain> Send for Producer<T> {}
+// SAFETY: as Producer.
+unsafe impl<T: Plain> Send for Consumer<T> {}
+
+impl<T: Plain> Producer<T> {
+    /// Attaches to a ring area as its producer.
+    pub fn attach(area: Arc<Area>, capacity: usize) -> Producer<T> {
+        let tail = idx(&area, TAIL).load(Ordering::Acquire);
+        Producer {
+            area,
+            cap: capacity as u64,
+            tail,
+            _t: PhantomData,
+        }
+    }
+
+    /// Free slots now.
+    pub fn free(&self) -> usize {
+        let head = idx(&self.area, HEAD).load(Ordering::Acquire);
+        self.cap.saturating_sub(self.tail.wrapping_sub(head)) as usize
+    }
+
+    /// Appends `v`; false when full.
+    #[inline]
+    pub fn push(&mut self, v: &T) -> bool {
+        let head = idx(&self.area, HEAD).load(Ordering::Acquire);
+        if self.tail.wrapping_sub(head) >= self.cap {
+            return false;
+        }
+        let slot = (self.tail & (self.cap - 1)) as usize;
+        // SAFETY: slot < cap and the area holds cap slots after SLOTS; T is plain data; the
+        // consumer does not read this slot until the release store below.
+        unsafe {
+            let p = self
+                .area
+                .as_ptr()
+                .add(SLOTS + slot * std::mem::size_of::<T>()) as *mut T;
+            std::ptr::write_unaligned(p, *v);
+        }
+        self.tail = self.tail.wrapping_add(1);
+        idx(&self.area, TAIL).store(self.tail, Ordering::Release);
+        true
+    }
+}
+
+impl<T: Plain> Consumer<T> {
+    /// Attaches to a ring area as its consumer.
+    pub fn attach(area: Arc<Area>, capacity: usize) -> Consumer<T> {
+        let head = idx(&area, HEAD).load(Ordering::Acquire);
+        Consumer {
+            area,
+            cap: capacity as u64,
+            head,
+            rejected: 0,
+            _t: PhantomData,
+        }
+    }
+
+    /// Entries waiting.
+    pub fn len(&self) -> usize {
+        let tail = idx(&self.area, TAIL).load(Ordering::Acquire);
+        let n = tail.wrapping_sub(self.head);
+        if n > self.cap {
+            0
+        } else {
+            n as usize
+        }
+    }
+
+    /// Whether nothing is waiting.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Takes the oldest entry.
+    #[inline]
+    pub fn pop(&mut self) -> Option<T> {
+        let tail = idx(&self.area, TAIL).load(Ordering::Acquire);
+        let n = tail.wrapping_sub(self.head);
+        if n == 0 {
+            return None;
+        }
+        if n > self.cap {
+            // The producer index is not plausible: do not read garbage slots.
+            self.rejected += 1;
+            return None;
+        }
+        let slot = (self.head & (self.cap - 1)) as usize;
+        // SAFETY: the producer published this slot (acquire above); in bounds; plain data.
+        let v = unsafe {
+            let p = self
+                .area
+                .as_ptr()
+                .add(SLOTS + slot * std::mem::size_of::<T>()) as *const T;
+            std::ptr::read_unaligned(p)
+        };
+        self.head = self.head.wrapping_add(1);
+        idx(&self.area, HEAD).store(self.head, Ordering::Release);
+        Some(v)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Clone, Copy, Debug, PartialEq, Default)]
+    struct Slot {
+        a: u64,
+        b: [u32; 3],
+    }
+    // SAFETY: plain integers.
+    unsafe impl Plain for Slot {}
+
+    #[test]
+    fn fifo_full_empty_and_wrap() {
+        let reg = AreaRegistry::new();
+        let (_, mut p, mut c) = ring::<Slot>(&reg, 4).unwrap();
+        assert!(c.pop().is_none());
+        for round in 0..10u64 {
+            for i in 0..4 {
+                assert!(p.push(&Slot {
+                    a: round * 10 + i,
+                    b: [i as u32; 3]
+                }));
+            }
+            assert!(!p.push(&Slot::default()), "full");
+            assert_eq!(c.len(), 4);
+            for i in 0..4 {
+                assert_eq!(c.pop().unwrap().a, round * 10 + i);
+            }
+            assert!(c.pop().is_none());
+        }
+    }
+
+    #[test]
+    fn threads_and_corrupt_index() {
+        let reg = AreaRegistry::new();
+        let (id, mut p, mut c) = ring::<Slot>(&reg, 64).unwrap();
+        let t = std::thread::spawn(move || {
+            for i in 0..100_000u64 {
+                while !p.push(&Slot { a: i, b: [0; 3] }) {
+                    std::hint::spin_loop();
+                }
+            }
+        });
+        let mut next = 0;
+        while next < 100_000 {
+            if let Some(s) = c.pop() {
+                assert_eq!(s.a, next);
+                next += 1;
+            }
+        }
+        t.join().unwrap();
+        // A hostile producer index claiming more entries than slots is rejected.
+        let area = reg.get(id).unwrap();
+        area.atomic_u64(TAIL)
+            .unwrap()
+            .store(u64::MAX / 2, Ordering::Release);
+        assert!(c.pop().is_none());
+        assert_eq!(c.rejected, 1);
+        assert_eq!(c.len(), 0);
+    }
+}

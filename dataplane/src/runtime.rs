@@ -1,0 +1,213 @@
+//! Starting ferroce: EAL, pools, ports, RNICs and the worker that polls them; opening
+//! application contexts on them.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use crossbeam_queue::SegQueue;
+use pmd_bindings::mempool::ROCE_4K_DATA_ROOM;
+use pmd_bindings::{ring_pair, Eal, EalBuilder, Mempool, Port, PortConfig};
+
+use crate::area::AreaRegistry;
+use crate::config::{RawConfig, RnicConfig};
+use crate::host::{context, Context};
+use crate::nic::Nic;
+use crate::worker::{Backoff, Control, NicSnapshot, Worker};
+
+/// Why the runtime could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// DPDK refused something.
+    #[error("DPDK: {0}")]
+    Dpdk(#[from] pmd_bindings::Error),
+    /// Configuration problem.
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    /// Anything else.
+    #[error("{0}")]
+    Other(String),
+}
+
+/// Initialises the EAL for this process from `cfg` (or reuses it if already up).
+pub fn init_eal(program: &str, cfg: &RnicConfig) -> Result<&'static Eal, StartError> {
+    if let Some(e) = Eal::get() {
+        return Ok(e);
+    }
+    let mut b = match &cfg.eal_args {
+        Some(args) => EalBuilder::new(program).args(args.iter()),
+        None => EalBuilder::software(program),
+    };
+    if let Some(p) = &cfg.file_prefix {
+        b = b.file_prefix(p);
+    }
+    match b.init() {
+        Ok(e) => Ok(e),
+        // Another thread won the race: use its EAL.
+        Err(pmd_bindings::Error::AlreadyInitialized) => Eal::require().map_err(Into::into),
+        Err(e) => Err(e.into()),
+    }
+}
+
+static POOL_SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+fn pool_for(cfg: &RnicConfig) -> Result<Arc<Mempool>, StartError> {
+    let n = POOL_SEQ.fetch_add(1, Ordering::Relaxed);
+    let name = format!("rnic{}_{}", std::process::id() % 100_000, n);
+    Ok(Mempool::new(&name, cfg.mbufs, 256, ROCE_4K_DATA_ROOM)?)
+}
+
+fn port_config(cfg: &RnicConfig) -> PortConfig {
+    PortConfig {
+        rx_queues: 1,
+        tx_queues: 1,
+        rx_desc: cfg.rx_desc,
+        tx_desc: cfg.tx_desc,
+        mtu: Some(cfg.mtu as u16),
+        promiscuous: cfg.promiscuous,
+    }
+}
+
+/// Running RNICs and their worker.
+pub struct Runtime {
+    stop: Arc<AtomicBool>,
+    alive: Arc<AtomicBool>,
+    control: Arc<SegQueue<Control>>,
+    reg: Arc<AreaRegistry>,
+    stats: Vec<Arc<Mutex<NicSnapshot>>>,
+    configs: Vec<RnicConfig>,
+    macs: Vec<[u8; 6]>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Runtime {
+    /// Starts one RNIC per configuration on its own port, all driven by one worker.
+    pub fn start(program: &str, cfgs: Vec<RnicConfig>) -> Result<Runtime, StartError> {
+        let first = cfgs
+            .first()
+            .ok_or_else(|| StartError::Other("no RNIC configured".into()))?;
+        init_eal(program, first)?;
+        let mut nics = Vec::new();
+        for cfg in cfgs {
+            let pool = pool_for(&cfg)?;
+            let port = Port::probe_or_open(&cfg.device, &port_config(&cfg), pool.clone())?;
+            nics.push(Nic::new(cfg, port, pool).map_err(StartError::Other)?);
+        }
+        Self::spawn(nics)
+    }
+
+    /// Two RNICs in this process joined back to back by an in-process DPDK link (a ring
+    /// pair): `a` and `b` give their addresses; their `port.device` is ignored.
+    pub fn loopback(program: &str, a: RnicConfig, b: RnicConfig) -> Result<Runtime, StartError> {
+        init_eal(program, &a)?;
+        let pool_a = pool_for(&a)?;
+        let pool_b = pool_for(&b)?;
+        let n = POOL_SEQ.fetch_add(1, Ordering::Relaxed);
+        let (pa, pb) = ring_pair(&format!("lo{n}"), &port_config(&a), pool_a.clone())?;
+        // Port b receives into its own pool: rebuild it on b's pool is not possible with one
+        // ring pair call, so both ports share a's pool for receive and b's for transmit.
+        let _ = pool_b;
+        let na = Nic::new(a, pa, pool_a.clone()).map_err(StartError::Other)?;
+        let nb = Nic::new(b, pb, pool_a).map_err(StartError::Other)?;
+        Self::spawn(vec![na, nb])
+    }
+
+    fn spawn(nics: Vec<Nic>) -> Result<Runtime, StartError> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let alive = Arc::new(AtomicBool::new(true));
+        let control = Arc::new(SegQueue::new());
+        let stats: Vec<_> = nics
+            .iter()
+            .map(|_| Arc::new(Mutex::new(NicSnapshot::default())))
+            .collect();
+        let configs = nics.iter().map(|n| n.config().clone()).collect();
+        let macs = nics.iter().map(|n| n.mac()).collect();
+        let c = &nics[0].config();
+        let backoff = Backoff {
+            spin: c.idle_spin,
+            pause: c.idle_pause,
+            sleep_us: c.idle_sleep_us,
+        };
+        let (s2, a2, c2, st2) = (stop.clone(), alive.clone(), control.clone(), stats.clone());
+        let thread = std::thread::Builder::new()
+            .name("ferroce-worker".into())
+            .spawn(move || {
+                // An EAL-registered thread gets an lcore id, hence mempool caches.
+                let _reg = Eal::get().and_then(|e| e.register_thread().ok());
+                let mut w = Worker::new(nics, backoff, c2, st2);
+                w.run(&s2);
+                a2.store(false, Ordering::Release);
+                drop(w);
+            })
+            .map_err(|e| StartError::Other(format!("cannot start the worker: {e}")))?;
+        Ok(Runtime {
+            stop,
+            alive,
+            control,
+            reg: AreaRegistry::new(),
+            stats,
+            configs,
+            macs,
+            thread: Some(thread),
+        })
+    }
+
+    /// Opens an application context on RNIC `index`.
+    pub fn open(&self, index: usize) -> Result<Context, StartError> {
+        if index >= self.configs.len() {
+            return Err(StartError::Other(format!("no RNIC {index}")));
+        }
+        let (ctx, host) = context(self.reg.clone(), 1024, self.alive.clone())
+            .map_err(|e| StartError::Other(e.to_string()))?;
+        self.control.push(Control::AddHost(index, host));
+        Ok(ctx)
+    }
+
+    /// Configuration of RNIC `index`.
+    pub fn config(&self, index: usize) -> &RnicConfig {
+        &self.configs[index]
+    }
+
+    /// MAC of RNIC `index`.
+    pub fn mac(&self, index: usize) -> [u8; 6] {
+        self.macs[index]
+    }
+
+    /// Latest counter snapshot of RNIC `index` (about 1 ms old).
+    pub fn stats(&self, index: usize) -> NicSnapshot {
+        self.stats[index].lock().map(|s| *s).unwrap_or_default()
+    }
+
+    /// Stops the worker; RNICs, ports and pools are released.
+    pub fn stop(mut self) -> Vec<NicSnapshot> {
+        self.shutdown();
+        (0..self.stats.len()).map(|i| self.stats(i)).collect()
+    }
+
+    fn shutdown(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Runtime {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// A configuration for tests and the loopback demo: `net_ring` device, 10.99.0.`host`/24.
+pub fn test_config(host: u8, path_mtu: u32) -> RnicConfig {
+    let mut r = RawConfig::default();
+    r.set("port.device", "net_ring_unused").expect("key");
+    r.set("address.mac", &format!("02:00:00:99:00:{host:02x}"))
+        .expect("key");
+    r.set("address.ipv4", &format!("10.99.0.{host}/24"))
+        .expect("key");
+    r.set("port.mtu", &(path_mtu + 200).max(1500).to_string())
+        .expect("key");
+    r.set("roce.path_mtu", &path_mtu.to_string()).expect("key");
+    r.set("worker.idle_sleep_us", "50").expect("key");
+    r.validate().expect("test config is valid")
+}
