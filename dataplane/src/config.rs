@@ -137,6 +137,8 @@ pub struct RawRoce {
     pub ecn: Option<bool>,
     /// Credit advertisement: `receive-queue` (default) or `unlimited` (like rxe).
     pub credits: Option<String>,
+    /// Merge ACKs of one receive batch (default true; false sends one per AckReq, like rxe).
+    pub ack_coalescing: Option<bool>,
 }
 
 /// `[worker]`
@@ -273,6 +275,8 @@ pub struct RnicConfig {
     pub ecn: bool,
     /// Credits advertised from the receive queue (false: unlimited, like rxe).
     pub credits_from_rq: bool,
+    /// Coalesce ACKs.
+    pub ack_coalescing: bool,
     /// Idle spin iterations.
     pub idle_spin: u32,
     /// Idle pause iterations.
@@ -386,6 +390,7 @@ impl RawConfig {
             "roce.dscp" => self.roce.dscp = Some(small(value, 255)? as u8),
             "roce.ecn" => self.roce.ecn = Some(boolean(value)?),
             "roce.credits" => self.roce.credits = Some(value.into()),
+            "roce.ack_coalescing" => self.roce.ack_coalescing = Some(boolean(value)?),
             "worker.idle_spin" => {
                 self.worker.idle_spin = Some(small(value, u32::MAX as u64)? as u32)
             }
@@ -591,6 +596,7 @@ impl RawConfig {
             dscp,
             ecn: self.roce.ecn.unwrap_or(false),
             credits_from_rq,
+            ack_coalescing: self.roce.ack_coalescing.unwrap_or(true),
             idle_spin: self.worker.idle_spin.unwrap_or(2000),
             idle_pause: self.worker.idle_pause.unwrap_or(2000),
             idle_sleep_us: self.worker.idle_sleep_us.unwrap_or(100),

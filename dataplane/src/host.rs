@@ -77,6 +77,7 @@ fn pack_sges(list: &[Sge]) -> VerbsResult<(u8, [Sge; MAX_HOST_SGE])> {
 /// A verbs call.
 #[derive(Debug, Clone, Copy)]
 #[allow(missing_docs)]
+#[allow(clippy::large_enum_variant)] // fixed-size ring slot, see ReplyData
 pub enum Command {
     QueryDevice,
     QueryPort,
@@ -93,6 +94,7 @@ pub enum Command {
         offset: u64,
         len: u64,
         access: Access,
+        iova: Option<u64>,
     },
     AllocMr {
         pd: PdId,
@@ -165,6 +167,8 @@ impl Command {
 /// Device attributes as plain data (the firmware string is fixed).
 #[derive(Debug, Clone, Copy)]
 #[allow(missing_docs)]
+// Ring slots are fixed-size by design: boxing a variant would put a pointer in the slot.
+#[allow(clippy::large_enum_variant)]
 pub enum ReplyData {
     None,
     Pd(PdId),
@@ -226,6 +230,7 @@ pub enum ErrKind {
 /// A reply.
 #[derive(Debug, Clone, Copy)]
 #[allow(missing_docs)]
+#[allow(clippy::large_enum_variant)] // fixed-size ring slot, see ReplyData
 pub enum Reply {
     Ok(ReplyData),
     Err {
@@ -454,6 +459,17 @@ pub trait Verbs {
         len: usize,
         access: Access,
     ) -> VerbsResult<Mr>;
+    /// `ibv_reg_mr_iova`: like `reg_mr`, but peers address the region from `iova` instead of
+    /// the buffer's address.
+    fn reg_mr_iova(
+        &mut self,
+        pd: PdId,
+        buf: &Buffer,
+        offset: usize,
+        len: usize,
+        iova: u64,
+        access: Access,
+    ) -> VerbsResult<Mr>;
     /// `ibv_dereg_mr`.
     fn dereg_mr(&mut self, mr: &Mr) -> VerbsResult<()>;
     /// `ibv_create_cq`.
@@ -596,6 +612,36 @@ impl Context {
         (sq, rq)
     }
 
+    fn reg_at(
+        &mut self,
+        pd: PdId,
+        buf: &Buffer,
+        offset: usize,
+        len: usize,
+        iova: Option<u64>,
+        access: Access,
+    ) -> VerbsResult<Mr> {
+        let cmd = Command::RegMr {
+            pd,
+            area: buf.area.id(),
+            offset: offset as u64,
+            len: len as u64,
+            access,
+            iova,
+        };
+        match self.call(cmd)? {
+            ReplyData::Keys { lkey, rkey } => Ok(Mr {
+                lkey,
+                rkey,
+                addr: iova.unwrap_or(buf.addr() + offset as u64),
+                len: len as u64,
+            }),
+            o => Err(VerbsError::InvalidArgument(format!(
+                "unexpected reply {o:?}"
+            ))),
+        }
+    }
+
     /// Waits until the worker has processed every command sent so far.
     pub fn sync(&mut self) -> VerbsResult<()> {
         self.call(Command::QueryPort).map(|_| ())
@@ -668,24 +714,19 @@ impl Verbs for Context {
         len: usize,
         access: Access,
     ) -> VerbsResult<Mr> {
-        let cmd = Command::RegMr {
-            pd,
-            area: buf.area.id(),
-            offset: offset as u64,
-            len: len as u64,
-            access,
-        };
-        match self.call(cmd)? {
-            ReplyData::Keys { lkey, rkey } => Ok(Mr {
-                lkey,
-                rkey,
-                addr: buf.addr() + offset as u64,
-                len: len as u64,
-            }),
-            o => Err(VerbsError::InvalidArgument(format!(
-                "unexpected reply {o:?}"
-            ))),
-        }
+        self.reg_at(pd, buf, offset, len, None, access)
+    }
+
+    fn reg_mr_iova(
+        &mut self,
+        pd: PdId,
+        buf: &Buffer,
+        offset: usize,
+        len: usize,
+        iova: u64,
+        access: Access,
+    ) -> VerbsResult<Mr> {
+        self.reg_at(pd, buf, offset, len, Some(iova), access)
     }
 
     fn dereg_mr(&mut self, mr: &Mr) -> VerbsResult<()> {
@@ -1044,12 +1085,13 @@ impl HostEnd {
                 offset,
                 len,
                 access,
+                iova,
             } => {
                 let mem = self
                     .reg
                     .get(area)
                     .ok_or_else(|| VerbsError::InvalidArgument(format!("no buffer {area}")))?;
-                let addr = mem.addr() + offset;
+                let addr = iova.unwrap_or(mem.addr() + offset);
                 dev.reg_mr(pd, mem, offset as usize, addr, len, access)
                     .map(|(lkey, rkey)| ReplyData::Keys { lkey, rkey })
             }

@@ -146,6 +146,7 @@ impl Nic {
             } else {
                 CreditMode::Unlimited
             },
+            coalesce_acks: cfg.ack_coalescing,
             ..Default::default()
         });
         let mut neigh = Neighbors::new(mac, &cfg);

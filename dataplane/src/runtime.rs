@@ -99,16 +99,40 @@ impl Runtime {
     /// pair): `a` and `b` give their addresses; their `port.device` is ignored.
     pub fn loopback(program: &str, a: RnicConfig, b: RnicConfig) -> Result<Runtime, StartError> {
         init_eal(program, &a)?;
-        let pool_a = pool_for(&a)?;
-        let pool_b = pool_for(&b)?;
+        // Both ends of the ring pair receive into one pool (the pair is created with one); each
+        // RNIC transmits from it too.
+        let pool = pool_for(&a)?;
         let n = POOL_SEQ.fetch_add(1, Ordering::Relaxed);
-        let (pa, pb) = ring_pair(&format!("lo{n}"), &port_config(&a), pool_a.clone())?;
-        // Port b receives into its own pool: rebuild it on b's pool is not possible with one
-        // ring pair call, so both ports share a's pool for receive and b's for transmit.
-        let _ = pool_b;
-        let na = Nic::new(a, pa, pool_a.clone()).map_err(StartError::Other)?;
-        let nb = Nic::new(b, pb, pool_a).map_err(StartError::Other)?;
+        let (pa, pb) = ring_pair(&format!("lo{n}"), &port_config(&a), pool.clone())?;
+        let na = Nic::new(a, pa, pool.clone()).map_err(StartError::Other)?;
+        let nb = Nic::new(b, pb, pool).map_err(StartError::Other)?;
         Self::spawn(vec![na, nb])
+    }
+
+    /// Starts RNICs on ports the caller already set up (e.g. one end of a ring pair whose other
+    /// end a test drives by hand). EAL must be initialised.
+    pub fn with_ports(ports: Vec<(RnicConfig, Port, Arc<Mempool>)>) -> Result<Runtime, StartError> {
+        let mut nics = Vec::new();
+        for (cfg, port, pool) in ports {
+            nics.push(Nic::new(cfg, port, pool).map_err(StartError::Other)?);
+        }
+        Self::spawn(nics)
+    }
+
+    /// Starts a worker over RNICs the caller built (and may have configured through
+    /// `Nic::dev` before any frame is processed, e.g. to replay a capture into a ready QP).
+    pub fn with_nics(nics: Vec<Nic>) -> Result<Runtime, StartError> {
+        Self::spawn(nics)
+    }
+
+    /// A pool for a test port with this configuration.
+    pub fn pool(cfg: &RnicConfig) -> Result<Arc<Mempool>, StartError> {
+        pool_for(cfg)
+    }
+
+    /// The port settings the runtime uses for `cfg`.
+    pub fn port_config(cfg: &RnicConfig) -> PortConfig {
+        port_config(cfg)
     }
 
     fn spawn(nics: Vec<Nic>) -> Result<Runtime, StartError> {

@@ -61,7 +61,8 @@ pub fn side(mut ctx: Context, qp_type: QpType, len: usize, depth: u32) -> Side {
     }
 }
 
-/// Brings `me` to RTS towards `peer` (RC/UC) or to RTS (UD).
+/// Brings `me` to RTS towards `peer` (RC/UC) or to RTS (UD), with an ACK timeout of 2^10 x
+/// 4.096 us.
 pub fn connect(
     me: &mut Side,
     peer_qpn: Qpn,
@@ -70,6 +71,21 @@ pub fn connect(
     my_psn: u32,
     peer_psn: u32,
     qp_type: QpType,
+) {
+    connect_with(me, peer_qpn, peer_gid, mtu, my_psn, peer_psn, qp_type, 10);
+}
+
+/// [`connect`] with an explicit ACK timeout exponent.
+#[allow(clippy::too_many_arguments)]
+pub fn connect_with(
+    me: &mut Side,
+    peer_qpn: Qpn,
+    peer_gid: Gid,
+    mtu: Mtu,
+    my_psn: u32,
+    peer_psn: u32,
+    qp_type: QpType,
+    timeout: u8,
 ) {
     let mut init = QpAttr {
         state: Some(QpState::Init),
@@ -104,7 +120,7 @@ pub fn connect(
         QpType::Rc => QpAttr {
             state: Some(QpState::Rts),
             sq_psn: Some(Psn::new(my_psn)),
-            timeout: Some(10),
+            timeout: Some(timeout),
             retry_cnt: Some(7),
             rnr_retry: Some(7),
             max_rd_atomic: Some(16),

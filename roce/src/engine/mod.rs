@@ -80,6 +80,9 @@ pub struct DeviceConfig {
     pub ack_every: u32,
     /// Credit advertisement.
     pub credits: CreditMode,
+    /// Merge ACKs generated in the same batch of received packets into the last one (an ACK
+    /// acknowledges every earlier PSN). Off: one ACK per AckReq packet, as rxe sends them.
+    pub coalesce_acks: bool,
 }
 
 impl Default for DeviceConfig {
@@ -99,6 +102,7 @@ impl Default for DeviceConfig {
             max_unacked_psns: 128,
             ack_every: 64,
             credits: CreditMode::FromReceiveQueue,
+            coalesce_acks: true,
         }
     }
 }

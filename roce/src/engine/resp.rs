@@ -83,7 +83,7 @@ impl Qp {
             msn: m,
         }) = self.resp.out.back_mut()
         {
-            if *s & 0x60 == 0 {
+            if *s & 0x60 == 0 && sh.cfg.coalesce_acks {
                 *p = psn;
                 *s = syndrome;
                 *m = msn;

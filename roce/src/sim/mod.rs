@@ -602,6 +602,8 @@ pub struct ConnectOpts {
     pub max_inline: u32,
     /// QP access flags.
     pub access: Access,
+    /// Source GID index of the path.
+    pub sgid_index: u8,
 }
 
 impl Default for ConnectOpts {
@@ -623,6 +625,7 @@ impl Default for ConnectOpts {
                 | Access::REMOTE_WRITE
                 | Access::REMOTE_READ
                 | Access::REMOTE_ATOMIC,
+            sgid_index: 0,
         }
     }
 }
@@ -700,7 +703,7 @@ pub fn bring_up(
     let rtr = match o.qp_type {
         QpType::Rc => QpAttr {
             state: Some(QpState::Rtr),
-            av: Some(AddressVector::new(peer_gid, 0)),
+            av: Some(AddressVector::new(peer_gid, o.sgid_index)),
             path_mtu: Some(o.mtu),
             dest_qp: Some(peer_qpn),
             rq_psn: Some(Psn::new(rq_psn)),
@@ -710,7 +713,7 @@ pub fn bring_up(
         },
         QpType::Uc => QpAttr {
             state: Some(QpState::Rtr),
-            av: Some(AddressVector::new(peer_gid, 0)),
+            av: Some(AddressVector::new(peer_gid, o.sgid_index)),
             path_mtu: Some(o.mtu),
             dest_qp: Some(peer_qpn),
             rq_psn: Some(Psn::new(rq_psn)),

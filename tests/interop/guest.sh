@@ -1,0 +1,151 @@
+#!/usr/bin/env bash
+# ferroce interop harness: a Linux Soft-RoCE (rdma_rxe) peer in a qemu guest whose NIC is tap0 in a
+# private network namespace. See tests/interop/README.md.
+#
+#   guest.sh deps                       install host packages (qemu, cpio, kmod, tcpdump)
+#   guest.sh build [--force]            build the guest into the cache dir (no-op when up to date)
+#   guest.sh up                         create the namespace and tap0 (idempotent)
+#   guest.sh down                       delete the namespace
+#   guest.sh run GUEST_SCRIPT [TIMEOUT_S]
+#                                       boot the guest, run GUEST_SCRIPT in it, power off; prints the
+#                                       path of the script's output (CACHE/share/guest.out)
+#   guest.sh status                     show cache, namespace and tap state
+#
+# Environment:
+#   FERROCE_INTEROP_DIR    cache dir (default /var/tmp/ferroce-interop)
+#   FERROCE_INTEROP_NS     namespace name (default rnic-interop)
+#   FERROCE_INTEROP_ACCEL  qemu accelerator: tcg (default), kvm, or auto (kvm when /dev/kvm works)
+#   FERROCE_INTEROP_SMP    guest vCPUs (default 1; the machine has 2 cores)
+#   FERROCE_INTEROP_MEM    guest memory in MiB (default 1024)
+#   FERROCE_INTEROP_QUIET  1: do not copy the guest console to stderr during `run`
+#
+# Addresses (everything stays inside the namespace, nothing is routed out of it):
+#   10.99.0.1/24  host kernel side of tap0 (perftest's TCP exchange, port 18515)
+#   10.99.0.2/24  guest eth0, MAC 52:54:00:99:00:02, rxe0 GID index 1 = ::ffff:10.99.0.2
+#   10.99.0.3     free for ferroce, MAC 02:00:00:99:00:03 (attach to tap0 from inside the namespace)
+# Must run as root.
+set -euo pipefail
+
+HERE=$(dirname "$(realpath "$0")")
+CACHE=$(realpath -m "${FERROCE_INTEROP_DIR:-/var/tmp/ferroce-interop}")
+NS=${FERROCE_INTEROP_NS:-rnic-interop}
+TAP=tap0
+HOST_IP=10.99.0.1/24
+GUEST_MAC=52:54:00:99:00:02
+
+die() { echo "guest.sh: $*" >&2; exit 1; }
+[ "$(id -u)" = 0 ] || die "must run as root (namespaces, tap, qemu)"
+
+# The build is up to date when the outputs exist and were made by the current build script.
+stamp_want() { sha256sum "$HERE/build-guest.sh" | cut -d' ' -f1; }
+is_built() {
+  [ -s "$CACHE/out/vmlinuz" ] && [ -s "$CACHE/out/rxe-initrd.cpio.gz" ] \
+    && [ "$(cat "$CACHE/out/STAMP" 2>/dev/null)" = "$(stamp_want)" ]
+}
+
+cmd_deps() { "$HERE/install-deps.sh"; }
+
+cmd_build() {
+  local force=0
+  [ "${1:-}" = --force ] && force=1
+  if [ $force = 0 ] && is_built; then
+    echo "guest.sh: guest up to date in $CACHE/out (kernel $(cat "$CACHE/out/KERNEL_VERSION" 2>/dev/null))" >&2
+    return 0
+  fi
+  cmd_deps
+  mkdir -p "$CACHE"
+  # one builder at a time per cache dir
+  (
+    flock -w 1800 9 || die "timed out waiting for another build in $CACHE"
+    if [ $force = 0 ] && is_built; then exit 0; fi
+    rm -f "$CACHE/out/STAMP"
+    "$HERE/build-guest.sh" "$CACHE"
+    stamp_want > "$CACHE/out/STAMP"
+  ) 9>"$CACHE/build.lock"
+}
+
+cmd_up() {
+  [ -e "/run/netns/$NS" ] || ip netns add "$NS"
+  ip -n "$NS" link set lo up
+  ip -n "$NS" link show "$TAP" >/dev/null 2>&1 || ip -n "$NS" tuntap add dev "$TAP" mode tap
+  ip -n "$NS" link set "$TAP" up
+  ip -n "$NS" addr replace "$HOST_IP" dev "$TAP"
+}
+
+cmd_down() {
+  [ -e "/run/netns/$NS" ] || return 0
+  local pids
+  pids=$(ip netns pids "$NS" 2>/dev/null | tr '\n' ' ')
+  # Processes inside keep the namespace (and tap0) alive after it is unnamed; we do not kill
+  # them here because they belong to whoever started them.
+  [ -z "$pids" ] || echo "guest.sh: note: processes still in $NS: $pids" >&2
+  ip netns del "$NS"
+}
+
+accel_args() {
+  case "${FERROCE_INTEROP_ACCEL:-tcg}" in
+    tcg) echo "-accel tcg" ;;
+    kvm) echo "-accel kvm -cpu host" ;;
+    auto) if [ -w /dev/kvm ]; then echo "-accel kvm -cpu host -accel tcg"; else echo "-accel tcg"; fi ;;
+    *) die "FERROCE_INTEROP_ACCEL must be tcg, kvm or auto" ;;
+  esac
+}
+
+cmd_run() {
+  local script=${1:-} timeout_s=${2:-300}
+  [ -n "$script" ] && [ -f "$script" ] || die "usage: guest.sh run GUEST_SCRIPT [TIMEOUT_S]"
+  script=$(realpath "$script")
+  cmd_build
+  command -v qemu-system-x86_64 >/dev/null || cmd_deps
+  cmd_up
+  local share=$CACHE/share console=$CACHE/console.log
+  mkdir -p "$share"
+  exec 8>"$CACHE/run.lock"
+  flock -w "$timeout_s" 8 || die "another guest is running from $CACHE"
+  rm -f "$share/guest.sh" "$share/guest.out" "$share/guest.rc"
+  cp "$script" "$share/guest.sh"
+  chmod +x "$share/guest.sh"
+  local tee_to=/dev/stderr
+  [ "${FERROCE_INTEROP_QUIET:-0}" = 1 ] && tee_to=/dev/null
+  local rc=0
+  # shellcheck disable=SC2046  # accel_args is a word list on purpose
+  ip netns exec "$NS" timeout -k 5 "$timeout_s" qemu-system-x86_64 $(accel_args) \
+    -m "${FERROCE_INTEROP_MEM:-1024}" -smp "${FERROCE_INTEROP_SMP:-1}" \
+    -kernel "$CACHE/out/vmlinuz" -initrd "$CACHE/out/rxe-initrd.cpio.gz" \
+    -append "console=ttyS0 quiet loglevel=4 panic=-1" \
+    -netdev "tap,id=n0,ifname=$TAP,script=no,downscript=no" \
+    -device "virtio-net-pci,netdev=n0,mac=$GUEST_MAC" \
+    -virtfs "local,path=$share,mount_tag=share,security_model=none,id=share" \
+    -nographic -no-reboot -nodefaults -serial stdio </dev/null 2>&1 \
+    | tee "$console" >"$tee_to" || rc=$?   # pipefail: qemu's (or timeout's) status
+  exec 8>&-
+  if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
+    echo "guest.sh: guest timed out after ${timeout_s}s (console: $console)" >&2
+    return 124
+  fi
+  [ -f "$share/guest.rc" ] || { echo "guest.sh: guest did not finish its script (qemu rc $rc, console: $console)" >&2; return 1; }
+  echo "$share/guest.out"
+}
+
+cmd_status() {
+  echo "cache:     $CACHE ($(is_built && echo "built, kernel $(cat "$CACHE/out/KERNEL_VERSION")" || echo "not built"))"
+  if [ -e "/run/netns/$NS" ]; then
+    echo "namespace: $NS"
+    ip -n "$NS" -br addr show "$TAP" 2>/dev/null | sed 's/^/  /'
+    echo "  pids: $(ip netns pids "$NS" | tr '\n' ' ')"
+  else
+    echo "namespace: $NS (absent)"
+  fi
+}
+
+sub=${1:-}
+shift || true
+case "$sub" in
+  deps) cmd_deps ;;
+  build) cmd_build "$@" ;;
+  up) cmd_up ;;
+  down) cmd_down ;;
+  run) cmd_run "$@" ;;
+  status) cmd_status ;;
+  *) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+esac

@@ -1,0 +1,686 @@
+//! The dataplane on DPDK: UC and UD between two RNICs, recovery over a fault-injecting link,
+//! ARP/ping/ND answered on a port, and a net_pcap replay of rxe's requests whose responses
+//! must equal rxe's.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use dataplane::config::RnicConfig;
+use dataplane::nic::Nic;
+use dataplane::runtime::{test_config, Runtime};
+use dataplane::Verbs;
+use ferroce_tests::{connect, side, wait_cq, Side};
+use pmd_bindings::{ring_pair, Mbuf, Port};
+use roce::types::{Gid, Psn, Qkey, Qpn};
+use roce::verbs::*;
+use roce::wire::frame::{self, FrameKind};
+
+fn pair_with(ca: RnicConfig, cb: RnicConfig, t: QpType) -> (Runtime, Side, Side) {
+    let mtu = ca.path_mtu;
+    let rt = Runtime::loopback("ferroce-tests", ca, cb).expect("loopback");
+    let mut a = side(rt.open(0).unwrap(), t, 8 << 20, 256);
+    let mut b = side(rt.open(1).unwrap(), t, 8 << 20, 256);
+    let (qa, qb, ga, gb) = (a.qpn, b.qpn, a.gid, b.gid);
+    connect(&mut a, qb, gb, mtu, 0x00ff_fff0, 0x77, t);
+    connect(&mut b, qa, ga, mtu, 0x77, 0x00ff_fff0, t);
+    (rt, a, b)
+}
+
+fn pattern(seed: u32, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u32 ^ seed).wrapping_mul(0x9e37_79b1).rotate_left(7) as u8)
+        .collect()
+}
+
+fn post(s: &mut Side, wr_id: u64, op: WrOp, off: u64, len: u32) {
+    let sge = s.mr.sge(off, len);
+    s.ctx
+        .post_send(
+            s.qpn,
+            &SendWr {
+                wr_id,
+                op,
+                sg_list: &[sge],
+                flags: SendFlags::SIGNALED,
+                ud: None,
+            },
+        )
+        .expect("post_send");
+}
+
+#[test]
+fn uc_and_ud_between_two_rnics() {
+    // UC: SEND and WRITE with immediate.
+    let (rt, mut a, mut b) = pair_with(test_config(3, 1024), test_config(4, 1024), QpType::Uc);
+    let data = pattern(1, 10_000);
+    a.buf.write(0, &data);
+    b.ctx
+        .post_recv(
+            b.qpn,
+            &RecvWr {
+                wr_id: 1,
+                sg_list: &[b.mr.sge(0, 16384)],
+            },
+        )
+        .unwrap();
+    b.ctx
+        .post_recv(
+            b.qpn,
+            &RecvWr {
+                wr_id: 2,
+                sg_list: &[],
+            },
+        )
+        .unwrap();
+    post(&mut a, 1, WrOp::Send, 0, 10_000);
+    post(
+        &mut a,
+        2,
+        WrOp::WriteWithImm {
+            remote_addr: b.mr.addr + 65536,
+            rkey: b.mr.rkey.unwrap(),
+            imm: 9,
+        },
+        0,
+        3000,
+    );
+    assert!(wait_cq(&mut a, 2, 10)
+        .iter()
+        .all(|c| c.status == WcStatus::Success));
+    let r = wait_cq(&mut b, 2, 10);
+    assert_eq!(
+        r.iter().map(|c| (c.wr_id, c.byte_len)).collect::<Vec<_>>(),
+        vec![(1, 10_000), (2, 3000)]
+    );
+    assert_eq!(b.buf.to_vec(0, 10_000), data);
+    assert_eq!(b.buf.to_vec(65536, 3000), data[..3000]);
+    drop((a, b));
+    drop(rt);
+
+    // UD: SEND with immediate to the peer's QP through an address handle.
+    let (rt, mut a, mut b) = pair_with(test_config(3, 1024), test_config(4, 1024), QpType::Ud);
+    b.ctx
+        .post_recv(
+            b.qpn,
+            &RecvWr {
+                wr_id: 5,
+                sg_list: &[b.mr.sge(0, 2048)],
+            },
+        )
+        .unwrap();
+    a.buf.write(0, &data[..1024]);
+    let ud = UdDest {
+        ah: AddressVector::new(b.gid, 1),
+        remote_qpn: b.qpn,
+        remote_qkey: Qkey(0x1111_1111),
+    };
+    a.ctx
+        .post_send(
+            a.qpn,
+            &SendWr {
+                wr_id: 1,
+                op: WrOp::SendWithImm { imm: 3 },
+                sg_list: &[a.mr.sge(0, 1024)],
+                flags: SendFlags::SIGNALED,
+                ud: Some(ud),
+            },
+        )
+        .unwrap();
+    assert_eq!(wait_cq(&mut a, 1, 10)[0].status, WcStatus::Success);
+    let c = wait_cq(&mut b, 1, 10)[0];
+    assert_eq!(
+        (c.status, c.byte_len, c.src_qp, c.imm_data),
+        (WcStatus::Success, 1064, a.qpn, 3)
+    );
+    assert!(c.wc_flags.contains(WcFlags::GRH));
+    assert_eq!(b.buf.to_vec(40, 1024), data[..1024]);
+    assert_eq!(
+        &b.buf.to_vec(32, 8),
+        &[10, 99, 0, 3, 10, 99, 0, 4],
+        "GRH: the IPv4 addresses"
+    );
+    drop(rt);
+}
+
+#[test]
+fn rc_recovers_over_a_faulty_link() {
+    let faulty = |h: u8| {
+        let mut c = test_config(h, 1024);
+        c.fault.loss = 0.02;
+        c.fault.duplicate = 0.01;
+        c.fault.corrupt = 0.01;
+        c.fault.reorder = 0.01;
+        c.fault.seed = h as u64;
+        c
+    };
+    let (rt, mut a, mut b) = pair_with(faulty(3), faulty(4), QpType::Rc);
+    let sizes = [1usize, 1000, 4096, 20_000, 100_000, 300_000];
+    let mut off = 0u64;
+    for (i, &len) in sizes.iter().enumerate() {
+        a.buf.write(off as usize, &pattern(i as u32, len));
+        post(
+            &mut a,
+            i as u64,
+            WrOp::Write {
+                remote_addr: b.mr.addr + off,
+                rkey: b.mr.rkey.unwrap(),
+            },
+            off,
+            len as u32,
+        );
+        off += len as u64;
+    }
+    // And READs back, and SENDs.
+    for i in 0..4u64 {
+        b.ctx
+            .post_recv(
+                b.qpn,
+                &RecvWr {
+                    wr_id: i,
+                    sg_list: &[b.mr.sge((4 << 20) + i * 65536, 65536)],
+                },
+            )
+            .unwrap();
+        post(&mut a, 100 + i, WrOp::Send, i * 1000, 30_000);
+        post(
+            &mut a,
+            200 + i,
+            WrOp::Read {
+                remote_addr: b.mr.addr,
+                rkey: b.mr.rkey.unwrap(),
+            },
+            (6 << 20) + i * 65536,
+            50_000,
+        );
+    }
+    let c = wait_cq(&mut a, sizes.len() + 8, 60);
+    assert_eq!(c.len(), sizes.len() + 8, "{c:?}");
+    assert!(c.iter().all(|c| c.status == WcStatus::Success), "{c:?}");
+    let mut off = 0;
+    for (i, &len) in sizes.iter().enumerate() {
+        assert_eq!(b.buf.to_vec(off, len), pattern(i as u32, len));
+        off += len;
+    }
+    for i in 0..4usize {
+        assert_eq!(
+            a.buf.to_vec((6 << 20) + i * 65536, 50_000),
+            b.buf.to_vec(0, 50_000)
+        );
+    }
+    let r = wait_cq(&mut b, 4, 10);
+    assert!(r
+        .iter()
+        .all(|c| c.status == WcStatus::Success && c.byte_len == 30_000));
+    let snaps = rt.stop();
+    let faults = snaps[0].nic.fault_lost + snaps[0].nic.fault_corrupted + snaps[1].nic.fault_lost;
+    assert!(faults > 0, "faults were injected");
+    assert!(
+        snaps[0].qps.retransmitted_pkts > 0,
+        "the requester retransmitted: {:?}",
+        snaps[0].qps
+    );
+    assert!(
+        snaps[0].dev.rx_icrc_encapsulated + snaps[1].dev.rx_icrc_encapsulated > 0,
+        "corruption caught by the ICRC"
+    );
+    assert!(snaps[1].qps.duplicate_request + snaps[1].qps.out_of_sequence > 0);
+}
+
+/// One end of a ring pair for the RNIC, the other driven by hand.
+fn raw_pair(
+    cfg: RnicConfig,
+    name: &str,
+) -> (
+    Runtime,
+    pmd_bindings::RxQueue,
+    pmd_bindings::TxQueue,
+    std::sync::Arc<pmd_bindings::Mempool>,
+) {
+    dataplane::runtime::init_eal("ferroce-tests", &cfg).unwrap();
+    let pool = Runtime::pool(&cfg).unwrap();
+    let (p_rnic, p_raw) = ring_pair(name, &Runtime::port_config(&cfg), pool.clone()).unwrap();
+    let rt = Runtime::with_ports(vec![(cfg, p_rnic, pool.clone())]).unwrap();
+    let rx = p_raw.rx_queue(0).unwrap();
+    let tx = p_raw.tx_queue(0).unwrap();
+    std::mem::forget(p_raw); // the queues keep the port alive
+    (rt, rx, tx, pool)
+}
+
+fn receive_until(
+    rx: &mut pmd_bindings::RxQueue,
+    secs: u64,
+    mut pred: impl FnMut(&[u8]) -> bool,
+) -> Option<Vec<u8>> {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    let mut burst: Vec<Mbuf> = Vec::with_capacity(32);
+    while Instant::now() < deadline {
+        rx.rx_burst(&mut burst);
+        for m in burst.drain(..) {
+            let f = m.to_vec();
+            if pred(&f) {
+                return Some(f);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    None
+}
+
+#[test]
+fn answers_arp_ping_and_neighbour_solicitation_on_a_port() {
+    use smoltcp::phy::ChecksumCapabilities;
+    use smoltcp::wire::*;
+    let mut cfg = test_config(3, 1024);
+    cfg.ipv6 = vec![dataplane::config::Cidr {
+        addr: "fd00:99::3".parse().unwrap(),
+        prefix: 64,
+    }];
+    let (rt, mut rx, mut tx, pool) = raw_pair(cfg, "nb");
+    let peer = [0x52, 0x54, 0, 0x99, 0, 2];
+    // The RNIC announced itself at start: a gratuitous ARP.
+    let g = receive_until(&mut rx, 5, |f| f[12..14] == [0x08, 0x06]).expect("gratuitous ARP");
+    assert_eq!(&g[6..12], &rt.mac(0));
+    // ARP request from the peer.
+    let mut f = vec![0u8; 60];
+    EthernetRepr {
+        src_addr: EthernetAddress(peer),
+        dst_addr: EthernetAddress::BROADCAST,
+        ethertype: EthernetProtocol::Arp,
+    }
+    .emit(&mut EthernetFrame::new_unchecked(&mut f[..]));
+    ArpRepr::EthernetIpv4 {
+        operation: ArpOperation::Request,
+        source_hardware_addr: EthernetAddress(peer),
+        source_protocol_addr: "10.99.0.2".parse().unwrap(),
+        target_hardware_addr: EthernetAddress([0; 6]),
+        target_protocol_addr: "10.99.0.3".parse().unwrap(),
+    }
+    .emit(&mut ArpPacket::new_unchecked(&mut f[14..42]));
+    let mut m = pool.alloc().unwrap();
+    m.extend_from_slice(&f);
+    tx.tx_one(m).unwrap();
+    let reply = receive_until(&mut rx, 5, |f| {
+        f[12..14] == [0x08, 0x06]
+            && ArpPacket::new_checked(&f[14..])
+                .map(|p| p.operation() == ArpOperation::Reply)
+                .unwrap_or(false)
+    })
+    .expect("ARP reply");
+    assert_eq!(&reply[..6], &peer);
+    // Ping.
+    let caps = ChecksumCapabilities::default();
+    let echo = Icmpv4Repr::EchoRequest {
+        ident: 1,
+        seq_no: 9,
+        data: b"ferroce ping",
+    };
+    let ip = Ipv4Repr {
+        src_addr: "10.99.0.2".parse().unwrap(),
+        dst_addr: "10.99.0.3".parse().unwrap(),
+        next_header: IpProtocol::Icmp,
+        payload_len: echo.buffer_len(),
+        hop_limit: 64,
+    };
+    let mut f = vec![0u8; 14 + 20 + echo.buffer_len()];
+    EthernetRepr {
+        src_addr: EthernetAddress(peer),
+        dst_addr: EthernetAddress(rt.mac(0)),
+        ethertype: EthernetProtocol::Ipv4,
+    }
+    .emit(&mut EthernetFrame::new_unchecked(&mut f[..]));
+    let mut p = Ipv4Packet::new_unchecked(&mut f[14..]);
+    ip.emit(&mut p, &caps);
+    echo.emit(&mut Icmpv4Packet::new_unchecked(p.payload_mut()), &caps);
+    let mut m = pool.alloc().unwrap();
+    m.extend_from_slice(&f);
+    tx.tx_one(m).unwrap();
+    let pong = receive_until(&mut rx, 5, |f| f[12..14] == [0x08, 0x00] && f[14 + 9] == 1)
+        .expect("echo reply");
+    let rp = Ipv4Packet::new_checked(&pong[14..]).unwrap();
+    let rr = Icmpv4Repr::parse(&Icmpv4Packet::new_checked(rp.payload()).unwrap(), &caps).unwrap();
+    assert_eq!(
+        rr,
+        Icmpv4Repr::EchoReply {
+            ident: 1,
+            seq_no: 9,
+            data: b"ferroce ping"
+        }
+    );
+    // IPv6 neighbour solicitation for fd00:99::3.
+    let target: Ipv6Address = "fd00:99::3".parse().unwrap();
+    let src: Ipv6Address = "fd00:99::2".parse().unwrap();
+    let ns = Icmpv6Repr::Ndisc(NdiscRepr::NeighborSolicit {
+        target_addr: target,
+        lladdr: Some(RawHardwareAddress::from(EthernetAddress(peer))),
+    });
+    let dst: Ipv6Address = "ff02::1:ff00:3".parse().unwrap();
+    let ip6 = Ipv6Repr {
+        src_addr: src,
+        dst_addr: dst,
+        next_header: IpProtocol::Icmpv6,
+        payload_len: ns.buffer_len(),
+        hop_limit: 255,
+    };
+    let mut f = vec![0u8; 14 + 40 + ns.buffer_len()];
+    EthernetRepr {
+        src_addr: EthernetAddress(peer),
+        dst_addr: EthernetAddress([0x33, 0x33, 0xff, 0, 0, 3]),
+        ethertype: EthernetProtocol::Ipv6,
+    }
+    .emit(&mut EthernetFrame::new_unchecked(&mut f[..]));
+    let mut p = Ipv6Packet::new_unchecked(&mut f[14..]);
+    ip6.emit(&mut p);
+    ns.emit(
+        &src,
+        &dst,
+        &mut Icmpv6Packet::new_unchecked(p.payload_mut()),
+        &caps,
+    );
+    let mut m = pool.alloc().unwrap();
+    m.extend_from_slice(&f);
+    tx.tx_one(m).unwrap();
+    let na = receive_until(&mut rx, 5, |f| {
+        f[12..14] == [0x86, 0xdd] && f[14 + 40] == 136 && f[..6] == peer
+    })
+    .expect("neighbour advertisement");
+    assert_eq!(
+        &na[14 + 24..14 + 40],
+        &src.octets(),
+        "sent to the solicitor"
+    );
+    let snap = rt.stop();
+    assert!(
+        snap[0].neigh.arp_replies_tx >= 1
+            && snap[0].neigh.echo_replies_tx >= 1
+            && snap[0].neigh.na_tx >= 1
+    );
+    assert_eq!(snap[0].nic.rx_arp, 1);
+}
+
+#[test]
+fn unresolvable_peer_fails_the_qp_with_a_clear_error() {
+    let cfg = test_config(3, 1024);
+    let (rt, _rx, _tx, _pool) = raw_pair(cfg, "unres");
+    let mut a = side(rt.open(0).unwrap(), QpType::Rc, 65536, 16);
+    // Nobody answers ARP for 10.99.0.9. The ACK timeout (about 1 s, 7 retries) is longer
+    // than resolution (3 tries, 1 s apart), so the resolution failure is what the QP reports.
+    let (q, g) = (Qpn::new(0x55), Gid::from_ipv4([10, 99, 0, 9]));
+    ferroce_tests::connect_with(&mut a, q, g, Mtu::M1024, 1, 1, QpType::Rc, 18);
+    post(
+        &mut a,
+        1,
+        WrOp::Write {
+            remote_addr: 0,
+            rkey: roce::types::Rkey(1),
+        },
+        0,
+        8,
+    );
+    let c = wait_cq(&mut a, 1, 15);
+    assert_eq!(
+        c.first().map(|c| c.status),
+        Some(WcStatus::WrFlushErr),
+        "{c:?}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let mut ev = None;
+    while ev.is_none() && Instant::now() < deadline {
+        ev = a.ctx.poll_event();
+    }
+    assert_eq!(ev, Some(AsyncEvent::QpFatal(a.qpn)));
+    let snap = rt.stop();
+    assert_eq!(snap[0].nic.qps_failed_unresolved, 1);
+    assert!(snap[0].neigh.arp_requests_tx >= 3, "three ARP attempts");
+}
+
+/// rxe's request frames (tests/corpus) replayed through net_pcap into a ferroce RNIC set up
+/// with the capture's addresses and QP state: the tx_pcap holds rxe's responses.
+#[test]
+fn net_pcap_replay_of_rxe_requests_gives_rxe_responses() {
+    let corpus = Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus");
+    for case in ["write_bw_4k", "read_lat", "atomic_faa"] {
+        replay(&corpus, case);
+    }
+}
+
+fn replay(corpus: &Path, case: &str) {
+    let data = std::fs::read(corpus.join(format!("{case}.pcap"))).unwrap();
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(corpus.join(format!("{case}.json"))).unwrap())
+            .unwrap();
+    let hex = |v: &serde_json::Value| {
+        u64::from_str_radix(v.as_str().unwrap().trim_start_matches("0x"), 16).unwrap()
+    };
+    let adv = json["advertised"].as_array().unwrap();
+    let (client, server) = (&adv[0], &adv[1]);
+    let (c_qpn, c_psn) = (hex(&client["qpn"]) as u32, hex(&client["psn"]) as u32);
+    let (s_psn, s_va) = (hex(&server["psn"]) as u32, hex(&server["vaddr"]));
+    let frames: Vec<Vec<u8>> = roce::pcap::Reader::new(&data)
+        .unwrap()
+        .map(|r| r.unwrap().data.to_vec())
+        .collect();
+    let parsed: Vec<(frame::ParsedFrame, &Vec<u8>)> = frames
+        .iter()
+        .filter_map(|f| frame::parse(f).ok().map(|p| (p, f)))
+        .collect();
+    let from =
+        |p: &frame::ParsedFrame, last: u8| p.repr.ip.gids().0 == Gid::from_ipv4([10, 99, 0, last]);
+    // A fresh device numbers its first QP 0x11 and first MR key 0x101: rewrite the client's
+    // requests for them (and recompute the ICRC); the VA is kept by registering at it.
+    let (our_qpn, our_rkey) = (Qpn::new(0x11), roce::types::Rkey(0x101));
+    let dir = std::env::temp_dir().join(format!("ferroce-replay-{case}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (rx_path, tx_path) = (dir.join("rx.pcap"), dir.join("tx.pcap"));
+    {
+        let mut w = roce::pcap::Writer::new(std::io::BufWriter::new(
+            std::fs::File::create(&rx_path).unwrap(),
+        ))
+        .unwrap();
+        // The client announces itself first, so the RNIC knows where to answer.
+        let client_mac: [u8; 6] = parsed
+            .iter()
+            .find(|(p, _)| from(p, 2))
+            .unwrap()
+            .0
+            .repr
+            .eth
+            .src;
+        w.write(0, &arp_request(client_mac, [10, 99, 0, 2], [10, 99, 0, 4]))
+            .unwrap();
+        for (p, f) in &parsed {
+            if !(from(p, 2) && p.info().is_request) {
+                continue;
+            }
+            let mut r = p.repr;
+            r.transport.bth.dest_qp = our_qpn;
+            if let Some(x) = r.transport.ext.reth.as_mut() {
+                x.rkey = our_rkey;
+            }
+            if let Some(x) = r.transport.ext.atomic_eth.as_mut() {
+                x.rkey = our_rkey;
+            }
+            let mut out = vec![0u8; p.frame_len];
+            r.emit(&mut out, p.payload(f)).unwrap();
+            w.write(0, &out).unwrap();
+        }
+        w.into_inner().unwrap();
+    }
+    let mut cfg = test_config(4, 1024);
+    cfg.mac = Some([0x52, 0x54, 0, 0x99, 0, 4]);
+    cfg.credits_from_rq = false; // rxe advertises no credits
+    cfg.ack_coalescing = false; // and ACKs every AckReq packet
+    dataplane::runtime::init_eal("ferroce-tests", &cfg).unwrap();
+    let pool = Runtime::pool(&cfg).unwrap();
+    let devargs = format!(
+        "net_pcap_{case},rx_pcap={},tx_pcap={}",
+        rx_path.display(),
+        tx_path.display()
+    );
+    let port = Port::probe(&devargs, &Runtime::port_config(&cfg), pool.clone()).unwrap();
+    let mut nic = Nic::new(cfg, port, pool).unwrap();
+    // The server's QP and MR, set up before the worker reads the first frame.
+    let reg = dataplane::area::AreaRegistry::new();
+    let mem = reg.create(16 << 20).unwrap();
+    let dev = &mut nic.dev;
+    let pd = dev.alloc_pd().unwrap();
+    let cq = dev.create_cq(4096).unwrap();
+    let qpn = dev
+        .create_qp(&roce::engine::QpInit {
+            pd,
+            qp_type: QpType::Rc,
+            send_cq: cq,
+            recv_cq: cq,
+            srq: None,
+            caps: QpCaps::default(),
+            sq_sig_all: false,
+        })
+        .unwrap();
+    assert_eq!(qpn, our_qpn);
+    let base = s_va & !0xfff;
+    let (_, rkey) = dev
+        .reg_mr(pd, mem.clone(), 0, base, 16 << 20, Access::ALL)
+        .unwrap();
+    assert_eq!(rkey, Some(our_rkey));
+    // Memory holds what rxe's did where the requests read it.
+    prefill(&parsed, &mem, base);
+    let ep = roce::sim::Endpoint {
+        pd,
+        cq,
+        qpn,
+        mem: roce::memory::HeapMemory::shared(8),
+        addr: base,
+        lkey: roce::types::Lkey(0x101),
+        rkey: our_rkey,
+        sq_psn: Psn::new(s_psn),
+    };
+    let o = roce::sim::ConnectOpts {
+        mtu: Mtu::M1024,
+        rd_atomic: 128,
+        sgid_index: 1,
+        ..Default::default()
+    };
+    roce::sim::bring_up(
+        dev,
+        &ep,
+        Qpn::new(c_qpn),
+        Gid::from_ipv4([10, 99, 0, 2]),
+        &o,
+        s_psn,
+        c_psn,
+    );
+    let rt = Runtime::with_nics(vec![nic]).unwrap();
+    // Wait until every request was answered (the capture's response count), then stop (which
+    // closes the port and flushes the tx pcap).
+    let want = parsed
+        .iter()
+        .filter(|(p, _)| {
+            from(p, 4) && !p.info().is_request && p.repr.transport.bth.dest_qp.value() == c_qpn
+        })
+        .count();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline && (rt.stats(0).nic.tx_roce as usize) < want {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    rt.stop();
+    let out = std::fs::read(&tx_path).unwrap();
+    let ours: Vec<(frame::ParsedFrame, Vec<u8>)> = roce::pcap::Reader::new(&out)
+        .unwrap()
+        .filter_map(|r| {
+            let f = r.unwrap().data.to_vec();
+            (frame::classify(&f) == FrameKind::Roce)
+                .then(|| (frame::parse(&f).expect("valid ICRC and IPv4 checksum"), f))
+        })
+        .collect();
+    let theirs: Vec<_> = parsed
+        .iter()
+        .filter(|(p, _)| {
+            from(p, 4) && !p.info().is_request && p.repr.transport.bth.dest_qp.value() == c_qpn
+        })
+        .collect();
+    assert_eq!(ours.len(), theirs.len(), "{case}: number of responses");
+    for (i, ((o, of), (t, tf))) in ours.iter().zip(theirs).enumerate() {
+        let (ot, tt) = (&o.repr.transport, &t.repr.transport);
+        assert_eq!(ot.bth.opcode, tt.bth.opcode, "{case} response {i}");
+        assert_eq!(ot.bth.psn, tt.bth.psn, "{case} response {i}");
+        assert_eq!(ot.bth.dest_qp, tt.bth.dest_qp, "{case} response {i}");
+        assert_eq!(
+            ot.ext.aeth, tt.ext.aeth,
+            "{case} response {i}: syndrome and MSN"
+        );
+        assert_eq!(ot.ext.atomic_ack, tt.ext.atomic_ack, "{case} response {i}");
+        assert_eq!(o.payload(of), t.payload(tf), "{case} response {i}: data");
+        // rxe's port formula, applied to our QPN (which differs from the capture's).
+        let sport = roce::engine::transmit::udp_sport_connected(0, our_qpn.value(), c_qpn);
+        assert_eq!(
+            o.repr.udp_src_port, sport,
+            "{case}: UDP source port as rxe picks it"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn prefill(parsed: &[(frame::ParsedFrame, &Vec<u8>)], mem: &dataplane::area::Area, base: u64) {
+    use roce::wire::opcode::Operation;
+    // READ responses: the data at the request's address; ATOMIC ACKs: the original value.
+    let mut reads = std::collections::HashMap::new();
+    for (p, _) in parsed {
+        let t = &p.repr.transport;
+        if p.info().op == Operation::ReadRequest {
+            reads.insert(t.bth.psn.value(), t.ext.reth.unwrap());
+        }
+    }
+    let mut atomics = std::collections::HashMap::new();
+    for (p, _) in parsed {
+        let t = &p.repr.transport;
+        if matches!(p.info().op, Operation::FetchAdd | Operation::CompareSwap) {
+            atomics.insert(t.bth.psn.value(), t.ext.atomic_eth.unwrap());
+        }
+    }
+    for (p, f) in parsed {
+        let t = &p.repr.transport;
+        match p.info().op {
+            Operation::ReadResponse => {
+                // Find the READ whose PSN range covers this response.
+                for k in 0..64u32 {
+                    if let Some(r) = reads.get(&t.bth.psn.sub(k).value()) {
+                        let at = r.va + k as u64 * 1024 - base;
+                        roce::memory::Memory::write(mem, at as usize, p.payload(f)).unwrap();
+                        break;
+                    }
+                }
+            }
+            Operation::AtomicAcknowledge => {
+                if let Some(a) = atomics.get(&t.bth.psn.value()) {
+                    let off = (a.va - base) as usize;
+                    let mut cur = [0u8; 8];
+                    mem.read_at(off, &mut cur).unwrap();
+                    if cur == [0; 8] {
+                        mem.write_at(off, &t.ext.atomic_ack.unwrap().orig.to_ne_bytes())
+                            .unwrap();
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+fn arp_request(mac: [u8; 6], sip: [u8; 4], tip: [u8; 4]) -> Vec<u8> {
+    use smoltcp::wire::*;
+    let mut f = vec![0u8; 60];
+    EthernetRepr {
+        src_addr: EthernetAddress(mac),
+        dst_addr: EthernetAddress::BROADCAST,
+        ethertype: EthernetProtocol::Arp,
+    }
+    .emit(&mut EthernetFrame::new_unchecked(&mut f[..]));
+    ArpRepr::EthernetIpv4 {
+        operation: ArpOperation::Request,
+        source_hardware_addr: EthernetAddress(mac),
+        source_protocol_addr: sip.into(),
+        target_hardware_addr: EthernetAddress([0; 6]),
+        target_protocol_addr: tip.into(),
+    }
+    .emit(&mut ArpPacket::new_unchecked(&mut f[14..42]));
+    f
+}
