@@ -4,3 +4,4 @@
 #![warn(missing_docs)]
 
 pub mod pcap_tool;
+pub mod rnic_opts;
