@@ -36,3 +36,6 @@ done
 for tool in rustfmt clippy-driver; do
   command -v "$tool" >/dev/null || rustup component add "${tool%-driver}" >/dev/null 2>&1 || true
 done
+
+# The interop guest (Linux Soft-RoCE + perftest under qemu): qemu-system-x86, cpio, kmod.
+bash "$(dirname "$0")/../tests/interop/install-deps.sh"
