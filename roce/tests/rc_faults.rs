@@ -73,8 +73,9 @@ fn run(seed: u64, p_fault: f64, ack_every: u32, kinds: &[OpKind], ops: usize) {
                     done[pos].status,
                     WcStatus::RetryExcErr | WcStatus::RnrRetryExcErr
                 ),
-                "seed {seed}: unexpected {:?}",
-                done[pos]
+                "seed {seed}: unexpected {:?} on side {side}; its completions: {:?}",
+                done[pos],
+                done.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>()
             );
             assert_eq!(state, QpState::Err);
             assert!(done[pos + 1..]

@@ -264,12 +264,14 @@ impl Qp {
 
     /// The oldest WQE still waiting for a response (after `complete_before`).
     fn outstanding_head(&self) -> Option<u64> {
-        let mut idx = self.comp.next;
-        while idx < self.req.next {
+        // The oldest remote WR not completed is the one the peer failed to answer, whether it
+        // is in flight or was rewound by a retry and waits to be sent again (IBA 9.7.5.1: the
+        // WQE whose retries ran out completes with the error).
+        let mut idx = self.comp.next.max(self.sq.head);
+        while idx < self.sq.tail {
             let w = self.sq.get(idx);
             match w.state {
                 WqeState::Done(_) => idx += 1,
-                WqeState::Posted => return None,
                 _ if !w.op.is_remote() => idx += 1,
                 _ => return Some(idx),
             }
