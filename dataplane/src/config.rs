@@ -145,9 +145,9 @@ pub struct RawRoce {
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct RawWorker {
-    /// Idle iterations spent spinning before pausing.
+    /// Idle iterations spent spinning before yielding.
     pub idle_spin: Option<u32>,
-    /// Idle iterations spent with `pause` before sleeping.
+    /// Idle iterations that yield the CPU (sched_yield) before sleeping.
     pub idle_pause: Option<u32>,
     /// Sleep when idle, in microseconds.
     pub idle_sleep_us: Option<u32>,
@@ -279,7 +279,7 @@ pub struct RnicConfig {
     pub ack_coalescing: bool,
     /// Idle spin iterations.
     pub idle_spin: u32,
-    /// Idle pause iterations.
+    /// Idle iterations that yield the CPU.
     pub idle_pause: u32,
     /// Idle sleep (us).
     pub idle_sleep_us: u32,
@@ -597,8 +597,8 @@ impl RawConfig {
             ecn: self.roce.ecn.unwrap_or(false),
             credits_from_rq,
             ack_coalescing: self.roce.ack_coalescing.unwrap_or(true),
-            idle_spin: self.worker.idle_spin.unwrap_or(2000),
-            idle_pause: self.worker.idle_pause.unwrap_or(2000),
+            idle_spin: self.worker.idle_spin.unwrap_or(256),
+            idle_pause: self.worker.idle_pause.unwrap_or(4096),
             idle_sleep_us: self.worker.idle_sleep_us.unwrap_or(100),
             pcap: self.capture.pcap.as_ref().map(PathBuf::from),
             fault,

@@ -1243,6 +1243,12 @@ impl HostEnd {
     /// Returns how many completions and events were delivered.
     pub fn publish(&mut self, dev: &mut Device) -> usize {
         let mut moved = 0;
+        // Queue positions first: an application that polls a completion may at once post
+        // into the slot it freed (ibv semantics), so the slot must already read as retired.
+        // Queues also retire without completions (unsignaled WRs): publish every time.
+        for &q in &self.qps {
+            self.publish_qp(dev, q);
+        }
         for (cq, ring) in self.cqs.iter_mut() {
             if !dev.cq_has_entries(*cq) {
                 continue;
@@ -1251,16 +1257,12 @@ impl HostEnd {
             if room == 0 {
                 continue; // the engine's CQ holds them; it reports an overflow if it fills
             }
-            self.scratch.resize(room.min(64), zero_completion());
+            self.scratch.resize(room.min(64), Completion::default());
             let n = dev.poll_cq(*cq, &mut self.scratch).unwrap_or(0);
             for c in &self.scratch[..n] {
                 ring.push(c);
             }
             moved += n;
-        }
-        // Queues also retire without completions (unsignaled WRs): publish every time.
-        for &q in &self.qps {
-            self.publish_qp(dev, q);
         }
         while let Some(ev) = dev.poll_event() {
             if self.events.push(&ev) {
@@ -1268,23 +1270,5 @@ impl HostEnd {
             }
         }
         moved
-    }
-}
-
-fn zero_completion() -> Completion {
-    Completion {
-        wr_id: 0,
-        status: roce::verbs::WcStatus::Success,
-        opcode: WcOpcode::Send,
-        vendor_err: 0,
-        byte_len: 0,
-        imm_data: 0,
-        invalidated_rkey: 0,
-        qp_num: Qpn::new(0),
-        src_qp: Qpn::new(0),
-        wc_flags: Default::default(),
-        pkey_index: 0,
-        sl: 0,
-        solicited: false,
     }
 }

@@ -43,7 +43,10 @@ pub fn ring<T: Plain>(
         capacity.is_power_of_two(),
         "ring capacity must be a power of two"
     );
-    assert!(std::mem::align_of::<T>() <= 64, "slot alignment above a cache line");
+    assert!(
+        std::mem::align_of::<T>() <= 64,
+        "slot alignment above a cache line"
+    );
     let area = reg.create(ring_bytes::<T>(capacity))?;
     let id = area.id();
     Ok((

@@ -488,6 +488,27 @@ pub struct Completion {
     pub solicited: bool,
 }
 
+impl Default for Completion {
+    /// An all-zero completion (a successful SEND on QP 0): a placeholder for poll buffers.
+    fn default() -> Self {
+        Completion {
+            wr_id: 0,
+            status: WcStatus::Success,
+            opcode: WcOpcode::Send,
+            vendor_err: 0,
+            byte_len: 0,
+            imm_data: 0,
+            invalidated_rkey: 0,
+            qp_num: Qpn::new(0),
+            src_qp: Qpn::new(0),
+            wc_flags: WcFlags(0),
+            pkey_index: 0,
+            sl: 0,
+            solicited: false,
+        }
+    }
+}
+
 /// A path to a remote port (an address handle / the QP's primary path).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct AddressVector {

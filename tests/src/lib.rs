@@ -138,7 +138,7 @@ pub fn connect_with(
 /// Polls `cq` until `n` completions arrived or `secs` passed.
 pub fn wait_cq(s: &mut Side, n: usize, secs: u64) -> Vec<Completion> {
     let mut out = Vec::new();
-    let mut buf = [zero(); 32];
+    let mut buf = [Completion::default(); 32];
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
     while out.len() < n && std::time::Instant::now() < deadline {
         let k = s.ctx.poll_cq(s.cq, &mut buf).expect("poll");
@@ -148,23 +148,4 @@ pub fn wait_cq(s: &mut Side, n: usize, secs: u64) -> Vec<Completion> {
         }
     }
     out
-}
-
-/// An all-zero completion (for poll buffers).
-pub fn zero() -> Completion {
-    Completion {
-        wr_id: 0,
-        status: WcStatus::Success,
-        opcode: WcOpcode::Send,
-        vendor_err: 0,
-        byte_len: 0,
-        imm_data: 0,
-        invalidated_rkey: 0,
-        qp_num: Qpn::new(0),
-        src_qp: Qpn::new(0),
-        wc_flags: WcFlags::default(),
-        pkey_index: 0,
-        sl: 0,
-        solicited: false,
-    }
 }

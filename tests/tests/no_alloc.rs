@@ -11,7 +11,7 @@ use dataplane::nic::Nic;
 use dataplane::runtime::{test_config, Runtime};
 use dataplane::worker::{Backoff, Worker};
 use dataplane::Verbs;
-use ferroce_tests::{connect, side, zero};
+use ferroce_tests::{connect, side};
 use roce::verbs::*;
 
 struct Counting;
@@ -89,7 +89,7 @@ fn steady_state_rdma_write_traffic_allocates_nothing() {
         (a, b, w)
     });
     let rkey = b.mr.rkey.unwrap();
-    let mut wc = [zero(); 64];
+    let mut wc = [roce::verbs::Completion::default(); 64];
     let mut run = |n_msgs: u64, a: &mut ferroce_tests::Side, w: &mut Worker| {
         let (mut posted, mut done) = (0u64, 0u64);
         while done < n_msgs {
