@@ -4,4 +4,5 @@
 #![warn(missing_docs)]
 
 pub mod pcap_tool;
+pub mod perf;
 pub mod rnic_opts;

@@ -101,10 +101,11 @@ pub fn stop_requested() -> bool {
     STOP.load(Ordering::SeqCst)
 }
 
-/// Structured logs to stderr (`RUST_LOG` filters; default: warnings, and info for ferroce).
-pub fn init_logging() {
+/// Structured logs to stderr (`RUST_LOG` filters; `default` applies without it, e.g.
+/// "warn,dataplane=info").
+pub fn init_logging(default: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,dataplane=info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

@@ -45,7 +45,7 @@ fn print_stats(rt: &Runtime) {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging();
+    init_logging("warn,dataplane=info");
     let cfg = match cli.rnic.validate() {
         Ok(c) => c,
         Err(e) => {

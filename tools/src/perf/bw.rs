@@ -1,0 +1,677 @@
+//! The bandwidth loop (`run_iter_bw`, `run_iter_bw_server`, `run_iter_bi`): WRs posted per QP
+//! up to the TX depth, completions moderated every `cq_mod` WRs, addresses cycled through the
+//! cycle buffer, and perftest's bandwidth formulas (docs/perftest-protocol.md sections 5, 6.2).
+
+use std::time::{Duration, Instant};
+
+use dataplane::Verbs;
+use roce::engine::VerbsError;
+use roce::types::Rkey;
+use roce::verbs::*;
+
+use super::oob::Key;
+use super::report::BwResult;
+use super::res::{inc, pattern, splitmix, Res, GRH};
+use super::{AtomicType, Conn, Params, Verb};
+
+const SEQ_BITS: u32 = 40;
+const SEQ_MASK: u64 = (1 << SEQ_BITS) - 1;
+/// perftest's `CTX_POLL_BATCH`.
+const POLL_BATCH: usize = 16;
+/// How long the receiving side waits for the next message before giving up (perftest's
+/// send server has a 60 s watchdog).
+const RECV_WATCHDOG: Duration = Duration::from_secs(60);
+/// How long a sender waits for outstanding completions.
+const SEND_WATCHDOG: Duration = Duration::from_secs(60);
+
+fn wr_id(qp: usize, seq: u64) -> u64 {
+    ((qp as u64) << SEQ_BITS) | (seq & SEQ_MASK)
+}
+
+/// What one bandwidth run measured.
+#[derive(Debug, Default)]
+pub struct BwOut {
+    /// Send WRs completed (all QPs).
+    pub sent: u64,
+    /// Receives completed (all QPs).
+    pub received: u64,
+    /// Post times (ns since the loop started), by global post index.
+    pub tposted: Vec<u64>,
+    /// Completion times, by global completion index.
+    pub tcompleted: Vec<u64>,
+    /// First/last receive completion (ns).
+    pub recv_span: Option<(u64, u64)>,
+    /// Duration mode: messages counted and the sampling window (ns).
+    pub sampled: Option<(u64, u64)>,
+    /// Messages whose data `--verify` checked.
+    pub verified: u64,
+}
+
+/// Per-QP progress.
+#[derive(Clone, Default)]
+struct QpRun {
+    scnt: u64,
+    ccnt: u64,
+    rposted: u64,
+    rcnt: u64,
+    loc_off: u64,
+    rem_off: u64,
+    /// --verify: CMP_AND_SWAP/FETCH_AND_ADD results expected per remote slot.
+    expect_seq: u64,
+    /// One past the last signaled WR posted (duration mode stops after it completes: the
+    /// unsignaled ones behind it never report).
+    signaled_upto: u64,
+}
+
+/// Duration mode phases (perftest's SIGALRM state machine).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Start,
+    Sample,
+    Stop,
+    End,
+}
+
+/// Runs one bandwidth test of `size` bytes. `send`: this side posts requests to `rem`;
+/// `recv`: this side consumes SENDs (or WRITE-with-immediate) whose receives were posted by
+/// [`prepost_recvs`].
+pub fn run<V: Verbs>(
+    res: &mut Res<V>,
+    p: &Params,
+    size: u64,
+    rem: &[Key],
+    send: bool,
+    recv: bool,
+) -> Result<BwOut, String> {
+    let nq = res.qps.len();
+    let iters = p.iters;
+    let total = iters * nq as u64;
+    let mut runs = vec![
+        QpRun {
+            rposted: if recv { preposted(p) } else { 0 },
+            ..Default::default()
+        };
+        nq
+    ];
+    let mut out = BwOut::default();
+    let record = p.peak || p.duration.is_none();
+    if record && send {
+        out.tposted = vec![0; total as usize];
+        out.tcompleted = vec![0; total as usize];
+    }
+    let t0 = Instant::now();
+    let ns = |t0: Instant| t0.elapsed().as_nanos() as u64;
+    let cycle = res.cycle_buffer;
+    let step = inc(size, res.cache_line);
+    let cycling = size <= cycle / 2;
+    let nslots = (cycle / step).max(1);
+    // Duration mode.
+    let (margin, dur) = match p.duration {
+        Some(d) => (d as f64 / 4.0, d as f64),
+        None => (0.0, 0.0),
+    };
+    let mut phase = if p.duration.is_some() {
+        Phase::Start
+    } else {
+        Phase::Sample
+    };
+    let mut sample_start = 0u64;
+    let mut sample_count_at_start = 0u64;
+    let mut totscnt = 0u64;
+    let mut totccnt = 0u64;
+    let mut totrcnt = 0u64;
+    let mut wc = [Completion::default(); POLL_BATCH];
+    let mut idle = 0u32;
+    let mut last_progress = Instant::now();
+    let mut scratch = vec![
+        0u8;
+        if p.verify {
+            size as usize + GRH as usize
+        } else {
+            0
+        }
+    ];
+    let mut expect = vec![0u8; scratch.len()];
+    let atomic_cmp = matches!(p.atomic, AtomicType::CMP_AND_SWAP);
+    loop {
+        // Phase changes (duration mode).
+        if p.duration.is_some() {
+            let el = t0.elapsed().as_secs_f64();
+            match phase {
+                Phase::Start if el >= margin => {
+                    phase = Phase::Sample;
+                    sample_start = ns(t0);
+                    sample_count_at_start = if send { totccnt } else { totrcnt };
+                }
+                Phase::Sample if el >= dur - margin => {
+                    phase = Phase::Stop;
+                    let c = if send { totccnt } else { totrcnt };
+                    out.sampled = Some((c - sample_count_at_start, ns(t0) - sample_start));
+                }
+                Phase::Stop if el >= dur => phase = Phase::End,
+                _ => {}
+            }
+        }
+        let posting = phase != Phase::End;
+        let mut progress = false;
+        // Post.
+        if send && posting {
+            for (q, r) in runs.iter_mut().enumerate() {
+                loop {
+                    let room = p.tx_depth as u64 - (r.scnt - r.ccnt);
+                    let left = if iters > 0 { iters - r.scnt } else { u64::MAX };
+                    if room < p.post_list as u64 || left == 0 {
+                        break;
+                    }
+                    let batch = (p.post_list as u64).min(left);
+                    for _ in 0..batch {
+                        let seq = r.scnt;
+                        let signaled = seq % p.cq_mod as u64 == p.cq_mod as u64 - 1
+                            || (iters > 0 && seq == iters - 1);
+                        let (sge, op) = make_wr(res, p, q, r, seq, size, &rem[q], atomic_cmp);
+                        let mut flags = SendFlags::default();
+                        if signaled {
+                            flags = flags | SendFlags::SIGNALED;
+                        }
+                        if size <= p.inline as u64 && matches!(p.verb, Verb::Send | Verb::Write) {
+                            flags = flags | SendFlags::INLINE;
+                        }
+                        let ud = (p.conn == Conn::UD).then(|| res.ud_dest(&rem[q]));
+                        let wr = SendWr {
+                            wr_id: wr_id(q, seq),
+                            op,
+                            sg_list: &[sge],
+                            flags,
+                            ud,
+                        };
+                        match res.ctx.post_send(res.qps[q], &wr) {
+                            Ok(()) => {}
+                            Err(VerbsError::QueueFull) => break,
+                            Err(e) => {
+                                return Err(format!("Couldn't post send: qp {q} scnt={seq}: {e}"))
+                            }
+                        }
+                        if record && (totscnt as usize) < out.tposted.len() {
+                            out.tposted[totscnt as usize] = ns(t0);
+                        }
+                        r.scnt += 1;
+                        if signaled {
+                            r.signaled_upto = r.scnt;
+                        }
+                        totscnt += 1;
+                        progress = true;
+                        if cycling && !(p.verify && p.verb == Verb::Write) {
+                            r.loc_off = (r.loc_off + step) % (nslots * step);
+                            r.rem_off = (r.rem_off + step) % (nslots * step);
+                        }
+                    }
+                    if r.scnt - r.ccnt >= p.tx_depth as u64 {
+                        break;
+                    }
+                }
+            }
+        }
+        // Send completions.
+        if send {
+            let k = res
+                .ctx
+                .poll_cq(res.scq, &mut wc)
+                .map_err(|e| format!("poll CQ: {e}"))?;
+            for c in &wc[..k] {
+                if c.status != WcStatus::Success {
+                    return Err(format!(
+                        "Completion with error at client: status {:?} ({}) vendor error {} (qp {} wr {})",
+                        c.status,
+                        c.status as u32,
+                        c.vendor_err,
+                        c.wr_id >> SEQ_BITS,
+                        c.wr_id & SEQ_MASK
+                    ));
+                }
+                if matches!(c.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm) {
+                    // Shared CQ (not used by perftest's layout, tolerated).
+                    continue;
+                }
+                let q = (c.wr_id >> SEQ_BITS) as usize;
+                let seq = c.wr_id & SEQ_MASK;
+                let Some(r) = runs.get_mut(q) else {
+                    return Err(format!("completion for unknown wr_id {:#x}", c.wr_id));
+                };
+                let upto = seq + 1;
+                if upto <= r.ccnt {
+                    continue;
+                }
+                if p.verify && matches!(p.verb, Verb::Read | Verb::Atomic) {
+                    for s in r.ccnt..upto {
+                        verify_send_completion(res, p, q, s, size, &mut scratch, &mut expect)?;
+                        out.verified += 1;
+                    }
+                }
+                let n = upto - r.ccnt;
+                r.ccnt = upto;
+                let now = ns(t0);
+                if record {
+                    let end = ((totccnt + n) as usize).min(out.tcompleted.len());
+                    for t in &mut out.tcompleted[(totccnt as usize).min(end)..end] {
+                        *t = now;
+                    }
+                }
+                totccnt += n;
+                progress = true;
+            }
+        }
+        // Receives.
+        if recv {
+            let k = res
+                .ctx
+                .poll_cq(res.rcq, &mut wc)
+                .map_err(|e| format!("poll receive CQ: {e}"))?;
+            for c in &wc[..k] {
+                if c.status != WcStatus::Success {
+                    return Err(format!(
+                        "Completion with error at server: status {:?} ({}) vendor error {} (receive {})",
+                        c.status, c.status as u32, c.vendor_err, c.wr_id & SEQ_MASK
+                    ));
+                }
+                let q = (c.wr_id >> SEQ_BITS) as usize;
+                if q >= nq {
+                    return Err(format!(
+                        "receive completion for unknown wr_id {:#x}",
+                        c.wr_id
+                    ));
+                }
+                let expect_len = if p.conn == Conn::UD { size + GRH } else { size };
+                let got_len = if p.write_imm { size } else { c.byte_len as u64 };
+                if got_len != expect_len && !p.write_imm {
+                    return Err(format!(
+                        "received {} bytes, expected {expect_len} (qp {q})",
+                        c.byte_len
+                    ));
+                }
+                if p.verify && !p.write_imm {
+                    verify_recv(
+                        res,
+                        p,
+                        q,
+                        c.wr_id & SEQ_MASK,
+                        &runs[q],
+                        size,
+                        &mut scratch,
+                        &mut expect,
+                    )?;
+                    out.verified += 1;
+                }
+                let now = ns(t0);
+                out.recv_span = Some(match out.recv_span {
+                    None => (now, now),
+                    Some((a, _)) => (a, now),
+                });
+                runs[q].rcnt += 1;
+                totrcnt += 1;
+                progress = true;
+                if iters == 0 || runs[q].rposted < iters {
+                    let idx = runs[q].rposted;
+                    let sge = recv_sge(res, p, q, idx, size);
+                    res.post_recv(q, wr_id(q, idx), sge)?;
+                    runs[q].rposted += 1;
+                }
+            }
+        }
+        // Done?
+        let sends_done = !send
+            || if iters > 0 {
+                totccnt >= total
+            } else {
+                phase == Phase::End && runs.iter().all(|r| r.ccnt >= r.signaled_upto)
+            };
+        let recvs_done = !recv
+            || if iters > 0 {
+                totrcnt >= total
+            } else {
+                phase == Phase::End
+            };
+        if sends_done && recvs_done {
+            break;
+        }
+        if progress {
+            idle = 0;
+            last_progress = Instant::now();
+        } else {
+            idle += 1;
+            backoff(idle);
+            let limit = if send { SEND_WATCHDOG } else { RECV_WATCHDOG };
+            if last_progress.elapsed() > limit {
+                return Err(format!(
+                    "no progress for {} s: sent {totccnt}/{} completed, received {totrcnt}",
+                    limit.as_secs(),
+                    totscnt
+                ));
+            }
+        }
+    }
+    out.sent = totccnt;
+    out.received = totrcnt;
+    Ok(out)
+}
+
+/// Posts the receives a receiving side needs before the sync round (`ctx_set_recv_wqes`):
+/// `rx_depth` per QP, at most `iters`.
+pub fn prepost_recvs<V: Verbs>(res: &mut Res<V>, p: &Params, size: u64) -> Result<(), String> {
+    for q in 0..res.qps.len() {
+        let n = if p.iters > 0 {
+            (p.rx_depth as u64).min(p.iters)
+        } else {
+            p.rx_depth as u64
+        };
+        for idx in 0..n {
+            let sge = recv_sge(res, p, q, idx, size);
+            res.post_recv(q, wr_id(q, idx), sge)?;
+        }
+    }
+    Ok(())
+}
+
+/// How many receives [`prepost_recvs`] posts per QP.
+pub fn preposted(p: &Params) -> u64 {
+    if p.iters > 0 {
+        (p.rx_depth as u64).min(p.iters)
+    } else {
+        p.rx_depth as u64
+    }
+}
+
+/// The SGE of receive number `idx` on QP `q` (with `--verify` each receive of the window has
+/// its own slot, else perftest's fixed place in the advertised region).
+pub fn recv_sge<V: Verbs>(res: &Res<V>, p: &Params, q: usize, idx: u64, size: u64) -> Sge {
+    match &res.vbuf {
+        Some((_, vm)) => {
+            let off = res.vrecv_off(p, q, idx % p.rx_depth as u64);
+            let len = if p.conn == Conn::UD { size + GRH } else { size };
+            vm.sge(off, len as u32)
+        }
+        None => res.recv_sge(p, q, size),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn make_wr<V: Verbs>(
+    res: &Res<V>,
+    p: &Params,
+    q: usize,
+    r: &mut QpRun,
+    seq: u64,
+    size: u64,
+    rem: &Key,
+    atomic_cmp: bool,
+) -> (Sge, WrOp) {
+    let rkey = Rkey(rem.rkey);
+    let step = inc(size, res.cache_line);
+    let remote_addr = if p.verify && p.verb == Verb::Write {
+        rem.vaddr + seq * step
+    } else {
+        rem.vaddr + r.rem_off
+    };
+    let sge = match &res.vbuf {
+        Some((vb, vm)) => {
+            let off = res.vsend_off(p, q, seq % p.tx_depth as u64);
+            if matches!(p.verb, Verb::Send | Verb::Write) {
+                let mut data = vec![0u8; size as usize];
+                pattern(q as u32, seq, &mut data);
+                vb.write(off as usize, &data);
+            }
+            vm.sge(off, size as u32)
+        }
+        None => res.mr.sge(res.local_off(q) + r.loc_off, size as u32),
+    };
+    let op = match p.verb {
+        Verb::Write if p.write_imm => WrOp::WriteWithImm {
+            remote_addr,
+            rkey,
+            imm: seq as u32,
+        },
+        Verb::Write => WrOp::Write { remote_addr, rkey },
+        Verb::Read => WrOp::Read { remote_addr, rkey },
+        Verb::Send => WrOp::Send,
+        Verb::Atomic => {
+            // --verify: every op on a slot is the next in that slot's count, so CMP_AND_SWAP
+            // compares with the count and swaps in count+1; without it, perftest's operands.
+            let nslots = (res.cycle_buffer / step).max(1);
+            let expected = seq / nslots;
+            r.expect_seq = expected;
+            match (atomic_cmp, p.verify) {
+                (true, true) => WrOp::CompareSwap {
+                    remote_addr,
+                    rkey,
+                    compare: expected,
+                    swap: expected + 1,
+                },
+                (true, false) => WrOp::CompareSwap {
+                    remote_addr,
+                    rkey,
+                    compare: 0,
+                    swap: 0,
+                },
+                (false, _) => WrOp::FetchAdd {
+                    remote_addr,
+                    rkey,
+                    add: 1,
+                },
+            }
+        }
+    };
+    (sge, op)
+}
+
+/// The content a `--verify` server gives its advertised region for READ: byte `k` of QP `qp`'s
+/// region.
+pub fn region_pattern(qp: u32, off: u64, out: &mut [u8]) {
+    for (i, b) in out.iter_mut().enumerate() {
+        let k = off + i as u64;
+        *b = (splitmix(((qp as u64) << 48) ^ (k / 8)) >> ((k % 8) * 8)) as u8;
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn verify_send_completion<V: Verbs>(
+    res: &Res<V>,
+    p: &Params,
+    q: usize,
+    seq: u64,
+    size: u64,
+    got: &mut [u8],
+    want: &mut [u8],
+) -> Result<(), String> {
+    let Some((vb, _)) = &res.vbuf else {
+        return Ok(());
+    };
+    let off = res.vsend_off(p, q, seq % p.tx_depth as u64) as usize;
+    let n = size as usize;
+    match p.verb {
+        Verb::Read => {
+            let step = inc(size, res.cache_line);
+            let cycling = size <= res.cycle_buffer / 2;
+            let nslots = (res.cycle_buffer / step).max(1);
+            let rem_off = if cycling { (seq % nslots) * step } else { 0 };
+            vb.read(off, &mut got[..n]);
+            region_pattern(q as u32, rem_off, &mut want[..n]);
+            if got[..n] != want[..n] {
+                return Err(format!(
+                    "--verify: READ {seq} on QP {q} returned data that differs from the server's region at +{rem_off}"
+                ));
+            }
+        }
+        Verb::Atomic => {
+            let step = inc(size, res.cache_line);
+            let nslots = (res.cycle_buffer / step).max(1);
+            let expected = seq / nslots;
+            let mut b = [0u8; 8];
+            vb.read(off, &mut b);
+            let v = u64::from_ne_bytes(b);
+            if v != expected {
+                return Err(format!(
+                    "--verify: ATOMIC {seq} on QP {q} returned {v}, expected {expected}"
+                ));
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn verify_recv<V: Verbs>(
+    res: &Res<V>,
+    p: &Params,
+    q: usize,
+    idx: u64,
+    r: &QpRun,
+    size: u64,
+    got: &mut [u8],
+    want: &mut [u8],
+) -> Result<(), String> {
+    let Some((vb, _)) = &res.vbuf else {
+        return Ok(());
+    };
+    let mut off = res.vrecv_off(p, q, idx % p.rx_depth as u64) as usize;
+    if p.conn == Conn::UD {
+        off += GRH as usize;
+    }
+    let n = size as usize;
+    vb.read(off, &mut got[..n]);
+    // The sender put the message's sequence number first; RC delivers in order and exactly
+    // once, so it must be the count received so far.
+    let mut s = [0u8; 8];
+    let k = n.min(8);
+    s[..k].copy_from_slice(&got[..k]);
+    let seq = if n >= 8 {
+        u64::from_le_bytes(s)
+    } else {
+        r.rcnt
+    };
+    if p.conn == Conn::RC && seq != r.rcnt {
+        return Err(format!(
+            "--verify: QP {q} received message {seq} where {} was due",
+            r.rcnt
+        ));
+    }
+    pattern(q as u32, seq, &mut want[..n]);
+    if got[..n] != want[..n] {
+        return Err(format!(
+            "--verify: message {seq} on QP {q} ({n} bytes) arrived corrupted"
+        ));
+    }
+    Ok(())
+}
+
+/// `--verify` on a WRITE server after the test: every message's place in the region holds
+/// that message.
+pub fn verify_write_region<V: Verbs>(
+    res: &Res<V>,
+    size: u64,
+    messages: u64,
+) -> Result<u64, String> {
+    let step = inc(size, res.cache_line);
+    let n = size as usize;
+    let mut got = vec![0u8; n];
+    let mut want = vec![0u8; n];
+    for q in 0..res.qps.len() {
+        for seq in 0..messages {
+            let off = res.remote_off(q) + seq * step;
+            res.buf.read(off as usize, &mut got);
+            pattern(q as u32, seq, &mut want);
+            if got != want {
+                return Err(format!(
+                    "--verify: WRITE {seq} of QP {q} is not in the server's memory at +{}",
+                    seq * step
+                ));
+            }
+        }
+    }
+    Ok(messages * res.qps.len() as u64)
+}
+
+/// Prepares a `--verify` server's region: READ reads a known pattern, ATOMIC starts from 0.
+pub fn prepare_region<V: Verbs>(res: &Res<V>, p: &Params) {
+    for q in 0..res.qps.len() {
+        let off = res.remote_off(q);
+        let mut data = vec![0u8; res.region as usize];
+        match p.verb {
+            Verb::Read => region_pattern(q as u32, 0, &mut data),
+            Verb::Atomic => {}
+            _ => continue,
+        }
+        res.buf.write(off as usize, &data);
+    }
+}
+
+/// perftest's bandwidth figures from a sender's timestamps (section 6.2): average over the
+/// first post to the last completion, peak over the best run of consecutive messages.
+pub fn sender_result(p: &Params, size: u64, out: &BwOut) -> BwResult {
+    if let Some((count, window)) = out.sampled {
+        return BwResult::new(size, count, window as f64 / 1e9, 0.0);
+    }
+    let n = out.tcompleted.len();
+    if n == 0 || out.sent == 0 {
+        return BwResult::new(size, 0, 1.0, 0.0);
+    }
+    let sum = out.tcompleted[n - 1].saturating_sub(out.tposted[0]).max(1);
+    let mut peak = 0.0;
+    if p.peak {
+        let cq = p.cq_mod.max(1) as usize;
+        let mut opt = f64::MAX;
+        for i in 0..n {
+            let mut j = (i + 1).div_ceil(cq) * cq - 1;
+            let mut consider = |j: usize| {
+                let d =
+                    out.tcompleted[j].saturating_sub(out.tposted[i]) as f64 / (j - i + 1) as f64;
+                if d > 0.0 && d < opt {
+                    opt = d;
+                }
+            };
+            while j < n {
+                consider(j);
+                j += cq;
+            }
+            if n % cq != 0 {
+                consider(n - 1);
+            }
+        }
+        if opt < f64::MAX {
+            peak = size as f64 / (opt / 1e9);
+        }
+    }
+    BwResult::new(size, n as u64, sum as f64 / 1e9, peak)
+}
+
+/// A receiver's figures: first to last receive completion, no peak (perftest prints 0.00).
+pub fn receiver_result(size: u64, out: &BwOut) -> BwResult {
+    if let Some((count, window)) = out.sampled {
+        return BwResult::new(size, count, window as f64 / 1e9, 0.0);
+    }
+    match out.recv_span {
+        Some((a, b)) if b > a => {
+            let mut r = BwResult::new(size, out.received, (b - a) as f64 / 1e9, 0.0);
+            r.peak_bps = 0.0;
+            r
+        }
+        _ => BwResult {
+            bytes: size,
+            iterations: out.received,
+            peak_bps: 0.0,
+            avg_bps: 0.0,
+            msg_rate: 0.0,
+        },
+    }
+}
+
+/// Busy-polls like perftest, but yields the CPU after a while so the dataplane worker, which
+/// shares these cores, keeps running.
+pub fn backoff(idle: u32) {
+    if idle < 64 {
+        std::hint::spin_loop();
+    } else if idle < 4096 {
+        std::thread::yield_now();
+    } else {
+        std::thread::sleep(Duration::from_micros(20));
+    }
+}

@@ -1,0 +1,505 @@
+//! perftest's out-of-band TCP exchange, byte for byte (docs/perftest-protocol.md section 1),
+//! and the rdma-core pingpong examples' exchange (section 7).
+//!
+//! perftest reads every item with one `read()` that must return the whole item, so each item is
+//! sent with one `write()`; the client writes first and the server reads first (section 1.2).
+
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::time::{Duration, Instant};
+
+/// The version string we announce (perftest 4.5-0.17 says "6.06").
+pub const VERSION: &str = "6.06";
+/// Size of a RoCE key message (`KEY_MSG_SIZE_GID`).
+pub const KEY_MSG_SIZE: usize = 108;
+/// Size of an rdma-core pingpong address message.
+pub const PP_MSG_SIZE: usize = 52;
+/// The closing message.
+pub const DONE: &[u8; 5] = b"done\0";
+
+/// Which end of the exchange this is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Started without an address: listens, reads first.
+    Server,
+    /// Started with the server's address: connects, writes first.
+    Client,
+}
+
+/// One side's connection data as perftest exchanges it (`pingpong_dest`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Key {
+    /// LID (0 on RoCE).
+    pub lid: u16,
+    /// Outstanding READ/ATOMIC the sender accepts as responder.
+    pub out_reads: u16,
+    /// QP number.
+    pub qpn: u32,
+    /// Initial PSN.
+    pub psn: u32,
+    /// Remote key of the advertised region.
+    pub rkey: u32,
+    /// Address of the advertised region.
+    pub vaddr: u64,
+    /// GID.
+    pub gid: [u8; 16],
+    /// SRQ number (0 unless XRC/DC).
+    pub srqn: u32,
+}
+
+impl Key {
+    /// The 108-byte message: `%04x:%04x:%06x:%06x:%08x:%016llx:` + 16 x `%02x:` + `%08x:` + NUL.
+    pub fn encode(&self) -> [u8; KEY_MSG_SIZE] {
+        let mut s = format!(
+            "{:04x}:{:04x}:{:06x}:{:06x}:{:08x}:{:016x}:",
+            self.lid,
+            self.out_reads,
+            self.qpn & 0xff_ffff,
+            self.psn & 0xff_ffff,
+            self.rkey,
+            self.vaddr
+        );
+        for b in self.gid {
+            s.push_str(&format!("{b:02x}:"));
+        }
+        s.push_str(&format!("{:08x}:", self.srqn));
+        let mut out = [0u8; KEY_MSG_SIZE];
+        out[..s.len()].copy_from_slice(s.as_bytes());
+        out
+    }
+
+    /// Parses a key message (validates every field: the peer is untrusted).
+    pub fn decode(msg: &[u8]) -> Result<Key, String> {
+        let end = msg.iter().position(|&b| b == 0).unwrap_or(msg.len());
+        let text = std::str::from_utf8(&msg[..end]).map_err(|_| "key message is not ASCII")?;
+        let f: Vec<&str> = text.split(':').collect();
+        // 6 fields, 16 GID bytes, SRQN, and the empty piece after the last ':'.
+        if f.len() < 23 {
+            return Err(format!(
+                "key message has {} fields, want 23: {text:?}",
+                f.len()
+            ));
+        }
+        let hex = |i: usize, max_digits: usize| -> Result<u64, String> {
+            let s = f[i];
+            if s.is_empty() || s.len() > max_digits {
+                return Err(format!("key field {i} {s:?} is not {max_digits}-digit hex"));
+            }
+            u64::from_str_radix(s, 16).map_err(|_| format!("key field {i} {s:?} is not hex"))
+        };
+        let mut gid = [0u8; 16];
+        for (k, g) in gid.iter_mut().enumerate() {
+            *g = hex(6 + k, 2)? as u8;
+        }
+        Ok(Key {
+            lid: hex(0, 4)? as u16,
+            out_reads: hex(1, 4)? as u16,
+            qpn: hex(2, 6)? as u32,
+            psn: hex(3, 6)? as u32,
+            rkey: hex(4, 8)? as u32,
+            vaddr: hex(5, 16)?,
+            gid,
+            srqn: hex(22, 8)? as u32,
+        })
+    }
+}
+
+/// A bandwidth report as exchanged after the test (section 1.5).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct WireReport {
+    /// Message size.
+    pub size: u64,
+    /// Iterations over all QPs.
+    pub iters: u64,
+    /// Peak bandwidth in the sender's unit.
+    pub bw_peak: f64,
+    /// Average bandwidth in the sender's unit.
+    pub bw_avg: f64,
+    /// Messages per second in millions.
+    pub msg_rate: f64,
+}
+
+/// The TCP connection to the peer tool.
+pub struct Oob {
+    stream: TcpStream,
+    role: Role,
+}
+
+impl Oob {
+    /// Accepts exactly one connection on `listener` (perftest's `listen(fd, 1)`), then stops
+    /// listening.
+    pub fn accept(listener: TcpListener) -> io::Result<Oob> {
+        let (stream, _) = listener.accept()?;
+        drop(listener);
+        Self::from_stream(stream, Role::Server)
+    }
+
+    /// Binds the server's listening socket on all addresses at `port`.
+    pub fn listen(port: u16) -> io::Result<TcpListener> {
+        TcpListener::bind(("0.0.0.0", port))
+    }
+
+    /// Connects to the server, retrying for up to `patience` while it is not listening yet.
+    pub fn connect(host: &str, port: u16, patience: Duration) -> io::Result<Oob> {
+        let addrs: Vec<SocketAddr> = (host, port).to_socket_addrs()?.collect();
+        let deadline = Instant::now() + patience;
+        loop {
+            let mut last = None;
+            for a in &addrs {
+                match TcpStream::connect_timeout(a, Duration::from_secs(2)) {
+                    Ok(s) => return Self::from_stream(s, Role::Client),
+                    Err(e) => last = Some(e),
+                }
+            }
+            let err = last.unwrap_or_else(|| io::Error::other("no address"));
+            if Instant::now() >= deadline {
+                return Err(io::Error::new(
+                    err.kind(),
+                    format!("couldn't connect to {host}:{port}: {err}"),
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn from_stream(stream: TcpStream, role: Role) -> io::Result<Oob> {
+        // Items must leave as single segments promptly; the peer reads each one whole.
+        stream.set_nodelay(true)?;
+        Ok(Oob { stream, role })
+    }
+
+    /// This side's role.
+    pub fn role(&self) -> Role {
+        self.role
+    }
+
+    /// Sets how long a read may wait (None: forever).
+    pub fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        self.stream.set_read_timeout(t)
+    }
+
+    /// Sends `item` in one write.
+    fn send(&mut self, item: &[u8]) -> io::Result<()> {
+        self.stream.write_all(item)
+    }
+
+    fn recv(&mut self, n: usize) -> io::Result<Vec<u8>> {
+        let mut buf = vec![0u8; n];
+        self.stream.read_exact(&mut buf).map_err(|e| {
+            if e.kind() == io::ErrorKind::UnexpectedEof {
+                io::Error::new(e.kind(), "the peer closed the connection")
+            } else {
+                e
+            }
+        })?;
+        Ok(buf)
+    }
+
+    /// One lock-step exchange of equal-sized items: the client writes then reads, the server
+    /// reads then writes.
+    pub fn xchg(&mut self, mine: &[u8]) -> io::Result<Vec<u8>> {
+        match self.role {
+            Role::Client => {
+                self.send(mine)?;
+                self.recv(mine.len())
+            }
+            Role::Server => {
+                let theirs = self.recv(mine.len())?;
+                self.send(mine)?;
+                Ok(theirs)
+            }
+        }
+    }
+
+    /// The negotiation items (section 1.3): version, cycle buffer, cache line, MTU. Returns the
+    /// peer's version, the agreed cycle buffer and cache line, and the agreed `ibv_mtu` value.
+    pub fn negotiate(
+        &mut self,
+        cycle_buffer: u32,
+        cache_line: u32,
+        mtu: u32,
+    ) -> Result<(String, u32, u32, u32), String> {
+        let mut v = [0u8; 16];
+        v[..VERSION.len()].copy_from_slice(VERSION.as_bytes());
+        let rv = self
+            .xchg(&v)
+            .map_err(|e| format!("version exchange: {e}"))?;
+        let end = rv.iter().position(|&b| b == 0).unwrap_or(rv.len());
+        let rem_version = String::from_utf8_lossy(&rv[..end]).into_owned();
+        let num: f64 = rem_version
+            .trim()
+            .parse()
+            .map_err(|_| format!("peer sent an unreadable version {rem_version:?}"))?;
+        // Older perftests skip or resize these items (section 1.3); we speak 5.32 and later.
+        if num < 5.32 {
+            return Err(format!(
+                "peer perftest version {rem_version} is older than 5.32, which rnic-perf does not speak"
+            ));
+        }
+        let cb = self
+            .xchg(&cycle_buffer.to_be_bytes())
+            .map_err(|e| format!("cycle buffer exchange: {e}"))?;
+        let cl = self
+            .xchg(&cache_line.to_be_bytes())
+            .map_err(|e| format!("cache line exchange: {e}"))?;
+        let rcb = u32::from_be_bytes([cb[0], cb[1], cb[2], cb[3]]);
+        let rcl = u32::from_be_bytes([cl[0], cl[1], cl[2], cl[3]]);
+        // An absurd value from the peer would make us allocate without bound.
+        if !(rcb.is_power_of_two() && rcb <= 1 << 21 && rcl.is_power_of_two() && rcl <= 4096) {
+            return Err(format!(
+                "peer sent cycle buffer {rcb} / cache line {rcl}: not plausible"
+            ));
+        }
+        let m = [b'0' + (mtu as u8 % 10), 0];
+        let rm = self.xchg(&m).map_err(|e| format!("MTU exchange: {e}"))?;
+        let rmtu = (rm[0] as char).to_digit(10).unwrap_or(0);
+        let agreed = if (1..=5).contains(&rmtu) && rmtu < mtu {
+            rmtu
+        } else {
+            mtu
+        };
+        Ok((
+            rem_version,
+            cycle_buffer.max(rcb),
+            cache_line.max(rcl),
+            agreed,
+        ))
+    }
+
+    /// One key round.
+    pub fn keys(&mut self, mine: &Key) -> Result<Key, String> {
+        let theirs = self
+            .xchg(&mine.encode())
+            .map_err(|e| format!("Couldn't read remote address: {e}"))?;
+        Key::decode(&theirs)
+    }
+
+    /// The report exchange (section 1.5): five 8-byte items.
+    pub fn reports(&mut self, mine: &WireReport) -> Result<WireReport, String> {
+        let mut x = |b: [u8; 8]| -> Result<[u8; 8], String> {
+            let v = self
+                .xchg(&b)
+                .map_err(|e| format!("Couldn't read reports: {e}"))?;
+            let mut a = [0u8; 8];
+            a.copy_from_slice(&v);
+            Ok(a)
+        };
+        let size = u64::from_be_bytes(x(mine.size.to_be_bytes())?);
+        let iters = u64::from_be_bytes(x(mine.iters.to_be_bytes())?);
+        let bw_peak = f64::from_be_bytes(x(mine.bw_peak.to_be_bytes())?);
+        let bw_avg = f64::from_be_bytes(x(mine.bw_avg.to_be_bytes())?);
+        let msg_rate = f64::from_be_bytes(x(mine.msg_rate.to_be_bytes())?);
+        Ok(WireReport {
+            size,
+            iters,
+            bw_peak,
+            bw_avg,
+            msg_rate,
+        })
+    }
+
+    /// `ctx_close_connection`: one key round, then "done" without waiting for the peer's.
+    pub fn close(mut self, mine: &Key) -> Result<(), String> {
+        self.keys(mine)?;
+        self.send(DONE).map_err(|e| format!("done: {e}"))?;
+        // Take the peer's "done" (or EOF) if it comes promptly, so it is not reset on close.
+        let _ = self
+            .stream
+            .set_read_timeout(Some(Duration::from_millis(500)));
+        let mut b = [0u8; 5];
+        let _ = self.stream.read(&mut b);
+        Ok(())
+    }
+
+    /// The rdma-core pingpong exchange (section 7.1). `connect` runs on the server between
+    /// reading the client's address and answering (it brings its QP up first, as rdma-core
+    /// does).
+    pub fn pingpong(
+        &mut self,
+        mine: &PpDest,
+        connect: impl FnOnce(&PpDest) -> Result<(), String>,
+    ) -> Result<PpDest, String> {
+        let msg = mine.encode();
+        match self.role {
+            Role::Client => {
+                self.send(&msg).map_err(|e| format!("send address: {e}"))?;
+                let r = self
+                    .recv(PP_MSG_SIZE)
+                    .map_err(|e| format!("Couldn't read remote address: {e}"))?;
+                let peer = PpDest::decode(&r)?;
+                self.send(DONE).map_err(|e| format!("done: {e}"))?;
+                connect(&peer)?;
+                Ok(peer)
+            }
+            Role::Server => {
+                let r = self
+                    .recv(PP_MSG_SIZE)
+                    .map_err(|e| format!("Couldn't read remote address: {e}"))?;
+                let peer = PpDest::decode(&r)?;
+                connect(&peer)?;
+                self.send(&msg).map_err(|e| format!("send address: {e}"))?;
+                let d = self.recv(DONE.len()).map_err(|e| format!("done: {e}"))?;
+                if d != DONE {
+                    return Err(format!("expected \"done\", got {d:?}"));
+                }
+                Ok(peer)
+            }
+        }
+    }
+}
+
+/// An rdma-core pingpong address: `%04x:%06x:%06x:%s` with the GID as 32 hex digits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PpDest {
+    /// LID.
+    pub lid: u16,
+    /// QPN.
+    pub qpn: u32,
+    /// PSN.
+    pub psn: u32,
+    /// GID (all zero without `-g`).
+    pub gid: [u8; 16],
+}
+
+impl PpDest {
+    /// The 52-byte message. The GID goes as four `%08x` of `htonl(word)`, which is its 16 bytes
+    /// in order.
+    pub fn encode(&self) -> [u8; PP_MSG_SIZE] {
+        let mut s = format!(
+            "{:04x}:{:06x}:{:06x}:",
+            self.lid,
+            self.qpn & 0xff_ffff,
+            self.psn & 0xff_ffff
+        );
+        for b in self.gid {
+            s.push_str(&format!("{b:02x}"));
+        }
+        let mut out = [0u8; PP_MSG_SIZE];
+        out[..s.len()].copy_from_slice(s.as_bytes());
+        out
+    }
+
+    /// Parses the peer's message.
+    pub fn decode(msg: &[u8]) -> Result<PpDest, String> {
+        let end = msg.iter().position(|&b| b == 0).unwrap_or(msg.len());
+        let text = std::str::from_utf8(&msg[..end]).map_err(|_| "address message is not ASCII")?;
+        let f: Vec<&str> = text.split(':').collect();
+        if f.len() != 4 || f[3].len() != 32 {
+            return Err(format!("malformed pingpong address {text:?}"));
+        }
+        let num = |s: &str| u32::from_str_radix(s, 16).map_err(|_| format!("bad hex {s:?}"));
+        let mut gid = [0u8; 16];
+        for (k, g) in gid.iter_mut().enumerate() {
+            *g = u8::from_str_radix(&f[3][2 * k..2 * k + 2], 16)
+                .map_err(|_| format!("bad GID {:?}", f[3]))?;
+        }
+        Ok(PpDest {
+            lid: num(f[0])? as u16,
+            qpn: num(f[1])? & 0xff_ffff,
+            psn: num(f[2])? & 0xff_ffff,
+            gid,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_message_matches_the_capture() {
+        // write_bw_4k frame 14 (docs/perftest-protocol.md 1.4).
+        let want = b"0000:0001:000024:a3a3a9:000006ac:0000558787567000:00:00:00:00:00:00:00:00:00:00:ff:ff:0a:63:00:02:00000000:\0";
+        assert_eq!(want.len(), KEY_MSG_SIZE);
+        let k = Key::decode(want).unwrap();
+        assert_eq!(k.qpn, 0x24);
+        assert_eq!(k.psn, 0xa3a3a9);
+        assert_eq!(k.rkey, 0x6ac);
+        assert_eq!(k.vaddr, 0x558787567000);
+        assert_eq!(k.out_reads, 1);
+        assert_eq!(&k.gid[10..], &[0xff, 0xff, 10, 99, 0, 2]);
+        assert_eq!(&k.encode()[..], &want[..]);
+    }
+
+    #[test]
+    fn malformed_keys_are_errors() {
+        for bad in [
+            &b"garbage"[..],
+            b"",
+            b"0000:0001:zz0024:a3a3a9:000006ac:0000558787567000:00:00:00:00:00:00:00:00:00:00:ff:ff:0a:63:00:02:00000000:\0",
+            b"0000:0001:000024:a3a3a9:000006ac:0000558787567000:00:00:00:00:00:00:00:00:00:00:ff:ff:0a:63:00:0:\0",
+            b"0000:0001:000024:a3a3a9:000006ac:00005587875670001:00:00:00:00:00:00:00:00:00:00:ff:ff:0a:63:00:02:00000000:\0",
+            &[0xff; 108],
+        ] {
+            assert!(Key::decode(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn pingpong_message_matches_the_capture() {
+        let want = b"0000:000011:2bb486:00000000000000000000ffff0a630002\0";
+        assert_eq!(want.len(), PP_MSG_SIZE);
+        let d = PpDest::decode(want).unwrap();
+        assert_eq!(d.qpn, 0x11);
+        assert_eq!(d.psn, 0x2bb486);
+        assert_eq!(&d.gid[12..], &[10, 99, 0, 2]);
+        assert_eq!(&d.encode()[..], &want[..]);
+        assert!(PpDest::decode(b"0000:000011:2bb486:00\0").is_err());
+        assert!(PpDest::decode(b"0000:0000zz:2bb486:00000000000000000000ffff0a630002\0").is_err());
+    }
+
+    #[test]
+    fn lockstep_exchange_over_tcp() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let srv = std::thread::spawn(move || {
+            let mut o = Oob::accept(l).unwrap();
+            let n = o.negotiate(4096, 64, 5).unwrap();
+            let k = o
+                .keys(&Key {
+                    qpn: 0x12,
+                    ..Default::default()
+                })
+                .unwrap();
+            let r = o
+                .reports(&WireReport {
+                    size: 1,
+                    ..Default::default()
+                })
+                .unwrap();
+            o.close(&Key::default()).unwrap();
+            (n, k, r)
+        });
+        let mut c = Oob::connect("127.0.0.1", port, Duration::from_secs(5)).unwrap();
+        let n = c.negotiate(8192, 64, 3).unwrap();
+        assert_eq!(n, ("6.06".to_string(), 8192, 64, 3));
+        let k = c
+            .keys(&Key {
+                qpn: 0x11,
+                ..Default::default()
+            })
+            .unwrap();
+        assert_eq!(k.qpn, 0x12);
+        let rep = WireReport {
+            size: 65536,
+            iters: 20,
+            bw_peak: 15.63,
+            bw_avg: 15.625,
+            msg_rate: 0.00025,
+        };
+        c.reports(&rep).unwrap();
+        c.close(&Key::default()).unwrap();
+        let (sn, sk, sr) = srv.join().unwrap();
+        // The server agrees on the smaller MTU and the larger cycle buffer.
+        assert_eq!(sn, ("6.06".to_string(), 8192, 64, 3));
+        assert_eq!(sk.qpn, 0x11);
+        assert_eq!(sr, rep);
+    }
+
+    #[test]
+    fn report_doubles_are_big_endian() {
+        // write_bw_4k: bw_peak 12.816... travels as 40 29 a1 ea a9 89 7a b2.
+        let v = f64::from_be_bytes([0x40, 0x29, 0xa1, 0xea, 0xa9, 0x89, 0x7a, 0xb2]);
+        assert!((v - 12.816).abs() < 0.001, "{v}");
+    }
+}

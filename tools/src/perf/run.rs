@@ -1,0 +1,557 @@
+//! One perftest tool run from connection to close, following each tool's TCP sequence
+//! (docs/perftest-protocol.md section 2) and printing its output (section 6).
+
+use std::io::Write;
+use std::net::TcpListener;
+use std::time::Duration;
+
+use dataplane::Verbs;
+use roce::verbs::Mtu;
+use serde_json::{json, Value};
+
+use super::bw::{self, BwOut};
+use super::lat;
+use super::oob::{Key, Oob, Role, WireReport};
+use super::report::{self, BwResult, LatResult, RULE};
+use super::res::{local_mtu, port_facts, Res};
+use super::{Conn, Kind, Params, Verb};
+
+/// perftest's page-size cycle buffer and cache line (ours; the peer's may be larger).
+const CYCLE_BUFFER: u32 = 4096;
+const CACHE_LINE: u32 = 64;
+/// How long a client keeps trying to reach a server that is not listening yet.
+pub const CONNECT_PATIENCE: Duration = Duration::from_secs(20);
+
+/// Where the out-of-band connection comes from.
+pub enum Endpoint {
+    /// Server: accept one client on this socket.
+    Listen(TcpListener),
+    /// Client: connect to this host and port.
+    Connect(String, u16),
+}
+
+/// A test's machine-readable result.
+pub type Outcome = Value;
+
+fn mtu_bytes(m: Mtu) -> u32 {
+    m.bytes()
+}
+
+/// `%#0Nx` as C prints it (0 has no "0x" prefix).
+fn c_alt_hex(v: u64, width: usize) -> String {
+    if v == 0 {
+        format!("{:0width$}", 0)
+    } else {
+        format!("0x{:0w$x}", v, w = width.saturating_sub(2))
+    }
+}
+
+fn gid_line(g: &[u8; 16]) -> String {
+    let parts: Vec<String> = g.iter().map(|b| format!("{b:02}")).collect();
+    format!(" GID: {}", parts.join(":"))
+}
+
+fn addr_line(p: &Params, side: &str, k: &Key) -> String {
+    let mut s = format!(
+        " {side} address: LID {} QPN {} PSN {}",
+        c_alt_hex(k.lid as u64, 4),
+        c_alt_hex(k.qpn as u64, 6),
+        c_alt_hex(k.psn as u64, 6)
+    );
+    if p.verb == Verb::Read {
+        s.push_str(&format!(" OUT {}", c_alt_hex(k.out_reads as u64, 4)));
+    }
+    if matches!(p.verb, Verb::Read | Verb::Write) {
+        s.push_str(&format!(
+            " RKey {} VAddr {}",
+            c_alt_hex(k.rkey as u64, 8),
+            c_alt_hex(k.vaddr, 16)
+        ));
+    }
+    s
+}
+
+fn header<V: Verbs>(p: &Params, r: &Res<V>, dev: &str) -> String {
+    let mut h = Vec::new();
+    h.push(RULE.to_string());
+    h.push(format!("                    {}", p.title()));
+    h.push(format!(" Dual-port       : OFF\t\tDevice         : {dev}"));
+    h.push(format!(
+        " Number of qps   : {}\t\tTransport type : IB",
+        p.qps
+    ));
+    h.push(format!(
+        " Connection type : {:?}\t\tUsing SRQ      : OFF",
+        p.conn
+    ));
+    h.push(format!(
+        " PCIe relax order: {}",
+        if p.verb == Verb::Write && p.kind == Kind::Lat {
+            "OFF"
+        } else {
+            "ON"
+        }
+    ));
+    h.push(" ibv_wr* API     : OFF".into());
+    if p.role == Role::Client || p.bidir {
+        h.push(format!(" TX depth        : {}", p.tx_depth));
+    }
+    if p.verb == Verb::Send && (p.role == Role::Server || p.bidir || p.kind == Kind::Lat) {
+        h.push(format!(" RX depth        : {}", p.rx_depth));
+    }
+    if p.kind == Kind::Bw {
+        h.push(format!(" CQ Moderation   : {}", p.cq_mod));
+    }
+    h.push(format!(" Mtu             : {}[B]", mtu_bytes(r.mtu)));
+    h.push(" Link type       : Ethernet".into());
+    h.push(format!(" GID index       : {}", r.gid_index));
+    if matches!(p.verb, Verb::Read | Verb::Atomic) {
+        h.push(format!(" Outstand reads  : {}", r.out_reads));
+    } else {
+        h.push(format!(" Max inline data : {}[B]", p.inline));
+    }
+    h.push(" rdma_cm QPs\t : OFF".into());
+    h.push(" Data ex. method : Ethernet".into());
+    h.push(RULE.to_string());
+    h.join("\n") + "\n"
+}
+
+/// Prints the server's waiting banner (before accept, as perftest does).
+pub fn waiting_banner() -> &'static str {
+    "\n************************************\n* Waiting for client to connect... *\n************************************\n"
+}
+
+struct Session<'a, V: Verbs> {
+    p: &'a Params,
+    oob: Oob,
+    res: Res<V>,
+    rem: Vec<Key>,
+    out: &'a mut dyn Write,
+    rows: Vec<Value>,
+    verified: u64,
+}
+
+impl<V: Verbs> Session<'_, V> {
+    fn say(&mut self, s: &str) {
+        let _ = self.out.write_all(s.as_bytes());
+        let _ = self.out.flush();
+    }
+
+    fn round(&mut self, qp: usize) -> Result<Key, String> {
+        let k = self.res.my_keys[qp];
+        self.oob.keys(&k)
+    }
+
+    /// Loop 1, connect, loop 2 (printing addresses), the round after RTR.
+    fn pre_test(&mut self, to_rts: bool, per_qp: bool) -> Result<(), String> {
+        let n = if per_qp { self.res.qps.len() } else { 1 };
+        self.rem = Vec::with_capacity(n);
+        for i in 0..n {
+            let k = self.round(i)?;
+            self.rem.push(k);
+        }
+        check_gids(&self.res, &self.rem)?;
+        let rem = self.rem.clone();
+        self.res.connect(self.p, &rem, to_rts)?;
+        let mut lines = String::new();
+        for k in self.res.my_keys.clone() {
+            lines += &format!("{}\n{}\n", addr_line(self.p, "local", &k), gid_line(&k.gid));
+        }
+        self.say(&lines);
+        for i in 0..n {
+            let k = self.round(i)?;
+            if k != self.rem[i] {
+                return Err("the peer changed its keys between rounds".into());
+            }
+            let l = format!(
+                "{}\n{}\n",
+                addr_line(self.p, "remote", &k),
+                gid_line(&k.gid)
+            );
+            self.say(&l);
+        }
+        Ok(())
+    }
+
+    fn bw_table_header(&mut self) {
+        let h = format!("{RULE}\n{}\n", report::bw_header(self.p.gbits));
+        self.say(&h);
+    }
+
+    fn bw_row(&mut self, r: &BwResult) {
+        let l = report::bw_line(r, self.p.gbits) + "\n";
+        self.say(&l);
+        self.rows.push(report::bw_json(r));
+    }
+
+    fn lat_row(&mut self, r: &LatResult) {
+        let mut s = String::new();
+        if self.p.histogram {
+            s += &report::histogram(r);
+            s += &format!("{RULE}\n{}\n", report::lat_header());
+        }
+        s += &report::lat_line(r);
+        s += "\n";
+        self.say(&s);
+        self.rows.push(report::lat_json(r));
+    }
+
+    fn to_wire(&self, r: &BwResult) -> WireReport {
+        WireReport {
+            size: r.bytes,
+            iters: r.iterations,
+            bw_peak: report::bw_unit(r.peak_bps, self.p.gbits),
+            bw_avg: report::bw_unit(r.avg_bps, self.p.gbits),
+            msg_rate: r.msg_rate / 1e6,
+        }
+    }
+
+    fn decode_report(&self, w: &WireReport) -> BwResult {
+        let back = |v: f64| {
+            if !v.is_finite() || v < 0.0 {
+                0.0
+            } else if self.p.gbits {
+                v * 1e9 / 8.0
+            } else {
+                v * (1u64 << 20) as f64
+            }
+        };
+        BwResult {
+            bytes: w.size,
+            iterations: w.iters,
+            peak_bps: back(w.bw_peak),
+            avg_bps: back(w.bw_avg),
+            msg_rate: if w.msg_rate.is_finite() && w.msg_rate > 0.0 {
+                w.msg_rate * 1e6
+            } else {
+                0.0
+            },
+        }
+    }
+
+    fn close(self) -> Result<(Vec<Value>, u64, Res<V>), String> {
+        let k = self.res.my_keys[0];
+        self.oob.close(&k)?;
+        Ok((self.rows, self.verified, self.res))
+    }
+}
+
+fn check_gids<V: Verbs>(res: &Res<V>, rem: &[Key]) -> Result<(), String> {
+    let mine = roce::types::Gid(res.gid.0).is_ipv4_mapped();
+    for k in rem {
+        if roce::types::Gid(k.gid).is_ipv4_mapped() != mine {
+            return Err(
+                "the peer's GID and ours are not both IPv4-mapped (choose matching -x)".into(),
+            );
+        }
+    }
+    Ok(())
+}
+
+fn sum_results(a: &BwResult, b: &BwResult) -> BwResult {
+    BwResult {
+        bytes: a.bytes,
+        iterations: a.iterations,
+        peak_bps: a.peak_bps + b.peak_bps,
+        avg_bps: a.avg_bps + b.avg_bps,
+        msg_rate: a.msg_rate + b.msg_rate,
+    }
+}
+
+/// Runs one perftest tool on `ctx`. Human output goes to `out`; the result comes back as JSON.
+pub fn run<V: Verbs>(
+    mut ctx: V,
+    p: &Params,
+    endpoint: Endpoint,
+    dev: &str,
+    out: &mut dyn Write,
+) -> Result<Outcome, String> {
+    let facts = port_facts(&mut ctx, p)?;
+    let mtu_local = local_mtu(p, &facts);
+    let oob = match endpoint {
+        Endpoint::Listen(l) => {
+            let _ = out.write_all(waiting_banner().as_bytes());
+            let _ = out.flush();
+            Oob::accept(l).map_err(|e| format!("accept: {e}"))?
+        }
+        Endpoint::Connect(host, port) => Oob::connect(&host, port, CONNECT_PATIENCE)
+            .map_err(|e| format!("Couldn't connect to {host}:{port}: {e}"))?,
+    };
+    let mut oob = oob;
+    let (_ver, cb, cl, mtu_agreed) = oob.negotiate(CYCLE_BUFFER, CACHE_LINE, mtu_local as u32)?;
+    let mtu = Mtu::from_ibv(mtu_agreed).ok_or("bad agreed MTU")?;
+    let mut p = p.clone();
+    if p.conn == Conn::UD {
+        // UD messages fit one packet (section 1.3).
+        let max = mtu.bytes() as u64;
+        p.sizes = p.sizes.iter().map(|&s| s.min(max)).collect();
+        p.sizes.dedup();
+        p.max_size = p.max_size.min(max);
+    }
+    let p = &p;
+    let res = Res::create(ctx, p, &facts, cb as u64, cl as u64, mtu)?;
+    let _ = out.write_all(header(p, &res, dev).as_bytes());
+    let mut s = Session {
+        p,
+        oob,
+        res,
+        rem: Vec::new(),
+        out,
+        rows: Vec::new(),
+        verified: 0,
+    };
+    let result = match (p.kind, p.verb) {
+        (Kind::Bw, Verb::Send) => send_bw(&mut s),
+        (Kind::Bw, _) if p.write_imm => send_bw(&mut s),
+        (Kind::Bw, _) => rdma_bw(&mut s),
+        (Kind::Lat, Verb::Write) => write_lat(&mut s),
+        (Kind::Lat, Verb::Send) => send_lat(&mut s),
+        (Kind::Lat, _) => rd_atomic_lat(&mut s),
+    };
+    let (rows, verified, res) = match result {
+        Ok(None) => {
+            // write_lat: no closing exchange.
+            let rows = std::mem::take(&mut s.rows);
+            (rows, s.verified, s.res)
+        }
+        Ok(Some(())) => s.close()?,
+        Err(e) => return Err(e),
+    };
+    let mine = res.my_keys.clone();
+    res.destroy();
+    Ok(json!({
+        "test": p.name(),
+        "role": if p.role == Role::Server { "server" } else { "client" },
+        "connection": format!("{:?}", p.conn),
+        "mtu": mtu.bytes(),
+        "qps": p.qps,
+        "tx_depth": p.tx_depth,
+        "cq_mod": p.cq_mod,
+        "local_qpns": mine.iter().map(|k| k.qpn).collect::<Vec<_>>(),
+        "results": rows,
+        "verified_messages": verified,
+    }))
+}
+
+/// write/read/atomic bandwidth (and WRITE with immediate goes through `send_bw`).
+fn rdma_bw<V: Verbs>(s: &mut Session<'_, V>) -> Result<Option<()>, String> {
+    let p = s.p;
+    let duplex = p.bidir;
+    s.pre_test(p.role == Role::Client || duplex, true)?;
+    if p.verify && p.role == Role::Server {
+        bw::prepare_region(&s.res, p);
+    }
+    s.round(0)?; // after RTR
+    s.bw_table_header();
+    if duplex {
+        for &size in &p.sizes.clone() {
+            s.round(0)?;
+            let rem = s.rem.clone();
+            let o = bw::run(&mut s.res, p, size, &rem, true, false)?;
+            s.verified += o.verified;
+            let mine = bw::sender_result(p, size, &o);
+            let w = s.to_wire(&mine);
+            let theirs = s.oob.reports(&w)?;
+            let theirs = s.decode_report(&theirs);
+            s.bw_row(&sum_results(&mine, &theirs));
+        }
+        return Ok(Some(()));
+    }
+    let mut last = BwResult::new(0, 0, 1.0, 0.0);
+    if p.role == Role::Client {
+        for &size in &p.sizes.clone() {
+            let rem = s.rem.clone();
+            let o: BwOut = bw::run(&mut s.res, p, size, &rem, true, false)?;
+            s.verified += o.verified;
+            last = bw::sender_result(p, size, &o);
+            s.bw_row(&last);
+        }
+    }
+    s.round(0)?; // post-test sync: the client has every completion
+    if p.verify && p.role == Role::Server && p.verb == Verb::Write {
+        let size = p.sizes[0];
+        s.verified += bw::verify_write_region(&s.res, size, p.iters)?;
+    }
+    // The server's report is not computed (perftest sends stack garbage; we send zeros).
+    let w = if p.role == Role::Client {
+        s.to_wire(&last)
+    } else {
+        WireReport::default()
+    };
+    let theirs = s.oob.reports(&w)?;
+    if p.role == Role::Server {
+        let r = s.decode_report(&theirs);
+        s.bw_row(&r);
+    }
+    s.say(&format!("{RULE}\n"));
+    Ok(Some(()))
+}
+
+/// SEND bandwidth (and WRITE with immediate, whose server consumes receives the same way).
+fn send_bw<V: Verbs>(s: &mut Session<'_, V>) -> Result<Option<()>, String> {
+    let p = s.p;
+    let duplex = p.bidir;
+    s.pre_test(p.role == Role::Client || duplex, true)?;
+    s.round(0)?; // after RTR
+    s.bw_table_header();
+    let receiver = p.role == Role::Server || duplex;
+    let sender = p.role == Role::Client || duplex;
+    let all = p.sizes.len() > 1;
+    for &size in &p.sizes.clone() {
+        if receiver {
+            bw::prepost_recvs(&mut s.res, p, size)?;
+        }
+        s.round(0)?; // the client will not send before the server posted its receives
+        let rem = s.rem.clone();
+        let o = bw::run(&mut s.res, p, size, &rem, sender, receiver)?;
+        s.verified += o.verified;
+        let mine = if sender {
+            bw::sender_result(p, size, &o)
+        } else {
+            bw::receiver_result(size, &o)
+        };
+        if duplex && p.duration.is_none() {
+            let w = s.to_wire(&mine);
+            let theirs = s.oob.reports(&w)?;
+            let theirs = s.decode_report(&theirs);
+            s.bw_row(&sum_results(&mine, &theirs));
+        } else {
+            s.bw_row(&mine);
+        }
+        if all {
+            s.round(0)?;
+        }
+    }
+    s.say(&format!("{RULE}\n"));
+    Ok(Some(()))
+}
+
+fn lat_table_header<V: Verbs>(s: &mut Session<'_, V>) {
+    let h = format!("{RULE}\n{}\n", report::lat_header());
+    s.say(&h);
+}
+
+/// `ib_write_lat`: four rounds, the ping-pong, no closing exchange.
+fn write_lat<V: Verbs>(s: &mut Session<'_, V>) -> Result<Option<()>, String> {
+    let p = s.p;
+    s.round(0)?; // the first handshake
+    s.pre_test(true, false)?;
+    s.round(0)?; // after RTR
+    lat_table_header(s);
+    for &size in &p.sizes.clone() {
+        let rem = s.rem[0];
+        let o = lat::write_lat(&mut s.res, p, size, &rem)?;
+        s.verified += o.verified;
+        let r = LatResult::perftest(size, p.iters, &o.tposted, 2.0);
+        s.lat_row(&r);
+    }
+    s.say(&format!("{RULE}\n"));
+    Ok(None)
+}
+
+/// `ib_read_lat` / `ib_atomic_lat`: four rounds; the client measures, the server waits in the
+/// closing round.
+fn rd_atomic_lat<V: Verbs>(s: &mut Session<'_, V>) -> Result<Option<()>, String> {
+    let p = s.p;
+    s.round(0)?;
+    s.pre_test(true, false)?;
+    if p.verify && p.role == Role::Server {
+        bw::prepare_region(&s.res, p);
+    }
+    s.round(0)?;
+    if p.role == Role::Server {
+        s.say(&format!("{RULE}\n"));
+        return Ok(Some(()));
+    }
+    lat_table_header(s);
+    for &size in &p.sizes.clone() {
+        let rem = s.rem[0];
+        let o = lat::rd_atomic_lat(&mut s.res, p, size, &rem)?;
+        s.verified += o.verified;
+        let r = LatResult::perftest(size, p.iters, &o.tposted, 1.0);
+        s.lat_row(&r);
+    }
+    s.say(&format!("{RULE}\n"));
+    Ok(Some(()))
+}
+
+/// `ib_send_lat`: three rounds, then per size receives and a sync round, the ping-pong.
+fn send_lat<V: Verbs>(s: &mut Session<'_, V>) -> Result<Option<()>, String> {
+    let p = s.p;
+    s.pre_test(true, false)?;
+    s.round(0)?; // after RTR
+    lat_table_header(s);
+    for &size in &p.sizes.clone() {
+        bw::prepost_recvs(&mut s.res, p, size)?;
+        s.round(0)?;
+        let rem = s.rem[0];
+        let o = lat::send_lat(&mut s.res, p, size, &rem)?;
+        s.verified += o.verified;
+        let r = LatResult::perftest(size, p.iters, &o.tposted, 2.0);
+        s.lat_row(&r);
+    }
+    s.say(&format!("{RULE}\n"));
+    Ok(Some(()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn address_lines_match_perftest() {
+        let k = Key {
+            lid: 0,
+            out_reads: 1,
+            qpn: 0x2b,
+            psn: 0x1897e5,
+            rkey: 0x7e7,
+            vaddr: 0x55a39e986000,
+            gid: [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 255, 255, 10, 99, 0, 4],
+            srqn: 0,
+        };
+        let a = super::super::PerfArgs {
+            server: None,
+            size: None,
+            all: false,
+            iters: None,
+            duration: None,
+            qps: 1,
+            tx_depth: None,
+            rx_depth: None,
+            cq_mod: None,
+            post_list: 1,
+            mtu: None,
+            conn: Conn::RC,
+            bidir: false,
+            gid_index: None,
+            tcp_port: 18515,
+            qp_timeout: 14,
+            atomic: super::super::AtomicType::FETCH_AND_ADD,
+            outs: None,
+            report_gbits: false,
+            write_with_imm: false,
+            histogram: false,
+            cpu_freq: false,
+            ib_dev: None,
+            ib_port: 1,
+            inline: None,
+            verify: false,
+            json: false,
+        };
+        let p = Params::from_args(Verb::Write, Kind::Bw, &a).unwrap();
+        assert_eq!(
+            addr_line(&p, "local", &k),
+            " local address: LID 0000 QPN 0x002b PSN 0x1897e5 RKey 0x0007e7 VAddr 0x0055a39e986000"
+        );
+        assert_eq!(
+            gid_line(&k.gid),
+            " GID: 00:00:00:00:00:00:00:00:00:00:255:255:10:99:00:04"
+        );
+        let ps = Params::from_args(Verb::Send, Kind::Lat, &a).unwrap();
+        assert_eq!(
+            addr_line(&ps, "remote", &k),
+            " remote address: LID 0000 QPN 0x002b PSN 0x1897e5"
+        );
+    }
+}

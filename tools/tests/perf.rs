@@ -1,0 +1,301 @@
+//! rnic-perf end to end: every test and pingpong between two ferroce RNICs in one process
+//! (`--loopback`), data verified, results read from `--json`; and bad input from the command
+//! line and from the TCP peer ends in a clear error, never a crash.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// One rnic-perf at a time: each runs a dataplane worker and two busy application threads,
+/// and these machines have two cores.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Runs rnic-perf to completion, killing it if it takes longer than two minutes (a test
+/// must fail, not hang).
+fn rnic_perf(args: &[&str]) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rnic-perf"))
+        .args(args)
+        .env("RUST_LOG", "error")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run rnic-perf");
+    // Drain the pipes while waiting, so a chatty child cannot block on a full pipe.
+    let mut so = child.stdout.take().unwrap();
+    let mut se = child.stderr.take().unwrap();
+    let t1 = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = so.read_to_end(&mut v);
+        v
+    });
+    let t2 = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = se.read_to_end(&mut v);
+        v
+    });
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let status = loop {
+        if let Some(st) = child.try_wait().expect("wait") {
+            break st;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("rnic-perf {args:?} did not finish in 120 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    Output {
+        status,
+        stdout: t1.join().unwrap(),
+        stderr: t2.join().unwrap(),
+    }
+}
+
+/// Runs a loopback test and returns its JSON document.
+fn loopback(args: &[&str]) -> Value {
+    let mut all = args.to_vec();
+    all.extend_from_slice(&["--loopback", "--json"]);
+    let out = rnic_perf(&all);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "rnic-perf {all:?} failed: {stderr}");
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "rnic-perf {all:?}: bad JSON ({e}): {}\n{stderr}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })
+}
+
+fn rows(v: &Value, side: &str) -> Vec<Value> {
+    v[side]["results"].as_array().cloned().unwrap_or_default()
+}
+
+#[test]
+fn bandwidth_tests_move_and_verify_every_message() {
+    let _one = serial();
+    for (test, extra, size) in [
+        ("write_bw", vec!["-s", "65536", "-n", "300"], 65536),
+        ("write_bw", vec!["-s", "3000", "-n", "500", "-q", "2"], 3000),
+        ("read_bw", vec!["-s", "5000", "-n", "300"], 5000),
+        ("send_bw", vec!["-s", "1500", "-n", "600"], 1500),
+        ("send_bw", vec!["-s", "1024", "-n", "400", "-c", "UD"], 1024),
+        ("send_bw", vec!["-s", "9000", "-n", "200", "-c", "UC"], 9000),
+        ("atomic_bw", vec!["-n", "500"], 8),
+        ("atomic_bw", vec!["-n", "500", "-A", "CMP_AND_SWAP"], 8),
+    ] {
+        let mut args = vec![test, "--verify"];
+        args.extend_from_slice(&extra);
+        let v = loopback(&args);
+        let n: u64 = extra[extra.iter().position(|a| *a == "-n").unwrap() + 1]
+            .parse()
+            .unwrap();
+        let qps: u64 = extra
+            .iter()
+            .position(|a| *a == "-q")
+            .map(|i| extra[i + 1].parse().unwrap())
+            .unwrap_or(1);
+        let c = rows(&v, "client");
+        assert_eq!(c.len(), 1, "{test} {extra:?}: {v}");
+        assert_eq!(c[0]["bytes"], size, "{test} {extra:?}");
+        assert_eq!(c[0]["iterations"], n * qps, "{test} {extra:?}");
+        assert!(c[0]["bw_avg_MBps"].as_f64().unwrap() > 0.0);
+        // Every message's data was checked by one side or the other.
+        let verified = v["client"]["verified_messages"].as_u64().unwrap()
+            + v["server"]["verified_messages"].as_u64().unwrap();
+        assert_eq!(verified, n * qps, "{test} {extra:?}: {v}");
+        // The server of WRITE/READ/ATOMIC prints the client's report, which came over TCP.
+        let s = rows(&v, "server");
+        if test != "send_bw" {
+            assert_eq!(s[0]["iterations"], c[0]["iterations"], "{test}");
+            assert_eq!(s[0]["bytes"], c[0]["bytes"], "{test}");
+        } else {
+            assert_eq!(s[0]["iterations"], n * qps, "{test}: the receiver counted");
+        }
+    }
+}
+
+#[test]
+fn latency_tests_and_pingpongs() {
+    let _one = serial();
+    for (test, extra, size) in [
+        ("write_lat", vec!["-s", "100", "-n", "200"], 100),
+        ("write_lat", vec!["-s", "5000", "-n", "100"], 5000),
+        ("read_lat", vec!["-s", "64", "-n", "200"], 64),
+        ("send_lat", vec!["-s", "2", "-n", "200"], 2),
+        ("send_lat", vec!["-s", "512", "-n", "100", "-c", "UD"], 512),
+        ("atomic_lat", vec!["-n", "200"], 8),
+    ] {
+        let mut args = vec![test, "--verify"];
+        args.extend_from_slice(&extra);
+        let v = loopback(&args);
+        let c = rows(&v, "client");
+        assert_eq!(c.len(), 1, "{test}: {v}");
+        assert_eq!(c[0]["bytes"], size);
+        let t_min = c[0]["t_min_us"].as_f64().unwrap();
+        let t_typ = c[0]["t_typical_us"].as_f64().unwrap();
+        assert!(t_min > 0.0 && t_min <= t_typ, "{test}: {v}");
+        assert!(
+            v["client"]["verified_messages"].as_u64().unwrap() > 0,
+            "{test}"
+        );
+    }
+    for (test, extra) in [
+        ("rc_pingpong", vec!["-n", "100"]),
+        ("rc_pingpong", vec!["-n", "50", "-s", "20000", "-m", "2048"]),
+        ("ud_pingpong", vec!["-n", "100", "-s", "1000"]),
+    ] {
+        let mut args = vec![test];
+        args.extend_from_slice(&extra);
+        let v = loopback(&args);
+        for side in ["client", "server"] {
+            assert_eq!(v[side]["iters"], extra[1].parse::<u64>().unwrap(), "{test}");
+            assert!(v[side]["mbit_per_sec"].as_f64().unwrap() > 0.0, "{test}");
+        }
+        assert_eq!(v["client"]["remote_qpn"], v["server"]["local_qpn"]);
+    }
+}
+
+#[test]
+fn options_that_change_the_traffic() {
+    let _one = serial();
+    // All sizes (a short -n keeps it quick), bidirectional, post lists, duration, several QPs.
+    let v = loopback(&["write_bw", "-a", "-n", "20"]);
+    assert_eq!(rows(&v, "client").len(), 23);
+    let v = loopback(&["send_bw", "-b", "-n", "200", "-s", "4096"]);
+    assert_eq!(rows(&v, "client")[0]["iterations"], 200);
+    let v = loopback(&["write_bw", "-l", "4", "-n", "400", "-s", "256", "-t", "64"]);
+    assert_eq!(rows(&v, "client")[0]["iterations"], 400);
+    let v = loopback(&["write_bw", "-D", "2", "-s", "4096"]);
+    assert!(rows(&v, "client")[0]["iterations"].as_u64().unwrap() > 0);
+    let v = loopback(&["write_bw", "--write_with_imm", "-n", "300", "-s", "2048"]);
+    assert_eq!(rows(&v, "client")[0]["iterations"], 300);
+    let v = loopback(&["send_bw", "-q", "4", "-n", "100", "-s", "700", "--verify"]);
+    assert_eq!(v["server"]["verified_messages"], 400);
+    let v = loopback(&[
+        "read_bw", "-m", "1024", "-n", "100", "-s", "10000", "-o", "4",
+    ]);
+    assert_eq!(v["client"]["mtu"], 1024);
+}
+
+#[test]
+fn bad_arguments_are_clear_errors() {
+    let _one = serial();
+    for (args, want) in [
+        (vec!["write_bw", "--loopback", "-c", "UD"], "UD"),
+        (vec!["atomic_bw", "--loopback", "-s", "64"], "8-byte"),
+        (vec!["write_bw", "--loopback", "-m", "1000"], "-m 1000"),
+        (vec!["write_lat", "--loopback", "-q", "2"], "-q"),
+        (
+            vec!["write_bw", "--loopback", "10.99.0.1"],
+            "no server address",
+        ),
+        (vec!["write_bw", "-d", "mlx5_0", "--loopback"], "mlx5_0"),
+        (
+            vec!["write_bw", "--port", "net_null0", "--ip", "10.99.0.300/24"],
+            "10.99.0.300",
+        ),
+        (
+            vec!["send_bw", "--loopback", "--set", "roce.bogus=1"],
+            "roce.bogus",
+        ),
+    ] {
+        let out = rnic_perf(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} should fail");
+        assert!(err.contains(want), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+}
+
+/// A server that is not there, and a peer that speaks nonsense: errors, no crash, no hang.
+#[test]
+fn a_misbehaving_peer_is_an_error() {
+    let _one = serial();
+    // A fake perftest server that sends garbage where the keys should be.
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port().to_string();
+    let fake = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let mut buf = [0u8; 16];
+        s.read_exact(&mut buf).unwrap();
+        s.write_all(b"6.06\0\0\0\0\0\0\0\0\0\0\0\0").unwrap();
+        let mut b4 = [0u8; 4];
+        s.read_exact(&mut b4).unwrap();
+        s.write_all(&[0, 0, 0x10, 0]).unwrap();
+        s.read_exact(&mut b4).unwrap();
+        s.write_all(&[0, 0, 0, 0x40]).unwrap();
+        let mut b2 = [0u8; 2];
+        s.read_exact(&mut b2).unwrap();
+        s.write_all(b"3\0").unwrap();
+        let mut key = [0u8; 108];
+        s.read_exact(&mut key).unwrap();
+        s.write_all(&[b'z'; 108]).unwrap();
+        let _ = s.read(&mut key);
+    });
+    let start = Instant::now();
+    let out = rnic_perf(&[
+        "write_bw",
+        "--port",
+        "net_null0,no-rx=1",
+        "--ip",
+        "10.99.0.9/24",
+        "-p",
+        &port,
+        "-n",
+        "10",
+        "127.0.0.1",
+    ]);
+    fake.join().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("key"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(start.elapsed() < Duration::from_secs(30));
+
+    // A fake client that closes after the version: the server reports it and exits.
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    drop(l);
+    let mut srv = Command::new(env!("CARGO_BIN_EXE_rnic-perf"))
+        .args([
+            "send_lat",
+            "--port",
+            "net_null0,no-rx=1",
+            "--ip",
+            "10.99.0.9/24",
+            "-p",
+            &port.to_string(),
+        ])
+        .env("RUST_LOG", "error")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut s = loop {
+        match TcpStream::connect(("127.0.0.1", port)) {
+            Ok(s) => break s,
+            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(100)),
+            Err(e) => {
+                let _ = srv.kill();
+                panic!("server never listened: {e}");
+            }
+        }
+    };
+    s.write_all(b"1.00\0\0\0\0\0\0\0\0\0\0\0\0").unwrap();
+    drop(s);
+    let out = srv.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("version") || err.contains("closed"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
