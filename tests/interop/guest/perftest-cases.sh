@@ -1,0 +1,53 @@
+#!/bin/sh
+# Guest side of the rnic-perf interop test (tools/tests/interop.rs): runs the unmodified perftest
+# and rdma-core tools once per line of /mnt/share/cases.txt, against ferroce on the host side of
+# tap0, and prints each tool's output framed by markers the test parses.
+#
+# cases.txt lines: ID ROLE TOOL ARGS...
+#   ROLE client: the guest tool is the client; ferroce's rnic-perf serves its TCP exchange on the
+#                host kernel's 10.99.0.1 (its RDMA address is 10.99.0.3, learned from its keys).
+#                ferroce may not listen yet, so the tool is retried while it cannot connect.
+#   ROLE server: the guest tool is the server; rnic-perf connects to 10.99.0.2.
+#   ROLE ping:   TOOL is an address; the guest waits (up to 60 s) until it answers one ping,
+#                then sends three more and shows the neighbour entry it learned by ARP.
+# Around every case the rxe0 error counters are printed, so the test can check that none moved.
+
+CNT=/sys/class/infiniband/rxe0/ports/1/hw_counters
+snap() {
+  for f in rcvd_seq_err retry_exceeded_err retry_rnr_exceeded_err out_of_seq_request \
+           duplicate_request completer_retry_err rcvd_pkts sent_pkts; do
+    printf '%s=%s ' "$f" "$(cat $CNT/$f 2>/dev/null || echo NA)"
+  done
+}
+
+while read -r id role tool args; do
+  [ -z "$id" ] && continue
+  echo "=== case $id $role $tool $args"
+  echo "counters-before $id $(snap)"
+  if [ "$role" = ping ]; then
+    tries=0
+    until ping -c 1 -W 1 "$tool" >/dev/null 2>&1 || [ $tries -ge 60 ]; do tries=$((tries + 1)); done
+    ping -c 3 -W 2 "$tool" >/tmp/out.$id 2>&1
+    rc=$?
+    ip neigh show "$tool" >>/tmp/out.$id 2>&1
+  elif [ "$role" = client ]; then
+    tries=0
+    while :; do
+      timeout 120 $tool $args 10.99.0.1 >/tmp/out.$id 2>&1
+      rc=$?
+      if [ $rc -ne 0 ] && grep -q "Couldn't connect" /tmp/out.$id && [ $tries -lt 90 ]; then
+        tries=$((tries + 1))
+        sleep 1
+        continue
+      fi
+      break
+    done
+  else
+    timeout 120 $tool $args >/tmp/out.$id 2>&1
+    rc=$?
+  fi
+  cat /tmp/out.$id
+  echo "counters-after $id $(snap)"
+  echo "=== end $id rc=$rc"
+done </mnt/share/cases.txt
+echo "=== all cases done"

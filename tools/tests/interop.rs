@@ -1,0 +1,594 @@
+//! rnic-perf against the Linux kernel's Soft-RoCE (rxe) and the unmodified perftest / rdma-core
+//! tools, in a qemu guest on a tap device in a private network namespace (tests/interop/).
+//!
+//! One guest boot runs every case: the guest's tool as client against ferroce's rnic-perf as
+//! server, then the other way round, then the pingpong examples both ways. ferroce attaches to
+//! the tap with DPDK `net_af_packet` (as 10.99.0.3) and answers the guest's ARP itself.
+//!
+//! A case passes when the guest tool exits 0, rnic-perf's report agrees on sizes and counts,
+//! and the guest's rxe counters show no retry-exceeded or sequence errors; the whole run passes
+//! when, in addition, every RoCE frame captured on the tap verifies with `rnic-pcap verify`.
+//!
+//! Needs root, qemu-system-x86, cpio, kmod and tcpdump (`scripts/deps.sh` installs them).
+//! `FERROCE_SKIP_INTEROP=1` skips it explicitly (it then prints that it did not run).
+
+use std::collections::HashMap;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const NS: &str = "rnic-interop";
+const FERROCE_IP: &str = "10.99.0.3/24";
+const FERROCE_MAC: &str = "02:00:00:99:00:03";
+const GUEST_IP: &str = "10.99.0.2";
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root")
+        .to_path_buf()
+}
+
+fn guest_sh() -> PathBuf {
+    repo().join("tests/interop/guest.sh")
+}
+
+fn cache_dir() -> PathBuf {
+    std::env::var("FERROCE_INTEROP_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| PathBuf::from("/var/tmp/ferroce-interop"))
+}
+
+/// One interop case: the same test on both ends.
+struct Case {
+    id: String,
+    /// The guest tool is the client (ferroce serves) or the server (ferroce connects).
+    guest_client: bool,
+    /// rnic-perf subcommand.
+    test: &'static str,
+    /// Guest tool.
+    tool: &'static str,
+    /// Options given to both ends.
+    args: Vec<&'static str>,
+    /// Message size and iteration count both ends must report.
+    size: u64,
+    iters: u64,
+}
+
+fn cases() -> Vec<Case> {
+    let base: Vec<(&str, &str, Vec<&str>, u64, u64)> = vec![
+        (
+            "write_bw",
+            "ib_write_bw",
+            vec!["-s", "4096", "-n", "50"],
+            4096,
+            50,
+        ),
+        (
+            "write_bw",
+            "ib_write_bw",
+            vec!["-s", "65536", "-n", "20"],
+            65536,
+            20,
+        ),
+        (
+            "read_bw",
+            "ib_read_bw",
+            vec!["-s", "65536", "-n", "20"],
+            65536,
+            20,
+        ),
+        (
+            "send_bw",
+            "ib_send_bw",
+            vec!["-s", "4096", "-n", "50"],
+            4096,
+            50,
+        ),
+        (
+            "atomic_bw",
+            "ib_atomic_bw",
+            vec!["-A", "CMP_AND_SWAP", "-n", "50"],
+            8,
+            50,
+        ),
+        (
+            "write_lat",
+            "ib_write_lat",
+            vec!["-s", "64", "-n", "50"],
+            64,
+            50,
+        ),
+        (
+            "send_lat",
+            "ib_send_lat",
+            vec!["-s", "64", "-n", "50"],
+            64,
+            50,
+        ),
+        ("rc_pingpong", "ibv_rc_pingpong", vec!["-n", "20"], 4096, 20),
+        (
+            "ud_pingpong",
+            "ibv_ud_pingpong",
+            vec!["-n", "20", "-s", "1024"],
+            1024,
+            20,
+        ),
+    ];
+    let mut v = Vec::new();
+    for guest_client in [true, false] {
+        for (i, (test, tool, args, size, iters)) in base.iter().enumerate() {
+            v.push(Case {
+                id: format!("{}{}", if guest_client { "S" } else { "C" }, i + 1),
+                guest_client,
+                test,
+                tool,
+                args: args.clone(),
+                size: *size,
+                iters: *iters,
+            });
+        }
+    }
+    v
+}
+
+fn guest_cmdline(c: &Case) -> String {
+    let mut a: Vec<String> = vec![c.tool.to_string(), "-d".into(), "rxe0".into()];
+    if c.tool.starts_with("ib_") {
+        a.extend(["-x", "1", "-F"].map(String::from));
+    } else {
+        a.extend(["-g", "1"].map(String::from));
+    }
+    a.extend(c.args.iter().map(|s| s.to_string()));
+    format!(
+        "{} {} {}",
+        c.id,
+        if c.guest_client { "client" } else { "server" },
+        a.join(" ")
+    )
+}
+
+/// Runs a command to completion, killing it after `limit`.
+fn run_for(cmd: &mut Command, limit: Duration) -> Output {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
+    let mut so = child.stdout.take().unwrap();
+    let mut se = child.stderr.take().unwrap();
+    let t1 = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = so.read_to_end(&mut v);
+        v
+    });
+    let t2 = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = se.read_to_end(&mut v);
+        v
+    });
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Some(st) = child.try_wait().expect("wait") {
+            break st;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            break child.wait().expect("wait");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    Output {
+        status,
+        stdout: t1.join().unwrap(),
+        stderr: t2.join().unwrap(),
+    }
+}
+
+/// Stops what the test started, whatever happens (processes by PID, then the namespace).
+struct Cleanup {
+    children: Vec<Child>,
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            // SAFETY: signalling a child we spawned and have not yet reaped.
+            unsafe {
+                libc::kill(c.id() as libc::pid_t, libc::SIGINT);
+            }
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = c.try_wait() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = Command::new(guest_sh()).arg("down").output();
+    }
+}
+
+/// The guest's per-case output: its text, exit code and counter deltas.
+#[derive(Default, Debug)]
+struct GuestCase {
+    text: String,
+    rc: Option<i32>,
+    before: HashMap<String, i64>,
+    after: HashMap<String, i64>,
+}
+
+fn parse_counters(s: &str) -> HashMap<String, i64> {
+    s.split_whitespace()
+        .filter_map(|kv| kv.split_once('='))
+        .filter_map(|(k, v)| v.parse().ok().map(|v| (k.to_string(), v)))
+        .collect()
+}
+
+fn parse_guest(out: &str) -> HashMap<String, GuestCase> {
+    let mut m: HashMap<String, GuestCase> = HashMap::new();
+    let mut cur: Option<String> = None;
+    for line in out.lines() {
+        if let Some(rest) = line.strip_prefix("=== case ") {
+            let id = rest.split_whitespace().next().unwrap_or("").to_string();
+            m.entry(id.clone()).or_default();
+            cur = Some(id);
+        } else if let Some(rest) = line.strip_prefix("counters-before ") {
+            if let Some((id, kv)) = rest.split_once(' ') {
+                m.entry(id.into()).or_default().before = parse_counters(kv);
+            }
+        } else if let Some(rest) = line.strip_prefix("counters-after ") {
+            if let Some((id, kv)) = rest.split_once(' ') {
+                m.entry(id.into()).or_default().after = parse_counters(kv);
+            }
+        } else if let Some(rest) = line.strip_prefix("=== end ") {
+            let mut it = rest.split_whitespace();
+            let id = it.next().unwrap_or("").to_string();
+            let rc = it
+                .next()
+                .and_then(|s| s.strip_prefix("rc="))
+                .and_then(|s| s.parse().ok());
+            m.entry(id).or_default().rc = rc;
+            cur = None;
+        } else if let Some(id) = &cur {
+            let e = m.entry(id.clone()).or_default();
+            e.text.push_str(line);
+            e.text.push('\n');
+        }
+    }
+    m
+}
+
+/// perftest's result row (bandwidth or latency) from a guest tool's output: (bytes, iters).
+fn guest_row(text: &str) -> Option<(u64, u64)> {
+    let mut seen_header = false;
+    for line in text.lines() {
+        if line.trim_start().starts_with("#bytes") {
+            seen_header = true;
+            continue;
+        }
+        if seen_header {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            if f.len() >= 2 {
+                if let (Ok(b), Ok(n)) = (f[0].parse(), f[1].parse()) {
+                    return Some((b, n));
+                }
+            }
+        }
+    }
+    // rdma-core pingpong: "N bytes in ..." and "N iters in ...".
+    let mut bytes = None;
+    let mut iters = None;
+    for line in text.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.len() > 2 && f[1] == "bytes" && f[2] == "in" {
+            bytes = f[0].parse().ok();
+        }
+        if f.len() > 2 && f[1] == "iters" && f[2] == "in" {
+            iters = f[0].parse().ok();
+        }
+    }
+    Some((bytes?, iters?))
+}
+
+fn check_case(c: &Case, ferroce: &Output, guest: Option<&GuestCase>) -> Result<String, String> {
+    let g = guest.ok_or("the guest never ran this case")?;
+    let fe = String::from_utf8_lossy(&ferroce.stderr);
+    if g.rc != Some(0) {
+        return Err(format!(
+            "guest {} exited {:?}:\n{}\nrnic-perf said:\n{fe}",
+            c.tool, g.rc, g.text
+        ));
+    }
+    if !ferroce.status.success() {
+        return Err(format!(
+            "rnic-perf exited {:?}:\n{fe}\nguest said:\n{}",
+            ferroce.status, g.text
+        ));
+    }
+    let v: Value = serde_json::from_slice(&ferroce.stdout)
+        .map_err(|e| format!("rnic-perf JSON: {e}: {fe}"))?;
+    // Sizes and counts: ferroce's report against what the guest printed.
+    let (gb, gn) = guest_row(&g.text).ok_or("no result in the guest's output")?;
+    let pingpong = c.test.ends_with("pingpong");
+    let (fb, fnum) = if pingpong {
+        (
+            v["bytes"].as_u64().unwrap_or(0),
+            v["iters"].as_u64().unwrap_or(0),
+        )
+    } else {
+        match v["results"].as_array().and_then(|r| r.first()) {
+            Some(r) => (
+                r["bytes"].as_u64().unwrap_or(0),
+                r["iterations"].as_u64().unwrap_or(0),
+            ),
+            None if c.test == "read_lat" || c.test == "atomic_lat" => (c.size, c.iters),
+            None => return Err(format!("rnic-perf printed no result: {v}")),
+        }
+    };
+    let want = if pingpong {
+        (c.size * c.iters * 2, c.iters)
+    } else {
+        (c.size, c.iters)
+    };
+    if (fb, fnum) != want || (gb, gn) != want {
+        return Err(format!(
+            "sizes/counts disagree: want {want:?}, rnic-perf {:?}, guest {:?}\nguest said:\n{}",
+            (fb, fnum),
+            (gb, gn),
+            g.text
+        ));
+    }
+    for k in [
+        "rcvd_seq_err",
+        "retry_exceeded_err",
+        "retry_rnr_exceeded_err",
+        "out_of_seq_request",
+    ] {
+        let d = g.after.get(k).copied().unwrap_or(-1) - g.before.get(k).copied().unwrap_or(0);
+        if d != 0 {
+            return Err(format!(
+                "rxe counter {k} moved by {d}\nguest said:\n{}",
+                g.text
+            ));
+        }
+    }
+    let summary = if pingpong {
+        format!("{:.2} Mbit/s", v["mbit_per_sec"].as_f64().unwrap_or(0.0))
+    } else if c.test.ends_with("_bw") {
+        let r = &v["results"][0];
+        format!("{:.2} MB/s", r["bw_avg_MBps"].as_f64().unwrap_or(0.0))
+    } else {
+        match v["results"].as_array().and_then(|r| r.first()) {
+            Some(r) => format!(
+                "t_typical {:.2} us",
+                r["t_typical_us"].as_f64().unwrap_or(0.0)
+            ),
+            None => "server".into(),
+        }
+    };
+    Ok(summary)
+}
+
+fn have(tool: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {tool}")])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false)
+}
+
+#[test]
+fn rnic_perf_against_linux_soft_roce() {
+    if std::env::var("FERROCE_SKIP_INTEROP").as_deref() == Ok("1") {
+        eprintln!("interop test NOT RUN: FERROCE_SKIP_INTEROP=1");
+        return;
+    }
+    // SAFETY: geteuid has no preconditions.
+    assert_eq!(
+        unsafe { libc::geteuid() },
+        0,
+        "the interop test needs root (namespaces, tap, qemu); set FERROCE_SKIP_INTEROP=1 to skip"
+    );
+    for t in ["qemu-system-x86_64", "tcpdump", "cpio", "ip"] {
+        assert!(
+            have(t),
+            "{t} is missing: run scripts/deps.sh (or FERROCE_SKIP_INTEROP=1 to skip)"
+        );
+    }
+    let started = Instant::now();
+    let b = run_for(
+        Command::new(guest_sh()).arg("build"),
+        Duration::from_secs(900),
+    );
+    assert!(
+        b.status.success(),
+        "guest build failed:\n{}{}",
+        String::from_utf8_lossy(&b.stdout),
+        String::from_utf8_lossy(&b.stderr)
+    );
+    let up = run_for(Command::new(guest_sh()).arg("up"), Duration::from_secs(60));
+    assert!(
+        up.status.success(),
+        "guest.sh up: {}",
+        String::from_utf8_lossy(&up.stderr)
+    );
+    let mut cleanup = Cleanup {
+        children: Vec::new(),
+    };
+
+    let work = std::env::temp_dir().join(format!("ferroce-interop-{}", std::process::id()));
+    std::fs::create_dir_all(&work).unwrap();
+    let cap = work.join("tap0.pcap");
+    let tcpdump = Command::new("ip")
+        .args([
+            "netns", "exec", NS, "tcpdump", "-i", "tap0", "-U", "-s", "0", "-w",
+        ])
+        .arg(&cap)
+        .args(["udp", "port", "4791"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("tcpdump");
+    cleanup.children.push(tcpdump);
+
+    let cases = cases();
+    let share = cache_dir().join("share");
+    std::fs::create_dir_all(&share).unwrap();
+    // First the guest pings ferroce (up while its first rnic-perf waits for the guest's TCP
+    // connection), which also makes it resolve ferroce's MAC by ARP.
+    let mut list = vec![format!("P0 ping {}", FERROCE_IP.split('/').next().unwrap())];
+    list.extend(cases.iter().map(guest_cmdline));
+    std::fs::write(share.join("cases.txt"), list.join("\n") + "\n").unwrap();
+
+    let guest = Command::new(guest_sh())
+        .args(["run"])
+        .arg(repo().join("tests/interop/guest/perftest-cases.sh"))
+        .arg("900")
+        .env("FERROCE_INTEROP_QUIET", "1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("guest.sh run");
+    let guest_pid = guest.id();
+    cleanup.children.push(guest);
+
+    // ferroce's side, case by case, in the guest's order.
+    let mut results = Vec::new();
+    for c in &cases {
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", NS])
+            .arg(env!("CARGO_BIN_EXE_rnic-perf"))
+            .arg(c.test)
+            .args([
+                "--port",
+                "net_af_packet0,iface=tap0,qdisc_bypass=0",
+                "--ip",
+                FERROCE_IP,
+                "--mac",
+                FERROCE_MAC,
+                "--json",
+            ])
+            .args(if c.test.ends_with("pingpong") {
+                ["-g", "1"]
+            } else {
+                ["-x", "1"]
+            })
+            .args(&c.args)
+            .env("RUST_LOG", "warn");
+        if !c.guest_client {
+            cmd.arg(GUEST_IP);
+        }
+        let t0 = Instant::now();
+        let out = run_for(&mut cmd, Duration::from_secs(150));
+        eprintln!(
+            "case {} ({} {} {}): rnic-perf exit {:?} after {:.1} s",
+            c.id,
+            if c.guest_client {
+                "guest client ->"
+            } else {
+                "ferroce client ->"
+            },
+            c.tool,
+            c.args.join(" "),
+            out.status.code(),
+            t0.elapsed().as_secs_f64()
+        );
+        results.push(out);
+    }
+
+    // The guest finishes its last case and powers off.
+    let guest_child = cleanup
+        .children
+        .iter_mut()
+        .find(|c| c.id() == guest_pid)
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while Instant::now() < deadline {
+        if let Ok(Some(_)) = guest_child.try_wait() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let guest_out = std::fs::read_to_string(share.join("guest.out")).unwrap_or_default();
+    let per_case = parse_guest(&guest_out);
+
+    // Stop the capture (SIGINT flushes it), then verify every RoCE frame.
+    let td = cleanup.children.remove(0);
+    drop(Cleanup { children: vec![td] });
+    let verify = run_for(
+        Command::new(env!("CARGO_BIN_EXE_rnic-pcap"))
+            .arg("verify")
+            .arg(&cap),
+        Duration::from_secs(60),
+    );
+    let decode = run_for(
+        Command::new(env!("CARGO_BIN_EXE_rnic-pcap"))
+            .arg("decode")
+            .arg(&cap),
+        Duration::from_secs(60),
+    );
+    let frames = String::from_utf8_lossy(&decode.stdout).lines().count();
+
+    let mut failures = Vec::new();
+    let mut table = Vec::new();
+    match per_case.get("P0") {
+        Some(p)
+            if p.rc == Some(0)
+                && p.text.contains(FERROCE_MAC)
+                && p.text.contains("3 packets received") =>
+        {
+            table.push(format!(
+                "  P0 ping {}: ARP resolved to {FERROCE_MAC}, 3/3 echo replies",
+                FERROCE_IP.split('/').next().unwrap()
+            ))
+        }
+        p => failures.push(format!(
+            "ping/ARP of ferroce from the guest failed: {:?}",
+            p.map(|p| (p.rc, p.text.clone()))
+        )),
+    }
+    for (c, out) in cases.iter().zip(&results) {
+        match check_case(c, out, per_case.get(&c.id)) {
+            Ok(s) => table.push(format!(
+                "  {} {:<16} {:<32} ok  {s}",
+                c.id,
+                c.tool,
+                c.args.join(" ")
+            )),
+            Err(e) => failures.push(format!(
+                "case {} {} {}: {e}",
+                c.id,
+                c.tool,
+                c.args.join(" ")
+            )),
+        }
+    }
+    eprintln!(
+        "interop: {} cases in {:.0} s, {frames} RoCE frames captured\n{}",
+        cases.len(),
+        started.elapsed().as_secs_f64(),
+        table.join("\n")
+    );
+    if !verify.status.success() || frames == 0 {
+        failures.push(format!(
+            "capture check failed ({frames} frames): {}{}",
+            String::from_utf8_lossy(&verify.stdout),
+            String::from_utf8_lossy(&verify.stderr)
+        ));
+    }
+    drop(cleanup);
+    let _ = std::fs::remove_dir_all(&work);
+    assert!(
+        failures.is_empty(),
+        "{} of {} interop checks failed:\n{}\n--- guest output ---\n{guest_out}",
+        failures.len(),
+        cases.len() + 2,
+        failures.join("\n\n")
+    );
+}
