@@ -3,6 +3,7 @@
 //! tool (docs/perftest-protocol.md is the specification followed here).
 
 pub mod bw;
+pub mod driver;
 pub mod lat;
 pub mod oob;
 pub mod pingpong;

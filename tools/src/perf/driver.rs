@@ -1,0 +1,213 @@
+//! Running a test: on two RNICs in this process joined by a DPDK ring link (`--loopback`),
+//! or on one RNIC on a DPDK port against a peer over the network. Shared by `rnic-perf` and
+//! the end-to-end benchmark.
+
+use std::io::Write;
+use std::net::TcpListener;
+
+use dataplane::config::{RawConfig, RnicConfig};
+use dataplane::runtime::Runtime;
+use dataplane::worker::NicSnapshot;
+use serde_json::{json, Value};
+
+use super::pingpong::{self, PpArgs, PpKind};
+use super::run::{self, Endpoint};
+use super::{Kind, Params, PerfArgs, Verb};
+use crate::rnic_opts::RnicOpts;
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub enum Job {
+    /// A perftest tool.
+    Perf(Verb, Kind, PerfArgs),
+    /// An rdma-core pingpong.
+    Pp(PpKind, PpArgs),
+}
+
+impl Job {
+    fn server_addr(&self) -> Option<&String> {
+        match self {
+            Job::Perf(_, _, a) => a.server.as_ref(),
+            Job::Pp(_, a) => a.server.as_ref(),
+        }
+    }
+
+    fn tcp_port(&self) -> u16 {
+        match self {
+            Job::Perf(_, _, a) => a.tcp_port,
+            Job::Pp(_, a) => a.tcp_port,
+        }
+    }
+
+    /// The same job as server (no address) or as client of `addr`.
+    fn with_server(&self, addr: Option<&str>) -> Job {
+        match self {
+            Job::Perf(v, k, a) => {
+                let mut a = a.clone();
+                a.server = addr.map(String::from);
+                Job::Perf(*v, *k, a)
+            }
+            Job::Pp(k, a) => {
+                let mut a = a.clone();
+                a.server = addr.map(String::from);
+                Job::Pp(*k, a)
+            }
+        }
+    }
+
+    /// Checks the flags (a bad option is reported before any RNIC starts).
+    pub fn validate(&self) -> Result<(), String> {
+        if let Job::Perf(v, k, a) = self {
+            Params::from_args(*v, *k, a)?;
+        }
+        Ok(())
+    }
+
+    fn run<V: dataplane::Verbs>(
+        &self,
+        ctx: V,
+        ep: Endpoint,
+        out: &mut dyn Write,
+    ) -> Result<Value, String> {
+        match self {
+            Job::Perf(v, k, a) => {
+                let p = Params::from_args(*v, *k, a)?;
+                run::run(ctx, &p, ep, "ferroce0", out)
+            }
+            Job::Pp(k, a) => pingpong::run(ctx, *k, a, ep, out),
+        }
+    }
+}
+
+/// The loopback pair's configuration: like the tests' (`net_ring`, 10.99.0.`host`/24), path
+/// MTU `mtu`, plus the user's `--set` overrides.
+pub fn loopback_config(host: u8, mtu: u32, opts: &RnicOpts) -> Result<RnicConfig, String> {
+    let mut r = RawConfig::default();
+    let set = |r: &mut RawConfig, k: &str, v: &str| r.set(k, v).map_err(|e| e.to_string());
+    set(&mut r, "port.device", "net_ring_loopback")?;
+    set(&mut r, "address.mac", &format!("02:00:00:99:00:{host:02x}"))?;
+    set(&mut r, "address.ipv4", &format!("10.99.0.{host}/24"))?;
+    set(&mut r, "port.mtu", &(mtu + 200).max(1500).to_string())?;
+    set(&mut r, "roce.path_mtu", &mtu.to_string())?;
+    if let Some(e) = &opts.eal {
+        set(&mut r, "eal.args", e)?;
+    }
+    for kv in &opts.set {
+        let (k, v) = kv
+            .split_once('=')
+            .ok_or_else(|| format!("--set {kv:?}: expected KEY=VALUE"))?;
+        set(&mut r, k.trim(), v.trim())?;
+    }
+    r.validate().map_err(|e| e.to_string())
+}
+
+/// One line of an RNIC's counters (the non-zero QP counters).
+pub fn counters_line(name: &str, cfg: &RnicConfig, s: &NicSnapshot) -> String {
+    let mut parts = vec![format!(
+        " {name} ({}): tx {} frames, rx {} frames",
+        cfg.ipv4
+            .first()
+            .map(|a| a.addr.to_string())
+            .unwrap_or_default(),
+        s.nic.tx_frames,
+        s.nic.rx_frames
+    )];
+    for (k, v) in s.qps.iter() {
+        if v != 0 {
+            parts.push(format!("{k} {v}"));
+        }
+    }
+    parts.join(", ")
+}
+
+/// Runs `job` on two ferroce RNICs in this process joined back to back by a DPDK ring link
+/// (10.99.0.1 serves, 10.99.0.2 is the client; path MTU `mtu`). The client's text goes to
+/// `out`. Returns `{"client", "server", "counters"}`.
+pub fn loopback(
+    job: &Job,
+    mtu: u32,
+    opts: &RnicOpts,
+    out: &mut dyn Write,
+) -> Result<Value, String> {
+    if job.server_addr().is_some() {
+        return Err("--loopback runs both ends: give no server address".into());
+    }
+    if opts.port.is_some() || !opts.ip.is_empty() || opts.config.is_some() {
+        return Err("--loopback uses its own two RNICs: --port/--ip/--config do not apply".into());
+    }
+    job.validate()?;
+    let cfg0 = loopback_config(1, mtu, opts)?;
+    let cfg1 = loopback_config(2, mtu, opts)?;
+    let rt =
+        Runtime::loopback("rnic-perf", cfg0.clone(), cfg1.clone()).map_err(|e| e.to_string())?;
+    let ctx_s = rt.open(0).map_err(|e| e.to_string())?;
+    let ctx_c = rt.open(1).map_err(|e| e.to_string())?;
+    let listener = TcpListener::bind(("127.0.0.1", 0)).map_err(|e| e.to_string())?;
+    let port = listener.local_addr().map_err(|e| e.to_string())?.port();
+    let job_s = job.with_server(None);
+    let job_c = job.with_server(Some("127.0.0.1"));
+    let (srv_res, cli_res) = std::thread::scope(|sc| {
+        let h = sc.spawn(|| {
+            let mut sink = Vec::new();
+            let r = job_s.run(ctx_s, Endpoint::Listen(listener), &mut sink);
+            (r, sink)
+        });
+        let c = job_c.run(
+            ctx_c,
+            Endpoint::Connect("127.0.0.1".into(), port),
+            &mut *out,
+        );
+        if c.is_err() {
+            // The server may still be waiting for its client: a connection that closes at
+            // once ends its accept or read with an error.
+            let _ = std::net::TcpStream::connect(("127.0.0.1", port));
+        }
+        (h.join(), c)
+    });
+    let (srv, srv_text) = match srv_res {
+        Ok(x) => x,
+        Err(_) => return Err("the server thread panicked".into()),
+    };
+    let snaps = rt.stop();
+    let lines = [
+        counters_line("ferroce0", &cfg0, &snaps[0]),
+        counters_line("ferroce1", &cfg1, &snaps[1]),
+    ];
+    let _ = writeln!(out, "{}", lines.join("\n"));
+    match (cli_res, srv) {
+        (Ok(c), Ok(s)) => Ok(json!({"client": c, "server": s, "counters": lines})),
+        (c, s) => {
+            let mut msg = String::new();
+            if let Err(e) = c {
+                msg += &format!("client side: {e}\n");
+            }
+            if let Err(e) = s {
+                msg += &format!(
+                    "server side: {e}\nserver output:\n{}",
+                    String::from_utf8_lossy(&srv_text)
+                );
+            }
+            Err(msg.trim_end().to_string())
+        }
+    }
+}
+
+/// Runs `job` on one RNIC on the DPDK port `opts` describes, against a peer on the network:
+/// as server (listening on the job's TCP port) or as client of the job's server address.
+pub fn on_port(job: &Job, opts: &RnicOpts, out: &mut dyn Write) -> Result<Value, String> {
+    job.validate()?;
+    let cfg = opts.validate()?;
+    let rt = Runtime::start("rnic-perf", vec![cfg.clone()]).map_err(|e| e.to_string())?;
+    let ctx = rt.open(0).map_err(|e| e.to_string())?;
+    let port = job.tcp_port();
+    let ep = match job.server_addr() {
+        Some(h) => Endpoint::Connect(h.clone(), port),
+        None => Endpoint::Listen(
+            super::oob::Oob::listen(port).map_err(|e| format!("listen on TCP port {port}: {e}"))?,
+        ),
+    };
+    let r = job.run(ctx, ep, out);
+    let snaps = rt.stop();
+    let _ = writeln!(out, "{}", counters_line("ferroce0", &cfg, &snaps[0]));
+    r
+}
