@@ -1,0 +1,281 @@
+//! End-to-end throughput and latency of two ferroce RNICs joined by an in-process DPDK ring
+//! link, beside baselines measured in the same run on the same machine:
+//!
+//! - DPDK's own rate on the same kind of link: a raw burst echo a -> b -> a through a ring
+//!   pair, driven by one thread as ferroce's one worker drives both RNICs, with frames of the
+//!   sizes the RDMA tests put on the wire (122 B = a 64 B WRITE, 4154 B = a full 4096 B-MTU
+//!   packet), and the half round trip of one frame;
+//! - the same link carrying a one-way stream whose frames are copied in at one end and out at
+//!   the other (the ring PMD passes pointers, so the echo alone never touches the bytes);
+//! - memcpy bandwidth over the same working set (one 64 KiB message).
+//!
+//! Then ferroce itself, through rnic-perf's loopback driver (perftest's loops and formulas):
+//! RDMA WRITE bandwidth (64 KiB messages, MTU 4096), 64 B WRITE message rate, and 8 B WRITE
+//! half round-trip latency (ib_write_lat). Ratios are printed against the baselines.
+//!
+//! `cargo bench -p ferroce-benches --bench e2e` (about a minute; release build).
+
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use ferroce_tools::perf::driver::{self, Job};
+use ferroce_tools::perf::{Kind, PerfArgs, Verb};
+use ferroce_tools::rnic_opts::RnicOpts;
+use pmd_bindings::mempool::ROCE_4K_DATA_ROOM;
+use pmd_bindings::{ring_pair, Mbuf, Mempool, PortConfig};
+use serde_json::Value;
+
+const BURST: usize = 32;
+
+#[derive(Parser)]
+struct A {
+    #[command(flatten)]
+    a: PerfArgs,
+}
+
+/// Raw echo: returns (frames per second moved across the link counting both hops,
+/// payload Gb/s across the link).
+fn raw_echo(pool: &std::sync::Arc<Mempool>, name: &str, size: usize, secs: f64) -> (f64, f64) {
+    let cfg = PortConfig {
+        mtu: Some(4200),
+        ..PortConfig::default()
+    };
+    let (a, b) = ring_pair(name, &cfg, pool.clone()).expect("ring pair");
+    let (mut atx, mut arx) = (a.tx_queue(0).unwrap(), a.rx_queue(0).unwrap());
+    let (mut btx, mut brx) = (b.tx_queue(0).unwrap(), b.rx_queue(0).unwrap());
+    let mut burst: Vec<Mbuf> = Vec::with_capacity(BURST);
+    let mut rx: Vec<Mbuf> = Vec::with_capacity(BURST);
+    let mut echoed = 0u64;
+    let start = Instant::now();
+    let limit = Duration::from_secs_f64(secs);
+    while start.elapsed() < limit {
+        for _ in 0..64 {
+            if burst.is_empty() && pool.alloc_bulk(&mut burst, BURST).is_ok() {
+                for m in burst.iter_mut() {
+                    let d = m.append(size).expect("room");
+                    d[..14].copy_from_slice(&[2, 0, 0, 0x99, 0, 2, 2, 0, 0, 0x99, 0, 1, 8, 0]);
+                }
+            }
+            atx.tx_burst(&mut burst);
+            brx.rx_burst(&mut rx);
+            btx.tx_burst(&mut rx);
+            rx.clear();
+            arx.rx_burst(&mut rx);
+            echoed += rx.len() as u64;
+            rx.clear();
+        }
+    }
+    let s = start.elapsed().as_secs_f64();
+    burst.clear();
+    drop((atx, arx, btx, brx, a, b));
+    let fps = 2.0 * echoed as f64 / s;
+    (fps, fps * size as f64 * 8.0 / 1e9)
+}
+
+/// A one-way stream a -> b in which every frame's bytes are copied in from a source buffer at
+/// a and out to a destination buffer at b: the least a software NIC does per frame (the ring
+/// itself only passes pointers). Returns (frames per second, payload Gb/s).
+fn raw_stream_copy(
+    pool: &std::sync::Arc<Mempool>,
+    name: &str,
+    size: usize,
+    secs: f64,
+) -> (f64, f64) {
+    let cfg = PortConfig {
+        mtu: Some(4200),
+        ..PortConfig::default()
+    };
+    let (a, b) = ring_pair(name, &cfg, pool.clone()).expect("ring pair");
+    let mut atx = a.tx_queue(0).unwrap();
+    let mut brx = b.rx_queue(0).unwrap();
+    let src = vec![0xa5u8; 65536];
+    let mut dst = vec![0u8; 65536];
+    let mut burst: Vec<Mbuf> = Vec::with_capacity(BURST);
+    let mut rx: Vec<Mbuf> = Vec::with_capacity(BURST);
+    let mut got = 0u64;
+    let mut off = 0usize;
+    let start = Instant::now();
+    let limit = Duration::from_secs_f64(secs);
+    while start.elapsed() < limit {
+        for _ in 0..64 {
+            if burst.is_empty() && pool.alloc_bulk(&mut burst, BURST).is_ok() {
+                for m in burst.iter_mut() {
+                    let d = m.append(size).expect("room");
+                    if off + size > src.len() {
+                        off = 0;
+                    }
+                    d.copy_from_slice(&src[off..off + size]);
+                    off += size;
+                }
+            }
+            atx.tx_burst(&mut burst);
+            brx.rx_burst(&mut rx);
+            for m in &rx {
+                let d = m.data();
+                let o = (got as usize * size) % (dst.len() - size + 1);
+                dst[o..o + d.len()].copy_from_slice(d);
+                got += 1;
+            }
+            rx.clear();
+        }
+    }
+    std::hint::black_box(&dst);
+    let s = start.elapsed().as_secs_f64();
+    burst.clear();
+    drop((atx, brx, a, b));
+    let fps = got as f64 / s;
+    (fps, fps * size as f64 * 8.0 / 1e9)
+}
+
+/// One frame a -> b -> a at a time: half the round trip, in microseconds (median of `n`).
+fn raw_half_rtt(pool: &std::sync::Arc<Mempool>, name: &str, n: usize) -> f64 {
+    let cfg = PortConfig::default();
+    let (a, b) = ring_pair(name, &cfg, pool.clone()).expect("ring pair");
+    let (mut atx, mut arx) = (a.tx_queue(0).unwrap(), a.rx_queue(0).unwrap());
+    let (mut btx, mut brx) = (b.tx_queue(0).unwrap(), b.rx_queue(0).unwrap());
+    let mut v = Vec::with_capacity(n);
+    let mut one: Vec<Mbuf> = Vec::with_capacity(1);
+    let mut rx: Vec<Mbuf> = Vec::with_capacity(BURST);
+    for _ in 0..n {
+        pool.alloc_bulk(&mut one, 1).expect("mbuf");
+        one[0].append(64).expect("room")[..14].fill(2);
+        let t = Instant::now();
+        atx.tx_burst(&mut one);
+        loop {
+            brx.rx_burst(&mut rx);
+            if !rx.is_empty() {
+                btx.tx_burst(&mut rx);
+                rx.clear();
+                break;
+            }
+        }
+        loop {
+            arx.rx_burst(&mut rx);
+            if !rx.is_empty() {
+                rx.clear();
+                break;
+            }
+        }
+        v.push(t.elapsed().as_nanos() as f64 / 2000.0);
+        one.clear();
+    }
+    drop((atx, arx, btx, brx, a, b));
+    v.sort_by(|x, y| x.partial_cmp(y).unwrap());
+    v[v.len() / 2]
+}
+
+/// memcpy bandwidth over a `len`-byte working set, GB/s (10^9 bytes).
+fn memcpy_gbs(len: usize, secs: f64) -> f64 {
+    let src = vec![0x5au8; len];
+    let mut dst = vec![0u8; len];
+    let mut n = 0u64;
+    let start = Instant::now();
+    while start.elapsed().as_secs_f64() < secs {
+        for _ in 0..64 {
+            dst.copy_from_slice(std::hint::black_box(&src));
+            std::hint::black_box(&mut dst);
+        }
+        n += 64;
+    }
+    n as f64 * len as f64 / start.elapsed().as_secs_f64() / 1e9
+}
+
+fn ferroce(verb: Verb, kind: Kind, args: &[&str]) -> Value {
+    let mut v = vec!["x"];
+    v.extend_from_slice(args);
+    let a = A::parse_from(v).a;
+    let mut sink = Vec::new();
+    let r = driver::loopback(
+        &Job::Perf(verb, kind, a),
+        4096,
+        &RnicOpts::default(),
+        &mut sink,
+    )
+    .unwrap_or_else(|e| panic!("{args:?}: {e}"));
+    r["client"]["results"][0].clone()
+}
+
+fn main() {
+    // `cargo bench` passes --bench; this harness takes no options.
+    let cfg = driver::loopback_config(1, 4096, &RnicOpts::default()).expect("config");
+    dataplane::runtime::init_eal("e2e", &cfg).expect("EAL");
+    let pool = Mempool::new("e2e_raw", 8191, 256, ROCE_4K_DATA_ROOM).expect("mempool");
+
+    println!("baselines (same run, same machine)");
+    let mc = memcpy_gbs(65536, 2.0);
+    println!(
+        "  memcpy 64 KiB working set:           {mc:8.2} GB/s = {:8.2} Gb/s",
+        mc * 8.0
+    );
+    let (f_small, _) = raw_echo(&pool, "e2e_s", 122, 3.0);
+    println!(
+        "  DPDK ring echo, 122 B frames:         {:8.2} Mframes/s across the link",
+        f_small / 1e6
+    );
+    let (f_big, g_big) = raw_echo(&pool, "e2e_b", 4154, 3.0);
+    println!(
+        "  DPDK ring echo, 4154 B frames:        {:8.2} Mframes/s = {g_big:8.2} Gb/s across the link",
+        f_big / 1e6
+    );
+    let (c_small, _) = raw_stream_copy(&pool, "e2e_cs", 122, 3.0);
+    println!(
+        "  DPDK ring stream + copy in/out, 122 B: {:8.2} Mframes/s",
+        c_small / 1e6
+    );
+    let (c_big, cg_big) = raw_stream_copy(&pool, "e2e_cb", 4154, 3.0);
+    println!(
+        "  DPDK ring stream + copy in/out, 4154 B:{:8.2} Mframes/s = {cg_big:8.2} Gb/s",
+        c_big / 1e6
+    );
+    let rtt = raw_half_rtt(&pool, "e2e_l", 20_000);
+    println!("  DPDK ring, one 64 B frame a->b->a:    {rtt:8.3} us half round trip (median)");
+
+    println!("ferroce loopback (two RNICs, one worker, rnic-perf loops)");
+    let bw = ferroce(
+        Verb::Write,
+        Kind::Bw,
+        &["-s", "65536", "-n", "30000", "-m", "4096"],
+    );
+    let gbps = bw["bw_avg_Gbps"].as_f64().unwrap();
+    println!(
+        "  RDMA WRITE 64 KiB, MTU 4096:          {gbps:8.2} Gb/s ({:.2} MB/s)",
+        bw["bw_avg_MBps"].as_f64().unwrap()
+    );
+    let mr = ferroce(Verb::Write, Kind::Bw, &["-s", "64", "-n", "1000000"]);
+    let mpps = mr["msg_rate_Mpps"].as_f64().unwrap();
+    println!("  RDMA WRITE 64 B message rate:         {mpps:8.3} Mmsg/s");
+    let lat = ferroce(Verb::Write, Kind::Lat, &["-s", "8", "-n", "20000"]);
+    let t = lat["t_typical_us"].as_f64().unwrap();
+    println!(
+        "  RDMA WRITE 8 B half round trip:       {t:8.3} us typical ({:.3} us avg, {:.3} us p99)",
+        lat["t_avg_us"].as_f64().unwrap(),
+        lat["p99_us"].as_f64().unwrap()
+    );
+
+    println!("ratios");
+    // A 64 KiB WRITE at MTU 4096 is 16 full frames one way plus an ACK back.
+    println!(
+        "  WRITE 64 KiB goodput / raw 4154 B link rate:  {:.3}",
+        gbps / g_big
+    );
+    println!(
+        "  WRITE 64 KiB goodput / raw stream with copies: {:.3}",
+        gbps / cg_big
+    );
+    println!(
+        "  WRITE 64 KiB goodput / memcpy bandwidth:      {:.3}",
+        gbps / (mc * 8.0)
+    );
+    println!(
+        "  64 B WRITE rate / raw 122 B frame rate:       {:.3}",
+        mpps * 1e6 / f_small
+    );
+    println!(
+        "  64 B WRITE rate / raw 122 B stream with copies: {:.3}",
+        mpps * 1e6 / c_small
+    );
+    println!(
+        "  8 B WRITE half RTT / raw frame half RTT:      {:.1}x",
+        t / rtt
+    );
+}
