@@ -9,7 +9,7 @@ deps:
 	@bash scripts/deps.sh
 
 demo: deps
-	$(CARGO) run --release -q -p pmd-bindings --example link_demo
+	@bash scripts/demo.sh
 
 test: deps
 	$(CARGO) test --workspace --no-fail-fast
