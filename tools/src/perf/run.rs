@@ -20,7 +20,7 @@ use super::{Conn, Kind, Params, Verb};
 const CYCLE_BUFFER: u32 = 4096;
 const CACHE_LINE: u32 = 64;
 /// How long a client keeps trying to reach a server that is not listening yet.
-pub const CONNECT_PATIENCE: Duration = Duration::from_secs(20);
+pub const CONNECT_PATIENCE: Duration = Duration::from_secs(30);
 
 /// Where the out-of-band connection comes from.
 pub enum Endpoint {
