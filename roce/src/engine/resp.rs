@@ -24,6 +24,7 @@ use crate::wire::atomic_ack_eth::AtomicAckEthRepr;
 use crate::wire::bth::BthRepr;
 use crate::wire::frame::TransportRepr;
 use crate::wire::opcode::{Opcode, Operation};
+use crate::wire::reth::RethRepr;
 
 /// Largest RDMA message (IBA: 2^31 bytes).
 const MAX_MSG: u32 = 1 << 31;
@@ -314,27 +315,11 @@ impl Qp {
                 self.reject(sh, psn, INVALID);
                 return;
             }
-            // 6. R_Key; a zero-length WRITE is not checked (IBA 9.4.2: rkey ignored).
-            if reth.len > 0 {
-                match sh.mrs.check_remote(
-                    reth.rkey,
-                    self.pd,
-                    reth.va,
-                    reth.len as u64,
-                    Access::REMOTE_WRITE,
-                ) {
-                    Ok((mr, off)) => {
-                        self.resp.write_lkey = mr.lkey;
-                        self.resp.write_mem_offset = off;
-                    }
-                    Err(_) => {
-                        self.reject(sh, psn, ACCESS);
-                        return;
-                    }
-                }
+            // 6. R_Key.
+            if !self.begin_write(sh, reth) {
+                self.reject(sh, psn, ACCESS);
+                return;
             }
-            self.resp.write_left = reth.len;
-            self.resp.write_total = reth.len;
         }
         // Length against the RETH: never more than announced, and exactly all at the end.
         let n = pkt.payload_len as u32;
@@ -354,41 +339,78 @@ impl Qp {
             });
             return;
         }
-        if n > 0 {
-            let done = self.resp.write_total - self.resp.write_left;
-            let Some(mr) = sh.mrs.get(self.resp.write_lkey).filter(|m| m.valid) else {
-                self.reject(sh, psn, ACCESS);
-                return;
-            };
-            let base = self.resp.write_mem_offset + done as usize;
-            if pkt.write_payload(&*mr.mem, base).is_err() {
-                self.reject(sh, psn, ACCESS);
-                return;
-            }
+        if !self.place_write(sh, pkt) {
+            self.reject(sh, psn, ACCESS);
+            return;
         }
-        self.resp.write_left -= n;
         self.resp.epsn = psn.next();
-        if info.last {
-            self.resp.in_msg = InMsg::None;
-            self.resp.msn = self.resp.msn.next();
-            if let Some(imm) = pkt.ext.imm {
-                let mut c = self.recv_completion(
-                    self.resp.recv_wr_id,
-                    WcStatus::Success,
-                    WcOpcode::RecvRdmaWithImm,
-                    self.resp.write_total,
-                );
-                c.imm_data = imm.imm;
-                c.wc_flags.insert(WcFlags::WITH_IMM);
-                c.solicited = pkt.bth.se;
-                self.resp.have_recv = false;
-                sh.complete(self.recv_cq, c);
-            }
-        } else {
-            self.resp.in_msg = InMsg::Write;
-        }
+        self.end_write_packet(sh, pkt);
         if pkt.bth.ack_req {
             self.queue_ack(sh, psn);
+        }
+    }
+
+    /// WRITE FIRST/ONLY (RC and UC): checks the R_Key over the announced range - a zero-length
+    /// WRITE is not checked (IBA 9.4.2: rkey ignored) - and starts the message. False: the
+    /// access is not allowed.
+    fn begin_write(&mut self, sh: &Shared, reth: RethRepr) -> bool {
+        if reth.len > 0 {
+            match sh.mrs.check_remote(
+                reth.rkey,
+                self.pd,
+                reth.va,
+                reth.len as u64,
+                Access::REMOTE_WRITE,
+            ) {
+                Ok((mr, off)) => {
+                    self.resp.write_lkey = mr.lkey;
+                    self.resp.write_mem_offset = off;
+                }
+                Err(_) => return false,
+            }
+        }
+        self.resp.write_left = reth.len;
+        self.resp.write_total = reth.len;
+        true
+    }
+
+    /// Places a WRITE packet's payload after what the message wrote so far. False: the MR was
+    /// invalidated meanwhile or the range is outside it.
+    fn place_write(&self, sh: &Shared, pkt: &Pkt<'_>) -> bool {
+        if pkt.payload_len == 0 {
+            return true;
+        }
+        let done = self.resp.write_total - self.resp.write_left;
+        match sh.mrs.get(self.resp.write_lkey).filter(|m| m.valid) {
+            Some(mr) => pkt
+                .write_payload(&*mr.mem, self.resp.write_mem_offset + done as usize)
+                .is_ok(),
+            None => false,
+        }
+    }
+
+    /// Accounts a placed WRITE packet: on the last one the message ends and a WRITE with
+    /// immediate completes the receive WQE it took; otherwise the message continues.
+    fn end_write_packet(&mut self, sh: &mut Shared, pkt: &Pkt<'_>) {
+        self.resp.write_left -= pkt.payload_len as u32;
+        if !pkt.info.last {
+            self.resp.in_msg = InMsg::Write;
+            return;
+        }
+        self.resp.in_msg = InMsg::None;
+        self.resp.msn = self.resp.msn.next();
+        if let Some(imm) = pkt.ext.imm {
+            let mut c = self.recv_completion(
+                self.resp.recv_wr_id,
+                WcStatus::Success,
+                WcOpcode::RecvRdmaWithImm,
+                self.resp.write_total,
+            );
+            c.imm_data = imm.imm;
+            c.wc_flags.insert(WcFlags::WITH_IMM);
+            c.solicited = pkt.bth.se;
+            self.resp.have_recv = false;
+            sh.complete(self.recv_cq, c);
         }
     }
 
@@ -629,26 +651,10 @@ impl Qp {
                 if info.first {
                     self.counters.rx_write_requests += 1;
                     let reth = pkt.ext.reth.expect("WRITE FIRST/ONLY carries a RETH");
-                    if reth.len > 0 {
-                        match sh.mrs.check_remote(
-                            reth.rkey,
-                            self.pd,
-                            reth.va,
-                            reth.len as u64,
-                            Access::REMOTE_WRITE,
-                        ) {
-                            Ok((mr, off)) => {
-                                self.resp.write_lkey = mr.lkey;
-                                self.resp.write_mem_offset = off;
-                            }
-                            Err(_) => {
-                                drop_msg(self);
-                                return;
-                            }
-                        }
+                    if !self.begin_write(sh, reth) {
+                        drop_msg(self);
+                        return;
                     }
-                    self.resp.write_left = reth.len;
-                    self.resp.write_total = reth.len;
                 }
                 let n = pkt.payload_len as u32;
                 if n > self.resp.write_left || (info.last && n != self.resp.write_left) {
@@ -659,41 +665,11 @@ impl Qp {
                     drop_msg(self);
                     return;
                 }
-                if n > 0 {
-                    let done = self.resp.write_total - self.resp.write_left;
-                    let ok = sh
-                        .mrs
-                        .get(self.resp.write_lkey)
-                        .filter(|m| m.valid)
-                        .map(|mr| {
-                            pkt.write_payload(&*mr.mem, self.resp.write_mem_offset + done as usize)
-                                .is_ok()
-                        })
-                        .unwrap_or(false);
-                    if !ok {
-                        drop_msg(self);
-                        return;
-                    }
+                if !self.place_write(sh, pkt) {
+                    drop_msg(self);
+                    return;
                 }
-                self.resp.write_left -= n;
-                if info.last {
-                    self.resp.in_msg = InMsg::None;
-                    self.resp.msn = self.resp.msn.next();
-                    if let Some(imm) = pkt.ext.imm {
-                        let mut c = self.recv_completion(
-                            self.resp.recv_wr_id,
-                            WcStatus::Success,
-                            WcOpcode::RecvRdmaWithImm,
-                            self.resp.write_total,
-                        );
-                        c.imm_data = imm.imm;
-                        c.wc_flags.insert(WcFlags::WITH_IMM);
-                        self.resp.have_recv = false;
-                        sh.complete(self.recv_cq, c);
-                    }
-                } else {
-                    self.resp.in_msg = InMsg::Write;
-                }
+                self.end_write_packet(sh, pkt);
             }
             _ => drop_msg(self),
         }
