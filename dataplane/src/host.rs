@@ -598,20 +598,6 @@ impl Context {
         }
     }
 
-    fn qp_retired(&self, slot: usize) -> (u64, u64) {
-        let sq = self
-            .qp_index
-            .atomic_u64(slot * QP_INDEX_BYTES)
-            .map(|a| a.load(Ordering::Acquire))
-            .unwrap_or(0);
-        let rq = self
-            .qp_index
-            .atomic_u64(slot * QP_INDEX_BYTES + 8)
-            .map(|a| a.load(Ordering::Acquire))
-            .unwrap_or(0);
-        (sq, rq)
-    }
-
     fn reg_at(
         &mut self,
         pd: PdId,
@@ -646,6 +632,15 @@ impl Context {
     pub fn sync(&mut self) -> VerbsResult<()> {
         self.call(Command::QueryPort).map(|_| ())
     }
+}
+
+/// How many WQEs of a QP's send (`queue` 0) or receive (`queue` 1) queue the worker has
+/// retired, as it publishes them in the index area.
+fn retired(index: &Area, slot: usize, queue: usize) -> u64 {
+    index
+        .atomic_u64(slot * QP_INDEX_BYTES + 8 * queue)
+        .map(|a| a.load(Ordering::Acquire))
+        .unwrap_or(0)
 }
 
 fn backoff(spins: u32) {
@@ -857,17 +852,11 @@ impl Verbs for Context {
 
     #[inline]
     fn post_send(&mut self, qpn: Qpn, wr: &SendWr<'_>) -> VerbsResult<()> {
-        let (sq_retired, _) = {
-            let q = self
-                .qps
-                .get(&qpn.value())
-                .ok_or(VerbsError::NotFound("queue pair"))?;
-            self.qp_retired(q.slot)
-        };
         let q = self
             .qps
             .get_mut(&qpn.value())
             .ok_or(VerbsError::NotFound("queue pair"))?;
+        let sq_retired = retired(&self.qp_index, q.slot, 0);
         // The checks the engine would make at post time, made here so the call is synchronous
         // without a round trip (the worker re-checks; a failure there becomes an error
         // completion).
@@ -913,17 +902,11 @@ impl Verbs for Context {
 
     #[inline]
     fn post_recv(&mut self, qpn: Qpn, wr: &RecvWr<'_>) -> VerbsResult<()> {
-        let (_, rq_retired) = {
-            let q = self
-                .qps
-                .get(&qpn.value())
-                .ok_or(VerbsError::NotFound("queue pair"))?;
-            self.qp_retired(q.slot)
-        };
         let q = self
             .qps
             .get_mut(&qpn.value())
             .ok_or(VerbsError::NotFound("queue pair"))?;
+        let rq_retired = retired(&self.qp_index, q.slot, 1);
         if q.srq {
             return Err(VerbsError::InvalidArgument(
                 "the QP uses an SRQ: post to the SRQ".into(),
