@@ -221,10 +221,12 @@ impl Drop for Runtime {
     }
 }
 
-/// A configuration for tests and the loopback demo: `net_ring` device, 10.99.0.`host`/24.
-pub fn test_config(host: u8, path_mtu: u32) -> RnicConfig {
+/// The raw configuration of one end of a loopback pair (its `port.device` is not used):
+/// MAC 02:00:00:99:00:`host`, 10.99.0.`host`/24, path MTU `path_mtu` and a port MTU that
+/// fits it.
+pub fn loopback_raw_config(host: u8, path_mtu: u32) -> RawConfig {
     let mut r = RawConfig::default();
-    r.set("port.device", "net_ring_unused").expect("key");
+    r.set("port.device", "net_ring_loopback").expect("key");
     r.set("address.mac", &format!("02:00:00:99:00:{host:02x}"))
         .expect("key");
     r.set("address.ipv4", &format!("10.99.0.{host}/24"))
@@ -232,6 +234,12 @@ pub fn test_config(host: u8, path_mtu: u32) -> RnicConfig {
     r.set("port.mtu", &(path_mtu + 200).max(1500).to_string())
         .expect("key");
     r.set("roce.path_mtu", &path_mtu.to_string()).expect("key");
+    r
+}
+
+/// A configuration for tests: [`loopback_raw_config`] with a short idle sleep.
+pub fn test_config(host: u8, path_mtu: u32) -> RnicConfig {
+    let mut r = loopback_raw_config(host, path_mtu);
     r.set("worker.idle_sleep_us", "50").expect("key");
     r.validate().expect("test config is valid")
 }

@@ -53,6 +53,13 @@ impl RnicOpts {
         if let Some(m) = &self.mac {
             raw.set("address.mac", m).map_err(|e| e.to_string())?;
         }
+        self.apply_overrides(&mut raw)?;
+        Ok(raw)
+    }
+
+    /// Applies `--eal` and every `--set key=value` to `raw` (also used for the loopback pair,
+    /// whose addresses are fixed).
+    pub fn apply_overrides(&self, raw: &mut RawConfig) -> Result<(), String> {
         if let Some(e) = &self.eal {
             raw.set("eal.args", e).map_err(|e| e.to_string())?;
         }
@@ -62,7 +69,7 @@ impl RnicOpts {
                 .ok_or_else(|| format!("--set {kv:?}: expected KEY=VALUE"))?;
             raw.set(k.trim(), v.trim()).map_err(|e| e.to_string())?;
         }
-        Ok(raw)
+        Ok(())
     }
 
     /// Whether any RNIC option was given.

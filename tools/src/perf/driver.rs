@@ -5,7 +5,7 @@
 use std::io::Write;
 use std::net::TcpListener;
 
-use dataplane::config::{RawConfig, RnicConfig};
+use dataplane::config::RnicConfig;
 use dataplane::runtime::Runtime;
 use dataplane::worker::NicSnapshot;
 use serde_json::{json, Value};
@@ -82,22 +82,8 @@ impl Job {
 /// The loopback pair's configuration: like the tests' (`net_ring`, 10.99.0.`host`/24), path
 /// MTU `mtu`, plus the user's `--set` overrides.
 pub fn loopback_config(host: u8, mtu: u32, opts: &RnicOpts) -> Result<RnicConfig, String> {
-    let mut r = RawConfig::default();
-    let set = |r: &mut RawConfig, k: &str, v: &str| r.set(k, v).map_err(|e| e.to_string());
-    set(&mut r, "port.device", "net_ring_loopback")?;
-    set(&mut r, "address.mac", &format!("02:00:00:99:00:{host:02x}"))?;
-    set(&mut r, "address.ipv4", &format!("10.99.0.{host}/24"))?;
-    set(&mut r, "port.mtu", &(mtu + 200).max(1500).to_string())?;
-    set(&mut r, "roce.path_mtu", &mtu.to_string())?;
-    if let Some(e) = &opts.eal {
-        set(&mut r, "eal.args", e)?;
-    }
-    for kv in &opts.set {
-        let (k, v) = kv
-            .split_once('=')
-            .ok_or_else(|| format!("--set {kv:?}: expected KEY=VALUE"))?;
-        set(&mut r, k.trim(), v.trim())?;
-    }
+    let mut r = dataplane::runtime::loopback_raw_config(host, mtu);
+    opts.apply_overrides(&mut r)?;
     r.validate().map_err(|e| e.to_string())
 }
 
