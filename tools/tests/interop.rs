@@ -13,12 +13,13 @@
 //! `FERROCE_SKIP_INTEROP=1` skips it explicitly (it then prints that it did not run).
 
 use std::collections::HashMap;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+
+mod common;
 
 const NS: &str = "rnic-interop";
 const FERROCE_IP: &str = "10.99.0.3/24";
@@ -151,41 +152,8 @@ fn guest_cmdline(c: &Case) -> String {
     )
 }
 
-/// Runs a command to completion, killing it after `limit`.
 fn run_for(cmd: &mut Command, limit: Duration) -> Output {
-    let mut child = cmd
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
-    let mut so = child.stdout.take().unwrap();
-    let mut se = child.stderr.take().unwrap();
-    let t1 = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = so.read_to_end(&mut v);
-        v
-    });
-    let t2 = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = se.read_to_end(&mut v);
-        v
-    });
-    let deadline = Instant::now() + limit;
-    let status = loop {
-        if let Some(st) = child.try_wait().expect("wait") {
-            break st;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            break child.wait().expect("wait");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    Output {
-        status,
-        stdout: t1.join().unwrap(),
-        stderr: t2.join().unwrap(),
-    }
+    common::run_for(cmd, limit).0
 }
 
 /// Stops what the test started, whatever happens (processes by PID, then the namespace).

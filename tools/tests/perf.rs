@@ -9,6 +9,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+mod common;
+
 /// One rnic-perf at a time: each runs a dataplane worker and two busy application threads,
 /// and these machines have two cores.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -17,46 +19,13 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Runs rnic-perf to completion, killing it if it takes longer than two minutes (a test
-/// must fail, not hang).
+/// Runs rnic-perf to completion; more than two minutes fails the test.
 fn rnic_perf(args: &[&str]) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_rnic-perf"))
-        .args(args)
-        .env("RUST_LOG", "error")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run rnic-perf");
-    // Drain the pipes while waiting, so a chatty child cannot block on a full pipe.
-    let mut so = child.stdout.take().unwrap();
-    let mut se = child.stderr.take().unwrap();
-    let t1 = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = so.read_to_end(&mut v);
-        v
-    });
-    let t2 = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = se.read_to_end(&mut v);
-        v
-    });
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let status = loop {
-        if let Some(st) = child.try_wait().expect("wait") {
-            break st;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("rnic-perf {args:?} did not finish in 120 s");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    Output {
-        status,
-        stdout: t1.join().unwrap(),
-        stderr: t2.join().unwrap(),
-    }
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_rnic-perf"));
+    cmd.args(args).env("RUST_LOG", "error");
+    let (out, killed) = common::run_for(&mut cmd, Duration::from_secs(120));
+    assert!(!killed, "rnic-perf {args:?} did not finish in 120 s");
+    out
 }
 
 /// Runs a loopback test and returns its JSON document.
