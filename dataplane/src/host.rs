@@ -1211,13 +1211,17 @@ impl HostEnd {
     }
 
     fn publish_qp(&self, dev: &Device, qpn: Qpn) {
-        if let Some((sq, rq)) = dev.queue_positions(qpn) {
+        if let Some(positions) = dev.queue_positions(qpn) {
             let slot = (qpn.value() - roce::engine::QPN_BASE) as usize;
-            if let Ok(a) = self.qp_index.atomic_u64(slot * QP_INDEX_BYTES) {
-                a.store(sq, Ordering::Release);
-            }
-            if let Ok(a) = self.qp_index.atomic_u64(slot * QP_INDEX_BYTES + 8) {
-                a.store(rq, Ordering::Release);
+            for (queue, pos) in [positions.0, positions.1].into_iter().enumerate() {
+                if let Ok(a) = self.qp_index.atomic_u64(slot * QP_INDEX_BYTES + 8 * queue) {
+                    // This worker is the only writer, so its last store is what a relaxed load
+                    // sees. Storing only changes keeps the line in the application's cache:
+                    // the application reads it on every post and this runs every iteration.
+                    if a.load(Ordering::Relaxed) != pos {
+                        a.store(pos, Ordering::Release);
+                    }
+                }
             }
         }
     }
