@@ -2,7 +2,7 @@
 //! fence, solicited events, inline data and SGE limits, asynchronous events and device
 //! attributes.
 
-use roce::engine::{DeviceConfig, QpInit, SrqAttr};
+use roce::engine::{DeviceConfig, ModifyError, QpInit, SrqAttr, VerbsError};
 use roce::memory::{HeapMemory, Memory};
 use roce::sim::traffic::{OpKind, Traffic, TrafficSpec};
 use roce::sim::{bring_up, connect, node_gid, ConnectOpts, Endpoint, LinkConfig, Pair, Rng};
@@ -685,10 +685,29 @@ fn inline_data_is_copied_at_post_time_within_the_reported_limit() {
     };
     let (a, b) = connect(&mut p, &o);
     assert_eq!(p.a.dev.query_qp(a.qpn).unwrap().caps.max_inline_data, 64);
-    assert_eq!(
-        p.a.dev.attr().max_inline_data,
-        roce::engine::MAX_INLINE as u32
-    );
+    // The reported device limit is the enforced one: a QP may ask for exactly it, not more.
+    let limit = p.a.dev.attr().max_inline_data;
+    assert!(limit >= 64);
+    let pd = p.a.dev.alloc_pd().unwrap();
+    let cq = p.a.dev.create_cq(4).unwrap();
+    let qp_init = |max_inline_data| QpInit {
+        pd,
+        qp_type: QpType::Rc,
+        send_cq: cq,
+        recv_cq: cq,
+        srq: None,
+        caps: QpCaps {
+            max_send_wr: 4,
+            max_recv_wr: 4,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data,
+        },
+        sq_sig_all: false,
+    };
+    let q = p.a.dev.create_qp(&qp_init(limit)).unwrap();
+    p.a.dev.destroy_qp(q).unwrap();
+    assert!(p.a.dev.create_qp(&qp_init(limit + 1)).is_err());
     p.recv(1, &b, 1, &[b.sge(0, 128)]);
     a.mem.write(0, &[1; 64]).unwrap();
     p.post_flags(
@@ -926,8 +945,13 @@ fn device_and_port_attributes_are_the_enforced_limits() {
 
 #[test]
 fn path_mtu_above_the_port_mtu_is_refused() {
+    // The port runs a 1024-byte MTU; a QP's path MTU may not exceed it (IBA 10.3.1.2,
+    // ibv_modify_qp returns EINVAL). The QP is left as it was.
     let mut p = Pair::new(
-        DeviceConfig::default(),
+        DeviceConfig {
+            port_mtu: Mtu::M1024,
+            ..Default::default()
+        },
         DeviceConfig::default(),
         LinkConfig::default(),
         1,
@@ -937,20 +961,48 @@ fn path_mtu_above_the_port_mtu_is_refused() {
         ..Default::default()
     };
     let (a, _b) = connect(&mut p, &o);
-    let r = p.a.dev.modify_qp(
-        a.qpn,
-        &QpAttr {
-            state: Some(QpState::Sqd),
-            ..Default::default()
-        },
-    );
-    assert!(r.is_ok());
-    let r = p.a.dev.modify_qp(
-        a.qpn,
-        &QpAttr {
-            path_mtu: Some(Mtu::M4096),
-            ..Default::default()
-        },
-    );
-    assert!(r.is_err());
+    // A fresh QP in INIT, taken to RTR with path MTU 4096, then 1024.
+    let info = p.a.dev.query_qp(a.qpn).unwrap();
+    let init = QpInit {
+        pd: a.pd,
+        qp_type: QpType::Rc,
+        send_cq: a.cq,
+        recv_cq: a.cq,
+        srq: None,
+        caps: info.caps,
+        sq_sig_all: false,
+    };
+    let q = p.a.dev.create_qp(&init).unwrap();
+    p.a.dev
+        .modify_qp(
+            q,
+            &QpAttr {
+                state: Some(QpState::Init),
+                pkey_index: Some(0),
+                port: Some(1),
+                access: Some(Access::REMOTE_WRITE),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    let rtr = |mtu| QpAttr {
+        state: Some(QpState::Rtr),
+        av: Some(AddressVector::new(roce::sim::node_gid(1), 0)),
+        path_mtu: Some(mtu),
+        dest_qp: Some(Qpn::new(0x30)),
+        rq_psn: Some(Psn::new(0)),
+        max_dest_rd_atomic: Some(1),
+        min_rnr_timer: Some(1),
+        ..Default::default()
+    };
+    match p.a.dev.modify_qp(q, &rtr(Mtu::M4096)) {
+        Err(VerbsError::Modify(ModifyError::Invalid(msg))) => {
+            assert!(msg.contains("exceeds the port's active MTU"), "{msg}")
+        }
+        other => panic!("expected the port MTU refusal, got {other:?}"),
+    }
+    let info = p.a.dev.query_qp(q).unwrap();
+    assert_eq!((info.state, info.attr.path_mtu), (QpState::Init, None));
+    p.a.dev.modify_qp(q, &rtr(Mtu::M1024)).unwrap();
+    assert_eq!(p.a.dev.query_qp(q).unwrap().state, QpState::Rtr);
 }

@@ -844,6 +844,78 @@ fn lost_read_response_is_found_by_an_implied_nak() {
     );
 }
 
+/// ACKs that arrive after the ACK timer rewound the requester acknowledge packets sent before
+/// the rewind: they complete what they cover and move the send point past it, so nothing they
+/// acknowledged is sent again (IBA 9.7.5.2.2; rxe compares with the WQE's last PSN).
+#[test]
+fn late_acks_after_a_rewind_complete_and_skip_what_they_cover() {
+    let o = ConnectOpts {
+        timeout: 8, // ~1 ms
+        ..Default::default()
+    };
+    let (mut p, a, b) = setup(o);
+    let hold = std::rc::Rc::new(std::cell::Cell::new(true));
+    let h = hold.clone();
+    // Hold back B's ACKs (they are recorded, not delivered) until A's timer has fired.
+    p.drop_if = Some(Box::new(move |side, _| side == 1 && h.get()));
+    for i in 0..4u64 {
+        post(
+            &mut p,
+            0,
+            &a,
+            i + 1,
+            WrOp::Write {
+                remote_addr: b.addr + i * 1024,
+                rkey: b.rkey,
+            },
+            &[sge(&a, i * 1024, 1024)],
+        );
+    }
+    let aq = a.qpn;
+    p.run(SEC, |p| {
+        p.a.dev.qp_counters(aq).unwrap().local_ack_timeout_err == 1
+    });
+    let late: Vec<Vec<u8>> = p
+        .recorded
+        .iter()
+        .filter(|(s, _, _)| *s == 1)
+        .map(|(_, _, f)| f.clone())
+        .collect();
+    assert_eq!(late.len(), 4, "one ACK per WRITE, all held back");
+    hold.set(false);
+    for f in &late {
+        p.inject(0, f);
+    }
+    // A WRITE posted now must get the next new PSN (not one the late ACKs already covered,
+    // which B would take for a duplicate and acknowledge without writing).
+    a.mem.write(8192, &[0x5a; 256]).unwrap();
+    post(
+        &mut p,
+        0,
+        &a,
+        5,
+        WrOp::Write {
+            remote_addr: b.addr + 8192,
+            rkey: b.rkey,
+        },
+        &[sge(&a, 8192, 256)],
+    );
+    p.run_until_idle(SEC);
+    assert_eq!(b.mem.to_vec(8192, 256), vec![0x5a; 256]);
+    let c = cqes(&mut p, 0, &a);
+    assert_eq!(
+        c.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(),
+        (1..=5).map(|i| (i, WcStatus::Success)).collect::<Vec<_>>()
+    );
+    let ka = p.a.dev.qp_counters(a.qpn).unwrap();
+    assert_eq!(ka.unexpected_responses, 0, "the late ACKs were accepted");
+    assert_eq!(
+        ka.retransmitted_pkts, 0,
+        "nothing they acknowledged went again"
+    );
+    assert_eq!(p.b.dev.qp_counters(b.qpn).unwrap().duplicate_request, 0);
+}
+
 // ---- duplicates ----
 
 #[test]

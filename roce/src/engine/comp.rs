@@ -26,8 +26,10 @@ impl Qp {
             return;
         }
         let psn = pkt.bth.psn;
-        // A response must be for a PSN we sent (comp.psn - 2^23 .. req.psn).
-        if !psn.before(self.req.psn) {
+        // A response must be for a PSN we sent (comp.psn - 2^23 .. the highest PSN sent). A
+        // rewind moves req.psn back, but ACKs for what went out before it are still valid and
+        // must complete what they cover (rxe compares with the WQE's last PSN).
+        if !psn.before(self.req.psn_hw) {
             self.counters.unexpected_responses += 1;
             return;
         }
@@ -79,20 +81,16 @@ impl Qp {
     /// implied NAK, retry from it.
     pub(crate) fn ack_upto(&mut self, sh: &mut Shared, now: u64, psn: Psn) {
         let mut progressed = false;
-        while self.comp.next < self.req.next {
+        // WQEs a rewind put back to be resent still count: their PSNs were sent before.
+        while self.comp.next < self.sq.tail {
             let idx = self.comp.next;
             let w = self.sq.get(idx);
-            match w.state {
-                WqeState::Done(_) => {
-                    self.comp.next += 1;
-                    continue;
-                }
-                WqeState::Posted => break,
-                WqeState::Sending | WqeState::Sent => {}
-            }
-            if !w.op.is_remote() {
+            if let WqeState::Done(_) = w.state {
                 self.comp.next += 1;
                 continue;
+            }
+            if !w.started || !w.op.is_remote() {
+                break;
             }
             if w.op.is_read_or_atomic() {
                 if !psn.before(w.first_psn) {
@@ -103,7 +101,7 @@ impl Qp {
                 }
                 break;
             }
-            if w.state == WqeState::Sent && !psn.before(w.last_psn) {
+            if w.last_sent && !psn.before(w.last_psn) {
                 self.sq.get_mut(idx).state = WqeState::Done(WcStatus::Success);
                 self.comp.next += 1;
                 progressed = true;
@@ -122,6 +120,10 @@ impl Qp {
 
     /// Forward progress: reset the retry budget and restart (or stop) the ACK timer.
     fn on_progress(&mut self, sh: &mut Shared, now: u64) {
+        if self.comp.psn.after(self.req.psn) {
+            // ACKs for packets sent before a rewind: do not send again what they covered.
+            self.resume_partial();
+        }
         if self.comp.retry_from.is_some_and(|p| self.comp.psn.after(p)) {
             self.comp.retry_from = None;
         }
@@ -159,7 +161,7 @@ impl Qp {
         let expected = w.first_psn.add(w.recv_bytes / mtu);
         if psn.before(expected) {
             // Duplicate response (we already have it).
-            self.counters.duplicate_request += 0;
+            self.counters.duplicate_responses += 1;
             return;
         }
         if psn.after(expected) {
@@ -238,22 +240,17 @@ impl Qp {
     /// Completes SEND/WRITE WQEs entirely before `psn` (a response for a later request
     /// acknowledges them, IBA 9.7.5.2.6).
     fn complete_before(&mut self, psn: Psn) {
-        while self.comp.next < self.req.next {
+        while self.comp.next < self.sq.tail {
             let idx = self.comp.next;
             let w = self.sq.get(idx);
-            match w.state {
-                WqeState::Done(_) => {
-                    self.comp.next += 1;
-                    continue;
-                }
-                WqeState::Posted => break,
-                _ => {}
-            }
-            if !w.op.is_remote() {
+            if let WqeState::Done(_) = w.state {
                 self.comp.next += 1;
                 continue;
             }
-            if !w.op.is_read_or_atomic() && w.state == WqeState::Sent && w.last_psn.before(psn) {
+            if !w.started || !w.op.is_remote() {
+                break;
+            }
+            if !w.op.is_read_or_atomic() && w.last_sent && w.last_psn.before(psn) {
                 self.sq.get_mut(idx).state = WqeState::Done(WcStatus::Success);
                 self.comp.next += 1;
                 continue;
@@ -273,6 +270,8 @@ impl Qp {
             match w.state {
                 WqeState::Done(_) => idx += 1,
                 _ if !w.op.is_remote() => idx += 1,
+                // Never sent: nothing can answer it (and its PSNs are not assigned).
+                _ if !w.started => return None,
                 _ => return Some(idx),
             }
         }
@@ -358,7 +357,7 @@ impl Qp {
             }
             self.comp.rnr_left -= 1;
         }
-        self.rewind(sh);
+        self.rewind();
         // Wait the RNR timer the responder asked for, then resend (IBA 9.7.5.2.8).
         let delay = RNR_TIMER_NS[(timer & 0x1f) as usize];
         self.comp.rnr_deadline = Some(now + delay);
@@ -380,7 +379,7 @@ impl Qp {
         }
         self.comp.retry_from = Some(self.comp.psn);
         self.counters.completer_retry_err += 1;
-        self.rewind(sh);
+        self.rewind();
         self.comp.ack_deadline = None;
         if let Some(to) = self.ack_timeout_ns() {
             self.comp.ack_deadline = Some(now + to);

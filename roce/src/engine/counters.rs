@@ -91,6 +91,9 @@ counters!(
         naks_sent,
         /// ACKs received.
         acks_rcvd,
+        /// READ responses received again for bytes already placed (a duplicated frame, or
+        /// the original stream still arriving after a re-request) (ferroce).
+        duplicate_responses,
         /// Responses that did not fit the outstanding requests (dropped, or BAD_RESP_ERR).
         unexpected_responses,
         /// Packets dropped because the QP's state does not accept them.

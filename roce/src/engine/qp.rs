@@ -264,8 +264,11 @@ pub(crate) enum Resource {
 /// Requester state (rxe_req.c's `qp->req`).
 #[derive(Debug, Clone)]
 pub(crate) struct ReqState {
-    /// PSN of the next new packet.
+    /// PSN of the next packet to send (moved back by a go-back-N rewind).
     pub psn: Psn,
+    /// One past the highest PSN ever sent: responses up to here are for packets we sent,
+    /// even after a rewind moved `psn` back (rxe checks against the WQE's last PSN).
+    pub psn_hw: Psn,
     /// Index of the WQE being sent (or next to send).
     pub next: u64,
     /// Packets since the last AckReq.
@@ -395,6 +398,7 @@ impl Qp {
             rq: RecvQueue::new(rq_depth, caps.max_recv_sge as usize),
             req: ReqState {
                 psn: Psn::new(0),
+                psn_hw: Psn::new(0),
                 next: 0,
                 noack_pkts: 0,
                 rd_atomic_inflight: 0,
@@ -609,6 +613,7 @@ impl Qp {
         }
         if let Some(psn) = attr.sq_psn {
             self.req.psn = psn;
+            self.req.psn_hw = psn;
             self.comp.psn = psn;
         }
         if let Some(r) = attr.retry_cnt {
@@ -720,7 +725,8 @@ mod tests {
         assert_eq!(q.state, QpState::Rts);
         assert_eq!(q.req.psn, Psn::new(200));
         assert_eq!(q.ack_timeout_ns(), Some(4096 << 14));
-        assert_eq!(q.udp_sport, udp_sport_connected(0, 0x12, 0x20));
+        // rdma_get_udp_sport: flow label 0x12 * 0x20 = 0x240, folded to 14 bits, | 0xC000.
+        assert_eq!(q.udp_sport, 0xc240);
     }
 
     #[test]
@@ -763,10 +769,14 @@ mod tests {
         assert_eq!(q.attr.path_mtu, None);
         let mut c = rtr();
         c.cur_state = Some(QpState::Rts);
-        assert!(matches!(
-            q.modify(&c, 16, 2),
-            Err(ModifyError::NotAllowed(_)) | Err(ModifyError::CurStateMismatch { .. })
-        ));
+        assert_eq!(
+            q.modify(&c, 16, 2).unwrap_err(),
+            ModifyError::CurStateMismatch {
+                given: QpState::Rts,
+                actual: QpState::Init
+            }
+        );
+        assert_eq!(q.state, QpState::Init);
     }
 
     #[test]
@@ -801,7 +811,8 @@ mod tests {
                 2
             )
             .is_err());
-        assert_eq!(q.udp_sport, udp_sport_ud(0x12));
+        // 0xC000 + hash_32(0x12, 14), as rxe derives a UD QP's port.
+        assert_eq!(q.udp_sport, 0xf806);
     }
 
     #[test]

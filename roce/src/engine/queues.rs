@@ -45,6 +45,13 @@ pub(crate) struct SendWqe {
     pub signaled: bool,
     /// Send sequence number (remote operations only): for end-to-end credits.
     pub ssn: u32,
+    /// `first_psn` is assigned: the first packet went out at least once (a rewind does not
+    /// clear it; PSNs are re-derived identically on every pass).
+    pub started: bool,
+    /// `last_psn` is assigned: every packet (READ/ATOMIC: the request) went out at least
+    /// once, so an ACK at or after `last_psn` completes the WQE even if a rewind has put it
+    /// back to be sent again.
+    pub last_sent: bool,
 }
 
 impl SendWqe {
@@ -63,6 +70,8 @@ impl SendWqe {
         recv_bytes: 0,
         signaled: false,
         ssn: 0,
+        started: false,
+        last_sent: false,
     };
 }
 

@@ -225,6 +225,8 @@ impl Qp {
                 // completer knows which response is a FIRST.
                 wm.sent_bytes = done;
                 wm.state = WqeState::Sent;
+                wm.started = true;
+                wm.last_sent = true;
                 self.req.psn = psn.add(n);
                 self.req.rd_atomic_inflight += 1;
                 last = true;
@@ -328,10 +330,12 @@ impl Qp {
                 let wm = self.sq.get_mut(idx);
                 if first {
                     wm.first_psn = psn;
+                    wm.started = true;
                 }
                 wm.sent_bytes = off + n;
                 if last {
                     wm.last_psn = psn;
+                    wm.last_sent = true;
                     wm.state = WqeState::Sent;
                 } else {
                     wm.state = WqeState::Sending;
@@ -354,6 +358,13 @@ impl Qp {
         }
         tx.transport = t;
         self.counters.sent_pkts += 1;
+        // A packet below the high-water mark was sent before: go-back-N resends it.
+        if psn.before(self.req.psn_hw) {
+            self.counters.retransmitted_pkts += 1;
+        }
+        if self.req.psn.after(self.req.psn_hw) {
+            self.req.psn_hw = self.req.psn;
+        }
         match self.qp_type {
             QpType::Rc => {
                 if self.comp.ack_deadline.is_none() {
@@ -385,6 +396,8 @@ impl Qp {
         let wm = self.sq.get_mut(idx);
         wm.first_psn = psn;
         wm.last_psn = psn;
+        wm.started = true;
+        wm.last_sent = true;
         wm.state = WqeState::Sent;
         self.req.psn = psn.add(1);
         self.req.rd_atomic_inflight += 1;
@@ -463,57 +476,59 @@ impl Qp {
     /// Go-back-N: resend from the oldest unacknowledged PSN (IBA 9.7.6.1). WQEs after it are
     /// sent again from scratch; a partially acknowledged SEND/WRITE resumes at the first
     /// unacknowledged packet; a partially answered READ re-requests only what is missing.
-    pub(crate) fn rewind(&mut self, sh: &mut Shared) {
-        let mtu = self.mtu();
+    /// Resent packets are counted as they go out (`retransmitted_pkts`).
+    pub(crate) fn rewind(&mut self) {
         let from = self.comp.next;
-        let mut retransmit = 0u32;
         // Everything from the oldest incomplete WQE up to the last one with packets out
-        // (including one only partly sent) goes again; the first Posted WQE ends the range,
-        // since WQEs are sent in order.
+        // (including one only partly sent) goes again; the first WQE never started ends the
+        // range, since WQEs are sent in order.
         for idx in from..self.sq.tail {
             let w = self.sq.get_mut(idx);
             match w.state {
                 WqeState::Done(_) => continue,
-                WqeState::Posted => break,
-                WqeState::Sending | WqeState::Sent => {}
-            }
-            if !w.op.is_remote() {
-                continue;
+                _ if !w.started => break,
+                _ => {}
             }
             match w.op {
-                WrOp::Read { .. } => {
-                    w.state = WqeState::Sending;
-                    retransmit += 1;
-                }
-                WrOp::CompareSwap { .. } | WrOp::FetchAdd { .. } => {
+                WrOp::Read { .. } => w.state = WqeState::Sending,
+                WrOp::CompareSwap { .. } | WrOp::FetchAdd { .. } => w.state = WqeState::Posted,
+                op if op.is_remote() => {
+                    w.sent_bytes = 0;
                     w.state = WqeState::Posted;
-                    retransmit += 1;
                 }
-                _ => {
-                    // Packets before comp.psn were acknowledged (coalesced ACK inside a
-                    // multi-packet message): keep them.
-                    let acked_pkts = if idx == from && self.comp.psn.after(w.first_psn) {
-                        self.comp.psn.diff(w.first_psn) as u32
-                    } else {
-                        0
-                    };
-                    let sent_pkts = w.sent_bytes.div_ceil(mtu).max(1);
-                    retransmit += sent_pkts.saturating_sub(acked_pkts);
-                    w.sent_bytes = (acked_pkts * mtu).min(w.length);
-                    w.state = if acked_pkts == 0 {
-                        WqeState::Posted
-                    } else {
-                        WqeState::Sending
-                    };
-                }
+                _ => {}
             }
         }
-        // PSNs are re-derived in order from comp.psn, so every packet gets the PSN it had.
         self.req.next = from;
         self.req.psn = self.comp.psn;
-        self.req.noack_pkts = 0;
         self.req.rd_atomic_inflight = 0;
-        self.counters.retransmitted_pkts += retransmit as u64;
-        let _ = sh;
+        self.resume_partial();
+    }
+
+    /// Points the requester at `comp.psn`, the oldest unacknowledged PSN, after a rewind or
+    /// after ACKs for packets sent before a rewind moved `comp.psn` past the send point: a
+    /// SEND/WRITE acknowledged part way (a coalesced ACK inside the message) resumes at its
+    /// first unacknowledged packet. PSNs are re-derived in order from there, so every packet
+    /// gets the PSN it had the first time.
+    pub(crate) fn resume_partial(&mut self) {
+        let mtu = self.mtu();
+        self.req.next = self.comp.next;
+        self.req.psn = self.comp.psn;
+        self.req.noack_pkts = 0;
+        if self.comp.next >= self.sq.tail {
+            return;
+        }
+        let psn = self.comp.psn;
+        let w = self.sq.get_mut(self.comp.next);
+        if w.started
+            && w.op.is_remote()
+            && !w.op.is_read_or_atomic()
+            && !matches!(w.state, WqeState::Done(_))
+            && psn.after(w.first_psn)
+        {
+            let acked_pkts = psn.diff(w.first_psn) as u32;
+            w.sent_bytes = (acked_pkts * mtu).min(w.length);
+            w.state = WqeState::Sending;
+        }
     }
 }
