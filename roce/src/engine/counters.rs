@@ -85,6 +85,14 @@ counters!(
         req_remote_operational_error,
         /// Local length errors at the responder (mlx5).
         resp_local_length_error,
+        /// Duplicate READ/ATOMIC requests dropped: no longer among the responder resources,
+        /// or a READ asking for more than the original (ferroce; rxe drops them too).
+        resp_duplicates_dropped,
+        /// READ/ATOMIC requests beyond the responder resources (`max_dest_rd_atomic`),
+        /// answered NAK Invalid Request (ferroce).
+        resp_rd_atomic_exceeded,
+        /// ACK/NAKs not queued because `OUT_LIMIT` were already waiting (ferroce).
+        resp_acks_dropped,
         /// ACKs sent.
         acks_sent,
         /// NAKs sent (any code, RNR excluded).

@@ -228,37 +228,64 @@ pub(crate) enum InMsg {
     Write,
 }
 
-/// A packet the responder still has to send.
-#[derive(Debug, Clone, Copy)]
+/// A packet (or, for a READ, a reply of several packets) the responder still has to send, in
+/// the order the requests arrived. READ and ATOMIC items name a slot of the responder's
+/// resource ring, which holds the reply's progress: a READ reply is produced one packet at a
+/// time from it, so the queue never holds more than one item per resource, however large the
+/// READ or however often the peer repeats it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum RespItem {
     /// ACK, NAK or RNR NAK with this AETH syndrome, for `psn`, with `msn`.
     Ack { psn: Psn, syndrome: u8, msn: Msn },
-    /// READ response: `len` bytes from the MR `lkey` at `mem_offset`, starting at `first_psn`;
-    /// `sent` bytes already sent.
-    Read {
-        first_psn: Psn,
-        lkey: crate::types::Lkey,
-        mem_offset: usize,
-        len: u32,
-        sent: u32,
-        msn: Msn,
-    },
-    /// ATOMIC acknowledge with the original value.
-    Atomic { psn: Psn, orig: u64, msn: Msn },
+    /// The READ reply of resource `slot` (while its generation is `gen`).
+    Read { slot: u16, gen: u32 },
+    /// The ATOMIC acknowledge of resource `slot` (while its generation is `gen`).
+    Atomic { slot: u16, gen: u32 },
 }
 
-/// A READ or ATOMIC the responder executed, kept so duplicates are answered from it (IBA
-/// 9.7.5.1.6: never execute an ATOMIC twice; re-read a READ from memory).
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Resource {
-    /// READ covering PSNs `first..first+npkts`.
-    Read {
-        first_psn: Psn,
-        npkts: u32,
-        msn: Msn,
-    },
-    /// ATOMIC at `psn` that returned `orig`.
-    Atomic { psn: Psn, orig: u64, msn: Msn },
+/// What a responder resource holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) enum ResKind {
+    /// Unused.
+    #[default]
+    Free,
+    /// An RDMA READ.
+    Read,
+    /// An ATOMIC and its result.
+    Atomic,
+}
+
+/// A responder resource (IBA 9.7.5.1.6; rxe's `struct resp_res`): a READ or ATOMIC the
+/// responder executed, kept so that a duplicate is answered from it - a READ is read again
+/// from memory, an ATOMIC's saved result is replayed and never executed twice. The QP has
+/// `max_dest_rd_atomic` of them in a ring; a new READ/ATOMIC takes the oldest.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct RdAtomicRes {
+    pub kind: ResKind,
+    /// Bumped every time the slot is reused, so a queued item for the old occupant is
+    /// recognised as stale.
+    pub gen: u32,
+    /// PSNs the request covers (READ: one per response packet).
+    pub first_psn: Psn,
+    pub last_psn: Psn,
+    /// MSN the responses carry.
+    pub msn: Msn,
+    /// An item for it is in the output queue (its reply is not completely sent).
+    pub queued: bool,
+    /// READ: the original request (a duplicate may ask for this range or a part of it).
+    pub rkey: crate::types::Rkey,
+    pub va_org: u64,
+    pub len_org: u32,
+    /// READ: the reply being sent - the MR, the memory offset of the next byte, bytes left,
+    /// the PSN of the next packet, and whether the next packet starts the reply
+    /// (FIRST/ONLY) or continues it (MIDDLE/LAST, as rxe replays from inside a READ).
+    pub lkey: crate::types::Lkey,
+    pub mem_offset: usize,
+    pub resid: u32,
+    pub cur_psn: Psn,
+    pub starts: bool,
+    /// ATOMIC: the original value.
+    pub orig: u64,
 }
 
 /// Requester state (rxe_req.c's `qp->req`).
@@ -326,10 +353,20 @@ pub(crate) struct RespState {
     pub write_total: u32,
     /// A PSN sequence error NAK was sent for the current gap (send one per gap).
     pub nak_sent: bool,
-    /// Output waiting to be sent.
+    /// Output waiting to be sent (bounded: see `RespState::OUT_LIMIT`).
     pub out: VecDeque<RespItem>,
-    /// READ/ATOMIC replay cache, oldest first, at most max_dest_rd_atomic.
-    pub resources: VecDeque<Resource>,
+    /// The responder resources: `max_dest_rd_atomic` slots (rxe's `resp.resources`).
+    pub resources: Vec<RdAtomicRes>,
+    /// The slot the next READ/ATOMIC takes (the oldest).
+    pub res_head: usize,
+}
+
+impl RespState {
+    /// Most ACK/NAK items waiting besides the resources' replies. ACKs merge into the one
+    /// before them and identical ones are not repeated, so a peer cannot make this grow by
+    /// repeating requests; past the limit new ACKs are dropped (counted) - the requester's
+    /// timer recovers, as from a lost ACK.
+    pub const OUT_LIMIT: usize = 64;
 }
 
 /// A queue pair.
@@ -427,8 +464,9 @@ impl Qp {
                 write_left: 0,
                 write_total: 0,
                 nak_sent: false,
-                out: VecDeque::with_capacity(64),
-                resources: VecDeque::with_capacity(16),
+                out: VecDeque::with_capacity(RespState::OUT_LIMIT + 16),
+                resources: Vec::new(),
+                res_head: 0,
             },
             counters: QpCounters::default(),
             queued: false,
@@ -621,6 +659,17 @@ impl Qp {
         }
         if let Some(r) = attr.rnr_retry {
             self.comp.rnr_left = r;
+        }
+        if let Some(n) = attr.max_dest_rd_atomic {
+            // A new number of responder resources starts an empty ring (allocated here, on
+            // the control path, never per request).
+            let n = n as usize;
+            if n != self.resp.resources.len() {
+                self.resp.out.retain(|i| matches!(i, RespItem::Ack { .. }));
+                self.resp.resources = vec![RdAtomicRes::default(); n];
+                self.resp.res_head = 0;
+                self.resp.out.reserve(n + RespState::OUT_LIMIT);
+            }
         }
         if matches!(self.qp_type, QpType::Rc | QpType::Uc) {
             if let (Some(dq), Some(av)) = (self.attr.dest_qp, self.attr.av) {

@@ -13,7 +13,7 @@
 //! UC drops a broken message and resumes at the next FIRST/ONLY; UD checks the Q_Key and
 //! writes the 40-byte GRH before the payload. Neither sends ACKs.
 
-use super::qp::{InMsg, Qp, Resource, RespItem};
+use super::qp::{InMsg, Qp, RdAtomicRes, ResKind, RespItem, RespState};
 use super::req::read_pkts;
 use super::transmit::{PayloadSeg, Transmit};
 use super::{scatter, scatter_bytes, CreditMode, Pkt, Shared};
@@ -91,19 +91,41 @@ impl Qp {
                 return;
             }
         }
-        self.resp
-            .out
-            .push_back(RespItem::Ack { psn, syndrome, msn });
+        self.push_ack(RespItem::Ack { psn, syndrome, msn });
     }
 
     fn queue_nak(&mut self, psn: Psn, code: NakCode) {
         self.counters.naks_sent += 1;
         let syndrome = AethRepr::nak(code, self.resp.msn).syndrome;
-        self.resp.out.push_back(RespItem::Ack {
-            psn,
-            syndrome,
-            msn: self.resp.msn,
-        });
+        let msn = self.resp.msn;
+        self.push_ack(RespItem::Ack { psn, syndrome, msn });
+    }
+
+    fn queue_rnr_nak(&mut self, psn: Psn) {
+        self.counters.send_rnr_err += 1;
+        let timer = self.attr.min_rnr_timer.unwrap_or(0);
+        let msn = self.resp.msn;
+        let syndrome = AethRepr::rnr_nak(timer, msn).syndrome;
+        self.push_ack(RespItem::Ack { psn, syndrome, msn });
+    }
+
+    /// Queues an ACK/NAK item unless the same one is already last in line (a repeated
+    /// request earns one answer, not one each) or `OUT_LIMIT` ACK/NAKs are waiting.
+    fn push_ack(&mut self, item: RespItem) {
+        if self.resp.out.back() == Some(&item) {
+            return;
+        }
+        let acks = self.resp.out.len() - self.resp_items_queued();
+        if acks >= RespState::OUT_LIMIT {
+            self.counters.resp_acks_dropped += 1;
+            return;
+        }
+        self.resp.out.push_back(item);
+    }
+
+    /// How many READ/ATOMIC replies are in the output queue.
+    fn resp_items_queued(&self) -> usize {
+        self.resp.resources.iter().filter(|r| r.queued).count()
     }
 
     /// Class C error: NAK, complete the receive WQE in progress with the error, event, ERR.
@@ -218,14 +240,7 @@ impl Qp {
             self.counters.rx_send_requests += 1;
             // 4. Resources: a receive WQE, else RNR NAK (class B; IBA 9.7.5.1.5).
             if !self.resp.have_recv && !self.take_recv(sh) {
-                self.counters.send_rnr_err += 1;
-                let timer = self.attr.min_rnr_timer.unwrap_or(0);
-                let msn = self.resp.msn;
-                self.resp.out.push_back(RespItem::Ack {
-                    psn,
-                    syndrome: AethRepr::rnr_nak(timer, msn).syndrome,
-                    msn,
-                });
+                self.queue_rnr_nak(psn);
                 return;
             }
         }
@@ -329,14 +344,7 @@ impl Qp {
         }
         // WRITE with immediate consumes a receive WQE on its last packet.
         if info.last && info.has_imm && !self.resp.have_recv && !self.take_recv(sh) {
-            self.counters.send_rnr_err += 1;
-            let timer = self.attr.min_rnr_timer.unwrap_or(0);
-            let msn = self.resp.msn;
-            self.resp.out.push_back(RespItem::Ack {
-                psn,
-                syndrome: AethRepr::rnr_nak(timer, msn).syndrome,
-                msn,
-            });
+            self.queue_rnr_nak(psn);
             return;
         }
         if !self.place_write(sh, pkt) {
@@ -414,70 +422,111 @@ impl Qp {
         }
     }
 
-    fn push_resource(&mut self, r: Resource) {
-        let max = self.attr.max_dest_rd_atomic.unwrap_or(0).max(1) as usize;
-        while self.resp.resources.len() >= max {
-            self.resp.resources.pop_front();
+    /// Takes the oldest responder resource for a new READ/ATOMIC and queues its reply.
+    /// None: every resource still has a reply to send, so the requester has more READ/ATOMIC
+    /// outstanding than the `max_dest_rd_atomic` it was given (a compliant requester cannot:
+    /// its oldest READ/ATOMIC completes only after the whole reply was sent).
+    fn take_resource(&mut self, kind: ResKind, psn: Psn, npkts: u32) -> Option<usize> {
+        let n = self.resp.resources.len();
+        if n == 0 {
+            return None;
         }
-        self.resp.resources.push_back(r);
+        let slot = self.resp.res_head;
+        let r = &mut self.resp.resources[slot];
+        if r.queued {
+            return None;
+        }
+        self.resp.res_head = (slot + 1) % n;
+        self.resp.msn = self.resp.msn.next();
+        *r = RdAtomicRes {
+            kind,
+            gen: r.gen.wrapping_add(1),
+            first_psn: psn,
+            last_psn: psn.add(npkts - 1),
+            msn: self.resp.msn,
+            queued: true,
+            ..RdAtomicRes::default()
+        };
+        let item = match kind {
+            ResKind::Read => RespItem::Read {
+                slot: slot as u16,
+                gen: r.gen,
+            },
+            _ => RespItem::Atomic {
+                slot: slot as u16,
+                gen: r.gen,
+            },
+        };
+        self.resp.out.push_back(item);
+        Some(slot)
+    }
+
+    /// A READ or ATOMIC beyond the responder resources (see `take_resource`).
+    fn too_many_rd_atomic(&mut self, sh: &mut Shared, psn: Psn) {
+        self.counters.resp_rd_atomic_exceeded += 1;
+        self.reject(sh, psn, INVALID);
     }
 
     fn rc_read(&mut self, sh: &mut Shared, pkt: &Pkt<'_>) {
         let psn = pkt.bth.psn;
         self.counters.rx_read_requests += 1;
         let reth = pkt.ext.reth.expect("READ carries a RETH");
-        if self.attr.max_dest_rd_atomic.unwrap_or(0) == 0 || reth.len > MAX_MSG {
+        if self.resp.resources.is_empty() || reth.len > MAX_MSG {
             self.reject(sh, psn, INVALID);
             return;
         }
-        let (lkey, off) = if reth.len > 0 {
-            match sh.mrs.check_remote(
+        let Some((lkey, off)) = self.check_read(sh, reth) else {
+            self.reject(sh, psn, ACCESS);
+            return;
+        };
+        let npkts = read_pkts(reth.len, self.mtu());
+        // The MSN counts the READ as complete when it is accepted (rxe; responses carry it).
+        let Some(slot) = self.take_resource(ResKind::Read, psn, npkts) else {
+            self.too_many_rd_atomic(sh, psn);
+            return;
+        };
+        let r = &mut self.resp.resources[slot];
+        r.rkey = reth.rkey;
+        r.va_org = reth.va;
+        r.len_org = reth.len;
+        r.lkey = lkey;
+        r.mem_offset = off;
+        r.resid = reth.len;
+        r.cur_psn = psn;
+        r.starts = true;
+        self.resp.epsn = psn.add(npkts);
+    }
+
+    /// The R_Key check of a READ over its whole range (a zero-length READ is not checked,
+    /// IBA 9.4.3). Returns the MR's lkey and the memory offset of the first byte.
+    fn check_read(&self, sh: &Shared, reth: RethRepr) -> Option<(crate::types::Lkey, usize)> {
+        if reth.len == 0 {
+            return Some((crate::types::Lkey(0), 0));
+        }
+        sh.mrs
+            .check_remote(
                 reth.rkey,
                 self.pd,
                 reth.va,
                 reth.len as u64,
                 Access::REMOTE_READ,
-            ) {
-                Ok((mr, off)) => (mr.lkey, off),
-                Err(_) => {
-                    self.reject(sh, psn, ACCESS);
-                    return;
-                }
-            }
-        } else {
-            (crate::types::Lkey(0), 0)
-        };
-        let npkts = read_pkts(reth.len, self.mtu());
-        // The MSN counts the READ as complete when it is accepted (rxe; responses carry it).
-        self.resp.msn = self.resp.msn.next();
-        let msn = self.resp.msn;
-        self.push_resource(Resource::Read {
-            first_psn: psn,
-            npkts,
-            msn,
-        });
-        self.resp.out.push_back(RespItem::Read {
-            first_psn: psn,
-            lkey,
-            mem_offset: off,
-            len: reth.len,
-            sent: 0,
-            msn,
-        });
-        self.resp.epsn = psn.add(npkts);
+            )
+            .ok()
+            .map(|(mr, off)| (mr.lkey, off))
     }
 
     fn rc_atomic(&mut self, sh: &mut Shared, pkt: &Pkt<'_>) {
         let psn = pkt.bth.psn;
         self.counters.rx_atomic_requests += 1;
         let a = pkt.ext.atomic_eth.expect("ATOMIC carries an AtomicETH");
-        if self.attr.max_dest_rd_atomic.unwrap_or(0) == 0 {
+        if self.resp.resources.is_empty() {
             self.reject(sh, psn, INVALID);
             return;
         }
-        // A misaligned target is a remote access error (IBA 9.4.5, as mlx5 reports it).
+        // A misaligned target is an invalid request (IBA 9.4.5: the VA must be 8-byte
+        // aligned; rxe's RESPST_ERR_MISALIGNED_ATOMIC answers NAK Invalid Request).
         if a.va % 8 != 0 {
-            self.reject(sh, psn, ACCESS);
+            self.reject(sh, psn, INVALID);
             return;
         }
         let (mem, off) = match sh
@@ -490,6 +539,12 @@ impl Qp {
                 return;
             }
         };
+        // Take the resource before executing: an ATOMIC that cannot be remembered must not
+        // change memory (its duplicate could not be answered without executing it again).
+        if self.resp.resources[self.resp.res_head].queued {
+            self.too_many_rd_atomic(sh, psn);
+            return;
+        }
         let r = if pkt.info.op == Operation::CompareSwap {
             mem.compare_swap(off, a.compare, a.swap_add)
         } else {
@@ -499,10 +554,10 @@ impl Qp {
             self.reject(sh, psn, ACCESS);
             return;
         };
-        self.resp.msn = self.resp.msn.next();
-        let msn = self.resp.msn;
-        self.push_resource(Resource::Atomic { psn, orig, msn });
-        self.resp.out.push_back(RespItem::Atomic { psn, orig, msn });
+        let slot = self
+            .take_resource(ResKind::Atomic, psn, 1)
+            .expect("checked free above");
+        self.resp.resources[slot].orig = orig;
         self.resp.epsn = psn.next();
     }
 
@@ -515,56 +570,76 @@ impl Qp {
                 let last = self.resp.epsn.sub(1);
                 self.queue_ack(sh, last);
             }
-            Operation::ReadRequest => {
-                let found = self.resp.resources.iter().rev().find_map(|r| match *r {
-                    Resource::Read {
-                        first_psn,
-                        npkts,
-                        msn,
-                    } if !psn.before(first_psn) && psn.before(first_psn.add(npkts)) => Some(msn),
-                    _ => None,
-                });
-                let Some(msn) = found else {
-                    // Not in the replay cache any more: drop (class D).
-                    return;
-                };
-                // Re-execute from memory, for what the duplicate asks (it may re-request only
-                // the tail of the original).
-                let Some(reth) = pkt.ext.reth else { return };
-                let (lkey, off) = if reth.len > 0 {
-                    match sh.mrs.check_remote(
-                        reth.rkey,
-                        self.pd,
-                        reth.va,
-                        reth.len as u64,
-                        Access::REMOTE_READ,
-                    ) {
-                        Ok((mr, off)) => (mr.lkey, off),
-                        Err(_) => return,
-                    }
-                } else {
-                    (crate::types::Lkey(0), 0)
-                };
-                self.resp.out.push_back(RespItem::Read {
-                    first_psn: psn,
-                    lkey,
-                    mem_offset: off,
-                    len: reth.len,
-                    sent: 0,
-                    msn,
-                });
-            }
+            Operation::ReadRequest => self.replay_read(sh, pkt),
             Operation::CompareSwap | Operation::FetchAdd => {
                 // Replay the saved result; never execute an ATOMIC twice.
-                let found = self.resp.resources.iter().rev().find_map(|r| match *r {
-                    Resource::Atomic { psn: p, orig, msn } if p == psn => Some((orig, msn)),
-                    _ => None,
-                });
-                if let Some((orig, msn)) = found {
-                    self.resp.out.push_back(RespItem::Atomic { psn, orig, msn });
+                let found = self
+                    .resp
+                    .resources
+                    .iter()
+                    .position(|r| r.kind == ResKind::Atomic && r.first_psn == psn);
+                let Some(slot) = found else {
+                    // Not among the resources any more: drop (class D).
+                    self.counters.resp_duplicates_dropped += 1;
+                    return;
+                };
+                let r = &mut self.resp.resources[slot];
+                if !r.queued {
+                    r.queued = true;
+                    let item = RespItem::Atomic {
+                        slot: slot as u16,
+                        gen: r.gen,
+                    };
+                    self.resp.out.push_back(item);
                 }
             }
             _ => {}
+        }
+    }
+
+    /// A duplicate READ: restarts the reply of the resource whose PSNs contain it, from its
+    /// PSN, for the range it asks - which must be the original's or a part of it under the
+    /// same R_Key (rxe's rule; anything else is dropped). It never takes a new resource, so
+    /// however often a peer repeats a READ, one reply at most is waiting.
+    fn replay_read(&mut self, sh: &mut Shared, pkt: &Pkt<'_>) {
+        let psn = pkt.bth.psn;
+        let Some(reth) = pkt.ext.reth else { return };
+        let found = self.resp.resources.iter().position(|r| {
+            r.kind == ResKind::Read && !psn.before(r.first_psn) && !psn.after(r.last_psn)
+        });
+        let Some(slot) = found else {
+            // Not among the resources any more: drop (class D).
+            self.counters.resp_duplicates_dropped += 1;
+            return;
+        };
+        let r = self.resp.resources[slot];
+        let end = reth.va.checked_add(reth.len as u64);
+        let inside = reth.va >= r.va_org
+            && end.is_some_and(|e| e <= r.va_org + r.len_org as u64)
+            && reth.rkey == r.rkey;
+        if !inside {
+            self.counters.resp_duplicates_dropped += 1;
+            return;
+        }
+        // The MR may have been deregistered or invalidated since (rxe re-checks the R_Key:
+        // RESPST_ERR_RKEY_VIOLATION).
+        let Some((lkey, off)) = self.check_read(sh, reth) else {
+            self.reject(sh, psn, ACCESS);
+            return;
+        };
+        let gen = r.gen;
+        let r = &mut self.resp.resources[slot];
+        r.lkey = lkey;
+        r.mem_offset = off;
+        r.resid = reth.len;
+        r.cur_psn = psn;
+        r.starts = psn == r.first_psn;
+        if !r.queued {
+            r.queued = true;
+            self.resp.out.push_back(RespItem::Read {
+                slot: slot as u16,
+                gen,
+            });
         }
     }
 
@@ -729,75 +804,88 @@ impl Qp {
 
     /// Produces the next responder packet (ACK/NAK, READ response, ATOMIC ACK).
     pub(crate) fn next_response(&mut self, sh: &mut Shared, tx: &mut Transmit) -> bool {
-        let Some(item) = self.resp.out.front_mut() else {
-            return false;
-        };
         let mtu = self.attr.path_mtu.map(|m| m.bytes()).unwrap_or(1024);
         let dest = self.attr.dest_qp.unwrap_or(crate::types::Qpn::new(0));
-        tx.payload.clear();
-        let mut pop = true;
-        let mut t;
-        match item {
-            RespItem::Ack { psn, syndrome, msn } => {
-                t = TransportRepr::new(BthRepr::new(Opcode::RC_ACK, dest, *psn));
-                t.ext.aeth = Some(AethRepr {
-                    syndrome: *syndrome,
-                    msn: *msn,
-                });
-                if *syndrome & 0x60 == 0 {
-                    self.counters.acks_sent += 1;
+        let t = loop {
+            let Some(&item) = self.resp.out.front() else {
+                return false;
+            };
+            tx.payload.clear();
+            match item {
+                RespItem::Ack { psn, syndrome, msn } => {
+                    self.resp.out.pop_front();
+                    let mut t = TransportRepr::new(BthRepr::new(Opcode::RC_ACK, dest, psn));
+                    t.ext.aeth = Some(AethRepr { syndrome, msn });
+                    if syndrome & 0x60 == 0 {
+                        self.counters.acks_sent += 1;
+                    }
+                    break t;
                 }
-            }
-            RespItem::Atomic { psn, orig, msn } => {
-                t = TransportRepr::new(BthRepr::new(Opcode::RC_ATOMIC_ACK, dest, *psn));
-                t.ext.aeth = Some(AethRepr {
-                    syndrome: CREDITS_INVALID,
-                    msn: *msn,
-                });
-                t.ext.atomic_ack = Some(AtomicAckEthRepr { orig: *orig });
-            }
-            RespItem::Read {
-                first_psn,
-                lkey,
-                mem_offset,
-                len,
-                sent,
-                msn,
-            } => {
-                let n = (*len - *sent).min(mtu);
-                let first = *sent == 0;
-                let last = *sent + n == *len;
-                let op = match (first, last) {
-                    (true, true) => 0x10,
-                    (true, false) => 0x0d,
-                    (false, false) => 0x0e,
-                    (false, true) => 0x0f,
-                };
-                let psn = first_psn.add(*sent / mtu);
-                t = TransportRepr::new(BthRepr::new(Opcode(op), dest, psn));
-                if first || last {
-                    t.ext.aeth = Some(AethRepr {
-                        syndrome: CREDITS_INVALID,
-                        msn: *msn,
+                RespItem::Atomic { slot, gen } | RespItem::Read { slot, gen } => {
+                    let Some(r) = self
+                        .resp
+                        .resources
+                        .get_mut(slot as usize)
+                        .filter(|r| r.gen == gen && r.queued)
+                    else {
+                        // The ring was re-sized meanwhile: nothing to send for it.
+                        self.resp.out.pop_front();
+                        continue;
+                    };
+                    if r.kind == ResKind::Atomic {
+                        r.queued = false;
+                        self.resp.out.pop_front();
+                        let mut t = TransportRepr::new(BthRepr::new(
+                            Opcode::RC_ATOMIC_ACK,
+                            dest,
+                            r.first_psn,
+                        ));
+                        t.ext.aeth = Some(AethRepr {
+                            syndrome: CREDITS_INVALID,
+                            msn: r.msn,
+                        });
+                        t.ext.atomic_ack = Some(AtomicAckEthRepr { orig: r.orig });
+                        break t;
+                    }
+                    // One packet of the READ reply, from where the resource stands.
+                    let n = r.resid.min(mtu);
+                    let last = r.resid <= mtu;
+                    let op = match (r.starts, last) {
+                        (true, true) => 0x10,
+                        (true, false) => 0x0d,
+                        (false, false) => 0x0e,
+                        (false, true) => 0x0f,
+                    };
+                    let mut t = TransportRepr::new(BthRepr::new(Opcode(op), dest, r.cur_psn));
+                    if r.starts || last {
+                        t.ext.aeth = Some(AethRepr {
+                            syndrome: CREDITS_INVALID,
+                            msn: r.msn,
+                        });
+                    }
+                    tx.payload.push_seg(PayloadSeg {
+                        lkey: r.lkey,
+                        offset: r.mem_offset,
+                        len: n,
                     });
+                    r.mem_offset += n as usize;
+                    r.resid -= n;
+                    r.cur_psn = r.cur_psn.next();
+                    r.starts = false;
+                    if last {
+                        r.queued = false;
+                        self.resp.out.pop_front();
+                    }
+                    break t;
                 }
-                tx.payload.push_seg(PayloadSeg {
-                    lkey: *lkey,
-                    offset: *mem_offset + *sent as usize,
-                    len: n,
-                });
-                *sent += n;
-                pop = last;
             }
-        }
+        };
+        let mut t = t;
         // Responses carry the credit field like ACKs do (except NAKs).
         if let Some(aeth) = t.ext.aeth.as_mut() {
             if aeth.syndrome & 0x60 == 0 {
                 aeth.syndrome = self.credit_code(sh);
             }
-        }
-        if pop {
-            self.resp.out.pop_front();
         }
         tx.qpn = self.qpn;
         tx.path = self.connected_path(sh);
