@@ -172,16 +172,23 @@ impl Command {
 pub enum ReplyData {
     None,
     Pd(PdId),
-    Keys { lkey: Lkey, rkey: Option<Rkey> },
+    Keys {
+        lkey: Lkey,
+        rkey: Option<Rkey>,
+    },
     Cq(CqId),
     Srq(SrqId),
     SrqAttr(SrqAttr),
-    Qp(Qpn),
+    /// A new QP and its slot in the index area.
+    Qp(Qpn, u32),
     QpInfo(QpInfo),
     Gid(Gid),
     Device(DeviceAttrData),
     Port(PortAttrData),
-    Counters { n: u8, vals: [u64; 64] },
+    Counters {
+        n: u8,
+        vals: [u64; 64],
+    },
 }
 
 /// `DeviceAttr` without the string.
@@ -787,8 +794,8 @@ impl Verbs for Context {
             )));
         }
         match self.call(Command::CreateQp { init: *init })? {
-            ReplyData::Qp(qpn) => {
-                let slot = qpn.value() as usize - roce::engine::QPN_BASE as usize;
+            ReplyData::Qp(qpn, slot) => {
+                let slot = slot as usize;
                 if slot >= self.max_qps {
                     return Err(VerbsError::NoResources("queue pairs"));
                 }
@@ -1140,14 +1147,14 @@ impl HostEnd {
             }
             Command::CreateQp { init } => {
                 let q = dev.create_qp(&init)?;
-                let slot = (q.value() - roce::engine::QPN_BASE) as usize;
+                let slot = dev.qp_index(q).expect("just created");
                 if (slot + 1) * QP_INDEX_BYTES > self.qp_index.len() {
                     let _ = dev.destroy_qp(q);
                     return Err(VerbsError::NoResources("queue pairs"));
                 }
                 self.qps.push(q);
                 self.publish_qp(dev, q);
-                Ok(ReplyData::Qp(q))
+                Ok(ReplyData::Qp(q, slot as u32))
             }
             Command::ModifyQp { qpn, attr } => {
                 dev.modify_qp(qpn, &attr)?;
@@ -1211,8 +1218,7 @@ impl HostEnd {
     }
 
     fn publish_qp(&self, dev: &Device, qpn: Qpn) {
-        if let Some(positions) = dev.queue_positions(qpn) {
-            let slot = (qpn.value() - roce::engine::QPN_BASE) as usize;
+        if let (Some(positions), Some(slot)) = (dev.queue_positions(qpn), dev.qp_index(qpn)) {
             for (queue, pos) in [positions.0, positions.1].into_iter().enumerate() {
                 if let Ok(a) = self.qp_index.atomic_u64(slot * QP_INDEX_BYTES + 8 * queue) {
                     // This worker is the only writer, so its last store is what a relaxed load

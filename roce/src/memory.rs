@@ -263,11 +263,14 @@ struct Slot {
 }
 
 /// Memory regions by key. The upper 24 bits of a key index the table; the low 8 bits change on
-/// every registration so a stale key never matches (the rxe/mlx5 scheme).
+/// every registration so a stale key never matches (the rxe/mlx5 scheme). Indices are handed
+/// out cyclically (rxe's pools allocate cyclically too): a freed index is reused only after
+/// every other one was, so an old key comes back only after 256 passes over the table.
 #[derive(Default)]
 pub struct MrTable {
     slots: Vec<Slot>,
-    free: Vec<u32>,
+    /// The index the next registration tries first.
+    next: u32,
     count: usize,
     max: usize,
 }
@@ -277,7 +280,7 @@ impl MrTable {
     pub fn new(max: usize) -> MrTable {
         MrTable {
             slots: Vec::new(),
-            free: Vec::new(),
+            next: 1,
             count: 0,
             max,
         }
@@ -298,15 +301,18 @@ impl MrTable {
         if self.count >= self.max {
             return None;
         }
-        // Index 0 is never used, so that key 0 is always invalid.
-        let idx = match self.free.pop() {
-            Some(i) => i,
-            None => {
-                if self.slots.is_empty() {
-                    self.slots.push(Slot { key: 0, mr: None });
+        // Index 0 is never used, so that key 0 is always invalid. Indices run 1..=max.
+        let idx = loop {
+            let i = self.next;
+            self.next = if i as usize >= self.max { 1 } else { i + 1 };
+            match self.slots.get(i as usize) {
+                Some(slot) if slot.mr.is_some() => continue,
+                Some(_) => break i,
+                None => {
+                    self.slots
+                        .resize_with(i as usize + 1, || Slot { key: 0, mr: None });
+                    break i;
                 }
-                self.slots.push(Slot { key: 0, mr: None });
-                (self.slots.len() - 1) as u32
             }
         };
         let slot = &mut self.slots[idx as usize];
@@ -324,7 +330,6 @@ impl MrTable {
         match &slot.mr {
             Some(mr) if mr.lkey == lkey => {
                 self.count -= 1;
-                self.free.push(idx as u32);
                 slot.mr.take()
             }
             _ => None,
@@ -491,8 +496,7 @@ mod tests {
         );
         t.remove(a).unwrap();
         let b = t.insert(|k| region(1, k, Access::REMOTE_WRITE)).unwrap();
-        assert_eq!(b.index(), a.index(), "slot reused");
-        assert_ne!(b, a, "with a new key byte");
+        assert_ne!(b.index(), a.index(), "a freed index waits for its turn");
         assert_eq!(
             t.check_remote(ra, PdId(1), 0x1000, 1, Access::REMOTE_WRITE)
                 .unwrap_err(),
@@ -500,6 +504,18 @@ mod tests {
             "the stale key fails"
         );
         assert!(t.check_local(Lkey(0), PdId(1), 0, 0, Access(0)).is_err());
+        let l = t.insert(|k| region(1, k, Access::LOCAL_WRITE)).unwrap();
+        t.remove(b).unwrap();
+        t.remove(l).unwrap();
+        // Indices 1..=4 are used in turn; index 1 comes back with a new key byte.
+        let mut keys = Vec::new();
+        for _ in 0..4 {
+            let k = t.insert(|k| region(1, k, Access::LOCAL_WRITE)).unwrap();
+            keys.push(k);
+            t.remove(k).unwrap();
+        }
+        let again = keys.iter().find(|k| k.index() == a.index()).unwrap();
+        assert_ne!(*again, a, "the same index with a new key byte");
         let l = t.insert(|k| region(1, k, Access::LOCAL_WRITE)).unwrap();
         assert!(t.get(l).unwrap().rkey.is_none());
         assert_eq!(

@@ -2,6 +2,8 @@
 //! fence, solicited events, inline data and SGE limits, asynchronous events and device
 //! attributes.
 
+use std::sync::Arc;
+
 use roce::engine::{DeviceConfig, ModifyError, QpInit, SrqAttr, VerbsError};
 use roce::memory::{HeapMemory, Memory};
 use roce::sim::traffic::{OpKind, Traffic, TrafficSpec};
@@ -508,8 +510,85 @@ fn srq_feeds_several_qps_and_fires_its_limit() {
 
 // ---- invalidation and fast registration ----
 
+/// Binds a fresh fast-registration MR of node `side` to `addr` with key byte `key` (REG_MR
+/// through `ep`'s send queue); returns its lkey and the memory behind it.
+fn fast_reg(
+    p: &mut Pair,
+    side: usize,
+    ep: &Endpoint,
+    key: u8,
+    addr: u64,
+) -> (Lkey, Arc<HeapMemory>) {
+    let mem = HeapMemory::shared(1 << 16);
+    let frmr = p.node(side).dev.alloc_mr(ep.pd, mem.clone()).unwrap();
+    p.post(
+        side,
+        ep,
+        100,
+        WrOp::RegMr {
+            lkey: frmr,
+            key,
+            addr,
+            length: 1 << 16,
+            access: Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+        },
+        &[],
+    );
+    p.run_until_idle(SEC);
+    let c = p.cqes(side, ep);
+    assert_eq!(
+        (c[0].opcode, c[0].status),
+        (WcOpcode::RegMr, WcStatus::Success)
+    );
+    (frmr, mem)
+}
+
+fn write_status(p: &mut Pair, a: &Endpoint, addr: u64, rkey: Rkey) -> WcStatus {
+    p.post(
+        0,
+        a,
+        7,
+        WrOp::Write {
+            remote_addr: addr,
+            rkey,
+        },
+        &[a.sge(0, 8)],
+    );
+    p.run_until_idle(SEC);
+    p.cqes(0, a).last().unwrap().status
+}
+
 #[test]
-fn send_with_invalidate_revokes_the_rkey() {
+fn send_with_invalidate_revokes_a_fast_registered_rkey() {
+    let mut p = pair(7);
+    let (a, b) = connect(&mut p, &ConnectOpts::default());
+    let (frmr, _mem) = fast_reg(&mut p, 1, &b, 0x42, 0x7700_0000);
+    let rkey = Rkey((frmr.index() << 8) | 0x42);
+    assert_eq!(
+        write_status(&mut p, &a, 0x7700_0000, rkey),
+        WcStatus::Success
+    );
+    p.recv(1, &b, 1, &[b.sge(0, 64)]);
+    p.post(0, &a, 1, WrOp::SendWithInv { rkey }, &[a.sge(0, 16)]);
+    p.run_until_idle(SEC);
+    let c = p.cqes(1, &b)[0];
+    assert!(c.wc_flags.contains(WcFlags::WITH_INV));
+    assert_eq!(c.invalidated_rkey, rkey.0);
+    assert!(p
+        .recorded_frames(0)
+        .iter()
+        .any(|f| f.repr.transport.bth.opcode == Opcode(0x17)));
+    // The rkey no longer works.
+    assert_eq!(
+        write_status(&mut p, &a, 0x7700_0000, rkey),
+        WcStatus::RemAccessErr
+    );
+}
+
+/// A peer cannot revoke an MR registered with reg_mr: SEND with Invalidate naming it is an
+/// invalid request (rxe: RESPST_ERR_INVALIDATE_RKEY), and the MR stays valid.
+#[test]
+fn send_with_invalidate_of_an_ordinary_mr_is_refused() {
     let mut p = pair(7);
     let (a, b) = connect(&mut p, &ConnectOpts::default());
     p.recv(1, &b, 1, &[b.sge(0, 64)]);
@@ -521,52 +600,28 @@ fn send_with_invalidate_revokes_the_rkey() {
         &[a.sge(0, 16)],
     );
     p.run_until_idle(SEC);
-    let c = p.cqes(1, &b)[0];
-    assert!(c.wc_flags.contains(WcFlags::WITH_INV));
-    assert_eq!(c.invalidated_rkey, b.rkey.0);
-    assert_eq!(
-        p.recorded_frames(0)[0].repr.transport.bth.opcode,
-        Opcode(0x17)
-    );
-    // The rkey no longer works.
-    p.post(
-        0,
-        &a,
-        2,
-        WrOp::Write {
-            remote_addr: b.addr,
-            rkey: b.rkey,
-        },
-        &[a.sge(0, 8)],
-    );
-    p.run_until_idle(SEC);
     let c = p.cqes(0, &a);
-    assert_eq!(c.last().unwrap().status, WcStatus::RemAccessErr);
+    assert_eq!(c[0].status, WcStatus::RemInvReqErr);
+    assert!(p.b.dev.mr(b.lkey).unwrap().valid, "the MR survives");
+    // LOCAL_INV of it fails too, and leaves it valid.
+    let (_a2, b2) = connect(&mut p, &ConnectOpts::default());
+    let mr2 = p.b.dev.mr(b2.lkey).unwrap().rkey.unwrap();
+    p.post(1, &b2, 5, WrOp::LocalInv { rkey: mr2 }, &[]);
+    p.run_until_idle(SEC);
+    let c = p.cqes(1, &b2);
+    assert_eq!(
+        (c[0].opcode, c[0].status),
+        (WcOpcode::LocalInv, WcStatus::LocProtErr)
+    );
+    assert!(p.b.dev.mr(b2.lkey).unwrap().valid);
 }
 
 #[test]
 fn fast_registration_binds_a_new_key_and_local_invalidate_revokes_it() {
     let mut p = pair(8);
     let (a, b) = connect(&mut p, &ConnectOpts::default());
-    let mem = HeapMemory::shared(1 << 16);
-    let frmr = p.b.dev.alloc_mr(b.pd, mem.clone()).unwrap();
-    let key = 0x42;
-    p.post(
-        1,
-        &b,
-        1,
-        WrOp::RegMr {
-            lkey: frmr,
-            key,
-            addr: 0xabc0_0000,
-            length: 1 << 16,
-            access: Access::LOCAL_WRITE | Access::REMOTE_WRITE,
-        },
-        &[],
-    );
-    p.run_until_idle(SEC);
-    assert_eq!(p.cqes(1, &b)[0].opcode, WcOpcode::RegMr);
-    let rkey = Rkey((frmr.index() << 8) | key as u32);
+    let (frmr, mem) = fast_reg(&mut p, 1, &b, 0x42, 0xabc0_0000);
+    let rkey = Rkey((frmr.index() << 8) | 0x42);
     a.mem.write(0, &[0x77; 100]).unwrap();
     p.post(
         0,
@@ -584,20 +639,86 @@ fn fast_registration_binds_a_new_key_and_local_invalidate_revokes_it() {
     p.post(1, &b, 2, WrOp::LocalInv { rkey }, &[]);
     p.run_until_idle(SEC);
     assert_eq!(p.cqes(1, &b)[0].opcode, WcOpcode::LocalInv);
+    assert_eq!(
+        write_status(&mut p, &a, 0xabc0_0100, rkey),
+        WcStatus::RemAccessErr
+    );
+    // Re-registering with a new key byte works again; the old key stays dead.
+    let (mut p, a, b) = {
+        let mut p = pair(8);
+        let (a, b) = connect(&mut p, &ConnectOpts::default());
+        (p, a, b)
+    };
+    let (frmr, _) = fast_reg(&mut p, 1, &b, 0x42, 0xabc0_0000);
     p.post(
-        0,
-        &a,
+        1,
+        &b,
         2,
-        WrOp::Write {
-            remote_addr: 0xabc0_0100,
-            rkey,
+        WrOp::LocalInv {
+            rkey: Rkey((frmr.index() << 8) | 0x42),
         },
-        &[a.sge(0, 100)],
+        &[],
     );
     p.run_until_idle(SEC);
-    assert_eq!(p.cqes(0, &a)[0].status, WcStatus::RemAccessErr);
-    // Re-registering with a new key byte works again; the old key stays dead.
-    let _ = Lkey(0);
+    p.cqes(1, &b);
+    p.post(
+        1,
+        &b,
+        3,
+        WrOp::RegMr {
+            lkey: Lkey((frmr.index() << 8) | 0x42),
+            key: 0x43,
+            addr: 0xabc0_0000,
+            length: 1 << 16,
+            access: Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+        },
+        &[],
+    );
+    p.run_until_idle(SEC);
+    assert_eq!(p.cqes(1, &b)[0].status, WcStatus::Success);
+    let new = Rkey((frmr.index() << 8) | 0x43);
+    let old = Rkey((frmr.index() << 8) | 0x42);
+    assert_eq!(
+        write_status(&mut p, &a, 0xabc0_0000, new),
+        WcStatus::Success
+    );
+    assert_eq!(
+        write_status(&mut p, &a, 0xabc0_0000, old),
+        WcStatus::RemAccessErr
+    );
+}
+
+/// REG_MR applies reg_mr's rules: a range that wraps, or remote write without local write,
+/// completes with LOC_QP_OP_ERR (rxe's status for a refused REG_MR) and binds nothing.
+#[test]
+fn fast_registration_refuses_a_wrapping_range_and_remote_write_without_local_write() {
+    for (addr, access) in [
+        (u64::MAX - 10, Access::LOCAL_WRITE | Access::REMOTE_WRITE),
+        (0x1000, Access::REMOTE_WRITE),
+        (0x1000, Access::REMOTE_ATOMIC | Access::REMOTE_READ),
+    ] {
+        let mut p = pair(8);
+        let (_a, b) = connect(&mut p, &ConnectOpts::default());
+        let mem = HeapMemory::shared(1 << 16);
+        let frmr = p.b.dev.alloc_mr(b.pd, mem).unwrap();
+        p.post(
+            1,
+            &b,
+            1,
+            WrOp::RegMr {
+                lkey: frmr,
+                key: 9,
+                addr,
+                length: 1 << 12,
+                access,
+            },
+            &[],
+        );
+        p.run_until_idle(SEC);
+        let c = p.cqes(1, &b);
+        assert_eq!(c[0].status, WcStatus::LocQpOpErr, "{addr:#x} {access:?}");
+        assert!(!p.b.dev.mr(frmr).unwrap().valid);
+    }
 }
 
 // ---- fence, solicited, inline, SGE limits ----
@@ -1005,4 +1126,158 @@ fn path_mtu_above_the_port_mtu_is_refused() {
     assert_eq!((info.state, info.attr.path_mtu), (QpState::Init, None));
     p.a.dev.modify_qp(q, &rtr(Mtu::M1024)).unwrap();
     assert_eq!(p.a.dev.query_qp(q).unwrap().state, QpState::Rtr);
+}
+
+// ---- QP states: SQD drain events, SQE, numbering ----
+
+fn to_sqd(p: &mut Pair, side: usize, ep: &Endpoint) {
+    p.node(side)
+        .dev
+        .modify_qp(
+            ep.qpn,
+            &QpAttr {
+                state: Some(QpState::Sqd),
+                en_sqd_async_notify: Some(true),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+}
+
+/// SQ_DRAINED fires once per drain: at once when nothing is outstanding, otherwise when the
+/// last WQE in flight completes; an SQD -> SQD modify is not a new drain.
+#[test]
+fn entering_sqd_raises_sq_drained_once_when_nothing_is_outstanding() {
+    let mut p = pair(13);
+    let (a, b) = connect(&mut p, &ConnectOpts::default());
+    to_sqd(&mut p, 0, &a);
+    let ev: Vec<_> = std::iter::from_fn(|| p.a.dev.poll_event()).collect();
+    assert_eq!(ev, vec![AsyncEvent::SqDrained(a.qpn)]);
+    p.a.dev
+        .modify_qp(
+            a.qpn,
+            &QpAttr {
+                timeout: Some(12),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    assert_eq!(p.a.dev.poll_event(), None, "SQD -> SQD is not a new drain");
+    // Back to RTS, a WRITE in flight, then SQD: the event waits for its ACK.
+    p.a.dev
+        .modify_qp(
+            a.qpn,
+            &QpAttr {
+                state: Some(QpState::Rts),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    p.post(
+        0,
+        &a,
+        1,
+        WrOp::Write {
+            remote_addr: b.addr,
+            rkey: b.rkey,
+        },
+        &[a.sge(0, 64)],
+    );
+    let aq = a.qpn;
+    p.run(SEC, |p| p.a.dev.qp_counters(aq).unwrap().sent_pkts > 0);
+    to_sqd(&mut p, 0, &a);
+    assert_eq!(p.a.dev.poll_event(), None, "the WRITE is still in flight");
+    p.run_until_idle(SEC);
+    assert_eq!(p.a.dev.poll_event(), Some(AsyncEvent::SqDrained(a.qpn)));
+    assert_eq!(p.cqes(0, &a)[0].status, WcStatus::Success);
+}
+
+/// A local error on a UC (or UD) send moves the QP to SQE, not ERR (IBA 10.3.1): the failed
+/// WR completes with its error, later sends are flushed, receiving goes on, and SQE -> RTS
+/// resumes sending. (rxe moves the QP to ERR.)
+#[test]
+fn uc_send_error_moves_the_qp_to_sqe_and_receiving_goes_on() {
+    let mut p = pair(14);
+    let o = ConnectOpts {
+        qp_type: QpType::Uc,
+        ..Default::default()
+    };
+    let (a, b) = connect(&mut p, &o);
+    let bad = Sge {
+        addr: a.addr,
+        length: 16,
+        lkey: Lkey(a.lkey.0 ^ 0xff),
+    };
+    p.post(0, &a, 1, WrOp::Send, &[bad]);
+    p.run_until_idle(SEC);
+    assert_eq!(p.qp_state(0, &a), QpState::Sqe);
+    let c = p.cqes(0, &a);
+    assert_eq!((c[0].wr_id, c[0].status), (1, WcStatus::LocProtErr));
+    // Sends posted in SQE are flushed.
+    p.post(0, &a, 2, WrOp::Send, &[a.sge(0, 16)]);
+    assert_eq!(p.cqes(0, &a)[0].status, WcStatus::WrFlushErr);
+    // The receive side still works.
+    p.recv(0, &a, 10, &[a.sge(4096, 64)]);
+    b.mem.write(0, &[0x3c; 32]).unwrap();
+    p.post(1, &b, 20, WrOp::Send, &[b.sge(0, 32)]);
+    p.run_until_idle(SEC);
+    let c = p.cqes(0, &a);
+    assert_eq!(
+        (c[0].wr_id, c[0].status, c[0].byte_len),
+        (10, WcStatus::Success, 32)
+    );
+    assert_eq!(a.mem.to_vec(4096, 32), vec![0x3c; 32]);
+    // SQE -> RTS: sending resumes.
+    p.a.dev
+        .modify_qp(
+            a.qpn,
+            &QpAttr {
+                state: Some(QpState::Rts),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    p.recv(1, &b, 21, &[b.sge(8192, 64)]);
+    p.post(0, &a, 3, WrOp::Send, &[a.sge(4096, 32)]);
+    p.run_until_idle(SEC);
+    assert_eq!(p.cqes(0, &a)[0].status, WcStatus::Success);
+    assert_eq!(b.mem.to_vec(8192, 32), vec![0x3c; 32]);
+}
+
+/// QP numbers are not reused last-in-first-out: a destroyed QP's number stays unused, so a
+/// late packet for it is dropped instead of landing on the next QP created.
+#[test]
+fn destroyed_qp_numbers_are_not_handed_out_again_at_once() {
+    let mut p = pair(15);
+    let (a, b) = connect(&mut p, &ConnectOpts::default());
+    // A WRITE frame for B's QP, kept for later.
+    p.post(
+        0,
+        &a,
+        1,
+        WrOp::Write {
+            remote_addr: b.addr,
+            rkey: b.rkey,
+        },
+        &[a.sge(0, 64)],
+    );
+    p.run_until_idle(SEC);
+    let late = p
+        .recorded
+        .iter()
+        .find(|(s, _, _)| *s == 0)
+        .unwrap()
+        .2
+        .clone();
+    p.b.dev.destroy_qp(b.qpn).unwrap();
+    let mut seen = std::collections::HashSet::new();
+    for _ in 0..50 {
+        let (_, nb) = connect(&mut p, &ConnectOpts::default());
+        assert_ne!(nb.qpn, b.qpn, "the destroyed number came back");
+        assert!(seen.insert(nb.qpn));
+        p.b.dev.destroy_qp(nb.qpn).unwrap();
+    }
+    let before = p.b.dev.counters().0.rx_dropped_no_qp;
+    p.inject(1, &late);
+    assert_eq!(p.b.dev.counters().0.rx_dropped_no_qp, before + 1);
 }

@@ -473,6 +473,13 @@ impl Qp {
                 self.req.next = self.sq.head;
             }
         }
+        self.check_sq_drained(sh);
+    }
+
+    /// In SQD, once every WQE started before the drain has completed (at once if none was
+    /// outstanding), raises SQ_DRAINED when the application asked for it (IBA 10.3.1,
+    /// en_sqd_async_notify) - once per drain.
+    pub(crate) fn check_sq_drained(&mut self, sh: &mut Shared) {
         if self.state == QpState::Sqd && self.sq.head == self.req.next && !self.sqd_notified {
             if self.attr.en_sqd_async_notify == Some(true) {
                 sh.events
@@ -480,6 +487,20 @@ impl Qp {
             }
             self.sqd_notified = true;
         }
+    }
+
+    /// A local error of a send WR (bad SGE, refused local operation). RC: the QP goes to ERR.
+    /// UC and UD go to SQE instead (IBA 10.3.1, Send Queue Error): the failed WR has its
+    /// error completion, the rest of the send queue is flushed, and the receive queue keeps
+    /// working until the application returns the QP to RTS. (rxe moves UC/UD QPs to ERR.)
+    pub(crate) fn send_queue_error(&mut self, sh: &mut Shared) {
+        if self.qp_type == QpType::Rc || self.state == QpState::Err {
+            self.enter_error(sh);
+            return;
+        }
+        self.state = QpState::Sqe;
+        self.attr.state = Some(QpState::Sqe);
+        self.flush_sq(sh);
     }
 
     /// Moves the QP to ERR (IBA 10.3.1): every outstanding send and receive WR completes with
@@ -502,6 +523,12 @@ impl Qp {
 
     /// Completes every outstanding WR with WR_FLUSH_ERR.
     pub(crate) fn flush(&mut self, sh: &mut Shared) {
+        self.flush_sq(sh);
+        self.flush_rq(sh);
+    }
+
+    /// Completes every outstanding send WR with WR_FLUSH_ERR.
+    pub(crate) fn flush_sq(&mut self, sh: &mut Shared) {
         for idx in self.sq.head..self.sq.tail {
             let w = self.sq.get_mut(idx);
             if !matches!(w.state, WqeState::Done(_)) {
@@ -511,6 +538,10 @@ impl Qp {
         self.req.next = self.sq.tail;
         self.comp.next = self.sq.tail;
         self.retire(sh);
+    }
+
+    /// Completes every outstanding receive WR with WR_FLUSH_ERR.
+    fn flush_rq(&mut self, sh: &mut Shared) {
         // A receive WQE held by a message in progress is flushed too.
         if self.resp.have_recv {
             self.resp.have_recv = false;

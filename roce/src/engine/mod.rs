@@ -38,6 +38,8 @@ use queues::{CompletionQueue, RecvQueue, SendWqe};
 
 /// First QP number handed out (QP0 is unused on RoCE and QP1 is the GSI; rxe starts at 17).
 pub const QPN_BASE: u32 = 0x11;
+/// How many QP numbers there are from `QPN_BASE` up to the largest 24-bit one.
+const QPN_SPACE: u32 = (1 << 24) - QPN_BASE;
 
 /// How the responder fills the credit field of its ACKs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -283,11 +285,19 @@ impl Shared {
         Some(id)
     }
 
-    /// Invalidates the MR whose rkey (or lkey) is `key`, if it belongs to `pd`.
+    /// Invalidates the MR whose rkey (or lkey) is `key`, if it belongs to `pd` (LOCAL_INV, or
+    /// SEND with Invalidate from the peer). Only a fast-registration MR (`alloc_mr`) can be
+    /// invalidated, as rxe's `rxe_invalidate_mr` refuses any MR that is not of type
+    /// IB_MR_TYPE_MEM_REG: an MR from `reg_mr` is revoked only by deregistering it, so a peer
+    /// cannot take it away with SEND with Invalidate.
     pub fn invalidate(&mut self, key: u32, pd: PdId) -> WcStatus {
         let idx = key >> 8;
         match self.mrs.get_mut_by_index(idx) {
-            Some(mr) if mr.pd == pd && (mr.lkey.0 == key || mr.rkey.map(|r| r.0) == Some(key)) => {
+            Some(mr)
+                if mr.pd == pd
+                    && mr.fast_reg
+                    && (mr.lkey.0 == key || mr.rkey.map(|r| r.0) == Some(key)) =>
+            {
                 if !mr.valid {
                     return WcStatus::LocProtErr;
                 }
@@ -315,9 +325,17 @@ impl Shared {
         if mr.pd != pd || !mr.fast_reg || mr.valid || mr.lkey.index() != lkey.index() {
             return WcStatus::LocProtErr;
         }
-        // The backing memory bounds the new range.
+        // The backing memory bounds the new range, and the range may not wrap.
         if length > mr.mem.len() as u64 {
             return WcStatus::LocLenErr;
+        }
+        if addr.checked_add(length).is_none() {
+            return WcStatus::LocQpOpErr;
+        }
+        // The same access rules as reg_mr: only known flags, and remote write or atomic needs
+        // local write (IBA 10.6.3.1). rxe completes any refused REG_MR with LOC_QP_OP_ERR.
+        if !access_is_valid(access) {
+            return WcStatus::LocQpOpErr;
         }
         let new = (lkey.index() << 8) | key as u32;
         mr.lkey = Lkey(new);
@@ -329,6 +347,14 @@ impl Shared {
         mr.valid = true;
         WcStatus::Success
     }
+}
+
+/// Whether an MR's access flags are a valid combination: only flags ferroce implements, and
+/// remote write or atomic only with local write (IBA 10.6.3.1).
+fn access_is_valid(access: Access) -> bool {
+    let needs_local =
+        access.contains(Access::REMOTE_WRITE) || access.contains(Access::REMOTE_ATOMIC);
+    access.0 & !Access::ALL.0 == 0 && (!needs_local || access.contains(Access::LOCAL_WRITE))
 }
 
 /// A request or response packet as the roles see it.
@@ -435,7 +461,8 @@ fn scatter_iter<'b>(
 pub struct Device {
     sh: Shared,
     qps: Vec<Option<Box<Qp>>>,
-    free_qps: Vec<u32>,
+    /// Sequence number of the next QP number to try (cyclic, see `create_qp`).
+    next_qpn_seq: u32,
     pds: Vec<bool>,
     ready: VecDeque<u32>,
     port_active: bool,
@@ -467,7 +494,7 @@ impl Device {
                 overflowed: Vec::new(),
             },
             qps: Vec::new(),
-            free_qps: Vec::new(),
+            next_qpn_seq: 0,
             pds: Vec::new(),
             ready: VecDeque::new(),
             port_active: true,
@@ -595,10 +622,7 @@ impl Device {
                 access.0
             )));
         }
-        // IBA 10.6.3.1: remote write or atomic requires local write.
-        if (access.contains(Access::REMOTE_WRITE) || access.contains(Access::REMOTE_ATOMIC))
-            && !access.contains(Access::LOCAL_WRITE)
-        {
+        if !access_is_valid(access) {
             return Err(VerbsError::InvalidArgument(
                 "REMOTE_WRITE and REMOTE_ATOMIC require LOCAL_WRITE".into(),
             ));
@@ -798,17 +822,26 @@ impl Device {
                 _ => return Err(VerbsError::NotFound("shared receive queue")),
             }
         }
-        let slot = match self.free_qps.pop() {
-            Some(s) => s,
-            None => {
-                if self.qps.len() >= self.sh.cfg.max_qp as usize {
-                    return Err(VerbsError::NoResources("queue pairs"));
-                }
-                self.qps.push(None);
-                (self.qps.len() - 1) as u32
+        // QP numbers are handed out cyclically over the 24-bit space (as rxe's pool does), so
+        // a late packet for a destroyed QP does not land on the next QP created: a number
+        // comes back only after 2^24 creations. The slot is the number modulo max_qp.
+        let max_qp = self.sh.cfg.max_qp as usize;
+        if self.qps.iter().flatten().count() >= max_qp {
+            return Err(VerbsError::NoResources("queue pairs"));
+        }
+        let (seq, slot) = loop {
+            let seq = self.next_qpn_seq;
+            self.next_qpn_seq = (seq + 1) % QPN_SPACE;
+            let slot = seq as usize % max_qp;
+            if self.qps.get(slot).is_none_or(|q| q.is_none()) {
+                break (seq, slot);
             }
         };
-        let qpn = Qpn::new(QPN_BASE + slot);
+        if self.qps.len() <= slot {
+            self.qps.resize_with(slot + 1, || None);
+        }
+        let slot = slot as u32;
+        let qpn = Qpn::new(QPN_BASE + seq);
         // Even a zero-sized request gets one SGE, so empty WRs still have room.
         let mut caps = caps;
         caps.max_send_sge = caps.max_send_sge.max(1);
@@ -828,12 +861,25 @@ impl Device {
         Ok(qpn)
     }
 
-    fn slot_of(qpn: Qpn) -> Option<usize> {
-        qpn.value().checked_sub(QPN_BASE).map(|s| s as usize)
+    /// The slot of a live QP numbered `qpn` (a number whose QP was destroyed has none, even
+    /// if its slot holds a newer QP).
+    fn slot_of(&self, qpn: Qpn) -> Option<usize> {
+        let seq = qpn.value().checked_sub(QPN_BASE)?;
+        let slot = seq as usize % self.sh.cfg.max_qp.max(1) as usize;
+        match self.qps.get(slot) {
+            Some(Some(q)) if q.qpn == qpn => Some(slot),
+            _ => None,
+        }
+    }
+
+    /// A dense index for a live QP, below `max_qp`: host interfaces use it to index per-QP
+    /// tables without hashing.
+    pub fn qp_index(&self, qpn: Qpn) -> Option<usize> {
+        self.slot_of(qpn)
     }
 
     fn qp_ref(&self, qpn: Qpn) -> VerbsResult<&Qp> {
-        Self::slot_of(qpn)
+        self.slot_of(qpn)
             .and_then(|s| self.qps.get(s))
             .and_then(|q| q.as_deref())
             .ok_or(VerbsError::NotFound("queue pair"))
@@ -844,7 +890,9 @@ impl Device {
         let max_rd = self.sh.cfg.max_qp_rd_atom;
         let ngids = self.sh.cfg.gids.len();
         let port_mtu = self.sh.cfg.port_mtu;
-        let slot = Self::slot_of(qpn).ok_or(VerbsError::NotFound("queue pair"))?;
+        let slot = self
+            .slot_of(qpn)
+            .ok_or(VerbsError::NotFound("queue pair"))?;
         let qp = self
             .qps
             .get_mut(slot)
@@ -866,6 +914,8 @@ impl Device {
                 qp.enter_error(&mut self.sh);
             }
             QpState::Reset => qp.reset(),
+            // Entering SQD with nothing outstanding is already drained.
+            QpState::Sqd => qp.check_sq_drained(&mut self.sh),
             _ => {}
         }
         self.mark_ready(slot as u32);
@@ -893,7 +943,9 @@ impl Device {
 
     /// Destroys a QP. Outstanding WRs are discarded without completions (verbs semantics).
     pub fn destroy_qp(&mut self, qpn: Qpn) -> VerbsResult<()> {
-        let slot = Self::slot_of(qpn).ok_or(VerbsError::NotFound("queue pair"))?;
+        let slot = self
+            .slot_of(qpn)
+            .ok_or(VerbsError::NotFound("queue pair"))?;
         let qp = self
             .qps
             .get_mut(slot)
@@ -909,7 +961,6 @@ impl Device {
                 srq.users = srq.users.saturating_sub(1);
             }
         }
-        self.free_qps.push(slot as u32);
         self.ready.retain(|&s| s != slot as u32);
         Ok(())
     }
@@ -1014,7 +1065,9 @@ impl Device {
     /// Posts a send WR (`ibv_post_send`).
     pub fn post_send(&mut self, qpn: Qpn, wr: &SendWr<'_>) -> VerbsResult<()> {
         let port_mtu = self.sh.cfg.port_mtu.bytes();
-        let slot = Self::slot_of(qpn).ok_or(VerbsError::NotFound("queue pair"))?;
+        let slot = self
+            .slot_of(qpn)
+            .ok_or(VerbsError::NotFound("queue pair"))?;
         let qp = self
             .qps
             .get_mut(slot)
@@ -1122,8 +1175,10 @@ impl Device {
             // A zero-length inline WR still counts as inline (no SGEs to check).
             qp.sq.get_mut(idx).flags = wr.flags;
         }
-        if matches!(qp.state, QpState::Err | QpState::Sqe) {
-            qp.flush(&mut self.sh);
+        match qp.state {
+            QpState::Err => qp.flush(&mut self.sh),
+            QpState::Sqe => qp.flush_sq(&mut self.sh),
+            _ => {}
         }
         self.mark_ready(slot as u32);
         Ok(())
@@ -1131,7 +1186,9 @@ impl Device {
 
     /// Posts a receive WR (`ibv_post_recv`).
     pub fn post_recv(&mut self, qpn: Qpn, wr: &RecvWr<'_>) -> VerbsResult<()> {
-        let slot = Self::slot_of(qpn).ok_or(VerbsError::NotFound("queue pair"))?;
+        let slot = self
+            .slot_of(qpn)
+            .ok_or(VerbsError::NotFound("queue pair"))?;
         let qp = self
             .qps
             .get_mut(slot)
@@ -1217,7 +1274,7 @@ impl Device {
             self.sh.counters.rx_gsi_mads += 1;
             return;
         }
-        let Some(slot) = Self::slot_of(t.bth.dest_qp) else {
+        let Some(slot) = self.slot_of(t.bth.dest_qp) else {
             self.sh.counters.rx_dropped_no_qp += 1;
             return;
         };
@@ -1308,7 +1365,8 @@ impl Device {
         // Drop entries whose QP no longer needs them (its deadline moved or was cancelled), so
         // callers never wake for nothing.
         while let Some(&Reverse((t, qpn))) = self.sh.timers.peek() {
-            let qp = Self::slot_of(Qpn::new(qpn))
+            let qp = self
+                .slot_of(Qpn::new(qpn))
                 .and_then(|s| self.qps.get_mut(s))
                 .and_then(|q| q.as_deref_mut());
             let Some(qp) = qp else {
@@ -1338,7 +1396,7 @@ impl Device {
                 break;
             }
             self.sh.timers.pop();
-            let Some(slot) = Self::slot_of(Qpn::new(qpn)) else {
+            let Some(slot) = self.slot_of(Qpn::new(qpn)) else {
                 continue;
             };
             if let Some(Some(qp)) = self.qps.get_mut(slot) {

@@ -679,7 +679,7 @@ impl Qp {
             self.udp_sport = udp_sport_ud(self.qpn.value());
         }
         self.state = to;
-        if to == QpState::Sqd {
+        if to == QpState::Sqd && from != QpState::Sqd {
             self.sqd_notified = false;
         }
         Ok((from, to))

@@ -124,7 +124,7 @@ impl Qp {
                 if let Err(status) = self.check_local_sges(sh, idx) {
                     self.sq.get_mut(idx).state = WqeState::Done(status);
                     self.req.next += 1;
-                    self.enter_error(sh);
+                    self.send_queue_error(sh);
                     return ReqStep::Idle;
                 }
             }
@@ -323,7 +323,7 @@ impl Qp {
                 if let Err(status) = self.gather(sh, idx, off, n, tx) {
                     self.sq.get_mut(idx).state = WqeState::Done(status);
                     self.req.next = idx + 1;
-                    self.enter_error(sh);
+                    self.send_queue_error(sh);
                     tx.payload.clear();
                     return false;
                 }
@@ -469,7 +469,7 @@ impl Qp {
         };
         self.sq.get_mut(idx).state = WqeState::Done(status);
         if status != WcStatus::Success {
-            self.enter_error(sh);
+            self.send_queue_error(sh);
         }
     }
 
