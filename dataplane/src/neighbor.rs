@@ -2,8 +2,17 @@
 //! ICMPv6 echo for our addresses; resolves peers' MACs (through the gateway when off-link)
 //! with retries and ageing; announces our addresses at start (gratuitous ARP, unsolicited NA).
 //! Wire formats are smoltcp's; the table is ours.
+//!
+//! The table is bounded (`MAX_ENTRIES`, like Linux's gc_thresh3): remote input can create
+//! entries (an ARP request or a solicitation for one of our addresses, RFC 826 / RFC 4861
+//! 7.2.3), so when it is full the least useful entry is evicted (failed, then stale, then the
+//! longest unconfirmed). Timers are a heap of deadlines, so an iteration never walks the
+//! table. A generation number changes whenever a mapping that a sender may have cached
+//! changes (new MAC, stale, failed, evicted): the RNIC caches each QP's next hop and asks
+//! the table again only when the generation moved.
 
-use std::collections::{HashMap, VecDeque};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use roce::wire::ethernet::{self, ethertype, EthernetRepr, VlanTag};
@@ -16,16 +25,36 @@ use smoltcp::wire::{
 
 use crate::config::{Cidr, RnicConfig};
 
+/// Milliseconds, in ns.
+const MS: u64 = 1_000_000;
 /// Seconds, in ns.
 const SEC: u64 = 1_000_000_000;
-/// Interval between resolution attempts (Linux: retrans_time 1 s).
-pub const RETRY_NS: u64 = SEC;
-/// Attempts before a neighbour is declared unreachable (Linux: mcast_solicit 3).
-pub const MAX_TRIES: u8 = 3;
-/// How long an answer is trusted before it is re-probed.
+/// First retry of a resolution; each later one waits twice as long, up to `RETRY_MAX_NS`.
+/// Linux waits retrans_time (1 s) every time, which alone outlasts an RC QP's whole retry
+/// budget at common ACK timeouts (7 x 67 ms); a first answer lost at first contact must not
+/// cost a connection.
+pub const RETRY_FIRST_NS: u64 = 50 * MS;
+/// Longest wait between two resolution attempts (Linux: retrans_time 1 s).
+pub const RETRY_MAX_NS: u64 = SEC;
+/// Attempts before a neighbour is declared unreachable: 0, 50, 150, 350, 750 and 1550 ms,
+/// failing at 2.55 s (Linux: mcast_solicit 3 at 1 s, failing at 3 s).
+pub const MAX_TRIES: u8 = 6;
+/// How long an answer is trusted before the entry goes stale (Linux: base_reachable_time
+/// 30 s).
 pub const REACHABLE_NS: u64 = 30 * SEC;
 /// How long an unreachable neighbour is not retried.
 pub const FAILED_NS: u64 = 3 * SEC;
+/// An entry's MAC is not replaced by a different one sooner than this after its last
+/// update (Linux's ARP locktime, 1 s): a flood of forged replies cannot keep redirecting a
+/// peer's traffic.
+pub const LOCKTIME_NS: u64 = SEC;
+/// Most entries (Linux: gc_thresh3 1024).
+pub const MAX_ENTRIES: usize = 1024;
+
+/// Wait before attempt `tries + 1`, after `tries` attempts.
+fn retry_after(tries: u8) -> u64 {
+    (RETRY_FIRST_NS << tries.saturating_sub(1).min(10)).min(RETRY_MAX_NS)
+}
 
 /// State of one neighbour entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,8 +70,13 @@ pub enum NeighborState {
     Reachable {
         /// MAC address.
         mac: [u8; 6],
-        /// Re-probe after this.
+        /// Goes stale then.
         expires: u64,
+    },
+    /// Known, not confirmed for `REACHABLE_NS`: still used, re-probed at its next use.
+    Stale {
+        /// Last known MAC.
+        mac: [u8; 6],
     },
     /// Known but being confirmed again; still used meanwhile.
     Probe {
@@ -58,6 +92,36 @@ pub enum NeighborState {
         /// Retry allowed after this.
         until: u64,
     },
+}
+
+impl NeighborState {
+    /// When this state needs the timer.
+    fn deadline(&self) -> Option<u64> {
+        match *self {
+            NeighborState::Incomplete { next, .. } | NeighborState::Probe { next, .. } => {
+                Some(next)
+            }
+            NeighborState::Reachable { expires, .. } => Some(expires),
+            NeighborState::Stale { .. } | NeighborState::Failed { .. } => None,
+        }
+    }
+
+    /// Eviction preference when the table is full: lower goes first.
+    fn keep_rank(&self) -> u8 {
+        match self {
+            NeighborState::Failed { .. } => 0,
+            NeighborState::Stale { .. } => 1,
+            NeighborState::Reachable { .. } | NeighborState::Probe { .. } => 2,
+            NeighborState::Incomplete { .. } => 3,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    state: NeighborState,
+    /// Last time its MAC was set or confirmed (for the lock time and eviction).
+    updated: u64,
 }
 
 /// Result of resolving a destination.
@@ -96,6 +160,10 @@ pub struct NeighborCounters {
     pub unreachable: u64,
     /// Malformed ARP/ICMP/ND frames.
     pub malformed: u64,
+    /// MAC changes refused because the entry was updated less than `LOCKTIME_NS` before.
+    pub updates_locked: u64,
+    /// Entries evicted because the table was full.
+    pub evicted: u64,
 }
 
 /// The neighbour table and the protocol handlers around it.
@@ -108,7 +176,11 @@ pub struct Neighbors {
     gw4: Option<Ipv4Addr>,
     gw6: Option<Ipv6Addr>,
     vlan: Option<VlanTag>,
-    entries: HashMap<IpAddr, NeighborState>,
+    entries: HashMap<IpAddr, Entry>,
+    max_entries: usize,
+    /// Deadlines (lazily deleted: an item is live while its entry still has that deadline).
+    timers: BinaryHeap<Reverse<(u64, IpAddr)>>,
+    generation: u64,
     out: VecDeque<Vec<u8>>,
     /// Counters.
     pub counters: NeighborCounters,
@@ -142,6 +214,11 @@ const ALL_NODES: Ipv6Addr = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1);
 impl Neighbors {
     /// A table for an interface with `mac` and the addresses of `cfg`.
     pub fn new(mac: [u8; 6], cfg: &RnicConfig) -> Neighbors {
+        Self::with_capacity(mac, cfg, MAX_ENTRIES)
+    }
+
+    /// A table holding at most `max_entries` neighbours.
+    pub fn with_capacity(mac: [u8; 6], cfg: &RnicConfig, max_entries: usize) -> Neighbors {
         let mut v6 = vec![ll_from_mac(mac)];
         v6.extend(cfg.ipv6.iter().map(|c| c.addr));
         Neighbors {
@@ -156,7 +233,10 @@ impl Neighbors {
                 dei: false,
                 vid,
             }),
-            entries: HashMap::new(),
+            entries: HashMap::with_capacity(max_entries.min(MAX_ENTRIES)),
+            max_entries: max_entries.max(1),
+            timers: BinaryHeap::new(),
+            generation: 0,
             out: VecDeque::new(),
             counters: NeighborCounters::default(),
         }
@@ -168,6 +248,31 @@ impl Neighbors {
             IpAddr::V4(a) => self.v4.iter().any(|c| c.addr == a),
             IpAddr::V6(a) => self.v6.contains(&a),
         }
+    }
+
+    /// Whether a frame to the multicast MAC `mac` is for this interface: the all-nodes group
+    /// and the solicited-node groups of our IPv6 addresses (RFC 4291 2.7.1, RFC 2464 7).
+    pub fn accepts_multicast(&self, mac: [u8; 6]) -> bool {
+        mac == multicast_mac(ALL_NODES)
+            || self
+                .v6
+                .iter()
+                .any(|a| multicast_mac(solicited_node(*a)) == mac)
+    }
+
+    /// Changes whenever a mapping a sender may have cached changes (see the module docs).
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// Number of entries.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether the table is empty.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
     }
 
     fn next_hop(&self, dst: IpAddr) -> Option<IpAddr> {
@@ -190,52 +295,97 @@ impl Neighbors {
         }
     }
 
+    /// Sets the state of `ip` (inserting it, evicting another if the table is full) and
+    /// queues its deadline.
+    fn set(&mut self, ip: IpAddr, state: NeighborState, updated: u64) {
+        if !self.entries.contains_key(&ip) && self.entries.len() >= self.max_entries {
+            self.evict_one();
+        }
+        self.entries.insert(ip, Entry { state, updated });
+        if let Some(t) = state.deadline() {
+            self.timers.push(Reverse((t, ip)));
+        }
+        // Stale timer items pile up only as fast as states change; drop them now and then.
+        if self.timers.len() > 4 * self.max_entries.max(16) {
+            let live: Vec<_> = self
+                .entries
+                .iter()
+                .filter_map(|(ip, e)| e.state.deadline().map(|t| Reverse((t, *ip))))
+                .collect();
+            self.timers = live.into();
+        }
+    }
+
+    fn evict_one(&mut self) {
+        let victim = self
+            .entries
+            .iter()
+            .min_by_key(|(_, e)| (e.state.keep_rank(), e.updated))
+            .map(|(ip, _)| *ip);
+        if let Some(ip) = victim {
+            self.entries.remove(&ip);
+            self.counters.evicted += 1;
+            self.generation += 1;
+        }
+    }
+
     /// The MAC to send to `dst` (via the gateway when off-link), starting resolution if needed.
     pub fn resolve(&mut self, now: u64, dst: IpAddr) -> Resolve {
         let Some(hop) = self.next_hop(dst) else {
             self.counters.unreachable += 1;
             return Resolve::Unreachable;
         };
-        match self.entries.get(&hop).copied() {
-            Some(NeighborState::Reachable { mac, expires }) => {
-                if now >= expires {
-                    self.entries.insert(
-                        hop,
-                        NeighborState::Probe {
-                            mac,
-                            tries: 1,
-                            next: now + RETRY_NS,
-                        },
-                    );
-                    self.solicit(hop);
-                }
+        let Some(e) = self.entries.get(&hop).copied() else {
+            self.start_resolution(now, hop);
+            return Resolve::Pending;
+        };
+        match e.state {
+            NeighborState::Reachable { mac, .. } | NeighborState::Probe { mac, .. } => {
                 Resolve::Mac(mac)
             }
-            Some(NeighborState::Probe { mac, .. }) => Resolve::Mac(mac),
-            Some(NeighborState::Incomplete { .. }) => Resolve::Pending,
-            Some(NeighborState::Failed { until }) if now < until => Resolve::Unreachable,
-            _ => {
-                self.entries.insert(
+            NeighborState::Stale { mac } => {
+                // Used while stale: confirm it (Linux: DELAY then PROBE), keep using it.
+                self.set(
                     hop,
-                    NeighborState::Incomplete {
+                    NeighborState::Probe {
+                        mac,
                         tries: 1,
-                        next: now + RETRY_NS,
+                        next: now + retry_after(1),
                     },
+                    e.updated,
                 );
                 self.solicit(hop);
+                Resolve::Mac(mac)
+            }
+            NeighborState::Incomplete { .. } => Resolve::Pending,
+            NeighborState::Failed { until } if now < until => Resolve::Unreachable,
+            NeighborState::Failed { .. } => {
+                self.start_resolution(now, hop);
                 Resolve::Pending
             }
         }
     }
 
+    fn start_resolution(&mut self, now: u64, hop: IpAddr) {
+        self.set(
+            hop,
+            NeighborState::Incomplete {
+                tries: 1,
+                next: now + retry_after(1),
+            },
+            now,
+        );
+        self.solicit(hop);
+    }
+
     /// The entry for an address (for tools and tests).
     pub fn entry(&self, ip: IpAddr) -> Option<NeighborState> {
-        self.entries.get(&ip).copied()
+        self.entries.get(&ip).map(|e| e.state)
     }
 
     /// Every entry.
     pub fn entries(&self) -> impl Iterator<Item = (&IpAddr, &NeighborState)> {
-        self.entries.iter()
+        self.entries.iter().map(|(ip, e)| (ip, &e.state))
     }
 
     /// Gratuitous ARP for each IPv4 address and an unsolicited NA for each IPv6 one.
@@ -254,75 +404,104 @@ impl Neighbors {
         self.out.pop_front()
     }
 
-    /// The next retry deadline.
-    pub fn poll_timeout(&self) -> Option<u64> {
-        self.entries
-            .values()
-            .filter_map(|e| match e {
-                NeighborState::Incomplete { next, .. } | NeighborState::Probe { next, .. } => {
-                    Some(*next)
+    /// The next deadline (retries, ageing).
+    pub fn poll_timeout(&mut self) -> Option<u64> {
+        while let Some(&Reverse((t, ip))) = self.timers.peek() {
+            match self.entries.get(&ip).and_then(|e| e.state.deadline()) {
+                Some(d) if d == t => return Some(t),
+                _ => {
+                    self.timers.pop();
                 }
-                _ => None,
-            })
-            .min()
+            }
+        }
+        None
     }
 
-    /// Retries due at `now`.
+    /// Retries and ageing due at `now`.
     pub fn handle_timeout(&mut self, now: u64) {
-        let due: Vec<(IpAddr, NeighborState)> = self
-            .entries
-            .iter()
-            .filter(|(_, e)| matches!(e, NeighborState::Incomplete { next, .. } | NeighborState::Probe { next, .. } if *next <= now))
-            .map(|(k, v)| (*k, *v))
-            .collect();
-        for (ip, e) in due {
-            let (tries, mac) = match e {
+        while let Some(&Reverse((t, ip))) = self.timers.peek() {
+            if t > now {
+                break;
+            }
+            self.timers.pop();
+            let Some(e) = self.entries.get(&ip).copied() else {
+                continue;
+            };
+            if e.state.deadline() != Some(t) {
+                continue; // superseded
+            }
+            let (tries, mac) = match e.state {
+                NeighborState::Reachable { mac, .. } => {
+                    self.set(ip, NeighborState::Stale { mac }, e.updated);
+                    self.generation += 1;
+                    continue;
+                }
                 NeighborState::Incomplete { tries, .. } => (tries, None),
                 NeighborState::Probe { tries, mac, .. } => (tries, Some(mac)),
                 _ => continue,
             };
             if tries >= MAX_TRIES {
                 self.counters.unreachable += 1;
-                self.entries.insert(
+                self.set(
                     ip,
                     NeighborState::Failed {
                         until: now + FAILED_NS,
                     },
+                    e.updated,
                 );
+                self.generation += 1;
                 continue;
             }
-            let next = now + RETRY_NS;
-            self.entries.insert(
-                ip,
-                match mac {
-                    Some(mac) => NeighborState::Probe {
-                        mac,
-                        tries: tries + 1,
-                        next,
-                    },
-                    None => NeighborState::Incomplete {
-                        tries: tries + 1,
-                        next,
-                    },
+            let next = now + retry_after(tries + 1);
+            let state = match mac {
+                Some(mac) => NeighborState::Probe {
+                    mac,
+                    tries: tries + 1,
+                    next,
                 },
-            );
+                None => NeighborState::Incomplete {
+                    tries: tries + 1,
+                    next,
+                },
+            };
+            self.set(ip, state, e.updated);
             self.solicit(ip);
         }
     }
 
+    /// Records that `ip` is at `mac` (RFC 826 merge; RFC 4861 7.2.5). `create`: add it if
+    /// unknown. A different MAC replaces a known one only after `LOCKTIME_NS`.
     fn learn(&mut self, now: u64, ip: IpAddr, mac: [u8; 6], create: bool) {
-        if mac[0] & 1 != 0 || mac == [0; 6] {
+        if mac[0] & 1 != 0 || mac == [0; 6] || self.is_ours(ip) {
             return;
         }
-        if create || self.entries.contains_key(&ip) {
-            self.entries.insert(
-                ip,
-                NeighborState::Reachable {
-                    mac,
-                    expires: now + REACHABLE_NS,
-                },
-            );
+        let old = self.entries.get(&ip).copied();
+        let known_mac = match old.map(|e| e.state) {
+            None if !create => return,
+            Some(
+                NeighborState::Reachable { mac: m, .. }
+                | NeighborState::Stale { mac: m }
+                | NeighborState::Probe { mac: m, .. },
+            ) => Some(m),
+            _ => None,
+        };
+        if let (Some(m), Some(e)) = (known_mac, old) {
+            if m != mac && now.saturating_sub(e.updated) < LOCKTIME_NS {
+                self.counters.updates_locked += 1;
+                return;
+            }
         }
+        if known_mac != Some(mac) {
+            self.generation += 1;
+        }
+        self.set(
+            ip,
+            NeighborState::Reachable {
+                mac,
+                expires: now + REACHABLE_NS,
+            },
+            now,
+        );
     }
 
     fn solicit(&mut self, ip: IpAddr) {
@@ -700,8 +879,21 @@ mod tests {
         assert!(n.entry("10.99.0.9".parse().unwrap()).is_none());
     }
 
+    fn arp_reply_from(n: &mut Neighbors, now: u64, mac: [u8; 6], ip: [u8; 4]) {
+        n.handle_frame(
+            now,
+            &arp_frame(
+                ArpOperation::Reply,
+                mac,
+                ip,
+                [10, 99, 0, 3],
+                [2, 0, 0, 0x99, 0, 3],
+            ),
+        );
+    }
+
     #[test]
-    fn resolves_with_retries_then_fails_and_ages() {
+    fn resolves_with_backed_off_retries_then_fails_and_ages() {
         let mut n = table();
         let ip: IpAddr = "10.99.0.2".parse().unwrap();
         assert_eq!(n.resolve(0, ip), Resolve::Pending);
@@ -711,31 +903,96 @@ mod tests {
             n.poll_frame().is_none(),
             "no duplicate request before the retry"
         );
-        n.handle_timeout(RETRY_NS);
-        n.handle_timeout(2 * RETRY_NS);
-        assert_eq!(n.counters.arp_requests_tx, 3);
-        n.handle_timeout(3 * RETRY_NS);
-        assert_eq!(n.resolve(3 * RETRY_NS, ip), Resolve::Unreachable);
+        // Retries 50 ms after the first request, then 100, 200, 400, 800 ms apart.
+        let mut t = 0;
+        let mut sent_at = vec![0];
+        while let Some(d) = n.poll_timeout() {
+            t = d;
+            n.handle_timeout(t);
+            if n.poll_frame().is_some() {
+                sent_at.push(t / MS);
+            }
+        }
+        assert_eq!(sent_at, vec![0, 50, 150, 350, 750, 1550]);
+        assert_eq!(n.counters.arp_requests_tx, MAX_TRIES as u64);
+        assert_eq!(t / MS, 2550, "declared unreachable one more interval later");
+        assert_eq!(n.resolve(t, ip), Resolve::Unreachable);
         // After the hold-down a new attempt starts; a reply makes it reachable.
-        let t = 3 * RETRY_NS + FAILED_NS;
+        let t = t + FAILED_NS;
         assert_eq!(n.resolve(t, ip), Resolve::Pending);
         let peer = [0x52, 0x54, 0, 0x99, 0, 2];
-        n.handle_frame(
-            t,
-            &arp_frame(
-                ArpOperation::Reply,
-                peer,
-                [10, 99, 0, 2],
-                [10, 99, 0, 3],
-                [2, 0, 0, 0x99, 0, 3],
-            ),
-        );
+        arp_reply_from(&mut n, t, peer, [10, 99, 0, 2]);
         assert_eq!(n.resolve(t + 1, ip), Resolve::Mac(peer));
-        // Ageing: past REACHABLE the entry is re-probed but still used.
+        // Ageing: the timer makes it stale after REACHABLE_NS (the generation moves so cached
+        // next hops are looked up again); used while stale it is re-probed and still used.
         while n.poll_frame().is_some() {}
+        let g = n.generation();
+        assert_eq!(n.poll_timeout(), Some(t + REACHABLE_NS));
+        n.handle_timeout(t + REACHABLE_NS);
+        assert!(matches!(n.entry(ip), Some(NeighborState::Stale { .. })));
+        assert_ne!(n.generation(), g);
         assert_eq!(n.resolve(t + REACHABLE_NS + 1, ip), Resolve::Mac(peer));
         assert!(n.poll_frame().is_some(), "re-probe sent");
         assert!(matches!(n.entry(ip), Some(NeighborState::Probe { .. })));
+    }
+
+    /// Forged replies cannot move a fresh entry to another MAC: a different MAC is taken only
+    /// `LOCKTIME_NS` after the entry's last update (Linux's ARP locktime).
+    #[test]
+    fn a_flood_of_forged_arp_replies_is_held_off_by_the_lock_time() {
+        let mut n = table();
+        let ip: IpAddr = "10.99.0.2".parse().unwrap();
+        let peer = [0x52, 0x54, 0, 0x99, 0, 2];
+        let forger = [0x52, 0x54, 0, 0x66, 0, 6];
+        n.resolve(0, ip);
+        arp_reply_from(&mut n, 1000, peer, [10, 99, 0, 2]);
+        for i in 0..1000 {
+            arp_reply_from(&mut n, 2000 + i * 100_000, forger, [10, 99, 0, 2]);
+        }
+        assert_eq!(n.resolve(SEC / 2, ip), Resolve::Mac(peer));
+        assert_eq!(n.counters.updates_locked, 1000);
+        // The real peer refreshes its entry; the lock runs from the refresh.
+        arp_reply_from(&mut n, SEC / 2, peer, [10, 99, 0, 2]);
+        arp_reply_from(&mut n, SEC + SEC / 4, forger, [10, 99, 0, 2]);
+        assert_eq!(n.resolve(SEC + SEC / 4, ip), Resolve::Mac(peer));
+        // A real MAC change later than the lock time is accepted.
+        arp_reply_from(&mut n, 3 * SEC, forger, [10, 99, 0, 2]);
+        assert_eq!(n.resolve(3 * SEC, ip), Resolve::Mac(forger));
+        // Nobody may claim one of our own addresses.
+        arp_reply_from(&mut n, 9 * SEC, forger, [10, 99, 0, 3]);
+        assert!(n.entry("10.99.0.3".parse().unwrap()).is_none());
+    }
+
+    /// ARP requests for our address from ever new senders create entries, but the table
+    /// stays bounded: the oldest are evicted, a peer being resolved is kept.
+    #[test]
+    fn the_table_is_bounded_against_a_flood_of_new_senders() {
+        let mut r = RawConfig::default();
+        r.set("port.device", "net_ring0").unwrap();
+        r.set("address.ipv4", "10.99.0.3/16").unwrap();
+        let mut n = Neighbors::with_capacity([2, 0, 0, 0x99, 0, 3], &r.validate().unwrap(), 64);
+        let wanted: IpAddr = "10.99.0.2".parse().unwrap();
+        assert_eq!(n.resolve(0, wanted), Resolve::Pending);
+        for i in 0..10_000u32 {
+            let sip = [10, 99, (i >> 8) as u8 + 1, i as u8];
+            let mac = [2, 0x11, 0, 0, (i >> 8) as u8, i as u8];
+            n.handle_frame(
+                1 + i as u64,
+                &arp_frame(ArpOperation::Request, mac, sip, [10, 99, 0, 3], [0xff; 6]),
+            );
+            while n.poll_frame().is_some() {}
+        }
+        assert_eq!(n.len(), 64);
+        assert!(n.counters.evicted >= 10_000 - 63);
+        assert!(matches!(
+            n.entry(wanted),
+            Some(NeighborState::Incomplete { .. })
+        ));
+        // The most recent sender is there; the first ones are gone.
+        assert!(n.entry("10.99.40.15".parse().unwrap()).is_some());
+        assert!(n.entry("10.99.1.0".parse().unwrap()).is_none());
+        // Timers stay proportional to the table, not to the flood.
+        assert!(n.timers.len() <= 4 * 64);
     }
 
     #[test]

@@ -27,6 +27,9 @@ use crate::config::{FaultConfig, RnicConfig};
 use crate::host::HostEnd;
 use crate::neighbor::{Neighbors, Resolve};
 
+/// The group address of MAC control frames (PAUSE, PFC; IEEE 802.3 Annex 31B).
+const MAC_CONTROL_GROUP: [u8; 6] = [0x01, 0x80, 0xc2, 0x00, 0x00, 0x01];
+
 /// Frames per burst.
 pub const BURST: usize = 32;
 /// Frames held while their next hop is being resolved.
@@ -55,6 +58,13 @@ pub struct NicCounters {
     pub rx_ipv4_fragments: u64,
     /// Anything else, dropped.
     pub rx_other: u64,
+    /// Frames to a destination MAC that is not ours (another station's unicast, a group we
+    /// did not join, broadcast other than ARP), dropped.
+    pub rx_dropped_mac: u64,
+    /// Frames on a VLAN that is not ours (or untagged on a VLAN port), dropped.
+    pub rx_dropped_vlan: u64,
+    /// Frames too short for an Ethernet header.
+    pub rx_runts: u64,
     /// Frames received in more than one segment.
     pub rx_multiseg: u64,
     /// Frames sent.
@@ -89,6 +99,22 @@ pub struct NicCounters {
     pub fault_reordered: u64,
 }
 
+/// A QP's last resolved next hop, valid while the neighbour table's generation is `gen`.
+#[derive(Clone, Copy)]
+struct NextHop {
+    dgid: Gid,
+    mac: [u8; 6],
+    gen: u64,
+}
+
+impl NextHop {
+    const NONE: NextHop = NextHop {
+        dgid: Gid([0; 16]),
+        mac: [0; 6],
+        gen: u64::MAX,
+    };
+}
+
 struct Fault {
     cfg: FaultConfig,
     rng: Rng,
@@ -111,6 +137,8 @@ pub struct Nic {
     mac: [u8; 6],
     vlan: Option<VlanTag>,
     hosts: Vec<HostEnd>,
+    /// Next hop per QP (by `Device::qp_index`).
+    hops: Vec<NextHop>,
     pending: VecDeque<(IpAddr, Gid, Mbuf)>,
     rxbuf: Vec<Mbuf>,
     txbuf: Vec<Mbuf>,
@@ -149,6 +177,7 @@ impl Nic {
             coalesce_acks: cfg.ack_coalescing,
             ..Default::default()
         });
+        let max_qp = dev.config().max_qp as usize;
         let mut neigh = Neighbors::new(mac, &cfg);
         neigh.announce();
         let tap = match &cfg.pcap {
@@ -182,6 +211,7 @@ impl Nic {
             mac,
             vlan,
             hosts: Vec::new(),
+            hops: vec![NextHop::NONE; max_qp],
             pending: VecDeque::with_capacity(MAX_PENDING),
             rxbuf: Vec::with_capacity(BURST),
             txbuf: Vec::with_capacity(MAX_TX_BACKLOG + BURST),
@@ -302,6 +332,10 @@ impl Nic {
             let _ = w.write_segments(now, segs);
         }
         let first = segs.first().copied().unwrap_or(&[]);
+        if !self.l2_accept(first) {
+            self.scratch = scratch;
+            return;
+        }
         match classify(first) {
             FrameKind::Roce | FrameKind::Cnp => {
                 self.counters.rx_roce += 1;
@@ -333,6 +367,43 @@ impl Nic {
         self.scratch = scratch;
     }
 
+    /// Whether a frame is addressed to this RNIC at layer 2 (a NIC's address filter; the
+    /// port itself may run promiscuous because our MAC is a software one): our VLAN - or, on
+    /// a port without one, untagged or priority-tagged (VID 0, IEEE 802.1Q) - and our unicast
+    /// MAC, broadcast for ARP, the IPv6 groups ND needs (all-nodes, our solicited-node
+    /// groups) and the MAC-control group for PFC/PAUSE (01:80:C2:00:00:01). The rest is
+    /// counted and dropped.
+    fn l2_accept(&mut self, f: &[u8]) -> bool {
+        let Ok(eth) = ethernet::Frame::new_checked(f) else {
+            self.counters.rx_runts += 1;
+            return false;
+        };
+        let vid = eth.tci().map(|t| t & 0x0fff);
+        let vlan_ok = match (self.vlan, vid) {
+            (None, None | Some(0)) => true,
+            (Some(v), Some(x)) => x == v.vid,
+            _ => false,
+        };
+        if !vlan_ok {
+            self.counters.rx_dropped_vlan += 1;
+            return false;
+        }
+        let dst = eth.dst();
+        let ok = if dst == self.mac {
+            true
+        } else if dst == [0xff; 6] {
+            eth.ethertype() == ethertype::ARP
+        } else if dst[..2] == [0x33, 0x33] {
+            eth.ethertype() == ethertype::IPV6 && self.neigh.accepts_multicast(dst)
+        } else {
+            dst == MAC_CONTROL_GROUP && eth.ethertype() == ethertype::MAC_CONTROL
+        };
+        if !ok {
+            self.counters.rx_dropped_mac += 1;
+        }
+        ok
+    }
+
     fn send_raw(&mut self, now: u64, frame: &[u8]) {
         let Ok(mut m) = self.pool.alloc() else {
             self.counters.tx_nombuf += 1;
@@ -355,7 +426,7 @@ impl Nic {
         };
         let resolved = match self.tx.path.dmac {
             Some(m) => Resolve::Mac(m),
-            None => self.neigh.resolve(now, ip),
+            None => self.next_hop(now, dgid, ip),
         };
         if resolved == Resolve::Unreachable {
             self.unreachable(dgid, ip);
@@ -423,6 +494,27 @@ impl Nic {
             self.tap(now, &[&v]);
         }
         self.push_tx(m);
+    }
+
+    /// The MAC for the packet in `self.tx`: from its QP's cached next hop while the
+    /// neighbour table has not changed since (no table lookup per packet), else resolved and
+    /// cached again.
+    fn next_hop(&mut self, now: u64, dgid: Gid, ip: IpAddr) -> Resolve {
+        let slot = self.dev.qp_index(self.tx.qpn);
+        if let Some(h) = slot.and_then(|s| self.hops.get(s)) {
+            if h.gen == self.neigh.generation() && h.dgid == dgid {
+                return Resolve::Mac(h.mac);
+            }
+        }
+        let r = self.neigh.resolve(now, ip);
+        if let (Resolve::Mac(mac), Some(h)) = (r, slot.and_then(|s| self.hops.get_mut(s))) {
+            *h = NextHop {
+                dgid,
+                mac,
+                gen: self.neigh.generation(),
+            };
+        }
+        r
     }
 
     fn unreachable(&mut self, dgid: Gid, ip: IpAddr) {

@@ -397,6 +397,96 @@ fn answers_arp_ping_and_neighbour_solicitation_on_a_port() {
     assert_eq!(snap[0].nic.rx_arp, 1);
 }
 
+/// An ICMP echo request from 10.99.0.2 to 10.99.0.3, to `dst` at layer 2, tagged with
+/// `vlan` (VID) if given.
+fn ping_frame(dst: [u8; 6], vlan: Option<u16>, seq: u16) -> Vec<u8> {
+    use smoltcp::phy::ChecksumCapabilities;
+    use smoltcp::wire::*;
+    let caps = ChecksumCapabilities::default();
+    let echo = Icmpv4Repr::EchoRequest {
+        ident: 1,
+        seq_no: seq,
+        data: b"l2 filter",
+    };
+    let ip = Ipv4Repr {
+        src_addr: "10.99.0.2".parse().unwrap(),
+        dst_addr: "10.99.0.3".parse().unwrap(),
+        next_header: IpProtocol::Icmp,
+        payload_len: echo.buffer_len(),
+        hop_limit: 64,
+    };
+    let mut f = vec![0u8; 14 + 20 + echo.buffer_len()];
+    EthernetRepr {
+        src_addr: EthernetAddress([0x52, 0x54, 0, 0x99, 0, 2]),
+        dst_addr: EthernetAddress(dst),
+        ethertype: EthernetProtocol::Ipv4,
+    }
+    .emit(&mut EthernetFrame::new_unchecked(&mut f[..]));
+    let mut p = Ipv4Packet::new_unchecked(&mut f[14..]);
+    ip.emit(&mut p, &caps);
+    echo.emit(&mut Icmpv4Packet::new_unchecked(p.payload_mut()), &caps);
+    if let Some(vid) = vlan {
+        // 802.1Q tag after the MACs: TPID 0x8100, PCP 3, the VID.
+        let tci = (3u16 << 13) | vid;
+        let tag = [0x81, 0x00, (tci >> 8) as u8, tci as u8];
+        f.splice(12..12, tag);
+    }
+    f
+}
+
+/// The RNIC filters at layer 2 as a NIC does: another station's unicast MAC, a VLAN that is
+/// not ours, and broadcast other than ARP are dropped (counted), while our MAC untagged or
+/// priority-tagged (VID 0) is answered.
+#[test]
+fn frames_for_other_stations_or_vlans_are_dropped() {
+    let cfg = test_config(3, 1024);
+    let (rt, mut rx, mut tx, pool) = raw_pair(cfg, "l2f");
+    let ours = rt.mac(0);
+    let send = |tx: &mut pmd_bindings::TxQueue, f: &[u8]| {
+        let mut m = pool.alloc().unwrap();
+        m.extend_from_slice(f);
+        tx.tx_one(m).unwrap();
+    };
+    let is_reply = |f: &[u8], seq: u16| {
+        let off = if f[12..14] == [0x81, 0x00] { 18 } else { 14 };
+        f[off - 2..off] == [0x08, 0x00]
+            && f[off + 9] == 1
+            && f[off + 20] == 0
+            && f[off + 26..off + 28] == seq.to_be_bytes()
+    };
+    // Dropped: another station's MAC, VLAN 100, broadcast ICMP.
+    send(&mut tx, &ping_frame([0x52, 0x54, 0, 0x99, 0, 7], None, 1));
+    send(&mut tx, &ping_frame(ours, Some(100), 2));
+    send(&mut tx, &ping_frame([0xff; 6], None, 3));
+    // Answered: our MAC untagged and priority-tagged.
+    send(&mut tx, &ping_frame(ours, None, 4));
+    send(&mut tx, &ping_frame(ours, Some(0), 5));
+    let mut seen = Vec::new();
+    receive_until(&mut rx, 3, |f| {
+        for seq in 1..=5 {
+            if is_reply(f, seq) {
+                seen.push(seq);
+            }
+        }
+        seen.len() >= 2 && seen.contains(&5)
+    });
+    // Anything late for the dropped ones would show up within a second.
+    receive_until(&mut rx, 1, |f| {
+        for seq in 1..=3 {
+            if is_reply(f, seq) {
+                seen.push(seq);
+            }
+        }
+        false
+    });
+    seen.sort();
+    assert_eq!(seen, vec![4, 5], "only the frames for us are answered");
+    let snap = rt.stop();
+    assert_eq!(snap[0].nic.rx_dropped_mac, 2);
+    assert_eq!(snap[0].nic.rx_dropped_vlan, 1);
+    assert_eq!(snap[0].neigh.echo_replies_tx, 2);
+}
+
 #[test]
 fn unresolvable_peer_fails_the_qp_with_a_clear_error() {
     let cfg = test_config(3, 1024);
