@@ -202,6 +202,16 @@ impl AreaRegistry {
             .cloned()
     }
 
+    /// Number of areas named.
+    pub fn len(&self) -> usize {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner()).1.len()
+    }
+
+    /// Whether no area is named.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     /// Forgets an area (it is unmapped once the last user drops it).
     pub fn remove(&self, id: u32) -> Option<Arc<Area>> {
         self.inner

@@ -24,7 +24,7 @@ use roce::wire::ethernet::{self, ethertype, VlanTag};
 use roce::wire::frame::{classify, FrameKind};
 
 use crate::config::{FaultConfig, RnicConfig};
-use crate::host::HostEnd;
+use crate::host::{HostEnd, HostLimits, Owners};
 use crate::neighbor::{Neighbors, Resolve};
 
 /// The group address of MAC control frames (PAUSE, PFC; IEEE 802.3 Annex 31B).
@@ -136,7 +136,14 @@ pub struct Nic {
     cfg: RnicConfig,
     mac: [u8; 6],
     vlan: Option<VlanTag>,
-    hosts: Vec<HostEnd>,
+    /// Attached application contexts (by host id; `None` once closed).
+    hosts: Vec<Option<HostEnd>>,
+    /// Which host owns each QP, CQ and SRQ.
+    owners: Owners,
+    /// What moved in the engine this iteration (reused, no allocation).
+    moved_qps: Vec<roce::types::Qpn>,
+    moved_srqs: Vec<roce::engine::SrqId>,
+    ready_cqs: Vec<roce::engine::CqId>,
     /// Next hop per QP (by `Device::qp_index`).
     hops: Vec<NextHop>,
     pending: VecDeque<(IpAddr, Gid, Mbuf)>,
@@ -177,7 +184,8 @@ impl Nic {
             coalesce_acks: cfg.ack_coalescing,
             ..Default::default()
         });
-        let max_qp = dev.config().max_qp as usize;
+        let max_qp = dev.config().limits.max_qp as usize;
+        let limits = HostLimits::of(dev.config());
         let mut neigh = Neighbors::new(mac, &cfg);
         neigh.announce();
         let tap = match &cfg.pcap {
@@ -211,6 +219,10 @@ impl Nic {
             mac,
             vlan,
             hosts: Vec::new(),
+            owners: Owners::new(limits),
+            moved_qps: Vec::with_capacity(64),
+            moved_srqs: Vec::with_capacity(16),
+            ready_cqs: Vec::with_capacity(16),
             hops: vec![NextHop::NONE; max_qp],
             pending: VecDeque::with_capacity(MAX_PENDING),
             rxbuf: Vec::with_capacity(BURST),
@@ -235,8 +247,83 @@ impl Nic {
     }
 
     /// Attaches an application context.
-    pub fn add_host(&mut self, h: HostEnd) {
-        self.hosts.push(h);
+    pub fn add_host(&mut self, mut h: HostEnd) {
+        let id = match self.hosts.iter().position(|h| h.is_none()) {
+            Some(i) => i,
+            None => {
+                self.hosts.push(None);
+                self.hosts.len() - 1
+            }
+        };
+        h.id = id as u16;
+        self.hosts[id] = Some(h);
+    }
+
+    /// The sizes host interfaces of this RNIC need.
+    pub fn host_limits(&self) -> HostLimits {
+        HostLimits::of(self.dev.config())
+    }
+
+    /// Attached application contexts.
+    pub fn host_count(&self) -> usize {
+        self.hosts.iter().flatten().count()
+    }
+
+    /// Routes queue positions, completions and events to the hosts owning their objects;
+    /// returns how many completions and events were delivered. Positions go first: an
+    /// application that polls a completion may post into the slot it freed at once (verbs
+    /// semantics), so the slot must already read as retired.
+    fn publish(&mut self) -> usize {
+        let mut work = 0;
+        self.dev.take_moved(
+            &mut self.moved_qps,
+            &mut self.moved_srqs,
+            &mut self.ready_cqs,
+        );
+        for &q in &self.moved_qps {
+            let owner = self.dev.qp_index(q).and_then(|s| self.owners.qp(s));
+            if let Some(Some(h)) = owner.and_then(|o| self.hosts.get(o)) {
+                h.publish_qp(&self.dev, q);
+            }
+        }
+        for &s in &self.moved_srqs {
+            if let Some(Some(h)) = self.owners.srq(s).and_then(|o| self.hosts.get(o)) {
+                h.publish_srq(&self.dev, s);
+            }
+        }
+        for h in self.hosts.iter_mut().flatten() {
+            work += h.retry_pending(&mut self.dev);
+        }
+        for i in 0..self.ready_cqs.len() {
+            let cq = self.ready_cqs[i];
+            if let Some(Some(h)) = self.owners.cq(cq).and_then(|o| self.hosts.get_mut(o)) {
+                work += h.move_completions(&mut self.dev, cq);
+            }
+        }
+        while let Some(ev) = self.dev.poll_event() {
+            use roce::verbs::AsyncEvent as E;
+            let owner = match ev {
+                E::QpFatal(q)
+                | E::QpRequestError(q)
+                | E::QpAccessError(q)
+                | E::QpLastWqeReached(q)
+                | E::SqDrained(q) => self.dev.qp_index(q).and_then(|s| self.owners.qp(s)),
+                E::SrqLimitReached(s) => self.owners.srq(roce::engine::SrqId(s)),
+                E::CqError(c) => self.owners.cq(roce::engine::CqId(c)),
+                E::PortActive | E::PortError | E::DeviceFatal => {
+                    for h in self.hosts.iter_mut().flatten() {
+                        h.deliver_event(&ev);
+                    }
+                    work += 1;
+                    continue;
+                }
+            };
+            if let Some(Some(h)) = owner.and_then(|o| self.hosts.get_mut(o)) {
+                h.deliver_event(&ev);
+                work += 1;
+            }
+        }
+        work
     }
 
     /// Mbufs of the transmit pool in use (for leak checks).
@@ -256,9 +343,14 @@ impl Nic {
             }
             self.rxbuf = rx;
         }
-        // 2. Verbs commands.
-        for h in self.hosts.iter_mut() {
-            work += h.process(&mut self.dev, 256);
+        // 2. Verbs commands; contexts that closed are dropped.
+        for slot in self.hosts.iter_mut() {
+            if let Some(h) = slot {
+                work += h.process(&mut self.dev, &mut self.owners, 256);
+                if h.is_closed() {
+                    *slot = None;
+                }
+            }
         }
         // 3. Timers.
         if self.dev.poll_timeout().is_some_and(|t| t <= now) {
@@ -285,10 +377,8 @@ impl Nic {
             work += 1;
         }
         self.flush();
-        // 5. Completions and events.
-        for h in self.hosts.iter_mut() {
-            work += h.publish(&mut self.dev);
-        }
+        // 5. Queue positions, completions and events.
+        work += self.publish();
         work
     }
 

@@ -10,7 +10,7 @@ use pmd_bindings::{ring_pair, Eal, EalBuilder, Mempool, Port, PortConfig};
 
 use crate::area::AreaRegistry;
 use crate::config::{RawConfig, RnicConfig};
-use crate::host::{context, Context};
+use crate::host::{context, Context, HostLimits};
 use crate::nic::Nic;
 use crate::worker::{Backoff, Control, NicSnapshot, Worker};
 
@@ -67,6 +67,15 @@ fn port_config(cfg: &RnicConfig) -> PortConfig {
     }
 }
 
+/// Clears the worker's liveness flag when dropped.
+struct AliveGuard(Arc<AtomicBool>);
+
+impl Drop for AliveGuard {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
+}
+
 /// Running RNICs and their worker.
 pub struct Runtime {
     stop: Arc<AtomicBool>,
@@ -76,6 +85,7 @@ pub struct Runtime {
     stats: Vec<Arc<Mutex<NicSnapshot>>>,
     configs: Vec<RnicConfig>,
     macs: Vec<[u8; 6]>,
+    limits: Vec<HostLimits>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -145,6 +155,7 @@ impl Runtime {
             .collect();
         let configs = nics.iter().map(|n| n.config().clone()).collect();
         let macs = nics.iter().map(|n| n.mac()).collect();
+        let limits = nics.iter().map(|n| n.host_limits()).collect();
         let c = &nics[0].config();
         let backoff = Backoff {
             spin: c.idle_spin,
@@ -155,11 +166,13 @@ impl Runtime {
         let thread = std::thread::Builder::new()
             .name("ferroce-worker".into())
             .spawn(move || {
+                // Cleared when this thread ends, also by a panic (the guard drops while
+                // unwinding), so applications get DeviceFatal instead of waiting forever.
+                let _alive = AliveGuard(a2);
                 // An EAL-registered thread gets an lcore id, hence mempool caches.
                 let _reg = Eal::get().and_then(|e| e.register_thread().ok());
                 let mut w = Worker::new(nics, backoff, c2, st2);
                 w.run(&s2);
-                a2.store(false, Ordering::Release);
                 drop(w);
             })
             .map_err(|e| StartError::Other(format!("cannot start the worker: {e}")))?;
@@ -171,6 +184,7 @@ impl Runtime {
             stats,
             configs,
             macs,
+            limits,
             thread: Some(thread),
         })
     }
@@ -180,10 +194,21 @@ impl Runtime {
         if index >= self.configs.len() {
             return Err(StartError::Other(format!("no RNIC {index}")));
         }
-        let (ctx, host) = context(self.reg.clone(), 1024, self.alive.clone())
+        let (ctx, host) = context(self.reg.clone(), self.limits[index], self.alive.clone())
             .map_err(|e| StartError::Other(e.to_string()))?;
-        self.control.push(Control::AddHost(index, host));
+        self.control.push(Control::AddHost(index, Box::new(host)));
         Ok(ctx)
+    }
+
+    /// Makes the worker panic (for tests of what applications see when the dataplane dies).
+    #[doc(hidden)]
+    pub fn inject_worker_panic(&self) {
+        self.control.push(Control::Panic);
+    }
+
+    /// The memory areas named in this runtime (application buffers and ring areas).
+    pub fn areas(&self) -> &Arc<AreaRegistry> {
+        &self.reg
     }
 
     /// Configuration of RNIC `index`.

@@ -45,35 +45,54 @@ pub struct NicSnapshot {
     pub qps: roce::engine::QpCounters,
     /// Mbufs in use in the RNIC's pool.
     pub mbufs_in_use: u32,
+    /// Objects the engine holds.
+    pub objects: roce::engine::ObjectCounts,
+    /// Application contexts attached.
+    pub hosts: u32,
 }
 
 /// Requests from other threads to a running worker.
 pub enum Control {
     /// Attach an application context to RNIC `index`.
-    AddHost(usize, HostEnd),
+    AddHost(usize, Box<HostEnd>),
+    /// Panic the worker (tests of what applications see when the dataplane dies).
+    #[doc(hidden)]
+    Panic,
 }
 
-/// Converts TSC cycles to nanoseconds since the worker started.
+/// Converts TSC cycles to nanoseconds since the worker started: one multiply and a shift
+/// per read (a 64x64->128 multiply by 10^9 * 2^32 / hz, computed once), no division.
 #[derive(Debug, Clone, Copy)]
 pub struct Clock {
     tsc0: u64,
-    hz: u64,
+    /// Nanoseconds per cycle in 32.32 fixed point.
+    mult: u64,
 }
 
 impl Clock {
     /// A clock starting now (EAL must be initialised for the TSC frequency).
     pub fn new() -> Clock {
+        Self::with_hz(pmd_bindings::eal::rdtsc(), pmd_bindings::eal::tsc_hz())
+    }
+
+    fn with_hz(tsc0: u64, hz: u64) -> Clock {
+        let mult = ((1_000_000_000u128 << 32) / hz.max(1) as u128).min(u64::MAX as u128);
         Clock {
-            tsc0: pmd_bindings::eal::rdtsc(),
-            hz: pmd_bindings::eal::tsc_hz().max(1),
+            tsc0,
+            mult: mult as u64,
         }
+    }
+
+    /// Nanoseconds for `cycles` TSC cycles.
+    #[inline]
+    fn ns(&self, cycles: u64) -> u64 {
+        ((cycles as u128 * self.mult as u128) >> 32) as u64
     }
 
     /// Nanoseconds since start.
     #[inline]
     pub fn now(&self) -> u64 {
-        let d = pmd_bindings::eal::rdtsc().wrapping_sub(self.tsc0);
-        ((d as u128 * 1_000_000_000) / self.hz as u128) as u64
+        self.ns(pmd_bindings::eal::rdtsc().wrapping_sub(self.tsc0))
     }
 }
 
@@ -131,9 +150,10 @@ impl Worker {
                 match c {
                     Control::AddHost(i, h) => {
                         if let Some(n) = self.nics.get_mut(i) {
-                            n.add_host(h);
+                            n.add_host(*h);
                         }
                     }
+                    Control::Panic => panic!("worker panic requested (Control::Panic)"),
                 }
                 work += 1;
             }
@@ -156,6 +176,8 @@ impl Worker {
                 dev,
                 qps,
                 mbufs_in_use: nic.pool_in_use(),
+                objects: nic.dev.object_counts(),
+                hosts: nic.host_count() as u32,
             };
             if let Ok(mut s) = slot.lock() {
                 *s = snap;
@@ -196,6 +218,28 @@ impl Worker {
         self.publish_stats();
         for n in self.nics.iter_mut() {
             n.flush_capture();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Clock;
+
+    #[test]
+    fn clock_converts_cycles_like_a_division() {
+        for hz in [1_000_000_000u64, 2_399_999_000, 3_000_000_000, 25_000_000] {
+            let c = Clock::with_hz(0, hz);
+            for cycles in [0u64, 1, hz / 3, hz, 3600 * hz, 86_400 * 30 * hz] {
+                let exact = (cycles as u128 * 1_000_000_000 / hz as u128) as u64;
+                let got = c.ns(cycles);
+                // Within 1 ns per second of elapsed time (the 32.32 multiplier's rounding).
+                let tol = 1 + exact / 1_000_000_000;
+                assert!(
+                    got.abs_diff(exact) <= tol,
+                    "hz {hz} cycles {cycles}: {got} vs {exact}"
+                );
+            }
         }
     }
 }

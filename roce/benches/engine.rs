@@ -25,7 +25,10 @@ use roce::wire::reth::RethRepr;
 fn pair() -> (Pair, roce::sim::Endpoint, roce::sim::Endpoint) {
     let cfg = DeviceConfig {
         port_mtu: Mtu::M4096,
-        max_qp_wr: 16384,
+        limits: roce::engine::DeviceLimits {
+            max_qp_wr: 16384,
+            ..Default::default()
+        },
         ..Default::default()
     };
     let mut p = Pair::new(cfg.clone(), cfg, LinkConfig::default(), 1);

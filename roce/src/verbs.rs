@@ -649,4 +649,6 @@ pub enum AsyncEvent {
     PortActive,
     /// The port went down.
     PortError,
+    /// The device stopped working (IBV_EVENT_DEVICE_FATAL): every later call fails.
+    DeviceFatal,
 }

@@ -997,21 +997,19 @@ fn port_state_changes_are_events() {
 fn device_and_port_attributes_are_the_enforced_limits() {
     let mut dev = roce::engine::Device::new(DeviceConfig {
         gids: vec![node_gid(0), Gid::link_local_from_mac([2, 0, 0, 0x99, 0, 3])],
-        max_qp: 2,
-        max_cq: 1,
-        max_mr: 1,
-        max_pd: 1,
+        limits: roce::engine::DeviceLimits {
+            max_qp: 2,
+            max_cq: 1,
+            max_mr: 1,
+            max_pd: 1,
+            ..Default::default()
+        },
         ..Default::default()
     });
     let at = dev.attr();
+    let l = at.limits;
     assert_eq!(
-        (
-            at.max_qp,
-            at.max_cq,
-            at.max_mr,
-            at.max_pd,
-            at.max_qp_rd_atom
-        ),
+        (l.max_qp, l.max_cq, l.max_mr, l.max_pd, l.max_qp_rd_atom),
         (2, 1, 1, 1, 128)
     );
     assert_eq!(at.atomic_cap, 1);
@@ -1024,7 +1022,7 @@ fn device_and_port_attributes_are_the_enforced_limits() {
     assert!(dev.alloc_pd().is_err());
     let cq = dev.create_cq(16).unwrap();
     assert!(dev.create_cq(16).is_err());
-    assert!(dev.create_cq(at.max_cqe + 1).is_err());
+    assert!(dev.create_cq(at.limits.max_cqe + 1).is_err());
     let mem = HeapMemory::shared(4096);
     dev.reg_mr(pd, mem.clone(), 0, 0, 4096, Access::LOCAL_WRITE)
         .unwrap();
@@ -1051,7 +1049,7 @@ fn device_and_port_attributes_are_the_enforced_limits() {
     assert!(dev
         .create_qp(&QpInit {
             caps: QpCaps {
-                max_send_wr: at.max_qp_wr + 1,
+                max_send_wr: at.limits.max_qp_wr + 1,
                 ..Default::default()
             },
             ..init

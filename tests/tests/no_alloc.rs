@@ -58,8 +58,9 @@ fn steady_state_rdma_write_traffic_allocates_nothing() {
     ];
     let reg = dataplane::area::AreaRegistry::new();
     let alive = Arc::new(AtomicBool::new(true));
-    let (ctx_a, host_a) = context(reg.clone(), 64, alive.clone()).unwrap();
-    let (ctx_b, host_b) = context(reg, 64, alive).unwrap();
+    let limits = nics[0].host_limits();
+    let (ctx_a, host_a) = context(reg.clone(), limits, alive.clone()).unwrap();
+    let (ctx_b, host_b) = context(reg, limits, alive).unwrap();
     nics[0].add_host(host_a);
     nics[1].add_host(host_b);
     let mut w = Worker::new(
@@ -129,5 +130,17 @@ fn steady_state_rdma_write_traffic_allocates_nothing() {
         n, 0,
         "allocations during 10 000 packets of steady-state traffic"
     );
-    drop(b);
+    // Dropping a context releases its objects on the worker: keep the worker running.
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let _r = pmd_bindings::Eal::get().unwrap().register_thread();
+            while !stop.load(Ordering::Relaxed) {
+                w.poll_once();
+            }
+        });
+        drop(a);
+        drop(b);
+        stop.store(true, Ordering::Relaxed);
+    });
 }

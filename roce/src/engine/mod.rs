@@ -41,6 +41,15 @@ pub const QPN_BASE: u32 = 0x11;
 /// How many QP numbers there are from `QPN_BASE` up to the largest 24-bit one.
 const QPN_SPACE: u32 = (1 << 24) - QPN_BASE;
 
+/// The slot a QP number maps to on a device with `max_qp` QPs: `(qpn - QPN_BASE) mod
+/// max_qp`, a dense index below `max_qp` (QP numbers are handed out cyclically, see
+/// `Device::create_qp`). Host interfaces index per-QP tables with it and check that the entry
+/// is the QP they asked for.
+pub fn qp_slot(qpn: Qpn, max_qp: u32) -> Option<usize> {
+    let seq = qpn.value().checked_sub(QPN_BASE)?;
+    Some(seq as usize % max_qp.max(1) as usize)
+}
+
 /// How the responder fills the credit field of its ACKs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CreditMode {
@@ -50,17 +59,12 @@ pub enum CreditMode {
     Unlimited,
 }
 
-/// Device configuration and limits. The limits are what `query_device` reports and what the
-/// engine enforces.
-#[derive(Debug, Clone)]
-pub struct DeviceConfig {
-    /// GID table (index 0 first).
-    pub gids: Vec<Gid>,
-    /// Active MTU of the port (UD message limit; upper bound for path MTUs).
-    pub port_mtu: Mtu,
+/// A device's object limits: what the engine enforces and `query_device` reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceLimits {
     /// Maximum QPs.
     pub max_qp: u32,
-    /// Maximum WRs per queue.
+    /// Maximum WRs per queue (send, receive, SRQ).
     pub max_qp_wr: u32,
     /// Maximum SGEs per WR.
     pub max_sge: u32,
@@ -76,6 +80,33 @@ pub struct DeviceConfig {
     pub max_qp_rd_atom: u8,
     /// Maximum SRQs.
     pub max_srq: u32,
+}
+
+impl Default for DeviceLimits {
+    fn default() -> Self {
+        DeviceLimits {
+            max_qp: 1024,
+            max_qp_wr: 4096,
+            max_sge: transmit::MAX_PAYLOAD_SEGS as u32,
+            max_cq: 1024,
+            max_cqe: 65536,
+            max_mr: 4096,
+            max_pd: 256,
+            max_qp_rd_atom: 128,
+            max_srq: 256,
+        }
+    }
+}
+
+/// Device configuration.
+#[derive(Debug, Clone)]
+pub struct DeviceConfig {
+    /// GID table (index 0 first).
+    pub gids: Vec<Gid>,
+    /// Active MTU of the port (UD message limit; upper bound for path MTUs).
+    pub port_mtu: Mtu,
+    /// Object limits.
+    pub limits: DeviceLimits,
     /// Unacknowledged PSNs a requester may have outstanding (rxe: 128).
     pub max_unacked_psns: u32,
     /// A requester sets AckReq at least every this many packets (rxe: 64).
@@ -92,15 +123,7 @@ impl Default for DeviceConfig {
         DeviceConfig {
             gids: Vec::new(),
             port_mtu: Mtu::M1024,
-            max_qp: 1024,
-            max_qp_wr: 4096,
-            max_sge: transmit::MAX_PAYLOAD_SEGS as u32,
-            max_cq: 1024,
-            max_cqe: 65536,
-            max_mr: 4096,
-            max_pd: 256,
-            max_qp_rd_atom: 128,
-            max_srq: 256,
+            limits: DeviceLimits::default(),
             max_unacked_psns: 128,
             ack_every: 64,
             credits: CreditMode::FromReceiveQueue,
@@ -109,37 +132,23 @@ impl Default for DeviceConfig {
     }
 }
 
-/// What `query_device` reports (`ibv_device_attr`).
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// The firmware version `query_device` reports.
+pub const FW_VERSION: &str = concat!("ferroce ", env!("CARGO_PKG_VERSION"));
+
+/// What `query_device` reports (`ibv_device_attr`; the firmware version is [`FW_VERSION`]).
+/// Plain data, so host interfaces pass it as it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DeviceAttr {
-    /// Firmware version string.
-    pub fw_ver: String,
     /// Vendor id.
     pub vendor_id: u32,
     /// Vendor part id.
     pub vendor_part_id: u32,
     /// Largest MR.
     pub max_mr_size: u64,
-    /// Maximum QPs.
-    pub max_qp: u32,
-    /// Maximum WRs per queue.
-    pub max_qp_wr: u32,
-    /// Maximum SGEs per WR.
-    pub max_sge: u32,
-    /// Maximum CQs.
-    pub max_cq: u32,
-    /// Maximum CQEs per CQ.
-    pub max_cqe: u32,
-    /// Maximum MRs.
-    pub max_mr: u32,
-    /// Maximum PDs.
-    pub max_pd: u32,
-    /// Outstanding READ/ATOMIC a QP accepts.
-    pub max_qp_rd_atom: u8,
+    /// The object limits (`max_qp_rd_atom`: outstanding READ/ATOMIC a QP accepts).
+    pub limits: DeviceLimits,
     /// Outstanding READ/ATOMIC a QP initiates.
     pub max_qp_init_rd_atom: u8,
-    /// Maximum SRQs.
-    pub max_srq: u32,
     /// Maximum WRs per SRQ.
     pub max_srq_wr: u32,
     /// Maximum SGEs per SRQ WR.
@@ -192,10 +201,29 @@ pub enum VerbsError {
     /// `modify_qp` refused.
     #[error("modify_qp: {0}")]
     Modify(#[from] ModifyError),
+    /// The device stopped working (its worker ended or died): nothing more can be done on
+    /// it (IBV_EVENT_DEVICE_FATAL; verbs calls fail with EIO).
+    #[error("the RNIC stopped (device fatal)")]
+    DeviceFatal,
 }
 
 /// Result of verbs calls.
 pub type VerbsResult<T> = Result<T, VerbsError>;
+
+/// How many objects of each kind a device holds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ObjectCounts {
+    /// Protection domains.
+    pub pds: u32,
+    /// Memory regions.
+    pub mrs: u32,
+    /// Completion queues.
+    pub cqs: u32,
+    /// Queue pairs.
+    pub qps: u32,
+    /// Shared receive queues.
+    pub srqs: u32,
+}
 
 /// A completion queue handle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -240,6 +268,8 @@ pub(crate) struct Srq {
     pub rq: RecvQueue,
     pub limit: u32,
     pub users: u32,
+    /// In `Shared::moved_srqs`.
+    pub moved_noted: bool,
 }
 
 /// State shared by every QP: the parts a role needs besides its own QP.
@@ -253,6 +283,12 @@ pub(crate) struct Shared {
     pub timers: BinaryHeap<Reverse<(u64, u32)>>,
     /// CQs that just overflowed: their QPs are moved to ERR with a QP_FATAL event.
     pub overflowed: Vec<u32>,
+    /// QPs whose queue positions moved since a host last took them (`take_moved`).
+    pub moved_qps: Vec<Qpn>,
+    /// SRQs that handed out WQEs since a host last took them.
+    pub moved_srqs: Vec<SrqId>,
+    /// CQs that received completions since a host last took them.
+    pub ready_cqs: Vec<CqId>,
 }
 
 impl Shared {
@@ -263,6 +299,10 @@ impl Shared {
     /// Queues a completion; an overflowing CQ raises CQ_ERR once (IBA 11.4.2.1).
     pub fn complete(&mut self, cq: u32, c: Completion) {
         if let Some(Some(q)) = self.cqs.get_mut(cq as usize) {
+            if !q.ready_noted {
+                q.ready_noted = true;
+                self.ready_cqs.push(CqId(cq));
+            }
             let was = q.overflowed;
             if !q.push(c) {
                 self.counters.cq_overflows += 1;
@@ -277,6 +317,10 @@ impl Shared {
     pub fn srq_pop(&mut self, srq: u32, out: &mut Vec<Sge>) -> Option<u64> {
         let s = self.srqs.get_mut(srq as usize)?.as_mut()?;
         let id = s.rq.pop_into(out)?;
+        if !s.moved_noted {
+            s.moved_noted = true;
+            self.moved_srqs.push(SrqId(srq));
+        }
         if s.limit > 0 && (s.rq.len() as u32) < s.limit {
             // The limit is a one-shot trigger; the application re-arms it (IBA 10.2.9.3).
             s.limit = 0;
@@ -481,7 +525,7 @@ impl std::fmt::Debug for Device {
 impl Device {
     /// A device with the given configuration.
     pub fn new(cfg: DeviceConfig) -> Device {
-        let max_mr = cfg.max_mr as usize;
+        let max_mr = cfg.limits.max_mr as usize;
         Device {
             sh: Shared {
                 cfg,
@@ -492,6 +536,9 @@ impl Device {
                 counters: DeviceCounters::default(),
                 timers: BinaryHeap::new(),
                 overflowed: Vec::new(),
+                moved_qps: Vec::with_capacity(64),
+                moved_srqs: Vec::with_capacity(16),
+                ready_cqs: Vec::with_capacity(16),
             },
             qps: Vec::new(),
             next_qpn_seq: 0,
@@ -523,24 +570,15 @@ impl Device {
 
     /// `query_device`.
     pub fn attr(&self) -> DeviceAttr {
-        let c = &self.sh.cfg;
+        let l = self.sh.cfg.limits;
         DeviceAttr {
-            fw_ver: concat!("ferroce ", env!("CARGO_PKG_VERSION")).to_string(),
             vendor_id: 0xffffff,
             vendor_part_id: 0,
             max_mr_size: u64::MAX,
-            max_qp: c.max_qp,
-            max_qp_wr: c.max_qp_wr,
-            max_sge: c.max_sge,
-            max_cq: c.max_cq,
-            max_cqe: c.max_cqe,
-            max_mr: c.max_mr,
-            max_pd: c.max_pd,
-            max_qp_rd_atom: c.max_qp_rd_atom,
-            max_qp_init_rd_atom: c.max_qp_rd_atom,
-            max_srq: c.max_srq,
-            max_srq_wr: c.max_qp_wr,
-            max_srq_sge: c.max_sge,
+            limits: l,
+            max_qp_init_rd_atom: l.max_qp_rd_atom,
+            max_srq_wr: l.max_qp_wr,
+            max_srq_sge: l.max_sge,
             atomic_cap: 1,
             max_inline_data: MAX_INLINE as u32,
         }
@@ -576,7 +614,7 @@ impl Device {
             self.pds[i] = true;
             return Ok(PdId(i as u32 + 1));
         }
-        if self.pds.len() >= self.sh.cfg.max_pd as usize {
+        if self.pds.len() >= self.sh.cfg.limits.max_pd as usize {
             return Err(VerbsError::NoResources("protection domains"));
         }
         self.pds.push(true);
@@ -701,10 +739,10 @@ impl Device {
 
     /// Creates a CQ of at least `cqe` entries.
     pub fn create_cq(&mut self, cqe: u32) -> VerbsResult<CqId> {
-        if cqe == 0 || cqe > self.sh.cfg.max_cqe {
+        if cqe == 0 || cqe > self.sh.cfg.limits.max_cqe {
             return Err(VerbsError::InvalidArgument(format!(
                 "cqe {cqe} not in 1..={}",
-                self.sh.cfg.max_cqe
+                self.sh.cfg.limits.max_cqe
             )));
         }
         let slot = self.sh.cqs.iter().position(|c| c.is_none());
@@ -715,7 +753,7 @@ impl Device {
                 i
             }
             None => {
-                if self.sh.cqs.len() >= self.sh.cfg.max_cq as usize {
+                if self.sh.cqs.len() >= self.sh.cfg.limits.max_cq as usize {
                     return Err(VerbsError::NoResources("completion queues"));
                 }
                 self.sh.cqs.push(Some(cq));
@@ -785,7 +823,7 @@ impl Device {
         if !self.cq_ok(init.send_cq) || !self.cq_ok(init.recv_cq) {
             return Err(VerbsError::NotFound("completion queue"));
         }
-        let c = &self.sh.cfg;
+        let c = &self.sh.cfg.limits;
         let caps = init.caps;
         if caps.max_send_wr == 0 || caps.max_send_wr > c.max_qp_wr {
             return Err(VerbsError::InvalidArgument(format!(
@@ -825,7 +863,7 @@ impl Device {
         // QP numbers are handed out cyclically over the 24-bit space (as rxe's pool does), so
         // a late packet for a destroyed QP does not land on the next QP created: a number
         // comes back only after 2^24 creations. The slot is the number modulo max_qp.
-        let max_qp = self.sh.cfg.max_qp as usize;
+        let max_qp = self.sh.cfg.limits.max_qp as usize;
         if self.qps.iter().flatten().count() >= max_qp {
             return Err(VerbsError::NoResources("queue pairs"));
         }
@@ -864,8 +902,7 @@ impl Device {
     /// The slot of a live QP numbered `qpn` (a number whose QP was destroyed has none, even
     /// if its slot holds a newer QP).
     fn slot_of(&self, qpn: Qpn) -> Option<usize> {
-        let seq = qpn.value().checked_sub(QPN_BASE)?;
-        let slot = seq as usize % self.sh.cfg.max_qp.max(1) as usize;
+        let slot = qp_slot(qpn, self.sh.cfg.limits.max_qp)?;
         match self.qps.get(slot) {
             Some(Some(q)) if q.qpn == qpn => Some(slot),
             _ => None,
@@ -887,7 +924,7 @@ impl Device {
 
     /// Modifies a QP (`ibv_modify_qp`); invalid attributes leave it unchanged.
     pub fn modify_qp(&mut self, qpn: Qpn, attr: &QpAttr) -> VerbsResult<()> {
-        let max_rd = self.sh.cfg.max_qp_rd_atom;
+        let max_rd = self.sh.cfg.limits.max_qp_rd_atom;
         let ngids = self.sh.cfg.gids.len();
         let port_mtu = self.sh.cfg.port_mtu;
         let slot = self
@@ -971,8 +1008,8 @@ impl Device {
             return Err(VerbsError::NotFound("protection domain"));
         }
         if attr.max_wr == 0
-            || attr.max_wr > self.sh.cfg.max_qp_wr
-            || attr.max_sge > self.sh.cfg.max_sge
+            || attr.max_wr > self.sh.cfg.limits.max_qp_wr
+            || attr.max_sge > self.sh.cfg.limits.max_sge
         {
             return Err(VerbsError::InvalidArgument(format!(
                 "SRQ of {} WRs x {} SGEs exceeds the device limits",
@@ -989,6 +1026,7 @@ impl Device {
             rq: RecvQueue::new(attr.max_wr as usize, attr.max_sge.max(1) as usize),
             limit: attr.srq_limit,
             users: 0,
+            moved_noted: false,
         };
         let id = match self.sh.srqs.iter().position(|s| s.is_none()) {
             Some(i) => {
@@ -996,7 +1034,7 @@ impl Device {
                 i
             }
             None => {
-                if self.sh.srqs.len() >= self.sh.cfg.max_srq as usize {
+                if self.sh.srqs.len() >= self.sh.cfg.limits.max_srq as usize {
                     return Err(VerbsError::NoResources("shared receive queues"));
                 }
                 self.sh.srqs.push(Some(srq));
@@ -1064,6 +1102,30 @@ impl Device {
 
     /// Posts a send WR (`ibv_post_send`).
     pub fn post_send(&mut self, qpn: Qpn, wr: &SendWr<'_>) -> VerbsResult<()> {
+        self.post_send_inner(qpn, wr, None)
+    }
+
+    /// Posts a send WR whose inline payload the caller already copied (a host interface
+    /// copies it when the application posts, as verbs allows the buffer to be reused at once);
+    /// `wr.sg_list` must be empty and `wr.flags` must contain INLINE.
+    pub fn post_send_inline(&mut self, qpn: Qpn, wr: &SendWr<'_>, data: &[u8]) -> VerbsResult<()> {
+        if !wr.sg_list.is_empty()
+            || !wr.flags.contains(SendFlags::INLINE)
+            || wr.op.is_read_or_atomic()
+        {
+            return Err(VerbsError::InvalidArgument(
+                "inline data goes without SGEs, with the INLINE flag, on a SEND or WRITE".into(),
+            ));
+        }
+        self.post_send_inner(qpn, wr, Some(data))
+    }
+
+    fn post_send_inner(
+        &mut self,
+        qpn: Qpn,
+        wr: &SendWr<'_>,
+        inline_data: Option<&[u8]>,
+    ) -> VerbsResult<()> {
         let port_mtu = self.sh.cfg.port_mtu.bytes();
         let slot = self
             .slot_of(qpn)
@@ -1110,7 +1172,10 @@ impl Device {
                 "UD sends need an address handle".into(),
             ));
         }
-        let length: u64 = wr.sg_list.iter().map(|s| s.length as u64).sum();
+        let length: u64 = match inline_data {
+            Some(d) => d.len() as u64,
+            None => wr.sg_list.iter().map(|s| s.length as u64).sum(),
+        };
         if length > 1 << 31 {
             return Err(VerbsError::InvalidArgument(format!(
                 "message of {length} bytes exceeds 2^31"
@@ -1135,6 +1200,10 @@ impl Device {
                     "{length} inline bytes exceed max_inline_data {}",
                     qp.caps.max_inline_data
                 )));
+            }
+            if let Some(d) = inline_data {
+                inline_buf[..d.len()].copy_from_slice(d);
+                inline_len = d.len();
             }
             // Inline data is copied now; the SGEs need not stay valid (verbs semantics).
             for sge in wr.sg_list {
@@ -1215,6 +1284,7 @@ impl Device {
         qp.rq.push(wr.wr_id, wr.sg_list);
         if qp.state == QpState::Err {
             qp.flush(&mut self.sh);
+            self.note_moved(slot);
         }
         Ok(())
     }
@@ -1223,10 +1293,14 @@ impl Device {
     /// the CQ: those QPs go to ERR with a QP_FATAL event.
     fn handle_cq_overflows(&mut self) {
         while let Some(cq) = self.sh.overflowed.pop() {
-            for qp in self.qps.iter_mut().flatten() {
+            for slot in 0..self.qps.len() {
+                let Some(qp) = self.qps[slot].as_deref_mut() else {
+                    continue;
+                };
                 if (qp.send_cq == cq || qp.recv_cq == cq) && qp.state != QpState::Err {
                     self.sh.events.push_back(AsyncEvent::QpFatal(qp.qpn));
                     qp.enter_error(&mut self.sh);
+                    self.note_moved(slot);
                 }
             }
         }
@@ -1237,6 +1311,49 @@ impl Device {
             if !qp.queued {
                 qp.queued = true;
                 self.ready.push_back(slot);
+            }
+        }
+        self.note_moved(slot as usize);
+    }
+
+    /// Notes a QP whose queue positions changed since a host last published them (every
+    /// path that can retire WQEs ends here), so hosts publish only what moved.
+    fn note_moved(&mut self, slot: usize) {
+        if let Some(Some(qp)) = self.qps.get_mut(slot) {
+            if !qp.moved_noted && (qp.sq.head, qp.rq.head) != qp.positions_taken {
+                qp.moved_noted = true;
+                self.sh.moved_qps.push(qp.qpn);
+            }
+        }
+    }
+
+    /// Hands the host interface what changed since its last call, swapping into the given
+    /// vectors (cleared first; no allocation once they have grown): QPs whose queue positions
+    /// moved, SRQs that handed out WQEs, and CQs that received completions. A CQ a host
+    /// could not drain completely must be retried by the host.
+    pub fn take_moved(&mut self, qps: &mut Vec<Qpn>, srqs: &mut Vec<SrqId>, cqs: &mut Vec<CqId>) {
+        qps.clear();
+        srqs.clear();
+        cqs.clear();
+        std::mem::swap(qps, &mut self.sh.moved_qps);
+        std::mem::swap(srqs, &mut self.sh.moved_srqs);
+        std::mem::swap(cqs, &mut self.sh.ready_cqs);
+        for &q in qps.iter() {
+            if let Some(slot) = self.slot_of(q) {
+                if let Some(Some(qp)) = self.qps.get_mut(slot) {
+                    qp.moved_noted = false;
+                    qp.positions_taken = (qp.sq.head, qp.rq.head);
+                }
+            }
+        }
+        for s in srqs.iter() {
+            if let Some(Some(srq)) = self.sh.srqs.get_mut(s.0 as usize) {
+                srq.moved_noted = false;
+            }
+        }
+        for c in cqs.iter() {
+            if let Some(Some(cq)) = self.sh.cqs.get_mut(c.0 as usize) {
+                cq.ready_noted = false;
             }
         }
     }
@@ -1347,6 +1464,7 @@ impl Device {
                 || qp.next_request(&mut self.sh, now, tx) == req::ReqStep::Sent;
             if sent {
                 self.ready.push_back(slot);
+                self.note_moved(slot as usize);
                 if !self.sh.overflowed.is_empty() {
                     self.handle_cq_overflows();
                 }
@@ -1454,11 +1572,15 @@ impl Device {
     /// error instead of waiting for the retry counter. Returns how many QPs it failed.
     pub fn fail_qps_to(&mut self, dgid: &Gid) -> usize {
         let mut n = 0;
-        for qp in self.qps.iter_mut().flatten() {
+        for slot in 0..self.qps.len() {
+            let Some(qp) = self.qps[slot].as_deref_mut() else {
+                continue;
+            };
             let to_peer = qp.qp_type != QpType::Ud && qp.attr.av.is_some_and(|av| av.dgid == *dgid);
             if to_peer && !matches!(qp.state, QpState::Err | QpState::Reset | QpState::Init) {
                 self.sh.events.push_back(AsyncEvent::QpFatal(qp.qpn));
                 qp.enter_error(&mut self.sh);
+                self.note_moved(slot);
                 n += 1;
             }
         }
@@ -1468,6 +1590,18 @@ impl Device {
     /// Every CQ id that has completions waiting.
     pub fn cq_has_entries(&self, cq: CqId) -> bool {
         matches!(self.sh.cqs.get(cq.0 as usize), Some(Some(c)) if !c.entries.is_empty())
+    }
+
+    /// How many objects of each kind exist (for tools, and to check that a departed
+    /// application's objects were released).
+    pub fn object_counts(&self) -> ObjectCounts {
+        ObjectCounts {
+            pds: self.pds.iter().filter(|u| **u).count() as u32,
+            mrs: self.sh.mrs.len() as u32,
+            cqs: self.sh.cqs.iter().flatten().count() as u32,
+            qps: self.qps.iter().flatten().count() as u32,
+            srqs: self.sh.srqs.iter().flatten().count() as u32,
+        }
     }
 
     /// Counters of one QP.

@@ -397,6 +397,10 @@ pub(crate) struct Qp {
     /// Earliest deadline this QP has in the device's timer heap (at most one live entry per
     /// QP, so the heap stays small however often the ACK timer restarts).
     pub timer_queued: Option<u64>,
+    /// Queue positions (sq.head, rq.head) when a host last took this QP from the moved list,
+    /// and whether it is on that list now.
+    pub positions_taken: (u64, u64),
+    pub moved_noted: bool,
 }
 
 impl Qp {
@@ -473,6 +477,8 @@ impl Qp {
             sqd_notified: false,
             udp_sport: 0xc000,
             timer_queued: None,
+            positions_taken: (0, 0),
+            moved_noted: false,
         }
     }
 
@@ -702,9 +708,13 @@ impl Qp {
         );
         let counters = self.counters;
         let queued = self.queued;
+        let (taken, noted) = (self.positions_taken, self.moved_noted);
         *self = fresh;
         self.counters = counters;
         self.queued = queued;
+        // Positions go back to 0: hosts must see that (and the moved list may hold us).
+        self.positions_taken = taken;
+        self.moved_noted = noted;
     }
 }
 

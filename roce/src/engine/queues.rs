@@ -228,6 +228,8 @@ pub(crate) struct CompletionQueue {
     pub overflowed: bool,
     /// Number of QPs and SRQs using it (a CQ in use cannot be destroyed).
     pub users: u32,
+    /// In `Shared::ready_cqs`.
+    pub ready_noted: bool,
 }
 
 impl CompletionQueue {
@@ -237,6 +239,7 @@ impl CompletionQueue {
             capacity,
             overflowed: false,
             users: 0,
+            ready_noted: false,
         }
     }
 

@@ -18,7 +18,7 @@ use super::req::read_pkts;
 use super::transmit::{PayloadSeg, Transmit};
 use super::{scatter, scatter_bytes, CreditMode, Pkt, Shared};
 use crate::types::Psn;
-use crate::verbs::{Access, AsyncEvent, QpType, WcFlags, WcOpcode, WcStatus};
+use crate::verbs::{Access, AsyncEvent, Completion, QpType, WcFlags, WcOpcode, WcStatus};
 use crate::wire::aeth::{credits_to_code, AethRepr, NakCode, CREDITS_INVALID};
 use crate::wire::atomic_ack_eth::AtomicAckEthRepr;
 use crate::wire::bth::BthRepr;
@@ -284,29 +284,19 @@ impl Qp {
         self.resp.recv_offset += pkt.payload_len as u32;
         self.resp.epsn = psn.next();
         if info.last {
-            let mut c = self.recv_completion(
-                self.resp.recv_wr_id,
-                WcStatus::Success,
-                WcOpcode::Recv,
-                self.resp.recv_offset,
-            );
-            if let Some(imm) = pkt.ext.imm {
-                c.imm_data = imm.imm;
-                c.wc_flags.insert(WcFlags::WITH_IMM);
-            }
-            c.solicited = pkt.bth.se;
-            if let Some(ieth) = pkt.ext.ieth {
-                if sh.invalidate(ieth.rkey.0, self.pd) != WcStatus::Success {
+            let invalidated = match pkt.ext.ieth {
+                Some(ieth) if sh.invalidate(ieth.rkey.0, self.pd) != WcStatus::Success => {
                     // rxe: RESPST_ERR_INVALIDATE_RKEY (class J).
                     self.reject(sh, psn, INVALID);
                     return;
                 }
-                c.invalidated_rkey = ieth.rkey.0;
+                other => other.map(|i| i.rkey.0),
+            };
+            let mut c = self.finish_recv_message(pkt, WcOpcode::Recv, self.resp.recv_offset);
+            if let Some(rkey) = invalidated {
+                c.invalidated_rkey = rkey;
                 c.wc_flags.insert(WcFlags::WITH_INV);
             }
-            self.resp.have_recv = false;
-            self.resp.in_msg = InMsg::None;
-            self.resp.msn = self.resp.msn.next();
             sh.complete(self.recv_cq, c);
         } else {
             self.resp.in_msg = InMsg::Send;
@@ -405,21 +395,30 @@ impl Qp {
             self.resp.in_msg = InMsg::Write;
             return;
         }
-        self.resp.in_msg = InMsg::None;
-        self.resp.msn = self.resp.msn.next();
+        if pkt.ext.imm.is_some() {
+            let total = self.resp.write_total;
+            let c = self.finish_recv_message(pkt, WcOpcode::RecvRdmaWithImm, total);
+            sh.complete(self.recv_cq, c);
+        } else {
+            self.resp.in_msg = InMsg::None;
+            self.resp.msn = self.resp.msn.next();
+        }
+    }
+
+    /// Ends a message that consumed a receive WQE (SEND, WRITE with immediate; RC and UC):
+    /// the WQE's successful completion with the message's immediate data and solicited bit,
+    /// the WQE released, the MSN advanced. One place, so RC and UC cannot drift apart.
+    fn finish_recv_message(&mut self, pkt: &Pkt<'_>, opcode: WcOpcode, len: u32) -> Completion {
+        let mut c = self.recv_completion(self.resp.recv_wr_id, WcStatus::Success, opcode, len);
         if let Some(imm) = pkt.ext.imm {
-            let mut c = self.recv_completion(
-                self.resp.recv_wr_id,
-                WcStatus::Success,
-                WcOpcode::RecvRdmaWithImm,
-                self.resp.write_total,
-            );
             c.imm_data = imm.imm;
             c.wc_flags.insert(WcFlags::WITH_IMM);
-            c.solicited = pkt.bth.se;
-            self.resp.have_recv = false;
-            sh.complete(self.recv_cq, c);
         }
+        c.solicited = pkt.bth.se;
+        self.resp.have_recv = false;
+        self.resp.in_msg = InMsg::None;
+        self.resp.msn = self.resp.msn.next();
+        c
     }
 
     /// Takes the oldest responder resource for a new READ/ATOMIC and queues its reply.
@@ -699,20 +698,7 @@ impl Qp {
                 }
                 self.resp.recv_offset += pkt.payload_len as u32;
                 if info.last {
-                    let mut c = self.recv_completion(
-                        self.resp.recv_wr_id,
-                        WcStatus::Success,
-                        WcOpcode::Recv,
-                        self.resp.recv_offset,
-                    );
-                    if let Some(imm) = pkt.ext.imm {
-                        c.imm_data = imm.imm;
-                        c.wc_flags.insert(WcFlags::WITH_IMM);
-                    }
-                    c.solicited = pkt.bth.se;
-                    self.resp.have_recv = false;
-                    self.resp.in_msg = InMsg::None;
-                    self.resp.msn = self.resp.msn.next();
+                    let c = self.finish_recv_message(pkt, WcOpcode::Recv, self.resp.recv_offset);
                     sh.complete(self.recv_cq, c);
                 } else {
                     self.resp.in_msg = InMsg::Send;

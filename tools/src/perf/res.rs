@@ -155,7 +155,7 @@ pub fn port_facts<V: Verbs>(ctx: &mut V, p: &Params) -> Result<PortFacts, String
         active_mtu: port.active_mtu,
         gid_index,
         gid,
-        max_rd_atom: dev.max_qp_rd_atom,
+        max_rd_atom: dev.limits.max_qp_rd_atom,
     })
 }
 

@@ -1,0 +1,332 @@
+//! The host interface (application contexts on a running RNIC): inline data copied at post
+//! time, SRQ limits and verbs, routing of events to the context that owns the object,
+//! objects of one context unusable by another, resources released when a context or buffer
+//! is dropped, and applications that learn of a dead worker instead of hanging.
+
+use std::time::{Duration, Instant};
+
+use dataplane::runtime::{test_config, Runtime};
+use dataplane::Verbs;
+use ferroce_tests::{connect, side, wait_cq, Side};
+use roce::engine::{QpInit, SrqAttr, VerbsError};
+use roce::verbs::*;
+
+fn rc_pair() -> (Runtime, Side, Side) {
+    let rt = Runtime::loopback("ferroce-host", test_config(3, 1024), test_config(4, 1024))
+        .expect("loopback");
+    let mut a = side(rt.open(0).unwrap(), QpType::Rc, 1 << 20, 256);
+    let mut b = side(rt.open(1).unwrap(), QpType::Rc, 1 << 20, 256);
+    let (qa, qb, ga, gb) = (a.qpn, b.qpn, a.gid, b.gid);
+    connect(&mut a, qb, gb, Mtu::M1024, 100, 200, QpType::Rc);
+    connect(&mut b, qa, ga, Mtu::M1024, 200, 100, QpType::Rc);
+    (rt, a, b)
+}
+
+fn wait_until(secs: u64, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while Instant::now() < deadline {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    false
+}
+
+/// IBV_SEND_INLINE lets the application reuse the buffer as soon as post_send returns: the
+/// bytes are copied then, from memory that need not be registered. Every message is
+/// overwritten right after its post; each must arrive as it was when posted.
+#[test]
+fn inline_data_is_copied_when_posted() {
+    let (rt, mut a, mut b) = rc_pair();
+    let scratch = a.ctx.alloc_buffer(4096).unwrap(); // not registered
+    const N: u64 = 200;
+    for i in 0..N {
+        b.ctx
+            .post_recv(
+                b.qpn,
+                &RecvWr {
+                    wr_id: i,
+                    sg_list: &[b.mr.sge(i * 64, 64)],
+                },
+            )
+            .unwrap();
+    }
+    let sge = Sge {
+        addr: scratch.addr(),
+        length: 64,
+        lkey: roce::types::Lkey(0),
+    };
+    for i in 0..N {
+        scratch.write(0, &[i as u8; 64]);
+        let wr = SendWr {
+            wr_id: i,
+            op: WrOp::Send,
+            sg_list: &[sge],
+            flags: SendFlags::SIGNALED | SendFlags::INLINE,
+            ud: None,
+        };
+        // Alternate the two ways to post inline data: from a buffer, and from a slice.
+        if i % 2 == 0 {
+            a.ctx.post_send(a.qpn, &wr).unwrap();
+        } else {
+            let bytes = [i as u8; 64];
+            let wr = SendWr { sg_list: &[], ..wr };
+            a.ctx.post_send_inline(a.qpn, &wr, &bytes).unwrap();
+        }
+        scratch.write(0, &[0xee; 64]); // reused at once
+    }
+    let c = wait_cq(&mut a, N as usize, 20);
+    assert!(c.iter().all(|c| c.status == WcStatus::Success), "{c:?}");
+    assert_eq!(wait_cq(&mut b, N as usize, 20).len(), N as usize);
+    for i in 0..N {
+        assert_eq!(
+            b.buf.to_vec(i as usize * 64, 64),
+            vec![i as u8; 64],
+            "message {i}"
+        );
+    }
+    // More than max_inline_data (64 here) is refused at post time.
+    let too_big = a.ctx.post_send_inline(
+        a.qpn,
+        &SendWr {
+            wr_id: 0,
+            op: WrOp::Send,
+            sg_list: &[],
+            flags: SendFlags::INLINE,
+            ud: None,
+        },
+        &[0; 65],
+    );
+    assert!(matches!(too_big, Err(VerbsError::InvalidArgument(_))));
+    // Inline SGEs outside this context's buffers are refused, not read.
+    let stray = Sge {
+        addr: 0x1000,
+        length: 8,
+        lkey: roce::types::Lkey(0),
+    };
+    let r = a.ctx.post_send(
+        a.qpn,
+        &SendWr {
+            wr_id: 0,
+            op: WrOp::Send,
+            sg_list: &[stray],
+            flags: SendFlags::INLINE,
+            ud: None,
+        },
+    );
+    assert!(matches!(r, Err(VerbsError::InvalidArgument(_))), "{r:?}");
+    drop((a, b));
+    rt.stop();
+}
+
+/// A full SRQ refuses posts synchronously; modify/query/destroy reach the engine; the limit
+/// event reaches the context that owns the SRQ; consumed WQEs make room again.
+#[test]
+fn srq_fullness_limit_and_verbs() {
+    let rt = Runtime::loopback("ferroce-host", test_config(3, 1024), test_config(4, 1024))
+        .expect("loopback");
+    let mut a = side(rt.open(0).unwrap(), QpType::Rc, 1 << 20, 64);
+    let mut other = rt.open(1).unwrap(); // a second context on B's RNIC
+    let mut b = side(rt.open(1).unwrap(), QpType::Rc, 1 << 20, 64);
+    let srq = b
+        .ctx
+        .create_srq(
+            b.pd,
+            &SrqAttr {
+                max_wr: 4,
+                max_sge: 1,
+                srq_limit: 0,
+            },
+        )
+        .unwrap();
+    let bq = b
+        .ctx
+        .create_qp(&QpInit {
+            pd: b.pd,
+            qp_type: QpType::Rc,
+            send_cq: b.cq,
+            recv_cq: b.cq,
+            srq: Some(srq),
+            caps: QpCaps {
+                max_send_wr: 16,
+                max_recv_wr: 0,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline_data: 0,
+            },
+            sq_sig_all: false,
+        })
+        .unwrap();
+    b.qpn = bq;
+    let (qa, ga, gb) = (a.qpn, a.gid, b.gid);
+    connect(&mut a, bq, gb, Mtu::M1024, 1, 2, QpType::Rc);
+    connect(&mut b, qa, ga, Mtu::M1024, 2, 1, QpType::Rc);
+    let recv = |b: &mut Side, i: u64| {
+        b.ctx.post_srq_recv(
+            srq,
+            &RecvWr {
+                wr_id: i,
+                sg_list: &[b.mr.sge(i * 256, 256)],
+            },
+        )
+    };
+    for i in 0..4 {
+        recv(&mut b, i).unwrap();
+    }
+    assert_eq!(recv(&mut b, 4), Err(VerbsError::QueueFull));
+    // Armed at 3, the limit fires when fewer than 3 WQEs remain: after the second SEND.
+    b.ctx.modify_srq(srq, 3).unwrap();
+    assert_eq!(b.ctx.query_srq(srq).unwrap().srq_limit, 3);
+    assert_eq!(b.ctx.query_srq(srq).unwrap().max_wr, 4);
+    assert!(matches!(b.ctx.destroy_srq(srq), Err(VerbsError::Busy(_))));
+    for i in 0..2 {
+        a.ctx
+            .post_send(
+                a.qpn,
+                &SendWr {
+                    wr_id: i,
+                    op: WrOp::Send,
+                    sg_list: &[a.mr.sge(0, 100)],
+                    flags: SendFlags::SIGNALED,
+                    ud: None,
+                },
+            )
+            .unwrap();
+    }
+    assert_eq!(wait_cq(&mut b, 2, 10).len(), 2);
+    let mut ev = None;
+    wait_until(5, || {
+        ev = b.ctx.poll_event();
+        ev.is_some()
+    });
+    assert_eq!(ev, Some(AsyncEvent::SrqLimitReached(srq.0)));
+    assert_eq!(
+        other.poll_event(),
+        None,
+        "another context's events stay its own"
+    );
+    // Two WQEs were consumed: two posts fit again, a third does not.
+    assert!(wait_until(5, || recv(&mut b, 10).is_ok()));
+    recv(&mut b, 11).unwrap();
+    assert_eq!(recv(&mut b, 12), Err(VerbsError::QueueFull));
+    // The other context cannot use this one's objects.
+    assert!(matches!(other.query_srq(srq), Err(VerbsError::NotFound(_))));
+    assert!(matches!(other.query_qp(bq), Err(VerbsError::NotFound(_))));
+    assert!(matches!(
+        other.modify_qp(
+            bq,
+            &QpAttr {
+                state: Some(QpState::Err),
+                ..Default::default()
+            }
+        ),
+        Err(VerbsError::NotFound(_))
+    ));
+    b.ctx.destroy_qp(bq).unwrap();
+    b.ctx.destroy_srq(srq).unwrap();
+    drop((a, b, other));
+    rt.stop();
+}
+
+/// Dropping a context releases its QPs, CQs, MRs and PDs on the worker and detaches it;
+/// dropping the last handle of a buffer forgets its memory.
+#[test]
+fn dropping_a_context_releases_what_it_created() {
+    let rt = Runtime::loopback("ferroce-host", test_config(3, 1024), test_config(4, 1024))
+        .expect("loopback");
+    let areas_before = rt.areas().len();
+    let a = side(rt.open(0).unwrap(), QpType::Rc, 1 << 20, 64);
+    let extra = {
+        let mut c = rt.open(0).unwrap();
+        let pd = c.alloc_pd().unwrap();
+        let buf = c.alloc_buffer(8192).unwrap();
+        c.reg_mr(pd, &buf, 0, 8192, Access::LOCAL_WRITE).unwrap();
+        c.create_cq(16).unwrap();
+        (c, buf)
+    };
+    assert!(wait_until(5, || {
+        let s = rt.stats(0);
+        s.objects.qps == 1 && s.objects.mrs == 2 && s.objects.pds == 2 && s.hosts == 2
+    }));
+    drop(extra);
+    drop(a);
+    assert!(
+        wait_until(5, || {
+            let s = rt.stats(0);
+            s.objects == Default::default() && s.hosts == 0
+        }),
+        "{:?}",
+        rt.stats(0)
+    );
+    assert_eq!(
+        rt.areas().len(),
+        areas_before,
+        "rings and buffers forgotten"
+    );
+    rt.stop();
+}
+
+/// Each context gets a bounded event ring; events beyond it are counted, not lost silently.
+#[test]
+fn events_beyond_the_ring_are_counted() {
+    let (rt, mut a, b) = rc_pair();
+    let sqd = QpAttr {
+        state: Some(QpState::Sqd),
+        en_sqd_async_notify: Some(true),
+        ..Default::default()
+    };
+    let rts = QpAttr {
+        state: Some(QpState::Rts),
+        ..Default::default()
+    };
+    for _ in 0..1100 {
+        a.ctx.modify_qp(a.qpn, &sqd).unwrap();
+        a.ctx.modify_qp(a.qpn, &rts).unwrap();
+    }
+    a.ctx.sync().unwrap();
+    let counters = a.ctx.counters(None).unwrap();
+    let get = |n: &str| counters.iter().find(|(k, _)| *k == n).unwrap().1;
+    let mut got = 0;
+    while a.ctx.poll_event().is_some() {
+        got += 1;
+    }
+    assert_eq!(got, 1024, "the ring's worth");
+    assert_eq!(get("host_events_dropped"), 1100 - 1024);
+    drop((a, b));
+    rt.stop();
+}
+
+/// A worker that dies (here: a requested panic) does not leave applications waiting: calls
+/// fail with DeviceFatal, poll_cq reports it, and poll_event says so once.
+#[test]
+fn a_dead_worker_fails_calls_instead_of_hanging() {
+    let (rt, mut a, b) = rc_pair();
+    rt.inject_worker_panic();
+    let t = Instant::now();
+    assert!(wait_until(10, || matches!(
+        a.ctx.alloc_pd(),
+        Err(VerbsError::DeviceFatal)
+    )));
+    assert!(t.elapsed() < Duration::from_secs(10));
+    let mut wc = [Completion::default(); 4];
+    assert_eq!(a.ctx.poll_cq(a.cq, &mut wc), Err(VerbsError::DeviceFatal));
+    let r = a.ctx.post_send(
+        a.qpn,
+        &SendWr {
+            wr_id: 1,
+            op: WrOp::Send,
+            sg_list: &[a.mr.sge(0, 8)],
+            flags: SendFlags::SIGNALED,
+            ud: None,
+        },
+    );
+    assert_eq!(r, Err(VerbsError::DeviceFatal));
+    let mut evs = Vec::new();
+    while let Some(e) = a.ctx.poll_event() {
+        evs.push(e);
+    }
+    assert_eq!(evs, vec![AsyncEvent::DeviceFatal]);
+    drop((a, b));
+    drop(rt); // joins the dead worker without hanging
+}
