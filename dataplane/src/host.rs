@@ -53,7 +53,15 @@ const QP_INDEX_BYTES: usize = 16;
 /// Per-SRQ published index: receive WQEs handed out.
 const SRQ_INDEX_BYTES: usize = 8;
 
-/// A send WR as it travels through the command ring.
+/// Bytes a send WR carries for its SGEs (16 bytes each) or, in their place, inline data.
+const SEND_PAYLOAD: usize = MAX_HOST_SGE * 16;
+const _: () = assert!(
+    MAX_INLINE <= SEND_PAYLOAD,
+    "inline data fits where the SGEs go"
+);
+
+/// A send WR as it travels through the command ring: its SGEs, or for an inline WR its
+/// data, in one payload area (an inline WR has no SGEs), so a slot is no larger than either.
 #[derive(Debug, Clone, Copy)]
 pub struct SendWrData {
     /// Work request id.
@@ -66,12 +74,65 @@ pub struct SendWrData {
     pub ud: Option<UdDest>,
     /// SGE count (0 for inline data).
     pub nsge: u8,
-    /// SGEs.
-    pub sges: [Sge; MAX_HOST_SGE],
-    /// Inline payload bytes, copied at post time.
+    /// Inline payload bytes (0 unless inline).
     pub inline_len: u16,
-    /// Inline payload.
-    pub inline: [u8; MAX_INLINE],
+    /// SGEs (address, length, lkey; little-endian) or inline bytes.
+    pub payload: [u8; SEND_PAYLOAD],
+}
+
+impl SendWrData {
+    fn new(wr: &SendWr<'_>) -> SendWrData {
+        SendWrData {
+            wr_id: wr.wr_id,
+            op: wr.op,
+            flags: wr.flags,
+            ud: wr.ud,
+            nsge: 0,
+            inline_len: 0,
+            payload: [0; SEND_PAYLOAD],
+        }
+    }
+
+    fn set_sges(&mut self, list: &[Sge]) -> VerbsResult<()> {
+        if list.len() > MAX_HOST_SGE {
+            return Err(VerbsError::InvalidArgument(format!(
+                "{} SGEs exceed {MAX_HOST_SGE}",
+                list.len()
+            )));
+        }
+        for (sge, b) in list.iter().zip(self.payload.chunks_exact_mut(16)) {
+            b[..8].copy_from_slice(&sge.addr.to_le_bytes());
+            b[8..12].copy_from_slice(&sge.length.to_le_bytes());
+            b[12..].copy_from_slice(&sge.lkey.0.to_le_bytes());
+        }
+        self.nsge = list.len() as u8;
+        Ok(())
+    }
+
+    /// The SGEs, decoded into `out` (a count beyond the maximum is clamped).
+    pub fn sges<'a>(&self, out: &'a mut [Sge; MAX_HOST_SGE]) -> &'a [Sge] {
+        let n = (self.nsge as usize).min(MAX_HOST_SGE);
+        for (o, b) in out.iter_mut().zip(self.payload.chunks_exact(16)).take(n) {
+            let word = |r: std::ops::Range<usize>| {
+                let mut a = [0u8; 4];
+                a.copy_from_slice(&b[r]);
+                u32::from_le_bytes(a)
+            };
+            let mut addr = [0u8; 8];
+            addr.copy_from_slice(&b[..8]);
+            *o = Sge {
+                addr: u64::from_le_bytes(addr),
+                length: word(8..12),
+                lkey: Lkey(word(12..16)),
+            };
+        }
+        &out[..n]
+    }
+
+    /// The inline data (a length beyond the maximum is clamped).
+    pub fn inline(&self) -> &[u8] {
+        &self.payload[..(self.inline_len as usize).min(MAX_INLINE)]
+    }
 }
 
 /// A receive WR as it travels through the command ring.
@@ -849,16 +910,7 @@ impl Context {
                 "UD sends need an address handle".into(),
             ));
         }
-        let mut data = SendWrData {
-            wr_id: wr.wr_id,
-            op: wr.op,
-            flags: wr.flags,
-            ud: wr.ud,
-            nsge: 0,
-            sges: [Sge::default(); MAX_HOST_SGE],
-            inline_len: 0,
-            inline: [0; MAX_INLINE],
-        };
+        let mut data = SendWrData::new(wr);
         let is_inline = wr.flags.contains(SendFlags::INLINE) && !wr.op.is_read_or_atomic();
         if is_inline {
             let n: u64 = match inline {
@@ -873,10 +925,10 @@ impl Context {
             }
             let copied = match inline {
                 Some(d) => {
-                    data.inline[..d.len()].copy_from_slice(d);
+                    data.payload[..d.len()].copy_from_slice(d);
                     d.len()
                 }
-                None => self.gather_inline(wr.sg_list, &mut data.inline)?,
+                None => self.gather_inline(wr.sg_list, &mut data.payload[..MAX_INLINE])?,
             };
             data.inline_len = copied as u16;
         } else {
@@ -885,9 +937,7 @@ impl Context {
                     "inline data needs the INLINE flag on a SEND or WRITE".into(),
                 ));
             }
-            let (nsge, sges) = pack_sges(wr.sg_list)?;
-            data.nsge = nsge;
-            data.sges = sges;
+            data.set_sges(wr.sg_list)?;
         }
         self.push(Command::PostSend { qpn, wr: data })?;
         if let Ok(q) = self.qp_mut(qpn) {
@@ -1550,12 +1600,12 @@ impl HostEnd {
                 Ok(ReplyData::None)
             }
             Command::PostSend { qpn, wr } => {
-                let nsge = (wr.nsge as usize).min(MAX_HOST_SGE);
-                let inline = &wr.inline[..(wr.inline_len as usize).min(MAX_INLINE)];
+                let mut sges = [Sge::default(); MAX_HOST_SGE];
+                let inline = wr.inline();
                 let sw = SendWr {
                     wr_id: wr.wr_id,
                     op: wr.op,
-                    sg_list: &wr.sges[..nsge],
+                    sg_list: wr.sges(&mut sges),
                     flags: wr.flags,
                     ud: wr.ud,
                 };
