@@ -139,6 +139,11 @@ pub struct RawRoce {
     pub credits: Option<String>,
     /// Merge ACKs of one receive batch (default true; false sends one per AckReq, like rxe).
     pub ack_coalescing: Option<bool>,
+    /// How long a UD message that finds no receive WQE waits for one (microseconds; 0 drops
+    /// at once, as a hardware NIC does). Default 50000.
+    pub ud_rx_hold_us: Option<u32>,
+    /// How many such messages wait at most per port. Default 1024.
+    pub ud_rx_hold_frames: Option<u32>,
 }
 
 /// `[worker]`
@@ -277,6 +282,10 @@ pub struct RnicConfig {
     pub credits_from_rq: bool,
     /// Coalesce ACKs.
     pub ack_coalescing: bool,
+    /// How long a UD message without a receive WQE waits for one (us; 0: dropped at once).
+    pub ud_rx_hold_us: u32,
+    /// How many such messages wait at most.
+    pub ud_rx_hold_frames: u32,
     /// Idle spin iterations.
     pub idle_spin: u32,
     /// Idle iterations that yield the CPU.
@@ -391,6 +400,12 @@ impl RawConfig {
             "roce.ecn" => self.roce.ecn = Some(boolean(value)?),
             "roce.credits" => self.roce.credits = Some(value.into()),
             "roce.ack_coalescing" => self.roce.ack_coalescing = Some(boolean(value)?),
+            "roce.ud_rx_hold_us" => {
+                self.roce.ud_rx_hold_us = Some(small(value, 10_000_000)? as u32)
+            }
+            "roce.ud_rx_hold_frames" => {
+                self.roce.ud_rx_hold_frames = Some(small(value, 65536)? as u32)
+            }
             "worker.idle_spin" => {
                 self.worker.idle_spin = Some(small(value, u32::MAX as u64)? as u32)
             }
@@ -597,6 +612,8 @@ impl RawConfig {
             ecn: self.roce.ecn.unwrap_or(false),
             credits_from_rq,
             ack_coalescing: self.roce.ack_coalescing.unwrap_or(true),
+            ud_rx_hold_us: self.roce.ud_rx_hold_us.unwrap_or(50_000),
+            ud_rx_hold_frames: self.roce.ud_rx_hold_frames.unwrap_or(1024),
             idle_spin: self.worker.idle_spin.unwrap_or(256),
             idle_pause: self.worker.idle_pause.unwrap_or(4096),
             idle_sleep_us: self.worker.idle_sleep_us.unwrap_or(100),

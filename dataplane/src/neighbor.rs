@@ -135,36 +135,37 @@ pub enum Resolve {
     Unreachable,
 }
 
-/// Counters of the neighbour layer.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct NeighborCounters {
-    /// ARP requests for our addresses.
-    pub arp_requests_rx: u64,
-    /// ARP replies we sent.
-    pub arp_replies_tx: u64,
-    /// ARP requests we sent (resolution, announcements).
-    pub arp_requests_tx: u64,
-    /// ARP replies received.
-    pub arp_replies_rx: u64,
-    /// ICMP (v4 and v6) echo requests answered.
-    pub echo_replies_tx: u64,
-    /// Neighbour solicitations for our addresses.
-    pub ns_rx: u64,
-    /// Neighbour advertisements sent.
-    pub na_tx: u64,
-    /// Neighbour solicitations sent.
-    pub ns_tx: u64,
-    /// Neighbour advertisements received.
-    pub na_rx: u64,
-    /// Resolutions that failed.
-    pub unreachable: u64,
-    /// Malformed ARP/ICMP/ND frames.
-    pub malformed: u64,
-    /// MAC changes refused because the entry was updated less than `LOCKTIME_NS` before.
-    pub updates_locked: u64,
-    /// Entries evicted because the table was full.
-    pub evicted: u64,
-}
+roce::counters!(
+    /// Counters of the neighbour layer.
+    NeighborCounters {
+        /// ARP requests for our addresses.
+        arp_requests_rx,
+        /// ARP replies we sent.
+        arp_replies_tx,
+        /// ARP requests we sent (resolution, announcements).
+        arp_requests_tx,
+        /// ARP replies received.
+        arp_replies_rx,
+        /// ICMP (v4 and v6) echo requests answered.
+        echo_replies_tx,
+        /// Neighbour solicitations for our addresses.
+        ns_rx,
+        /// Neighbour advertisements sent.
+        na_tx,
+        /// Neighbour solicitations sent.
+        ns_tx,
+        /// Neighbour advertisements received.
+        na_rx,
+        /// Resolutions that failed.
+        unreachable,
+        /// Malformed ARP/ICMP/ND frames.
+        malformed,
+        /// MAC changes refused because the entry was updated less than `LOCKTIME_NS` before.
+        updates_locked,
+        /// Entries evicted because the table was full.
+        evicted,
+    }
+);
 
 /// The neighbour table and the protocol handlers around it.
 #[derive(Debug)]

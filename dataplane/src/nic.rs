@@ -1,10 +1,11 @@
 //! One software RNIC on one DPDK port: receive, classify, drive the engine, build frames, send.
 //!
 //! Owned by exactly one worker lcore (no locks on this path). Per iteration:
-//! 1. `rx_burst` and classification: RoCEv2 to the engine (segments passed in place), ARP /
+//! 1. verbs commands from the applications' rings (before the burst: posted receive WRs are
+//!    there for the packets that arrive, as after a doorbell);
+//! 2. `rx_burst` and classification: RoCEv2 to the engine (segments passed in place), ARP /
 //!    ICMP / IPv6 ND to the neighbour layer, PFC and PAUSE counted (acted on in the DCB part),
 //!    IPv4 fragments and everything else counted and dropped;
-//! 2. verbs commands from the applications' rings;
 //! 3. timers (engine and neighbours);
 //! 4. transmit: engine output built straight into mbufs (headers, payload gathered from the
 //!    registered memory, ICRC once), waiting (bounded) while the peer's MAC is resolved;
@@ -38,66 +39,73 @@ const MAX_PENDING: usize = 256;
 const MAX_TX_BACKLOG: usize = 1024;
 /// Engine packets produced per iteration at most (fairness with receive).
 const TX_BUDGET: usize = 64;
+/// Receive bursts per iteration at most (`RX_BURSTS * BURST` > `TX_BUDGET`).
+const RX_BURSTS: usize = 4;
 
-/// Port-level counters of one RNIC.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct NicCounters {
-    /// Frames received.
-    pub rx_frames: u64,
-    /// RoCEv2 frames handed to the engine (CNPs included).
-    pub rx_roce: u64,
-    /// ARP frames.
-    pub rx_arp: u64,
-    /// ICMP / ICMPv6 (incl. ND) frames for the neighbour layer.
-    pub rx_icmp: u64,
-    /// PFC frames (counted; acted on by DCB).
-    pub rx_pfc: u64,
-    /// Link-level PAUSE frames.
-    pub rx_pause: u64,
-    /// IPv4 fragments (never RoCE).
-    pub rx_ipv4_fragments: u64,
-    /// Anything else, dropped.
-    pub rx_other: u64,
-    /// Frames to a destination MAC that is not ours (another station's unicast, a group we
-    /// did not join, broadcast other than ARP), dropped.
-    pub rx_dropped_mac: u64,
-    /// Frames on a VLAN that is not ours (or untagged on a VLAN port), dropped.
-    pub rx_dropped_vlan: u64,
-    /// Frames too short for an Ethernet header.
-    pub rx_runts: u64,
-    /// Frames received in more than one segment.
-    pub rx_multiseg: u64,
-    /// Frames sent.
-    pub tx_frames: u64,
-    /// Bytes sent.
-    pub tx_bytes: u64,
-    /// RoCE packets built.
-    pub tx_roce: u64,
-    /// Neighbour-layer frames sent.
-    pub tx_neighbor: u64,
-    /// Frames held for address resolution.
-    pub tx_held: u64,
-    /// Held frames dropped (queue full or peer unreachable).
-    pub tx_held_dropped: u64,
-    /// Packets whose destination could not be resolved.
-    pub tx_unresolved: u64,
-    /// QPs failed because their peer could not be resolved.
-    pub qps_failed_unresolved: u64,
-    /// Mbuf allocation failures.
-    pub tx_nombuf: u64,
-    /// Frames the transmit queue refused and were retried later.
-    pub tx_retried: u64,
-    /// Frames dropped because the transmit backlog was full.
-    pub tx_dropped: u64,
-    /// Faults injected: lost.
-    pub fault_lost: u64,
-    /// Faults injected: duplicated.
-    pub fault_duplicated: u64,
-    /// Faults injected: corrupted.
-    pub fault_corrupted: u64,
-    /// Faults injected: reordered.
-    pub fault_reordered: u64,
-}
+roce::counters!(
+    /// Port-level counters of one RNIC.
+    NicCounters {
+        /// Frames received.
+        rx_frames,
+        /// RoCEv2 frames handed to the engine (CNPs included).
+        rx_roce,
+        /// ARP frames.
+        rx_arp,
+        /// ICMP / ICMPv6 (incl. ND) frames for the neighbour layer.
+        rx_icmp,
+        /// PFC frames (counted; acted on by DCB).
+        rx_pfc,
+        /// Link-level PAUSE frames.
+        rx_pause,
+        /// IPv4 fragments (never RoCE).
+        rx_ipv4_fragments,
+        /// Anything else, dropped.
+        rx_other,
+        /// Frames to a destination MAC that is not ours (another station's unicast, a group we
+        /// did not join, broadcast other than ARP), dropped.
+        rx_dropped_mac,
+        /// Frames on a VLAN that is not ours (or untagged on a VLAN port), dropped.
+        rx_dropped_vlan,
+        /// Frames too short for an Ethernet header.
+        rx_runts,
+        /// UD messages that found no receive WQE and waited for one.
+        rx_ud_held,
+        /// Of those, the ones whose wait ran out (then dropped by the engine, counted there).
+        rx_ud_hold_expired,
+        /// Frames received in more than one segment.
+        rx_multiseg,
+        /// Frames sent.
+        tx_frames,
+        /// Bytes sent.
+        tx_bytes,
+        /// RoCE packets built.
+        tx_roce,
+        /// Neighbour-layer frames sent.
+        tx_neighbor,
+        /// Frames held for address resolution.
+        tx_held,
+        /// Held frames dropped (queue full or peer unreachable).
+        tx_held_dropped,
+        /// Packets whose destination could not be resolved.
+        tx_unresolved,
+        /// QPs failed because their peer could not be resolved.
+        qps_failed_unresolved,
+        /// Mbuf allocation failures.
+        tx_nombuf,
+        /// Frames the transmit queue refused and were retried later.
+        tx_retried,
+        /// Frames dropped because the transmit backlog was full.
+        tx_dropped,
+        /// Faults injected: lost.
+        fault_lost,
+        /// Faults injected: duplicated.
+        fault_duplicated,
+        /// Faults injected: corrupted.
+        fault_corrupted,
+        /// Faults injected: reordered.
+        fault_reordered,
+    }
+);
 
 /// A QP's last resolved next hop, valid while the neighbour table's generation is `gen`.
 #[derive(Clone, Copy)]
@@ -147,6 +155,8 @@ pub struct Nic {
     /// Next hop per QP (by `Device::qp_index`).
     hops: Vec<NextHop>,
     pending: VecDeque<(IpAddr, Gid, Mbuf)>,
+    /// UD messages waiting for a receive WQE: (arrival time, QP, frame), in arrival order.
+    held_rx: VecDeque<(u64, roce::types::Qpn, Mbuf)>,
     rxbuf: Vec<Mbuf>,
     txbuf: Vec<Mbuf>,
     tx: Transmit,
@@ -185,6 +195,7 @@ impl Nic {
             ..Default::default()
         });
         let max_qp = dev.config().limits.max_qp as usize;
+        let hold_frames = cfg.ud_rx_hold_frames as usize;
         let limits = HostLimits::of(dev.config());
         let mut neigh = Neighbors::new(mac, &cfg);
         neigh.announce();
@@ -225,6 +236,7 @@ impl Nic {
             ready_cqs: Vec::with_capacity(16),
             hops: vec![NextHop::NONE; max_qp],
             pending: VecDeque::with_capacity(MAX_PENDING),
+            held_rx: VecDeque::with_capacity(hold_frames),
             rxbuf: Vec::with_capacity(BURST),
             txbuf: Vec::with_capacity(MAX_TX_BACKLOG + BURST),
             tx: Transmit::default(),
@@ -334,22 +346,45 @@ impl Nic {
     /// One iteration; returns the amount of work done (0 = idle).
     pub fn poll(&mut self, now: u64) -> usize {
         let mut work = 0;
-        // 1. Receive.
-        if self.rxq.rx_burst(&mut self.rxbuf) > 0 {
-            let mut rx = std::mem::take(&mut self.rxbuf);
-            work += rx.len();
-            for m in rx.drain(..) {
-                self.rx_frame(now, &m);
-            }
-            self.rxbuf = rx;
-        }
-        // 2. Verbs commands; contexts that closed are dropped.
+        // 1. Verbs commands first: a receive WR the application has posted is there for the
+        // packets of this burst, as a doorbell is on a hardware NIC (processed after the
+        // burst, an empty receive queue dropped UD messages whose WQEs were already
+        // waiting in the ring). Contexts that closed are dropped.
         for slot in self.hosts.iter_mut() {
             if let Some(h) = slot {
                 work += h.process(&mut self.dev, &mut self.owners, 256);
                 if h.is_closed() {
                     *slot = None;
                 }
+            }
+        }
+        // UD messages that waited for a receive WQE: those that now have one (or whose
+        // wait ran out) go to the engine, in arrival order per QP.
+        if !self.held_rx.is_empty() {
+            work += self.release_held(now);
+        }
+        // 2. Receive, up to RX_BURSTS bursts: more than one iteration's transmit budget, so
+        // a receiver keeps up with a sender that runs on the same worker (with one burst of
+        // 32 against 64 transmitted per iteration, a loopback link overflowed).
+        // With the UD wait list full, frames stay in the receive queue (a full receive
+        // buffer: on a ring link the sender's port then refuses frames, which holds its
+        // sender back; on a NIC the queue overflows into the NIC's drop counter).
+        let rx_room = self.held_rx.len() < self.cfg.ud_rx_hold_frames.max(1) as usize;
+        for _ in 0..if rx_room { RX_BURSTS } else { 0 } {
+            if self.rxq.rx_burst(&mut self.rxbuf) == 0 {
+                break;
+            }
+            let mut rx = std::mem::take(&mut self.rxbuf);
+            work += rx.len();
+            let full = rx.len() == BURST;
+            for m in rx.drain(..) {
+                if self.rx_frame(now, &m) {
+                    self.hold_ud(now, m);
+                }
+            }
+            self.rxbuf = rx;
+            if !full {
+                break;
             }
         }
         // 3. Timers.
@@ -370,8 +405,12 @@ impl Nic {
         if !self.pending.is_empty() {
             self.retry_pending(now);
         }
+        // The engine produces packets only while the port takes them: with frames the port
+        // refused still waiting, nothing new is built, so send WQEs do not complete (UD and
+        // UC complete when their packet is built) and the sender is held back, as a NIC's
+        // send queue is by its wire.
         let mut budget = TX_BUDGET;
-        while budget > 0 && self.dev.poll_transmit(now, &mut self.tx) {
+        while budget > 0 && self.txbuf.len() < BURST && self.dev.poll_transmit(now, &mut self.tx) {
             self.emit(now);
             budget -= 1;
             work += 1;
@@ -382,13 +421,85 @@ impl Nic {
         work
     }
 
+    /// Whether a RoCE frame is a UD message to hold: its QP has no receive WQE right now, or
+    /// an earlier message for the QP is already waiting (order is kept per QP). Why hold at
+    /// all: a software RNIC shares the CPUs with its applications, and an application that
+    /// loses its time slice for a few milliseconds cannot repost receives meanwhile, while a
+    /// hardware NIC keeps delivering whatever the application is doing; without a short
+    /// wait, UD traffic between processes on a loaded host was dropped whenever the receiver
+    /// was descheduled. The wait is bounded in time (`roce.ud_rx_hold_us`) and number
+    /// (`roce.ud_rx_hold_frames`); 0 drops at once, as a NIC does.
+    fn wants_hold(&self, frame: &[u8]) -> bool {
+        if self.cfg.ud_rx_hold_us == 0 {
+            return false;
+        }
+        let Some((op, qpn)) = roce::wire::frame::peek_bth(frame) else {
+            return false;
+        };
+        matches!(op.0, 0x64 | 0x65)
+            && (self.held_rx.iter().any(|(_, q, _)| *q == qpn) || self.dev.ud_lacks_recv_wqe(qpn))
+    }
+
+    /// Holds a UD message (see `wants_hold`); when the wait list is full the oldest goes to
+    /// the engine at once (which drops it, counted).
+    fn hold_ud(&mut self, now: u64, m: Mbuf) {
+        let Some((_, qpn)) = roce::wire::frame::peek_bth(m.data()) else {
+            return;
+        };
+        if self.held_rx.len() >= self.cfg.ud_rx_hold_frames.max(1) as usize {
+            if let Some((_, _, old)) = self.held_rx.pop_front() {
+                self.counters.rx_ud_hold_expired += 1;
+                self.dev.handle_frame(now, old.data());
+            }
+        }
+        self.counters.rx_ud_held += 1;
+        self.held_rx.push_back((now, qpn, m));
+    }
+
+    /// Delivers held UD messages whose QP has a receive WQE or whose wait ran out; returns
+    /// how many went.
+    fn release_held(&mut self, now: u64) -> usize {
+        let limit = self.cfg.ud_rx_hold_us as u64 * 1000;
+        let mut done = 0;
+        let mut blocked: [Option<roce::types::Qpn>; 8] = [None; 8];
+        let mut nblocked = 0;
+        let mut i = 0;
+        while i < self.held_rx.len() {
+            let (t, qpn) = (self.held_rx[i].0, self.held_rx[i].1);
+            let is_blocked = blocked[..nblocked].contains(&Some(qpn));
+            let expired = now.saturating_sub(t) > limit;
+            if !is_blocked && (expired || !self.dev.ud_lacks_recv_wqe(qpn)) {
+                let (_, _, m) = self.held_rx.remove(i).expect("in range");
+                if expired {
+                    self.counters.rx_ud_hold_expired += 1;
+                }
+                // Filtered, counted and captured when it arrived.
+                self.dev.handle_frame(now, m.data());
+                done += 1;
+                continue;
+            }
+            // A QP whose first waiting message stays keeps its later ones behind it.
+            if !is_blocked {
+                if nblocked == blocked.len() {
+                    break; // many QPs waiting: the rest next time
+                }
+                blocked[nblocked] = Some(qpn);
+                nblocked += 1;
+            }
+            i += 1;
+        }
+        done
+    }
+
     fn tap(&mut self, now: u64, segs: &[&[u8]]) {
         if let Some(w) = self.tap.as_mut() {
             let _ = w.write_segments(now, segs);
         }
     }
 
-    fn rx_frame(&mut self, now: u64, m: &Mbuf) {
+    /// Takes one received frame; true when it is a UD message to hold (see `wants_hold`),
+    /// which the caller then keeps.
+    fn rx_frame(&mut self, now: u64, m: &Mbuf) -> bool {
         self.counters.rx_frames += 1;
         // Segments in place (no copy) for the engine. A frame in more segments than we keep
         // references for, or whose first segment is too short to classify, is linearised.
@@ -424,12 +535,17 @@ impl Nic {
         let first = segs.first().copied().unwrap_or(&[]);
         if !self.l2_accept(first) {
             self.scratch = scratch;
-            return;
+            return false;
         }
+        let mut hold = false;
         match classify(first) {
             FrameKind::Roce | FrameKind::Cnp => {
                 self.counters.rx_roce += 1;
-                self.dev.handle_frame_segments(now, segs);
+                if segs.len() == 1 && m.nb_segs() == 1 && self.wants_hold(first) {
+                    hold = true;
+                } else {
+                    self.dev.handle_frame_segments(now, segs);
+                }
             }
             FrameKind::Pfc => self.counters.rx_pfc += 1,
             FrameKind::Pause => self.counters.rx_pause += 1,
@@ -455,6 +571,7 @@ impl Nic {
             }
         }
         self.scratch = scratch;
+        hold
     }
 
     /// Whether a frame is addressed to this RNIC at layer 2 (a NIC's address filter; the
@@ -577,6 +694,7 @@ impl Nic {
             }
             self.counters.tx_held += 1;
             self.pending.push_back((ip, dgid, m));
+            self.dev.hold_path(self.tx.qpn);
             return;
         }
         if self.tap.is_some() {
@@ -620,12 +738,17 @@ impl Nic {
     }
 
     fn retry_pending(&mut self, now: u64) {
+        let mut released: Option<Gid> = None;
         for _ in 0..self.pending.len() {
             let Some((ip, gid, mut m)) = self.pending.pop_front() else {
                 break;
             };
             match self.neigh.resolve(now, ip) {
                 Resolve::Mac(mac) => {
+                    if released != Some(gid) {
+                        released = Some(gid);
+                        self.dev.release_paths_to(&gid, now);
+                    }
                     // The destination MAC is not covered by the ICRC: patch it in place.
                     m.data_mut()[..6].copy_from_slice(&mac);
                     if self.tap.is_some() {

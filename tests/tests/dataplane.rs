@@ -523,6 +523,151 @@ fn unresolvable_peer_fails_the_qp_with_a_clear_error() {
     assert!(snap[0].neigh.arp_requests_tx >= 3, "three ARP attempts");
 }
 
+/// An ARP reply from `mac`/`ip` to `to_mac`/`to_ip`.
+fn arp_reply(mac: [u8; 6], ip: [u8; 4], to_mac: [u8; 6], to_ip: [u8; 4]) -> Vec<u8> {
+    use smoltcp::wire::*;
+    let mut f = vec![0u8; 60];
+    EthernetRepr {
+        src_addr: EthernetAddress(mac),
+        dst_addr: EthernetAddress(to_mac),
+        ethertype: EthernetProtocol::Arp,
+    }
+    .emit(&mut EthernetFrame::new_unchecked(&mut f[..]));
+    ArpRepr::EthernetIpv4 {
+        operation: ArpOperation::Reply,
+        source_hardware_addr: EthernetAddress(mac),
+        source_protocol_addr: ip.into(),
+        target_hardware_addr: EthernetAddress(to_mac),
+        target_protocol_addr: to_ip.into(),
+    }
+    .emit(&mut ArpPacket::new_unchecked(&mut f[14..42]));
+    f
+}
+
+/// A peer whose first ARP answers are lost: the QP's packets wait for the address, and the
+/// ACK timeouts meanwhile cost no retries (the packets never left), so a QP whose whole retry
+/// budget (8 x ~1 ms) is far shorter than the resolution (the third request, at 150 ms)
+/// still completes its WRITE. The peer is a sans-IO engine driving the other end of the link.
+#[test]
+fn retries_are_not_spent_while_the_next_hop_resolves() {
+    use roce::engine::{Device, DeviceConfig, QpInit, Transmit};
+    use roce::memory::HeapMemory;
+    let cfg = test_config(3, 1024);
+    let (rt, mut rx, mut tx, pool) = raw_pair(cfg, "held");
+    let ours = rt.mac(0);
+    let peer_mac = [0x52, 0x54, 0, 0x99, 0, 2];
+    let peer_gid = Gid::from_ipv4([10, 99, 0, 2]);
+    // The peer engine: PD, CQ, MR, an RC QP towards ferroce's.
+    let mut peer = Device::new(DeviceConfig {
+        gids: vec![peer_gid],
+        ..Default::default()
+    });
+    let pd = peer.alloc_pd().unwrap();
+    let cq = peer.create_cq(64).unwrap();
+    let mem = HeapMemory::shared(65536);
+    let (_, rkey) = peer
+        .reg_mr(pd, mem.clone(), 0, 0x5000_0000, 65536, Access::ALL)
+        .unwrap();
+    let pq = peer
+        .create_qp(&QpInit {
+            pd,
+            qp_type: QpType::Rc,
+            send_cq: cq,
+            recv_cq: cq,
+            srq: None,
+            caps: QpCaps {
+                max_send_wr: 16,
+                max_recv_wr: 16,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline_data: 0,
+            },
+            sq_sig_all: false,
+        })
+        .unwrap();
+    let mut a = side(rt.open(0).unwrap(), QpType::Rc, 65536, 16);
+    let ours_gid = a.gid;
+    roce::sim::bring_up(
+        &mut peer,
+        &roce::sim::Endpoint {
+            pd,
+            cq,
+            qpn: pq,
+            mem: mem.clone(),
+            addr: 0x5000_0000,
+            lkey: roce::types::Lkey(0),
+            rkey: rkey.unwrap(),
+            sq_psn: Psn::new(9),
+        },
+        a.qpn,
+        ours_gid,
+        &roce::sim::ConnectOpts::default(),
+        9,
+        1,
+    );
+    ferroce_tests::connect_with(&mut a, pq, peer_gid, Mtu::M1024, 1, 9, QpType::Rc, 8);
+    a.buf.write(0, &[0x3c; 512]);
+    post(
+        &mut a,
+        1,
+        WrOp::Write {
+            remote_addr: 0x5000_0000,
+            rkey: rkey.unwrap(),
+        },
+        0,
+        512,
+    );
+    // Drive the peer: ignore the first two ARP requests, answer later ones; feed RoCE frames
+    // to the engine and put its answers on the link.
+    let t0 = Instant::now();
+    let mut arp_requests = 0;
+    let mut burst: Vec<Mbuf> = Vec::with_capacity(32);
+    let mut out = Transmit::default();
+    let mut buf = vec![0u8; 9000];
+    let mut done = Vec::new();
+    while t0.elapsed() < Duration::from_secs(5) && done.is_empty() {
+        rx.rx_burst(&mut burst);
+        let now = t0.elapsed().as_nanos() as u64;
+        for m in burst.drain(..) {
+            let f = m.to_vec();
+            if f[12..14] == [0x08, 0x06] && f[20..22] == [0, 1] && f[38..42] == [10, 99, 0, 2] {
+                arp_requests += 1;
+                if arp_requests > 2 {
+                    let mut r = pool.alloc().unwrap();
+                    r.extend_from_slice(&arp_reply(peer_mac, [10, 99, 0, 2], ours, [10, 99, 0, 3]));
+                    tx.tx_one(r).unwrap();
+                }
+            } else if frame::classify(&f) == FrameKind::Roce {
+                peer.handle_frame(now, &f);
+            }
+        }
+        while peer.poll_transmit(now, &mut out) {
+            let n = peer
+                .write_frame(&out, peer_mac, ours, None, 1, &mut buf)
+                .unwrap();
+            let mut r = pool.alloc().unwrap();
+            r.extend_from_slice(&buf[..n]);
+            tx.tx_one(r).unwrap();
+        }
+        let mut wc = [Completion::default(); 4];
+        let k = a.ctx.poll_cq(a.cq, &mut wc).unwrap();
+        done.extend_from_slice(&wc[..k]);
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    assert_eq!(arp_requests, 3, "answered at the third request");
+    assert_eq!(
+        done.iter().map(|c| c.status).collect::<Vec<_>>(),
+        vec![WcStatus::Success]
+    );
+    assert_eq!(mem.to_vec(0, 512), vec![0x3c; 512]);
+    let c = a.ctx.counters(Some(a.qpn)).unwrap();
+    let get = |n: &str| c.iter().find(|(k, _)| *k == n).unwrap().1;
+    assert!(get("ack_timeouts_held") > 50, "{c:?}");
+    assert_eq!(get("local_ack_timeout_err"), 0);
+    drop(a);
+    rt.stop();
+}
+
 /// rxe's request frames (tests/corpus) replayed through net_pcap into a ferroce RNIC set up
 /// with the capture's addresses and QP state: the tx_pcap holds rxe's responses.
 #[test]

@@ -154,6 +154,38 @@ fn options_that_change_the_traffic() {
     assert_eq!(v["client"]["mtu"], 1024);
 }
 
+/// UD drops what finds no receive WQE (here: 5% of frames lost on the link): the receiver
+/// learns that the sender finished and reports what arrived instead of waiting for the
+/// rest; and with an idle link nothing is lost.
+#[test]
+fn a_lossy_ud_run_ends_and_reports_its_loss() {
+    let _one = serial();
+    let t = Instant::now();
+    let v = loopback(&[
+        "send_bw",
+        "-c",
+        "UD",
+        "-s",
+        "1024",
+        "-n",
+        "2000",
+        "--set",
+        "fault.loss=0.05",
+    ]);
+    assert!(
+        t.elapsed() < Duration::from_secs(30),
+        "took {:?}",
+        t.elapsed()
+    );
+    let got = rows(&v, "server")[0]["iterations"].as_u64().unwrap();
+    let lost = v["server"]["lost_messages"].as_u64().unwrap();
+    assert!(lost > 0 && got + lost == 2000, "{v}");
+    for _ in 0..3 {
+        let v = loopback(&["send_bw", "-c", "UD", "-s", "4096", "-n", "5000"]);
+        assert_eq!(v["server"]["lost_messages"], 0, "{v}");
+    }
+}
+
 #[test]
 fn bad_arguments_are_clear_errors() {
     let _one = serial();

@@ -417,6 +417,16 @@ impl Qp {
                 {
                     return;
                 }
+                if self.path_held {
+                    // Nothing left: the packets wait for the next hop's address. Wait again
+                    // rather than spend a retry on packets the peer never saw.
+                    self.counters.ack_timeouts_held += 1;
+                    if let Some(to) = self.ack_timeout_ns() {
+                        self.comp.ack_deadline = Some(now + to);
+                        self.arm_timer(sh, now + to);
+                    }
+                    return;
+                }
                 self.counters.local_ack_timeout_err += 1;
                 if self.comp.retry_left == 0 {
                     self.counters.retry_exceeded_err += 1;

@@ -2,6 +2,9 @@
 //! (reference/perftest.md "Counter names users expect"), plus ferroce's own where neither has
 //! one (drop reasons, NAKs by code).
 
+/// Declares a struct of named `u64` counters with `NAMES`, `iter`, `add` and `get` (used for
+/// the engine's counters here and for the dataplane's port and neighbour counters).
+#[macro_export]
 macro_rules! counters {
     ($(#[$m:meta])* $name:ident { $($(#[$fm:meta])* $field:ident),* $(,)? }) => {
         $(#[$m])*
@@ -61,6 +64,9 @@ counters!(
         rcvd_seq_err,
         /// Local ACK timeouts (mlx5).
         local_ack_timeout_err,
+        /// ACK timeouts that cost no retry because the packets were still held for address
+        /// resolution (ferroce).
+        ack_timeouts_held,
         /// Implied NAKs: a response skipped an outstanding READ/ATOMIC (mlx5).
         implied_nak_seq_err,
         /// Retransmissions started by the completer (rxe).

@@ -507,6 +507,8 @@ pub struct Device {
     qps: Vec<Option<Box<Qp>>>,
     /// Sequence number of the next QP number to try (cyclic, see `create_qp`).
     next_qpn_seq: u32,
+    /// The counters of QPs already destroyed, summed (part of the port totals).
+    destroyed_qp_counters: QpCounters,
     pds: Vec<bool>,
     ready: VecDeque<u32>,
     port_active: bool,
@@ -542,6 +544,7 @@ impl Device {
             },
             qps: Vec::new(),
             next_qpn_seq: 0,
+            destroyed_qp_counters: QpCounters::default(),
             pds: Vec::new(),
             ready: VecDeque::new(),
             port_active: true,
@@ -988,6 +991,7 @@ impl Device {
             .get_mut(slot)
             .and_then(|q| q.take())
             .ok_or(VerbsError::NotFound("queue pair"))?;
+        self.destroyed_qp_counters.add(&qp.counters);
         for cq in [qp.send_cq, qp.recv_cq] {
             if let Some(Some(c)) = self.sh.cqs.get_mut(cq as usize) {
                 c.users = c.users.saturating_sub(1);
@@ -1567,6 +1571,53 @@ impl Device {
         self.sh.complete(cq, c);
     }
 
+    /// Whether a UD message for `qpn` would now be dropped for want of a receive WQE (the
+    /// QP is a UD QP able to receive, and neither its receive queue nor its SRQ has one). A
+    /// dataplane may hold such a message a little while instead (see the RNIC's
+    /// `roce.ud_rx_hold_us`).
+    pub fn ud_lacks_recv_wqe(&self, qpn: Qpn) -> bool {
+        let Ok(qp) = self.qp_ref(qpn) else {
+            return false;
+        };
+        if qp.qp_type != QpType::Ud || !qp.can_receive() {
+            return false;
+        }
+        match qp.srq {
+            Some(s) => matches!(self.sh.srqs.get(s as usize), Some(Some(srq)) if srq.rq.is_empty()),
+            None => qp.rq.is_empty(),
+        }
+    }
+
+    /// The dataplane holds `qpn`'s packets until the next hop's MAC is resolved: until
+    /// `release_paths_to`, the QP's ACK timeouts cost no retries (the packets have not left).
+    pub fn hold_path(&mut self, qpn: Qpn) {
+        if let Some(slot) = self.slot_of(qpn) {
+            if let Some(Some(qp)) = self.qps.get_mut(slot) {
+                qp.path_held = qp.qp_type == QpType::Rc;
+            }
+        }
+    }
+
+    /// The next hop towards `dgid` is resolved and the held packets left at `now`: QPs
+    /// holding for it count their ACK timeout from now.
+    pub fn release_paths_to(&mut self, dgid: &Gid, now: u64) {
+        for qp in self.qps.iter_mut().flatten() {
+            if !qp.path_held {
+                continue;
+            }
+            let to_peer = qp.attr.av.is_some_and(|av| av.dgid == *dgid);
+            if to_peer {
+                qp.path_held = false;
+                if qp.comp.ack_deadline.is_some() {
+                    if let Some(to) = qp.ack_timeout_ns() {
+                        qp.comp.ack_deadline = Some(now + to);
+                        qp.arm_timer(&mut self.sh, now + to);
+                    }
+                }
+            }
+        }
+    }
+
     /// Moves every connected QP whose path leads to `dgid` to ERR with a QP_FATAL event: the
     /// dataplane calls this when the peer's MAC cannot be resolved, so applications get a clear
     /// error instead of waiting for the retry counter. Returns how many QPs it failed.
@@ -1609,9 +1660,11 @@ impl Device {
         self.qp_ref(qpn).ok().map(|q| q.counters)
     }
 
-    /// Device counters, and the sum of every live QP's counters.
+    /// Device counters, and the port totals of every QP counter: every QP's since the device
+    /// started, destroyed ones included (as `rdma statistic` shows port counters), so a run's
+    /// retransmissions stay visible after its QPs are gone.
     pub fn counters(&self) -> (DeviceCounters, QpCounters) {
-        let mut total = QpCounters::default();
+        let mut total = self.destroyed_qp_counters;
         for q in self.qps.iter().flatten() {
             total.add(&q.counters);
         }

@@ -401,6 +401,9 @@ pub(crate) struct Qp {
     /// and whether it is on that list now.
     pub positions_taken: (u64, u64),
     pub moved_noted: bool,
+    /// The dataplane holds this QP's packets while it resolves the next hop: they have not
+    /// left, so an ACK timeout then costs no retry (`Device::hold_path`).
+    pub path_held: bool,
 }
 
 impl Qp {
@@ -479,6 +482,7 @@ impl Qp {
             timer_queued: None,
             positions_taken: (0, 0),
             moved_noted: false,
+            path_held: false,
         }
     }
 

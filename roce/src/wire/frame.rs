@@ -642,32 +642,46 @@ pub fn classify(frame: &[u8]) -> FrameKind {
             _ => FrameKind::Other,
         },
         ethertype::ARP => FrameKind::Arp,
-        et @ (ethertype::IPV4 | ethertype::IPV6) => {
-            let (proto, hl) = if et == ethertype::IPV4 {
-                match rest.first() {
-                    Some(b) if rest.len() >= 20 => (rest[9], ((b & 0x0f) as usize) * 4),
-                    _ => return FrameKind::Other,
-                }
-            } else if rest.len() >= 40 {
-                (rest[6], 40)
-            } else {
-                return FrameKind::Other;
-            };
-            if proto != ipv4::PROTO_UDP {
-                return FrameKind::Other;
-            }
-            match rest.get(hl + 2..hl + 4) {
-                Some(p) if u16::from_be_bytes([p[0], p[1]]) == ROCEV2_PORT => {
-                    match rest.get(hl + udp::HEADER_LEN) {
-                        Some(&op) if Opcode(op) == Opcode::CNP => FrameKind::Cnp,
-                        _ => FrameKind::Roce,
-                    }
-                }
-                _ => FrameKind::Other,
-            }
-        }
-        _ => FrameKind::Other,
+        _ => match bth_offset(frame).map(|o| frame.get(o)) {
+            Some(Some(&op)) if Opcode(op) == Opcode::CNP => FrameKind::Cnp,
+            Some(_) => FrameKind::Roce,
+            None => FrameKind::Other,
+        },
     }
+}
+
+/// Where the BTH starts in a RoCEv2 frame (IPv4 or IPv6, UDP to port 4791), found from the
+/// first bytes without validating the rest.
+fn bth_offset(frame: &[u8]) -> Option<usize> {
+    let eth = ethernet::Frame::new_checked(frame).ok()?;
+    let l3 = eth.header_len();
+    let rest = &frame[l3..];
+    let (proto, hl) = match eth.ethertype() {
+        ethertype::IPV4 => match rest.first() {
+            Some(b) if rest.len() >= 20 => (rest[9], ((b & 0x0f) as usize) * 4),
+            _ => return None,
+        },
+        ethertype::IPV6 if rest.len() >= 40 => (rest[6], 40),
+        _ => return None,
+    };
+    if proto != ipv4::PROTO_UDP {
+        return None;
+    }
+    match rest.get(hl + 2..hl + 4) {
+        Some(p) if u16::from_be_bytes([p[0], p[1]]) == ROCEV2_PORT => {
+            Some(l3 + hl + udp::HEADER_LEN)
+        }
+        _ => None,
+    }
+}
+
+/// The opcode and destination QP of a RoCEv2 frame, read from its BTH without validating the
+/// frame (the engine validates it when it takes the frame).
+pub fn peek_bth(frame: &[u8]) -> Option<(Opcode, crate::types::Qpn)> {
+    let o = bth_offset(frame)?;
+    let b = frame.get(o..o + 8)?;
+    let qpn = u32::from_be_bytes([0, b[5], b[6], b[7]]);
+    Some((Opcode(b[0]), crate::types::Qpn::new(qpn)))
 }
 
 #[cfg(test)]

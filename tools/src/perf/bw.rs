@@ -45,6 +45,8 @@ pub struct BwOut {
     pub sampled: Option<(u64, u64)>,
     /// Messages whose data `--verify` checked.
     pub verified: u64,
+    /// UC/UD receiver: messages that never arrived (the sender had finished).
+    pub lost: u64,
 }
 
 /// Per-QP progress.
@@ -72,9 +74,16 @@ enum Phase {
     End,
 }
 
+/// After the sender is known to have finished, how long an unreliable (UC/UD) receiver
+/// waits without a new message before it takes what did not arrive as lost.
+const LOSS_GRACE: Duration = Duration::from_millis(500);
+
 /// Runs one bandwidth test of `size` bytes. `send`: this side posts requests to `rem`;
 /// `recv`: this side consumes SENDs (or WRITE-with-immediate) whose receives were posted by
-/// [`prepost_recvs`].
+/// [`prepost_recvs`]. `peer_done` tells a receive-only side that the sender has finished
+/// (its next message on the TCP connection is waiting): UC and UD drop what finds no receive
+/// WQE, so such a receiver then stops waiting for messages that will never come and reports
+/// what arrived (perftest's server waits for its watchdog instead, 120 s, then reports too).
 pub fn run<V: Verbs>(
     res: &mut Res<V>,
     p: &Params,
@@ -82,6 +91,7 @@ pub fn run<V: Verbs>(
     rem: &[Key],
     send: bool,
     recv: bool,
+    peer_done: &mut dyn FnMut() -> bool,
 ) -> Result<BwOut, String> {
     let nq = res.qps.len();
     let iters = p.iters;
@@ -339,8 +349,16 @@ pub fn run<V: Verbs>(
         } else {
             idle += 1;
             backoff(idle);
+            let quiet = last_progress.elapsed();
+            if recv && !send && p.conn != Conn::RC && iters > 0 && quiet > LOSS_GRACE {
+                // Checked only once the link has been quiet a while (a peek on the socket).
+                if peer_done() {
+                    out.lost = total.saturating_sub(totrcnt);
+                    break;
+                }
+            }
             let limit = if send { SEND_WATCHDOG } else { RECV_WATCHDOG };
-            if last_progress.elapsed() > limit {
+            if quiet > limit {
                 return Err(format!(
                     "no progress for {} s: sent {totccnt}/{} completed, received {totrcnt}",
                     limit.as_secs(),

@@ -87,23 +87,43 @@ pub fn loopback_config(host: u8, mtu: u32, opts: &RnicOpts) -> Result<RnicConfig
     r.validate().map_err(|e| e.to_string())
 }
 
-/// One line of an RNIC's counters (the non-zero QP counters).
+/// Every counter of an RNIC by name (port, neighbour, engine device counters and the port
+/// totals of the QP counters), in that order.
+pub fn all_counters(s: &NicSnapshot) -> Vec<(&'static str, u64)> {
+    s.nic
+        .iter()
+        .chain(s.neigh.iter())
+        .chain(s.dev.iter())
+        .chain(s.qps.iter())
+        .collect()
+}
+
+/// An RNIC's counters as a JSON object of numbers (every counter, zeros included).
+pub fn counters_json(s: &NicSnapshot) -> Value {
+    Value::Object(
+        all_counters(s)
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), Value::from(v)))
+            .collect(),
+    )
+}
+
+/// One line of an RNIC's counters: every non-zero one, by its rxe/mlx5 (or ferroce) name.
 pub fn counters_line(name: &str, cfg: &RnicConfig, s: &NicSnapshot) -> String {
     let mut parts = vec![format!(
-        " {name} ({}): tx {} frames, rx {} frames",
+        " {name} ({}):",
         cfg.ipv4
             .first()
             .map(|a| a.addr.to_string())
             .unwrap_or_default(),
-        s.nic.tx_frames,
-        s.nic.rx_frames
     )];
-    for (k, v) in s.qps.iter() {
-        if v != 0 {
-            parts.push(format!("{k} {v}"));
-        }
-    }
-    parts.join(", ")
+    let nonzero: Vec<String> = all_counters(s)
+        .into_iter()
+        .filter(|(_, v)| *v != 0)
+        .map(|(k, v)| format!("{k} {v}"))
+        .collect();
+    parts.push(nonzero.join(", "));
+    parts.join(" ")
 }
 
 /// Runs `job` on two ferroce RNICs in this process joined back to back by a DPDK ring link
@@ -161,7 +181,11 @@ pub fn loopback(
     ];
     let _ = writeln!(out, "{}", lines.join("\n"));
     match (cli_res, srv) {
-        (Ok(c), Ok(s)) => Ok(json!({"client": c, "server": s, "counters": lines})),
+        (Ok(c), Ok(s)) => Ok(json!({
+            "client": c,
+            "server": s,
+            "counters": {"ferroce0": counters_json(&snaps[0]), "ferroce1": counters_json(&snaps[1])},
+        })),
         (c, s) => {
             let mut msg = String::new();
             if let Err(e) = c {

@@ -173,6 +173,18 @@ impl Oob {
         self.role
     }
 
+    /// Whether the peer has sent something not read yet (without reading it or waiting).
+    pub fn peer_has_data(&self) -> bool {
+        if self.stream.set_nonblocking(true).is_err() {
+            return false;
+        }
+        let mut b = [0u8; 1];
+        let r = self.stream.peek(&mut b);
+        let _ = self.stream.set_nonblocking(false);
+        // Data waiting, or the connection closed (Ok(0)): either way the peer is done.
+        r.is_ok()
+    }
+
     /// Sets how long a read may wait (None: forever).
     pub fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
         self.stream.set_read_timeout(t)

@@ -129,6 +129,8 @@ struct Session<'a, V: Verbs> {
     out: &'a mut dyn Write,
     rows: Vec<Value>,
     verified: u64,
+    /// UC/UD messages that never arrived (receiver side).
+    lost: u64,
 }
 
 impl<V: Verbs> Session<'_, V> {
@@ -229,10 +231,10 @@ impl<V: Verbs> Session<'_, V> {
         }
     }
 
-    fn close(self) -> Result<(Vec<Value>, u64, Res<V>), String> {
+    fn close(self) -> Result<(Vec<Value>, u64, u64, Res<V>), String> {
         let k = self.res.my_keys[0];
         self.oob.close(&k)?;
-        Ok((self.rows, self.verified, self.res))
+        Ok((self.rows, self.verified, self.lost, self.res))
     }
 }
 
@@ -299,6 +301,7 @@ pub fn run<V: Verbs>(
         out,
         rows: Vec::new(),
         verified: 0,
+        lost: 0,
     };
     let result = match (p.kind, p.verb) {
         (Kind::Bw, Verb::Send) => send_bw(&mut s),
@@ -308,11 +311,11 @@ pub fn run<V: Verbs>(
         (Kind::Lat, Verb::Send) => send_lat(&mut s),
         (Kind::Lat, _) => rd_atomic_lat(&mut s),
     };
-    let (rows, verified, res) = match result {
+    let (rows, verified, lost, res) = match result {
         Ok(None) => {
             // write_lat: no closing exchange.
             let rows = std::mem::take(&mut s.rows);
-            (rows, s.verified, s.res)
+            (rows, s.verified, s.lost, s.res)
         }
         Ok(Some(())) => s.close()?,
         Err(e) => return Err(e),
@@ -330,6 +333,7 @@ pub fn run<V: Verbs>(
         "local_qpns": mine.iter().map(|k| k.qpn).collect::<Vec<_>>(),
         "results": rows,
         "verified_messages": verified,
+        "lost_messages": lost,
     }))
 }
 
@@ -347,7 +351,7 @@ fn rdma_bw<V: Verbs>(s: &mut Session<'_, V>) -> Result<Option<()>, String> {
         for &size in &p.sizes.clone() {
             s.round(0)?;
             let rem = s.rem.clone();
-            let o = bw::run(&mut s.res, p, size, &rem, true, false)?;
+            let o = bw::run(&mut s.res, p, size, &rem, true, false, &mut || false)?;
             s.verified += o.verified;
             let mine = bw::sender_result(p, size, &o);
             let w = s.to_wire(&mine);
@@ -361,7 +365,7 @@ fn rdma_bw<V: Verbs>(s: &mut Session<'_, V>) -> Result<Option<()>, String> {
     if p.role == Role::Client {
         for &size in &p.sizes.clone() {
             let rem = s.rem.clone();
-            let o: BwOut = bw::run(&mut s.res, p, size, &rem, true, false)?;
+            let o: BwOut = bw::run(&mut s.res, p, size, &rem, true, false, &mut || false)?;
             s.verified += o.verified;
             last = bw::sender_result(p, size, &o);
             s.bw_row(&last);
@@ -403,8 +407,21 @@ fn send_bw<V: Verbs>(s: &mut Session<'_, V>) -> Result<Option<()>, String> {
         }
         s.round(0)?; // the client will not send before the server posted its receives
         let rem = s.rem.clone();
-        let o = bw::run(&mut s.res, p, size, &rem, sender, receiver)?;
+        let oob = &s.oob;
+        let o = bw::run(&mut s.res, p, size, &rem, sender, receiver, &mut || {
+            oob.peer_has_data()
+        })?;
         s.verified += o.verified;
+        s.lost += o.lost;
+        if o.lost > 0 {
+            // Worded like perftest's server when its watchdog gives up.
+            eprintln!(
+                " {} messages did not arrive (the sender finished; UC/UD drop what finds no receive WQE), exiting..\n Total Received={}, Total Iters Required={}",
+                o.lost,
+                o.received,
+                o.received + o.lost
+            );
+        }
         let mine = if sender {
             bw::sender_result(p, size, &o)
         } else {
