@@ -1,7 +1,7 @@
 //! The RNIC options shared by `rnicd` and `rnic-perf`: a TOML file plus overrides.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicI32, Ordering};
 
 use clap::Args;
 use dataplane::config::{RawConfig, RnicConfig};
@@ -88,24 +88,54 @@ impl RnicOpts {
     }
 }
 
-static STOP: AtomicBool = AtomicBool::new(false);
+static STOP: AtomicI32 = AtomicI32::new(0);
 
-extern "C" fn on_signal(_: libc::c_int) {
-    STOP.store(true, Ordering::SeqCst);
+extern "C" fn on_signal(sig: libc::c_int) {
+    STOP.store(sig, Ordering::SeqCst);
 }
 
-/// Installs SIGINT/SIGTERM handlers that set a flag ([`stop_requested`]).
+/// Installs SIGINT/SIGTERM handlers that record the signal ([`stop_requested`],
+/// [`stop_signal`]). Without SA_RESTART: a blocking system call returns EINTR, so waits
+/// notice the request.
 pub fn install_signal_handlers() {
-    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+    // SAFETY: the handler only stores to an atomic, which is async-signal-safe; the
+    // sigaction structure is zero-initialised and then filled in.
     unsafe {
-        libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
-        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_signal as *const () as libc::sighandler_t;
+        libc::sigemptyset(&mut sa.sa_mask);
+        sa.sa_flags = 0;
+        libc::sigaction(libc::SIGINT, &sa, std::ptr::null_mut());
+        libc::sigaction(libc::SIGTERM, &sa, std::ptr::null_mut());
     }
 }
 
 /// Whether SIGINT/SIGTERM arrived.
 pub fn stop_requested() -> bool {
-    STOP.load(Ordering::SeqCst)
+    STOP.load(Ordering::SeqCst) != 0
+}
+
+/// The signal that asked to stop, if any.
+pub fn stop_signal() -> Option<i32> {
+    match STOP.load(Ordering::SeqCst) {
+        0 => None,
+        s => Some(s),
+    }
+}
+
+/// The exit code for a run stopped by `sig` (shells use 128 + signal: 130 SIGINT, 143
+/// SIGTERM).
+pub fn signal_exit_code(sig: i32) -> u8 {
+    (128 + sig).clamp(0, 255) as u8
+}
+
+/// The name of a stop signal.
+pub fn signal_name(sig: i32) -> &'static str {
+    match sig {
+        libc::SIGINT => "SIGINT",
+        libc::SIGTERM => "SIGTERM",
+        _ => "a signal",
+    }
 }
 
 /// Structured logs to stderr (`RUST_LOG` filters; `default` applies without it, e.g.

@@ -186,6 +186,132 @@ fn a_lossy_ud_run_ends_and_reports_its_loss() {
     }
 }
 
+/// Sends `sig` to a running rnic-perf once `ready` says its output shows it is running, then
+/// waits (at most 20 s) for it to exit; returns its exit code, stdout and stderr.
+fn interrupt(args: &[&str], sig: i32, ready: impl Fn(&str) -> bool) -> (i32, String, String, u32) {
+    use std::io::BufRead;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rnic-perf"))
+        .args(args)
+        .env("RUST_LOG", "error")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    let reader = std::thread::spawn(move || {
+        let mut all = String::new();
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            all.push_str(&line);
+            all.push('\n');
+            let _ = tx.send(all.clone());
+        }
+        all
+    });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match rx.recv_timeout(Duration::from_millis(200)) {
+            Ok(text) if ready(&text) => break,
+            _ if Instant::now() > deadline => {
+                let _ = child.kill();
+                panic!("rnic-perf {args:?} never got ready");
+            }
+            _ => {}
+        }
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(pid as i32, sig) };
+    let t = Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if t.elapsed() > Duration::from_secs(20) {
+            let _ = child.kill();
+            panic!("rnic-perf {args:?} did not stop within 20 s of the signal");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    let out = reader.join().unwrap();
+    (status.code().unwrap_or(-1), out, err, pid)
+}
+
+/// Ctrl-C ends a run cleanly: the rows measured so far are printed, the capture is complete
+/// and valid, DPDK's runtime directory is gone, and the exit code says which signal (130
+/// SIGINT, 143 SIGTERM) - also for a server still waiting for its client.
+#[test]
+fn sigint_and_sigterm_stop_cleanly() {
+    let _one = serial();
+    let pcap = std::env::temp_dir().join(format!("ferroce-int-{}.pcap", std::process::id()));
+    let set = format!("capture.pcap={}", pcap.display());
+    let (code, out, err, pid) = interrupt(
+        &[
+            "write_bw",
+            "--loopback",
+            "-D",
+            "30",
+            "-s",
+            "4096",
+            "--set",
+            &set,
+        ],
+        libc::SIGINT,
+        |t| t.contains("#bytes"),
+    );
+    assert_eq!(code, 130, "{err}");
+    assert!(err.contains("stopped by SIGINT"), "{err}");
+    let row = out
+        .lines()
+        .find(|l| l.trim_start().starts_with("4096"))
+        .unwrap_or_else(|| panic!("no result row: {out}"));
+    let iters: u64 = row.split_whitespace().nth(1).unwrap().parse().unwrap();
+    assert!(iters > 0, "{row}");
+    assert!(!std::path::Path::new(&format!("/var/run/dpdk/rnic_perf-{pid}")).exists());
+    let v = Command::new(env!("CARGO_BIN_EXE_rnic-pcap"))
+        .arg("verify")
+        .arg(&pcap)
+        .output()
+        .unwrap();
+    let vout = String::from_utf8_lossy(&v.stdout);
+    assert!(
+        v.status.success() && vout.contains("all ICRCs ok"),
+        "{vout}"
+    );
+    let _ = std::fs::remove_file(&pcap);
+
+    // A server waiting for its client, stopped by SIGTERM.
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port().to_string();
+    drop(l);
+    let (code, _, err, pid) = interrupt(
+        &[
+            "send_bw",
+            "--port",
+            "net_null0,no-rx=1",
+            "--ip",
+            "10.99.0.9/24",
+            "-p",
+            &port,
+        ],
+        libc::SIGTERM,
+        |t| t.contains("Waiting for client"),
+    );
+    assert_eq!(code, 143, "{err}");
+    assert!(!std::path::Path::new(&format!("/var/run/dpdk/rnic_perf-{pid}")).exists());
+}
+
 #[test]
 fn bad_arguments_are_clear_errors() {
     let _one = serial();

@@ -126,8 +126,8 @@ counters!(
 counters!(
     /// Device-wide counters that belong to no QP.
     DeviceCounters {
-        /// Frames handed to the engine.
-        rx_frames,
+        /// Frames handed to the engine (named apart from the port's `rx_frames`).
+        rx_engine_frames,
         /// Frames that failed the ICRC (mlx5's name).
         rx_icrc_encapsulated,
         /// Frames malformed otherwise.

@@ -1369,7 +1369,7 @@ impl Device {
 
     /// Takes a frame held in several segments (an mbuf chain).
     pub fn handle_frame_segments(&mut self, now: u64, segs: &[&[u8]]) {
-        self.sh.counters.rx_frames += 1;
+        self.sh.counters.rx_engine_frames += 1;
         match frame::parse_segments(segs) {
             Ok(p) => self.handle_parsed(now, &p, segs),
             Err(crate::wire::Error::BadIcrc { .. }) => self.sh.counters.rx_icrc_encapsulated += 1,

@@ -13,7 +13,9 @@ use clap::{Args, Parser, Subcommand};
 use ferroce_tools::perf::driver::{self, Job};
 use ferroce_tools::perf::pingpong::{PpArgs, PpKind};
 use ferroce_tools::perf::{Kind, PerfArgs, Verb};
-use ferroce_tools::rnic_opts::{init_logging, RnicOpts};
+use ferroce_tools::rnic_opts::{
+    init_logging, install_signal_handlers, signal_exit_code, signal_name, stop_signal, RnicOpts,
+};
 
 #[derive(Parser)]
 #[command(
@@ -85,6 +87,9 @@ enum Cmd {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging("warn");
+    // SIGINT/SIGTERM end the test cleanly: what was measured is printed, the capture is
+    // flushed, DPDK's runtime directory removed, and the exit code is 128 + the signal.
+    install_signal_handlers();
     let perf = |v, k, c: PerfCmd| {
         let mtu = c.perf.mtu.unwrap_or(4096);
         let (json, dev) = (c.perf.json, c.perf.ib_dev.clone());
@@ -131,8 +136,21 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("rnic-perf: {e}");
-            ExitCode::from(1)
+            let stopped = stop_signal();
+            let msg = match stopped {
+                Some(sig) => format!("stopped by {}", signal_name(sig)),
+                None => e.clone(),
+            };
+            if json_out {
+                // A failed run still gives one JSON document, with the error.
+                let v = serde_json::json!({"error": msg, "interrupted": stopped.is_some()});
+                println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+            }
+            eprintln!("rnic-perf: {msg}");
+            match stopped {
+                Some(sig) => ExitCode::from(signal_exit_code(sig)),
+                None => ExitCode::from(1),
+            }
         }
     }
 }

@@ -47,6 +47,10 @@ pub struct BwOut {
     pub verified: u64,
     /// UC/UD receiver: messages that never arrived (the sender had finished).
     pub lost: u64,
+    /// SIGINT/SIGTERM ended the loop early.
+    pub interrupted: bool,
+    /// How long the loop ran (ns).
+    pub elapsed_ns: u64,
 }
 
 /// Per-QP progress.
@@ -144,6 +148,11 @@ pub fn run<V: Verbs>(
     let mut expect = vec![0u8; scratch.len()];
     let atomic_cmp = matches!(p.atomic, AtomicType::CMP_AND_SWAP);
     loop {
+        if super::interrupted() {
+            // SIGINT/SIGTERM: stop here and report what completed.
+            out.interrupted = true;
+            break;
+        }
         // Phase changes (duration mode).
         if p.duration.is_some() {
             let el = t0.elapsed().as_secs_f64();
@@ -369,6 +378,7 @@ pub fn run<V: Verbs>(
     }
     out.sent = totccnt;
     out.received = totrcnt;
+    out.elapsed_ns = ns(t0);
     Ok(out)
 }
 

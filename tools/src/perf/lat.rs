@@ -24,6 +24,22 @@ pub struct LatOut {
     pub total_ns: u64,
     /// Messages whose data `--verify` checked.
     pub verified: u64,
+    /// SIGINT/SIGTERM ended the loop early (`tposted` holds what was measured).
+    pub interrupted: bool,
+}
+
+/// Ends a latency loop early on SIGINT/SIGTERM, keeping what it measured; any other error
+/// goes up.
+macro_rules! or_stop {
+    ($e:expr, $out:expr) => {
+        match $e {
+            Err(e) if e == super::INTERRUPTED => {
+                $out.interrupted = true;
+                break;
+            }
+            r => r?,
+        }
+    };
 }
 
 fn wait_one<V: Verbs>(
@@ -50,6 +66,9 @@ fn wait_one<V: Verbs>(
         }
         idle += 1;
         backoff(idle.min(4000));
+        if super::interrupted() {
+            return Err(super::INTERRUPTED.into());
+        }
         if start.elapsed() > WATCHDOG {
             return Err(format!("no {what} completion for {} s", WATCHDOG.as_secs()));
         }
@@ -100,6 +119,10 @@ pub fn write_lat<V: Verbs>(
     let mut body = vec![0u8; size as usize];
     let mut got = vec![0u8; size as usize];
     while scnt < iters || ccnt < iters || rcnt < iters {
+        if super::interrupted() {
+            out.interrupted = true;
+            break;
+        }
         if rcnt < iters && !(scnt < 1 && p.role == Role::Server) {
             rcnt += 1;
             let want = rcnt as u8;
@@ -108,6 +131,9 @@ pub fn write_lat<V: Verbs>(
             while res.buf.load_u8(poll_off) != want {
                 idle += 1;
                 backoff(idle.min(4000));
+                if super::interrupted() {
+                    break;
+                }
                 if start.elapsed() > WATCHDOG {
                     return Err(format!(
                         "no WRITE {rcnt} from the peer for {} s",
@@ -148,7 +174,7 @@ pub fn write_lat<V: Verbs>(
         }
         if ccnt < iters {
             let scq = res.scq;
-            wait_one(res, scq, "WRITE")?;
+            or_stop!(wait_one(res, scq, "WRITE"), out);
             ccnt += 1;
         }
     }
@@ -197,15 +223,12 @@ pub fn rd_atomic_lat<V: Verbs>(
         out.tposted.push(t0.elapsed().as_nanos() as u64);
         post(res, i, op, sge, SendFlags::SIGNALED, None)?;
         let scq = res.scq;
-        wait_one(
-            res,
-            scq,
-            if p.verb == Verb::Read {
-                "READ"
-            } else {
-                "ATOMIC"
-            },
-        )?;
+        let what = if p.verb == Verb::Read {
+            "READ"
+        } else {
+            "ATOMIC"
+        };
+        or_stop!(wait_one(res, scq, what), out);
         if p.verify {
             res.buf.read(src as usize, &mut got);
             if p.verb == Verb::Read {
@@ -250,7 +273,7 @@ pub fn send_lat<V: Verbs>(
     while scnt < iters || rcnt < iters {
         if rcnt < iters && !(scnt < 1 && p.role == Role::Client) {
             let rcq = res.rcq;
-            let c = wait_one(res, rcq, "receive")?;
+            let c = or_stop!(wait_one(res, rcq, "receive"), out);
             let want_len = if p.conn == Conn::UD { size + GRH } else { size };
             if c.byte_len as u64 != want_len {
                 return Err(format!(
@@ -289,7 +312,7 @@ pub fn send_lat<V: Verbs>(
             post(res, scnt, WrOp::Send, sge, flags, ud)?;
             scnt += 1;
             let scq = res.scq;
-            wait_one(res, scq, "SEND")?;
+            or_stop!(wait_one(res, scq, "SEND"), out);
         }
     }
     out.total_ns = t0.elapsed().as_nanos() as u64;

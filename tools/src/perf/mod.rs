@@ -14,6 +14,14 @@ pub mod run;
 use clap::{Args, ValueEnum};
 use roce::verbs::Mtu;
 
+/// The error a test returns when SIGINT/SIGTERM stopped it (after printing what it measured).
+pub const INTERRUPTED: &str = "interrupted";
+
+/// Whether the user asked to stop (SIGINT/SIGTERM): loops end and report what they have.
+pub fn interrupted() -> bool {
+    crate::rnic_opts::stop_requested()
+}
+
 /// The RDMA operation a test measures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verb {

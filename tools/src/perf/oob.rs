@@ -129,8 +129,25 @@ impl Oob {
     /// Accepts exactly one connection on `listener` (perftest's `listen(fd, 1)`), then stops
     /// listening.
     pub fn accept(listener: TcpListener) -> io::Result<Oob> {
-        let (stream, _) = listener.accept()?;
+        // Polled, so that SIGINT/SIGTERM can end the wait for a client.
+        listener.set_nonblocking(true)?;
+        let stream = loop {
+            match listener.accept() {
+                Ok((s, _)) => break s,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    if super::interrupted() {
+                        return Err(io::Error::new(
+                            io::ErrorKind::Interrupted,
+                            super::INTERRUPTED,
+                        ));
+                    }
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                Err(e) => return Err(e),
+            }
+        };
         drop(listener);
+        stream.set_nonblocking(false)?;
         Self::from_stream(stream, Role::Server)
     }
 
@@ -197,14 +214,48 @@ impl Oob {
 
     fn recv(&mut self, n: usize) -> io::Result<Vec<u8>> {
         let mut buf = vec![0u8; n];
-        self.stream.read_exact(&mut buf).map_err(|e| {
-            if e.kind() == io::ErrorKind::UnexpectedEof {
-                io::Error::new(e.kind(), "the peer closed the connection")
-            } else {
-                e
+        let mut got = 0;
+        // Reads wake up now and then to notice SIGINT/SIGTERM; a read timeout set by the
+        // caller (`set_read_timeout`) still applies to the whole item.
+        let user_timeout = self.stream.read_timeout()?;
+        let started = Instant::now();
+        self.stream
+            .set_read_timeout(Some(Duration::from_millis(200)))?;
+        let r = loop {
+            if got == n {
+                break Ok(());
             }
-        })?;
-        Ok(buf)
+            match self.stream.read(&mut buf[got..]) {
+                Ok(0) => {
+                    break Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "the peer closed the connection",
+                    ))
+                }
+                Ok(k) => got += k,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock
+                            | io::ErrorKind::TimedOut
+                            | io::ErrorKind::Interrupted
+                    ) =>
+                {
+                    if super::interrupted() {
+                        break Err(io::Error::new(
+                            io::ErrorKind::Interrupted,
+                            super::INTERRUPTED,
+                        ));
+                    }
+                    if user_timeout.is_some_and(|t| started.elapsed() >= t) {
+                        break Err(io::Error::new(io::ErrorKind::TimedOut, e.to_string()));
+                    }
+                }
+                Err(e) => break Err(e),
+            }
+        };
+        self.stream.set_read_timeout(user_timeout)?;
+        r.map(|_| buf)
     }
 
     /// One lock-step exchange of equal-sized items: the client writes then reads, the server

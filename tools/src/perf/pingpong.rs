@@ -306,6 +306,9 @@ pub fn run<V: Verbs>(
         if n == 0 {
             idle += 1;
             backoff(idle.min(4000));
+            if super::interrupted() {
+                return Err(super::INTERRUPTED.into());
+            }
             if last.elapsed().as_secs() > 30 {
                 return Err(format!(
                     "no completion for 30 s (sent {scnt}, received {rcnt})"

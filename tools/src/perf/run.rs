@@ -238,6 +238,37 @@ impl<V: Verbs> Session<'_, V> {
     }
 }
 
+/// A bandwidth loop that SIGINT/SIGTERM ended early: prints the row for what completed and
+/// the closing rule, and returns the error that stops the test.
+fn stop_bw<V: Verbs>(s: &mut Session<'_, V>, size: u64, mut o: BwOut, sender: bool) -> String {
+    let n = o.sent as usize;
+    o.tposted.truncate(n);
+    o.tcompleted.truncate(n);
+    let r = if o.tcompleted.is_empty() && o.sampled.is_none() {
+        // Duration mode keeps no per-message times: the average over the time it ran.
+        let n = if sender { o.sent } else { o.received };
+        BwResult::new(size, n, o.elapsed_ns.max(1) as f64 / 1e9, 0.0)
+    } else if sender {
+        bw::sender_result(s.p, size, &o)
+    } else {
+        bw::receiver_result(size, &o)
+    };
+    s.bw_row(&r);
+    s.say(&format!("{RULE}\n"));
+    super::INTERRUPTED.into()
+}
+
+/// A latency loop that SIGINT/SIGTERM ended early: the row for the iterations it measured.
+fn stop_lat<V: Verbs>(s: &mut Session<'_, V>, size: u64, o: &lat::LatOut, factor: f64) -> String {
+    let n = o.tposted.len() as u64;
+    if n >= 2 {
+        let r = LatResult::perftest(size, n, &o.tposted, factor);
+        s.lat_row(&r);
+    }
+    s.say(&format!("{RULE}\n"));
+    super::INTERRUPTED.into()
+}
+
 fn check_gids<V: Verbs>(res: &Res<V>, rem: &[Key]) -> Result<(), String> {
     let mine = roce::types::Gid(res.gid.0).is_ipv4_mapped();
     for k in rem {
@@ -352,6 +383,9 @@ fn rdma_bw<V: Verbs>(s: &mut Session<'_, V>) -> Result<Option<()>, String> {
             s.round(0)?;
             let rem = s.rem.clone();
             let o = bw::run(&mut s.res, p, size, &rem, true, false, &mut || false)?;
+            if o.interrupted {
+                return Err(stop_bw(s, size, o, true));
+            }
             s.verified += o.verified;
             let mine = bw::sender_result(p, size, &o);
             let w = s.to_wire(&mine);
@@ -366,6 +400,9 @@ fn rdma_bw<V: Verbs>(s: &mut Session<'_, V>) -> Result<Option<()>, String> {
         for &size in &p.sizes.clone() {
             let rem = s.rem.clone();
             let o: BwOut = bw::run(&mut s.res, p, size, &rem, true, false, &mut || false)?;
+            if o.interrupted {
+                return Err(stop_bw(s, size, o, true));
+            }
             s.verified += o.verified;
             last = bw::sender_result(p, size, &o);
             s.bw_row(&last);
@@ -411,6 +448,9 @@ fn send_bw<V: Verbs>(s: &mut Session<'_, V>) -> Result<Option<()>, String> {
         let o = bw::run(&mut s.res, p, size, &rem, sender, receiver, &mut || {
             oob.peer_has_data()
         })?;
+        if o.interrupted {
+            return Err(stop_bw(s, size, o, sender));
+        }
         s.verified += o.verified;
         s.lost += o.lost;
         if o.lost > 0 {
@@ -458,6 +498,9 @@ fn write_lat<V: Verbs>(s: &mut Session<'_, V>) -> Result<Option<()>, String> {
     for &size in &p.sizes.clone() {
         let rem = s.rem[0];
         let o = lat::write_lat(&mut s.res, p, size, &rem)?;
+        if o.interrupted {
+            return Err(stop_lat(s, size, &o, 2.0));
+        }
         s.verified += o.verified;
         let r = LatResult::perftest(size, p.iters, &o.tposted, 2.0);
         s.lat_row(&r);
@@ -484,6 +527,9 @@ fn rd_atomic_lat<V: Verbs>(s: &mut Session<'_, V>) -> Result<Option<()>, String>
     for &size in &p.sizes.clone() {
         let rem = s.rem[0];
         let o = lat::rd_atomic_lat(&mut s.res, p, size, &rem)?;
+        if o.interrupted {
+            return Err(stop_lat(s, size, &o, 1.0));
+        }
         s.verified += o.verified;
         let r = LatResult::perftest(size, p.iters, &o.tposted, 1.0);
         s.lat_row(&r);
@@ -503,6 +549,9 @@ fn send_lat<V: Verbs>(s: &mut Session<'_, V>) -> Result<Option<()>, String> {
         s.round(0)?;
         let rem = s.rem[0];
         let o = lat::send_lat(&mut s.res, p, size, &rem)?;
+        if o.interrupted {
+            return Err(stop_lat(s, size, &o, 2.0));
+        }
         s.verified += o.verified;
         let r = LatResult::perftest(size, p.iters, &o.tposted, 2.0);
         s.lat_row(&r);
