@@ -164,6 +164,10 @@ pub struct RawWorker {
 pub struct RawCapture {
     /// Write every frame sent and received to this pcap file.
     pub pcap: Option<String>,
+    /// Bytes kept of each frame (default 262144, as tcpdump; 0 is refused).
+    pub snaplen: Option<u32>,
+    /// Start capturing at once (default true); it can be switched on and off while running.
+    pub enabled: Option<bool>,
 }
 
 /// `[fault]`: a fault-injecting transmit path, for testing recovery on real links.
@@ -294,6 +298,10 @@ pub struct RnicConfig {
     pub idle_sleep_us: u32,
     /// Capture file.
     pub pcap: Option<PathBuf>,
+    /// Bytes kept per captured frame.
+    pub snaplen: u32,
+    /// Capturing from the start.
+    pub capture_enabled: bool,
     /// Faults.
     pub fault: FaultConfig,
 }
@@ -416,6 +424,8 @@ impl RawConfig {
                 self.worker.idle_sleep_us = Some(small(value, u32::MAX as u64)? as u32)
             }
             "capture.pcap" => self.capture.pcap = Some(value.into()),
+            "capture.snaplen" => self.capture.snaplen = Some(small(value, u32::MAX as u64)? as u32),
+            "capture.enabled" => self.capture.enabled = Some(boolean(value)?),
             "fault.loss" | "fault.duplicate" | "fault.corrupt" | "fault.reorder" => {
                 let p: f64 = value.parse().map_err(|_| ConfigError {
                     key: key.into(),
@@ -583,6 +593,10 @@ impl RawConfig {
             .args
             .as_ref()
             .map(|a| a.split_whitespace().map(String::from).collect());
+        let snaplen = self.capture.snaplen.unwrap_or(262_144);
+        if snaplen == 0 {
+            return err("capture.snaplen", "0 would keep nothing of a frame");
+        }
         let fault = FaultConfig {
             loss: prob("fault.loss", self.fault.loss)?,
             duplicate: prob("fault.duplicate", self.fault.duplicate)?,
@@ -618,6 +632,8 @@ impl RawConfig {
             idle_pause: self.worker.idle_pause.unwrap_or(4096),
             idle_sleep_us: self.worker.idle_sleep_us.unwrap_or(100),
             pcap: self.capture.pcap.as_ref().map(PathBuf::from),
+            snaplen,
+            capture_enabled: self.capture.enabled.unwrap_or(true),
             fault,
         })
     }

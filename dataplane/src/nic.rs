@@ -123,6 +123,33 @@ impl NextHop {
     };
 }
 
+/// The capture file of a port.
+struct Tap {
+    w: pcap::Writer<BufWriter<std::fs::File>>,
+    /// Capturing now (switchable while running).
+    on: bool,
+    /// Wall-clock ns minus the worker's clock, fixed at the first frame: timestamps are the
+    /// time of day (captures merge with a host's tcpdump, e.g. with mergecap) and still
+    /// never go backwards.
+    wall_offset: Option<u64>,
+}
+
+impl Tap {
+    fn write(&mut self, now: u64, segs: &[&[u8]]) {
+        if !self.on {
+            return;
+        }
+        let off = *self.wall_offset.get_or_insert_with(|| {
+            let wall = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(0);
+            wall.saturating_sub(now)
+        });
+        let _ = self.w.write_segments(now + off, segs);
+    }
+}
+
 struct Fault {
     cfg: FaultConfig,
     rng: Rng,
@@ -161,7 +188,7 @@ pub struct Nic {
     txbuf: Vec<Mbuf>,
     tx: Transmit,
     ident: u16,
-    tap: Option<pcap::Writer<BufWriter<std::fs::File>>>,
+    tap: Option<Tap>,
     fault: Option<Fault>,
     scratch: Vec<u8>,
     /// Counters.
@@ -204,7 +231,12 @@ impl Nic {
             Some(p) => {
                 let f = std::fs::File::create(p)
                     .map_err(|e| format!("capture.pcap {}: {e}", p.display()))?;
-                Some(pcap::Writer::new(BufWriter::new(f)).map_err(|e| e.to_string())?)
+                Some(Tap {
+                    w: pcap::Writer::with_snaplen(BufWriter::new(f), cfg.snaplen)
+                        .map_err(|e| e.to_string())?,
+                    on: cfg.capture_enabled,
+                    wall_offset: None,
+                })
             }
         };
         let fault = cfg.fault.any().then(|| Fault {
@@ -492,8 +524,24 @@ impl Nic {
     }
 
     fn tap(&mut self, now: u64, segs: &[&[u8]]) {
-        if let Some(w) = self.tap.as_mut() {
-            let _ = w.write_segments(now, segs);
+        if let Some(t) = self.tap.as_mut() {
+            t.write(now, segs);
+        }
+    }
+
+    fn tapping(&self) -> bool {
+        self.tap.as_ref().is_some_and(|t| t.on)
+    }
+
+    /// Switches the capture on or off while running; false if no capture file is set.
+    pub fn set_capture(&mut self, on: bool) -> bool {
+        match self.tap.as_mut() {
+            Some(t) => {
+                t.on = on;
+                let _ = t.w.flush();
+                true
+            }
+            None => false,
         }
     }
 
@@ -529,8 +577,8 @@ impl Nic {
         } else {
             &segs[..n]
         };
-        if let Some(w) = self.tap.as_mut() {
-            let _ = w.write_segments(now, segs);
+        if let Some(t) = self.tap.as_mut() {
+            t.write(now, segs);
         }
         let first = segs.first().copied().unwrap_or(&[]);
         if !self.l2_accept(first) {
@@ -697,7 +745,7 @@ impl Nic {
             self.dev.hold_path(self.tx.qpn);
             return;
         }
-        if self.tap.is_some() {
+        if self.tapping() {
             let v = m.to_vec();
             self.tap(now, &[&v]);
         }
@@ -751,7 +799,7 @@ impl Nic {
                     }
                     // The destination MAC is not covered by the ICRC: patch it in place.
                     m.data_mut()[..6].copy_from_slice(&mac);
-                    if self.tap.is_some() {
+                    if self.tapping() {
                         let v = m.to_vec();
                         self.tap(now, &[&v]);
                     }
@@ -828,8 +876,8 @@ impl Nic {
 
     /// Flushes the capture file.
     pub fn flush_capture(&mut self) {
-        if let Some(w) = self.tap.as_mut() {
-            let _ = w.flush();
+        if let Some(t) = self.tap.as_mut() {
+            let _ = t.w.flush();
         }
     }
 }

@@ -200,6 +200,18 @@ impl Runtime {
         Ok(ctx)
     }
 
+    /// Switches RNIC `index`'s capture on or off (it needs `capture.pcap`); false if there
+    /// is no such RNIC or it has no capture file.
+    pub fn set_capture(&self, index: usize, on: bool) -> bool {
+        match self.configs.get(index) {
+            Some(c) if c.pcap.is_some() => {
+                self.control.push(Control::SetCapture(index, on));
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// Makes the worker panic (for tests of what applications see when the dataplane dies).
     #[doc(hidden)]
     pub fn inject_worker_panic(&self) {

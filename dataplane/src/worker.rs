@@ -55,6 +55,8 @@ pub struct NicSnapshot {
 pub enum Control {
     /// Attach an application context to RNIC `index`.
     AddHost(usize, Box<HostEnd>),
+    /// Switch RNIC `index`'s capture on or off.
+    SetCapture(usize, bool),
     /// Panic the worker (tests of what applications see when the dataplane dies).
     #[doc(hidden)]
     Panic,
@@ -151,6 +153,11 @@ impl Worker {
                     Control::AddHost(i, h) => {
                         if let Some(n) = self.nics.get_mut(i) {
                             n.add_host(*h);
+                        }
+                    }
+                    Control::SetCapture(i, on) => {
+                        if let Some(n) = self.nics.get_mut(i) {
+                            n.set_capture(on);
                         }
                     }
                     Control::Panic => panic!("worker panic requested (Control::Panic)"),

@@ -270,9 +270,15 @@ pub struct Writer<W: Write> {
 }
 
 impl<W: Write> Writer<W> {
-    /// Writes the file header.
-    pub fn new(mut out: W) -> io::Result<Writer<W>> {
-        let snaplen = 262_144u32;
+    /// Writes the file header (snap length 262144, as tcpdump's default).
+    pub fn new(out: W) -> io::Result<Writer<W>> {
+        Self::with_snaplen(out, 262_144)
+    }
+
+    /// Writes the file header; frames are cut to `snaplen` bytes (their original length is
+    /// still recorded).
+    pub fn with_snaplen(mut out: W, snaplen: u32) -> io::Result<Writer<W>> {
+        let snaplen = snaplen.max(1);
         let mut h = [0u8; 24];
         h[0..4].copy_from_slice(&0xa1b2_3c4du32.to_le_bytes());
         h[4..6].copy_from_slice(&2u16.to_le_bytes());

@@ -84,7 +84,10 @@ pub fn decode_json(n: usize, f: &[u8]) -> Value {
                     ..
                 }) => {
                     o.insert("op".into(), json!(format!("{operation:?}").to_lowercase()));
-                    o.insert("sender_mac".into(), json!(source_hardware_addr.to_string()));
+                    o.insert(
+                        "sender_mac".into(),
+                        json!(mac_to_string(&source_hardware_addr.0)),
+                    );
                     o.insert("sender_ip".into(), json!(source_protocol_addr.to_string()));
                     o.insert("target_ip".into(), json!(target_protocol_addr.to_string()));
                 }
@@ -94,9 +97,67 @@ pub fn decode_json(n: usize, f: &[u8]) -> Value {
                 }
             }
         }
-        FrameKind::Other => {}
+        FrameKind::Other => ip_fields(&mut o, f),
     }
     Value::Object(o)
+}
+
+/// IPv4/IPv6 frames that are not RoCE: names the protocol (`kind` becomes icmp, icmpv6, nd,
+/// tcp, udp, ipv4 or ipv6) with its addresses, ports and ICMP type.
+fn ip_fields(o: &mut Map<String, Value>, f: &[u8]) {
+    let Ok(eth) = ethernet::Frame::new_checked(f) else {
+        return;
+    };
+    let body = &f[eth.header_len()..];
+    let (src, dst, proto, l4): (String, String, u8, &[u8]) = match eth.ethertype() {
+        ethernet::ethertype::IPV4 if body.len() >= 20 => {
+            let hl = ((body[0] & 0x0f) as usize * 4).clamp(20, body.len());
+            let a =
+                |i: usize| std::net::Ipv4Addr::new(body[i], body[i + 1], body[i + 2], body[i + 3]);
+            (a(12).to_string(), a(16).to_string(), body[9], &body[hl..])
+        }
+        ethernet::ethertype::IPV6 if body.len() >= 40 => {
+            let a = |i: usize| {
+                let mut b = [0u8; 16];
+                b.copy_from_slice(&body[i..i + 16]);
+                std::net::Ipv6Addr::from(b)
+            };
+            (a(8).to_string(), a(24).to_string(), body[6], &body[40..])
+        }
+        _ => return,
+    };
+    let v6 = eth.ethertype() == ethernet::ethertype::IPV6;
+    o.insert("src".into(), json!(src));
+    o.insert("dst".into(), json!(dst));
+    let port = |i: usize| l4.get(i..i + 2).map(|p| u16::from_be_bytes([p[0], p[1]]));
+    let kind = match proto {
+        1 | 58 => {
+            if let Some(&t) = l4.first() {
+                o.insert("icmp_type".into(), json!(t));
+                o.insert("icmp_code".into(), json!(l4.get(1).copied().unwrap_or(0)));
+            }
+            match (proto, l4.first()) {
+                // RFC 4861: router/neighbour solicitation and advertisement, redirect.
+                (58, Some(133..=137)) => "nd",
+                (58, _) => "icmpv6",
+                _ => "icmp",
+            }
+        }
+        6 | 17 => {
+            if let (Some(sp), Some(dp)) = (port(0), port(2)) {
+                o.insert("sport".into(), json!(sp));
+                o.insert("dport".into(), json!(dp));
+            }
+            if proto == 6 {
+                "tcp"
+            } else {
+                "udp"
+            }
+        }
+        _ if v6 => "ipv6",
+        _ => "ipv4",
+    };
+    o.insert("kind".into(), json!(kind));
 }
 
 fn roce_fields(o: &mut Map<String, Value>, p: &ParsedFrame) {
@@ -288,6 +349,50 @@ pub fn decode_line(v: &Value) -> String {
                 g("sender_ip").as_str().unwrap_or(""),
                 g("sender_mac").as_str().unwrap_or(""),
                 g("target_ip").as_str().unwrap_or("")
+            );
+        }
+        k @ ("tcp" | "udp") => {
+            let _ = write!(
+                s,
+                "{} {}:{} > {}:{}, {} bytes",
+                k.to_uppercase(),
+                g("src").as_str().unwrap_or(""),
+                g("sport"),
+                g("dst").as_str().unwrap_or(""),
+                g("dport"),
+                g("len")
+            );
+        }
+        k @ ("icmp" | "icmpv6" | "nd") => {
+            let name = match (k, g("icmp_type").as_u64().unwrap_or(0)) {
+                ("icmp", 0) | ("icmpv6", 129) => "echo reply",
+                ("icmp", 8) | ("icmpv6", 128) => "echo request",
+                ("icmp", 3) | ("icmpv6", 1) => "destination unreachable",
+                ("nd", 133) => "router solicitation",
+                ("nd", 134) => "router advertisement",
+                ("nd", 135) => "neighbour solicitation",
+                ("nd", 136) => "neighbour advertisement",
+                ("nd", 137) => "redirect",
+                _ => "type",
+            };
+            let _ = write!(
+                s,
+                "{} {} > {} {name} ({}), {} bytes",
+                if k == "icmp" { "ICMP" } else { "ICMPv6" },
+                g("src").as_str().unwrap_or(""),
+                g("dst").as_str().unwrap_or(""),
+                g("icmp_type"),
+                g("len")
+            );
+        }
+        k @ ("ipv4" | "ipv6") => {
+            let _ = write!(
+                s,
+                "{} {} > {}, {} bytes",
+                k.to_uppercase(),
+                g("src").as_str().unwrap_or(""),
+                g("dst").as_str().unwrap_or(""),
+                g("len")
             );
         }
         _ => {

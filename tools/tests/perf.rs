@@ -312,6 +312,67 @@ fn sigint_and_sigterm_stop_cleanly() {
     assert!(!std::path::Path::new(&format!("/var/run/dpdk/rnic_perf-{pid}")).exists());
 }
 
+/// The capture carries time-of-day timestamps that never go backwards (so it merges with a
+/// host's tcpdump), cuts frames at the snap length, and records nothing while switched off.
+#[test]
+fn capture_is_wall_clock_stamped_snapped_and_switchable() {
+    let _one = serial();
+    let pcap = std::env::temp_dir().join(format!("ferroce-cap-{}.pcap", std::process::id()));
+    let set = format!("capture.pcap={}", pcap.display());
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    loopback(&[
+        "write_bw",
+        "-n",
+        "50",
+        "-s",
+        "4096",
+        "--set",
+        &set,
+        "--set",
+        "capture.snaplen=100",
+    ]);
+    let d = std::fs::read(&pcap).unwrap();
+    assert_eq!(
+        u32::from_le_bytes(d[16..20].try_into().unwrap()),
+        100,
+        "snaplen"
+    );
+    let (mut off, mut last, mut n) = (24usize, 0u64, 0);
+    while off + 16 <= d.len() {
+        let w = |i: usize| u32::from_le_bytes(d[off + i..off + i + 4].try_into().unwrap());
+        let ts = w(0) as u64 * 1_000_000_000 + w(4) as u64;
+        let (incl, orig) = (w(8) as usize, w(12) as usize);
+        assert!(incl <= 100 && incl <= orig, "{incl} {orig}");
+        assert!(ts >= last, "timestamps go backwards");
+        assert!(
+            (ts / 1_000_000_000).abs_diff(now) < 120,
+            "not wall-clock: {ts}"
+        );
+        last = ts;
+        n += 1;
+        off += 16 + incl;
+    }
+    assert!(n > 50, "{n} frames");
+    loopback(&[
+        "write_bw",
+        "-n",
+        "50",
+        "--set",
+        &set,
+        "--set",
+        "capture.enabled=false",
+    ]);
+    assert_eq!(
+        std::fs::read(&pcap).unwrap().len(),
+        24,
+        "only the file header"
+    );
+    let _ = std::fs::remove_file(&pcap);
+}
+
 #[test]
 fn bad_arguments_are_clear_errors() {
     let _one = serial();

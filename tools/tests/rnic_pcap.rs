@@ -188,3 +188,67 @@ fn reads_pcapng_like_pcap() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("100 RoCE"));
     std::fs::remove_file(ng).ok();
 }
+
+/// Frames that are not RoCE are named (ICMP, ICMPv6 ND, TCP, UDP) rather than "other";
+/// MACs are printed one way (colons) everywhere; `-` reads the capture from standard input.
+#[test]
+fn other_protocols_are_named_and_stdin_is_read() {
+    let f = tmp("misc.pcap");
+    let script = format!(
+        r#"
+from scapy.all import Ether, IP, IPv6, ICMP, TCP, UDP, ARP, ICMPv6ND_NS, wrpcap
+m = "52:54:00:99:00:02"
+wrpcap("{}", [
+    Ether(src=m, dst="02:00:00:99:00:03")/IP(src="10.99.0.2", dst="10.99.0.3")/ICMP(),
+    Ether(src=m, dst="33:33:ff:00:00:03")/IPv6(src="fd00:99::2", dst="ff02::1:ff00:3")/ICMPv6ND_NS(tgt="fd00:99::3"),
+    Ether(src=m, dst="02:00:00:99:00:03")/IP(src="10.99.0.2", dst="10.99.0.3")/TCP(sport=40000, dport=18515),
+    Ether(src=m, dst="02:00:00:99:00:03")/IP(src="10.99.0.2", dst="10.99.0.3")/UDP(sport=5000, dport=53),
+    Ether(src=m, dst="ff:ff:ff:ff:ff:ff")/ARP(hwsrc=m, psrc="10.99.0.2", pdst="10.99.0.3"),
+])
+"#,
+        f.display()
+    );
+    let out = Command::new("python3")
+        .arg("-c")
+        .arg(&script)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let data = std::fs::read(&f).unwrap();
+    let mut child = Command::new(bin())
+        .args(["decode", "-", "--json"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(&mut child.stdin.take().unwrap(), &data).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let v: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let kinds: Vec<&str> = v.iter().map(|o| o["kind"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["icmp", "nd", "tcp", "udp", "arp"]);
+    assert_eq!(v[2]["dport"], 18515);
+    assert_eq!(v[1]["icmp_type"], 135);
+    assert_eq!(v[4]["sender_mac"], "52:54:00:99:00:02");
+    assert_eq!(v[4]["src_mac"], "52:54:00:99:00:02");
+    let text = Command::new(bin()).arg("decode").arg(&f).output().unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains("ICMP 10.99.0.2 > 10.99.0.3 echo request"),
+        "{text}"
+    );
+    assert!(text.contains("neighbour solicitation"), "{text}");
+    assert!(
+        text.contains("TCP 10.99.0.2:40000 > 10.99.0.3:18515"),
+        "{text}"
+    );
+    assert!(!text.contains("other"), "{text}");
+    std::fs::remove_file(f).ok();
+}

@@ -1,6 +1,7 @@
 //! rnic-pcap: look at RoCEv2 captures the way ferroce parses them.
 //!
-//! * `rnic-pcap decode FILE [--json]`: one line (or one JSON object) per frame.
+//! * `rnic-pcap decode FILE [--json]`: one line (or one JSON object) per frame; ARP, ICMP,
+//!   ICMPv6/ND, TCP and UDP are named too. FILE `-` reads standard input.
 //! * `rnic-pcap verify FILE`: exit status 1 if any RoCE frame is malformed or fails its ICRC.
 //! * `rnic-pcap gen FILE`: sample frames of every opcode (IPv4, IPv6, VLAN) for Wireshark.
 //!
@@ -28,7 +29,7 @@ struct Cli {
 enum Cmd {
     /// Print one line per frame (or one JSON object per line with --json).
     Decode {
-        /// A pcap or pcapng file.
+        /// A pcap or pcapng file (`-`: standard input).
         file: PathBuf,
         /// JSON output, one object per frame.
         #[arg(long)]
@@ -36,7 +37,7 @@ enum Cmd {
     },
     /// Check every RoCE frame (structure and ICRC); exit 1 if any is bad.
     Verify {
-        /// A pcap or pcapng file.
+        /// A pcap or pcapng file (`-`: standard input).
         file: PathBuf,
     },
     /// Write sample frames of every opcode (IPv4, IPv6, VLAN), PFC, PAUSE and ARP.
@@ -46,7 +47,15 @@ enum Cmd {
     },
 }
 
+/// The capture's bytes: the file, or standard input for `-` (e.g. `tcpdump -w - | rnic-pcap
+/// decode -`).
 fn read(file: &PathBuf) -> Result<Vec<u8>, String> {
+    if file.as_os_str() == "-" {
+        let mut v = Vec::new();
+        std::io::Read::read_to_end(&mut std::io::stdin(), &mut v)
+            .map_err(|e| format!("cannot read standard input: {e}"))?;
+        return Ok(v);
+    }
     std::fs::read(file).map_err(|e| format!("cannot read {}: {e}", file.display()))
 }
 
