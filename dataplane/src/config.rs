@@ -170,6 +170,27 @@ pub struct RawCapture {
     pub enabled: Option<bool>,
 }
 
+/// The outcome of one `rnicd --check` item.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Check {
+    /// Checked and fine.
+    Ok(String),
+    /// Checked and wrong: the RNIC would not work.
+    Fail(String),
+    /// Cannot be known without starting the port.
+    NeedsPort(String),
+}
+
+/// The kernel interface a vdev binds to (`iface=` of net_af_packet, net_tap, net_pcap's
+/// `iface=`), if any.
+fn device_iface(device: &str) -> Option<String> {
+    device
+        .split(',')
+        .skip(1)
+        .find_map(|kv| kv.trim().strip_prefix("iface="))
+        .map(String::from)
+}
+
 /// `[fault]`: a fault-injecting transmit path, for testing recovery on real links.
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -660,7 +681,82 @@ impl RnicConfig {
     }
 
     /// A one-line summary for logs.
-    pub fn summary(&self, mac: [u8; 6]) -> String {
+    /// What `rnicd --check` can check without starting the port, and what it cannot: an
+    /// address peers can reach, a capture file that can be created, and for a vdev on a
+    /// kernel interface (`iface=`), that the interface exists and its MTU holds `port.mtu`.
+    pub fn preflight(&self) -> Vec<Check> {
+        let mut out = Vec::new();
+        let routable = !self.ipv4.is_empty() || !self.ipv6.is_empty();
+        out.push(if routable {
+            Check::Ok(format!("{} address(es)", self.ipv4.len() + self.ipv6.len()))
+        } else {
+            Check::Fail(
+                "address.ipv4 / address.ipv6: no IP address; RoCEv2 peers address an RNIC by IP (only the MAC-derived link-local GID would exist)"
+                    .into(),
+            )
+        });
+        if let Some(p) = &self.pcap {
+            let dir = p
+                .parent()
+                .filter(|d| !d.as_os_str().is_empty())
+                .unwrap_or(Path::new("."));
+            out.push(match std::fs::metadata(dir) {
+                Ok(m) if m.is_dir() && !m.permissions().readonly() => {
+                    Check::Ok(format!("capture.pcap {} can be created", p.display()))
+                }
+                Ok(_) => Check::Fail(format!(
+                    "capture.pcap {}: {} is not a writable directory",
+                    p.display(),
+                    dir.display()
+                )),
+                Err(e) => Check::Fail(format!(
+                    "capture.pcap {}: directory {}: {e}",
+                    p.display(),
+                    dir.display()
+                )),
+            });
+        }
+        match device_iface(&self.device) {
+            Some(iface) => {
+                let sys = Path::new("/sys/class/net").join(&iface);
+                match std::fs::read_to_string(sys.join("mtu")) {
+                    Ok(m) => match m.trim().parse::<u32>() {
+                        Ok(if_mtu) if if_mtu < self.mtu => out.push(Check::Fail(format!(
+                            "port.mtu {} exceeds {iface}'s MTU {if_mtu} (frames would be dropped; lower port.mtu or raise the interface's)",
+                            self.mtu
+                        ))),
+                        Ok(if_mtu) => out.push(Check::Ok(format!(
+                            "{iface} exists, MTU {if_mtu} >= port.mtu {}",
+                            self.mtu
+                        ))),
+                        Err(_) => out.push(Check::NeedsPort(format!("{iface}'s MTU"))),
+                    },
+                    Err(_) => out.push(Check::Fail(format!(
+                        "port.device {}: no network interface {iface} here",
+                        self.device
+                    ))),
+                }
+            }
+            None => out.push(Check::NeedsPort(format!(
+                "that {} exists and takes MTU {} (checked when the port starts)",
+                self.device, self.mtu
+            ))),
+        }
+        if self.mac.is_none() {
+            out.push(Check::NeedsPort(
+                "the MAC address (the port's own; set address.mac to fix it)".into(),
+            ));
+        }
+        out
+    }
+
+    /// One line describing the RNIC; `mac` is the MAC in use if known (None: not set, the
+    /// port's own will be used).
+    pub fn describe(&self, mac: Option<[u8; 6]>) -> String {
+        let mac = match mac.or(self.mac) {
+            Some(m) => mac_to_string(&m),
+            None => "the port's".into(),
+        };
         let ips: Vec<String> = self
             .ipv4
             .iter()
@@ -670,17 +766,199 @@ impl RnicConfig {
         format!(
             "{} mac {} ip [{}] mtu {} path_mtu {}",
             self.device,
-            mac_to_string(&mac),
+            mac,
             ips.join(", "),
             self.mtu,
             self.path_mtu.bytes()
         )
+    }
+
+    /// The effective configuration as TOML, every key with its value (defaults included);
+    /// `RawConfig::parse` of it gives this configuration back (`rnicd --print-config`).
+    pub fn to_toml(&self) -> String {
+        let q = |v: &str| format!("{v:?}");
+        let list = |v: Vec<String>| {
+            let items: Vec<String> = v.iter().map(|x| q(x)).collect();
+            format!("[{}]", items.join(", "))
+        };
+        let mut t = String::new();
+        let mut line = |k: &str, v: String| {
+            t.push_str(&format!("{k} = {v}\n"));
+        };
+        let mut out = String::from("[eal]\n");
+        match &self.eal_args {
+            Some(a) => line("args", q(&a.join(" "))),
+            None => line("# args", q("(software defaults)")),
+        }
+        if let Some(p) = &self.file_prefix {
+            line("file_prefix", q(p));
+        }
+        out.push_str(&std::mem::take(&mut t));
+        out.push_str("\n[port]\n");
+        let mut line = |k: &str, v: String| {
+            t.push_str(&format!("{k} = {v}\n"));
+        };
+        line("device", q(&self.device));
+        line("mtu", self.mtu.to_string());
+        line("rx_desc", self.rx_desc.to_string());
+        line("tx_desc", self.tx_desc.to_string());
+        line("mbufs", self.mbufs.to_string());
+        line("promiscuous", self.promiscuous.to_string());
+        line("speed_gbps", self.speed_gbps.to_string());
+        out.push_str(&std::mem::take(&mut t));
+        out.push_str("\n[address]\n");
+        let mut line = |k: &str, v: String| {
+            t.push_str(&format!("{k} = {v}\n"));
+        };
+        match self.mac {
+            Some(m) => line("mac", q(&mac_to_string(&m))),
+            None => line("# mac", q("(the port's own)")),
+        }
+        line(
+            "ipv4",
+            list(
+                self.ipv4
+                    .iter()
+                    .map(|c| format!("{}/{}", c.addr, c.prefix))
+                    .collect(),
+            ),
+        );
+        line(
+            "ipv6",
+            list(
+                self.ipv6
+                    .iter()
+                    .map(|c| format!("{}/{}", c.addr, c.prefix))
+                    .collect(),
+            ),
+        );
+        if let Some(g) = self.gateway {
+            line("gateway", q(&g.to_string()));
+        }
+        if let Some(g) = self.gateway6 {
+            line("gateway6", q(&g.to_string()));
+        }
+        out.push_str(&std::mem::take(&mut t));
+        out.push_str("\n[roce]\n");
+        let mut line = |k: &str, v: String| {
+            t.push_str(&format!("{k} = {v}\n"));
+        };
+        line("path_mtu", self.path_mtu.bytes().to_string());
+        if let Some(v) = self.vlan {
+            line("vlan", v.to_string());
+        }
+        line("pcp", self.pcp.to_string());
+        line("dscp", self.dscp.to_string());
+        line("ecn", self.ecn.to_string());
+        line(
+            "credits",
+            q(if self.credits_from_rq {
+                "receive-queue"
+            } else {
+                "unlimited"
+            }),
+        );
+        line("ack_coalescing", self.ack_coalescing.to_string());
+        line("ud_rx_hold_us", self.ud_rx_hold_us.to_string());
+        line("ud_rx_hold_frames", self.ud_rx_hold_frames.to_string());
+        out.push_str(&std::mem::take(&mut t));
+        out.push_str("\n[worker]\n");
+        let mut line = |k: &str, v: String| {
+            t.push_str(&format!("{k} = {v}\n"));
+        };
+        line("idle_spin", self.idle_spin.to_string());
+        line("idle_pause", self.idle_pause.to_string());
+        line("idle_sleep_us", self.idle_sleep_us.to_string());
+        out.push_str(&std::mem::take(&mut t));
+        out.push_str("\n[capture]\n");
+        let mut line = |k: &str, v: String| {
+            t.push_str(&format!("{k} = {v}\n"));
+        };
+        match &self.pcap {
+            Some(p) => line("pcap", q(&p.display().to_string())),
+            None => line("# pcap", q("(no capture)")),
+        }
+        line("snaplen", self.snaplen.to_string());
+        line("enabled", self.capture_enabled.to_string());
+        out.push_str(&std::mem::take(&mut t));
+        out.push_str("\n[fault]\n");
+        let f = &self.fault;
+        for (k, v) in [
+            ("loss", f.loss),
+            ("duplicate", f.duplicate),
+            ("corrupt", f.corrupt),
+            ("reorder", f.reorder),
+        ] {
+            t.push_str(&format!("{k} = {v:?}\n"));
+        }
+        t.push_str(&format!("seed = {}\n", f.seed));
+        out.push_str(&t);
+        out
+    }
+
+    /// One line describing the RNIC with the MAC in use.
+    pub fn summary(&self, mac: [u8; 6]) -> String {
+        self.describe(Some(mac))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn printed_configuration_reads_back_the_same() {
+        let c = ok(r#"
+            [port]
+            device = "net_af_packet0,iface=veth0"
+            mtu = 4200
+            [address]
+            mac = "02:00:00:99:00:03"
+            ipv4 = ["10.99.0.3/24"]
+            ipv6 = ["fd00:99::3/64"]
+            gateway = "10.99.0.1"
+            [roce]
+            path_mtu = 4096
+            vlan = 100
+            dscp = 26
+            ecn = true
+            credits = "unlimited"
+            [capture]
+            pcap = "/tmp/x.pcap"
+            snaplen = 128
+            [fault]
+            loss = 0.01
+        "#);
+        assert_eq!(ok(&c.to_toml()), c);
+        let d = ok("[port]\ndevice = \"net_null0\"");
+        assert_eq!(ok(&d.to_toml()), d);
+    }
+
+    /// The example shipped in docs/rnic.example.toml parses, validates, and mentions every
+    /// key `--set` accepts.
+    #[test]
+    fn the_example_configuration_is_valid_and_complete() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/rnic.example.toml");
+        let text = std::fs::read_to_string(path).unwrap();
+        ok(&text);
+        let src = include_str!("config.rs");
+        for key in src
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix('"'))
+            .filter_map(|l| l.split_once("\" =>").map(|(k, _)| k))
+            .filter(|k| k.contains('.') && !k.contains('"'))
+        {
+            let (section, name) = key.split_once('.').unwrap();
+            assert!(text.contains(&format!("[{section}]")), "{section}");
+            assert!(
+                text.lines().any(|l| l
+                    .trim_start_matches('#')
+                    .trim_start()
+                    .starts_with(&format!("{name} ="))),
+                "the example does not mention {key}"
+            );
+        }
+    }
 
     fn ok(text: &str) -> RnicConfig {
         RawConfig::parse(text).unwrap().validate().unwrap()

@@ -2,14 +2,17 @@
 //!
 //! `rnicd --config rnic.toml` (or `--port net_af_packet0,iface=tap0 --ip 10.99.0.3/24`).
 //! It answers ARP, ping and IPv6 ND for its addresses and is a RoCEv2 endpoint; counters are
-//! printed every `--stats` seconds and at exit (SIGINT/SIGTERM). `--check` validates the
-//! configuration and exits.
+//! printed every `--stats` seconds and at exit (SIGINT/SIGTERM), each by its rxe/mlx5 name.
+//! `--check` validates the configuration and what can be known without starting the port;
+//! `--print-config` prints the effective configuration. docs/rnic.example.toml shows every key.
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+use dataplane::config::Check;
 use dataplane::runtime::Runtime;
+use ferroce_tools::perf::driver::all_counters;
 use ferroce_tools::rnic_opts::{init_logging, install_signal_handlers, stop_requested, RnicOpts};
 
 #[derive(Parser)]
@@ -21,9 +24,13 @@ use ferroce_tools::rnic_opts::{init_logging, install_signal_handlers, stop_reque
 struct Cli {
     #[command(flatten)]
     rnic: RnicOpts,
-    /// Validate the configuration and exit.
+    /// Check the configuration (and what can be checked without starting the port) and
+    /// exit: 0 if nothing is wrong, 2 otherwise.
     #[arg(long)]
     check: bool,
+    /// Print the effective configuration (TOML, defaults included) and exit.
+    #[arg(long)]
+    print_config: bool,
     /// Print counters every SECS seconds (0: only at exit).
     #[arg(long, default_value_t = 0, value_name = "SECS")]
     stats: u64,
@@ -32,14 +39,18 @@ struct Cli {
     duration: u64,
 }
 
+/// Every non-zero counter by its rxe/mlx5 (or ferroce) name, port totals included.
 fn print_stats(rt: &Runtime) {
     let s = rt.stats(0);
+    let parts: Vec<String> = all_counters(&s)
+        .into_iter()
+        .filter(|(_, v)| *v != 0)
+        .map(|(k, v)| format!("{k} {v}"))
+        .collect();
     println!(
-        "rx {} (roce {} arp {} icmp {} pfc {} pause {} other {}) tx {} (roce {} neigh {}) | arp replies {} echo replies {} na {} | icrc errors {} no-qp {} | mbufs in use {}",
-        s.nic.rx_frames, s.nic.rx_roce, s.nic.rx_arp, s.nic.rx_icmp, s.nic.rx_pfc, s.nic.rx_pause, s.nic.rx_other,
-        s.nic.tx_frames, s.nic.tx_roce, s.nic.tx_neighbor,
-        s.neigh.arp_replies_tx, s.neigh.echo_replies_tx, s.neigh.na_tx,
-        s.dev.rx_icrc_encapsulated, s.dev.rx_dropped_no_qp, s.mbufs_in_use
+        "rnicd: counters: {} mbufs_in_use {}",
+        parts.join(", "),
+        s.mbufs_in_use
     );
 }
 
@@ -53,12 +64,36 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if cli.check {
-        println!(
-            "rnicd: configuration ok: {}",
-            cfg.summary(cfg.mac.unwrap_or_default())
-        );
+    if cli.print_config {
+        print!("{}", cfg.to_toml());
         return ExitCode::SUCCESS;
+    }
+    if cli.check {
+        println!("rnicd: configuration: {}", cfg.describe(None));
+        let mut failed = false;
+        for c in cfg.preflight() {
+            match c {
+                Check::Ok(m) => println!("rnicd: ok: {m}"),
+                Check::Fail(m) => {
+                    failed = true;
+                    println!("rnicd: error: {m}");
+                }
+                Check::NeedsPort(m) => println!("rnicd: needs the port (not checked): {m}"),
+            }
+        }
+        println!(
+            "rnicd: {}",
+            if failed {
+                "configuration has errors"
+            } else {
+                "configuration ok"
+            }
+        );
+        return if failed {
+            ExitCode::from(2)
+        } else {
+            ExitCode::SUCCESS
+        };
     }
     install_signal_handlers();
     let rt = match Runtime::start("rnicd", vec![cfg]) {

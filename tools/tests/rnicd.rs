@@ -1,0 +1,136 @@
+//! rnicd's configuration tools: `--check` finds what cannot work before anything starts (no
+//! address, a capture directory that does not exist, an interface that is missing or whose
+//! MTU is below `port.mtu`) and says what only the port can tell; `--print-config` prints
+//! the effective configuration, which reads back as the same configuration.
+
+use std::process::{Command, Output};
+
+fn rnicd(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_rnicd"))
+        .args(args)
+        .env("RUST_LOG", "error")
+        .output()
+        .unwrap()
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+#[test]
+fn check_finds_what_cannot_start() {
+    // Fine: lo exists and its MTU (65536) holds 5000.
+    let o = rnicd(&[
+        "--port",
+        "net_af_packet0,iface=lo",
+        "--ip",
+        "10.99.0.3/24",
+        "--set",
+        "port.mtu=5000",
+        "--check",
+    ]);
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(
+        t.contains("configuration ok") && t.contains("lo exists"),
+        "{t}"
+    );
+    assert!(
+        t.contains("mac the port's") && !t.contains("00:00:00:00:00:00"),
+        "{t}"
+    );
+    assert!(t.contains("needs the port"), "{t}");
+    // Each problem is named, and the exit status is 2.
+    for (args, want) in [
+        (vec!["--port", "net_af_packet0,iface=lo"], "no IP address"),
+        (
+            vec![
+                "--port",
+                "net_af_packet0,iface=ferroce-none0",
+                "--ip",
+                "10.99.0.3/24",
+            ],
+            "no network interface ferroce-none0",
+        ),
+        (
+            vec![
+                "--port",
+                "net_null0",
+                "--ip",
+                "10.99.0.3/24",
+                "--set",
+                "capture.pcap=/nonexistent-dir/x.pcap",
+            ],
+            "capture.pcap /nonexistent-dir/x.pcap",
+        ),
+    ] {
+        let mut a = args.clone();
+        a.push("--check");
+        let o = rnicd(&a);
+        let t = text(&o);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {t}");
+        assert!(t.contains(want), "{args:?}: {t}");
+    }
+}
+
+/// An interface whose MTU is below port.mtu, in a private network namespace (as root).
+#[test]
+fn check_compares_port_mtu_with_the_interface() {
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: needs root for a network namespace");
+        return;
+    }
+    let ns = format!("ferroce-chk-{}", std::process::id());
+    let ip = |a: &[&str]| Command::new("ip").args(a).status().unwrap().success();
+    assert!(ip(&["netns", "add", &ns]));
+    let ok = ip(&[
+        "-n", &ns, "link", "add", "v0", "type", "veth", "peer", "name", "v1",
+    ]) && ip(&["-n", &ns, "link", "set", "v0", "mtu", "1500"]);
+    let o = Command::new("ip")
+        .args(["netns", "exec", &ns, env!("CARGO_BIN_EXE_rnicd")])
+        .args([
+            "--port",
+            "net_af_packet0,iface=v0",
+            "--ip",
+            "10.99.0.3/24",
+            "--set",
+            "port.mtu=5000",
+            "--check",
+        ])
+        .env("RUST_LOG", "error")
+        .output()
+        .unwrap();
+    ip(&["netns", "del", &ns]);
+    assert!(ok);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(2), "{t}");
+    assert!(t.contains("port.mtu 5000 exceeds v0's MTU 1500"), "{t}");
+}
+
+#[test]
+fn print_config_reads_back() {
+    let o = rnicd(&[
+        "--port",
+        "net_null0",
+        "--ip",
+        "10.99.0.3/24",
+        "--set",
+        "roce.dscp=26",
+        "--print-config",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let toml = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(
+        toml.contains("dscp = 26") && toml.contains("ud_rx_hold_us = 50000"),
+        "{toml}"
+    );
+    let f = std::env::temp_dir().join(format!("ferroce-printed-{}.toml", std::process::id()));
+    std::fs::write(&f, &toml).unwrap();
+    let again = rnicd(&["--config", f.to_str().unwrap(), "--print-config"]);
+    let _ = std::fs::remove_file(&f);
+    assert_eq!(String::from_utf8_lossy(&again.stdout), toml);
+}
