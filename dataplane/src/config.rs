@@ -181,6 +181,46 @@ pub enum Check {
     NeedsPort(String),
 }
 
+/// Virtual device drivers of DPDK 22.11 that carry Ethernet frames (`net_...` devargs).
+pub const KNOWN_VDEV_DRIVERS: &[&str] = &[
+    "net_af_packet",
+    "net_af_xdp",
+    "net_bonding",
+    "net_failsafe",
+    "net_memif",
+    "net_null",
+    "net_pcap",
+    "net_ring",
+    "net_tap",
+    "net_tun",
+    "net_vhost",
+    "net_virtio_user",
+];
+
+/// The driver of a vdev's devargs: the name without its instance number (`net_tap0` ->
+/// `net_tap`).
+fn vdev_driver(device: &str) -> Option<&str> {
+    let name = device.split(',').next()?.trim();
+    name.starts_with("net_")
+        .then(|| name.trim_end_matches(|c: char| c.is_ascii_digit()))
+}
+
+/// Why a port probably cannot be opened, when that can be told without DPDK: an unknown
+/// vdev driver, or a vdev bound to a kernel interface that does not exist.
+pub fn port_problem(device: &str) -> Option<String> {
+    if let Some(d) = vdev_driver(device) {
+        if !KNOWN_VDEV_DRIVERS.contains(&d) {
+            return Some(format!(
+                "port.device {device}: DPDK has no virtual device driver {d} (known: {})",
+                KNOWN_VDEV_DRIVERS.join(", ")
+            ));
+        }
+    }
+    let iface = device_iface(device)?;
+    (!Path::new("/sys/class/net").join(&iface).exists())
+        .then(|| format!("port.device {device}: no network interface {iface} here"))
+}
+
 /// The kernel interface a vdev binds to (`iface=` of net_af_packet, net_tap, net_pcap's
 /// `iface=`), if any.
 fn device_iface(device: &str) -> Option<String> {
@@ -715,6 +755,10 @@ impl RnicConfig {
                     dir.display()
                 )),
             });
+        }
+        if let Some(p) = port_problem(&self.device) {
+            out.push(Check::Fail(p));
+            return out;
         }
         match device_iface(&self.device) {
             Some(iface) => {

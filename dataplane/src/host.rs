@@ -387,7 +387,12 @@ fn to_reply(r: VerbsResult<ReplyData>) -> Reply {
                 VerbsError::Modify(_) => ErrKind::Modify,
                 VerbsError::DeviceFatal => ErrKind::DeviceFatal,
             };
-            let text = e.to_string();
+            // The detail only: the receiving side rebuilds the error from `kind`, whose
+            // Display adds the prefix ("invalid argument: ...") once.
+            let text = match &e {
+                VerbsError::InvalidArgument(t) => t.clone(),
+                other => other.to_string(),
+            };
             let mut msg = [0u8; 160];
             let n = text.len().min(160);
             msg[..n].copy_from_slice(&text.as_bytes()[..n]);

@@ -99,7 +99,13 @@ impl Runtime {
         let mut nics = Vec::new();
         for cfg in cfgs {
             let pool = pool_for(&cfg)?;
-            let port = Port::probe_or_open(&cfg.device, &port_config(&cfg), pool.clone())?;
+            let port = Port::probe_or_open(&cfg.device, &port_config(&cfg), pool.clone()).map_err(
+                |e| match crate::config::port_problem(&cfg.device) {
+                    // DPDK's errno for these is misleading (EFAULT, EPERM): name the cause.
+                    Some(p) => StartError::Other(p),
+                    None => e.into(),
+                },
+            )?;
             nics.push(Nic::new(cfg, port, pool).map_err(StartError::Other)?);
         }
         Self::spawn(nics)

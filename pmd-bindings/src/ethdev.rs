@@ -248,6 +248,18 @@ impl Port {
                 &origin,
             );
         }
+        if let Some(mtu) = config.mtu {
+            // Name the limit rather than let rte_eth_dev_configure fail with a bare EINVAL.
+            let (lo, hi) = (info.min_mtu, info.max_mtu);
+            if hi != 0 && (mtu < lo || mtu > hi) {
+                return fail(
+                    Error::InvalidArgument(format!(
+                        "port {name}: MTU {mtu} is outside what the device supports ({lo}..={hi})"
+                    )),
+                    &origin,
+                );
+            }
+        }
         // SAFETY: rte_eth_conf is plain data; all-zero is DPDK's documented default.
         let mut conf: sys::rte_eth_conf = unsafe { std::mem::zeroed() };
         if let Some(mtu) = config.mtu {
@@ -266,7 +278,16 @@ impl Port {
         let ret =
             unsafe { sys::rte_eth_dev_configure(id, config.rx_queues, config.tx_queues, &conf) };
         if ret < 0 {
-            return fail(Error::from_errno("rte_eth_dev_configure", -ret), &origin);
+            let e = Error::from_errno("rte_eth_dev_configure", -ret);
+            return fail(
+                Error::InvalidArgument(format!(
+                    "port {name}: {e} (MTU {}, {}x{} queues)",
+                    config.mtu.unwrap_or(1500),
+                    config.rx_queues,
+                    config.tx_queues
+                )),
+                &origin,
+            );
         }
         let (mut nrx, mut ntx) = (config.rx_desc, config.tx_desc);
         // SAFETY: valid port id and pointers to locals.

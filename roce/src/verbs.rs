@@ -61,6 +61,21 @@ impl fmt::Debug for Access {
     }
 }
 
+/// ferroce's `vendor_err` codes: in an error completion, what the status alone does not say
+/// (verbs leaves `vendor_err` to the provider).
+pub mod vendor_err {
+    /// The QP went to error because its peer's MAC could not be resolved (no ARP/ND reply).
+    pub const PEER_UNREACHABLE: u32 = 0x101;
+
+    /// What a code means, for messages.
+    pub fn describe(code: u32) -> Option<&'static str> {
+        match code {
+            PEER_UNREACHABLE => Some("the peer's address could not be resolved (no ARP/ND reply)"),
+            _ => None,
+        }
+    }
+}
+
 /// Transport service of a QP.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum QpType {

@@ -394,6 +394,33 @@ fn bad_arguments_are_clear_errors() {
             vec!["send_bw", "--loopback", "--set", "roce.bogus=1"],
             "roce.bogus",
         ),
+        // Errors name the cause, not DPDK's errno.
+        (
+            vec![
+                "write_bw",
+                "--port",
+                "net_foo0",
+                "--ip",
+                "10.99.0.9/24",
+                "127.0.0.1",
+            ],
+            "no virtual device driver net_foo",
+        ),
+        (
+            vec![
+                "write_bw",
+                "--port",
+                "net_af_packet0,iface=ferroce-none0",
+                "--ip",
+                "10.99.0.9/24",
+                "127.0.0.1",
+            ],
+            "no network interface ferroce-none0",
+        ),
+        (
+            vec!["write_bw", "--loopback", "-x", "5", "-n", "10"],
+            "-x 5: no such GID (invalid argument: GID index 5 out of range)",
+        ),
     ] {
         let out = rnic_perf(&args);
         let err = String::from_utf8_lossy(&out.stderr);

@@ -462,7 +462,11 @@ impl Qp {
                     wr_id: w.wr_id,
                     status,
                     opcode: w.op.wc_opcode(),
-                    vendor_err: 0,
+                    vendor_err: if status == WcStatus::Success {
+                        0
+                    } else {
+                        self.error_cause
+                    },
                     byte_len: w.length,
                     imm_data: 0,
                     invalidated_rkey: 0,
@@ -588,7 +592,11 @@ impl Qp {
             wr_id,
             status,
             opcode,
-            vendor_err: 0,
+            vendor_err: if status == WcStatus::Success {
+                0
+            } else {
+                self.error_cause
+            },
             byte_len: len,
             imm_data: 0,
             invalidated_rkey: 0,

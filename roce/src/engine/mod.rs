@@ -1630,6 +1630,7 @@ impl Device {
             let to_peer = qp.qp_type != QpType::Ud && qp.attr.av.is_some_and(|av| av.dgid == *dgid);
             if to_peer && !matches!(qp.state, QpState::Err | QpState::Reset | QpState::Init) {
                 self.sh.events.push_back(AsyncEvent::QpFatal(qp.qpn));
+                qp.error_cause = crate::verbs::vendor_err::PEER_UNREACHABLE;
                 qp.enter_error(&mut self.sh);
                 self.note_moved(slot);
                 n += 1;

@@ -404,6 +404,9 @@ pub(crate) struct Qp {
     /// The dataplane holds this QP's packets while it resolves the next hop: they have not
     /// left, so an ACK timeout then costs no retry (`Device::hold_path`).
     pub path_held: bool,
+    /// Why the QP went to error when the cause is not in the completion status (a
+    /// `verbs::vendor_err` code carried by its error completions; 0: none).
+    pub error_cause: u32,
 }
 
 impl Qp {
@@ -483,6 +486,7 @@ impl Qp {
             positions_taken: (0, 0),
             moved_noted: false,
             path_held: false,
+            error_cause: 0,
         }
     }
 

@@ -239,10 +239,10 @@ pub fn run<V: Verbs>(
             for c in &wc[..k] {
                 if c.status != WcStatus::Success {
                     return Err(format!(
-                        "Completion with error at client: status {:?} ({}) vendor error {} (qp {} wr {})",
+                        "Completion with error at client: status {:?} ({}) {} (qp {} wr {})",
                         c.status,
                         c.status as u32,
-                        c.vendor_err,
+                        super::vendor_text(c.vendor_err),
                         c.wr_id >> SEQ_BITS,
                         c.wr_id & SEQ_MASK
                     ));
@@ -288,8 +288,11 @@ pub fn run<V: Verbs>(
             for c in &wc[..k] {
                 if c.status != WcStatus::Success {
                     return Err(format!(
-                        "Completion with error at server: status {:?} ({}) vendor error {} (receive {})",
-                        c.status, c.status as u32, c.vendor_err, c.wr_id & SEQ_MASK
+                        "Completion with error at server: status {:?} ({}) {} (receive {})",
+                        c.status,
+                        c.status as u32,
+                        super::vendor_text(c.vendor_err),
+                        c.wr_id & SEQ_MASK
                     ));
                 }
                 let q = (c.wr_id >> SEQ_BITS) as usize;

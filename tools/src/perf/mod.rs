@@ -17,6 +17,14 @@ use roce::verbs::Mtu;
 /// The error a test returns when SIGINT/SIGTERM stopped it (after printing what it measured).
 pub const INTERRUPTED: &str = "interrupted";
 
+/// "vendor error N" as perftest prints it, with what ferroce's code means when it has one.
+pub fn vendor_text(code: u32) -> String {
+    match roce::verbs::vendor_err::describe(code) {
+        Some(d) => format!("vendor error {code:#x}: {d}"),
+        None => format!("vendor error {code}"),
+    }
+}
+
 /// Whether the user asked to stop (SIGINT/SIGTERM): loops end and report what they have.
 pub fn interrupted() -> bool {
     crate::rnic_opts::stop_requested()
