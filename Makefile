@@ -3,15 +3,18 @@
 #   make test   - install what is missing, run every test (unit, integration, interop)
 CARGO ?= cargo
 
-.PHONY: deps demo test lint bench fmt
+.PHONY: deps test-deps demo test lint bench fmt
 
 deps:
 	@bash scripts/deps.sh
 
+test-deps:
+	@bash scripts/deps.sh --with-interop
+
 demo: deps
 	@bash scripts/demo.sh
 
-test: deps
+test: test-deps
 	$(CARGO) test --workspace --no-fail-fast
 
 lint: deps

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the system packages ferroce needs to build and test, only if something is missing
-# (quick when everything is present). Uses sudo when not root. Waits for the dpkg lock,
+# (quick when everything is present); `--with-interop` adds what the interop tests' qemu guest
+# needs. Uses sudo when not root. Waits for the dpkg lock,
 # because a fresh machine may be running its own apt at boot.
 set -euo pipefail
 
@@ -38,4 +39,7 @@ for tool in rustfmt clippy-driver; do
 done
 
 # The interop guest (Linux Soft-RoCE + perftest under qemu): qemu-system-x86, cpio, kmod.
-bash "$(dirname "$0")/../tests/interop/install-deps.sh"
+# Only the tests need it (`make test`, `.ci/run`); `make demo` does not.
+if [ "${1:-}" = "--with-interop" ]; then
+  bash "$(dirname "$0")/../tests/interop/install-deps.sh"
+fi

@@ -373,6 +373,33 @@ fn capture_is_wall_clock_stamped_snapped_and_switchable() {
     let _ = std::fs::remove_file(&pcap);
 }
 
+/// Each end names its own device, and a UD size above the MTU is clamped with perftest's
+/// notice rather than silently.
+#[test]
+fn headers_and_notices_say_what_happens() {
+    let _one = serial();
+    let out = rnic_perf(&[
+        "send_bw",
+        "--loopback",
+        "-c",
+        "UD",
+        "-s",
+        "8192",
+        "-n",
+        "50",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("Device         : ferroce1"),
+        "the client runs on ferroce1: {text}"
+    );
+    assert!(
+        text.contains("Max msg size in UD is MTU 4096") && text.contains("Changing to this MTU"),
+        "{text}"
+    );
+}
+
 #[test]
 fn bad_arguments_are_clear_errors() {
     let _one = serial();
@@ -416,6 +443,10 @@ fn bad_arguments_are_clear_errors() {
                 "127.0.0.1",
             ],
             "no network interface ferroce-none0",
+        ),
+        (
+            vec!["write_bw", "--loopback", "--mac", "02:00:00:00:00:09"],
+            "--mac",
         ),
         (
             vec!["write_bw", "--loopback", "-x", "5", "-n", "10"],

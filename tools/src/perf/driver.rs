@@ -67,12 +67,13 @@ impl Job {
         &self,
         ctx: V,
         ep: Endpoint,
+        dev: &str,
         out: &mut dyn Write,
     ) -> Result<Value, String> {
         match self {
             Job::Perf(v, k, a) => {
                 let p = Params::from_args(*v, *k, a)?;
-                run::run(ctx, &p, ep, "ferroce0", out)
+                run::run(ctx, &p, ep, dev, out)
             }
             Job::Pp(k, a) => pingpong::run(ctx, *k, a, ep, out),
         }
@@ -138,8 +139,12 @@ pub fn loopback(
     if job.server_addr().is_some() {
         return Err("--loopback runs both ends: give no server address".into());
     }
-    if opts.port.is_some() || !opts.ip.is_empty() || opts.config.is_some() {
-        return Err("--loopback uses its own two RNICs: --port/--ip/--config do not apply".into());
+    if opts.port.is_some() || !opts.ip.is_empty() || opts.config.is_some() || opts.mac.is_some() {
+        return Err(
+            "--loopback uses its own two RNICs (02:00:00:99:00:01/10.99.0.1 and \
+             02:00:00:99:00:02/10.99.0.2): --port/--ip/--mac/--config do not apply"
+                .into(),
+        );
     }
     job.validate()?;
     let cfg0 = loopback_config(1, mtu, opts)?;
@@ -155,12 +160,13 @@ pub fn loopback(
     let (srv_res, cli_res) = std::thread::scope(|sc| {
         let h = sc.spawn(|| {
             let mut sink = Vec::new();
-            let r = job_s.run(ctx_s, Endpoint::Listen(listener), &mut sink);
+            let r = job_s.run(ctx_s, Endpoint::Listen(listener), "ferroce0", &mut sink);
             (r, sink)
         });
         let c = job_c.run(
             ctx_c,
             Endpoint::Connect("127.0.0.1".into(), port),
+            "ferroce1",
             &mut *out,
         );
         if c.is_err() {
@@ -216,7 +222,7 @@ pub fn on_port(job: &Job, opts: &RnicOpts, out: &mut dyn Write) -> Result<Value,
             super::oob::Oob::listen(port).map_err(|e| format!("listen on TCP port {port}: {e}"))?,
         ),
     };
-    let r = job.run(ctx, ep, out);
+    let r = job.run(ctx, ep, "ferroce0", out);
     let snaps = rt.stop();
     let _ = writeln!(out, "{}", counters_line("ferroce0", &cfg, &snaps[0]));
     r
