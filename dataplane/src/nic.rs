@@ -401,8 +401,12 @@ impl Nic {
         // With the UD wait list full, frames stay in the receive queue (a full receive
         // buffer: on a ring link the sender's port then refuses frames, which holds its
         // sender back; on a NIC the queue overflows into the NIC's drop counter).
-        let rx_room = self.held_rx.len() < self.cfg.ud_rx_hold_frames.max(1) as usize;
-        for _ in 0..if rx_room { RX_BURSTS } else { 0 } {
+        let hold_cap = self.cfg.ud_rx_hold_frames.max(1) as usize;
+        for _ in 0..RX_BURSTS {
+            // A burst could be all UD messages to hold: take one only with room for it.
+            if self.cfg.ud_rx_hold_us > 0 && self.held_rx.len() + BURST > hold_cap.max(BURST) {
+                break;
+            }
             if self.rxq.rx_burst(&mut self.rxbuf) == 0 {
                 break;
             }

@@ -37,6 +37,12 @@ impl RnicOpts {
             None => RawConfig::default(),
         };
         if let Some(p) = &self.port {
+            if p.parse::<u16>().is_ok() {
+                return Err(format!(
+                    "--port {p}: --port names the DPDK port (vdev devargs or a PCI address); \
+                     perftest's TCP port is -p/--tcp-port here"
+                ));
+            }
             raw.set("port.device", p).map_err(|e| e.to_string())?;
         }
         let (v6, v4): (Vec<&String>, Vec<&String>) = self.ip.iter().partition(|s| s.contains(':'));

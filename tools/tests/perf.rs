@@ -400,6 +400,97 @@ fn headers_and_notices_say_what_happens() {
     );
 }
 
+/// perftest's other flags: -T/-S set the path's traffic class and service level (seen on
+/// the wire), -N drops the peak, --output prints one figure, --ipv6 runs the TCP exchange
+/// over IPv6, --use_old_post_send is accepted, -V prints the version, and --run_infinitely
+/// prints a row every -D seconds until Ctrl-C.
+#[test]
+fn perftest_flags_scripts_use() {
+    let _one = serial();
+    let pcap = std::env::temp_dir().join(format!("ferroce-tos-{}.pcap", std::process::id()));
+    let set = format!("capture.pcap={}", pcap.display());
+    let v = loopback(&[
+        "write_bw",
+        "-n",
+        "200",
+        "-T",
+        "106",
+        "-S",
+        "3",
+        "-N",
+        "--use_old_post_send",
+        "--ipv6",
+        "--set",
+        &set,
+    ]);
+    assert_eq!(rows(&v, "client")[0]["bw_peak_MBps"], 0.0, "-N: no peak");
+    let d = Command::new(env!("CARGO_BIN_EXE_rnic-pcap"))
+        .args(["decode", "--json"])
+        .arg(&pcap)
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_file(&pcap);
+    let writes: Vec<Value> = String::from_utf8_lossy(&d.stdout)
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|f| f["kind"] == "roce" && f["opname"].as_str().unwrap_or("").contains("WRITE"))
+        .collect();
+    assert!(!writes.is_empty());
+    assert!(writes.iter().all(|f| f["dscp"] == 26), "-T 106 = DSCP 26");
+    let out = rnic_perf(&[
+        "write_bw",
+        "--loopback",
+        "-n",
+        "200",
+        "--output",
+        "bandwidth",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success());
+    let figure: f64 = text
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("one number: {text}"));
+    assert!(figure > 0.0);
+    let out = rnic_perf(&[
+        "write_lat",
+        "--loopback",
+        "-n",
+        "100",
+        "--output",
+        "latency",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.trim().parse::<f64>().is_ok_and(|t| t > 0.0), "{text}");
+    let out = rnic_perf(&["write_bw", "-V"]);
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("Version: 6.06"));
+    let (code, out, err, _) = interrupt(
+        &[
+            "write_bw",
+            "--loopback",
+            "--run_infinitely",
+            "-D",
+            "1",
+            "-s",
+            "4096",
+        ],
+        libc::SIGINT,
+        |t| {
+            t.lines()
+                .filter(|l| l.trim_start().starts_with("4096"))
+                .count()
+                >= 2
+        },
+    );
+    assert_eq!(code, 130, "{err}");
+    assert!(
+        out.lines()
+            .filter(|l| l.trim_start().starts_with("4096"))
+            .count()
+            >= 2
+    );
+}
+
 #[test]
 fn bad_arguments_are_clear_errors() {
     let _one = serial();
@@ -447,6 +538,19 @@ fn bad_arguments_are_clear_errors() {
         (
             vec!["write_bw", "--loopback", "--mac", "02:00:00:00:00:09"],
             "--mac",
+        ),
+        (
+            vec!["write_bw", "--loopback", "-e"],
+            "-e (completion events)",
+        ),
+        (vec!["write_bw", "--loopback", "-R"], "-R (rdma_cm)"),
+        (
+            vec!["write_bw", "--port", "18515", "10.99.0.1"],
+            "perftest's TCP port is -p/--tcp-port here",
+        ),
+        (
+            vec!["write_bw", "--loopback", "--output", "latency"],
+            "--output latency",
         ),
         (
             vec!["write_bw", "--loopback", "-x", "5", "-n", "10"],

@@ -671,7 +671,11 @@ pub fn sender_result(p: &Params, size: u64, out: &BwOut) -> BwResult {
             peak = size as f64 / (opt / 1e9);
         }
     }
-    BwResult::new(size, n as u64, sum as f64 / 1e9, peak)
+    let mut r = BwResult::new(size, n as u64, sum as f64 / 1e9, peak);
+    if p.no_peak {
+        r.peak_bps = 0.0; // perftest -N prints 0.00
+    }
+    r
 }
 
 /// A receiver's figures: first to last receive completion, no peak (perftest prints 0.00).

@@ -32,6 +32,11 @@ impl Job {
         }
     }
 
+    /// Whether only one figure is printed (`--output`): no counter lines then.
+    fn quiet(&self) -> bool {
+        matches!(self, Job::Perf(_, _, a) if a.output.is_some())
+    }
+
     fn tcp_port(&self) -> u16 {
         match self {
             Job::Perf(_, _, a) => a.tcp_port,
@@ -153,10 +158,12 @@ pub fn loopback(
         Runtime::loopback("rnic-perf", cfg0.clone(), cfg1.clone()).map_err(|e| e.to_string())?;
     let ctx_s = rt.open(0).map_err(|e| e.to_string())?;
     let ctx_c = rt.open(1).map_err(|e| e.to_string())?;
-    let listener = TcpListener::bind(("127.0.0.1", 0)).map_err(|e| e.to_string())?;
+    let v6 = matches!(job, Job::Perf(_, _, a) if a.ipv6);
+    let host = if v6 { "::1" } else { "127.0.0.1" };
+    let listener = TcpListener::bind((host, 0)).map_err(|e| e.to_string())?;
     let port = listener.local_addr().map_err(|e| e.to_string())?.port();
     let job_s = job.with_server(None);
-    let job_c = job.with_server(Some("127.0.0.1"));
+    let job_c = job.with_server(Some(host));
     let (srv_res, cli_res) = std::thread::scope(|sc| {
         let h = sc.spawn(|| {
             let mut sink = Vec::new();
@@ -165,14 +172,14 @@ pub fn loopback(
         });
         let c = job_c.run(
             ctx_c,
-            Endpoint::Connect("127.0.0.1".into(), port),
+            Endpoint::Connect(host.into(), port),
             "ferroce1",
             &mut *out,
         );
         if c.is_err() {
             // The server may still be waiting for its client: a connection that closes at
             // once ends its accept or read with an error.
-            let _ = std::net::TcpStream::connect(("127.0.0.1", port));
+            let _ = std::net::TcpStream::connect((host, port));
         }
         (h.join(), c)
     });
@@ -185,7 +192,9 @@ pub fn loopback(
         counters_line("ferroce0", &cfg0, &snaps[0]),
         counters_line("ferroce1", &cfg1, &snaps[1]),
     ];
-    let _ = writeln!(out, "{}", lines.join("\n"));
+    if !job.quiet() {
+        let _ = writeln!(out, "{}", lines.join("\n"));
+    }
     match (cli_res, srv) {
         (Ok(c), Ok(s)) => Ok(json!({
             "client": c,
@@ -218,12 +227,18 @@ pub fn on_port(job: &Job, opts: &RnicOpts, out: &mut dyn Write) -> Result<Value,
     let port = job.tcp_port();
     let ep = match job.server_addr() {
         Some(h) => Endpoint::Connect(h.clone(), port),
-        None => Endpoint::Listen(
-            super::oob::Oob::listen(port).map_err(|e| format!("listen on TCP port {port}: {e}"))?,
-        ),
+        None => {
+            let v6 = matches!(job, Job::Perf(_, _, a) if a.ipv6);
+            Endpoint::Listen(
+                super::oob::Oob::listen(port, v6)
+                    .map_err(|e| format!("listen on TCP port {port}: {e}"))?,
+            )
+        }
     };
     let r = job.run(ctx, ep, "ferroce0", out);
     let snaps = rt.stop();
-    let _ = writeln!(out, "{}", counters_line("ferroce0", &cfg, &snaps[0]));
+    if !job.quiet() {
+        let _ = writeln!(out, "{}", counters_line("ferroce0", &cfg, &snaps[0]));
+    }
     r
 }

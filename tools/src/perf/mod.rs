@@ -168,6 +168,36 @@ pub struct PerfArgs {
     /// Print one JSON document with the results on stdout (tables go to stderr).
     #[arg(long)]
     pub json: bool,
+    /// Type of service: the traffic class (DSCP and ECN bits) of the RoCE packets.
+    #[arg(short = 'T', long = "tos", value_name = "TOS")]
+    pub tos: Option<u8>,
+    /// Service level of the path (0..=15).
+    #[arg(short = 'S', long = "sl", default_value_t = 0)]
+    pub sl: u8,
+    /// Do not measure the peak bandwidth.
+    #[arg(short = 'N', long = "noPeak")]
+    pub no_peak: bool,
+    /// Print the version of perftest this speaks, and ferroce's, and exit.
+    #[arg(short = 'V', long = "version")]
+    pub version: bool,
+    /// Print only one figure: bandwidth, message_rate or latency.
+    #[arg(long = "output", value_name = "UNITS")]
+    pub output: Option<String>,
+    /// Run the out-of-band TCP exchange over IPv6.
+    #[arg(long = "ipv6")]
+    pub ipv6: bool,
+    /// Accepted for perftest's command lines: ferroce has one post path.
+    #[arg(long = "use_old_post_send")]
+    pub use_old_post_send: bool,
+    /// Run forever, printing the bandwidth every -D seconds (default 5); Ctrl-C stops.
+    #[arg(long = "run_infinitely")]
+    pub run_infinitely: bool,
+    /// Completion events instead of polling (perftest -e); not available yet.
+    #[arg(short = 'e', long = "events")]
+    pub events: bool,
+    /// rdma_cm connection setup (perftest -R); not available yet.
+    #[arg(short = 'R', long = "rdma_cm")]
+    pub rdma_cm: bool,
 }
 
 /// Everything a test run needs, after perftest's `force_dependecies`.
@@ -227,6 +257,29 @@ pub struct Params {
     pub cq_mod_given: bool,
     /// Whether the peak bandwidth is measured.
     pub peak: bool,
+    /// `-N`: the peak column reads 0.
+    pub no_peak: bool,
+    /// Traffic class of the path (`-T`).
+    pub tos: u8,
+    /// Service level of the path (`-S`).
+    pub sl: u8,
+    /// `--output`: print only this figure.
+    pub output: Option<Output>,
+    /// `--ipv6`: the TCP exchange over IPv6.
+    pub ipv6: bool,
+    /// `--run_infinitely`.
+    pub run_infinitely: bool,
+}
+
+/// `--output`: the one figure to print.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Output {
+    /// Average bandwidth.
+    Bandwidth,
+    /// Message rate.
+    MessageRate,
+    /// Typical latency.
+    Latency,
 }
 
 /// perftest's `MSG_SIZE_CQ_MOD_LIMIT`.
@@ -243,6 +296,44 @@ impl Params {
         } else {
             oob::Role::Server
         };
+        if a.events {
+            return Err(
+                "-e (completion events) needs completion channels, which this host interface \
+                 does not have yet; run without -e (ferroce polls)"
+                    .into(),
+            );
+        }
+        if a.rdma_cm {
+            return Err(
+                "-R (rdma_cm) needs the connection manager, which ferroce does not have yet; \
+                 without -R the QPs are connected over TCP as perftest does by default"
+                    .into(),
+            );
+        }
+        if a.sl > 15 {
+            return Err(format!("-S {}: between 0 and 15", a.sl));
+        }
+        let output = match a.output.as_deref() {
+            None => None,
+            Some("bandwidth") => Some(Output::Bandwidth),
+            Some("message_rate") => Some(Output::MessageRate),
+            Some("latency") => Some(Output::Latency),
+            Some(o) => return Err(format!("--output {o}: bandwidth, message_rate or latency")),
+        };
+        if output == Some(Output::Latency) && kind == Kind::Bw
+            || matches!(output, Some(Output::Bandwidth | Output::MessageRate)) && kind == Kind::Lat
+        {
+            return Err(format!(
+                "--output {}: not a figure this test measures",
+                a.output.as_deref().unwrap_or("")
+            ));
+        }
+        if a.run_infinitely && (kind != Kind::Bw || verb == Verb::Send || a.write_with_imm) {
+            return Err("--run_infinitely applies to write_bw, read_bw and atomic_bw here".into());
+        }
+        if a.run_infinitely && a.iters.is_some() {
+            return Err("--run_infinitely and -n are exclusive".into());
+        }
         if a.ib_port != 1 {
             return Err(format!(
                 "-i {}: ferroce devices have one port (1)",
@@ -315,7 +406,11 @@ impl Params {
             vec![size]
         };
         let max_size = *sizes.iter().max().unwrap_or(&size);
-        let iters = match a.duration {
+        let duration = match (a.duration, a.run_infinitely) {
+            (None, true) => Some(5),
+            (d, _) => d,
+        };
+        let iters = match duration {
             Some(_) => 0,
             None => {
                 let n = a
@@ -400,7 +495,8 @@ impl Params {
                 ));
             }
         }
-        let peak = a.duration.is_none()
+        let peak = !a.no_peak
+            && duration.is_none()
             && iters <= 20000
             && !(verb == Verb::Send && role == oob::Role::Server && !a.bidir);
         Ok(Params {
@@ -411,7 +507,7 @@ impl Params {
             sizes,
             max_size,
             iters,
-            duration: a.duration,
+            duration,
             qps: a.qps,
             tx_depth,
             rx_depth,
@@ -431,6 +527,12 @@ impl Params {
             json: a.json,
             cq_mod_given: a.cq_mod.is_some(),
             peak,
+            no_peak: a.no_peak,
+            tos: a.tos.unwrap_or(0),
+            sl: a.sl,
+            output,
+            ipv6: a.ipv6,
+            run_infinitely: a.run_infinitely,
         })
     }
 

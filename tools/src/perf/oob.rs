@@ -151,9 +151,14 @@ impl Oob {
         Self::from_stream(stream, Role::Server)
     }
 
-    /// Binds the server's listening socket on all addresses at `port`.
-    pub fn listen(port: u16) -> io::Result<TcpListener> {
-        TcpListener::bind(("0.0.0.0", port))
+    /// Binds the server's listening socket on all addresses at `port` (IPv6 with `v6`,
+    /// perftest's --ipv6).
+    pub fn listen(port: u16, v6: bool) -> io::Result<TcpListener> {
+        if v6 {
+            TcpListener::bind(("::", port))
+        } else {
+            TcpListener::bind(("0.0.0.0", port))
+        }
     }
 
     /// Connects to the server, retrying for up to `patience` while it is not listening yet.

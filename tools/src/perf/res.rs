@@ -96,6 +96,10 @@ pub struct Res<V: Verbs> {
     pub cache_line: u64,
     /// Our GID index and GID.
     pub gid_index: u8,
+    /// Traffic class of paths (`-T`).
+    pub tos: u8,
+    /// Service level of paths (`-S`).
+    pub sl: u8,
     /// Our GID.
     pub gid: Gid,
     /// Agreed path MTU.
@@ -296,6 +300,8 @@ impl<V: Verbs> Res<V> {
             cycle_buffer,
             cache_line,
             gid_index: f.gid_index,
+            tos: p.tos,
+            sl: p.sl,
             gid: f.gid,
             mtu,
             out_reads,
@@ -398,6 +404,8 @@ impl<V: Verbs> Res<V> {
     pub fn av(&self, r: &Key) -> AddressVector {
         let mut av = AddressVector::new(Gid(r.gid), self.gid_index);
         av.hop_limit = 0xff;
+        av.traffic_class = self.tos;
+        av.sl = self.sl;
         av
     }
 

@@ -135,6 +135,13 @@ struct Session<'a, V: Verbs> {
 
 impl<V: Verbs> Session<'_, V> {
     fn say(&mut self, s: &str) {
+        // --output prints nothing but its figure.
+        if self.p.output.is_none() {
+            self.put(s);
+        }
+    }
+
+    fn put(&mut self, s: &str) {
         let _ = self.out.write_all(s.as_bytes());
         let _ = self.out.flush();
     }
@@ -183,6 +190,17 @@ impl<V: Verbs> Session<'_, V> {
     fn bw_row(&mut self, r: &BwResult) {
         let l = report::bw_line(r, self.p.gbits) + "\n";
         self.say(&l);
+        match self.p.output {
+            Some(super::Output::Bandwidth) => {
+                let v = format!("{:.2}\n", report::bw_unit(r.avg_bps, self.p.gbits));
+                self.put(&v);
+            }
+            Some(super::Output::MessageRate) => {
+                let v = format!("{:.6}\n", r.msg_rate / 1e6);
+                self.put(&v);
+            }
+            _ => {}
+        }
         self.rows.push(report::bw_json(r));
     }
 
@@ -195,6 +213,10 @@ impl<V: Verbs> Session<'_, V> {
         s += &report::lat_line(r);
         s += "\n";
         self.say(&s);
+        if self.p.output == Some(super::Output::Latency) {
+            let v = format!("{:.2}\n", r.typical);
+            self.put(&v);
+        }
         self.rows.push(report::lat_json(r));
     }
 
@@ -303,7 +325,9 @@ pub fn run<V: Verbs>(
     let mtu_local = local_mtu(p, &facts);
     let oob = match endpoint {
         Endpoint::Listen(l) => {
-            let _ = out.write_all(waiting_banner().as_bytes());
+            if p.output.is_none() {
+                let _ = out.write_all(waiting_banner().as_bytes());
+            }
             let _ = out.flush();
             Oob::accept(l).map_err(|e| format!("accept: {e}"))?
         }
@@ -330,7 +354,9 @@ pub fn run<V: Verbs>(
     }
     let p = &p;
     let res = Res::create(ctx, p, &facts, cb as u64, cl as u64, mtu)?;
-    let _ = out.write_all(header(p, &res, dev).as_bytes());
+    if p.output.is_none() {
+        let _ = out.write_all(header(p, &res, dev).as_bytes());
+    }
     let mut s = Session {
         p,
         oob,
@@ -403,6 +429,19 @@ fn rdma_bw<V: Verbs>(s: &mut Session<'_, V>) -> Result<Option<()>, String> {
         return Ok(Some(()));
     }
     let mut last = BwResult::new(0, 0, 1.0, 0.0);
+    if p.role == Role::Client && p.run_infinitely {
+        // A row every -D seconds until SIGINT/SIGTERM (perftest's --run_infinitely).
+        let size = p.sizes[0];
+        loop {
+            let rem = s.rem.clone();
+            let o = bw::run(&mut s.res, p, size, &rem, true, false, &mut || false)?;
+            if o.interrupted {
+                return Err(stop_bw(s, size, o, true));
+            }
+            let r = bw::sender_result(p, size, &o);
+            s.bw_row(&r);
+        }
+    }
     if p.role == Role::Client {
         for &size in &p.sizes.clone() {
             let rem = s.rem.clone();
@@ -414,6 +453,17 @@ fn rdma_bw<V: Verbs>(s: &mut Session<'_, V>) -> Result<Option<()>, String> {
             last = bw::sender_result(p, size, &o);
             s.bw_row(&last);
         }
+    }
+    if p.role == Role::Server && p.run_infinitely {
+        // The client runs until it is stopped; its connection closing ends the server.
+        return match s.round(0) {
+            Err(e) if e.contains("closed") => {
+                s.say(&format!("{RULE}\n"));
+                Ok(None)
+            }
+            Err(e) => Err(e),
+            Ok(_) => Err("--run_infinitely: the client ended the test unexpectedly".into()),
+        };
     }
     s.round(0)?; // post-test sync: the client has every completion
     if p.verify && p.role == Role::Server && p.verb == Verb::Write {
@@ -611,6 +661,16 @@ mod tests {
             inline: None,
             verify: false,
             json: false,
+            tos: None,
+            sl: 0,
+            no_peak: false,
+            version: false,
+            output: None,
+            ipv6: false,
+            use_old_post_send: false,
+            run_infinitely: false,
+            events: false,
+            rdma_cm: false,
         };
         let p = Params::from_args(Verb::Write, Kind::Bw, &a).unwrap();
         assert_eq!(
