@@ -324,6 +324,7 @@ impl Neighbors {
             .min_by_key(|(_, e)| (e.state.keep_rank(), e.updated))
             .map(|(ip, _)| *ip);
         if let Some(ip) = victim {
+            tracing::debug!(%ip, "neighbour evicted: table full");
             self.entries.remove(&ip);
             self.counters.evicted += 1;
             self.generation += 1;
@@ -368,6 +369,7 @@ impl Neighbors {
     }
 
     fn start_resolution(&mut self, now: u64, hop: IpAddr) {
+        tracing::debug!(%hop, "resolving");
         self.set(
             hop,
             NeighborState::Incomplete {
@@ -433,6 +435,7 @@ impl Neighbors {
             }
             let (tries, mac) = match e.state {
                 NeighborState::Reachable { mac, .. } => {
+                    tracing::trace!(%ip, "neighbour stale");
                     self.set(ip, NeighborState::Stale { mac }, e.updated);
                     self.generation += 1;
                     continue;
@@ -443,6 +446,7 @@ impl Neighbors {
             };
             if tries >= MAX_TRIES {
                 self.counters.unreachable += 1;
+                tracing::info!(%ip, tries, "neighbour unreachable (no reply)");
                 self.set(
                     ip,
                     NeighborState::Failed {
@@ -489,11 +493,13 @@ impl Neighbors {
         if let (Some(m), Some(e)) = (known_mac, old) {
             if m != mac && now.saturating_sub(e.updated) < LOCKTIME_NS {
                 self.counters.updates_locked += 1;
+                tracing::debug!(%ip, new = %ethernet::mac_to_string(&mac), "MAC change refused: within the lock time");
                 return;
             }
         }
         if known_mac != Some(mac) {
             self.generation += 1;
+            tracing::debug!(%ip, mac = %ethernet::mac_to_string(&mac), "neighbour resolved");
         }
         self.set(
             ip,

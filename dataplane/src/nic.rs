@@ -508,6 +508,10 @@ impl Nic {
                 let (_, _, m) = self.held_rx.remove(i).expect("in range");
                 if expired {
                     self.counters.rx_ud_hold_expired += 1;
+                    tracing::debug!(
+                        ?qpn,
+                        "UD message waited too long for a receive WQE: dropped"
+                    );
                 }
                 // Filtered, counted and captured when it arrived.
                 self.dev.handle_frame(now, m.data());
@@ -645,6 +649,7 @@ impl Nic {
         };
         if !vlan_ok {
             self.counters.rx_dropped_vlan += 1;
+            tracing::trace!(?vid, "frame dropped: not our VLAN");
             return false;
         }
         let dst = eth.dst();
@@ -659,6 +664,7 @@ impl Nic {
         };
         if !ok {
             self.counters.rx_dropped_mac += 1;
+            tracing::trace!(dst = %ethernet::mac_to_string(&dst), "frame dropped: not our MAC");
         }
         ok
     }

@@ -491,6 +491,32 @@ fn perftest_flags_scripts_use() {
     );
 }
 
+/// RUST_LOG=debug shows what the RNIC does - QP state changes, neighbour resolution, NAKs and
+/// retransmissions under loss - in plain text when stderr is not a terminal.
+#[test]
+fn debug_logs_show_states_retries_and_resolution() {
+    let _one = serial();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_rnic-perf"));
+    cmd.args([
+        "write_bw",
+        "--loopback",
+        "-n",
+        "300",
+        "-s",
+        "8192",
+        "--set",
+        "fault.loss=0.02",
+    ])
+    .env("RUST_LOG", "debug");
+    let (out, killed) = common::run_for(&mut cmd, Duration::from_secs(120));
+    assert!(!killed && out.status.success());
+    let log = String::from_utf8_lossy(&out.stderr);
+    for want in ["QP state", "neighbour resolved", "NAK", "retransmission"] {
+        assert!(log.contains(want), "no {want:?} in the debug log");
+    }
+    assert!(!log.contains('\x1b'), "ANSI colours in a pipe");
+}
+
 #[test]
 fn bad_arguments_are_clear_errors() {
     let _one = serial();

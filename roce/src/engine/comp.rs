@@ -31,6 +31,7 @@ impl Qp {
         // must complete what they cover (rxe compares with the WQE's last PSN).
         if !psn.before(self.req.psn_hw) {
             self.counters.unexpected_responses += 1;
+            tracing::trace!(qpn = ?self.qpn, ?psn, "response for a PSN never sent: dropped");
             return;
         }
         if let Some(aeth) = pkt.ext.aeth {
@@ -279,6 +280,7 @@ impl Qp {
     }
 
     fn on_nak(&mut self, sh: &mut Shared, now: u64, psn: Psn, code: NakCode) {
+        tracing::debug!(qpn = ?self.qpn, ?psn, ?code, "NAK received");
         // The NAK's PSN is the failing request: everything before it succeeded.
         self.complete_before_psn_inclusive(psn);
         match code {
@@ -344,6 +346,7 @@ impl Qp {
 
     fn on_rnr_nak(&mut self, sh: &mut Shared, now: u64, psn: Psn, timer: u8) {
         self.counters.rcvd_rnr_err += 1;
+        tracing::debug!(qpn = ?self.qpn, ?psn, timer, rnr_left = self.comp.rnr_left, "RNR NAK received");
         self.complete_before_psn_inclusive(psn);
         let infinite = self.attr.rnr_retry.unwrap_or(0) == 7;
         if !infinite {
@@ -379,6 +382,13 @@ impl Qp {
         }
         self.comp.retry_from = Some(self.comp.psn);
         self.counters.completer_retry_err += 1;
+        tracing::debug!(
+            qpn = ?self.qpn,
+            from_psn = ?self.comp.psn,
+            timeout,
+            retries_left = self.comp.retry_left,
+            "go-back-N retransmission"
+        );
         self.rewind();
         self.comp.ack_deadline = None;
         if let Some(to) = self.ack_timeout_ns() {
@@ -430,6 +440,7 @@ impl Qp {
                 self.counters.local_ack_timeout_err += 1;
                 if self.comp.retry_left == 0 {
                     self.counters.retry_exceeded_err += 1;
+                    tracing::debug!(qpn = ?self.qpn, psn = ?self.comp.psn, "retries exhausted");
                     match self.outstanding_head() {
                         Some(idx) => self.fail_wqe(sh, idx, WcStatus::RetryExcErr),
                         None => self.enter_error(sh),
@@ -512,6 +523,7 @@ impl Qp {
             self.enter_error(sh);
             return;
         }
+        tracing::debug!(qpn = ?self.qpn, "QP to SQE (send error)");
         self.state = QpState::Sqe;
         self.attr.state = Some(QpState::Sqe);
         self.flush_sq(sh);
@@ -524,6 +536,7 @@ impl Qp {
             self.flush(sh);
             return;
         }
+        tracing::debug!(qpn = ?self.qpn, from = ?self.state, cause = self.error_cause, "QP to ERR");
         self.state = QpState::Err;
         self.comp.ack_deadline = None;
         self.comp.rnr_deadline = None;

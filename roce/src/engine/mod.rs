@@ -1372,8 +1372,14 @@ impl Device {
         self.sh.counters.rx_engine_frames += 1;
         match frame::parse_segments(segs) {
             Ok(p) => self.handle_parsed(now, &p, segs),
-            Err(crate::wire::Error::BadIcrc { .. }) => self.sh.counters.rx_icrc_encapsulated += 1,
-            Err(_) => self.sh.counters.rx_malformed += 1,
+            Err(crate::wire::Error::BadIcrc { .. }) => {
+                self.sh.counters.rx_icrc_encapsulated += 1;
+                tracing::trace!("frame dropped: bad ICRC");
+            }
+            Err(e) => {
+                self.sh.counters.rx_malformed += 1;
+                tracing::trace!(error = %e, "frame dropped: malformed");
+            }
         }
     }
 
@@ -1397,6 +1403,7 @@ impl Device {
         }
         let Some(slot) = self.slot_of(t.bth.dest_qp) else {
             self.sh.counters.rx_dropped_no_qp += 1;
+            tracing::trace!(qpn = ?t.bth.dest_qp, "packet dropped: no such QP");
             return;
         };
         let Some(Some(qp)) = self.qps.get_mut(slot) else {
@@ -1410,6 +1417,7 @@ impl Device {
         );
         if !matches_transport {
             self.sh.counters.rx_dropped_wrong_transport += 1;
+            tracing::trace!(qpn = ?qp.qpn, opcode = ?t.bth.opcode, "packet dropped: wrong transport");
             return;
         }
         // P_Key: the table holds the default full-membership key (IBA 10.9.3).
@@ -1424,6 +1432,7 @@ impl Device {
             });
             if !ok {
                 qp.counters.rx_dropped_path += 1;
+                tracing::trace!(qpn = ?qp.qpn, ?src_gid, "packet dropped: not from the QP's path");
                 return;
             }
         }

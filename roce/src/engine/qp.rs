@@ -693,6 +693,9 @@ impl Qp {
             self.udp_sport = udp_sport_ud(self.qpn.value());
         }
         self.state = to;
+        if from != to {
+            tracing::debug!(qpn = ?self.qpn, ?from, ?to, "QP state");
+        }
         if to == QpState::Sqd && from != QpState::Sqd {
             self.sqd_notified = false;
         }

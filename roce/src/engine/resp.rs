@@ -54,6 +54,7 @@ impl Qp {
         let _ = now;
         if !self.can_receive() {
             self.counters.rx_dropped_state += 1;
+            tracing::trace!(qpn = ?self.qpn, state = ?self.state, "request dropped: QP state");
             return;
         }
         self.counters.rcvd_pkts += 1;
@@ -96,6 +97,7 @@ impl Qp {
 
     fn queue_nak(&mut self, psn: Psn, code: NakCode) {
         self.counters.naks_sent += 1;
+        tracing::debug!(qpn = ?self.qpn, ?psn, ?code, "NAK sent");
         let syndrome = AethRepr::nak(code, self.resp.msn).syndrome;
         let msn = self.resp.msn;
         self.push_ack(RespItem::Ack { psn, syndrome, msn });
@@ -103,6 +105,7 @@ impl Qp {
 
     fn queue_rnr_nak(&mut self, psn: Psn) {
         self.counters.send_rnr_err += 1;
+        tracing::debug!(qpn = ?self.qpn, ?psn, "RNR NAK sent: no receive WQE");
         let timer = self.attr.min_rnr_timer.unwrap_or(0);
         let msn = self.resp.msn;
         let syndrome = AethRepr::rnr_nak(timer, msn).syndrome;
