@@ -1,27 +1,32 @@
-//! Memory areas shared between applications and workers: application buffers that memory
+//! Memory areas shared between applications and the RNIC: application buffers that memory
 //! regions point into, and the areas holding the host-interface rings.
 //!
-//! An [`Area`] is page-aligned anonymous memory (`mmap`). Today application and worker share
-//! one process; areas are named by a numeric id in an [`AreaRegistry`], and rings and commands
-//! refer to them only by id and offset (never by pointer), so that the next milestone can back
-//! the same ids with shared memory between processes.
+//! An [`Area`] is page-aligned memory backed by a memfd, so it can be mapped by another process
+//! (`rnicd` and its clients pass the fd with SCM_RIGHTS). An area made here is sealed against
+//! shrinking and growing before anyone else sees it; an area taken from another process's fd
+//! ([`Area::from_fd`]) is mapped only if that fd is a memfd sealed against shrinking and at
+//! least as large as claimed, so its owner cannot make the mapping fault (SIGBUS) by
+//! truncating it. Rings and commands refer to areas by a per-client id and offsets, never by
+//! pointer.
 //!
-//! Application and worker touch the same bytes concurrently, as an application and a NIC's DMA
+//! Application and RNIC touch the same bytes concurrently, as an application and a NIC's DMA
 //! do: all accesses go through raw-pointer copies and atomics, never through Rust references
 //! held across the other side's writes.
 
-use std::collections::HashMap;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex};
 
 use roce::memory::{Memory, MemoryError};
 
-/// Page-aligned, zero-initialised memory.
+/// Page size (areas are whole pages).
+pub const PAGE: usize = 4096;
+
+/// Page-aligned, zero-initialised shared memory.
 pub struct Area {
     ptr: NonNull<u8>,
     len: usize,
-    id: u32,
+    fd: OwnedFd,
 }
 
 // SAFETY: the area is plain memory; every access is a raw copy or an atomic, bounds-checked.
@@ -31,37 +36,118 @@ unsafe impl Sync for Area {}
 
 impl std::fmt::Debug for Area {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Area#{}({} bytes @ {:p})", self.id, self.len, self.ptr)
+        write!(f, "Area({} bytes @ {:p})", self.len, self.ptr)
     }
 }
 
+fn last_err() -> std::io::Error {
+    std::io::Error::last_os_error()
+}
+
+/// Rounds `len` up to whole pages (at least one).
+pub fn page_round(len: usize) -> usize {
+    len.max(1).div_ceil(PAGE) * PAGE
+}
+
 impl Area {
-    fn map(len: usize, id: u32) -> std::io::Result<Area> {
-        let len = len.max(1);
-        // SAFETY: anonymous private mapping; the result is checked.
+    /// A new zeroed area of `len` bytes (rounded up to pages) on a memfd named `name` (shown in
+    /// /proc/PID/maps), sealed against shrinking, growing and further sealing.
+    pub fn new(len: usize, name: &str) -> std::io::Result<Area> {
+        let fd = Self::memfd(len, name)?;
+        let len = page_round(len);
+        // SAFETY: our own fd; F_ADD_SEALS with known flags.
+        let r = unsafe {
+            libc::fcntl(
+                fd.as_raw_fd(),
+                libc::F_ADD_SEALS,
+                libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL,
+            )
+        };
+        if r < 0 {
+            return Err(last_err());
+        }
+        Self::map(fd, len)
+    }
+
+    /// An unsealed memfd of `len` bytes (rounded to pages), for callers that fill it before
+    /// sealing it (the client library moving application pages onto one).
+    pub fn memfd(len: usize, name: &str) -> std::io::Result<OwnedFd> {
+        let cname = std::ffi::CString::new(name.replace('\0', "?")).unwrap_or_default();
+        // SAFETY: valid C string; the result is checked.
+        let raw = unsafe {
+            libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
+        };
+        if raw < 0 {
+            return Err(last_err());
+        }
+        // SAFETY: a fresh fd we own.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        // SAFETY: our fd; the length fits off_t.
+        if unsafe { libc::ftruncate(fd.as_raw_fd(), page_round(len) as libc::off_t) } < 0 {
+            return Err(last_err());
+        }
+        Ok(fd)
+    }
+
+    /// Maps an area another process sent: `fd` must be a memfd sealed at least against
+    /// shrinking (F_SEAL_SHRINK) and hold at least `len` bytes; anything else is refused, so
+    /// its sender can never make this mapping fault by truncating the file.
+    pub fn from_fd(fd: OwnedFd, len: usize) -> std::io::Result<Area> {
+        // SAFETY: F_GET_SEALS on an fd we hold; fails with EINVAL for non-memfds.
+        let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
+        if seals < 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "not a memfd (cannot read its seals)",
+            ));
+        }
+        if seals & libc::F_SEAL_SHRINK == 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "the memfd is not sealed against shrinking (F_SEAL_SHRINK)",
+            ));
+        }
+        // SAFETY: fstat into a zeroed struct.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } < 0 {
+            return Err(last_err());
+        }
+        let size = st.st_size as usize;
+        let len = page_round(len);
+        if size < len {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("the memfd holds {size} bytes, {len} claimed"),
+            ));
+        }
+        Self::map(fd, len)
+    }
+
+    fn map(fd: OwnedFd, len: usize) -> std::io::Result<Area> {
+        // SAFETY: a shared mapping of our fd, length checked above; the result is checked.
         let p = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
                 len,
                 libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
                 0,
             )
         };
         if p == libc::MAP_FAILED {
-            return Err(std::io::Error::last_os_error());
+            return Err(last_err());
         }
         Ok(Area {
             ptr: NonNull::new(p as *mut u8).expect("mmap returned non-null"),
             len,
-            id,
+            fd,
         })
     }
 
-    /// Its id in the registry.
-    pub fn id(&self) -> u32 {
-        self.id
+    /// The memfd behind the area (to send to another process).
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
     }
 
     /// Length in bytes.
@@ -165,60 +251,9 @@ impl Memory for Area {
 
 impl Drop for Area {
     fn drop(&mut self) {
-        // SAFETY: we mapped exactly this range and nobody holds a reference (Arc dropped).
+        // SAFETY: we mapped exactly this range and nobody holds a reference (Arc dropped);
+        // the fd closes with `self.fd`.
         unsafe { libc::munmap(self.ptr.as_ptr() as *mut libc::c_void, self.len) };
-    }
-}
-
-/// Names areas by id: the namespace applications and workers share.
-#[derive(Debug, Default)]
-pub struct AreaRegistry {
-    inner: Mutex<(u32, HashMap<u32, Arc<Area>>)>,
-}
-
-impl AreaRegistry {
-    /// An empty registry.
-    pub fn new() -> Arc<AreaRegistry> {
-        Arc::new(AreaRegistry::default())
-    }
-
-    /// Allocates a zeroed area of `len` bytes.
-    pub fn create(&self, len: usize) -> std::io::Result<Arc<Area>> {
-        let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        g.0 += 1;
-        let id = g.0;
-        let a = Arc::new(Area::map(len, id)?);
-        g.1.insert(id, a.clone());
-        Ok(a)
-    }
-
-    /// The area with this id.
-    pub fn get(&self, id: u32) -> Option<Arc<Area>> {
-        self.inner
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .1
-            .get(&id)
-            .cloned()
-    }
-
-    /// Number of areas named.
-    pub fn len(&self) -> usize {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner()).1.len()
-    }
-
-    /// Whether no area is named.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Forgets an area (it is unmapped once the last user drops it).
-    pub fn remove(&self, id: u32) -> Option<Arc<Area>> {
-        self.inner
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .1
-            .remove(&id)
     }
 }
 
@@ -228,21 +263,43 @@ mod tests {
 
     #[test]
     fn area_memory_contract() {
-        let r = AreaRegistry::new();
-        let a = r.create(100).unwrap();
+        let a = Area::new(100, "test").unwrap();
         assert_eq!(a.addr() % 4096, 0, "page aligned");
+        assert_eq!(a.len(), 4096, "whole pages");
         a.write_at(10, b"hello").unwrap();
         let mut b = [0u8; 5];
         a.read_at(10, &mut b).unwrap();
         assert_eq!(&b, b"hello");
         assert_eq!(a.load_u8(14), b'o');
-        assert_eq!(a.write_at(98, b"abc"), Err(MemoryError::OutOfBounds));
+        assert_eq!(a.write_at(4094, b"abc"), Err(MemoryError::OutOfBounds));
         assert_eq!(a.read_at(usize::MAX, &mut b), Err(MemoryError::OutOfBounds));
         assert_eq!(a.fetch_add(16, 5).unwrap(), 0);
         assert_eq!(a.compare_swap(16, 5, 9).unwrap(), 5);
         assert_eq!(a.fetch_add(17, 1), Err(MemoryError::Misaligned));
-        assert!(Arc::ptr_eq(&r.get(a.id()).unwrap(), &a));
-        r.remove(a.id());
-        assert!(r.get(a.id()).is_none());
+    }
+
+    /// Another mapping of the same memfd sees the same bytes; a memfd that is not sealed
+    /// against shrinking, or smaller than claimed, or a non-memfd, is refused.
+    #[test]
+    fn shared_mappings_and_untrusted_fds() {
+        let a = Area::new(8192, "shared").unwrap();
+        let dup = a.fd().try_clone_to_owned().unwrap();
+        let b = Area::from_fd(dup, 8192).unwrap();
+        a.write_at(5000, b"same bytes").unwrap();
+        let mut got = [0u8; 10];
+        b.read_at(5000, &mut got).unwrap();
+        assert_eq!(&got, b"same bytes");
+        let dup = a.fd().try_clone_to_owned().unwrap();
+        assert!(
+            Area::from_fd(dup, 3 * 4096).is_err(),
+            "smaller than claimed"
+        );
+        let unsealed = Area::memfd(4096, "unsealed").unwrap();
+        assert!(Area::from_fd(unsealed, 4096).is_err(), "not sealed");
+        let file = std::fs::File::open("/proc/self/status").unwrap();
+        assert!(Area::from_fd(file.into(), 4096).is_err(), "not a memfd");
+        // The sealed area cannot be truncated by anyone holding its fd.
+        let r = unsafe { libc::ftruncate(a.fd().as_raw_fd(), 0) };
+        assert!(r < 0);
     }
 }

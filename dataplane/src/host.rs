@@ -1,33 +1,39 @@
-//! The application interface: a verbs-style API ([`Verbs`], implemented by [`Context`]) over
-//! single-producer/single-consumer rings between an application thread and the worker that
-//! owns the device.
+//! The application interface: a verbs-style API ([`Verbs`], implemented by [`Client`]) over
+//! shared-memory rings between an application and the worker that owns the device.
 //!
-//! Per context: a command ring (application -> worker) and a reply ring (worker -> application)
-//! for verbs calls; a ring per CQ (worker -> application) for completions; an event ring; and a
-//! small area where the worker publishes each work queue's consumer index (QPs' send and
-//! receive queues, SRQs), so `post_send`, `post_recv` and `post_srq_recv` can tell "queue
-//! full" synchronously without a round trip, as with a hardware RNIC's doorbell rings.
-//! Control calls (create/modify/query...) wait for their reply; posts do not. Slots are
-//! fixed-size plain data (no pointers); memory is named by area id.
+//! Per client (application context) there are, in shared memory (memfd [`Area`]s):
+//! - a post ring (application -> worker) of [`PostSlot`]s: send, receive and SRQ receive work
+//!   requests, with inline data copied in when posted;
+//! - one completion ring per CQ (worker -> application) of [`CqeSlot`]s;
+//! - an event ring (worker -> application) of [`EventSlot`]s;
+//! - an index area where the worker publishes each QP's send/receive and each SRQ's consumer
+//!   position, so `post_send`, `post_recv` and `post_srq_recv` know "queue full" without a
+//!   round trip, as with a hardware RNIC's doorbell rings.
+//!
+//! Slots are `repr(C)` integers checked when read ([`crate::slots`]): the worker never trusts
+//! what an application wrote. Control calls (create/modify/query/destroy, registration) are
+//! [`Command`]s that travel over a [`Channel`]: in the same process a queue into the worker
+//! ([`LocalChannel`]); from another process, rnicd's Unix socket (`crate::client`). Either way
+//! the worker executes them in [`HostEnd::execute`] after the posts already in the ring, so
+//! program order holds. Memory is named per client: the client gives each area an id, and
+//! another client's ids mean nothing in its table.
 //!
 //! Lookups on the post and poll paths are array indexing (QPs by `roce::engine::qp_slot`,
-//! CQs and SRQs by id), never hashing. Inline data is copied into the work request when it
-//! is posted (verbs lets the application reuse the buffer as soon as the call returns).
+//! CQs and SRQs by id), never hashing.
 //!
-//! Lifetimes: dropping a [`Context`] releases everything it created on the worker (QPs,
-//! SRQs, CQs, MRs, PDs) and its ring areas; dropping the last handle of a [`Buffer`] forgets
-//! its area (it is unmapped once no MR uses it). If the worker stops - cleanly or by a
-//! panic - every call fails with `VerbsError::DeviceFatal` and `poll_event` reports
-//! `AsyncEvent::DeviceFatal` once, instead of waiting forever.
-//!
-//! The multi-process client library of the next milestone implements the same [`Verbs`]
-//! trait over the same rings, placed in shared memory.
+//! Lifetimes: dropping a [`Client`] releases everything it created on the worker (QPs, SRQs,
+//! CQs, MRs, PDs, areas); dropping the last handle of a [`Buffer`] forgets its area (it is
+//! unmapped once no MR uses it). If the worker stops - cleanly or by a panic - every call
+//! fails with `VerbsError::DeviceFatal` and `poll_event` reports `AsyncEvent::DeviceFatal`
+//! once, instead of waiting forever.
 
-use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Weak};
-use std::time::Instant;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
 
+use crossbeam_queue::SegQueue;
 use roce::engine::{
     qp_slot, CqId, Device, DeviceAttr, DeviceConfig, PortAttr, QpInit, SrqAttr, SrqId, VerbsError,
     VerbsResult, MAX_INLINE,
@@ -36,127 +42,23 @@ use roce::memory::PdId;
 use roce::types::{Gid, Lkey, Qpn, Rkey};
 use roce::verbs::{
     Access, AsyncEvent, Completion, QpAttr, QpCaps, QpInfo, QpState, QpType, RecvWr, SendFlags,
-    SendWr, Sge, UdDest, WcOpcode, WrOp,
+    SendWr, Sge, WcOpcode,
 };
 
-use crate::area::{Area, AreaRegistry};
-use crate::ring::{ring, Consumer, Plain, Producer};
+use crate::area::Area;
+use crate::ring::{ring, ring_bytes, Consumer, Plain, Producer};
+pub use crate::slots::MAX_HOST_SGE;
+use crate::slots::{post_kind, CqeSlot, EventSlot, Post, PostSlot};
+use crate::worker::Control;
 
-/// Most SGEs a work request can carry through the host interface.
-pub const MAX_HOST_SGE: usize = 16;
-/// Command ring depth.
-const CMD_RING: usize = 4096;
+/// Post ring depth.
+pub const POST_RING: usize = 4096;
 /// Event ring depth.
-const EVENT_RING: usize = 1024;
+pub const EVENT_RING: usize = 1024;
 /// Per-QP published indices: (send WQEs retired, receive WQEs retired).
 const QP_INDEX_BYTES: usize = 16;
 /// Per-SRQ published index: receive WQEs handed out.
 const SRQ_INDEX_BYTES: usize = 8;
-
-/// Bytes a send WR carries for its SGEs (16 bytes each) or, in their place, inline data.
-const SEND_PAYLOAD: usize = MAX_HOST_SGE * 16;
-const _: () = assert!(
-    MAX_INLINE <= SEND_PAYLOAD,
-    "inline data fits where the SGEs go"
-);
-
-/// A send WR as it travels through the command ring: its SGEs, or for an inline WR its
-/// data, in one payload area (an inline WR has no SGEs), so a slot is no larger than either.
-#[derive(Debug, Clone, Copy)]
-pub struct SendWrData {
-    /// Work request id.
-    pub wr_id: u64,
-    /// Operation.
-    pub op: WrOp,
-    /// Flags.
-    pub flags: SendFlags,
-    /// UD destination.
-    pub ud: Option<UdDest>,
-    /// SGE count (0 for inline data).
-    pub nsge: u8,
-    /// Inline payload bytes (0 unless inline).
-    pub inline_len: u16,
-    /// SGEs (address, length, lkey; little-endian) or inline bytes.
-    pub payload: [u8; SEND_PAYLOAD],
-}
-
-impl SendWrData {
-    fn new(wr: &SendWr<'_>) -> SendWrData {
-        SendWrData {
-            wr_id: wr.wr_id,
-            op: wr.op,
-            flags: wr.flags,
-            ud: wr.ud,
-            nsge: 0,
-            inline_len: 0,
-            payload: [0; SEND_PAYLOAD],
-        }
-    }
-
-    fn set_sges(&mut self, list: &[Sge]) -> VerbsResult<()> {
-        if list.len() > MAX_HOST_SGE {
-            return Err(VerbsError::InvalidArgument(format!(
-                "{} SGEs exceed {MAX_HOST_SGE}",
-                list.len()
-            )));
-        }
-        for (sge, b) in list.iter().zip(self.payload.chunks_exact_mut(16)) {
-            b[..8].copy_from_slice(&sge.addr.to_le_bytes());
-            b[8..12].copy_from_slice(&sge.length.to_le_bytes());
-            b[12..].copy_from_slice(&sge.lkey.0.to_le_bytes());
-        }
-        self.nsge = list.len() as u8;
-        Ok(())
-    }
-
-    /// The SGEs, decoded into `out` (a count beyond the maximum is clamped).
-    pub fn sges<'a>(&self, out: &'a mut [Sge; MAX_HOST_SGE]) -> &'a [Sge] {
-        let n = (self.nsge as usize).min(MAX_HOST_SGE);
-        for (o, b) in out.iter_mut().zip(self.payload.chunks_exact(16)).take(n) {
-            let word = |r: std::ops::Range<usize>| {
-                let mut a = [0u8; 4];
-                a.copy_from_slice(&b[r]);
-                u32::from_le_bytes(a)
-            };
-            let mut addr = [0u8; 8];
-            addr.copy_from_slice(&b[..8]);
-            *o = Sge {
-                addr: u64::from_le_bytes(addr),
-                length: word(8..12),
-                lkey: Lkey(word(12..16)),
-            };
-        }
-        &out[..n]
-    }
-
-    /// The inline data (a length beyond the maximum is clamped).
-    pub fn inline(&self) -> &[u8] {
-        &self.payload[..(self.inline_len as usize).min(MAX_INLINE)]
-    }
-}
-
-/// A receive WR as it travels through the command ring.
-#[derive(Debug, Clone, Copy)]
-pub struct RecvWrData {
-    /// Work request id.
-    pub wr_id: u64,
-    /// SGE count.
-    pub nsge: u8,
-    /// SGEs.
-    pub sges: [Sge; MAX_HOST_SGE],
-}
-
-fn pack_sges(list: &[Sge]) -> VerbsResult<(u8, [Sge; MAX_HOST_SGE])> {
-    if list.len() > MAX_HOST_SGE {
-        return Err(VerbsError::InvalidArgument(format!(
-            "{} SGEs exceed {MAX_HOST_SGE}",
-            list.len()
-        )));
-    }
-    let mut a = [Sge::default(); MAX_HOST_SGE];
-    a[..list.len()].copy_from_slice(list);
-    Ok((list.len() as u8, a))
-}
 
 /// The sizes a host interface needs from its device: its per-object tables are indexed by
 /// QP slot, CQ id and SRQ id.
@@ -180,7 +82,8 @@ impl HostLimits {
         }
     }
 
-    fn index_bytes(&self) -> usize {
+    /// Bytes of the index area.
+    pub fn index_bytes(&self) -> usize {
         self.max_qp as usize * QP_INDEX_BYTES + self.max_srq as usize * SRQ_INDEX_BYTES
     }
 
@@ -189,10 +92,34 @@ impl HostLimits {
     }
 }
 
-/// A verbs call.
-#[derive(Debug, Clone, Copy)]
+/// Limits on what one client may hold (rnicd's `host.*` keys); a request past one fails
+/// with `NoResources` naming it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientLimits {
+    /// QPs.
+    pub max_qps: u32,
+    /// CQs.
+    pub max_cqs: u32,
+    /// MRs.
+    pub max_mrs: u32,
+    /// Bytes of memory areas shared with the RNIC.
+    pub max_area_bytes: u64,
+}
+
+impl Default for ClientLimits {
+    fn default() -> Self {
+        ClientLimits {
+            max_qps: u32::MAX,
+            max_cqs: u32::MAX,
+            max_mrs: u32::MAX,
+            max_area_bytes: u64::MAX,
+        }
+    }
+}
+
+/// A control call, executed by the worker in [`HostEnd::execute`].
+#[derive(Debug, Clone)]
 #[allow(missing_docs)]
-#[allow(clippy::large_enum_variant)] // fixed-size ring slot, see ReplyData
 pub enum Command {
     QueryDevice,
     QueryPort,
@@ -203,13 +130,22 @@ pub enum Command {
     DeallocPd {
         pd: PdId,
     },
+    /// Makes `area` known to the worker as this client's area `id`.
+    AddArea {
+        id: u32,
+        area: Arc<Area>,
+    },
+    /// Forgets area `id` (MRs on it keep it mapped until deregistered).
+    RemoveArea {
+        id: u32,
+    },
     RegMr {
         pd: PdId,
         area: u32,
         offset: u64,
         len: u64,
         access: Access,
-        iova: Option<u64>,
+        iova: u64,
     },
     AllocMr {
         pd: PdId,
@@ -218,9 +154,10 @@ pub enum Command {
     DeregMr {
         lkey: Lkey,
     },
+    /// A CQ whose completions go to the ring in `ring` (`capacity` slots).
     CreateCq {
         cqe: u32,
-        ring: u32,
+        ring: Arc<Area>,
         capacity: u32,
     },
     DestroyCq {
@@ -240,10 +177,6 @@ pub enum Command {
     DestroySrq {
         srq: SrqId,
     },
-    PostSrqRecv {
-        srq: SrqId,
-        wr: RecvWrData,
-    },
     CreateQp {
         init: QpInit,
     },
@@ -257,14 +190,6 @@ pub enum Command {
     DestroyQp {
         qpn: Qpn,
     },
-    PostSend {
-        qpn: Qpn,
-        wr: SendWrData,
-    },
-    PostRecv {
-        qpn: Qpn,
-        wr: RecvWrData,
-    },
     Counters {
         qpn: Option<Qpn>,
     },
@@ -273,19 +198,49 @@ pub enum Command {
 }
 
 impl Command {
-    fn is_post(&self) -> bool {
-        matches!(
-            self,
-            Command::PostSend { .. } | Command::PostRecv { .. } | Command::PostSrqRecv { .. }
-        )
+    /// A short name (logs, rnic-ctl).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Command::QueryDevice => "query_device",
+            Command::QueryPort => "query_port",
+            Command::QueryGid { .. } => "query_gid",
+            Command::AllocPd => "alloc_pd",
+            Command::DeallocPd { .. } => "dealloc_pd",
+            Command::AddArea { .. } => "add_area",
+            Command::RemoveArea { .. } => "remove_area",
+            Command::RegMr { .. } => "reg_mr",
+            Command::AllocMr { .. } => "alloc_mr",
+            Command::DeregMr { .. } => "dereg_mr",
+            Command::CreateCq { .. } => "create_cq",
+            Command::DestroyCq { .. } => "destroy_cq",
+            Command::CreateSrq { .. } => "create_srq",
+            Command::ModifySrq { .. } => "modify_srq",
+            Command::QuerySrq { .. } => "query_srq",
+            Command::DestroySrq { .. } => "destroy_srq",
+            Command::CreateQp { .. } => "create_qp",
+            Command::ModifyQp { .. } => "modify_qp",
+            Command::QueryQp { .. } => "query_qp",
+            Command::DestroyQp { .. } => "destroy_qp",
+            Command::Counters { .. } => "counters",
+            Command::Close => "close",
+        }
     }
 }
 
-/// Device attributes as plain data (the firmware string is fixed).
-#[derive(Debug, Clone, Copy)]
+/// `PortAttr` as plain data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[allow(missing_docs)]
-// Ring slots are fixed-size by design: boxing a variant would put a pointer in the slot.
-#[allow(clippy::large_enum_variant)]
+pub struct PortAttrData {
+    pub active: bool,
+    pub max_mtu: roce::verbs::Mtu,
+    pub active_mtu: roce::verbs::Mtu,
+    pub gid_tbl_len: u32,
+    pub pkey_tbl_len: u32,
+}
+
+/// What a control call returns.
+#[derive(Debug, Clone)]
+#[allow(missing_docs)]
 pub enum ReplyData {
     None,
     Pd(PdId),
@@ -302,185 +257,142 @@ pub enum ReplyData {
     Gid(Gid),
     Device(DeviceAttr),
     Port(PortAttrData),
-    Counters {
-        n: u8,
-        vals: [u64; 64],
-    },
+    /// Counter values, in the order `counter_names` gives.
+    Counters(Vec<u64>),
 }
 
-/// `PortAttr` as plain data.
-#[derive(Debug, Clone, Copy)]
-#[allow(missing_docs)]
-pub struct PortAttrData {
-    pub active: bool,
-    pub max_mtu: roce::verbs::Mtu,
-    pub active_mtu: roce::verbs::Mtu,
-    pub gid_tbl_len: u32,
-    pub pkey_tbl_len: u32,
+/// The names of the values a `Counters` reply carries: the QP (or port total) counters, the
+/// device counters, then the client's own.
+pub fn counter_names() -> impl Iterator<Item = &'static str> {
+    roce::engine::QpCounters::NAMES
+        .iter()
+        .chain(roce::engine::DeviceCounters::NAMES)
+        .chain(HostCounters::NAMES.iter())
+        .copied()
 }
 
-/// Error kinds (mirrors `VerbsError` without its strings).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[allow(missing_docs)]
-pub enum ErrKind {
-    InvalidArgument,
-    NoResources,
-    NotFound,
-    Busy,
-    QueueFull,
-    InvalidState(QpState),
-    Modify,
-    DeviceFatal,
+/// How control calls reach the worker.
+pub trait Channel: Send {
+    /// Executes `cmd` on the worker and returns its result.
+    fn call(&mut self, cmd: Command) -> VerbsResult<ReplyData>;
+    /// Like `call`, but gives up (DeviceFatal) at `deadline`.
+    fn call_until(&mut self, cmd: Command, deadline: Instant) -> VerbsResult<ReplyData>;
+    /// Whether the device is still there.
+    fn alive(&self) -> bool;
 }
 
-/// A reply.
-#[derive(Debug, Clone, Copy)]
-#[allow(missing_docs)]
-#[allow(clippy::large_enum_variant)] // fixed-size ring slot, see ReplyData
-pub enum Reply {
-    Ok(ReplyData),
-    Err {
-        kind: ErrKind,
-        len: u8,
-        msg: [u8; 160],
-    },
+/// A client in the same process as the worker: control calls go through the runtime's
+/// control queue and wait for the worker's reply.
+pub struct LocalChannel {
+    control: Arc<SegQueue<Control>>,
+    nic: usize,
+    token: u64,
+    alive: Arc<AtomicBool>,
 }
 
-/// A numbered command.
-#[derive(Debug, Clone, Copy)]
-pub struct Req {
-    /// Sequence number (replies carry it back).
-    pub seq: u64,
-    /// The call.
-    pub cmd: Command,
-}
+impl LocalChannel {
+    /// A channel to the host `token` of RNIC `nic`.
+    pub fn new(
+        control: Arc<SegQueue<Control>>,
+        nic: usize,
+        token: u64,
+        alive: Arc<AtomicBool>,
+    ) -> Self {
+        LocalChannel {
+            control,
+            nic,
+            token,
+            alive,
+        }
+    }
 
-/// A numbered reply.
-#[derive(Debug, Clone, Copy)]
-pub struct Resp {
-    /// Sequence number of the command.
-    pub seq: u64,
-    /// Result.
-    pub reply: Reply,
-}
-
-// SAFETY: plain data: integers, arrays, Copy enums of them; no pointers.
-unsafe impl Plain for Req {}
-// SAFETY: as Req.
-unsafe impl Plain for Resp {}
-// SAFETY: Completion holds integers and Copy newtypes only.
-unsafe impl Plain for Completion {}
-// SAFETY: AsyncEvent holds integers and Copy newtypes only.
-unsafe impl Plain for AsyncEvent {}
-
-fn to_reply(r: VerbsResult<ReplyData>) -> Reply {
-    match r {
-        Ok(d) => Reply::Ok(d),
-        Err(e) => {
-            let kind = match &e {
-                VerbsError::InvalidArgument(_) => ErrKind::InvalidArgument,
-                VerbsError::NoResources(_) => ErrKind::NoResources,
-                VerbsError::NotFound(_) => ErrKind::NotFound,
-                VerbsError::Busy(_) => ErrKind::Busy,
-                VerbsError::QueueFull => ErrKind::QueueFull,
-                VerbsError::InvalidState(s) => ErrKind::InvalidState(*s),
-                VerbsError::Modify(_) => ErrKind::Modify,
-                VerbsError::DeviceFatal => ErrKind::DeviceFatal,
-            };
-            // The detail only: the receiving side rebuilds the error from `kind`, whose
-            // Display adds the prefix ("invalid argument: ...") once.
-            let text = match &e {
-                VerbsError::InvalidArgument(t) => t.clone(),
-                other => other.to_string(),
-            };
-            let mut msg = [0u8; 160];
-            let n = text.len().min(160);
-            msg[..n].copy_from_slice(&text.as_bytes()[..n]);
-            Reply::Err {
-                kind,
-                len: n as u8,
-                msg,
+    fn wait(&self, cmd: Command, deadline: Option<Instant>) -> VerbsResult<ReplyData> {
+        if !self.alive() {
+            return Err(VerbsError::DeviceFatal);
+        }
+        let (tx, rx) = mpsc::sync_channel(1);
+        self.control.push(Control::Call {
+            nic: self.nic,
+            token: self.token,
+            cmd,
+            reply: tx,
+        });
+        loop {
+            match rx.recv_timeout(Duration::from_millis(20)) {
+                Ok(r) => return r,
+                Err(mpsc::RecvTimeoutError::Disconnected) => return Err(VerbsError::DeviceFatal),
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    if !self.alive() || deadline.is_some_and(|d| Instant::now() >= d) {
+                        return Err(VerbsError::DeviceFatal);
+                    }
+                }
             }
         }
     }
 }
 
-fn from_reply(r: Reply) -> VerbsResult<ReplyData> {
-    match r {
-        Reply::Ok(d) => Ok(d),
-        Reply::Err { kind, len, msg } => {
-            let text = String::from_utf8_lossy(&msg[..len as usize]).into_owned();
-            Err(match kind {
-                ErrKind::QueueFull => VerbsError::QueueFull,
-                ErrKind::DeviceFatal => VerbsError::DeviceFatal,
-                ErrKind::InvalidState(s) => VerbsError::InvalidState(s),
-                ErrKind::NotFound => VerbsError::NotFound(leak_name(&text)),
-                ErrKind::Busy => VerbsError::Busy(leak_name(&text)),
-                ErrKind::NoResources => VerbsError::NoResources(leak_name(&text)),
-                ErrKind::InvalidArgument | ErrKind::Modify => VerbsError::InvalidArgument(text),
-            })
-        }
+impl Channel for LocalChannel {
+    fn call(&mut self, cmd: Command) -> VerbsResult<ReplyData> {
+        self.wait(cmd, None)
     }
-}
 
-/// `VerbsError` carries `&'static str` object names; map the few known ones back.
-fn leak_name(text: &str) -> &'static str {
-    for n in [
-        "protection domain",
-        "memory regions",
-        "memory region",
-        "completion queues",
-        "completion queue",
-        "shared receive queues",
-        "shared receive queue",
-        "queue pairs",
-        "queue pair",
-    ] {
-        if text.contains(n) {
-            return n;
-        }
+    fn call_until(&mut self, cmd: Command, deadline: Instant) -> VerbsResult<ReplyData> {
+        self.wait(cmd, Some(deadline))
     }
-    "object"
+
+    fn alive(&self) -> bool {
+        self.alive.load(Ordering::Acquire)
+    }
 }
 
 /// Counters of one host interface (one application context), reported with the device's
 /// counters as `host_*`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct HostCounters {
-    /// Posts that passed the application-side checks but failed on the worker (a WQE for a
-    /// QP completes with LOC_QP_OP_ERR; an SRQ WQE is dropped).
+    /// Posts that failed on the worker (a WQE for a QP completes with LOC_QP_OP_ERR; an SRQ
+    /// WQE is dropped).
     pub failed_posts: u64,
     /// Asynchronous events dropped because the application's event ring was full.
     pub events_dropped: u64,
+    /// Post slots that did not decode (the client then loses its context).
+    pub bad_slots: u64,
 }
 
 impl HostCounters {
     /// Counter names, in the order of `values`.
-    pub const NAMES: [&'static str; 2] = ["host_failed_posts", "host_events_dropped"];
+    pub const NAMES: [&'static str; 3] =
+        ["host_failed_posts", "host_events_dropped", "host_bad_slots"];
 
     /// Values, in the order of `NAMES`.
-    pub fn values(&self) -> [u64; 2] {
-        [self.failed_posts, self.events_dropped]
+    pub fn values(&self) -> [u64; 3] {
+        [self.failed_posts, self.events_dropped, self.bad_slots]
     }
 }
 
+/// Ids of buffers dropped by the application, for the client to forget on the worker.
+type Released = Arc<Mutex<Vec<u32>>>;
+
 struct BufferInner {
     area: Arc<Area>,
-    reg: Weak<AreaRegistry>,
+    id: u32,
+    released: Weak<Mutex<Vec<u32>>>,
 }
 
 impl Drop for BufferInner {
     fn drop(&mut self) {
-        // Forget the area; MRs still registered on it keep it mapped until deregistered.
-        if let Some(r) = self.reg.upgrade() {
-            r.remove(self.area.id());
+        // The client tells the worker to forget it at its next call; MRs still registered on
+        // the area keep it mapped until they are deregistered.
+        if let Some(r) = self.released.upgrade() {
+            if let Ok(mut v) = r.lock() {
+                v.push(self.id);
+            }
         }
     }
 }
 
-/// Application memory a context allocated (registered as MRs, advertised to peers). Clones
-/// share the memory; when the last one is dropped the memory is released (once no MR uses
-/// it any more).
+/// Application memory shared with the RNIC (registered as MRs, advertised to peers). Clones
+/// share the memory; when the last one is dropped the memory is released (once no MR uses it
+/// any more).
 #[derive(Clone)]
 pub struct Buffer {
     inner: Arc<BufferInner>,
@@ -488,7 +400,7 @@ pub struct Buffer {
 
 impl std::fmt::Debug for Buffer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Buffer({:?})", self.inner.area)
+        write!(f, "Buffer#{}({:?})", self.inner.id, self.inner.area)
     }
 }
 
@@ -507,7 +419,7 @@ impl Buffer {
         self.area().is_empty()
     }
 
-    /// Address (what MRs are registered at and peers are told).
+    /// Address in this process (what MRs are registered at and peers are told).
     pub fn addr(&self) -> u64 {
         self.area().addr()
     }
@@ -549,9 +461,9 @@ impl Buffer {
         }
     }
 
-    /// Area id (for the multi-process interface).
+    /// The client's id of the area.
     pub fn area_id(&self) -> u32 {
-        self.area().id()
+        self.inner.id
     }
 }
 
@@ -579,8 +491,8 @@ impl Mr {
     }
 }
 
-/// The verbs API applications use; the in-process [`Context`] implements it, and the
-/// multi-process client library will too, so tools run either way.
+/// The verbs API applications use; [`Client`] implements it over a [`Channel`], in the same
+/// process as the RNIC or through rnicd, so tools run either way.
 pub trait Verbs {
     /// `ibv_query_device`.
     fn query_device(&mut self) -> VerbsResult<DeviceAttr>;
@@ -631,7 +543,7 @@ pub trait Verbs {
     /// `ibv_destroy_qp`.
     fn destroy_qp(&mut self, qpn: Qpn) -> VerbsResult<()>;
     /// `ibv_post_send` (one WR). With `SendFlags::INLINE` the SGEs' bytes are copied before
-    /// the call returns (they must lie in buffers of this context, registered or not).
+    /// the call returns (they must lie in buffers of this client, registered or not).
     fn post_send(&mut self, qpn: Qpn, wr: &SendWr<'_>) -> VerbsResult<()>;
     /// `ibv_post_send` of an inline SEND or WRITE whose payload is `data` (any memory): the
     /// bytes are copied before the call returns; `wr.sg_list` must be empty.
@@ -651,7 +563,7 @@ pub trait Verbs {
     /// Next asynchronous event.
     fn poll_event(&mut self) -> Option<AsyncEvent>;
     /// Counters of a QP, or of the whole device (QP counters summed plus device ones, plus
-    /// this context's host counters).
+    /// this client's host counters).
     fn counters(&mut self, qpn: Option<Qpn>) -> VerbsResult<Vec<(&'static str, u64)>>;
 }
 
@@ -671,77 +583,74 @@ struct SrqLocal {
     posted: u64,
 }
 
-/// An application's handle on an RNIC (in-process backend of [`Verbs`]).
-pub struct Context {
-    reg: Arc<AreaRegistry>,
-    cmds: Producer<Req>,
-    replies: Consumer<Resp>,
-    events: Consumer<AsyncEvent>,
+/// The rings a client's host end uses, made by the client (in shared memory).
+pub struct ClientRings {
+    /// Post ring (client produces).
+    pub posts: Arc<Area>,
+    /// Event ring (worker produces).
+    pub events: Arc<Area>,
+    /// Index area (worker writes).
+    pub index: Arc<Area>,
+}
+
+/// An application's handle on an RNIC: [`Verbs`] over a [`Channel`].
+pub struct Client<C: Channel> {
+    chan: C,
+    posts: Producer<PostSlot>,
+    events: Consumer<EventSlot>,
     index: Arc<Area>,
     limits: HostLimits,
-    seq: u64,
     /// CQ rings by CQ id.
-    cqs: Vec<Option<Consumer<Completion>>>,
+    cqs: Vec<Option<Consumer<CqeSlot>>>,
     /// QPs by slot (`qp_slot`).
     qps: Vec<Option<QpLocal>>,
     /// SRQs by id.
     srqs: Vec<Option<SrqLocal>>,
-    /// This context's buffers by address (for inline data).
+    /// This client's buffers by address (for inline data).
     buffers: BTreeMap<u64, Weak<Area>>,
-    /// Ring areas this context created (forgotten when it is dropped).
-    own_areas: Vec<u32>,
-    alive: Arc<AtomicBool>,
+    next_area: u32,
+    released: Released,
     fatal_reported: bool,
+    closed: bool,
 }
 
-/// Creates both ends of a context for a device with `limits`. `alive` is cleared when the
-/// worker stops (also by a panic), so calls fail instead of waiting forever.
+/// An application's handle on an RNIC in the same process (the in-process backend).
+pub type Context = Client<LocalChannel>;
+
+static TOKENS: AtomicU64 = AtomicU64::new(1);
+
+/// Makes a client's rings (named after `who`) and the worker's end attached to them; returns
+/// the rings (to attach a client to) and the host end.
+pub fn host_end(
+    limits: HostLimits,
+    client_limits: ClientLimits,
+    who: &str,
+) -> std::io::Result<(ClientRings, HostEnd)> {
+    let (posts, _, post_c) = ring::<PostSlot>(POST_RING, &format!("{who}-posts"))?;
+    let (events, ev_p, _) = ring::<EventSlot>(EVENT_RING, &format!("{who}-events"))?;
+    let index = Arc::new(Area::new(limits.index_bytes(), &format!("{who}-index"))?);
+    let host = HostEnd::new(post_c, ev_p, index.clone(), limits, client_limits);
+    Ok((
+        ClientRings {
+            posts,
+            events,
+            index,
+        },
+        host,
+    ))
+}
+
+/// Creates both ends of an in-process client on RNIC `nic` of a worker fed by `control`:
+/// the client and the host end to attach to the RNIC (`Nic::add_host`).
 pub fn context(
-    reg: Arc<AreaRegistry>,
+    control: Arc<SegQueue<Control>>,
+    nic: usize,
     limits: HostLimits,
     alive: Arc<AtomicBool>,
 ) -> std::io::Result<(Context, HostEnd)> {
-    let (cmd_id, cmd_p, cmd_c) = ring::<Req>(&reg, CMD_RING)?;
-    let (rep_id, rep_p, rep_c) = ring::<Resp>(&reg, 256)?;
-    let (ev_id, ev_p, ev_c) = ring::<AsyncEvent>(&reg, EVENT_RING)?;
-    let index = reg.create(limits.index_bytes())?;
-    let own_areas = vec![cmd_id, rep_id, ev_id, index.id()];
-    Ok((
-        Context {
-            reg: reg.clone(),
-            cmds: cmd_p,
-            replies: rep_c,
-            events: ev_c,
-            index: index.clone(),
-            limits,
-            seq: 0,
-            cqs: (0..limits.max_cq).map(|_| None).collect(),
-            qps: (0..limits.max_qp).map(|_| None).collect(),
-            srqs: (0..limits.max_srq).map(|_| None).collect(),
-            buffers: BTreeMap::new(),
-            own_areas,
-            alive,
-            fatal_reported: false,
-        },
-        HostEnd {
-            reg,
-            cmds: cmd_c,
-            replies: rep_p,
-            events: ev_p,
-            cqs: (0..limits.max_cq).map(|_| None).collect(),
-            pending_cqs: Vec::new(),
-            index,
-            limits,
-            qps: Vec::new(),
-            srqs: Vec::new(),
-            mrs: Vec::new(),
-            pds: Vec::new(),
-            scratch: Vec::with_capacity(64),
-            counters: HostCounters::default(),
-            id: u16::MAX,
-            closed: false,
-        },
-    ))
+    let (rings, host) = host_end(limits, ClientLimits::default(), "ferroce")?;
+    let chan = LocalChannel::new(control, nic, host.token, alive);
+    Ok((Client::attach(chan, rings, limits), host))
 }
 
 /// How many WQEs the worker published as retired at `off` of the index area.
@@ -758,7 +667,7 @@ fn backoff(spins: u32) {
     } else if spins < 1000 {
         std::thread::yield_now();
     } else {
-        std::thread::sleep(std::time::Duration::from_micros(20));
+        std::thread::sleep(Duration::from_micros(20));
     }
 }
 
@@ -774,49 +683,53 @@ macro_rules! expect_reply {
     };
 }
 
-impl Context {
-    fn alive(&self) -> bool {
-        self.alive.load(Ordering::Acquire)
+impl<C: Channel> Client<C> {
+    /// A client over `chan` using `rings` (whose worker end is attached to the RNIC).
+    pub fn attach(chan: C, rings: ClientRings, limits: HostLimits) -> Client<C> {
+        Client {
+            chan,
+            posts: Producer::attach(rings.posts, POST_RING),
+            events: Consumer::attach(rings.events, EVENT_RING),
+            index: rings.index,
+            limits,
+            cqs: (0..limits.max_cq).map(|_| None).collect(),
+            qps: (0..limits.max_qp).map(|_| None).collect(),
+            srqs: (0..limits.max_srq).map(|_| None).collect(),
+            buffers: BTreeMap::new(),
+            next_area: 1,
+            released: Arc::new(Mutex::new(Vec::new())),
+            fatal_reported: false,
+            closed: false,
+        }
     }
 
-    fn push(&mut self, cmd: Command) -> VerbsResult<u64> {
-        if !self.alive() {
-            return Err(VerbsError::DeviceFatal);
+    fn alive(&self) -> bool {
+        self.chan.alive()
+    }
+
+    /// A control call (after telling the worker about buffers the application dropped).
+    fn call(&mut self, cmd: Command) -> VerbsResult<ReplyData> {
+        let gone: Vec<u32> = match self.released.lock() {
+            Ok(mut v) => std::mem::take(&mut *v),
+            Err(_) => Vec::new(),
+        };
+        for id in gone {
+            let _ = self.chan.call(Command::RemoveArea { id });
         }
-        self.seq += 1;
-        let req = Req { seq: self.seq, cmd };
+        self.chan.call(cmd)
+    }
+
+    /// Pushes a slot into the post ring, waiting while it is full.
+    fn push(&mut self, slot: &PostSlot) -> VerbsResult<()> {
         let mut spins = 0u32;
-        while !self.cmds.push(&req) {
+        while !self.posts.push(slot) {
             if !self.alive() {
                 return Err(VerbsError::DeviceFatal);
             }
             spins += 1;
             backoff(spins);
         }
-        Ok(self.seq)
-    }
-
-    fn call(&mut self, cmd: Command) -> VerbsResult<ReplyData> {
-        self.call_until(cmd, None)
-    }
-
-    /// A call that gives up (DeviceFatal) at `deadline`, if one is given.
-    fn call_until(&mut self, cmd: Command, deadline: Option<Instant>) -> VerbsResult<ReplyData> {
-        let seq = self.push(cmd)?;
-        let mut spins = 0u32;
-        loop {
-            if let Some(r) = self.replies.pop() {
-                if r.seq == seq {
-                    return from_reply(r.reply);
-                }
-                continue; // a stale reply (cannot happen with in-order rings)
-            }
-            if !self.alive() || deadline.is_some_and(|d| Instant::now() >= d) {
-                return Err(VerbsError::DeviceFatal);
-            }
-            spins += 1;
-            backoff(spins);
-        }
+        Ok(())
     }
 
     fn reg_at(
@@ -828,25 +741,84 @@ impl Context {
         iova: Option<u64>,
         access: Access,
     ) -> VerbsResult<Mr> {
+        let addr = iova.unwrap_or(buf.addr() + offset as u64);
         let cmd = Command::RegMr {
             pd,
             area: buf.area_id(),
             offset: offset as u64,
             len: len as u64,
             access,
+            iova: addr,
+        };
+        expect_reply!(self.call(cmd), ReplyData::Keys { lkey, rkey } => Mr {
+            lkey,
+            rkey,
+            addr,
+            len: len as u64,
+        })
+    }
+
+    /// Registers a shared area this client made (the remote client's raw-memory MRs).
+    pub fn add_area(&mut self, area: Arc<Area>) -> VerbsResult<u32> {
+        let id = self.next_area;
+        self.next_area += 1;
+        self.call(Command::AddArea { id, area })?;
+        Ok(id)
+    }
+
+    /// Registers `len` bytes at `offset` of the client's area `id` at address `iova`.
+    pub fn reg_area(
+        &mut self,
+        pd: PdId,
+        id: u32,
+        offset: u64,
+        len: u64,
+        iova: u64,
+        access: Access,
+    ) -> VerbsResult<Mr> {
+        let cmd = Command::RegMr {
+            pd,
+            area: id,
+            offset,
+            len,
+            access,
             iova,
         };
         expect_reply!(self.call(cmd), ReplyData::Keys { lkey, rkey } => Mr {
             lkey,
             rkey,
-            addr: iova.unwrap_or(buf.addr() + offset as u64),
-            len: len as u64,
+            addr: iova,
+            len,
         })
+    }
+
+    /// Forgets the client's area `id` on the worker.
+    pub fn remove_area(&mut self, id: u32) -> VerbsResult<()> {
+        self.call(Command::RemoveArea { id }).map(|_| ())
     }
 
     /// Waits until the worker has processed every command sent so far.
     pub fn sync(&mut self) -> VerbsResult<()> {
         self.call(Command::QueryPort).map(|_| ())
+    }
+
+    /// The channel (for transports with more to say, e.g. rnicd's admin requests).
+    pub fn channel(&mut self) -> &mut C {
+        &mut self.chan
+    }
+
+    /// Releases everything on the worker now (as dropping does).
+    pub fn close(&mut self) {
+        if self.closed {
+            return;
+        }
+        self.closed = true;
+        if self.alive() {
+            // A worker that is alive but not polling (stopped by its owner) must not hang
+            // the application: wait a bounded time.
+            let deadline = Instant::now() + Duration::from_secs(2);
+            let _ = self.chan.call_until(Command::Close, deadline);
+        }
     }
 
     fn qp_mut(&mut self, qpn: Qpn) -> VerbsResult<&mut QpLocal> {
@@ -857,7 +829,7 @@ impl Context {
             .ok_or(VerbsError::NotFound("queue pair"))
     }
 
-    /// Copies `sges`' bytes out of this context's buffers into `out` (inline data).
+    /// Copies `sges`' bytes out of this client's buffers into `out` (inline data).
     fn gather_inline(&self, sges: &[Sge], out: &mut [u8]) -> VerbsResult<usize> {
         let mut n = 0;
         for sge in sges {
@@ -897,8 +869,7 @@ impl Context {
         if matches!(q.state, QpState::Reset | QpState::Init | QpState::Rtr) {
             return Err(VerbsError::InvalidState(q.state));
         }
-        let (caps, qp_type) = (q.caps, q.qp_type);
-        let sq_posted = q.sq_posted;
+        let (caps, qp_type, sq_posted) = (q.caps, q.qp_type, q.sq_posted);
         let sq_retired = retired(&self.index, slot * QP_INDEX_BYTES);
         if sq_posted.wrapping_sub(sq_retired) >= caps.max_send_wr as u64 {
             return Err(VerbsError::QueueFull);
@@ -915,9 +886,8 @@ impl Context {
                 "UD sends need an address handle".into(),
             ));
         }
-        let mut data = SendWrData::new(wr);
         let is_inline = wr.flags.contains(SendFlags::INLINE) && !wr.op.is_read_or_atomic();
-        if is_inline {
+        let slot = if is_inline {
             let n: u64 = match inline {
                 Some(d) => d.len() as u64,
                 None => wr.sg_list.iter().map(|s| s.length as u64).sum(),
@@ -928,23 +898,29 @@ impl Context {
                     caps.max_inline_data
                 )));
             }
-            let copied = match inline {
-                Some(d) => {
-                    data.payload[..d.len()].copy_from_slice(d);
-                    d.len()
+            let mut bytes = [0u8; MAX_INLINE];
+            let data: &[u8] = match inline {
+                Some(d) => d,
+                None => {
+                    let k = self.gather_inline(wr.sg_list, &mut bytes)?;
+                    &bytes[..k]
                 }
-                None => self.gather_inline(wr.sg_list, &mut data.payload[..MAX_INLINE])?,
             };
-            data.inline_len = copied as u16;
+            let bare = SendWr {
+                sg_list: &[],
+                ..wr.clone()
+            };
+            PostSlot::send(qpn, &bare, Some(data))
         } else {
             if inline.is_some() {
                 return Err(VerbsError::InvalidArgument(
                     "inline data needs the INLINE flag on a SEND or WRITE".into(),
                 ));
             }
-            data.set_sges(wr.sg_list)?;
+            PostSlot::send(qpn, wr, None)
         }
-        self.push(Command::PostSend { qpn, wr: data })?;
+        .map_err(|e| VerbsError::InvalidArgument(e.to_string()))?;
+        self.push(&slot)?;
         if let Ok(q) = self.qp_mut(qpn) {
             q.sq_posted += 1;
         }
@@ -952,22 +928,14 @@ impl Context {
     }
 }
 
-impl Drop for Context {
-    /// Releases what the application created on the worker, then the context's ring areas.
+impl<C: Channel> Drop for Client<C> {
+    /// Releases what the application created on the worker.
     fn drop(&mut self) {
-        if self.alive() {
-            // A worker that is alive but not polling (stopped by its owner) must not hang
-            // the application: wait a bounded time.
-            let deadline = Instant::now() + std::time::Duration::from_secs(2);
-            let _ = self.call_until(Command::Close, Some(deadline));
-        }
-        for id in self.own_areas.drain(..) {
-            self.reg.remove(id);
-        }
+        self.close();
     }
 }
 
-impl Verbs for Context {
+impl<C: Channel> Verbs for Client<C> {
     fn query_device(&mut self) -> VerbsResult<DeviceAttr> {
         expect_reply!(self.call(Command::QueryDevice), ReplyData::Device(d) => d)
     }
@@ -989,15 +957,17 @@ impl Verbs for Context {
     }
 
     fn alloc_buffer(&mut self, len: usize) -> VerbsResult<Buffer> {
-        let area = self.reg.create(len).map_err(|e| {
+        let area = Arc::new(Area::new(len, "ferroce-buffer").map_err(|e| {
             VerbsError::InvalidArgument(format!("cannot allocate {len} bytes: {e}"))
-        })?;
+        })?);
+        let id = self.add_area(area.clone())?;
         self.buffers.retain(|_, w| w.strong_count() > 0);
         self.buffers.insert(area.addr(), Arc::downgrade(&area));
         Ok(Buffer {
             inner: Arc::new(BufferInner {
                 area,
-                reg: Arc::downgrade(&self.reg),
+                id,
+                released: Arc::downgrade(&self.released),
             }),
         })
     }
@@ -1031,31 +1001,24 @@ impl Verbs for Context {
 
     fn create_cq(&mut self, cqe: u32) -> VerbsResult<CqId> {
         let capacity = (cqe.max(1) as usize).next_power_of_two();
-        let (ring_id, prod, cons) = ring::<Completion>(&self.reg, capacity).map_err(|e| {
+        let (area, prod, cons) = ring::<CqeSlot>(capacity, "ferroce-cq").map_err(|e| {
             VerbsError::InvalidArgument(format!("cannot allocate the CQ ring: {e}"))
         })?;
         drop(prod); // the worker attaches its own producer end
         let r = self.call(Command::CreateCq {
             cqe,
-            ring: ring_id,
+            ring: area,
             capacity: capacity as u32,
         });
-        match expect_reply!(r, ReplyData::Cq(cq) => cq) {
-            Ok(cq) => match self.cqs.get_mut(cq.0 as usize) {
-                Some(slot) => {
-                    *slot = Some(cons);
-                    self.own_areas.push(ring_id);
-                    Ok(cq)
-                }
-                None => {
-                    let _ = self.call(Command::DestroyCq { cq });
-                    self.reg.remove(ring_id);
-                    Err(VerbsError::NoResources("completion queues"))
-                }
-            },
-            Err(e) => {
-                self.reg.remove(ring_id);
-                Err(e)
+        let cq = expect_reply!(r, ReplyData::Cq(cq) => cq)?;
+        match self.cqs.get_mut(cq.0 as usize) {
+            Some(slot) => {
+                *slot = Some(cons);
+                Ok(cq)
+            }
+            None => {
+                let _ = self.call(Command::DestroyCq { cq });
+                Err(VerbsError::NoResources("completion queues"))
             }
         }
     }
@@ -1079,13 +1042,13 @@ impl Verbs for Context {
         while n < out.len() {
             match ring.pop() {
                 Some(c) => {
-                    out[n] = c;
+                    out[n] = c.decode();
                     n += 1;
                 }
                 None => break,
             }
         }
-        if n == 0 && !self.alive.load(Ordering::Acquire) {
+        if n == 0 && !self.chan.alive() {
             return Err(VerbsError::DeviceFatal);
         }
         Ok(n)
@@ -1193,15 +1156,9 @@ impl Verbs for Context {
                 q.caps.max_recv_sge
             )));
         }
-        let (nsge, sges) = pack_sges(wr.sg_list)?;
-        self.push(Command::PostRecv {
-            qpn,
-            wr: RecvWrData {
-                wr_id: wr.wr_id,
-                nsge,
-                sges,
-            },
-        })?;
+        let s = PostSlot::recv(post_kind::RECV, qpn.value(), wr.wr_id, wr.sg_list)
+            .map_err(|e| VerbsError::InvalidArgument(e.to_string()))?;
+        self.push(&s)?;
         if let Ok(q) = self.qp_mut(qpn) {
             q.rq_posted += 1;
         }
@@ -1265,15 +1222,9 @@ impl Verbs for Context {
         if s.posted.wrapping_sub(retired(&index, off)) >= s.max_wr as u64 {
             return Err(VerbsError::QueueFull);
         }
-        let (nsge, sges) = pack_sges(wr.sg_list)?;
-        self.push(Command::PostSrqRecv {
-            srq,
-            wr: RecvWrData {
-                wr_id: wr.wr_id,
-                nsge,
-                sges,
-            },
-        })?;
+        let slot = PostSlot::recv(post_kind::SRQ_RECV, srq.0, wr.wr_id, wr.sg_list)
+            .map_err(|e| VerbsError::InvalidArgument(e.to_string()))?;
+        self.push(&slot)?;
         if let Some(Some(s)) = self.srqs.get_mut(srq.0 as usize) {
             s.posted += 1;
         }
@@ -1281,8 +1232,10 @@ impl Verbs for Context {
     }
 
     fn poll_event(&mut self) -> Option<AsyncEvent> {
-        if let Some(e) = self.events.pop() {
-            return Some(e);
+        while let Some(e) = self.events.pop() {
+            if let Some(ev) = e.decode() {
+                return Some(ev);
+            }
         }
         if !self.fatal_reported && !self.alive() {
             self.fatal_reported = true;
@@ -1292,15 +1245,9 @@ impl Verbs for Context {
     }
 
     fn counters(&mut self, qpn: Option<Qpn>) -> VerbsResult<Vec<(&'static str, u64)>> {
-        let (n, vals) = expect_reply!(self.call(Command::Counters { qpn }), ReplyData::Counters { n, vals } => (n, vals))?;
-        let names = roce::engine::QpCounters::NAMES
-            .iter()
-            .chain(roce::engine::DeviceCounters::NAMES)
-            .chain(HostCounters::NAMES.iter());
-        Ok(names
-            .copied()
-            .zip(vals[..n as usize].iter().copied())
-            .collect())
+        let vals =
+            expect_reply!(self.call(Command::Counters { qpn }), ReplyData::Counters(v) => v)?;
+        Ok(counter_names().zip(vals).collect())
     }
 }
 
@@ -1356,17 +1303,41 @@ impl Owners {
     }
 }
 
-/// The worker's end of a context.
+/// What one client holds, for `rnic-ctl res`.
+#[derive(Debug, Clone, Default)]
+pub struct HostObjects {
+    /// PDs.
+    pub pds: Vec<PdId>,
+    /// MRs: (lkey, registered bytes).
+    pub mrs: Vec<Lkey>,
+    /// CQs.
+    pub cqs: Vec<CqId>,
+    /// QPs.
+    pub qps: Vec<Qpn>,
+    /// SRQs.
+    pub srqs: Vec<SrqId>,
+    /// Bytes of shared areas.
+    pub area_bytes: u64,
+}
+
+/// The worker's end of a client.
 pub struct HostEnd {
-    reg: Arc<AreaRegistry>,
-    cmds: Consumer<Req>,
-    replies: Producer<Resp>,
-    events: Producer<AsyncEvent>,
+    /// Identifies this client to the worker's control calls.
+    pub token: u64,
+    /// Its index among the RNIC's hosts (set when attached).
+    pub id: u16,
+    /// Who it is (pid and command name for rnicd clients), for logs and rnic-ctl.
+    pub label: String,
+    posts: Consumer<PostSlot>,
+    events: Producer<EventSlot>,
     /// CQ rings by CQ id; `true` while the CQ has completions the ring had no room for.
-    cqs: Vec<Option<(Producer<Completion>, bool)>>,
+    cqs: Vec<Option<(Producer<CqeSlot>, bool)>>,
     pending_cqs: Vec<CqId>,
     index: Arc<Area>,
     limits: HostLimits,
+    client_limits: ClientLimits,
+    areas: HashMap<u32, Arc<Area>>,
+    area_bytes: u64,
     qps: Vec<Qpn>,
     srqs: Vec<SrqId>,
     mrs: Vec<Lkey>,
@@ -1374,36 +1345,182 @@ pub struct HostEnd {
     scratch: Vec<Completion>,
     /// Counters.
     pub counters: HostCounters,
-    /// Its index among the RNIC's hosts (set when attached).
-    pub id: u16,
     closed: bool,
 }
 
 impl HostEnd {
-    /// Whether the application closed its context (the RNIC then drops this end).
+    /// A host end over the worker's ends of a client's rings.
+    pub fn new(
+        posts: Consumer<PostSlot>,
+        events: Producer<EventSlot>,
+        index: Arc<Area>,
+        limits: HostLimits,
+        client_limits: ClientLimits,
+    ) -> HostEnd {
+        HostEnd {
+            token: TOKENS.fetch_add(1, Ordering::Relaxed),
+            id: u16::MAX,
+            label: String::new(),
+            posts,
+            events,
+            cqs: (0..limits.max_cq).map(|_| None).collect(),
+            pending_cqs: Vec::new(),
+            index,
+            limits,
+            client_limits,
+            areas: HashMap::new(),
+            area_bytes: 0,
+            qps: Vec::new(),
+            srqs: Vec::new(),
+            mrs: Vec::new(),
+            pds: Vec::new(),
+            scratch: Vec::with_capacity(64),
+            counters: HostCounters::default(),
+            closed: false,
+        }
+    }
+
+    /// Whether the client closed (or lost) its context (the RNIC then drops this end).
     pub fn is_closed(&self) -> bool {
         self.closed
     }
 
-    /// Executes up to `budget` commands against `dev`; returns how many.
+    /// Bytes of the client's areas (rings included) mapped on the worker.
+    pub fn area_bytes(&self) -> u64 {
+        self.area_bytes
+    }
+
+    /// What the client holds.
+    pub fn objects(&self) -> HostObjects {
+        HostObjects {
+            pds: self.pds.clone(),
+            mrs: self.mrs.clone(),
+            cqs: (0..self.cqs.len())
+                .filter(|&i| self.cqs[i].is_some())
+                .map(|i| CqId(i as u32))
+                .collect(),
+            qps: self.qps.clone(),
+            srqs: self.srqs.clone(),
+            area_bytes: self.area_bytes,
+        }
+    }
+
+    /// Executes up to `budget` posts from the client's ring against `dev`; returns how
+    /// many. A slot that does not decode ends the client (its objects are released).
     pub fn process(&mut self, dev: &mut Device, owners: &mut Owners, budget: usize) -> usize {
         let mut n = 0;
         while n < budget && !self.closed {
-            let Some(req) = self.cmds.pop() else { break };
+            // Copied out of shared memory first, then decoded and checked.
+            let Some(slot) = self.posts.pop() else { break };
             n += 1;
-            let post = req.cmd.is_post();
-            let r = self.execute(dev, owners, req.cmd);
-            if !post {
-                let resp = Resp {
-                    seq: req.seq,
-                    reply: to_reply(r),
-                };
-                // The application waits for this reply and reads it before sending another
-                // control call, so the reply ring has room.
-                let _ = self.replies.push(&resp);
+            match slot.decode() {
+                Ok(post) => self.post(dev, post),
+                Err(e) => {
+                    self.counters.bad_slots += 1;
+                    tracing::warn!(client = %self.label, error = %e, "bad post slot: closing the client");
+                    self.close(dev, owners);
+                }
             }
         }
+        if self.posts.rejected > 0 && !self.closed {
+            self.counters.bad_slots += 1;
+            tracing::warn!(client = %self.label, "post ring indices corrupted: closing the client");
+            self.close(dev, owners);
+        }
         n
+    }
+
+    fn post(&mut self, dev: &mut Device, post: Post) {
+        match post {
+            Post::Send { qpn, wr } => {
+                let r = if !self.qps.contains(&qpn) {
+                    Err(VerbsError::NotFound("queue pair"))
+                } else {
+                    match wr.inline() {
+                        Some(bytes) => {
+                            let bare = SendWr {
+                                sg_list: &[],
+                                ..wr.as_wr()
+                            };
+                            dev.post_send_inline(qpn, &bare, bytes)
+                        }
+                        None => dev.post_send(qpn, &wr.as_wr()),
+                    }
+                };
+                if r.is_err() {
+                    self.counters.failed_posts += 1;
+                    if self.qps.contains(&qpn) {
+                        dev.fail_posted_wr(qpn, wr.wr_id, wr.op.wc_opcode(), false);
+                    }
+                }
+            }
+            Post::Recv {
+                qpn,
+                wr_id,
+                nsge,
+                sges,
+            } => {
+                let r = if self.qps.contains(&qpn) {
+                    dev.post_recv(
+                        qpn,
+                        &RecvWr {
+                            wr_id,
+                            sg_list: &sges[..nsge],
+                        },
+                    )
+                } else {
+                    Err(VerbsError::NotFound("queue pair"))
+                };
+                if r.is_err() {
+                    self.counters.failed_posts += 1;
+                    if self.qps.contains(&qpn) {
+                        dev.fail_posted_wr(qpn, wr_id, WcOpcode::Recv, true);
+                    }
+                }
+            }
+            Post::SrqRecv {
+                srq,
+                wr_id,
+                nsge,
+                sges,
+            } => {
+                let srq = SrqId(srq);
+                let r = if self.srqs.contains(&srq) {
+                    dev.post_srq_recv(
+                        srq,
+                        &RecvWr {
+                            wr_id,
+                            sg_list: &sges[..nsge],
+                        },
+                    )
+                } else {
+                    Err(VerbsError::NotFound("shared receive queue"))
+                };
+                if r.is_err() {
+                    // No QP to complete it on: counted (the application checked fullness
+                    // before posting, so this means the SRQ went away meanwhile).
+                    self.counters.failed_posts += 1;
+                }
+            }
+        }
+    }
+
+    /// Executes a control call: first the posts already in the ring (program order), then
+    /// the call.
+    pub fn call(
+        &mut self,
+        dev: &mut Device,
+        owners: &mut Owners,
+        cmd: Command,
+    ) -> VerbsResult<ReplyData> {
+        if self.closed {
+            return Err(VerbsError::NotFound("context (closed)"));
+        }
+        while self.process(dev, owners, 4096) > 0 {}
+        if self.closed {
+            return Err(VerbsError::NotFound("context (closed)"));
+        }
+        self.execute(dev, owners, cmd)
     }
 
     fn execute(
@@ -1449,6 +1566,29 @@ impl HostEnd {
                 self.pds.retain(|p| *p != pd);
                 Ok(ReplyData::None)
             }
+            Command::AddArea { id, area } => {
+                let bytes = area.len() as u64;
+                if self.area_bytes.saturating_add(bytes) > self.client_limits.max_area_bytes {
+                    return Err(VerbsError::NoResources(
+                        "shared memory (host.max_area_bytes)",
+                    ));
+                }
+                if self.areas.contains_key(&id) {
+                    return Err(VerbsError::InvalidArgument(format!(
+                        "area {id} already exists"
+                    )));
+                }
+                self.area_bytes += bytes;
+                self.areas.insert(id, area);
+                Ok(ReplyData::None)
+            }
+            Command::RemoveArea { id } => match self.areas.remove(&id) {
+                Some(a) => {
+                    self.area_bytes -= a.len() as u64;
+                    Ok(ReplyData::None)
+                }
+                None => Err(VerbsError::NotFound("memory area")),
+            },
             Command::RegMr {
                 pd,
                 area,
@@ -1458,28 +1598,37 @@ impl HostEnd {
                 iova,
             } => {
                 self.check_owned(self.pds.contains(&pd), "protection domain")?;
+                if self.mrs.len() as u32 >= self.client_limits.max_mrs {
+                    return Err(VerbsError::NoResources("memory regions (host.max_mrs)"));
+                }
                 let mem = self
-                    .reg
-                    .get(area)
-                    .ok_or_else(|| VerbsError::InvalidArgument(format!("no buffer {area}")))?;
-                let addr = iova.unwrap_or(mem.addr() + offset);
-                let (lkey, rkey) = dev.reg_mr(pd, mem, offset as usize, addr, len, access)?;
+                    .areas
+                    .get(&area)
+                    .cloned()
+                    .ok_or(VerbsError::NotFound("memory area"))?;
+                let offset = usize::try_from(offset)
+                    .map_err(|_| VerbsError::InvalidArgument("offset too large".into()))?;
+                let (lkey, rkey) = dev.reg_mr(pd, mem, offset, iova, len, access)?;
                 self.mrs.push(lkey);
                 Ok(ReplyData::Keys { lkey, rkey })
             }
             Command::AllocMr { pd, area } => {
                 self.check_owned(self.pds.contains(&pd), "protection domain")?;
+                if self.mrs.len() as u32 >= self.client_limits.max_mrs {
+                    return Err(VerbsError::NoResources("memory regions (host.max_mrs)"));
+                }
                 let mem = self
-                    .reg
-                    .get(area)
-                    .ok_or_else(|| VerbsError::InvalidArgument(format!("no buffer {area}")))?;
+                    .areas
+                    .get(&area)
+                    .cloned()
+                    .ok_or(VerbsError::NotFound("memory area"))?;
                 let lkey = dev.alloc_mr(pd, mem)?;
                 self.mrs.push(lkey);
                 Ok(ReplyData::Keys { lkey, rkey: None })
             }
             Command::DeregMr { lkey } => {
-                let i = self.mrs.iter().position(|k| k.index() == lkey.index());
-                self.check_owned(i.is_some(), "memory region")?;
+                let owned = self.mrs.iter().any(|k| k.index() == lkey.index());
+                self.check_owned(owned, "memory region")?;
                 dev.dereg_mr(lkey)?;
                 self.mrs.retain(|k| k.index() != lkey.index());
                 Ok(ReplyData::None)
@@ -1489,21 +1638,21 @@ impl HostEnd {
                 ring,
                 capacity,
             } => {
-                let area = self
-                    .reg
-                    .get(ring)
-                    .ok_or_else(|| VerbsError::InvalidArgument(format!("no ring area {ring}")))?;
                 if !capacity.is_power_of_two()
-                    || area.len() < crate::ring::ring_bytes::<Completion>(capacity as usize)
+                    || ring.len() < ring_bytes::<CqeSlot>(capacity as usize)
                 {
                     return Err(VerbsError::InvalidArgument("CQ ring too small".into()));
+                }
+                let owned = self.cqs.iter().flatten().count() as u32;
+                if owned >= self.client_limits.max_cqs {
+                    return Err(VerbsError::NoResources("completion queues (host.max_cqs)"));
                 }
                 let cq = dev.create_cq(cqe)?;
                 let Some(slot) = self.cqs.get_mut(cq.0 as usize) else {
                     let _ = dev.destroy_cq(cq);
                     return Err(VerbsError::NoResources("completion queues"));
                 };
-                *slot = Some((Producer::attach(area, capacity as usize), false));
+                *slot = Some((Producer::attach(ring, capacity as usize), false));
                 Owners::set(&mut owners.cq, cq.0 as usize, self.id);
                 Ok(ReplyData::Cq(cq))
             }
@@ -1542,25 +1691,6 @@ impl HostEnd {
                 Owners::set(&mut owners.srq, srq.0 as usize, NOBODY);
                 Ok(ReplyData::None)
             }
-            Command::PostSrqRecv { srq, wr } => {
-                let r = if self.srqs.contains(&srq) {
-                    dev.post_srq_recv(
-                        srq,
-                        &RecvWr {
-                            wr_id: wr.wr_id,
-                            sg_list: &wr.sges[..(wr.nsge as usize).min(MAX_HOST_SGE)],
-                        },
-                    )
-                } else {
-                    Err(VerbsError::NotFound("shared receive queue"))
-                };
-                if r.is_err() {
-                    // No QP to complete it on: counted (the application checked fullness
-                    // before posting, so this means the SRQ went away meanwhile).
-                    self.counters.failed_posts += 1;
-                }
-                r.map(|_| ReplyData::None)
-            }
             Command::CreateQp { init } => {
                 for (ok, what) in [
                     (self.pds.contains(&init.pd), "protection domain"),
@@ -1572,6 +1702,9 @@ impl HostEnd {
                     ),
                 ] {
                     self.check_owned(ok, what)?;
+                }
+                if self.qps.len() as u32 >= self.client_limits.max_qps {
+                    return Err(VerbsError::NoResources("queue pairs (host.max_qps)"));
                 }
                 let q = dev.create_qp(&init)?;
                 let slot = dev.qp_index(q).expect("just created");
@@ -1604,50 +1737,7 @@ impl HostEnd {
                 }
                 Ok(ReplyData::None)
             }
-            Command::PostSend { qpn, wr } => {
-                let mut sges = [Sge::default(); MAX_HOST_SGE];
-                let inline = wr.inline();
-                let sw = SendWr {
-                    wr_id: wr.wr_id,
-                    op: wr.op,
-                    sg_list: wr.sges(&mut sges),
-                    flags: wr.flags,
-                    ud: wr.ud,
-                };
-                let r = if !self.qps.contains(&qpn) {
-                    Err(VerbsError::NotFound("queue pair"))
-                } else if wr.flags.contains(SendFlags::INLINE) && !wr.op.is_read_or_atomic() {
-                    dev.post_send_inline(qpn, &sw, inline)
-                } else {
-                    dev.post_send(qpn, &sw)
-                };
-                if r.is_err() {
-                    self.counters.failed_posts += 1;
-                    dev.fail_posted_wr(qpn, wr.wr_id, wr.op.wc_opcode(), false);
-                }
-                r.map(|_| ReplyData::None)
-            }
-            Command::PostRecv { qpn, wr } => {
-                let r = if self.qps.contains(&qpn) {
-                    dev.post_recv(
-                        qpn,
-                        &RecvWr {
-                            wr_id: wr.wr_id,
-                            sg_list: &wr.sges[..(wr.nsge as usize).min(MAX_HOST_SGE)],
-                        },
-                    )
-                } else {
-                    Err(VerbsError::NotFound("queue pair"))
-                };
-                if r.is_err() {
-                    self.counters.failed_posts += 1;
-                    dev.fail_posted_wr(qpn, wr.wr_id, WcOpcode::Recv, true);
-                }
-                r.map(|_| ReplyData::None)
-            }
             Command::Counters { qpn } => {
-                let mut vals = [0u64; 64];
-                let mut n = 0;
                 let (devc, total) = dev.counters();
                 let qc = match qpn {
                     Some(q) => {
@@ -1657,19 +1747,13 @@ impl HostEnd {
                     }
                     None => total,
                 };
-                let host = self.counters.values();
-                for v in qc
+                let vals = qc
                     .iter()
                     .map(|(_, v)| v)
                     .chain(devc.iter().map(|(_, v)| v))
-                    .chain(host)
-                {
-                    if n < vals.len() {
-                        vals[n] = v;
-                        n += 1;
-                    }
-                }
-                Ok(ReplyData::Counters { n: n as u8, vals })
+                    .chain(self.counters.values())
+                    .collect();
+                Ok(ReplyData::Counters(vals))
             }
             Command::Close => {
                 self.close(dev, owners);
@@ -1678,7 +1762,7 @@ impl HostEnd {
         }
     }
 
-    /// Objects are named by small numbers another application could guess: a context may
+    /// Objects are named by small numbers another application could guess: a client may
     /// only use the ones it created.
     fn check_owned(&self, owned: bool, what: &'static str) -> VerbsResult<()> {
         if owned {
@@ -1692,8 +1776,9 @@ impl HostEnd {
         matches!(self.cqs.get(cq.0 as usize), Some(Some(_)))
     }
 
-    /// Releases everything the application created, in dependency order (QPs, SRQs, CQs,
-    /// MRs, PDs), as the kernel does for a process that exits without cleaning up.
+    /// Releases everything the client created, in dependency order (QPs, SRQs, CQs, MRs,
+    /// PDs, areas), as the kernel does for a process that exits without cleaning up. QPs go
+    /// first: they stop touching memory; then the MRs, which hold the areas mapped.
     pub fn close(&mut self, dev: &mut Device, owners: &mut Owners) {
         for q in std::mem::take(&mut self.qps) {
             if let Some(s) = dev.qp_index(q) {
@@ -1718,6 +1803,8 @@ impl HostEnd {
         for pd in std::mem::take(&mut self.pds) {
             let _ = dev.dealloc_pd(pd);
         }
+        self.areas.clear();
+        self.area_bytes = 0;
         self.closed = true;
     }
 
@@ -1761,7 +1848,7 @@ impl HostEnd {
             self.scratch.resize(room.min(64), Completion::default());
             let n = dev.poll_cq(cq, &mut self.scratch).unwrap_or(0);
             for c in &self.scratch[..n] {
-                ring.push(c);
+                ring.push(&CqeSlot::encode(c));
             }
             moved += n;
             if n < self.scratch.len() {
@@ -1793,7 +1880,7 @@ impl HostEnd {
 
     /// Queues an asynchronous event for the application; counted if its ring is full.
     pub fn deliver_event(&mut self, ev: &AsyncEvent) -> bool {
-        if self.events.push(ev) {
+        if self.events.push(&EventSlot::encode(ev)) {
             true
         } else {
             self.counters.events_dropped += 1;
@@ -1801,3 +1888,7 @@ impl HostEnd {
         }
     }
 }
+
+// Kept so slot types can be named alongside the host interface.
+#[doc(hidden)]
+pub fn _assert_plain<T: Plain>() {}

@@ -11,6 +11,7 @@ pub mod neighbor;
 pub mod nic;
 pub mod ring;
 pub mod runtime;
+pub mod slots;
 pub mod worker;
 
 pub use host::{Buffer, Context, Mr, Verbs};

@@ -25,8 +25,9 @@ use roce::wire::ethernet::{self, ethertype, VlanTag};
 use roce::wire::frame::{classify, FrameKind};
 
 use crate::config::{FaultConfig, RnicConfig};
-use crate::host::{HostEnd, HostLimits, Owners};
+use crate::host::{Command, HostEnd, HostLimits, Owners, ReplyData};
 use crate::neighbor::{Neighbors, Resolve};
+use roce::engine::{VerbsError, VerbsResult};
 
 /// The group address of MAC control frames (PAUSE, PFC; IEEE 802.3 Annex 31B).
 const MAC_CONTROL_GROUP: [u8; 6] = [0x01, 0x80, 0xc2, 0x00, 0x00, 0x01];
@@ -301,6 +302,46 @@ impl Nic {
         };
         h.id = id as u16;
         self.hosts[id] = Some(h);
+    }
+
+    /// Executes a control call of the client `token`; a client that is not attached (closed,
+    /// or never was) gets `NotFound`.
+    pub fn call(&mut self, token: u64, cmd: Command) -> VerbsResult<ReplyData> {
+        let Some(h) = self.hosts.iter_mut().flatten().find(|h| h.token == token) else {
+            return Err(VerbsError::NotFound("context"));
+        };
+        let r = h.call(&mut self.dev, &mut self.owners, cmd);
+        // Completions and positions the call produced (a flushed QP, a destroyed CQ) reach
+        // the rings before the reply does.
+        self.publish();
+        r
+    }
+
+    /// Closes the client `token`, releasing everything it holds (as when its process dies).
+    pub fn close_host(&mut self, token: u64) {
+        for slot in self.hosts.iter_mut() {
+            if let Some(h) = slot {
+                if h.token == token {
+                    h.close(&mut self.dev, &mut self.owners);
+                    *slot = None;
+                }
+            }
+        }
+        self.publish();
+    }
+
+    /// Bytes of shared areas the attached clients hold.
+    pub fn host_area_bytes(&self) -> u64 {
+        self.hosts.iter().flatten().map(|h| h.area_bytes()).sum()
+    }
+
+    /// What each attached client holds, with its label.
+    pub fn host_objects(&self) -> Vec<(String, crate::host::HostObjects)> {
+        self.hosts
+            .iter()
+            .flatten()
+            .map(|h| (h.label.clone(), h.objects()))
+            .collect()
     }
 
     /// The sizes host interfaces of this RNIC need.

@@ -10,13 +10,16 @@ use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use crate::area::{Area, AreaRegistry};
+use crate::area::Area;
 
 /// Types that may live in a ring slot: plain data, `Copy`, no pointers or references, so a
-/// slot's bytes mean the same in any address space.
+/// slot's bytes mean the same in any address space - and valid for every bit pattern, since
+/// the other side of a ring may be another process writing anything: `repr(C)` structs of
+/// integers and byte arrays (no `bool`, `char`, enum, reference or `Option`).
 ///
 /// # Safety
-/// Implementors must contain no pointers, references, or types with drop glue.
+/// Implementors must contain no pointers, references or types with drop glue, and every bit
+/// pattern of their size must be a valid value.
 pub unsafe trait Plain: Copy + 'static {}
 
 const HEAD: usize = 0;
@@ -33,12 +36,12 @@ fn idx(area: &Area, off: usize) -> &AtomicU64 {
         .expect("ring header in bounds and aligned")
 }
 
-/// Creates a ring of `capacity` (a power of two) slots in a new area of `reg`; returns the
-/// area id and both ends.
+/// Creates a ring of `capacity` (a power of two) slots in a new shared area named `name`;
+/// returns the area (to share) and both ends.
 pub fn ring<T: Plain>(
-    reg: &AreaRegistry,
     capacity: usize,
-) -> std::io::Result<(u32, Producer<T>, Consumer<T>)> {
+    name: &str,
+) -> std::io::Result<(Arc<Area>, Producer<T>, Consumer<T>)> {
     assert!(
         capacity.is_power_of_two(),
         "ring capacity must be a power of two"
@@ -47,10 +50,9 @@ pub fn ring<T: Plain>(
         std::mem::align_of::<T>() <= 64,
         "slot alignment above a cache line"
     );
-    let area = reg.create(ring_bytes::<T>(capacity))?;
-    let id = area.id();
+    let area = Arc::new(Area::new(ring_bytes::<T>(capacity), name)?);
     Ok((
-        id,
+        area.clone(),
         Producer::attach(area.clone(), capacity),
         Consumer::attach(area, capacity),
     ))
@@ -191,8 +193,7 @@ mod tests {
 
     #[test]
     fn fifo_full_empty_and_wrap() {
-        let reg = AreaRegistry::new();
-        let (_, mut p, mut c) = ring::<Slot>(&reg, 4).unwrap();
+        let (_, mut p, mut c) = ring::<Slot>(4, "t").unwrap();
         assert!(c.pop().is_none());
         for round in 0..10u64 {
             for i in 0..4 {
@@ -212,8 +213,7 @@ mod tests {
 
     #[test]
     fn threads_and_corrupt_index() {
-        let reg = AreaRegistry::new();
-        let (id, mut p, mut c) = ring::<Slot>(&reg, 64).unwrap();
+        let (area, mut p, mut c) = ring::<Slot>(64, "t").unwrap();
         let t = std::thread::spawn(move || {
             for i in 0..100_000u64 {
                 while !p.push(&Slot { a: i, b: [0; 3] }) {
@@ -230,7 +230,6 @@ mod tests {
         }
         t.join().unwrap();
         // A hostile producer index claiming more entries than slots is rejected.
-        let area = reg.get(id).unwrap();
         area.atomic_u64(TAIL)
             .unwrap()
             .store(u64::MAX / 2, Ordering::Release);

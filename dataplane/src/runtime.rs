@@ -8,7 +8,6 @@ use crossbeam_queue::SegQueue;
 use pmd_bindings::mempool::ROCE_4K_DATA_ROOM;
 use pmd_bindings::{ring_pair, Eal, EalBuilder, Mempool, Port, PortConfig};
 
-use crate::area::AreaRegistry;
 use crate::config::{RawConfig, RnicConfig};
 use crate::host::{context, Context, HostLimits};
 use crate::nic::Nic;
@@ -81,7 +80,6 @@ pub struct Runtime {
     stop: Arc<AtomicBool>,
     alive: Arc<AtomicBool>,
     control: Arc<SegQueue<Control>>,
-    reg: Arc<AreaRegistry>,
     stats: Vec<Arc<Mutex<NicSnapshot>>>,
     configs: Vec<RnicConfig>,
     macs: Vec<[u8; 6]>,
@@ -186,7 +184,6 @@ impl Runtime {
             stop,
             alive,
             control,
-            reg: AreaRegistry::new(),
             stats,
             configs,
             macs,
@@ -200,8 +197,13 @@ impl Runtime {
         if index >= self.configs.len() {
             return Err(StartError::Other(format!("no RNIC {index}")));
         }
-        let (ctx, host) = context(self.reg.clone(), self.limits[index], self.alive.clone())
-            .map_err(|e| StartError::Other(e.to_string()))?;
+        let (ctx, host) = context(
+            self.control.clone(),
+            index,
+            self.limits[index],
+            self.alive.clone(),
+        )
+        .map_err(|e| StartError::Other(e.to_string()))?;
         self.control.push(Control::AddHost(index, Box::new(host)));
         Ok(ctx)
     }
@@ -222,11 +224,6 @@ impl Runtime {
     #[doc(hidden)]
     pub fn inject_worker_panic(&self) {
         self.control.push(Control::Panic);
-    }
-
-    /// The memory areas named in this runtime (application buffers and ring areas).
-    pub fn areas(&self) -> &Arc<AreaRegistry> {
-        &self.reg
     }
 
     /// Configuration of RNIC `index`.

@@ -49,6 +49,8 @@ pub struct NicSnapshot {
     pub objects: roce::engine::ObjectCounts,
     /// Application contexts attached.
     pub hosts: u32,
+    /// Bytes of shared memory areas the attached contexts hold mapped on the worker.
+    pub area_bytes: u64,
 }
 
 /// Requests from other threads to a running worker.
@@ -57,9 +59,36 @@ pub enum Control {
     AddHost(usize, Box<HostEnd>),
     /// Switch RNIC `index`'s capture on or off.
     SetCapture(usize, bool),
+    /// Execute a client's control call on RNIC `nic` (the client is the host end with
+    /// `token`) and send the result back.
+    Call {
+        /// RNIC index.
+        nic: usize,
+        /// The calling host end's token.
+        token: u64,
+        /// The call.
+        cmd: crate::host::Command,
+        /// Where the result goes (a dropped receiver is ignored).
+        reply: std::sync::mpsc::SyncSender<roce::engine::VerbsResult<crate::host::ReplyData>>,
+    },
+    /// Close and release the client `token` of RNIC `nic` (its process went away).
+    Close {
+        /// RNIC index.
+        nic: usize,
+        /// The client's token.
+        token: u64,
+    },
     /// Panic the worker (tests of what applications see when the dataplane dies).
     #[doc(hidden)]
     Panic,
+}
+
+/// The queue through which other threads reach a worker.
+pub type ControlQueue = Arc<SegQueue<Control>>;
+
+/// An empty control queue.
+pub fn control_queue() -> ControlQueue {
+    Arc::new(SegQueue::new())
 }
 
 /// Converts TSC cycles to nanoseconds since the worker started: one multiply and a shift
@@ -160,6 +189,23 @@ impl Worker {
                             n.set_capture(on);
                         }
                     }
+                    Control::Call {
+                        nic,
+                        token,
+                        cmd,
+                        reply,
+                    } => {
+                        let r = match self.nics.get_mut(nic) {
+                            Some(n) => n.call(token, cmd),
+                            None => Err(roce::engine::VerbsError::NotFound("device")),
+                        };
+                        let _ = reply.try_send(r);
+                    }
+                    Control::Close { nic, token } => {
+                        if let Some(n) = self.nics.get_mut(nic) {
+                            n.close_host(token);
+                        }
+                    }
                     Control::Panic => panic!("worker panic requested (Control::Panic)"),
                 }
                 work += 1;
@@ -185,6 +231,7 @@ impl Worker {
                 mbufs_in_use: nic.pool_in_use(),
                 objects: nic.dev.object_counts(),
                 hosts: nic.host_count() as u32,
+                area_bytes: nic.host_area_bytes(),
             };
             if let Ok(mut s) = slot.lock() {
                 *s = snap;

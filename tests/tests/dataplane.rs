@@ -754,8 +754,7 @@ fn replay(corpus: &Path, case: &str) {
     let port = Port::probe(&devargs, &Runtime::port_config(&cfg), pool.clone()).unwrap();
     let mut nic = Nic::new(cfg, port, pool).unwrap();
     // The server's QP and MR, set up before the worker reads the first frame.
-    let reg = dataplane::area::AreaRegistry::new();
-    let mem = reg.create(16 << 20).unwrap();
+    let mem = std::sync::Arc::new(dataplane::area::Area::new(16 << 20, "replay").unwrap());
     let dev = &mut nic.dev;
     let pd = dev.alloc_pd().unwrap();
     let cq = dev.create_cq(4096).unwrap();

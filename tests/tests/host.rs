@@ -235,7 +235,6 @@ fn srq_fullness_limit_and_verbs() {
 fn dropping_a_context_releases_what_it_created() {
     let rt = Runtime::loopback("ferroce-host", test_config(3, 1024), test_config(4, 1024))
         .expect("loopback");
-    let areas_before = rt.areas().len();
     let a = side(rt.open(0).unwrap(), QpType::Rc, 1 << 20, 64);
     let extra = {
         let mut c = rt.open(0).unwrap();
@@ -249,6 +248,24 @@ fn dropping_a_context_releases_what_it_created() {
         let s = rt.stats(0);
         s.objects.qps == 1 && s.objects.mrs == 2 && s.objects.pds == 2 && s.hosts == 2
     }));
+    // A buffer without an MR is unmapped on the worker once its last handle goes.
+    let held = |rt: &Runtime| {
+        wait_until(5, || rt.stats(0).area_bytes > 0);
+        rt.stats(0).area_bytes
+    };
+    let before = held(&rt);
+    let (mut c, buf) = extra;
+    let spare = c.alloc_buffer(1 << 20).unwrap();
+    c.alloc_pd().unwrap();
+    assert!(wait_until(5, || rt.stats(0).area_bytes >= before + (1 << 20)));
+    drop(spare);
+    c.alloc_pd().unwrap();
+    assert!(
+        wait_until(5, || rt.stats(0).area_bytes == before),
+        "{} bytes held, {before} before the buffer",
+        rt.stats(0).area_bytes
+    );
+    let extra = (c, buf);
     drop(extra);
     drop(a);
     assert!(
@@ -259,11 +276,7 @@ fn dropping_a_context_releases_what_it_created() {
         "{:?}",
         rt.stats(0)
     );
-    assert_eq!(
-        rt.areas().len(),
-        areas_before,
-        "rings and buffers forgotten"
-    );
+    assert_eq!(rt.stats(0).area_bytes, 0, "rings and buffers unmapped");
     rt.stop();
 }
 

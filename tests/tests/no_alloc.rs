@@ -56,17 +56,17 @@ fn steady_state_rdma_write_traffic_allocates_nothing() {
         Nic::new(ca, pa, pool.clone()).unwrap(),
         Nic::new(cb, pb, pool).unwrap(),
     ];
-    let reg = dataplane::area::AreaRegistry::new();
+    let control = dataplane::worker::control_queue();
     let alive = Arc::new(AtomicBool::new(true));
     let limits = nics[0].host_limits();
-    let (ctx_a, host_a) = context(reg.clone(), limits, alive.clone()).unwrap();
-    let (ctx_b, host_b) = context(reg, limits, alive).unwrap();
+    let (ctx_a, host_a) = context(control.clone(), 0, limits, alive.clone()).unwrap();
+    let (ctx_b, host_b) = context(control.clone(), 1, limits, alive).unwrap();
     nics[0].add_host(host_a);
     nics[1].add_host(host_b);
     let mut w = Worker::new(
         nics,
         Backoff::default(),
-        Arc::new(Default::default()),
+        control,
         vec![Default::default(), Default::default()],
     );
     // Control calls wait for the worker: run it on a helper thread while setting up.
