@@ -71,6 +71,32 @@ pub struct RawConfig {
     /// `[fault]`
     #[serde(default)]
     pub fault: RawFault,
+    /// `[host]`: rnicd's socket and per-client limits.
+    #[serde(default)]
+    pub host: RawHost,
+}
+
+/// `[host]`
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RawHost {
+    /// rnicd's Unix socket (default /run/ferroce/rnicd.sock).
+    pub socket: Option<String>,
+    /// Group that owns the socket (default: rnicd's own).
+    pub group: Option<String>,
+    /// The socket's permission bits, octal (default "0660").
+    pub mode: Option<String>,
+    /// Clients attached at once (default 64).
+    pub max_clients: Option<u32>,
+    /// QPs per client (default: the device's).
+    pub max_qps: Option<u32>,
+    /// CQs per client (default: the device's).
+    pub max_cqs: Option<u32>,
+    /// MRs per client (default: the device's).
+    pub max_mrs: Option<u32>,
+    /// Bytes of memory a client shares with the RNIC: buffers and registered memory
+    /// (default 16 GiB).
+    pub max_area_bytes: Option<u64>,
 }
 
 /// `[eal]`
@@ -365,6 +391,41 @@ pub struct RnicConfig {
     pub capture_enabled: bool,
     /// Faults.
     pub fault: FaultConfig,
+    /// rnicd's socket and client limits.
+    pub host: HostConfig,
+}
+
+/// rnicd's socket and what each client may hold (`[host]`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostConfig {
+    /// Socket path.
+    pub socket: PathBuf,
+    /// Owning group of the socket.
+    pub group: Option<String>,
+    /// Permission bits of the socket.
+    pub mode: u32,
+    /// Clients at once.
+    pub max_clients: u32,
+    /// QPs per client (None: the device's limit).
+    pub max_qps: Option<u32>,
+    /// CQs per client.
+    pub max_cqs: Option<u32>,
+    /// MRs per client.
+    pub max_mrs: Option<u32>,
+    /// Shared bytes per client.
+    pub max_area_bytes: u64,
+}
+
+impl HostConfig {
+    /// The per-client limits.
+    pub fn client_limits(&self) -> crate::host::ClientLimits {
+        crate::host::ClientLimits {
+            max_qps: self.max_qps.unwrap_or(u32::MAX),
+            max_cqs: self.max_cqs.unwrap_or(u32::MAX),
+            max_mrs: self.max_mrs.unwrap_or(u32::MAX),
+            max_area_bytes: self.max_area_bytes,
+        }
+    }
 }
 
 fn parse_cidr<A: std::str::FromStr>(key: &str, s: &str, max: u8) -> Result<Cidr<A>, ConfigError> {
@@ -500,6 +561,16 @@ impl RawConfig {
                 }
             }
             "fault.seed" => self.fault.seed = Some(num(value)?),
+            "host.socket" => self.host.socket = Some(value.into()),
+            "host.group" => self.host.group = Some(value.into()),
+            "host.mode" => self.host.mode = Some(value.into()),
+            "host.max_clients" => {
+                self.host.max_clients = Some(small(value, u32::MAX as u64)? as u32)
+            }
+            "host.max_qps" => self.host.max_qps = Some(small(value, u32::MAX as u64)? as u32),
+            "host.max_cqs" => self.host.max_cqs = Some(small(value, u32::MAX as u64)? as u32),
+            "host.max_mrs" => self.host.max_mrs = Some(small(value, u32::MAX as u64)? as u32),
+            "host.max_area_bytes" => self.host.max_area_bytes = Some(num(value)?),
             _ => return err(key, "unknown key"),
         }
         Ok(())
@@ -658,6 +729,7 @@ impl RawConfig {
         if snaplen == 0 {
             return err("capture.snaplen", "0 would keep nothing of a frame");
         }
+        let host = self.host_config()?;
         let fault = FaultConfig {
             loss: prob("fault.loss", self.fault.loss)?,
             duplicate: prob("fault.duplicate", self.fault.duplicate)?,
@@ -696,6 +768,50 @@ impl RawConfig {
             snaplen,
             capture_enabled: self.capture.enabled.unwrap_or(true),
             fault,
+            host,
+        })
+    }
+
+    fn host_config(&self) -> Result<HostConfig, ConfigError> {
+        let h = &self.host;
+        let mode = match h.mode.as_deref() {
+            None => 0o660,
+            Some(m) => match u32::from_str_radix(m.trim().trim_start_matches("0o"), 8) {
+                Ok(v) if v <= 0o777 => v,
+                _ => {
+                    return err(
+                        "host.mode",
+                        format!("{m:?} is not octal permission bits like \"0660\""),
+                    )
+                }
+            },
+        };
+        let socket = PathBuf::from(h.socket.as_deref().unwrap_or(crate::proto::DEFAULT_SOCKET));
+        if socket.as_os_str().len() > 107 {
+            return err(
+                "host.socket",
+                "longer than a Unix socket path may be (107 bytes)",
+            );
+        }
+        for (key, v) in [
+            ("host.max_clients", h.max_clients),
+            ("host.max_qps", h.max_qps),
+            ("host.max_cqs", h.max_cqs),
+            ("host.max_mrs", h.max_mrs),
+        ] {
+            if v == Some(0) {
+                return err(key, "0 would refuse everything");
+            }
+        }
+        Ok(HostConfig {
+            socket,
+            group: h.group.clone(),
+            mode,
+            max_clients: h.max_clients.unwrap_or(64),
+            max_qps: h.max_qps,
+            max_cqs: h.max_cqs,
+            max_mrs: h.max_mrs,
+            max_area_bytes: h.max_area_bytes.unwrap_or(16 << 30),
         })
     }
 }
@@ -936,6 +1052,30 @@ impl RnicConfig {
             t.push_str(&format!("{k} = {v:?}\n"));
         }
         t.push_str(&format!("seed = {}\n", f.seed));
+        out.push_str(&std::mem::take(&mut t));
+        out.push_str("\n[host]\n");
+        let h = &self.host;
+        t.push_str(&format!(
+            "socket = {}\n",
+            q(&h.socket.display().to_string())
+        ));
+        match &h.group {
+            Some(g) => t.push_str(&format!("group = {}\n", q(g))),
+            None => t.push_str("# group = \"(rnicd's own)\"\n"),
+        }
+        t.push_str(&format!("mode = \"{:04o}\"\n", h.mode));
+        t.push_str(&format!("max_clients = {}\n", h.max_clients));
+        for (k, v) in [
+            ("max_qps", h.max_qps),
+            ("max_cqs", h.max_cqs),
+            ("max_mrs", h.max_mrs),
+        ] {
+            match v {
+                Some(v) => t.push_str(&format!("{k} = {v}\n")),
+                None => t.push_str(&format!("# {k} = \"(the device's limit)\"\n")),
+            }
+        }
+        t.push_str(&format!("max_area_bytes = {}\n", h.max_area_bytes));
         out.push_str(&t);
         out
     }

@@ -62,7 +62,7 @@ const SRQ_INDEX_BYTES: usize = 8;
 
 /// The sizes a host interface needs from its device: its per-object tables are indexed by
 /// QP slot, CQ id and SRQ id.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct HostLimits {
     /// The device's `max_qp` (QP slots).
     pub max_qp: u32,
@@ -94,7 +94,7 @@ impl HostLimits {
 
 /// Limits on what one client may hold (rnicd's `host.*` keys); a request past one fails
 /// with `NoResources` naming it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ClientLimits {
     /// QPs.
     pub max_qps: u32,
@@ -117,8 +117,12 @@ impl Default for ClientLimits {
     }
 }
 
-/// A control call, executed by the worker in [`HostEnd::execute`].
-#[derive(Debug, Clone)]
+/// A control call, executed by the worker in [`HostEnd::execute`]. Plain data (rnicd's
+/// clients send it as JSON, docs/host-protocol.md); the memory area of `AddArea` and the ring
+/// of `CreateCq` travel beside it (in process as an `Arc<Area>`, over the socket as a file
+/// descriptor).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 #[allow(missing_docs)]
 pub enum Command {
     QueryDevice,
@@ -130,10 +134,9 @@ pub enum Command {
     DeallocPd {
         pd: PdId,
     },
-    /// Makes `area` known to the worker as this client's area `id`.
+    /// Makes the area sent with the call known to the worker as this client's area `id`.
     AddArea {
         id: u32,
-        area: Arc<Area>,
     },
     /// Forgets area `id` (MRs on it keep it mapped until deregistered).
     RemoveArea {
@@ -154,10 +157,9 @@ pub enum Command {
     DeregMr {
         lkey: Lkey,
     },
-    /// A CQ whose completions go to the ring in `ring` (`capacity` slots).
+    /// A CQ whose completions go to the ring sent with the call (`capacity` slots).
     CreateCq {
         cqe: u32,
-        ring: Arc<Area>,
         capacity: u32,
     },
     DestroyCq {
@@ -228,7 +230,7 @@ impl Command {
 }
 
 /// `PortAttr` as plain data.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[allow(missing_docs)]
 pub struct PortAttrData {
     pub active: bool,
@@ -239,7 +241,8 @@ pub struct PortAttrData {
 }
 
 /// What a control call returns.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 #[allow(missing_docs)]
 pub enum ReplyData {
     None,
@@ -273,8 +276,9 @@ pub fn counter_names() -> impl Iterator<Item = &'static str> {
 
 /// How control calls reach the worker.
 pub trait Channel: Send {
-    /// Executes `cmd` on the worker and returns its result.
-    fn call(&mut self, cmd: Command) -> VerbsResult<ReplyData>;
+    /// Executes `cmd` on the worker (with the area it names, for `AddArea` and `CreateCq`)
+    /// and returns its result.
+    fn call(&mut self, cmd: Command, area: Option<Arc<Area>>) -> VerbsResult<ReplyData>;
     /// Like `call`, but gives up (DeviceFatal) at `deadline`.
     fn call_until(&mut self, cmd: Command, deadline: Instant) -> VerbsResult<ReplyData>;
     /// Whether the device is still there.
@@ -306,7 +310,17 @@ impl LocalChannel {
         }
     }
 
-    fn wait(&self, cmd: Command, deadline: Option<Instant>) -> VerbsResult<ReplyData> {
+    /// The token of the host end this channel calls.
+    pub fn token(&self) -> u64 {
+        self.token
+    }
+
+    fn wait(
+        &self,
+        cmd: Command,
+        area: Option<Arc<Area>>,
+        deadline: Option<Instant>,
+    ) -> VerbsResult<ReplyData> {
         if !self.alive() {
             return Err(VerbsError::DeviceFatal);
         }
@@ -315,6 +329,7 @@ impl LocalChannel {
             nic: self.nic,
             token: self.token,
             cmd,
+            area,
             reply: tx,
         });
         loop {
@@ -332,12 +347,12 @@ impl LocalChannel {
 }
 
 impl Channel for LocalChannel {
-    fn call(&mut self, cmd: Command) -> VerbsResult<ReplyData> {
-        self.wait(cmd, None)
+    fn call(&mut self, cmd: Command, area: Option<Arc<Area>>) -> VerbsResult<ReplyData> {
+        self.wait(cmd, area, None)
     }
 
     fn call_until(&mut self, cmd: Command, deadline: Instant) -> VerbsResult<ReplyData> {
-        self.wait(cmd, Some(deadline))
+        self.wait(cmd, None, Some(deadline))
     }
 
     fn alive(&self) -> bool {
@@ -709,14 +724,18 @@ impl<C: Channel> Client<C> {
 
     /// A control call (after telling the worker about buffers the application dropped).
     fn call(&mut self, cmd: Command) -> VerbsResult<ReplyData> {
+        self.call_with(cmd, None)
+    }
+
+    fn call_with(&mut self, cmd: Command, area: Option<Arc<Area>>) -> VerbsResult<ReplyData> {
         let gone: Vec<u32> = match self.released.lock() {
             Ok(mut v) => std::mem::take(&mut *v),
             Err(_) => Vec::new(),
         };
         for id in gone {
-            let _ = self.chan.call(Command::RemoveArea { id });
+            let _ = self.chan.call(Command::RemoveArea { id }, None);
         }
-        self.chan.call(cmd)
+        self.chan.call(cmd, area)
     }
 
     /// Pushes a slot into the post ring, waiting while it is full.
@@ -762,7 +781,7 @@ impl<C: Channel> Client<C> {
     pub fn add_area(&mut self, area: Arc<Area>) -> VerbsResult<u32> {
         let id = self.next_area;
         self.next_area += 1;
-        self.call(Command::AddArea { id, area })?;
+        self.call_with(Command::AddArea { id }, Some(area))?;
         Ok(id)
     }
 
@@ -1005,11 +1024,13 @@ impl<C: Channel> Verbs for Client<C> {
             VerbsError::InvalidArgument(format!("cannot allocate the CQ ring: {e}"))
         })?;
         drop(prod); // the worker attaches its own producer end
-        let r = self.call(Command::CreateCq {
-            cqe,
-            ring: area,
-            capacity: capacity as u32,
-        });
+        let r = self.call_with(
+            Command::CreateCq {
+                cqe,
+                capacity: capacity as u32,
+            },
+            Some(area),
+        );
         let cq = expect_reply!(r, ReplyData::Cq(cq) => cq)?;
         match self.cqs.get_mut(cq.0 as usize) {
             Some(slot) => {
@@ -1234,6 +1255,13 @@ impl<C: Channel> Verbs for Client<C> {
     fn poll_event(&mut self) -> Option<AsyncEvent> {
         while let Some(e) = self.events.pop() {
             if let Some(ev) = e.decode() {
+                if ev == AsyncEvent::DeviceFatal {
+                    // Reported once, whether from the ring or from the channel.
+                    if self.fatal_reported {
+                        continue;
+                    }
+                    self.fatal_reported = true;
+                }
                 return Some(ev);
             }
         }
@@ -1328,6 +1356,10 @@ pub struct HostEnd {
     pub id: u16,
     /// Who it is (pid and command name for rnicd clients), for logs and rnic-ctl.
     pub label: String,
+    /// The owning process (0: this one).
+    pub pid: u32,
+    /// Its command name.
+    pub comm: String,
     posts: Consumer<PostSlot>,
     events: Producer<EventSlot>,
     /// CQ rings by CQ id; `true` while the CQ has completions the ring had no room for.
@@ -1361,6 +1393,8 @@ impl HostEnd {
             token: TOKENS.fetch_add(1, Ordering::Relaxed),
             id: u16::MAX,
             label: String::new(),
+            pid: 0,
+            comm: String::new(),
             posts,
             events,
             cqs: (0..limits.max_cq).map(|_| None).collect(),
@@ -1512,6 +1546,7 @@ impl HostEnd {
         dev: &mut Device,
         owners: &mut Owners,
         cmd: Command,
+        area: Option<Arc<Area>>,
     ) -> VerbsResult<ReplyData> {
         if self.closed {
             return Err(VerbsError::NotFound("context (closed)"));
@@ -1520,7 +1555,7 @@ impl HostEnd {
         if self.closed {
             return Err(VerbsError::NotFound("context (closed)"));
         }
-        self.execute(dev, owners, cmd)
+        self.execute(dev, owners, cmd, area)
     }
 
     fn execute(
@@ -1528,6 +1563,7 @@ impl HostEnd {
         dev: &mut Device,
         owners: &mut Owners,
         cmd: Command,
+        area: Option<Arc<Area>>,
     ) -> VerbsResult<ReplyData> {
         match cmd {
             Command::QueryDevice => {
@@ -1566,7 +1602,10 @@ impl HostEnd {
                 self.pds.retain(|p| *p != pd);
                 Ok(ReplyData::None)
             }
-            Command::AddArea { id, area } => {
+            Command::AddArea { id } => {
+                let area = area.ok_or_else(|| {
+                    VerbsError::InvalidArgument("add_area without a memory area".into())
+                })?;
                 let bytes = area.len() as u64;
                 if self.area_bytes.saturating_add(bytes) > self.client_limits.max_area_bytes {
                     return Err(VerbsError::NoResources(
@@ -1633,11 +1672,10 @@ impl HostEnd {
                 self.mrs.retain(|k| k.index() != lkey.index());
                 Ok(ReplyData::None)
             }
-            Command::CreateCq {
-                cqe,
-                ring,
-                capacity,
-            } => {
+            Command::CreateCq { cqe, capacity } => {
+                let ring = area.ok_or_else(|| {
+                    VerbsError::InvalidArgument("create_cq without a ring".into())
+                })?;
                 if !capacity.is_power_of_two()
                     || ring.len() < ring_bytes::<CqeSlot>(capacity as usize)
                 {
@@ -1806,6 +1844,18 @@ impl HostEnd {
         self.areas.clear();
         self.area_bytes = 0;
         self.closed = true;
+    }
+
+    /// The device is going away: moves every QP of the client to the error state (its
+    /// outstanding work requests complete as flushed) before the device-fatal event.
+    pub fn fail_all(&mut self, dev: &mut Device) {
+        let err = QpAttr {
+            state: Some(QpState::Err),
+            ..Default::default()
+        };
+        for &q in &self.qps {
+            let _ = dev.modify_qp(q, &err);
+        }
     }
 
     /// Publishes a QP's queue positions (its WQEs retired) in the index area.

@@ -5,10 +5,13 @@
 #![warn(missing_docs)]
 
 pub mod area;
+pub mod client;
 pub mod config;
+pub mod daemon;
 pub mod host;
 pub mod neighbor;
 pub mod nic;
+pub mod proto;
 pub mod ring;
 pub mod runtime;
 pub mod slots;

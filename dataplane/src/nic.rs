@@ -306,11 +306,16 @@ impl Nic {
 
     /// Executes a control call of the client `token`; a client that is not attached (closed,
     /// or never was) gets `NotFound`.
-    pub fn call(&mut self, token: u64, cmd: Command) -> VerbsResult<ReplyData> {
+    pub fn call(
+        &mut self,
+        token: u64,
+        cmd: Command,
+        area: Option<Arc<crate::area::Area>>,
+    ) -> VerbsResult<ReplyData> {
         let Some(h) = self.hosts.iter_mut().flatten().find(|h| h.token == token) else {
             return Err(VerbsError::NotFound("context"));
         };
-        let r = h.call(&mut self.dev, &mut self.owners, cmd);
+        let r = h.call(&mut self.dev, &mut self.owners, cmd, area);
         // Completions and positions the call produced (a flushed QP, a destroyed CQ) reach
         // the rings before the reply does.
         self.publish();
@@ -328,6 +333,80 @@ impl Nic {
             }
         }
         self.publish();
+    }
+
+    /// What the RNIC holds, per client, for management tools (rnic-ctl): device and port
+    /// attributes, GIDs, and every client's objects with its QPs' current state, PSNs and
+    /// (with `qp_counters`) counters.
+    pub fn report(&self, qp_counters: bool) -> NicReport {
+        let p = self.dev.port_attr();
+        let clients = self
+            .hosts
+            .iter()
+            .flatten()
+            .map(|h| {
+                let o = h.objects();
+                let qps: Vec<_> = o
+                    .qps
+                    .iter()
+                    .filter_map(|q| self.dev.query_qp(*q).ok())
+                    .collect();
+                let counters = if qp_counters {
+                    o.qps
+                        .iter()
+                        .filter_map(|q| self.dev.qp_counters(*q).map(|c| (*q, c)))
+                        .collect()
+                } else {
+                    Vec::new()
+                };
+                let mrs = o
+                    .mrs
+                    .iter()
+                    .map(|k| (*k, self.dev.mr(*k).map_or(0, |m| m.length)))
+                    .collect();
+                ClientReport {
+                    pid: h.pid,
+                    comm: h.comm.clone(),
+                    pds: o.pds,
+                    cqs: o.cqs,
+                    srqs: o.srqs,
+                    mrs,
+                    qps,
+                    qp_counters: counters,
+                    area_bytes: o.area_bytes,
+                    counters: h.counters,
+                }
+            })
+            .collect();
+        NicReport {
+            attr: self.dev.attr(),
+            port: crate::host::PortAttrData {
+                active: p.active,
+                max_mtu: p.max_mtu,
+                active_mtu: p.active_mtu,
+                gid_tbl_len: p.gid_tbl_len,
+                pkey_tbl_len: p.pkey_tbl_len,
+            },
+            gids: self.dev.gids().to_vec(),
+            mac: self.mac,
+            clients,
+        }
+    }
+
+    /// The RNIC is stopping: every client's QPs go to the error state (their work requests
+    /// flush to the completion rings) and every client gets the device-fatal event, so
+    /// applications see an error rather than a silent stop.
+    pub fn shutdown_hosts(&mut self) {
+        for h in self.hosts.iter_mut().flatten() {
+            // Work requests already in the post ring were posted before the stop: they
+            // complete (flushed) like the rest.
+            while h.process(&mut self.dev, &mut self.owners, 4096) > 0 {}
+            h.fail_all(&mut self.dev);
+        }
+        self.publish();
+        for h in self.hosts.iter_mut().flatten() {
+            h.deliver_event(&roce::verbs::AsyncEvent::DeviceFatal);
+        }
     }
 
     /// Bytes of shared areas the attached clients hold.
@@ -952,4 +1031,44 @@ impl Drop for Nic {
             f.held.take();
         }
     }
+}
+
+/// One client's objects on an RNIC ([`Nic::report`]).
+#[derive(Debug, Clone)]
+pub struct ClientReport {
+    /// Owning process (0: the RNIC's own process).
+    pub pid: u32,
+    /// Its command name.
+    pub comm: String,
+    /// PDs.
+    pub pds: Vec<roce::memory::PdId>,
+    /// CQs.
+    pub cqs: Vec<roce::engine::CqId>,
+    /// SRQs.
+    pub srqs: Vec<roce::engine::SrqId>,
+    /// MRs: lkey and length.
+    pub mrs: Vec<(roce::types::Lkey, u64)>,
+    /// QPs as `query_qp` reports them.
+    pub qps: Vec<roce::verbs::QpInfo>,
+    /// Per-QP counters, when asked for.
+    pub qp_counters: Vec<(roce::types::Qpn, roce::engine::QpCounters)>,
+    /// Bytes of memory shared with the RNIC.
+    pub area_bytes: u64,
+    /// The client's host-interface counters.
+    pub counters: crate::host::HostCounters,
+}
+
+/// What an RNIC holds, for management tools ([`Nic::report`]).
+#[derive(Debug, Clone)]
+pub struct NicReport {
+    /// Device attributes.
+    pub attr: roce::engine::DeviceAttr,
+    /// Port attributes.
+    pub port: crate::host::PortAttrData,
+    /// GID table.
+    pub gids: Vec<roce::types::Gid>,
+    /// MAC in use.
+    pub mac: [u8; 6],
+    /// Clients and their objects.
+    pub clients: Vec<ClientReport>,
 }

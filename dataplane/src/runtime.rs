@@ -9,7 +9,9 @@ use pmd_bindings::mempool::ROCE_4K_DATA_ROOM;
 use pmd_bindings::{ring_pair, Eal, EalBuilder, Mempool, Port, PortConfig};
 
 use crate::config::{RawConfig, RnicConfig};
-use crate::host::{context, Context, HostLimits};
+use crate::host::{
+    context, host_end, ClientLimits, ClientRings, Context, HostLimits, LocalChannel,
+};
 use crate::nic::Nic;
 use crate::worker::{Backoff, Control, NicSnapshot, Worker};
 
@@ -84,7 +86,7 @@ pub struct Runtime {
     configs: Vec<RnicConfig>,
     macs: Vec<[u8; 6]>,
     limits: Vec<HostLimits>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 impl Runtime {
@@ -188,7 +190,7 @@ impl Runtime {
             configs,
             macs,
             limits,
-            thread: Some(thread),
+            thread: Mutex::new(Some(thread)),
         })
     }
 
@@ -206,6 +208,55 @@ impl Runtime {
         .map_err(|e| StartError::Other(e.to_string()))?;
         self.control.push(Control::AddHost(index, Box::new(host)));
         Ok(ctx)
+    }
+
+    /// Attaches a client of another process to RNIC `index` (rnicd): makes its rings and
+    /// the worker's end (labelled with the owner's `pid` and `comm`), and returns the rings
+    /// (to send to the client) and the channel that runs its control calls.
+    pub fn attach_host(
+        &self,
+        index: usize,
+        client_limits: ClientLimits,
+        pid: u32,
+        comm: &str,
+    ) -> Result<(ClientRings, LocalChannel), StartError> {
+        if index >= self.configs.len() {
+            return Err(StartError::Other(format!("no RNIC {index}")));
+        }
+        let who = format!("ferroce-{pid}");
+        let (rings, mut host) = host_end(self.limits[index], client_limits, &who)
+            .map_err(|e| StartError::Other(format!("cannot make the client's rings: {e}")))?;
+        host.pid = pid;
+        host.comm = comm.to_string();
+        host.label = format!("pid {pid} ({comm})");
+        let chan = LocalChannel::new(self.control.clone(), index, host.token, self.alive.clone());
+        self.control.push(Control::AddHost(index, Box::new(host)));
+        Ok((rings, chan))
+    }
+
+    /// The sizes a client of RNIC `index` needs (its index area's layout).
+    pub fn host_limits(&self, index: usize) -> HostLimits {
+        self.limits[index]
+    }
+
+    /// How many RNICs run.
+    pub fn len(&self) -> usize {
+        self.configs.len()
+    }
+
+    /// Whether no RNIC runs (never, once started).
+    pub fn is_empty(&self) -> bool {
+        self.configs.is_empty()
+    }
+
+    /// Whether the worker is still running.
+    pub fn alive(&self) -> bool {
+        self.alive.load(Ordering::Acquire)
+    }
+
+    /// Sends a request to the worker (rnicd's admin requests).
+    pub fn control(&self, c: Control) {
+        self.control.push(c);
     }
 
     /// Switches RNIC `index`'s capture on or off (it needs `capture.pcap`); false if there
@@ -242,14 +293,21 @@ impl Runtime {
     }
 
     /// Stops the worker; RNICs, ports and pools are released.
-    pub fn stop(mut self) -> Vec<NicSnapshot> {
+    pub fn stop(self) -> Vec<NicSnapshot> {
+        self.stop_worker()
+    }
+
+    /// Stops the worker (every client's QPs go to error and clients get the device-fatal
+    /// event first) and returns the final counters; later calls find it stopped.
+    pub fn stop_worker(&self) -> Vec<NicSnapshot> {
         self.shutdown();
         (0..self.stats.len()).map(|i| self.stats(i)).collect()
     }
 
-    fn shutdown(&mut self) {
+    fn shutdown(&self) {
         self.stop.store(true, Ordering::Release);
-        if let Some(t) = self.thread.take() {
+        let t = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(t) = t {
             let _ = t.join();
         }
     }

@@ -68,8 +68,18 @@ pub enum Control {
         token: u64,
         /// The call.
         cmd: crate::host::Command,
+        /// The memory area or ring the call names (`AddArea`, `CreateCq`).
+        area: Option<Arc<crate::area::Area>>,
         /// Where the result goes (a dropped receiver is ignored).
         reply: std::sync::mpsc::SyncSender<roce::engine::VerbsResult<crate::host::ReplyData>>,
+    },
+    /// Report every RNIC's objects ([`crate::nic::Nic::report`]), with per-QP counters if
+    /// asked.
+    Inspect {
+        /// Per-QP counters too.
+        qp_counters: bool,
+        /// Where the reports go, one per RNIC.
+        reply: std::sync::mpsc::SyncSender<Vec<crate::nic::NicReport>>,
     },
     /// Close and release the client `token` of RNIC `nic` (its process went away).
     Close {
@@ -193,12 +203,17 @@ impl Worker {
                         nic,
                         token,
                         cmd,
+                        area,
                         reply,
                     } => {
                         let r = match self.nics.get_mut(nic) {
-                            Some(n) => n.call(token, cmd),
+                            Some(n) => n.call(token, cmd, area),
                             None => Err(roce::engine::VerbsError::NotFound("device")),
                         };
+                        let _ = reply.try_send(r);
+                    }
+                    Control::Inspect { qp_counters, reply } => {
+                        let r = self.nics.iter().map(|n| n.report(qp_counters)).collect();
                         let _ = reply.try_send(r);
                     }
                     Control::Close { nic, token } => {
@@ -268,6 +283,9 @@ impl Worker {
         while !stop.load(Ordering::Relaxed) {
             let w = self.poll_once();
             self.idle(w);
+        }
+        for n in self.nics.iter_mut() {
+            n.shutdown_hosts();
         }
         self.publish_stats();
         for n in self.nics.iter_mut() {

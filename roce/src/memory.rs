@@ -191,6 +191,7 @@ impl Memory for HeapMemory {
 
 /// A protection domain handle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct PdId(pub u32);
 
 /// A registered memory region.

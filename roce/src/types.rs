@@ -15,7 +15,21 @@ pub const MASK24: u32 = 0x00ff_ffff;
 /// roce-wire.md "PSN rules"), which is meaningful while fewer than 2^23 PSNs are outstanding.
 /// `Psn` deliberately does not implement `Ord`.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(from = "u32", into = "u32"))]
 pub struct Psn(u32);
+
+impl From<u32> for Psn {
+    fn from(v: u32) -> Psn {
+        Psn::new(v)
+    }
+}
+
+impl From<Psn> for u32 {
+    fn from(v: Psn) -> u32 {
+        v.0
+    }
+}
 
 impl Psn {
     /// A PSN from the low 24 bits of `v`.
@@ -91,7 +105,22 @@ macro_rules! id24 {
     ($(#[$m:meta])* $name:ident) => {
         $(#[$m])*
         #[derive(Clone, Copy, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
+        #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+        // Deserialised through `new`: an out-of-range value is masked, never stored.
+        #[cfg_attr(feature = "serde", serde(from = "u32", into = "u32"))]
         pub struct $name(u32);
+
+        impl From<u32> for $name {
+            fn from(v: u32) -> Self {
+                $name::new(v)
+            }
+        }
+
+        impl From<$name> for u32 {
+            fn from(v: $name) -> u32 {
+                v.0
+            }
+        }
 
         impl $name {
             /// From the low 24 bits of `v`.
@@ -146,6 +175,8 @@ macro_rules! key32 {
     ($(#[$m:meta])* $name:ident) => {
         $(#[$m])*
         #[derive(Clone, Copy, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
+        #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+        #[cfg_attr(feature = "serde", serde(transparent))]
         pub struct $name(pub u32);
 
         impl $name {
@@ -187,6 +218,8 @@ key32!(
 /// A 32-bit Q_Key (UD). Bit 31 set marks a privileged Q_Key, which a non-privileged sender may
 /// not use; the GSI uses 0x80010000.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Default, Debug)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(transparent))]
 pub struct Qkey(pub u32);
 
 impl Qkey {
@@ -217,6 +250,8 @@ impl Default for Pkey {
 /// A 128-bit global identifier. For RoCEv2 it is the IPv6 address, or the IPv4-mapped IPv6
 /// address `::ffff:a.b.c.d` for IPv4.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(transparent))]
 pub struct Gid(pub [u8; 16]);
 
 impl Gid {

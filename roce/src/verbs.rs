@@ -7,6 +7,7 @@ use core::fmt;
 
 /// Memory and QP access rights (`ibv_access_flags`).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct Access(pub u32);
 
 impl Access {
@@ -78,6 +79,7 @@ pub mod vendor_err {
 
 /// Transport service of a QP.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum QpType {
     /// Reliable connected.
     Rc,
@@ -89,6 +91,7 @@ pub enum QpType {
 
 /// QP state (IBA 10.3.1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum QpState {
     /// Reset.
     Reset,
@@ -108,6 +111,7 @@ pub enum QpState {
 
 /// Path MTU (`ibv_mtu`: 1 = 256 ... 5 = 4096).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum Mtu {
     /// 256 bytes.
     M256 = 1,
@@ -526,6 +530,7 @@ impl Default for Completion {
 
 /// A path to a remote port (an address handle / the QP's primary path).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct AddressVector {
     /// Destination GID.
     pub dgid: Gid,
@@ -560,6 +565,7 @@ impl AddressVector {
 
 /// Attributes for `modify_qp` (`ibv_qp_attr`); a `Some` field is in the attribute mask.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct QpAttr {
     /// Target state.
     pub state: Option<QpState>,
@@ -601,6 +607,7 @@ pub struct QpAttr {
 
 /// Sizes requested at QP creation (`ibv_qp_cap`); the device may round them up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct QpCaps {
     /// Send queue depth.
     pub max_send_wr: u32,
@@ -628,6 +635,7 @@ impl Default for QpCaps {
 
 /// Everything `query_qp` returns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct QpInfo {
     /// QP number.
     pub qpn: Qpn,

@@ -8,10 +8,11 @@ use roce::memory::PdId;
 use roce::types::{Gid, Psn, Qkey, Qpn};
 use roce::verbs::*;
 
-/// One side of a connection made through the verbs API.
-pub struct Side {
+/// One side of a connection made through the verbs API (an in-process [`Context`] by
+/// default, or any other [`Verbs`] implementation such as rnicd's remote context).
+pub struct Side<V: Verbs = Context> {
     /// The context.
-    pub ctx: Context,
+    pub ctx: V,
     /// Protection domain.
     pub pd: PdId,
     /// Send and receive CQ.
@@ -27,7 +28,7 @@ pub struct Side {
 }
 
 /// Creates PD, CQ, a QP of `qp_type`, and a `len`-byte registered buffer on `ctx`.
-pub fn side(mut ctx: Context, qp_type: QpType, len: usize, depth: u32) -> Side {
+pub fn side<V: Verbs>(mut ctx: V, qp_type: QpType, len: usize, depth: u32) -> Side<V> {
     let pd = ctx.alloc_pd().expect("pd");
     let cq = ctx.create_cq(depth * 4).expect("cq");
     let qpn = ctx
@@ -63,8 +64,8 @@ pub fn side(mut ctx: Context, qp_type: QpType, len: usize, depth: u32) -> Side {
 
 /// Brings `me` to RTS towards `peer` (RC/UC) or to RTS (UD), with an ACK timeout of 2^10 x
 /// 4.096 us.
-pub fn connect(
-    me: &mut Side,
+pub fn connect<V: Verbs>(
+    me: &mut Side<V>,
     peer_qpn: Qpn,
     peer_gid: Gid,
     mtu: Mtu,
@@ -77,8 +78,8 @@ pub fn connect(
 
 /// [`connect`] with an explicit ACK timeout exponent.
 #[allow(clippy::too_many_arguments)]
-pub fn connect_with(
-    me: &mut Side,
+pub fn connect_with<V: Verbs>(
+    me: &mut Side<V>,
     peer_qpn: Qpn,
     peer_gid: Gid,
     mtu: Mtu,
@@ -136,7 +137,7 @@ pub fn connect_with(
 }
 
 /// Polls `cq` until `n` completions arrived or `secs` passed.
-pub fn wait_cq(s: &mut Side, n: usize, secs: u64) -> Vec<Completion> {
+pub fn wait_cq<V: Verbs>(s: &mut Side<V>, n: usize, secs: u64) -> Vec<Completion> {
     let mut out = Vec::new();
     let mut buf = [Completion::default(); 32];
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);

@@ -61,6 +61,7 @@ pub enum CreditMode {
 
 /// A device's object limits: what the engine enforces and `query_device` reports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct DeviceLimits {
     /// Maximum QPs.
     pub max_qp: u32,
@@ -138,6 +139,7 @@ pub const FW_VERSION: &str = concat!("ferroce ", env!("CARGO_PKG_VERSION"));
 /// What `query_device` reports (`ibv_device_attr`; the firmware version is [`FW_VERSION`]).
 /// Plain data, so host interfaces pass it as it is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct DeviceAttr {
     /// Vendor id.
     pub vendor_id: u32,
@@ -227,14 +229,17 @@ pub struct ObjectCounts {
 
 /// A completion queue handle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct CqId(pub u32);
 
 /// A shared receive queue handle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct SrqId(pub u32);
 
 /// Parameters of `create_qp` (`ibv_qp_init_attr`).
 #[derive(Debug, Clone, Copy)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct QpInit {
     /// Protection domain.
     pub pd: PdId,
@@ -254,6 +259,7 @@ pub struct QpInit {
 
 /// SRQ attributes (`ibv_srq_attr`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct SrqAttr {
     /// Depth.
     pub max_wr: u32,

@@ -7,6 +7,7 @@
 //! runs one end on a DPDK port.
 
 use std::io::Write;
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
@@ -40,6 +41,11 @@ struct Rnic {
     /// DPDK link (10.99.0.1 and 10.99.0.2); needs no port, hugepages or configuration.
     #[arg(long)]
     loopback: bool,
+    /// Use an RNIC of a running rnicd instead of starting one in this process: the RNIC is
+    /// named with -d (default ferroce0); SOCKET defaults to $FERROCE_SOCKET or
+    /// /run/ferroce/rnicd.sock.
+    #[arg(long, value_name = "SOCKET", num_args = 0..=1, default_missing_value = "")]
+    rnicd: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -130,7 +136,7 @@ fn main() -> ExitCode {
         Cmd::rc_pingpong(c) => pp(PpKind::Rc, c),
         Cmd::ud_pingpong(c) => pp(PpKind::Ud, c),
     };
-    if let Some(d) = &dev {
+    if let Some(d) = dev.as_ref().filter(|_| rnic.rnicd.is_none()) {
         if d != "ferroce0" {
             eprintln!("rnic-perf: IB device {d} not found (ferroce's device is ferroce0)");
             return ExitCode::from(1);
@@ -142,7 +148,18 @@ fn main() -> ExitCode {
     } else {
         Box::new(std::io::stdout())
     };
-    let r = if rnic.loopback {
+    let r = if let Some(sock) = &rnic.rnicd {
+        if rnic.loopback || rnic.opts.any() {
+            Err(
+                "--rnicd uses rnicd's RNIC: --loopback and the RNIC options (--port, --ip, \
+                 --config, --set...) belong to rnicd"
+                    .to_string(),
+            )
+        } else {
+            let sock = (!sock.as_os_str().is_empty()).then_some(sock.as_path());
+            driver::via_rnicd(&job, sock, dev.as_deref(), &mut *out)
+        }
+    } else if rnic.loopback {
         driver::loopback(&job, mtu, &rnic.opts, &mut *out)
     } else {
         driver::on_port(&job, &rnic.opts, &mut *out)

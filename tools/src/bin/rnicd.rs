@@ -1,17 +1,25 @@
-//! rnicd: runs a ferroce software RNIC on a DPDK port.
+//! rnicd: the ferroce RNIC daemon. It runs one software RNIC per DPDK port (`ferroce0`,
+//! `ferroce1`, ...) and serves them to applications in other processes through a Unix socket
+//! and shared-memory rings (docs/host-protocol.md): `rnic-perf --rnicd`, the C client library
+//! and `rnic-ctl` attach to it.
 //!
-//! `rnicd --config rnic.toml` (or `--port net_af_packet0,iface=tap0 --ip 10.99.0.3/24`).
-//! It answers ARP, ping and IPv6 ND for its addresses and is a RoCEv2 endpoint; counters are
-//! printed every `--stats` seconds and at exit (SIGINT/SIGTERM), each by its rxe/mlx5 name.
-//! `--check` validates the configuration and what can be known without starting the port;
-//! `--print-config` prints the effective configuration. docs/rnic.example.toml shows every key.
+//! `rnicd --config rnic.toml` (or `--port net_af_packet0,iface=tap0 --ip 10.99.0.3/24`;
+//! `--rnic FILE` adds RNICs); `rnicd --loopback` runs two RNICs joined by an in-process DPDK
+//! ring link (10.99.0.1 and 10.99.0.2), so two processes can move RDMA traffic with no NIC.
+//! Each RNIC answers ARP, ping and IPv6 ND for its addresses. Counters are printed every
+//! `--stats` seconds and at exit (SIGINT/SIGTERM), each by its rxe/mlx5 name. `--check`
+//! validates the configuration without starting anything; `--print-config` prints the
+//! effective configuration. docs/rnic.example.toml shows every key.
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use dataplane::config::Check;
+use dataplane::config::{Check, RawConfig, RnicConfig};
+use dataplane::daemon::Daemon;
 use dataplane::runtime::Runtime;
+use dataplane::worker::NicSnapshot;
 use ferroce_tools::perf::driver::all_counters;
 use ferroce_tools::rnic_opts::{init_logging, install_signal_handlers, stop_requested, RnicOpts};
 
@@ -19,11 +27,25 @@ use ferroce_tools::rnic_opts::{init_logging, install_signal_handlers, stop_reque
 #[command(
     name = "rnicd",
     version,
-    about = "ferroce: a software RoCEv2 RNIC on DPDK"
+    about = "ferroce: software RoCEv2 RNICs on DPDK, served to applications over a Unix socket"
 )]
 struct Cli {
     #[command(flatten)]
     rnic: RnicOpts,
+    /// Run two RNICs (ferroce0 at 10.99.0.1, ferroce1 at 10.99.0.2) joined by an in-process
+    /// DPDK ring link: applications in two processes move RDMA traffic with no NIC.
+    #[arg(long)]
+    loopback: bool,
+    /// Path MTU of the --loopback RNICs.
+    #[arg(long, default_value_t = 4096, value_name = "BYTES")]
+    loopback_mtu: u32,
+    /// A further RNIC, configured by its own file (ferroce1, ferroce2, ... in order;
+    /// repeatable). The [host] section of the first configuration applies.
+    #[arg(long = "rnic", value_name = "FILE")]
+    more: Vec<PathBuf>,
+    /// The Unix socket to listen on (overrides host.socket; default /run/ferroce/rnicd.sock).
+    #[arg(long, value_name = "PATH")]
+    socket: Option<PathBuf>,
     /// Check the configuration (and what can be checked without starting the port) and
     /// exit: 0 if nothing is wrong, 2 otherwise.
     #[arg(long)]
@@ -39,38 +61,72 @@ struct Cli {
     duration: u64,
 }
 
-/// Every non-zero counter by its rxe/mlx5 (or ferroce) name, port totals included.
-fn print_stats(rt: &Runtime) {
-    let s = rt.stats(0);
-    let parts: Vec<String> = all_counters(&s)
-        .into_iter()
-        .filter(|(_, v)| *v != 0)
-        .map(|(k, v)| format!("{k} {v}"))
-        .collect();
-    println!(
-        "rnicd: counters: {} mbufs_in_use {}",
-        parts.join(", "),
-        s.mbufs_in_use
-    );
+/// Every non-zero counter of each RNIC by its rxe/mlx5 (or ferroce) name, port totals
+/// included.
+fn print_stats(names: &[String], snaps: &[NicSnapshot]) {
+    for (name, s) in names.iter().zip(snaps) {
+        let parts: Vec<String> = all_counters(s)
+            .into_iter()
+            .filter(|(_, v)| *v != 0)
+            .map(|(k, v)| format!("{k} {v}"))
+            .collect();
+        println!(
+            "rnicd: {name} counters: {} mbufs_in_use {} clients {}",
+            parts.join(", "),
+            s.mbufs_in_use,
+            s.hosts
+        );
+    }
 }
 
-fn main() -> ExitCode {
-    let cli = Cli::parse();
-    init_logging("warn,dataplane=info");
-    let cfg = match cli.rnic.validate() {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("rnicd: {e}");
-            return ExitCode::from(2);
+/// The configurations of every RNIC, in order.
+fn configs(cli: &Cli) -> Result<Vec<RnicConfig>, String> {
+    let socket = |raw: &mut RawConfig| -> Result<(), String> {
+        if let Some(s) = &cli.socket {
+            raw.set("host.socket", &s.display().to_string())
+                .map_err(|e| e.to_string())?;
         }
+        Ok(())
     };
-    if cli.print_config {
-        print!("{}", cfg.to_toml());
-        return ExitCode::SUCCESS;
+    if cli.loopback {
+        let o = &cli.rnic;
+        if o.port.is_some() || !o.ip.is_empty() || o.config.is_some() || o.mac.is_some() {
+            return Err(
+                "--loopback makes its own two RNICs (02:00:00:99:00:01/10.99.0.1 and \
+                        02:00:00:99:00:02/10.99.0.2): --port/--ip/--mac/--config do not apply"
+                    .into(),
+            );
+        }
+        if !cli.more.is_empty() {
+            return Err("--loopback makes its own two RNICs: --rnic does not apply".into());
+        }
+        return [1u8, 2]
+            .iter()
+            .map(|&h| {
+                let mut r = dataplane::runtime::loopback_raw_config(h, cli.loopback_mtu);
+                o.apply_overrides(&mut r)?;
+                socket(&mut r)?;
+                r.validate().map_err(|e| e.to_string())
+            })
+            .collect();
     }
-    if cli.check {
-        println!("rnicd: configuration: {}", cfg.describe(None));
-        let mut failed = false;
+    let mut first = cli.rnic.raw()?;
+    socket(&mut first)?;
+    let mut out = vec![first.validate().map_err(|e| e.to_string())?];
+    for f in &cli.more {
+        let raw = RawConfig::load(f).map_err(|e| format!("{}: {e}", f.display()))?;
+        out.push(
+            raw.validate()
+                .map_err(|e| format!("{}: {e}", f.display()))?,
+        );
+    }
+    Ok(out)
+}
+
+fn check(cfgs: &[RnicConfig]) -> ExitCode {
+    let mut failed = false;
+    for (i, cfg) in cfgs.iter().enumerate() {
+        println!("rnicd: ferroce{i}: configuration: {}", cfg.describe(None));
         for c in cfg.preflight() {
             match c {
                 Check::Ok(m) => println!("rnicd: ok: {m}"),
@@ -81,33 +137,82 @@ fn main() -> ExitCode {
                 Check::NeedsPort(m) => println!("rnicd: needs the port (not checked): {m}"),
             }
         }
-        println!(
-            "rnicd: {}",
-            if failed {
-                "configuration has errors"
-            } else {
-                "configuration ok"
-            }
-        );
-        return if failed {
-            ExitCode::from(2)
+    }
+    println!(
+        "rnicd: {}",
+        if failed {
+            "configuration has errors"
         } else {
-            ExitCode::SUCCESS
-        };
+            "configuration ok"
+        }
+    );
+    if failed {
+        ExitCode::from(2)
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging("warn,dataplane=info");
+    let cfgs = match configs(&cli) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("rnicd: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if cli.print_config {
+        for (i, c) in cfgs.iter().enumerate() {
+            if cfgs.len() > 1 {
+                println!("# ferroce{i}");
+            }
+            print!("{}", c.to_toml());
+        }
+        return ExitCode::SUCCESS;
+    }
+    if cli.check {
+        return check(&cfgs);
     }
     install_signal_handlers();
-    let rt = match Runtime::start("rnicd", vec![cfg]) {
+    let host = cfgs[0].host.clone();
+    let started = if cli.loopback {
+        Runtime::loopback("rnicd", cfgs[0].clone(), cfgs[1].clone())
+    } else {
+        Runtime::start("rnicd", cfgs.clone())
+    };
+    let rt = match started {
         Ok(r) => r,
         Err(e) => {
             eprintln!("rnicd: {e}");
             return ExitCode::from(1);
         }
     };
-    let c = rt.config(0);
-    println!("rnicd: up: {}", c.summary(rt.mac(0)));
-    for (i, g) in c.gids(rt.mac(0)).iter().enumerate() {
-        println!("rnicd: GID[{i}] {g}");
+    for i in 0..rt.len() {
+        let c = rt.config(i);
+        println!("rnicd: ferroce{i} up: {}", c.summary(rt.mac(i)));
+        for (g, gid) in c.gids(rt.mac(i)).iter().enumerate() {
+            println!("rnicd: ferroce{i} GID[{g}] {gid}");
+        }
     }
+    let daemon = match Daemon::start(rt, &host) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("rnicd: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    println!(
+        "rnicd: listening on {} (mode {:04o}{})",
+        daemon.socket().display(),
+        host.mode,
+        host.group
+            .as_ref()
+            .map(|g| format!(", group {g}"))
+            .unwrap_or_default()
+    );
+    let names = daemon.names().to_vec();
     let start = Instant::now();
     let mut last = Instant::now();
     while !stop_requested() {
@@ -115,13 +220,20 @@ fn main() -> ExitCode {
         if cli.duration > 0 && start.elapsed() >= Duration::from_secs(cli.duration) {
             break;
         }
+        if !daemon.runtime().alive() {
+            eprintln!("rnicd: the worker stopped unexpectedly");
+            break;
+        }
         if cli.stats > 0 && last.elapsed() >= Duration::from_secs(cli.stats) {
             last = Instant::now();
-            print_stats(&rt);
+            let snaps: Vec<_> = (0..names.len())
+                .map(|i| daemon.runtime().stats(i))
+                .collect();
+            print_stats(&names, &snaps);
         }
     }
-    print_stats(&rt);
-    rt.stop();
+    let snaps = daemon.stop();
+    print_stats(&names, &snaps);
     println!("rnicd: stopped");
     ExitCode::SUCCESS
 }

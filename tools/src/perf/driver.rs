@@ -217,6 +217,52 @@ pub fn loopback(
     }
 }
 
+/// Runs `job` on RNIC `device` (default `ferroce0`) of the rnicd listening on `socket`
+/// (default: `$FERROCE_SOCKET` or /run/ferroce/rnicd.sock): this process is rnicd's client,
+/// its posts and completions go through shared memory. As server or client per the job.
+pub fn via_rnicd(
+    job: &Job,
+    socket: Option<&std::path::Path>,
+    device: Option<&str>,
+    out: &mut dyn Write,
+) -> Result<Value, String> {
+    job.validate()?;
+    let ctx = dataplane::client::connect(socket, device).map_err(|e| e.to_string())?;
+    let name = device.unwrap_or("ferroce0").to_string();
+    let port = job.tcp_port();
+    let ep = match job.server_addr() {
+        Some(h) => Endpoint::Connect(h.clone(), port),
+        None => {
+            let v6 = matches!(job, Job::Perf(_, _, a) if a.ipv6);
+            Endpoint::Listen(
+                super::oob::Oob::listen(port, v6)
+                    .map_err(|e| format!("listen on TCP port {port}: {e}"))?,
+            )
+        }
+    };
+    let r = job.run(ctx, ep, &name, out);
+    if !job.quiet() {
+        // The RNIC's counters as rnicd reports them (the RNIC is shared: they count every
+        // client's traffic).
+        if let Ok(mut a) = dataplane::client::Admin::connect(socket) {
+            if let Ok(dataplane::proto::ReplyBody::Stats(s)) =
+                a.request(dataplane::proto::AdminRequest::Stats { qps: false })
+            {
+                if let Some(d) = s.iter().find(|d| d.device == name) {
+                    let nonzero: Vec<String> = d
+                        .port
+                        .iter()
+                        .filter(|(_, v)| *v != 0)
+                        .map(|(k, v)| format!("{k} {v}"))
+                        .collect();
+                    let _ = writeln!(out, " {name} (rnicd): {}", nonzero.join(", "));
+                }
+            }
+        }
+    }
+    r
+}
+
 /// Runs `job` on one RNIC on the DPDK port `opts` describes, against a peer on the network:
 /// as server (listening on the job's TCP port) or as client of the job's server address.
 pub fn on_port(job: &Job, opts: &RnicOpts, out: &mut dyn Write) -> Result<Value, String> {

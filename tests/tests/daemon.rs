@@ -1,0 +1,622 @@
+//! rnicd's host interface in one process: a `Daemon` over a loopback pair of RNICs and
+//! clients attached through its Unix socket (the same code paths as separate processes; the
+//! tools' tests run real processes). Covers traffic through remote contexts, the hello's
+//! errors, a hostile client next to a victim's verified traffic, per-client limits, reclaim
+//! of a vanished client, and rnicd stopping under its clients.
+
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use dataplane::area::Area;
+use dataplane::client::{connect, Admin, ConnectError, RemoteContext};
+use dataplane::config::HostConfig;
+use dataplane::daemon::Daemon;
+use dataplane::proto::{
+    AdminRequest, Body, Hello, Reply, ReplyBody, Request, Role, SeqPacket, WireError, VERSION,
+};
+use dataplane::runtime::{test_config, Runtime};
+use dataplane::Verbs;
+use ferroce_tests::{connect as bring_up, side, wait_cq, Side};
+use roce::engine::VerbsError;
+use roce::verbs::*;
+
+fn host_config(name: &str) -> HostConfig {
+    let dir = std::env::temp_dir().join(format!("ferroce-daemon-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    HostConfig {
+        socket: dir.join(format!("{name}.sock")),
+        group: None,
+        mode: 0o660,
+        max_clients: 64,
+        max_qps: None,
+        max_cqs: None,
+        max_mrs: None,
+        max_area_bytes: 1 << 30,
+    }
+}
+
+fn daemon(cfg: &HostConfig, a: u8, b: u8) -> Daemon {
+    let rt = Runtime::loopback("ferroce-daemon", test_config(a, 4096), test_config(b, 4096))
+        .expect("loopback");
+    Daemon::start(rt, cfg).expect("daemon")
+}
+
+fn remote(sock: &Path, dev: &str) -> RemoteContext {
+    connect(Some(sock), Some(dev)).expect("connect")
+}
+
+/// An RC pair of remote contexts, connected.
+fn rc_pair(sock: &Path) -> (Side<RemoteContext>, Side<RemoteContext>) {
+    let mut a = side(remote(sock, "ferroce0"), QpType::Rc, 1 << 20, 64);
+    let mut b = side(remote(sock, "ferroce1"), QpType::Rc, 1 << 20, 64);
+    let (qa, qb, ga, gb) = (a.qpn, b.qpn, a.gid, b.gid);
+    bring_up(&mut a, qb, gb, Mtu::M4096, 100, 200, QpType::Rc);
+    bring_up(&mut b, qa, ga, Mtu::M4096, 200, 100, QpType::Rc);
+    (a, b)
+}
+
+/// WRITEs `len` bytes of a pattern seeded by `seed` from `a` to `b` and checks them there.
+fn verified_write(a: &mut Side<RemoteContext>, b: &Side<RemoteContext>, seed: u8, len: usize) {
+    let data: Vec<u8> = (0..len)
+        .map(|i| (i as u8).wrapping_mul(31) ^ seed)
+        .collect();
+    a.buf.write(0, &data);
+    let wr = SendWr {
+        wr_id: seed as u64,
+        op: WrOp::Write {
+            remote_addr: b.mr.addr,
+            rkey: b.mr.rkey.unwrap(),
+        },
+        sg_list: &[a.mr.sge(0, len as u32)],
+        flags: SendFlags::SIGNALED,
+        ud: None,
+    };
+    a.ctx.post_send(a.qpn, &wr).expect("post");
+    let c = wait_cq(a, 1, 10);
+    assert_eq!(c.len(), 1, "completion of write {seed}");
+    assert_eq!(c[0].status, WcStatus::Success, "{:?}", c[0]);
+    assert_eq!(b.buf.to_vec(0, len), data, "bytes of write {seed}");
+}
+
+#[test]
+fn remote_clients_move_verified_traffic_and_show_up_in_resources() {
+    let cfg = host_config("traffic");
+    let d = daemon(&cfg, 11, 12);
+    let (mut a, mut b) = rc_pair(&cfg.socket);
+    for seed in 0..20u8 {
+        verified_write(&mut a, &b, seed, 1 + seed as usize * 3001);
+    }
+    // SEND with a receive on the other side; READ back.
+    b.ctx
+        .post_recv(
+            b.qpn,
+            &RecvWr {
+                wr_id: 9,
+                sg_list: &[b.mr.sge(4096, 4096)],
+            },
+        )
+        .unwrap();
+    a.buf.write(8192, b"through rnicd");
+    a.ctx
+        .post_send(
+            a.qpn,
+            &SendWr {
+                wr_id: 1,
+                op: WrOp::Send,
+                sg_list: &[a.mr.sge(8192, 13)],
+                flags: SendFlags::SIGNALED,
+                ud: None,
+            },
+        )
+        .unwrap();
+    let rc = wait_cq(&mut b, 1, 10);
+    assert_eq!(rc[0].status, WcStatus::Success);
+    assert_eq!(rc[0].byte_len, 13);
+    assert_eq!(b.buf.to_vec(4096, 13), b"through rnicd");
+    assert_eq!(wait_cq(&mut a, 1, 10)[0].status, WcStatus::Success);
+    a.ctx
+        .post_send(
+            a.qpn,
+            &SendWr {
+                wr_id: 2,
+                op: WrOp::Read {
+                    remote_addr: b.mr.addr + 4096,
+                    rkey: b.mr.rkey.unwrap(),
+                },
+                sg_list: &[a.mr.sge(65536, 13)],
+                flags: SendFlags::SIGNALED,
+                ud: None,
+            },
+        )
+        .unwrap();
+    assert_eq!(wait_cq(&mut a, 1, 10)[0].status, WcStatus::Success);
+    assert_eq!(a.buf.to_vec(65536, 13), b"through rnicd");
+    // rnicd lists both clients with this process as owner, and their QPs in RTS.
+    let mut adm = Admin::connect(Some(&cfg.socket)).unwrap();
+    assert_eq!(adm.welcome.devices, ["ferroce0", "ferroce1"]);
+    let Ok(ReplyBody::Resources(r)) = adm.request(AdminRequest::Resources) else {
+        panic!("resources")
+    };
+    assert_eq!(r.clients.len(), 2, "{r:?}");
+    assert!(r.clients.iter().all(|c| c.1 == std::process::id()));
+    assert_eq!(r.qps.len(), 2);
+    assert!(r.qps.iter().all(|q| q.state == QpState::Rts));
+    assert!(r
+        .objects
+        .iter()
+        .filter(|o| o.kind == "mr")
+        .all(|o| o.size == 1 << 20));
+    drop((a, b));
+    // Closing a context releases everything it held.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let Ok(ReplyBody::Resources(r)) = adm.request(AdminRequest::Resources) else {
+            panic!()
+        };
+        if r.clients.is_empty() && r.qps.is_empty() && r.objects.is_empty() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "still held: {r:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    d.stop();
+    assert!(!cfg.socket.exists(), "the socket is removed at exit");
+}
+
+/// Speaks the protocol by hand: sends `body` as request `id` with `fds`, returns the reply
+/// and the fds that came with it.
+fn raw(
+    sock: &SeqPacket,
+    id: u64,
+    body: Body,
+    fds: &[std::os::fd::BorrowedFd<'_>],
+) -> (Reply, Vec<OwnedFd>) {
+    sock.send_json(&Request { id, body }, fds).unwrap();
+    raw_reply(sock)
+}
+
+fn raw_reply(sock: &SeqPacket) -> (Reply, Vec<OwnedFd>) {
+    let mut buf = vec![0u8; 65536];
+    assert!(dataplane::proto::wait_readable(sock.raw(), Some(Duration::from_secs(10))).unwrap());
+    let (n, fds) = sock.recv(&mut buf).unwrap();
+    assert!(n > 0, "rnicd closed the connection");
+    (serde_json::from_slice(&buf[..n]).unwrap(), fds)
+}
+
+fn hello(dev: &str) -> Body {
+    Body::Hello(Hello {
+        version: VERSION,
+        device: Some(dev.into()),
+        role: Role::Verbs,
+        program: "hostile".into(),
+    })
+}
+
+#[test]
+fn hello_errors_are_clear() {
+    let cfg = host_config("hello");
+    let d = daemon(&cfg, 13, 14);
+    match connect(Some(&cfg.socket), Some("mlx5_0")) {
+        Err(ConnectError::Refused(WireError::NotFound(m))) => {
+            assert!(m.contains("ferroce0, ferroce1"), "{m}")
+        }
+        Err(e) => panic!("{e}"),
+        Ok(_) => panic!("an unknown device was accepted"),
+    }
+    let missing = cfg.socket.with_extension("nope");
+    let e = connect(Some(&missing), None)
+        .err()
+        .expect("no daemon there");
+    assert!(e.to_string().contains("is rnicd running?"), "{e}");
+    // Another version: refused with EPROTONOSUPPORT.
+    let s = SeqPacket::connect(&cfg.socket).unwrap();
+    let (r, _) = raw(
+        &s,
+        1,
+        Body::Hello(Hello {
+            version: 99,
+            device: None,
+            role: Role::Verbs,
+            program: String::new(),
+        }),
+        &[],
+    );
+    assert_eq!(r.status, libc::EPROTONOSUPPORT);
+    // A call before the hello, and garbage: errors, then the connection is closed.
+    let s = SeqPacket::connect(&cfg.socket).unwrap();
+    let (r, _) = raw(&s, 5, Body::Admin(AdminRequest::Devices), &[]);
+    assert_eq!((r.id, r.status), (5, libc::EPROTO));
+    let s = SeqPacket::connect(&cfg.socket).unwrap();
+    s.send(b"\xff\x00 not json", &[]).unwrap();
+    let (r, _) = raw_reply(&s);
+    assert_eq!(r.status, libc::EPROTO);
+    // rnicd is fine: a normal client still works.
+    let mut c = remote(&cfg.socket, "ferroce1");
+    assert!(c.query_port().unwrap().active);
+    drop(c);
+    d.stop();
+}
+
+#[test]
+fn a_live_socket_is_not_taken_over_and_a_stale_one_is_replaced() {
+    let cfg = host_config("takeover");
+    let d = daemon(&cfg, 15, 16);
+    let rt2 = Runtime::loopback(
+        "ferroce-daemon",
+        test_config(17, 1024),
+        test_config(18, 1024),
+    )
+    .unwrap();
+    match Daemon::start(rt2, &cfg) {
+        Err(dataplane::daemon::DaemonError::InUse(_)) => {}
+        Err(e) => panic!("{e}"),
+        Ok(_) => panic!("a second rnicd took over a live socket"),
+    }
+    d.stop();
+    // A socket file nobody listens on (an rnicd that was killed) is replaced.
+    drop(dataplane::proto::Listener::bind(&cfg.socket).unwrap());
+    assert!(cfg.socket.exists());
+    let d = daemon(&cfg, 15, 16);
+    assert!(remote(&cfg.socket, "ferroce0").query_port().is_ok());
+    d.stop();
+    // A path that is not a socket is left alone.
+    std::fs::write(&cfg.socket, b"not a socket").unwrap();
+    let rt3 = Runtime::loopback(
+        "ferroce-daemon",
+        test_config(15, 1024),
+        test_config(16, 1024),
+    )
+    .unwrap();
+    assert!(matches!(
+        Daemon::start(rt3, &cfg),
+        Err(dataplane::daemon::DaemonError::NotASocket(_))
+    ));
+    std::fs::remove_file(&cfg.socket).unwrap();
+}
+
+fn memfd(len: usize, seal: bool) -> OwnedFd {
+    let fd = Area::memfd(len, "hostile").unwrap();
+    if seal {
+        // SAFETY: our fd; known seal flags.
+        assert_eq!(
+            unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_SHRINK) },
+            0
+        );
+    }
+    fd
+}
+
+#[test]
+fn a_hostile_client_harms_neither_rnicd_nor_another_client() {
+    let cfg = host_config("hostile");
+    let d = daemon(&cfg, 19, 20);
+    let (mut a, b) = rc_pair(&cfg.socket);
+    let victim_qpn = b.qpn;
+    // The victim's verified traffic runs throughout.
+    let stop = Arc::new(AtomicBool::new(false));
+    let st = stop.clone();
+    let victim = std::thread::spawn(move || {
+        let mut seed = 0u8;
+        let mut n = 0u32;
+        while !st.load(Ordering::Relaxed) || n < 20 {
+            verified_write(&mut a, &b, seed, 4096 + seed as usize * 17);
+            seed = seed.wrapping_add(1);
+            n += 1;
+        }
+        n
+    });
+    let mut rng = roce::sim::Rng::new(42);
+    // 1. Random bytes as messages, before and after a hello.
+    for round in 0..2 {
+        let s = SeqPacket::connect(&cfg.socket).unwrap();
+        if round == 1 {
+            assert_eq!(raw(&s, 1, hello("ferroce1"), &[]).0.status, 0);
+        }
+        for _ in 0..200 {
+            let len = 1 + rng.below(2000) as usize;
+            let junk: Vec<u8> = (0..len).map(|_| rng.next_u64() as u8).collect();
+            if s.send(&junk, &[]).is_err() {
+                break;
+            }
+            if dataplane::proto::wait_readable(s.raw(), Some(Duration::from_secs(5))).unwrap() {
+                let mut buf = vec![0u8; 65536];
+                if s.recv(&mut buf).map(|x| x.0).unwrap_or(0) == 0 {
+                    break; // closed (before the hello, garbage ends the connection)
+                }
+            }
+        }
+    }
+    // 2. A verbs client that breaks every rule of the calls.
+    let s = SeqPacket::connect(&cfg.socket).unwrap();
+    let (w, ring_fds) = raw(&s, 1, hello("ferroce1"), &[]);
+    assert_eq!(w.status, 0);
+    let mut id = 2;
+    let mut call = |body: serde_json::Value, fds: &[std::os::fd::BorrowedFd<'_>]| {
+        id += 1;
+        let body: Body = serde_json::from_value(body).unwrap();
+        raw(&s, id, body, fds).0
+    };
+    // Handles of another client: not found (the victim's QP is on ferroce1 too).
+    for cmd in [
+        serde_json::json!({"call": {"query_qp": {"qpn": victim_qpn.value()}}}),
+        serde_json::json!({"call": {"destroy_qp": {"qpn": victim_qpn.value()}}}),
+        serde_json::json!({"call": {"modify_qp": {"qpn": victim_qpn.value(), "attr": {
+            "state": "Err", "cur_state": null, "path_mtu": null, "qkey": null, "rq_psn": null,
+            "sq_psn": null, "dest_qp": null, "access": null, "av": null, "pkey_index": null,
+            "port": null, "max_rd_atomic": null, "max_dest_rd_atomic": null,
+            "min_rnr_timer": null, "timeout": null, "retry_cnt": null, "rnr_retry": null,
+            "en_sqd_async_notify": null}}}}),
+        serde_json::json!({"call": {"dealloc_pd": {"pd": 1}}}),
+        serde_json::json!({"call": {"destroy_cq": {"cq": 1}}}),
+        serde_json::json!({"call": {"dereg_mr": {"lkey": 257}}}),
+        serde_json::json!({"call": {"remove_area": {"id": 1}}}),
+    ] {
+        let r = call(cmd.clone(), &[]);
+        assert_eq!(r.status, libc::ENOENT, "{cmd}: {r:?}");
+    }
+    let pd = call(serde_json::json!({"call": "alloc_pd"}), &[]);
+    let Some(ReplyBody::Call(dataplane::host::ReplyData::Pd(pd))) = pd.data else {
+        panic!("{pd:?}")
+    };
+    // Registering another client's area id (ids are per client): not found.
+    let r = call(
+        serde_json::json!({"call": {"reg_mr": {"pd": pd.0, "area": 1, "offset": 0, "len": 4096,
+            "access": 15, "iova": 0}}}),
+        &[],
+    );
+    assert_eq!(r.status, libc::ENOENT, "{r:?}");
+    // Wrong fds: none, two, a pipe, an unsealed memfd, fds on a call that takes none.
+    let (p0, p1) = {
+        let mut f = [0; 2];
+        // SAFETY: room for two fds.
+        assert_eq!(unsafe { libc::pipe(f.as_mut_ptr()) }, 0);
+        // SAFETY: fresh fds.
+        unsafe { (OwnedFd::from_raw_fd(f[0]), OwnedFd::from_raw_fd(f[1])) }
+    };
+    let add = serde_json::json!({"call": {"add_area": {"id": 7}}});
+    let sealed = memfd(1 << 16, true);
+    for (fds, what) in [
+        (vec![], "no fd"),
+        (vec![sealed.as_fd(), sealed.as_fd()], "two fds"),
+        (vec![p0.as_fd()], "a pipe"),
+    ] {
+        let r = call(add.clone(), &fds);
+        assert_ne!(r.status, 0, "{what} accepted");
+    }
+    let unsealed = memfd(1 << 16, false);
+    let r = call(add.clone(), &[unsealed.as_fd()]);
+    assert_eq!(r.status, libc::EINVAL, "an unsealed memfd: {r:?}");
+    assert!(format!("{:?}", r.error).contains("F_SEAL_SHRINK"), "{r:?}");
+    let r = call(serde_json::json!({"call": "query_port"}), &[p1.as_fd()]);
+    assert_eq!(r.status, libc::EPROTO, "{r:?}");
+    // A sealed memfd is accepted, and then cannot be truncated under rnicd.
+    assert_eq!(call(add.clone(), &[sealed.as_fd()]).status, 0);
+    // SAFETY: ftruncate on our fd.
+    assert!(
+        unsafe { libc::ftruncate(sealed.as_raw_fd(), 0) } < 0,
+        "truncated a sealed memfd"
+    );
+    // Huge lengths and offsets.
+    for (off, len) in [(0u64, 1u64 << 40), (u64::MAX - 10, 100), (1 << 16, 1)] {
+        let r = call(
+            serde_json::json!({"call": {"reg_mr": {"pd": pd.0, "area": 7, "offset": off,
+                "len": len, "access": 15, "iova": 4096}}}),
+            &[],
+        );
+        assert_ne!(r.status, 0, "offset {off} len {len} accepted");
+    }
+    // A CQ ring too small, too large, not a power of two.
+    for cap in [1u32 << 10, 1 << 30, 3] {
+        let r = call(
+            serde_json::json!({"call": {"create_cq": {"cqe": 16, "capacity": cap}}}),
+            &[memfd(4096, true).as_fd()],
+        );
+        assert_ne!(r.status, 0, "CQ ring of {cap} slots accepted");
+    }
+    // 3. A flood of calls.
+    for _ in 0..3000 {
+        assert_eq!(
+            call(serde_json::json!({"call": "query_port"}), &[]).status,
+            0
+        );
+    }
+    // 4. Garbage in its post ring: its context is closed, counted; rnicd goes on.
+    let posts = Area::from_fd(ring_fds.into_iter().next().unwrap(), 4096).unwrap();
+    for off in (128..4096).step_by(8) {
+        posts.write_at(off, &rng.next_u64().to_le_bytes()).unwrap();
+    }
+    posts.write_at(64, &3u64.to_le_bytes()).unwrap(); // tail: three garbage slots
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let r = call(serde_json::json!({"call": "query_port"}), &[]);
+        if r.status == libc::ENOENT {
+            break; // closed: "no such context (closed)"
+        }
+        assert!(
+            Instant::now() < deadline,
+            "a client writing garbage stayed attached"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // A second one writing an absurd producer index.
+    let s2 = SeqPacket::connect(&cfg.socket).unwrap();
+    let (_, fds2) = raw(&s2, 1, hello("ferroce0"), &[]);
+    let posts2 = Area::from_fd(fds2.into_iter().next().unwrap(), 4096).unwrap();
+    posts2.write_at(64, &u64::MAX.to_le_bytes()).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    let (r, _) = raw(&s2, 2, Body::Call(dataplane::host::Command::QueryPort), &[]);
+    assert_eq!(r.status, libc::ENOENT, "{r:?}");
+    stop.store(true, Ordering::Relaxed);
+    let n = victim.join().expect("the victim's traffic failed");
+    assert!(n >= 20);
+    assert!(d.runtime().alive());
+    d.stop();
+}
+
+#[test]
+fn per_client_limits_give_clear_errors() {
+    let mut cfg = host_config("limits");
+    cfg.max_qps = Some(1);
+    cfg.max_cqs = Some(2);
+    cfg.max_mrs = Some(1);
+    cfg.max_area_bytes = 4 << 20;
+    cfg.max_clients = 2;
+    let d = daemon(&cfg, 21, 22);
+    let mut c = remote(&cfg.socket, "ferroce0");
+    let pd = c.alloc_pd().unwrap();
+    let cq = c.create_cq(16).unwrap();
+    let init = roce::engine::QpInit {
+        pd,
+        qp_type: QpType::Rc,
+        send_cq: cq,
+        recv_cq: cq,
+        srq: None,
+        caps: QpCaps::default(),
+        sq_sig_all: false,
+    };
+    c.create_qp(&init).unwrap();
+    let e = c.create_qp(&init).unwrap_err();
+    assert_eq!(e, VerbsError::NoResources("queue pairs (host.max_qps)"));
+    c.create_cq(16).unwrap();
+    let e = c.create_cq(16).unwrap_err();
+    assert_eq!(
+        e,
+        VerbsError::NoResources("completion queues (host.max_cqs)")
+    );
+    let buf = c.alloc_buffer(1 << 20).unwrap();
+    c.reg_mr(pd, &buf, 0, 4096, Access::LOCAL_WRITE).unwrap();
+    let e = c
+        .reg_mr(pd, &buf, 0, 4096, Access::LOCAL_WRITE)
+        .unwrap_err();
+    assert_eq!(e, VerbsError::NoResources("memory regions (host.max_mrs)"));
+    let e = c.alloc_buffer(8 << 20).unwrap_err();
+    assert!(e.to_string().contains("host.max_area_bytes"), "{e}");
+    let _second = remote(&cfg.socket, "ferroce1");
+    match connect(Some(&cfg.socket), None) {
+        Err(ConnectError::Refused(WireError::NoResources(m))) => {
+            assert!(m.contains("host.max_clients"), "{m}")
+        }
+        Err(e) => panic!("{e}"),
+        Ok(_) => panic!("a third client was admitted"),
+    }
+    drop(c);
+    // A slot frees when a client leaves.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while connect(Some(&cfg.socket), None).is_err() {
+        assert!(Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    d.stop();
+}
+
+#[test]
+fn a_vanished_client_is_reclaimed() {
+    let cfg = host_config("vanish");
+    let d = daemon(&cfg, 23, 24);
+    let idle = d.runtime().stats(0).objects;
+    {
+        // A client that creates objects and disappears without a word (as when killed).
+        let s = SeqPacket::connect(&cfg.socket).unwrap();
+        assert_eq!(raw(&s, 1, hello("ferroce0"), &[]).0.status, 0);
+        let r = raw(&s, 2, Body::Call(dataplane::host::Command::AllocPd), &[]).0;
+        assert_eq!(r.status, 0);
+        let area = Area::new(1 << 16, "vanish").unwrap();
+        let r = raw(
+            &s,
+            3,
+            Body::Call(dataplane::host::Command::AddArea { id: 1 }),
+            &[area.fd()],
+        )
+        .0;
+        assert_eq!(r.status, 0);
+        let r = raw(
+            &s,
+            4,
+            Body::Call(dataplane::host::Command::RegMr {
+                pd: roce::memory::PdId(1),
+                area: 1,
+                offset: 0,
+                len: 4096,
+                access: Access::ALL,
+                iova: 0x1000,
+            }),
+            &[],
+        )
+        .0;
+        assert_eq!(r.status, 0, "{r:?}");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while d.runtime().stats(0).objects.mrs == idle.mrs {
+            assert!(Instant::now() < deadline);
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let s = d.runtime().stats(0);
+        if s.objects == idle && s.hosts == 0 && s.area_bytes == 0 && d.clients() == 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "not reclaimed: {s:?}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    d.stop();
+}
+
+#[test]
+fn stopping_rnicd_fails_clients_instead_of_hanging() {
+    let cfg = host_config("stop");
+    let d = daemon(&cfg, 25, 26);
+    let (_a, mut b) = rc_pair(&cfg.socket);
+    for i in 0..4 {
+        b.ctx
+            .post_recv(
+                b.qpn,
+                &RecvWr {
+                    wr_id: i,
+                    sg_list: &[b.mr.sge(0, 64)],
+                },
+            )
+            .unwrap();
+    }
+    d.stop();
+    // The posted receives complete as flushed, the device-fatal event arrives, calls fail.
+    let c = wait_cq(&mut b, 4, 5);
+    assert_eq!(c.len(), 4, "{c:?}");
+    assert!(c.iter().all(|c| c.status == WcStatus::WrFlushErr), "{c:?}");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut events = Vec::new();
+    while !events.contains(&AsyncEvent::DeviceFatal) {
+        assert!(
+            Instant::now() < deadline,
+            "no device-fatal event: {events:?}"
+        );
+        match b.ctx.poll_event() {
+            Some(e) => events.push(e),
+            None => std::thread::sleep(Duration::from_millis(5)),
+        }
+    }
+    assert_eq!(
+        events
+            .iter()
+            .filter(|e| **e == AsyncEvent::DeviceFatal)
+            .count(),
+        1
+    );
+    assert_eq!(b.ctx.alloc_pd().unwrap_err(), VerbsError::DeviceFatal);
+    assert_eq!(
+        b.ctx
+            .post_recv(
+                b.qpn,
+                &RecvWr {
+                    wr_id: 9,
+                    sg_list: &[]
+                }
+            )
+            .unwrap_err(),
+        VerbsError::DeviceFatal
+    );
+    assert!(!cfg.socket.exists());
+}
