@@ -378,8 +378,13 @@ impl Nic {
                 }
             })
             .collect();
+        let mut attr = self.dev.attr();
+        // As `query_device` reports it to applications: work requests cross the host rings
+        // with at most MAX_HOST_SGE SGEs.
+        attr.limits.max_sge = attr.limits.max_sge.min(crate::host::MAX_HOST_SGE as u32);
+        attr.max_srq_sge = attr.max_srq_sge.min(crate::host::MAX_HOST_SGE as u32);
         NicReport {
-            attr: self.dev.attr(),
+            attr,
             port: crate::host::PortAttrData {
                 active: p.active,
                 max_mtu: p.max_mtu,

@@ -1,0 +1,454 @@
+//! rnicd with applications in other processes: `rnicd --loopback` serves two RNICs, and
+//! rnic-perf runs as two separate client processes (server on ferroce0, client on
+//! ferroce1) through its socket and shared-memory rings - every perftest test with
+//! `--verify`; a client killed mid-run is reclaimed and its peer ends with the right status;
+//! rnic-ctl shows devices, objects and counters; rnicd stopping fails its clients cleanly.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+mod common;
+
+/// One rnicd at a time: each runs a worker, and with two client processes the machine's two
+/// cores are busy.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A running `rnicd --loopback` on a private socket; stopped (SIGTERM) when dropped.
+struct Rnicd {
+    child: Option<Child>,
+    socket: PathBuf,
+    _dir: TempDir,
+}
+
+struct TempDir(PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn temp_dir(name: &str) -> TempDir {
+    let d = std::env::temp_dir().join(format!("ferroce-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    TempDir(d)
+}
+
+impl Rnicd {
+    fn start(name: &str, extra: &[&str]) -> Rnicd {
+        let dir = temp_dir(name);
+        let socket = dir.0.join("rnicd.sock");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_rnicd"))
+            .args(["--loopback", "--socket"])
+            .arg(&socket)
+            .args(["--set", "worker.idle_sleep_us=50"])
+            .args(extra)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn rnicd");
+        // Up when it says it listens.
+        let out = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                if line.contains("listening on") {
+                    let _ = tx.send(());
+                }
+            }
+        });
+        rx.recv_timeout(Duration::from_secs(30))
+            .expect("rnicd did not start listening");
+        Rnicd {
+            child: Some(child),
+            socket,
+            _dir: dir,
+        }
+    }
+
+    fn sock(&self) -> &str {
+        self.socket.to_str().unwrap()
+    }
+
+    /// SIGTERM and wait; returns the exit status.
+    fn stop(&mut self) -> std::process::ExitStatus {
+        let mut c = self.child.take().expect("running");
+        // SAFETY: signalling our own child by its pid.
+        unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(s) = c.try_wait().unwrap() {
+                return s;
+            }
+            if Instant::now() > deadline {
+                let _ = c.kill();
+                panic!("rnicd did not stop on SIGTERM");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Rnicd {
+    fn drop(&mut self) {
+        if self.child.is_some() {
+            self.stop();
+        }
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn perf(sock: &str, dev: &str, test: &str, port: u16, args: &[&str], server: bool) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_rnic-perf"));
+    c.arg(test)
+        .args([
+            "--rnicd",
+            sock,
+            "-d",
+            dev,
+            "-p",
+            &port.to_string(),
+            "--json",
+        ])
+        .args(args)
+        .env("RUST_LOG", "error");
+    if !server {
+        c.arg("127.0.0.1");
+    }
+    c
+}
+
+/// Runs a server process on ferroce0 and a client process on ferroce1; returns both outputs.
+fn run_pair(r: &Rnicd, test: &str, args: &[&str]) -> (Output, Output) {
+    let port = free_port();
+    let mut s = perf(r.sock(), "ferroce0", test, port, args, true);
+    let mut c = perf(r.sock(), "ferroce1", test, port, args, false);
+    let srv = std::thread::spawn(move || common::run_for(&mut s, Duration::from_secs(120)));
+    std::thread::sleep(Duration::from_millis(300));
+    let (co, ck) = common::run_for(&mut c, Duration::from_secs(120));
+    let (so, sk) = srv.join().unwrap();
+    assert!(!ck && !sk, "{test} {args:?} did not finish");
+    (so, co)
+}
+
+fn json(o: &Output, what: &str) -> Value {
+    assert!(
+        o.status.success(),
+        "{what} failed: {}\n{}",
+        String::from_utf8_lossy(&o.stderr),
+        String::from_utf8_lossy(&o.stdout)
+    );
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
+        panic!(
+            "{what}: bad JSON {e}: {}",
+            String::from_utf8_lossy(&o.stdout)
+        )
+    })
+}
+
+fn ctl(sock: &str, args: &[&str]) -> Output {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_rnic-ctl"));
+    c.args(["--socket", sock]).args(args);
+    common::run_for(&mut c, Duration::from_secs(30)).0
+}
+
+fn ctl_json(sock: &str, args: &[&str]) -> Value {
+    let mut a = args.to_vec();
+    a.push("--json");
+    json(&ctl(sock, &a), &format!("rnic-ctl {args:?}"))
+}
+
+/// Waits until rnicd holds no object and no client.
+fn wait_idle(sock: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let v = ctl_json(sock, &["res"]);
+        let empty = |k: &str| v[k].as_array().is_some_and(|a| a.is_empty());
+        if empty("qps") && empty("objects") && empty("clients") {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "rnicd still holds objects: {v}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn every_perftest_test_between_two_client_processes() {
+    let _one = serial();
+    let r = Rnicd::start("perf", &[]);
+    for (test, args) in [
+        ("write_bw", vec!["-s", "65536", "-n", "200"]),
+        ("write_bw", vec!["-s", "3000", "-n", "300", "-q", "2"]),
+        ("read_bw", vec!["-s", "5000", "-n", "200"]),
+        ("send_bw", vec!["-s", "1500", "-n", "400"]),
+        ("send_bw", vec!["-s", "1024", "-n", "300", "-c", "UD"]),
+        ("send_bw", vec!["-s", "9000", "-n", "100", "-c", "UC"]),
+        ("atomic_bw", vec!["-n", "300"]),
+        ("write_lat", vec!["-s", "100", "-n", "200"]),
+        ("read_lat", vec!["-s", "64", "-n", "200"]),
+        ("send_lat", vec!["-s", "2", "-n", "200"]),
+        ("send_lat", vec!["-s", "512", "-n", "100", "-c", "UD"]),
+        ("atomic_lat", vec!["-n", "200"]),
+    ] {
+        let mut a = args.clone();
+        a.push("--verify");
+        let (so, co) = run_pair(&r, test, &a);
+        let (s, c) = (json(&so, "server"), json(&co, "client"));
+        let rows = c["results"].as_array().cloned().unwrap_or_default();
+        assert_eq!(rows.len(), 1, "{test} {args:?}: {c}");
+        let verified = c["verified_messages"].as_u64().unwrap_or(0)
+            + s["verified_messages"].as_u64().unwrap_or(0);
+        assert!(verified > 0, "{test} {args:?}: nothing verified: {c} {s}");
+        if test.ends_with("_bw") {
+            let n: u64 = args[args.iter().position(|x| *x == "-n").unwrap() + 1]
+                .parse()
+                .unwrap();
+            let q: u64 = args
+                .iter()
+                .position(|x| *x == "-q")
+                .map_or(1, |i| args[i + 1].parse().unwrap());
+            assert_eq!(verified, n * q, "{test} {args:?}: every message verified");
+        }
+    }
+    for (test, args) in [
+        ("rc_pingpong", vec!["-n", "100"]),
+        ("ud_pingpong", vec!["-n", "50"]),
+    ] {
+        let (so, co) = run_pair(&r, test, &args);
+        let (s, c) = (json(&so, "server"), json(&co, "client"));
+        assert_eq!(c["iters"], 100 / if test == "ud_pingpong" { 2 } else { 1 });
+        assert_eq!(c["remote_qpn"], s["local_qpn"], "{test}");
+    }
+    // Both processes went away: rnicd holds nothing.
+    wait_idle(r.sock());
+}
+
+/// Spawns `cmd` with its output discarded.
+fn spawn_quiet(mut cmd: Command) -> Child {
+    cmd.stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn")
+}
+
+fn wait_child(c: Child, limit: Duration) -> Output {
+    let pid = c.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(c.wait_with_output());
+    });
+    match rx.recv_timeout(limit) {
+        Ok(o) => o.unwrap(),
+        Err(_) => {
+            // SAFETY: our child.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            panic!("process {pid} did not end in {limit:?}");
+        }
+    }
+}
+
+#[test]
+fn a_killed_client_is_reclaimed_and_its_peer_sees_retries_exhausted() {
+    let _one = serial();
+    let r = Rnicd::start("kill", &[]);
+    let port = free_port();
+    // The WRITE receiver (server) is killed mid-run: its QP is torn down as a dying
+    // process's is on a hardware RNIC, so the sender's WRITEs are never acknowledged.
+    let srv = spawn_quiet(perf(
+        r.sock(),
+        "ferroce0",
+        "write_bw",
+        port,
+        &["-D", "30"],
+        true,
+    ));
+    std::thread::sleep(Duration::from_millis(300));
+    let cli = spawn_quiet(perf(
+        r.sock(),
+        "ferroce1",
+        "write_bw",
+        port,
+        &["-D", "30"],
+        false,
+    ));
+    // Wait until traffic flows (rnicd shows both QPs in RTS or RTR).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let v = ctl_json(r.sock(), &["res"]);
+        if v["qps"].as_array().is_some_and(|q| q.len() == 2) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the test did not start: {v}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let srv_pid = srv.id();
+    // SAFETY: our child.
+    assert_eq!(unsafe { libc::kill(srv_pid as i32, libc::SIGKILL) }, 0);
+    let so = wait_child(srv, Duration::from_secs(10));
+    assert!(!so.status.success());
+    let co = wait_child(cli, Duration::from_secs(60));
+    let text =
+        String::from_utf8_lossy(&co.stdout).to_string() + &String::from_utf8_lossy(&co.stderr);
+    assert!(!co.status.success(), "the sender did not notice: {text}");
+    assert!(
+        text.contains("RetryExcErr"),
+        "the sender should end with retries exhausted: {text}"
+    );
+    // Everything both processes held is gone from rnicd.
+    wait_idle(r.sock());
+    let v = ctl_json(r.sock(), &["stat"]);
+    let ferroce1 = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["device"] == "ferroce1")
+        .unwrap()
+        .clone();
+    let retries = ferroce1["port"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|kv| kv[0] == "retry_exceeded_err")
+        .map(|kv| kv[1].as_u64().unwrap())
+        .unwrap_or(0);
+    assert!(retries >= 1, "{ferroce1}");
+}
+
+#[test]
+fn rnic_ctl_shows_devices_objects_and_counters() {
+    let _one = serial();
+    let mut r = Rnicd::start("ctl", &[]);
+    let o = ctl(r.sock(), &["dev"]);
+    let t = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success());
+    for want in [
+        "hca_id:\tferroce0",
+        "hca_id:\tferroce1",
+        "PORT_ACTIVE (4)",
+        "active_mtu:\t\t4096 (5)",
+        "link_layer:\t\tEthernet",
+        "0000:0000:0000:0000:0000:ffff:0a63:0001, RoCE v2",
+        "node_guid:\t\t\t0000:00ff:fe99:0001",
+    ] {
+        assert!(t.contains(want), "{want:?} missing from:\n{t}");
+    }
+    let d = ctl_json(r.sock(), &["dev", "-d", "ferroce1"]);
+    assert_eq!(d.as_array().unwrap().len(), 1);
+    assert_eq!(d[0]["mac"], "02:00:00:99:00:02");
+    // Objects of a running test, with their owner.
+    let port = free_port();
+    let srv = spawn_quiet(perf(
+        r.sock(),
+        "ferroce0",
+        "send_bw",
+        port,
+        &["-D", "3"],
+        true,
+    ));
+    std::thread::sleep(Duration::from_millis(300));
+    let cli = spawn_quiet(perf(
+        r.sock(),
+        "ferroce1",
+        "send_bw",
+        port,
+        &["-D", "3"],
+        false,
+    ));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let res = loop {
+        let v = ctl_json(r.sock(), &["res"]);
+        if v["qps"].as_array().is_some_and(|q| q.len() == 2) {
+            break v;
+        }
+        assert!(Instant::now() < deadline, "{v}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let pids = [srv.id(), cli.id()];
+    for q in res["qps"].as_array().unwrap() {
+        assert!(pids.contains(&(q["pid"].as_u64().unwrap() as u32)), "{q}");
+        assert_eq!(q["comm"], "rnic-perf");
+    }
+    let text = String::from_utf8_lossy(&ctl(r.sock(), &["res", "qp"]).stdout).to_string();
+    assert!(text.contains("type RC state RT"), "{text}");
+    assert!(text.contains("comm rnic-perf"), "{text}");
+    let text = String::from_utf8_lossy(&ctl(r.sock(), &["res"]).stdout).to_string();
+    assert!(text.contains("ferroce0: pd 1 cq 2 qp 1 mr 1"), "{text}");
+    let text = String::from_utf8_lossy(&ctl(r.sock(), &["stat", "--qp"]).stdout).to_string();
+    assert!(text.contains("link ferroce1/1 lqpn"), "{text}");
+    assert!(text.contains("sent_pkts"), "{text}");
+    wait_child(srv, Duration::from_secs(60));
+    wait_child(cli, Duration::from_secs(60));
+    wait_idle(r.sock());
+    // No capture file configured: a clear error.
+    let o = ctl(r.sock(), &["capture", "ferroce0", "on"]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("capture.pcap"));
+    let sock = r.socket.clone();
+    assert!(r.stop().success());
+    assert!(!sock.exists(), "socket removed at exit");
+    let o = ctl(sock.to_str().unwrap(), &["dev"]);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("is rnicd running?"));
+}
+
+#[test]
+fn a_second_rnicd_on_the_same_socket_is_refused_and_a_stopping_rnicd_fails_its_clients() {
+    let _one = serial();
+    let mut r = Rnicd::start("second", &[]);
+    let mut c = Command::new(env!("CARGO_BIN_EXE_rnicd"));
+    c.args(["--loopback", "--socket", r.sock(), "--duration", "5"]);
+    let (o, killed) = common::run_for(&mut c, Duration::from_secs(30));
+    assert!(!killed);
+    assert!(!o.status.success());
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(e.contains("another rnicd is running"), "{e}");
+    // A client in the middle of a long run: rnicd stops; the client ends with an error.
+    let port = free_port();
+    let srv = spawn_quiet(perf(
+        r.sock(),
+        "ferroce0",
+        "write_bw",
+        port,
+        &["-D", "30"],
+        true,
+    ));
+    std::thread::sleep(Duration::from_millis(300));
+    let cli = spawn_quiet(perf(
+        r.sock(),
+        "ferroce1",
+        "write_bw",
+        port,
+        &["-D", "30"],
+        false,
+    ));
+    std::thread::sleep(Duration::from_secs(2));
+    let t0 = Instant::now();
+    assert!(r.stop().success());
+    let co = wait_child(cli, Duration::from_secs(20));
+    let so = wait_child(srv, Duration::from_secs(20));
+    assert!(t0.elapsed() < Duration::from_secs(20));
+    assert!(!co.status.success() && !so.status.success());
+    let text = String::from_utf8_lossy(&co.stderr);
+    assert!(
+        text.contains("WrFlushErr") || text.contains("stopped") || text.contains("fatal"),
+        "{text}"
+    );
+    assert!(!Path::new(&r.socket).exists());
+}
