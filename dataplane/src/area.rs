@@ -27,6 +27,9 @@ pub struct Area {
     ptr: NonNull<u8>,
     len: usize,
     fd: OwnedFd,
+    /// Unmapped on drop (false for application memory moved onto a memfd in place, which
+    /// stays mapped for the application: [`crate::shadow`]).
+    owned: bool,
 }
 
 // SAFETY: the area is plain memory; every access is a raw copy or an atomic, bounds-checked.
@@ -142,7 +145,23 @@ impl Area {
             ptr: NonNull::new(p as *mut u8).expect("mmap returned non-null"),
             len,
             fd,
+            owned: true,
         })
+    }
+
+    /// An area over `len` bytes at `ptr` that are already a shared mapping of `fd` and stay
+    /// mapped when the area is dropped (application memory moved onto a memfd).
+    ///
+    /// # Safety
+    /// `ptr..ptr+len` must be a MAP_SHARED mapping of `fd` from offset 0 that is never
+    /// unmapped while the area or a copy of its pointer is in use.
+    pub(crate) unsafe fn adopt(ptr: NonNull<u8>, len: usize, fd: OwnedFd) -> Area {
+        Area {
+            ptr,
+            len,
+            fd,
+            owned: false,
+        }
     }
 
     /// The memfd behind the area (to send to another process).
@@ -251,9 +270,11 @@ impl Memory for Area {
 
 impl Drop for Area {
     fn drop(&mut self) {
-        // SAFETY: we mapped exactly this range and nobody holds a reference (Arc dropped);
-        // the fd closes with `self.fd`.
-        unsafe { libc::munmap(self.ptr.as_ptr() as *mut libc::c_void, self.len) };
+        if self.owned {
+            // SAFETY: we mapped exactly this range and nobody holds a reference (Arc
+            // dropped); the fd closes with `self.fd`.
+            unsafe { libc::munmap(self.ptr.as_ptr() as *mut libc::c_void, self.len) };
+        }
     }
 }
 

@@ -94,6 +94,10 @@ pub struct RawHost {
     pub max_cqs: Option<u32>,
     /// MRs per client (default: the device's).
     pub max_mrs: Option<u32>,
+    /// PDs per client (default: the device's).
+    pub max_pds: Option<u32>,
+    /// SRQs per client (default: the device's).
+    pub max_srqs: Option<u32>,
     /// Bytes of memory a client shares with the RNIC: buffers and registered memory
     /// (default 16 GiB).
     pub max_area_bytes: Option<u64>,
@@ -412,6 +416,10 @@ pub struct HostConfig {
     pub max_cqs: Option<u32>,
     /// MRs per client.
     pub max_mrs: Option<u32>,
+    /// PDs per client.
+    pub max_pds: Option<u32>,
+    /// SRQs per client.
+    pub max_srqs: Option<u32>,
     /// Shared bytes per client.
     pub max_area_bytes: u64,
 }
@@ -423,6 +431,8 @@ impl HostConfig {
             max_qps: self.max_qps.unwrap_or(u32::MAX),
             max_cqs: self.max_cqs.unwrap_or(u32::MAX),
             max_mrs: self.max_mrs.unwrap_or(u32::MAX),
+            max_pds: self.max_pds.unwrap_or(u32::MAX),
+            max_srqs: self.max_srqs.unwrap_or(u32::MAX),
             max_area_bytes: self.max_area_bytes,
         }
     }
@@ -570,6 +580,8 @@ impl RawConfig {
             "host.max_qps" => self.host.max_qps = Some(small(value, u32::MAX as u64)? as u32),
             "host.max_cqs" => self.host.max_cqs = Some(small(value, u32::MAX as u64)? as u32),
             "host.max_mrs" => self.host.max_mrs = Some(small(value, u32::MAX as u64)? as u32),
+            "host.max_pds" => self.host.max_pds = Some(small(value, u32::MAX as u64)? as u32),
+            "host.max_srqs" => self.host.max_srqs = Some(small(value, u32::MAX as u64)? as u32),
             "host.max_area_bytes" => self.host.max_area_bytes = Some(num(value)?),
             _ => return err(key, "unknown key"),
         }
@@ -798,6 +810,8 @@ impl RawConfig {
             ("host.max_qps", h.max_qps),
             ("host.max_cqs", h.max_cqs),
             ("host.max_mrs", h.max_mrs),
+            ("host.max_pds", h.max_pds),
+            ("host.max_srqs", h.max_srqs),
         ] {
             if v == Some(0) {
                 return err(key, "0 would refuse everything");
@@ -811,6 +825,8 @@ impl RawConfig {
             max_qps: h.max_qps,
             max_cqs: h.max_cqs,
             max_mrs: h.max_mrs,
+            max_pds: h.max_pds,
+            max_srqs: h.max_srqs,
             max_area_bytes: h.max_area_bytes.unwrap_or(16 << 30),
         })
     }
@@ -1069,6 +1085,8 @@ impl RnicConfig {
             ("max_qps", h.max_qps),
             ("max_cqs", h.max_cqs),
             ("max_mrs", h.max_mrs),
+            ("max_pds", h.max_pds),
+            ("max_srqs", h.max_srqs),
         ] {
             match v {
                 Some(v) => t.push_str(&format!("{k} = {v}\n")),

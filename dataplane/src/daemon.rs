@@ -24,8 +24,8 @@ use crate::config::HostConfig;
 use crate::host::{Channel, ClientLimits, Command, HostLimits, LocalChannel};
 use crate::nic::NicReport;
 use crate::proto::{
-    AdminRequest, Body, DeviceInfo, DeviceStats, Hello, Listener, ObjRes, QpRes, Reply, ReplyBody,
-    Request, Resources, Role, SeqPacket, Welcome, WireError, MAX_MESSAGE, VERSION,
+    AdminRequest, Body, DeviceInfo, DeviceStats, Hello, Listener, ObjRes, PeerCred, QpRes, Reply,
+    ReplyBody, Request, Resources, Role, SeqPacket, Welcome, WireError, MAX_MESSAGE, VERSION,
 };
 use crate::ring::ring_bytes;
 use crate::runtime::Runtime;
@@ -65,6 +65,8 @@ struct Shared {
     client_limits: ClientLimits,
     max_clients: u32,
     clients: AtomicU32,
+    /// Connections open (any role, hello or not).
+    conns: AtomicU32,
     /// No more connections.
     stop_accept: AtomicBool,
     /// Connections end (set after the worker has failed every client's QPs).
@@ -107,11 +109,12 @@ fn listen(cfg: &HostConfig) -> Result<Listener, DaemonError> {
             }
             match SeqPacket::connect(path) {
                 Ok(_) => return Err(DaemonError::InUse(path.clone())),
-                Err(_) => {
+                Err(e) if e.raw_os_error() == Some(libc::ECONNREFUSED) => {
                     // Nobody listens: a socket left by an rnicd that did not exit cleanly.
                     tracing::info!(socket = %path.display(), "replacing a stale socket");
                     std::fs::remove_file(path).map_err(|e| io_err("cannot remove", e))?;
                 }
+                Err(e) => return Err(io_err("cannot probe the existing socket", e)),
             }
         }
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
@@ -121,13 +124,24 @@ fn listen(cfg: &HostConfig) -> Result<Listener, DaemonError> {
         Some(g) => Some(group_id(g).ok_or_else(|| DaemonError::NoGroup(g.clone()))?),
         None => None,
     };
-    let l = Listener::bind(path).map_err(|e| io_err("cannot listen on", e))?;
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(cfg.mode))
-        .map_err(|e| io_err("cannot set the mode of", e))?;
-    if let Some(gid) = gid {
-        std::os::unix::fs::chown(path, None, Some(gid))
-            .map_err(|e| io_err("cannot set the group of", e))?;
+    // Bound under a temporary name, given its mode and group, then renamed into place: no
+    // moment where the socket is reachable with the umask's permissions.
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(format!(".{}.tmp", std::process::id()));
+    let tmp = PathBuf::from(tmp);
+    let _ = std::fs::remove_file(&tmp);
+    let l = Listener::bind(&tmp).map_err(|e| io_err("cannot listen on", e))?;
+    let setup = || -> io::Result<()> {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(cfg.mode))?;
+        if let Some(gid) = gid {
+            std::os::unix::fs::chown(&tmp, None, Some(gid))?;
+        }
+        std::fs::rename(&tmp, path)
+    };
+    if let Err(e) = setup() {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(io_err("cannot set up", e));
     }
     Ok(l)
 }
@@ -146,6 +160,7 @@ impl Daemon {
             client_limits: cfg.client_limits(),
             max_clients: cfg.max_clients,
             clients: AtomicU32::new(0),
+            conns: AtomicU32::new(0),
             stop_accept: AtomicBool::new(false),
             stop: AtomicBool::new(false),
         });
@@ -220,6 +235,13 @@ impl Drop for Daemon {
 
 fn accept_loop(l: Listener, shared: Arc<Shared>, conns: Arc<Mutex<Vec<JoinHandle<()>>>>) {
     while !shared.stop_accept.load(Ordering::Acquire) {
+        if !shared.rt.alive() {
+            // The worker died: end every connection so clients see rnicd gone (their
+            // contexts turn device-fatal) instead of waiting on a dead RNIC.
+            tracing::error!("the worker stopped: closing every client connection");
+            shared.stop.store(true, Ordering::Release);
+            break;
+        }
         let conn = match l.accept(TICK) {
             Ok(Some(c)) => c,
             Ok(None) => continue,
@@ -229,10 +251,24 @@ fn accept_loop(l: Listener, shared: Arc<Shared>, conns: Arc<Mutex<Vec<JoinHandle
                 continue;
             }
         };
+        // Each connection costs a thread until it says hello (or 5 s): bounded.
+        let cap = shared.max_clients.saturating_mul(2).saturating_add(16);
+        if shared.conns.load(Ordering::Acquire) >= cap {
+            tracing::warn!(cap, "too many connections: refusing one");
+            let _ = conn.send_json(
+                &Reply::err(0, WireError::NoResources("connections".into())),
+                &[],
+            );
+            continue;
+        }
+        shared.conns.fetch_add(1, Ordering::AcqRel);
         let s = shared.clone();
         let spawned = std::thread::Builder::new()
             .name("rnicd-client".into())
-            .spawn(move || serve(conn, s));
+            .spawn(move || {
+                serve(conn, &s);
+                s.conns.fetch_sub(1, Ordering::AcqRel);
+            });
         let mut list = conns.lock().unwrap_or_else(|p| p.into_inner());
         list.retain(|h| !h.is_finished());
         match spawned {
@@ -295,12 +331,12 @@ fn next(
 }
 
 /// One connection, from hello to close.
-fn serve(conn: SeqPacket, shared: Arc<Shared>) {
+fn serve(conn: SeqPacket, shared: &Shared) {
     let cred = conn.peer_cred().ok();
     let pid = cred.map_or(0, |c| c.pid);
     let comm = comm_of(pid);
     let mut buf = vec![0u8; MAX_MESSAGE];
-    let (id, hello) = match next(&conn, &shared, &mut buf, Some(HELLO_PATIENCE)) {
+    let (id, hello) = match next(&conn, shared, &mut buf, Some(HELLO_PATIENCE)) {
         Some(Ok((
             Request {
                 id,
@@ -345,15 +381,15 @@ fn serve(conn: SeqPacket, shared: Arc<Shared>) {
     );
     match hello.role {
         Role::Admin => {
-            let w = welcome(&shared, 0);
+            let w = welcome(shared, 0);
             if conn
                 .send_json(&Reply::ok(id, ReplyBody::Welcome(w)), &[])
                 .is_ok()
             {
-                admin_loop(&conn, &shared, &mut buf);
+                admin_loop(&conn, shared, &mut buf, cred);
             }
         }
-        Role::Verbs => verbs_client(conn, &shared, id, &hello, pid, &comm, &mut buf),
+        Role::Verbs => verbs_client(conn, shared, id, &hello, cred, &comm, &mut buf),
     }
     tracing::info!(pid, comm = %comm, "client disconnected");
 }
@@ -390,10 +426,11 @@ fn verbs_client(
     shared: &Shared,
     id: u64,
     hello: &Hello,
-    pid: u32,
+    cred: Option<PeerCred>,
     comm: &str,
     buf: &mut [u8],
 ) {
+    let pid = cred.map_or(0, |c| c.pid);
     let nic = match &hello.device {
         None => Some(0),
         Some(d) => shared.names.iter().position(|n| n == d),
@@ -434,10 +471,10 @@ fn verbs_client(
     if ok {
         while let Some(req) = next(&conn, shared, buf, None) {
             let (reply, close) = match req {
-                Ok((r, fds)) => handle(shared, &mut chan, r, fds),
+                Ok((r, fds)) => handle(shared, &mut chan, r, fds, cred),
                 Err((id, e)) => (Reply::err(id, e), false),
             };
-            if conn.send_json(&reply, &[]).is_err() || close {
+            if send_reply(&conn, reply).is_err() || close {
                 break;
             }
         }
@@ -493,6 +530,7 @@ fn handle(
     chan: &mut LocalChannel,
     r: Request,
     fds: Vec<OwnedFd>,
+    cred: Option<PeerCred>,
 ) -> (Reply, bool) {
     let id = r.id;
     match r.body {
@@ -500,7 +538,14 @@ fn handle(
             Reply::err(id, WireError::Protocol("hello twice".into())),
             false,
         ),
-        Body::Admin(a) => (admin(shared, id, a), false),
+        Body::Admin(_) if !fds.is_empty() => (
+            Reply::err(
+                id,
+                WireError::Protocol("admin requests take no file descriptors".into()),
+            ),
+            false,
+        ),
+        Body::Admin(a) => (admin(shared, id, a, cred), false),
         Body::Call(cmd) => {
             let area = match &cmd {
                 Command::AddArea { .. } => match take_area(fds, &shared.client_limits, 1) {
@@ -551,26 +596,44 @@ fn handle(
     }
 }
 
-fn admin_loop(conn: &SeqPacket, shared: &Shared, buf: &mut [u8]) {
+fn admin_loop(conn: &SeqPacket, shared: &Shared, buf: &mut [u8], cred: Option<PeerCred>) {
     while let Some(req) = next(conn, shared, buf, None) {
         let reply = match req {
+            Ok((r, fds)) if !fds.is_empty() => Reply::err(
+                r.id,
+                WireError::Protocol("admin requests take no file descriptors".into()),
+            ),
             Ok((
                 Request {
                     id,
                     body: Body::Admin(a),
                 },
                 _,
-            )) => admin(shared, id, a),
+            )) => admin(shared, id, a, cred),
             Ok((r, _)) => Reply::err(
                 r.id,
                 WireError::Protocol("an admin connection takes admin requests only".into()),
             ),
             Err((id, e)) => Reply::err(id, e),
         };
-        if conn.send_json(&reply, &[]).is_err() {
+        if send_reply(conn, reply).is_err() {
             break;
         }
     }
+}
+
+/// Sends a reply; one too large for a message becomes an error reply saying so.
+fn send_reply(conn: &SeqPacket, reply: Reply) -> io::Result<()> {
+    let bytes = serde_json::to_vec(&reply).map_err(io::Error::other)?;
+    if bytes.len() <= MAX_MESSAGE {
+        return conn.send(&bytes, &[]);
+    }
+    let e = WireError::Protocol(format!(
+        "the reply is {} bytes, more than a message holds ({MAX_MESSAGE}); ask for less \
+         (e.g. counters without --qp)",
+        bytes.len()
+    ));
+    conn.send_json(&Reply::err(reply.id, e), &[])
 }
 
 /// The worker's report of every RNIC.
@@ -610,7 +673,7 @@ fn who(pid: u32, comm: &str) -> (u32, String) {
     }
 }
 
-fn admin(shared: &Shared, id: u64, req: AdminRequest) -> Reply {
+fn admin(shared: &Shared, id: u64, req: AdminRequest, cred: Option<PeerCred>) -> Reply {
     let result = match req {
         AdminRequest::Devices => inspect(shared, false).map(|reps| {
             ReplyBody::Devices(
@@ -690,10 +753,9 @@ fn admin(shared: &Shared, id: u64, req: AdminRequest) -> Reply {
                             .iter()
                             .flat_map(|c| c.qp_counters.iter())
                             .map(|(q, c)| {
-                                (
-                                    q.value(),
-                                    c.iter().map(|(k, v)| (k.to_string(), v)).collect(),
-                                )
+                                // Only non-zero counters per QP: the reply stays small.
+                                let nz = c.iter().filter(|(_, v)| *v != 0);
+                                (q.value(), nz.map(|(k, v)| (k.to_string(), v)).collect())
                             })
                             .collect();
                         DeviceStats {
@@ -705,6 +767,15 @@ fn admin(shared: &Shared, id: u64, req: AdminRequest) -> Reply {
                     .collect(),
             )
         }),
+        // Switching capture writes files as rnicd: only root or rnicd's own user.
+        // SAFETY: geteuid has no preconditions.
+        AdminRequest::Capture { .. }
+            if !cred.is_some_and(|c| c.uid == 0 || c.uid == unsafe { libc::geteuid() }) =>
+        {
+            Err(WireError::Protocol(
+                "switching capture needs root or rnicd's user".into(),
+            ))
+        }
         AdminRequest::Capture { device, on } => {
             match shared.names.iter().position(|n| *n == device) {
                 None => Err(WireError::NotFound(format!("device {device:?}"))),

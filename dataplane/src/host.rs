@@ -102,7 +102,12 @@ pub struct ClientLimits {
     pub max_cqs: u32,
     /// MRs.
     pub max_mrs: u32,
-    /// Bytes of memory areas shared with the RNIC.
+    /// PDs.
+    pub max_pds: u32,
+    /// SRQs.
+    pub max_srqs: u32,
+    /// Bytes of memory shared with the RNIC: buffers, registered memory and CQ rings,
+    /// counted until the worker unmaps them.
     pub max_area_bytes: u64,
 }
 
@@ -112,6 +117,8 @@ impl Default for ClientLimits {
             max_qps: u32::MAX,
             max_cqs: u32::MAX,
             max_mrs: u32::MAX,
+            max_pds: u32::MAX,
+            max_srqs: u32::MAX,
             max_area_bytes: u64::MAX,
         }
     }
@@ -541,6 +548,22 @@ pub trait Verbs {
         iova: u64,
         access: Access,
     ) -> VerbsResult<Mr>;
+    /// `ibv_reg_mr` on ordinary memory of this process (malloc'd, anonymous mmap), zero
+    /// copy: the pages holding `[addr, addr + len)` move onto shared memory at the same
+    /// addresses, keeping their contents ([`crate::shadow`]), and stay there. Memory that
+    /// cannot move (file-backed, shared, hugetlbfs, the stack, pages moved for a range that
+    /// does not contain this one) is refused with `InvalidArgument` saying why.
+    ///
+    /// # Safety
+    /// `[addr, addr + len)` must be memory of this process that no other thread writes
+    /// during the call.
+    unsafe fn reg_mr_addr(
+        &mut self,
+        pd: PdId,
+        addr: u64,
+        len: usize,
+        access: Access,
+    ) -> VerbsResult<Mr>;
     /// `ibv_dereg_mr`.
     fn dereg_mr(&mut self, mr: &Mr) -> VerbsResult<()>;
     /// `ibv_create_cq`.
@@ -623,6 +646,10 @@ pub struct Client<C: Channel> {
     srqs: Vec<Option<SrqLocal>>,
     /// This client's buffers by address (for inline data).
     buffers: BTreeMap<u64, Weak<Area>>,
+    /// Application memory moved onto memfds for `reg_mr_addr`, by start address: the area
+    /// and its id on the worker (kept for the context's life, so later registrations within
+    /// the same pages reuse it).
+    shadows: BTreeMap<u64, (Arc<Area>, u32)>,
     next_area: u32,
     released: Released,
     fatal_reported: bool,
@@ -711,6 +738,7 @@ impl<C: Channel> Client<C> {
             qps: (0..limits.max_qp).map(|_| None).collect(),
             srqs: (0..limits.max_srq).map(|_| None).collect(),
             buffers: BTreeMap::new(),
+            shadows: BTreeMap::new(),
             next_area: 1,
             released: Arc::new(Mutex::new(Vec::new())),
             fatal_reported: false,
@@ -1012,6 +1040,39 @@ impl<C: Channel> Verbs for Client<C> {
         access: Access,
     ) -> VerbsResult<Mr> {
         self.reg_at(pd, buf, offset, len, Some(iova), access)
+    }
+
+    unsafe fn reg_mr_addr(
+        &mut self,
+        pd: PdId,
+        addr: u64,
+        len: usize,
+        access: Access,
+    ) -> VerbsResult<Mr> {
+        let (start, end) = crate::shadow::page_range(addr, len).ok_or_else(|| {
+            VerbsError::InvalidArgument(format!("no memory at {addr:#x} (+{len})"))
+        })?;
+        // Pages already moved for an earlier registration that contains this one: reuse.
+        let found = self
+            .shadows
+            .range(..=start)
+            .next_back()
+            .filter(|(s, (a, _))| **s + a.len() as u64 >= end)
+            .map(|(s, (_, id))| (*s, *id));
+        let (base, id) = match found {
+            Some(x) => x,
+            None => {
+                // SAFETY: the caller guarantees no other thread writes the range now.
+                let area = unsafe { crate::shadow::move_range(start, end) }
+                    .map_err(|e| VerbsError::InvalidArgument(e.to_string()))?;
+                let area = Arc::new(area);
+                let id = self.add_area(area.clone())?;
+                self.buffers.insert(start, Arc::downgrade(&area));
+                self.shadows.insert(start, (area, id));
+                (start, id)
+            }
+        };
+        self.reg_area(pd, id, addr - base, len as u64, addr, access)
     }
 
     fn dereg_mr(&mut self, mr: &Mr) -> VerbsResult<()> {
@@ -1336,7 +1397,7 @@ impl Owners {
 pub struct HostObjects {
     /// PDs.
     pub pds: Vec<PdId>,
-    /// MRs: (lkey, registered bytes).
+    /// MRs (their lkeys).
     pub mrs: Vec<Lkey>,
     /// CQs.
     pub cqs: Vec<CqId>,
@@ -1369,6 +1430,9 @@ pub struct HostEnd {
     limits: HostLimits,
     client_limits: ClientLimits,
     areas: HashMap<u32, Arc<Area>>,
+    /// Areas the client forgot that MRs still keep mapped (still counted).
+    retired: Vec<Arc<Area>>,
+    /// Bytes of the client's areas and CQ rings mapped on the worker.
     area_bytes: u64,
     qps: Vec<Qpn>,
     srqs: Vec<SrqId>,
@@ -1403,6 +1467,7 @@ impl HostEnd {
             limits,
             client_limits,
             areas: HashMap::new(),
+            retired: Vec::new(),
             area_bytes: 0,
             qps: Vec::new(),
             srqs: Vec::new(),
@@ -1452,6 +1517,7 @@ impl HostEnd {
                 Err(e) => {
                     self.counters.bad_slots += 1;
                     tracing::warn!(client = %self.label, error = %e, "bad post slot: closing the client");
+                    self.deliver_event(&AsyncEvent::DeviceFatal);
                     self.close(dev, owners);
                 }
             }
@@ -1459,6 +1525,7 @@ impl HostEnd {
         if self.posts.rejected > 0 && !self.closed {
             self.counters.bad_slots += 1;
             tracing::warn!(client = %self.label, "post ring indices corrupted: closing the client");
+            self.deliver_event(&AsyncEvent::DeviceFatal);
             self.close(dev, owners);
         }
         n
@@ -1548,14 +1615,43 @@ impl HostEnd {
         cmd: Command,
         area: Option<Arc<Area>>,
     ) -> VerbsResult<ReplyData> {
+        // A context closed for breaking the protocol is dead to its client: device fatal.
         if self.closed {
-            return Err(VerbsError::NotFound("context (closed)"));
+            return Err(VerbsError::DeviceFatal);
         }
-        while self.process(dev, owners, 4096) > 0 {}
+        // The posts already in the ring come first (program order). One ring's worth: all
+        // that was posted before the call fits; a client refilling its ring meanwhile
+        // cannot hold the worker here.
+        self.process(dev, owners, POST_RING);
         if self.closed {
-            return Err(VerbsError::NotFound("context (closed)"));
+            return Err(VerbsError::DeviceFatal);
         }
+        self.reap_areas();
         self.execute(dev, owners, cmd, area)
+    }
+
+    /// Stops counting retired areas once no MR holds them any more (they are unmapped).
+    fn reap_areas(&mut self) {
+        let mut freed = 0u64;
+        self.retired.retain(|a| {
+            let held = Arc::strong_count(a) > 1;
+            if !held {
+                freed += a.len() as u64;
+            }
+            held
+        });
+        self.area_bytes -= freed;
+    }
+
+    /// Counts `bytes` more of shared memory against the client's limit.
+    fn charge(&mut self, bytes: u64) -> VerbsResult<()> {
+        if self.area_bytes.saturating_add(bytes) > self.client_limits.max_area_bytes {
+            return Err(VerbsError::NoResources(
+                "shared memory (host.max_area_bytes)",
+            ));
+        }
+        self.area_bytes += bytes;
+        Ok(())
     }
 
     fn execute(
@@ -1592,6 +1688,9 @@ impl HostEnd {
                     VerbsError::InvalidArgument(format!("GID index {index} out of range"))
                 }),
             Command::AllocPd => {
+                if self.pds.len() as u32 >= self.client_limits.max_pds {
+                    return Err(VerbsError::NoResources("protection domains (host.max_pds)"));
+                }
                 let pd = dev.alloc_pd()?;
                 self.pds.push(pd);
                 Ok(ReplyData::Pd(pd))
@@ -1606,24 +1705,20 @@ impl HostEnd {
                 let area = area.ok_or_else(|| {
                     VerbsError::InvalidArgument("add_area without a memory area".into())
                 })?;
-                let bytes = area.len() as u64;
-                if self.area_bytes.saturating_add(bytes) > self.client_limits.max_area_bytes {
-                    return Err(VerbsError::NoResources(
-                        "shared memory (host.max_area_bytes)",
-                    ));
-                }
                 if self.areas.contains_key(&id) {
                     return Err(VerbsError::InvalidArgument(format!(
                         "area {id} already exists"
                     )));
                 }
-                self.area_bytes += bytes;
+                self.charge(area.len() as u64)?;
                 self.areas.insert(id, area);
                 Ok(ReplyData::None)
             }
             Command::RemoveArea { id } => match self.areas.remove(&id) {
                 Some(a) => {
-                    self.area_bytes -= a.len() as u64;
+                    // Counted until the last MR on it goes and the worker unmaps it.
+                    self.retired.push(a);
+                    self.reap_areas();
                     Ok(ReplyData::None)
                 }
                 None => Err(VerbsError::NotFound("memory area")),
@@ -1685,9 +1780,18 @@ impl HostEnd {
                 if owned >= self.client_limits.max_cqs {
                     return Err(VerbsError::NoResources("completion queues (host.max_cqs)"));
                 }
-                let cq = dev.create_cq(cqe)?;
+                let ring_len = ring.len() as u64;
+                self.charge(ring_len)?;
+                let cq = match dev.create_cq(cqe) {
+                    Ok(c) => c,
+                    Err(e) => {
+                        self.area_bytes -= ring_len;
+                        return Err(e);
+                    }
+                };
                 let Some(slot) = self.cqs.get_mut(cq.0 as usize) else {
                     let _ = dev.destroy_cq(cq);
+                    self.area_bytes -= ring_len;
                     return Err(VerbsError::NoResources("completion queues"));
                 };
                 *slot = Some((Producer::attach(ring, capacity as usize), false));
@@ -1697,13 +1801,25 @@ impl HostEnd {
             Command::DestroyCq { cq } => {
                 self.check_owned(self.owns_cq(cq), "completion queue")?;
                 dev.destroy_cq(cq)?;
-                self.cqs[cq.0 as usize] = None;
+                if let Some((p, _)) = self.cqs[cq.0 as usize].take() {
+                    self.area_bytes -= p.area().len() as u64;
+                }
                 self.pending_cqs.retain(|c| *c != cq);
                 Owners::set(&mut owners.cq, cq.0 as usize, NOBODY);
                 Ok(ReplyData::None)
             }
             Command::CreateSrq { pd, attr } => {
                 self.check_owned(self.pds.contains(&pd), "protection domain")?;
+                if self.srqs.len() as u32 >= self.client_limits.max_srqs {
+                    return Err(VerbsError::NoResources(
+                        "shared receive queues (host.max_srqs)",
+                    ));
+                }
+                if attr.max_sge as usize > MAX_HOST_SGE {
+                    return Err(VerbsError::InvalidArgument(format!(
+                        "at most {MAX_HOST_SGE} SGEs per WR"
+                    )));
+                }
                 let s = dev.create_srq(pd, &attr)?;
                 if s.0 >= self.limits.max_srq {
                     let _ = dev.destroy_srq(s);
@@ -1743,6 +1859,14 @@ impl HostEnd {
                 }
                 if self.qps.len() as u32 >= self.client_limits.max_qps {
                     return Err(VerbsError::NoResources("queue pairs (host.max_qps)"));
+                }
+                // Work requests cross the post ring with at most MAX_HOST_SGE SGEs.
+                if init.caps.max_send_sge as usize > MAX_HOST_SGE
+                    || init.caps.max_recv_sge as usize > MAX_HOST_SGE
+                {
+                    return Err(VerbsError::InvalidArgument(format!(
+                        "at most {MAX_HOST_SGE} SGEs per WR"
+                    )));
                 }
                 let q = dev.create_qp(&init)?;
                 let slot = dev.qp_index(q).expect("just created");
@@ -1842,6 +1966,7 @@ impl HostEnd {
             let _ = dev.dealloc_pd(pd);
         }
         self.areas.clear();
+        self.retired.clear();
         self.area_bytes = 0;
         self.closed = true;
     }

@@ -14,6 +14,7 @@ pub mod nic;
 pub mod proto;
 pub mod ring;
 pub mod runtime;
+pub mod shadow;
 pub mod slots;
 pub mod worker;
 

@@ -304,8 +304,8 @@ impl Nic {
         self.hosts[id] = Some(h);
     }
 
-    /// Executes a control call of the client `token`; a client that is not attached (closed,
-    /// or never was) gets `NotFound`.
+    /// Executes a control call of the client `token`; a client that is no longer attached
+    /// gets `DeviceFatal`.
     pub fn call(
         &mut self,
         token: u64,
@@ -313,7 +313,9 @@ impl Nic {
         area: Option<Arc<crate::area::Area>>,
     ) -> VerbsResult<ReplyData> {
         let Some(h) = self.hosts.iter_mut().flatten().find(|h| h.token == token) else {
-            return Err(VerbsError::NotFound("context"));
+            // Closed (by the client, or by the RNIC for breaking the protocol): the context
+            // is dead to its client, as after a device-fatal error.
+            return Err(VerbsError::DeviceFatal);
         };
         let r = h.call(&mut self.dev, &mut self.owners, cmd, area);
         // Completions and positions the call produced (a flushed QP, a destroyed CQ) reach

@@ -177,6 +177,8 @@ const NAMES: &[&str] = &[
     "queue pairs (host.max_qps)",
     "completion queues (host.max_cqs)",
     "memory regions (host.max_mrs)",
+    "protection domains (host.max_pds)",
+    "shared receive queues (host.max_srqs)",
     "shared memory (host.max_area_bytes)",
     "clients (host.max_clients)",
 ];
@@ -272,7 +274,7 @@ pub struct DeviceInfo {
 pub struct QpRes {
     /// RNIC.
     pub device: String,
-    /// Owner's pid (0: in-process).
+    /// Owner's pid (rnicd's own for its in-process contexts).
     pub pid: u32,
     /// Owner's command name.
     pub comm: String,
@@ -297,7 +299,7 @@ pub struct QpRes {
 pub struct ObjRes {
     /// RNIC.
     pub device: String,
-    /// Owner's pid (0: in-process).
+    /// Owner's pid (rnicd's own for its in-process contexts).
     pub pid: u32,
     /// Owner's command name.
     pub comm: String,
@@ -305,7 +307,7 @@ pub struct ObjRes {
     pub kind: String,
     /// Its handle (PD/CQ/SRQ id; an MR's lkey).
     pub id: u32,
-    /// For an MR: its length in bytes; for a CQ: its depth.
+    /// For an MR: its length in bytes (0 for other objects).
     #[serde(default)]
     pub size: u64,
 }
@@ -518,6 +520,12 @@ impl SeqPacket {
         })
     }
 
+    /// The socket's own fd, borrowed (tests that send it as a wrong-kind fd).
+    #[doc(hidden)]
+    pub fn as_fd_for_test(&self) -> BorrowedFd<'_> {
+        std::os::fd::AsFd::as_fd(&self.fd)
+    }
+
     /// The raw fd (for poll).
     pub fn raw(&self) -> RawFd {
         self.fd.as_raw_fd()
@@ -594,8 +602,8 @@ impl SeqPacket {
     }
 
     /// Receives one message into `buf`: its length (0: the peer closed) and the fds that
-    /// came with it. A message longer than `buf` or with more fds than [`MAX_FDS`] is an
-    /// error (its fds are closed).
+    /// came with it. A message longer than `buf`, an empty one, or one with more fds than
+    /// [`MAX_FDS`] is an `InvalidData` error (its fds are closed) and the connection goes on.
     pub fn recv(&self, buf: &mut [u8]) -> io::Result<(usize, Vec<OwnedFd>)> {
         let mut iov = libc::iovec {
             iov_base: buf.as_mut_ptr() as *mut libc::c_void,
@@ -642,13 +650,29 @@ impl SeqPacket {
                 "message longer than the protocol allows",
             ));
         }
-        if m.msg_flags & libc::MSG_CTRUNC != 0 {
+        if m.msg_flags & libc::MSG_CTRUNC != 0 || fds.len() > MAX_FDS {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
                 "more file descriptors than the protocol allows",
             ));
         }
+        if n == 0 && fds.is_empty() && !self.hung_up() {
+            // An empty message, not the end of the connection.
+            return Err(io::Error::new(io::ErrorKind::InvalidData, "empty message"));
+        }
         Ok((n, fds))
+    }
+
+    /// Whether the peer has closed its end (POLLRDHUP / POLLHUP without waiting).
+    pub fn hung_up(&self) -> bool {
+        let mut p = libc::pollfd {
+            fd: self.raw(),
+            events: libc::POLLRDHUP,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd; no wait.
+        let r = unsafe { libc::poll(&mut p, 1, 0) };
+        r > 0 && p.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0
     }
 
     /// Sends a JSON message.

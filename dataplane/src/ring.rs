@@ -93,6 +93,11 @@ impl<T: Plain> Producer<T> {
         }
     }
 
+    /// The ring's area.
+    pub fn area(&self) -> &Arc<Area> {
+        &self.area
+    }
+
     /// Free slots now.
     pub fn free(&self) -> usize {
         let head = idx(&self.area, HEAD).load(Ordering::Acquire);

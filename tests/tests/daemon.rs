@@ -34,6 +34,8 @@ fn host_config(name: &str) -> HostConfig {
         max_qps: None,
         max_cqs: None,
         max_mrs: None,
+        max_pds: None,
+        max_srqs: None,
         max_area_bytes: 1 << 30,
     }
 }
@@ -233,6 +235,21 @@ fn hello_errors_are_clear() {
     s.send(b"\xff\x00 not json", &[]).unwrap();
     let (r, _) = raw_reply(&s);
     assert_eq!(r.status, libc::EPROTO);
+    // An empty message after the hello is an error, not the end of the connection.
+    let s = SeqPacket::connect(&cfg.socket).unwrap();
+    assert_eq!(raw(&s, 1, hello("ferroce0"), &[]).0.status, 0);
+    s.send(b"", &[]).unwrap();
+    assert_eq!(raw_reply(&s).0.status, libc::EPROTO);
+    let (r, _) = raw(&s, 2, Body::Call(dataplane::host::Command::QueryPort), &[]);
+    assert_eq!(r.status, 0, "{r:?}");
+    // fds with an admin request: refused, the connection goes on.
+    let (r, _) = raw(
+        &s,
+        3,
+        Body::Admin(AdminRequest::Devices),
+        &[s.as_fd_for_test()],
+    );
+    assert_eq!(r.status, libc::EPROTO, "{r:?}");
     // rnicd is fine: a normal client still works.
     let mut c = remote(&cfg.socket, "ferroce1");
     assert!(c.query_port().unwrap().active);
@@ -432,8 +449,8 @@ fn a_hostile_client_harms_neither_rnicd_nor_another_client() {
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         let r = call(serde_json::json!({"call": "query_port"}), &[]);
-        if r.status == libc::ENOENT {
-            break; // closed: "no such context (closed)"
+        if r.status == libc::EIO {
+            break; // closed: the context is dead (device fatal) to its client
         }
         assert!(
             Instant::now() < deadline,
@@ -448,7 +465,7 @@ fn a_hostile_client_harms_neither_rnicd_nor_another_client() {
     posts2.write_at(64, &u64::MAX.to_le_bytes()).unwrap();
     std::thread::sleep(Duration::from_millis(100));
     let (r, _) = raw(&s2, 2, Body::Call(dataplane::host::Command::QueryPort), &[]);
-    assert_eq!(r.status, libc::ENOENT, "{r:?}");
+    assert_eq!(r.status, libc::EIO, "{r:?}");
     stop.store(true, Ordering::Relaxed);
     let n = victim.join().expect("the victim's traffic failed");
     assert!(n >= 20);
@@ -462,11 +479,16 @@ fn per_client_limits_give_clear_errors() {
     cfg.max_qps = Some(1);
     cfg.max_cqs = Some(2);
     cfg.max_mrs = Some(1);
+    cfg.max_pds = Some(1);
     cfg.max_area_bytes = 4 << 20;
     cfg.max_clients = 2;
     let d = daemon(&cfg, 21, 22);
     let mut c = remote(&cfg.socket, "ferroce0");
     let pd = c.alloc_pd().unwrap();
+    assert_eq!(
+        c.alloc_pd().unwrap_err(),
+        VerbsError::NoResources("protection domains (host.max_pds)")
+    );
     let cq = c.create_cq(16).unwrap();
     let init = roce::engine::QpInit {
         pd,
@@ -619,4 +641,181 @@ fn stopping_rnicd_fails_clients_instead_of_hanging() {
         VerbsError::DeviceFatal
     );
     assert!(!cfg.socket.exists());
+}
+
+/// An anonymous private mapping of `pages` pages, unmapped on drop.
+struct Anon(*mut u8, usize);
+
+impl Anon {
+    fn new(pages: usize) -> Anon {
+        let len = pages * 4096;
+        // SAFETY: a fresh anonymous mapping.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        Anon(p as *mut u8, len)
+    }
+
+    fn addr(&self) -> u64 {
+        self.0 as u64
+    }
+
+    #[allow(clippy::mut_from_ref)]
+    fn bytes(&self) -> &mut [u8] {
+        // SAFETY: our mapping; the test reads and writes it from one thread (the RNIC
+        // writes it as a NIC's DMA would).
+        unsafe { std::slice::from_raw_parts_mut(self.0, self.1) }
+    }
+}
+
+impl Drop for Anon {
+    fn drop(&mut self) {
+        // SAFETY: our mapping.
+        unsafe { libc::munmap(self.0 as *mut libc::c_void, self.1) };
+    }
+}
+
+fn post_one(s: &mut Side<RemoteContext>, op: WrOp, sge: Sge) -> Completion {
+    s.ctx
+        .post_send(
+            s.qpn,
+            &SendWr {
+                wr_id: 77,
+                op,
+                sg_list: &[sge],
+                flags: SendFlags::SIGNALED,
+                ud: None,
+            },
+        )
+        .unwrap();
+    let c = wait_cq(s, 1, 10);
+    assert_eq!(c.len(), 1);
+    c[0]
+}
+
+#[test]
+fn ordinary_memory_registers_in_place_and_both_views_are_the_same_bytes() {
+    let cfg = host_config("rawmr");
+    let d = daemon(&cfg, 27, 28);
+    let (mut a, mut b) = rc_pair(&cfg.socket);
+    let mem = Anon::new(4);
+    let m = mem.bytes();
+    for (i, x) in m.iter_mut().enumerate() {
+        *x = (i % 251) as u8;
+    }
+    let base = mem.addr();
+    // SAFETY: no other thread touches `mem`.
+    let mr1 = unsafe { a.ctx.reg_mr_addr(a.pd, base + 100, 5000, Access::ALL) }.unwrap();
+    // Contents survived the move.
+    assert!(m.iter().enumerate().all(|(i, x)| *x == (i % 251) as u8));
+    // Two more MRs on the same pages reuse them.
+    let mr2 = unsafe { a.ctx.reg_mr_addr(a.pd, base + 6000, 1000, Access::ALL) }.unwrap();
+    let mr3 = unsafe { a.ctx.reg_mr_addr(a.pd, base + 200, 50, Access::ALL) }.unwrap();
+    assert_eq!(
+        (mr1.addr, mr2.addr, mr3.addr),
+        (base + 100, base + 6000, base + 200)
+    );
+    // RNIC -> application: the peer WRITEs into mr2; the bytes appear in the memory.
+    b.buf.write(0, &[0x5a; 700]);
+    let sge_b0 = b.mr.sge(0, 700);
+    let c = post_one(
+        &mut b,
+        WrOp::Write {
+            remote_addr: base + 6100,
+            rkey: mr2.rkey.unwrap(),
+        },
+        sge_b0,
+    );
+    assert_eq!(c.status, WcStatus::Success);
+    assert!(m[6100..6800].iter().all(|x| *x == 0x5a));
+    assert_eq!(m[6099], (6099 % 251) as u8);
+    // Application -> RNIC: written through the memory, READ by the peer through mr3.
+    m[210..230].copy_from_slice(&[0xc3; 20]);
+    let sge_b1 = b.mr.sge(4096, 20);
+    let c = post_one(
+        &mut b,
+        WrOp::Read {
+            remote_addr: base + 210,
+            rkey: mr3.rkey.unwrap(),
+        },
+        sge_b1,
+    );
+    assert_eq!(c.status, WcStatus::Success);
+    assert_eq!(b.buf.to_vec(4096, 20), [0xc3; 20]);
+    // The local side sends from mr1 (the RNIC reads the application's bytes).
+    m[1000..1010].copy_from_slice(b"0123456789");
+    b.ctx
+        .post_recv(
+            b.qpn,
+            &RecvWr {
+                wr_id: 1,
+                sg_list: &[b.mr.sge(8192, 64)],
+            },
+        )
+        .unwrap();
+    let c = post_one(
+        &mut a,
+        WrOp::Send,
+        Sge {
+            addr: base + 1000,
+            length: 10,
+            lkey: mr1.lkey,
+        },
+    );
+    assert_eq!(c.status, WcStatus::Success);
+    assert_eq!(wait_cq(&mut b, 1, 10)[0].byte_len, 10);
+    assert_eq!(b.buf.to_vec(8192, 10), b"0123456789");
+    // After deregistering mr1 the memory is the application's as before; mr2 still works.
+    a.ctx.dereg_mr(&mr1).unwrap();
+    m[1000] = b'x';
+    assert_eq!(&m[1000..1003], b"x12");
+    b.buf.write(0, &[0x11; 8]);
+    let sge_b2 = b.mr.sge(0, 8);
+    let c = post_one(
+        &mut b,
+        WrOp::Write {
+            remote_addr: base + 6000,
+            rkey: mr2.rkey.unwrap(),
+        },
+        sge_b2,
+    );
+    assert_eq!(c.status, WcStatus::Success);
+    assert_eq!(m[6000..6008], [0x11; 8]);
+    // A range that only partly overlaps the moved pages, and file-backed memory: refused.
+    let e = unsafe { a.ctx.reg_mr_addr(a.pd, base + 7000, 5000, Access::ALL) }.unwrap_err();
+    assert!(e.to_string().contains("already moved"), "{e}");
+    let path = std::env::temp_dir().join(format!("ferroce-rawmr-{}", std::process::id()));
+    std::fs::write(&path, vec![0u8; 8192]).unwrap();
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .unwrap();
+    // SAFETY: a private file mapping of our file.
+    let fm = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            8192,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE,
+            f.as_raw_fd(),
+            0,
+        )
+    };
+    assert_ne!(fm, libc::MAP_FAILED);
+    let e = unsafe { a.ctx.reg_mr_addr(a.pd, fm as u64, 100, Access::ALL) }.unwrap_err();
+    assert!(e.to_string().contains("file-backed"), "{e}");
+    // SAFETY: our mapping.
+    unsafe { libc::munmap(fm, 8192) };
+    let _ = std::fs::remove_file(&path);
+    drop((a, b));
+    d.stop();
 }

@@ -1,0 +1,276 @@
+//! Zero-copy registration of ordinary application memory (malloc'd, anonymous mmap): the
+//! pages of the range are moved onto a memfd mapped at the same virtual addresses - copy the
+//! contents into the memfd, then map it over the range with MAP_FIXED | MAP_SHARED - so the
+//! RNIC (in rnicd, another process) maps the same physical pages. This is the mechanism
+//! FreeFlow (NSDI'19) uses for its shadow memory; ranges round out to whole pages.
+//!
+//! Only private anonymous read-write memory can move. File-backed mappings, shared mappings,
+//! hugetlbfs pages, the stack, and pages already moved as part of a different range are
+//! refused with a clear error (the application can use `alloc_buffer` instead).
+//!
+//! Caveats, as with FreeFlow: a thread that writes the range while it moves may lose that
+//! write (the copy and the remap are not atomic with respect to other threads), and after a
+//! `fork` the moved pages are shared with the child instead of copied on write.
+
+use std::io;
+use std::os::fd::AsRawFd;
+use std::ptr::NonNull;
+
+use crate::area::{Area, PAGE};
+
+/// One mapping of /proc/self/smaps.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Mapping {
+    start: u64,
+    end: u64,
+    perms: String,
+    path: String,
+    kernel_page_kb: u64,
+}
+
+fn parse_smaps(text: &str) -> Vec<Mapping> {
+    let mut out: Vec<Mapping> = Vec::new();
+    for line in text.lines() {
+        let mut f = line.split_whitespace();
+        let Some(first) = f.next() else { continue };
+        if let Some((a, b)) = first.split_once('-') {
+            if let (Ok(start), Ok(end)) = (u64::from_str_radix(a, 16), u64::from_str_radix(b, 16)) {
+                let perms = f.next().unwrap_or("").to_string();
+                // offset, device, inode, then the path (which may contain spaces).
+                let rest: Vec<&str> = f.skip(3).collect();
+                out.push(Mapping {
+                    start,
+                    end,
+                    perms,
+                    path: rest.join(" "),
+                    kernel_page_kb: 4,
+                });
+                continue;
+            }
+        }
+        if first == "KernelPageSize:" {
+            if let (Some(m), Some(v)) = (out.last_mut(), f.next()) {
+                m.kernel_page_kb = v.parse().unwrap_or(4);
+            }
+        }
+    }
+    out
+}
+
+/// The memfd name moved ranges get (it shows in /proc/PID/maps).
+pub const SHADOW_NAME: &str = "ferroce-mr";
+
+/// Why `[start, end)` cannot move, if it cannot.
+fn refusal(maps: &[Mapping], start: u64, end: u64) -> Option<String> {
+    let mut covered = start;
+    for m in maps.iter().filter(|m| m.end > start && m.start < end) {
+        if m.start > covered {
+            return Some(format!("{covered:#x}..{:#x} is not mapped", m.start));
+        }
+        covered = covered.max(m.end);
+        let what = if m.path.contains(SHADOW_NAME) {
+            Some(
+                "its pages were already moved for another registration that does not \
+                  contain this range (register within it, or disjoint from it)"
+                    .to_string(),
+            )
+        } else if m.kernel_page_kb != 4 || m.path.contains("anon_hugepage") {
+            Some(format!(
+                "it is hugetlbfs memory ({} kB pages), which cannot move onto a memfd",
+                m.kernel_page_kb
+            ))
+        } else if m.perms.ends_with('s') {
+            Some(format!(
+                "it is a shared mapping ({})",
+                display_path(&m.path)
+            ))
+        } else if !m.path.is_empty() && m.path != "[heap]" {
+            if m.path.starts_with('[') {
+                Some(format!("it is {}", m.path))
+            } else {
+                Some(format!("it is a file-backed mapping of {}", m.path))
+            }
+        } else if !m.perms.starts_with("rw") {
+            Some(format!("it is not read-write ({})", m.perms))
+        } else {
+            None
+        };
+        if let Some(w) = what {
+            return Some(format!(
+                "memory at {:#x}..{:#x} cannot be registered in place: {w}; use alloc_buffer",
+                m.start.max(start),
+                m.end.min(end)
+            ));
+        }
+    }
+    (covered < end).then(|| format!("{covered:#x}..{end:#x} is not mapped"))
+}
+
+fn display_path(p: &str) -> &str {
+    if p.is_empty() {
+        "anonymous"
+    } else {
+        p
+    }
+}
+
+/// The page-aligned range holding `[addr, addr + len)`.
+pub fn page_range(addr: u64, len: usize) -> Option<(u64, u64)> {
+    let start = addr & !(PAGE as u64 - 1);
+    let end = addr
+        .checked_add(len as u64)?
+        .checked_next_multiple_of(PAGE as u64)?;
+    (len > 0).then_some((start, end))
+}
+
+/// Moves the pages `[start, end)` (page aligned) of this process onto a new sealed memfd
+/// mapped at the same addresses, keeping their contents; returns the area over them (which
+/// leaves them mapped when dropped).
+///
+/// # Safety
+/// No other thread may write the range during the call, and nothing may rely on the pages'
+/// previous private mapping (e.g. other references obtained from `mremap`).
+pub unsafe fn move_range(start: u64, end: u64) -> io::Result<Area> {
+    let len = (end - start) as usize;
+    let smaps = std::fs::read_to_string("/proc/self/smaps")?;
+    if let Some(why) = refusal(&parse_smaps(&smaps), start, end) {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, why));
+    }
+    let fd = Area::memfd(len, SHADOW_NAME)?;
+    // Copy the current contents into the memfd.
+    let mut done = 0usize;
+    while done < len {
+        // SAFETY: the source range is mapped and readable (checked above).
+        let r = libc::pwrite(
+            fd.as_raw_fd(),
+            (start as usize + done) as *const libc::c_void,
+            len - done,
+            done as libc::off_t,
+        );
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        done += r as usize;
+    }
+    if libc::fcntl(
+        fd.as_raw_fd(),
+        libc::F_ADD_SEALS,
+        libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL,
+    ) < 0
+    {
+        return Err(io::Error::last_os_error());
+    }
+    // Replace the pages: the same addresses now show the memfd, with the copied contents.
+    let p = libc::mmap(
+        start as *mut libc::c_void,
+        len,
+        libc::PROT_READ | libc::PROT_WRITE,
+        libc::MAP_SHARED | libc::MAP_FIXED,
+        fd.as_raw_fd(),
+        0,
+    );
+    if p == libc::MAP_FAILED || p as u64 != start {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(Area::adopt(
+        NonNull::new(start as *mut u8).expect("non-null range"),
+        len,
+        fd,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn smaps_are_parsed_and_refusals_name_the_reason() {
+        let text = "\
+7f0000000000-7f0000002000 rw-p 00000000 00:00 0 
+KernelPageSize:        4 kB
+7f0000002000-7f0000003000 rw-p 00000000 00:00 0                          [heap]
+KernelPageSize:        4 kB
+7f0000003000-7f0000004000 r--p 00000000 08:01 1234                       /usr/lib/libc.so.6
+KernelPageSize:        4 kB
+7f0000004000-7f0000005000 rw-s 00000000 00:01 99                         /memfd:ferroce-mr (deleted)
+KernelPageSize:        4 kB
+7f0000006000-7f0000206000 rw-p 00000000 00:0f 5                          /anon_hugepage (deleted)
+KernelPageSize:     2048 kB
+7f0000206000-7f0000207000 rw-s 00000000 00:01 7                          /dev/zero (deleted)
+KernelPageSize:        4 kB
+";
+        let m = parse_smaps(text);
+        assert_eq!(m.len(), 6);
+        assert_eq!(m[3].path, "/memfd:ferroce-mr (deleted)");
+        assert_eq!(m[4].kernel_page_kb, 2048);
+        let base = 0x7f00_0000_0000u64;
+        assert_eq!(
+            refusal(&m, base, base + 0x3000),
+            None,
+            "anonymous + heap move"
+        );
+        let why = |s: u64, e: u64| refusal(&m, base + s, base + e).unwrap();
+        assert!(why(0x3000, 0x4000).contains("file-backed mapping of /usr/lib/libc.so.6"));
+        assert!(why(0x4000, 0x5000).contains("already moved"));
+        assert!(why(0x5000, 0x6000).contains("not mapped"));
+        assert!(why(0x6000, 0x7000).contains("hugetlbfs"));
+        assert!(why(0x206000, 0x207000).contains("shared mapping"));
+        assert!(why(0x206000, 0x208000).contains("shared mapping"));
+        assert!(refusal(&m, base + 0x207000, base + 0x208000)
+            .unwrap()
+            .contains("not mapped"));
+    }
+
+    #[test]
+    fn moved_pages_keep_their_contents_and_are_the_memfds() {
+        // An anonymous private mapping with data in it.
+        let len = 3 * PAGE;
+        // SAFETY: a fresh anonymous mapping, unmapped at the end.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        let s = unsafe { std::slice::from_raw_parts_mut(p as *mut u8, len) };
+        for (i, b) in s.iter_mut().enumerate() {
+            *b = (i * 7) as u8;
+        }
+        let (start, end) = page_range(p as u64 + 100, PAGE).unwrap();
+        assert_eq!((start, end), (p as u64, p as u64 + 2 * PAGE as u64));
+        // SAFETY: nothing else touches the range.
+        let area = unsafe { move_range(start, end) }.unwrap();
+        assert!(
+            s.iter().enumerate().all(|(i, b)| *b == (i * 7) as u8),
+            "contents kept"
+        );
+        // Another mapping of the memfd (what rnicd does) sees the same bytes both ways.
+        let fd = area.fd().try_clone_to_owned().unwrap();
+        let other = Area::from_fd(fd, 2 * PAGE).unwrap();
+        s[5000] = 0xab;
+        let mut b = [0u8; 1];
+        other.read_at(5000, &mut b).unwrap();
+        assert_eq!(b[0], 0xab);
+        other.write_at(17, &[0xcd]).unwrap();
+        assert_eq!(s[17], 0xcd);
+        drop(other);
+        drop(area);
+        // Still mapped for the application after the areas are gone.
+        s[0] = 1;
+        assert_eq!(s[17], 0xcd);
+        // Moving the same pages again as part of a larger range is refused.
+        let again = unsafe { move_range(start, start + 3 * PAGE as u64) };
+        assert!(again.unwrap_err().to_string().contains("already moved"));
+        // SAFETY: our mapping.
+        unsafe { libc::munmap(p, len) };
+    }
+}
