@@ -230,6 +230,16 @@ impl Area {
         unsafe { (*(self.ptr.as_ptr().add(off) as *const AtomicU8)).load(Ordering::Acquire) }
     }
 
+    /// A 4-byte-aligned atomic word at `off`.
+    pub fn atomic_u32(&self, off: usize) -> Result<&std::sync::atomic::AtomicU32, MemoryError> {
+        self.check(off, 4)?;
+        if (self.ptr.as_ptr() as usize + off) % 4 != 0 {
+            return Err(MemoryError::Misaligned);
+        }
+        // SAFETY: in bounds and aligned; the area outlives the reference.
+        Ok(unsafe { &*(self.ptr.as_ptr().add(off) as *const std::sync::atomic::AtomicU32) })
+    }
+
     /// An 8-byte-aligned atomic word at `off`.
     pub fn atomic_u64(&self, off: usize) -> Result<&AtomicU64, MemoryError> {
         self.check(off, 8)?;

@@ -600,6 +600,13 @@ pub trait Verbs {
     fn post_srq_recv(&mut self, srq: SrqId, wr: &RecvWr<'_>) -> VerbsResult<()>;
     /// Next asynchronous event.
     fn poll_event(&mut self) -> Option<AsyncEvent>;
+    /// `ibv_req_notify_cq`: the next completion added to `cq` wakes [`Verbs::wait_cq`]
+    /// (ferroce notifies on any completion, solicited or not).
+    fn req_notify_cq(&mut self, cq: CqId) -> VerbsResult<()>;
+    /// Blocks until the CQ notifies after [`Verbs::req_notify_cq`] or `timeout` passes
+    /// (`ibv_get_cq_event` on a completion channel); true if it notified. Arm, poll the CQ
+    /// once more, then wait: a completion that arrived before arming does not notify.
+    fn wait_cq(&mut self, cq: CqId, timeout: Option<Duration>) -> VerbsResult<bool>;
     /// Counters of a QP, or of the whole device (QP counters summed plus device ones, plus
     /// this client's host counters).
     fn counters(&mut self, qpn: Option<Qpn>) -> VerbsResult<Vec<(&'static str, u64)>>;
@@ -640,6 +647,8 @@ pub struct Client<C: Channel> {
     limits: HostLimits,
     /// CQ rings by CQ id.
     cqs: Vec<Option<Consumer<CqeSlot>>>,
+    /// The notification sequence of each CQ when it was last armed.
+    cq_seen: Vec<u32>,
     /// QPs by slot (`qp_slot`).
     qps: Vec<Option<QpLocal>>,
     /// SRQs by id.
@@ -735,6 +744,7 @@ impl<C: Channel> Client<C> {
             index: rings.index,
             limits,
             cqs: (0..limits.max_cq).map(|_| None).collect(),
+            cq_seen: vec![0; limits.max_cq as usize],
             qps: (0..limits.max_qp).map(|_| None).collect(),
             srqs: (0..limits.max_srq).map(|_| None).collect(),
             buffers: BTreeMap::new(),
@@ -1331,6 +1341,49 @@ impl<C: Channel> Verbs for Client<C> {
             return Some(AsyncEvent::DeviceFatal);
         }
         None
+    }
+
+    fn req_notify_cq(&mut self, cq: CqId) -> VerbsResult<()> {
+        let ring = self
+            .cqs
+            .get(cq.0 as usize)
+            .and_then(|r| r.as_ref())
+            .ok_or(VerbsError::NotFound("completion queue"))?;
+        self.cq_seen[cq.0 as usize] = ring.notify_seq();
+        ring.arm();
+        Ok(())
+    }
+
+    fn wait_cq(&mut self, cq: CqId, timeout: Option<Duration>) -> VerbsResult<bool> {
+        let seen = *self
+            .cq_seen
+            .get(cq.0 as usize)
+            .ok_or(VerbsError::NotFound("completion queue"))?;
+        let ring = self
+            .cqs
+            .get(cq.0 as usize)
+            .and_then(|r| r.as_ref())
+            .ok_or(VerbsError::NotFound("completion queue"))?;
+        // Wait in slices, so a device that goes away ends the wait.
+        let deadline = timeout.map(|t| Instant::now() + t);
+        loop {
+            if !self.chan.alive() {
+                return Err(VerbsError::DeviceFatal);
+            }
+            let slice = match deadline {
+                Some(d) => d
+                    .saturating_duration_since(Instant::now())
+                    .min(Duration::from_millis(100)),
+                None => Duration::from_millis(100),
+            };
+            if ring.wait_notify(seen, Some(slice)) {
+                self.cq_seen[cq.0 as usize] = ring.notify_seq();
+                return Ok(true);
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Ok(false);
+            }
+        }
     }
 
     fn counters(&mut self, qpn: Option<Qpn>) -> VerbsResult<Vec<(&'static str, u64)>> {
@@ -2029,6 +2082,9 @@ impl HostEnd {
             if n < self.scratch.len() {
                 break;
             }
+        }
+        if moved > 0 {
+            ring.notify();
         }
         let left = dev.cq_has_entries(cq);
         if left != *pending {

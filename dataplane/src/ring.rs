@@ -5,6 +5,12 @@
 //! release store, the consumer reads with acquire (and the other way round for free space).
 //! Nothing inside the area is a pointer, and an index that claims more entries than the
 //! capacity (a corrupted or hostile peer) is rejected rather than trusted.
+//!
+//! Notification (CQ rings, for blocking waits): the consumer arms the ring by storing 1 at
+//! byte 16; a producer that pushes while armed disarms it, increments the 32-bit sequence
+//! at byte 8 and wakes futex waiters on it (`FUTEX_WAKE`, never blocking: the producer makes
+//! no system call on an fd the consumer controls). The consumer waits with `FUTEX_WAIT` on
+//! the sequence - from any process that maps the ring.
 
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -23,6 +29,8 @@ use crate::area::Area;
 pub unsafe trait Plain: Copy + 'static {}
 
 const HEAD: usize = 0;
+const NOTIFY_SEQ: usize = 8;
+const ARMED: usize = 16;
 const TAIL: usize = 64;
 const SLOTS: usize = 128;
 
@@ -98,6 +106,33 @@ impl<T: Plain> Producer<T> {
         &self.area
     }
 
+    /// After pushing: if the consumer armed the ring, disarms it, bumps the notification
+    /// sequence and wakes its waiters; returns whether it did.
+    pub fn notify(&self) -> bool {
+        let Ok(armed) = self.area.atomic_u64(ARMED) else {
+            return false;
+        };
+        if armed.load(Ordering::Acquire) == 0 || armed.swap(0, Ordering::AcqRel) == 0 {
+            return false;
+        }
+        if let Ok(seq) = self.area.atomic_u32(NOTIFY_SEQ) {
+            seq.fetch_add(1, Ordering::Release);
+            // SAFETY: FUTEX_WAKE on a word of a live shared mapping; it never blocks.
+            unsafe {
+                libc::syscall(
+                    libc::SYS_futex,
+                    seq.as_ptr(),
+                    libc::FUTEX_WAKE,
+                    i32::MAX,
+                    std::ptr::null::<libc::timespec>(),
+                    std::ptr::null::<u32>(),
+                    0,
+                );
+            }
+        }
+        true
+    }
+
     /// Free slots now.
     pub fn free(&self) -> usize {
         let head = idx(&self.area, HEAD).load(Ordering::Acquire);
@@ -137,6 +172,61 @@ impl<T: Plain> Consumer<T> {
             head,
             rejected: 0,
             _t: PhantomData,
+        }
+    }
+
+    /// The notification sequence now (read it before arming, then wait for it to change).
+    pub fn notify_seq(&self) -> u32 {
+        self.area
+            .atomic_u32(NOTIFY_SEQ)
+            .map(|a| a.load(Ordering::Acquire))
+            .unwrap_or(0)
+    }
+
+    /// Asks the producer to notify at its next push.
+    pub fn arm(&self) {
+        if let Ok(a) = self.area.atomic_u64(ARMED) {
+            a.store(1, Ordering::Release);
+        }
+    }
+
+    /// Waits until the notification sequence differs from `seen` or `timeout` passes
+    /// (`None`: no limit); true if it changed.
+    pub fn wait_notify(&self, seen: u32, timeout: Option<std::time::Duration>) -> bool {
+        let Ok(seq) = self.area.atomic_u32(NOTIFY_SEQ) else {
+            return false;
+        };
+        let deadline = timeout.map(|t| std::time::Instant::now() + t);
+        loop {
+            if seq.load(Ordering::Acquire) != seen {
+                return true;
+            }
+            let ts = deadline.map(|d| {
+                let left = d.saturating_duration_since(std::time::Instant::now());
+                libc::timespec {
+                    tv_sec: left.as_secs() as libc::time_t,
+                    tv_nsec: left.subsec_nanos() as libc::c_long,
+                }
+            });
+            if ts.is_some_and(|t| t.tv_sec == 0 && t.tv_nsec == 0) {
+                return false;
+            }
+            let tsp = ts
+                .as_ref()
+                .map_or(std::ptr::null(), |t| t as *const libc::timespec);
+            // SAFETY: FUTEX_WAIT on a word of a live shared mapping, with a valid or null
+            // timeout; spurious wake-ups and EINTR loop back to the check.
+            unsafe {
+                libc::syscall(
+                    libc::SYS_futex,
+                    seq.as_ptr(),
+                    libc::FUTEX_WAIT,
+                    seen,
+                    tsp,
+                    std::ptr::null::<u32>(),
+                    0,
+                );
+            }
         }
     }
 

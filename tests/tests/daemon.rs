@@ -819,3 +819,51 @@ fn ordinary_memory_registers_in_place_and_both_views_are_the_same_bytes() {
     drop((a, b));
     d.stop();
 }
+
+#[test]
+fn a_completion_wakes_a_blocked_waiter() {
+    let cfg = host_config("notify");
+    let d = daemon(&cfg, 29, 30);
+    let (mut a, mut b) = rc_pair(&cfg.socket);
+    // Nothing happens: the wait times out.
+    b.ctx.req_notify_cq(b.cq).unwrap();
+    let t = Instant::now();
+    assert!(!b.ctx.wait_cq(b.cq, Some(Duration::from_millis(200))).unwrap());
+    assert!(t.elapsed() >= Duration::from_millis(150));
+    // A SEND arrives while b sleeps in wait_cq.
+    b.ctx
+        .post_recv(
+            b.qpn,
+            &RecvWr {
+                wr_id: 5,
+                sg_list: &[b.mr.sge(0, 64)],
+            },
+        )
+        .unwrap();
+    b.ctx.req_notify_cq(b.cq).unwrap();
+    let mut wc = [Completion::default(); 4];
+    assert_eq!(b.ctx.poll_cq(b.cq, &mut wc).unwrap(), 0);
+    let sender = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(150));
+        a.buf.write(0, b"wake");
+        a.ctx
+            .post_send(
+                a.qpn,
+                &SendWr {
+                    wr_id: 1,
+                    op: WrOp::Send,
+                    sg_list: &[a.mr.sge(0, 4)],
+                    flags: SendFlags::default(),
+                    ud: None,
+                },
+            )
+            .unwrap();
+        a
+    });
+    assert!(b.ctx.wait_cq(b.cq, Some(Duration::from_secs(10))).unwrap(), "no wake-up");
+    assert_eq!(b.ctx.poll_cq(b.cq, &mut wc).unwrap(), 1);
+    assert_eq!((wc[0].wr_id, wc[0].byte_len), (5, 4));
+    let a = sender.join().unwrap();
+    drop((a, b));
+    d.stop();
+}
