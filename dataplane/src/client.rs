@@ -105,8 +105,9 @@ impl Conn {
             }
             let r: Reply = serde_json::from_slice(&self.buf[..n])
                 .map_err(|e| WireError::Protocol(format!("unreadable reply: {e}")))?;
-            if r.id != id {
-                // A reply to a request given up on (call_until): skip it.
+            // A reply to a request given up on (call_until) is skipped; an error with id 0 is
+            // rnicd refusing the connection or a message it could not read: ours.
+            if r.id != id && !(r.id == 0 && r.status != 0) {
                 continue;
             }
             return r.into_result().map(|b| (b, fds));

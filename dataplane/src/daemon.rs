@@ -273,7 +273,10 @@ fn accept_loop(l: Listener, shared: Arc<Shared>, conns: Arc<Mutex<Vec<JoinHandle
         list.retain(|h| !h.is_finished());
         match spawned {
             Ok(h) => list.push(h),
-            Err(e) => tracing::warn!(error = %e, "cannot start a client thread"),
+            Err(e) => {
+                shared.conns.fetch_sub(1, Ordering::AcqRel);
+                tracing::warn!(error = %e, "cannot start a client thread")
+            }
         }
     }
 }
@@ -772,7 +775,7 @@ fn admin(shared: &Shared, id: u64, req: AdminRequest, cred: Option<PeerCred>) ->
         AdminRequest::Capture { .. }
             if !cred.is_some_and(|c| c.uid == 0 || c.uid == unsafe { libc::geteuid() }) =>
         {
-            Err(WireError::Protocol(
+            Err(WireError::Permission(
                 "switching capture needs root or rnicd's user".into(),
             ))
         }

@@ -407,7 +407,8 @@ impl Nic {
         for h in self.hosts.iter_mut().flatten() {
             // Work requests already in the post ring were posted before the stop: they
             // complete (flushed) like the rest.
-            while h.process(&mut self.dev, &mut self.owners, 4096) > 0 {}
+            // One ring's worth: a client refilling its ring cannot delay the stop.
+            h.process(&mut self.dev, &mut self.owners, crate::host::POST_RING);
             h.fail_all(&mut self.dev);
         }
         self.publish();

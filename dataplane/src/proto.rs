@@ -153,6 +153,8 @@ pub enum WireError {
     Modify(String),
     /// EIO: the RNIC stopped.
     DeviceFatal,
+    /// EPERM: the peer may not do this.
+    Permission(String),
     /// EPROTO and others: the request itself was wrong (not JSON, unknown, fds missing).
     Protocol(String),
 }
@@ -213,6 +215,7 @@ impl WireError {
             WireError::NotFound(_) => libc::ENOENT,
             WireError::Busy(_) => libc::EBUSY,
             WireError::DeviceFatal => libc::EIO,
+            WireError::Permission(_) => libc::EPERM,
             WireError::Protocol(_) => libc::EPROTO,
         }
     }
@@ -229,14 +232,20 @@ impl WireError {
             WireError::Modify(s) => VerbsError::Modify(roce::engine::ModifyError::Invalid(s)),
             WireError::DeviceFatal => VerbsError::DeviceFatal,
             WireError::Protocol(s) => VerbsError::InvalidArgument(format!("rnicd: {s}")),
+            WireError::Permission(s) => VerbsError::InvalidArgument(format!("not permitted: {s}")),
         }
     }
 }
 
 impl std::fmt::Display for WireError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The detail as rnicd sent it (into_verbs would reduce unknown names to "object").
         match self {
             WireError::Protocol(s) => write!(f, "protocol error: {s}"),
+            WireError::Permission(s) => write!(f, "not permitted: {s}"),
+            WireError::NotFound(s) => write!(f, "no such {s}"),
+            WireError::NoResources(s) => write!(f, "out of resources: {s}"),
+            WireError::Busy(s) => write!(f, "{s} is in use"),
             e => write!(f, "{}", e.clone().into_verbs()),
         }
     }
@@ -656,7 +665,7 @@ impl SeqPacket {
                 "more file descriptors than the protocol allows",
             ));
         }
-        if n == 0 && fds.is_empty() && !self.hung_up() {
+        if n == 0 && (!fds.is_empty() || !self.hung_up()) {
             // An empty message, not the end of the connection.
             return Err(io::Error::new(io::ErrorKind::InvalidData, "empty message"));
         }

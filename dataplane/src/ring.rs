@@ -112,6 +112,10 @@ impl<T: Plain> Producer<T> {
         let Ok(armed) = self.area.atomic_u64(ARMED) else {
             return false;
         };
+        // Store-load ordering with the consumer (Dekker): our TAIL store must be visible
+        // before we read ARMED, as its ARMED store is before it reads TAIL; otherwise both
+        // could miss the other and the consumer would sleep on a completion it never sees.
+        std::sync::atomic::fence(Ordering::SeqCst);
         if armed.load(Ordering::Acquire) == 0 || armed.swap(0, Ordering::AcqRel) == 0 {
             return false;
         }
@@ -175,6 +179,11 @@ impl<T: Plain> Consumer<T> {
         }
     }
 
+    /// The ring's area.
+    pub fn area(&self) -> &Arc<Area> {
+        &self.area
+    }
+
     /// The notification sequence now (read it before arming, then wait for it to change).
     pub fn notify_seq(&self) -> u32 {
         self.area
@@ -188,6 +197,9 @@ impl<T: Plain> Consumer<T> {
         if let Ok(a) = self.area.atomic_u64(ARMED) {
             a.store(1, Ordering::Release);
         }
+        // Pairs with the fence in `Producer::notify`: the caller polls the ring after
+        // arming, and must see any entry pushed by a producer that did not see the arm.
+        std::sync::atomic::fence(Ordering::SeqCst);
     }
 
     /// Waits until the notification sequence differs from `seen` or `timeout` passes

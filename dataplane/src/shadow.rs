@@ -24,6 +24,7 @@ struct Mapping {
     start: u64,
     end: u64,
     perms: String,
+    inode: u64,
     path: String,
     kernel_page_kb: u64,
 }
@@ -37,11 +38,13 @@ fn parse_smaps(text: &str) -> Vec<Mapping> {
             if let (Ok(start), Ok(end)) = (u64::from_str_radix(a, 16), u64::from_str_radix(b, 16)) {
                 let perms = f.next().unwrap_or("").to_string();
                 // offset, device, inode, then the path (which may contain spaces).
-                let rest: Vec<&str> = f.skip(3).collect();
+                let inode = f.nth(2).and_then(|i| i.parse().ok()).unwrap_or(0);
+                let rest: Vec<&str> = f.collect();
                 out.push(Mapping {
                     start,
                     end,
                     perms,
+                    inode,
                     path: rest.join(" "),
                     kernel_page_kb: 4,
                 });
@@ -112,6 +115,29 @@ fn display_path(p: &str) -> &str {
     } else {
         p
     }
+}
+
+/// Whether `area`'s pages are still its memfd's mapping in this process (the application
+/// may have unmapped them - a large free, heap trimming - and mapped something else there).
+pub fn still_mapped(area: &Area) -> bool {
+    // SAFETY: fstat into a zeroed struct on the area's fd.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    if unsafe { libc::fstat(area.fd().as_raw_fd(), &mut st) } < 0 {
+        return false;
+    }
+    let (start, end) = (area.addr(), area.addr() + area.len() as u64);
+    let Ok(text) = std::fs::read_to_string("/proc/self/smaps") else {
+        return false;
+    };
+    let maps = parse_smaps(&text);
+    let mut covered = start;
+    for m in maps.iter().filter(|m| m.end > start && m.start < end) {
+        if m.start > covered || m.inode != st.st_ino || !m.path.contains(SHADOW_NAME) {
+            return false;
+        }
+        covered = m.end;
+    }
+    covered >= end
 }
 
 /// The page-aligned range holding `[addr, addr + len)`.

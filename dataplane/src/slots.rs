@@ -664,7 +664,7 @@ unsafe impl Plain for EventSlot {}
 impl EventSlot {
     /// The slot for an event.
     pub fn encode(e: &AsyncEvent) -> EventSlot {
-        // ibv_event_type: CQ_ERR 0, QP_FATAL 1, QP_REQ_ERR 2, QP_ACCESS_ERR 3, SQ_DRAINED 6,
+        // ibv_event_type: CQ_ERR 0, QP_FATAL 1, QP_REQ_ERR 2, QP_ACCESS_ERR 3, SQ_DRAINED 5 (rdma-core verbs.h),
         // PORT_ACTIVE 9, PORT_ERR 10, DEVICE_FATAL 8, SRQ_LIMIT_REACHED 15,
         // QP_LAST_WQE_REACHED 16.
         let (kind, object) = match *e {
@@ -672,7 +672,7 @@ impl EventSlot {
             AsyncEvent::QpFatal(q) => (1, q.value()),
             AsyncEvent::QpRequestError(q) => (2, q.value()),
             AsyncEvent::QpAccessError(q) => (3, q.value()),
-            AsyncEvent::SqDrained(q) => (6, q.value()),
+            AsyncEvent::SqDrained(q) => (5, q.value()),
             AsyncEvent::DeviceFatal => (8, 0),
             AsyncEvent::PortActive => (9, 0),
             AsyncEvent::PortError => (10, 0),
@@ -690,7 +690,7 @@ impl EventSlot {
             1 => AsyncEvent::QpFatal(q),
             2 => AsyncEvent::QpRequestError(q),
             3 => AsyncEvent::QpAccessError(q),
-            6 => AsyncEvent::SqDrained(q),
+            5 => AsyncEvent::SqDrained(q),
             8 => AsyncEvent::DeviceFatal,
             9 => AsyncEvent::PortActive,
             10 => AsyncEvent::PortError,

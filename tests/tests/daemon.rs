@@ -789,6 +789,42 @@ fn ordinary_memory_registers_in_place_and_both_views_are_the_same_bytes() {
     );
     assert_eq!(c.status, WcStatus::Success);
     assert_eq!(m[6000..6008], [0x11; 8]);
+    // Pages unmapped and mapped anew at the same address are new memory: registering there
+    // again moves the new pages (not the old memfd).
+    let base2 = mem.addr() + 2 * 4096;
+    let mr4 = unsafe { a.ctx.reg_mr_addr(a.pd, base2, 4096, Access::ALL) }.unwrap();
+    a.ctx.dereg_mr(&mr4).unwrap();
+    // SAFETY: replaces our own page with a fresh anonymous one.
+    let p = unsafe {
+        libc::mmap(
+            base2 as *mut libc::c_void,
+            4096,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+            -1,
+            0,
+        )
+    };
+    assert_eq!(p as u64, base2);
+    m[2 * 4096..3 * 4096].fill(0x77);
+    let mr5 = unsafe { a.ctx.reg_mr_addr(a.pd, base2, 4096, Access::ALL) }.unwrap();
+    let sge_b3 = b.mr.sge(0, 16);
+    b.buf.write(0, &[0x99; 16]);
+    let c = post_one(
+        &mut b,
+        WrOp::Write {
+            remote_addr: base2 + 8,
+            rkey: mr5.rkey.unwrap(),
+        },
+        sge_b3,
+    );
+    assert_eq!(c.status, WcStatus::Success);
+    assert_eq!(
+        m[2 * 4096 + 8..2 * 4096 + 24],
+        [0x99; 16],
+        "the new page got the WRITE"
+    );
+    assert_eq!(m[2 * 4096], 0x77, "its own contents were kept");
     // A range that only partly overlaps the moved pages, and file-backed memory: refused.
     let e = unsafe { a.ctx.reg_mr_addr(a.pd, base + 7000, 5000, Access::ALL) }.unwrap_err();
     assert!(e.to_string().contains("already moved"), "{e}");
@@ -828,7 +864,10 @@ fn a_completion_wakes_a_blocked_waiter() {
     // Nothing happens: the wait times out.
     b.ctx.req_notify_cq(b.cq).unwrap();
     let t = Instant::now();
-    assert!(!b.ctx.wait_cq(b.cq, Some(Duration::from_millis(200))).unwrap());
+    assert!(!b
+        .ctx
+        .wait_cq(b.cq, Some(Duration::from_millis(200)))
+        .unwrap());
     assert!(t.elapsed() >= Duration::from_millis(150));
     // A SEND arrives while b sleeps in wait_cq.
     b.ctx
@@ -860,7 +899,10 @@ fn a_completion_wakes_a_blocked_waiter() {
             .unwrap();
         a
     });
-    assert!(b.ctx.wait_cq(b.cq, Some(Duration::from_secs(10))).unwrap(), "no wake-up");
+    assert!(
+        b.ctx.wait_cq(b.cq, Some(Duration::from_secs(10))).unwrap(),
+        "no wake-up"
+    );
     assert_eq!(b.ctx.poll_cq(b.cq, &mut wc).unwrap(), 1);
     assert_eq!((wc[0].wr_id, wc[0].byte_len), (5, 4));
     let a = sender.join().unwrap();

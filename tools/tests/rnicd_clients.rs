@@ -452,3 +452,135 @@ fn a_second_rnicd_on_the_same_socket_is_refused_and_a_stopping_rnicd_fails_its_c
     );
     assert!(!Path::new(&r.socket).exists());
 }
+
+/// libferroce_client.so as this build made it.
+fn client_lib_dir() -> PathBuf {
+    let bin = Path::new(env!("CARGO_BIN_EXE_rnicd"))
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    // The newest copy: a dependency build leaves it in deps/, a direct build next to the
+    // binaries (possibly older).
+    [bin.clone(), bin.join("deps")]
+        .into_iter()
+        .filter_map(|d| {
+            let m = std::fs::metadata(d.join("libferroce_client.so")).ok()?;
+            Some((m.modified().ok()?, d))
+        })
+        .max()
+        .map(|(_, d)| d)
+        .unwrap_or_else(|| panic!("libferroce_client.so not found next to {}", bin.display()))
+}
+
+#[test]
+fn the_c_example_runs_both_roles_through_rnicd() {
+    let _one = serial();
+    let ws = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let root = ws.join("dataplane/client");
+    let lib = client_lib_dir();
+    // The library must be this build's (make test builds it before the tests).
+    let built = std::fs::metadata(lib.join("libferroce_client.so"))
+        .and_then(|m| m.modified())
+        .unwrap();
+    for src in [
+        "dataplane/client/src/lib.rs",
+        "dataplane/src/host.rs",
+        "dataplane/src/ring.rs",
+    ] {
+        let m = std::fs::metadata(ws.join(src))
+            .and_then(|m| m.modified())
+            .unwrap();
+        assert!(
+            m <= built,
+            "libferroce_client.so is older than {src}: run `cargo build -p ferroce-client` \
+             (make test does)"
+        );
+    }
+    // Installed as a user would (make install-files PREFIX=...), built with pkg-config.
+    let dir = temp_dir("c-example");
+    let prefix = dir.0.join("prefix");
+    let profile = Path::new(env!("CARGO_BIN_EXE_rnicd"))
+        .parent()
+        .and_then(|p| p.file_name())
+        .unwrap()
+        .to_string_lossy()
+        .to_string();
+    let target = Path::new(env!("CARGO_BIN_EXE_rnicd")).parent().unwrap();
+    if lib != target {
+        // A dependency build left the library in deps/ only: put it where install looks.
+        std::fs::copy(
+            lib.join("libferroce_client.so"),
+            target.join("libferroce_client.so"),
+        )
+        .unwrap();
+    }
+    let o = Command::new("make")
+        .current_dir(&ws)
+        .args(["-s", "install-files"])
+        .arg(format!("PREFIX={}", prefix.display()))
+        .arg(format!("PROFILE={profile}"))
+        .output()
+        .expect("make");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let pc = Command::new("pkg-config")
+        .args(["--cflags", "--libs", "ferroce"])
+        .env("PKG_CONFIG_PATH", prefix.join("lib/pkgconfig"))
+        .output()
+        .expect("pkg-config");
+    assert!(
+        pc.status.success(),
+        "{}",
+        String::from_utf8_lossy(&pc.stderr)
+    );
+    let flags = String::from_utf8(pc.stdout).unwrap();
+    let exe = dir.0.join("rc_pingpong");
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let o = Command::new(&cc)
+        .args(["-std=gnu11", "-O2", "-Wall", "-Wextra", "-Werror"])
+        .arg(root.join("examples/rc_pingpong.c"))
+        .args(flags.split_whitespace())
+        .arg("-o")
+        .arg(&exe)
+        .output()
+        .expect("a C compiler (cc)");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let r = Rnicd::start("c", &[]);
+    for extra in [
+        vec!["-n", "300", "-s", "4096"],
+        vec!["-n", "200", "-s", "100", "-e"],
+    ] {
+        let port = free_port().to_string();
+        let mut s = Command::new(&exe);
+        s.args(["-S", r.sock(), "-d", "ferroce0", "-p", &port])
+            .args(&extra);
+        let mut c = Command::new(&exe);
+        c.args(["-S", r.sock(), "-d", "ferroce1", "-p", &port])
+            .args(&extra)
+            .arg("127.0.0.1");
+        let srv = std::thread::spawn(move || common::run_for(&mut s, Duration::from_secs(60)));
+        std::thread::sleep(Duration::from_millis(200));
+        let (co, _) = common::run_for(&mut c, Duration::from_secs(60));
+        let (so, _) = srv.join().unwrap();
+        for (o, who) in [(&so, "server"), (&co, "client")] {
+            let t = String::from_utf8_lossy(&o.stdout);
+            assert!(
+                o.status.success(),
+                "{who} {extra:?}: {t}{}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+            let n = extra[1];
+            assert!(t.contains(&format!("verified {n} messages")), "{who}: {t}");
+            assert!(t.contains("usec/iter"), "{who}: {t}");
+        }
+        assert!(String::from_utf8_lossy(&co.stdout).contains("RDMA WRITE and READ"));
+    }
+    // Errors are errno values with a reason: an unknown device.
+    let o = Command::new(&exe)
+        .args(["-S", r.sock(), "-d", "mlx5_0", "-p", "1"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(e.contains("mlx5_0") && e.contains("ferroce0"), "{e}");
+    wait_idle(r.sock());
+}

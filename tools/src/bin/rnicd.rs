@@ -215,6 +215,7 @@ fn main() -> ExitCode {
     let names = daemon.names().to_vec();
     let start = Instant::now();
     let mut last = Instant::now();
+    let mut failed = false;
     while !stop_requested() {
         std::thread::sleep(Duration::from_millis(100));
         if cli.duration > 0 && start.elapsed() >= Duration::from_secs(cli.duration) {
@@ -222,6 +223,7 @@ fn main() -> ExitCode {
         }
         if !daemon.runtime().alive() {
             eprintln!("rnicd: the worker stopped unexpectedly");
+            failed = true;
             break;
         }
         if cli.stats > 0 && last.elapsed() >= Duration::from_secs(cli.stats) {
@@ -235,5 +237,9 @@ fn main() -> ExitCode {
     let snaps = daemon.stop();
     print_stats(&names, &snaps);
     println!("rnicd: stopped");
-    ExitCode::SUCCESS
+    if failed {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    }
 }

@@ -1,0 +1,1273 @@
+//! libferroce_client: the C API of `include/ferroce.h` over rnicd's host interface
+//! ([`dataplane::client`]). Every function checks its pointers and handles, returns an errno
+//! instead of panicking, and keeps a description of the last failure per context.
+//!
+//! The `repr(C)` structs here are the header's; `tests/abi.rs` compiles a C program against
+//! the header and checks every size and offset against them.
+
+#![allow(clippy::missing_safety_doc)] // the safety contract of each function is the header's
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use dataplane::client::{connect, RemoteContext};
+use dataplane::slots::{CqeSlot, EventSlot};
+use dataplane::{Buffer, Mr, Verbs};
+use roce::engine::{CqId, QpInit, SrqAttr, SrqId, VerbsError};
+use roce::memory::PdId;
+use roce::types::{Gid, Lkey, Psn, Qkey, Qpn, Rkey};
+use roce::verbs::{
+    Access, AddressVector, Mtu, QpAttr, QpCaps, QpState, QpType, RecvWr, SendFlags, SendWr, Sge,
+    UdDest, WrOp,
+};
+
+/// `struct ferroce_device_attr`.
+#[repr(C)]
+#[allow(missing_docs)]
+pub struct DeviceAttr {
+    pub fw_ver: [c_char; 64],
+    pub max_mr_size: u64,
+    pub vendor_id: u32,
+    pub vendor_part_id: u32,
+    pub max_qp: u32,
+    pub max_qp_wr: u32,
+    pub max_sge: u32,
+    pub max_cq: u32,
+    pub max_cqe: u32,
+    pub max_mr: u32,
+    pub max_pd: u32,
+    pub max_srq: u32,
+    pub max_srq_wr: u32,
+    pub max_srq_sge: u32,
+    pub max_inline_data: u32,
+    pub max_qp_rd_atom: u32,
+    pub max_qp_init_rd_atom: u32,
+    pub atomic_cap: u32,
+}
+
+/// `struct ferroce_port_attr`.
+#[repr(C)]
+#[allow(missing_docs)]
+pub struct PortAttr {
+    pub state: u32,
+    pub max_mtu: u32,
+    pub active_mtu: u32,
+    pub gid_tbl_len: u32,
+    pub pkey_tbl_len: u32,
+    pub link_layer: u32,
+}
+
+/// `struct ferroce_mr`.
+#[repr(C)]
+#[allow(missing_docs)]
+pub struct CMr {
+    pub addr: u64,
+    pub length: u64,
+    pub lkey: u32,
+    pub rkey: u32,
+}
+
+/// `struct ferroce_srq_attr`.
+#[repr(C)]
+#[allow(missing_docs)]
+pub struct CSrqAttr {
+    pub max_wr: u32,
+    pub max_sge: u32,
+    pub srq_limit: u32,
+}
+
+/// `struct ferroce_qp_cap`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+#[allow(missing_docs)]
+pub struct CQpCap {
+    pub max_send_wr: u32,
+    pub max_recv_wr: u32,
+    pub max_send_sge: u32,
+    pub max_recv_sge: u32,
+    pub max_inline_data: u32,
+}
+
+/// `struct ferroce_qp_init_attr`.
+#[repr(C)]
+#[allow(missing_docs)]
+pub struct CQpInit {
+    pub pd: u32,
+    pub send_cq: u32,
+    pub recv_cq: u32,
+    pub srq: u32,
+    pub use_srq: u32,
+    pub qp_type: u32,
+    pub cap: CQpCap,
+    pub sq_sig_all: u32,
+}
+
+/// `struct ferroce_ah_attr`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+#[allow(missing_docs)]
+pub struct CAh {
+    pub dgid: [u8; 16],
+    pub flow_label: u32,
+    pub sgid_index: u8,
+    pub hop_limit: u8,
+    pub traffic_class: u8,
+    pub sl: u8,
+    pub dmac: [u8; 6],
+    pub has_dmac: u8,
+    pub reserved: u8,
+}
+
+/// `struct ferroce_qp_attr`.
+#[repr(C)]
+#[allow(missing_docs)]
+pub struct CQpAttr {
+    pub qp_state: u32,
+    pub cur_qp_state: u32,
+    pub path_mtu: u32,
+    pub qp_access_flags: u32,
+    pub qkey: u32,
+    pub rq_psn: u32,
+    pub sq_psn: u32,
+    pub dest_qp_num: u32,
+    pub ah_attr: CAh,
+    pub pkey_index: u16,
+    pub port_num: u8,
+    pub max_rd_atomic: u8,
+    pub max_dest_rd_atomic: u8,
+    pub min_rnr_timer: u8,
+    pub timeout: u8,
+    pub retry_cnt: u8,
+    pub rnr_retry: u8,
+    pub en_sqd_async_notify: u8,
+    pub reserved: [u8; 2],
+    pub cap: CQpCap,
+}
+
+/// `struct ferroce_sge`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+#[allow(missing_docs)]
+pub struct CSge {
+    pub addr: u64,
+    pub length: u32,
+    pub lkey: u32,
+}
+
+/// `struct ferroce_send_wr`.
+#[repr(C)]
+#[allow(missing_docs)]
+pub struct CSendWr {
+    pub wr_id: u64,
+    pub sg_list: *const CSge,
+    pub num_sge: u32,
+    pub opcode: u32,
+    pub send_flags: u32,
+    pub imm_data: u32,
+    pub remote_addr: u64,
+    pub rkey: u32,
+    pub reserved: u32,
+    pub compare_add: u64,
+    pub swap: u64,
+    pub ah: *const CAh,
+    pub remote_qpn: u32,
+    pub remote_qkey: u32,
+}
+
+/// `struct ferroce_recv_wr`.
+#[repr(C)]
+#[allow(missing_docs)]
+pub struct CRecvWr {
+    pub wr_id: u64,
+    pub sg_list: *const CSge,
+    pub num_sge: u32,
+    pub reserved: u32,
+}
+
+/// `struct ferroce_wc` is [`CqeSlot`]; `struct ferroce_async_event` is [`EventSlot`].
+pub type CWc = CqeSlot;
+/// `struct ferroce_async_event`.
+pub type CEvent = EventSlot;
+
+/// Most SGEs one WR carries through this API.
+const MAX_SGE: usize = dataplane::slots::MAX_HOST_SGE;
+
+/// A completion channel: an eventfd written once per CQ notification by a thread that
+/// sleeps on the CQ ring's futex.
+struct EventChannel {
+    fd: OwnedFd,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for EventChannel {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// `struct ferroce_context`.
+pub struct Context {
+    ctx: RemoteContext,
+    last_error: CString,
+    buffers: HashMap<u64, Buffer>,
+    mrs: HashMap<u32, Mr>,
+    channels: HashMap<u32, EventChannel>,
+}
+
+thread_local! {
+    static OPEN_ERROR: RefCell<CString> = RefCell::new(CString::default());
+}
+
+fn set_errno(e: c_int) {
+    // SAFETY: __errno_location returns this thread's errno.
+    unsafe { *libc::__errno_location() = e };
+}
+
+fn errno_of(e: &VerbsError) -> c_int {
+    match e {
+        VerbsError::InvalidArgument(_) | VerbsError::InvalidState(_) | VerbsError::Modify(_) => {
+            libc::EINVAL
+        }
+        VerbsError::NoResources(_) | VerbsError::QueueFull => libc::ENOMEM,
+        VerbsError::NotFound(_) => libc::ENOENT,
+        VerbsError::Busy(_) => libc::EBUSY,
+        VerbsError::DeviceFatal => libc::EIO,
+    }
+}
+
+impl Context {
+    fn fail(&mut self, e: c_int, msg: impl Into<String>) -> c_int {
+        self.last_error = CString::new(msg.into().replace('\0', "?")).unwrap_or_default();
+        set_errno(e);
+        e
+    }
+
+    fn verbs(&mut self, e: VerbsError) -> c_int {
+        let n = errno_of(&e);
+        self.fail(n, e.to_string())
+    }
+
+    fn done<T>(&mut self, r: Result<T, VerbsError>, f: impl FnOnce(&mut Self, T)) -> c_int {
+        match r {
+            Ok(v) => {
+                f(self, v);
+                0
+            }
+            Err(e) => self.verbs(e),
+        }
+    }
+}
+
+/// Runs `f` on a context, with null pointers and panics turned into errors.
+fn with_ctx(ctx: *mut Context, f: impl FnOnce(&mut Context) -> c_int) -> c_int {
+    if ctx.is_null() {
+        set_errno(libc::EINVAL);
+        return libc::EINVAL;
+    }
+    // SAFETY: the caller passes a context from ferroce_open, used by one thread at a time.
+    let c = unsafe { &mut *ctx };
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(c))) {
+        Ok(r) => r,
+        Err(_) => c.fail(libc::EFAULT, "internal error (panic) in libferroce_client"),
+    }
+}
+
+/// Checks an out/in pointer argument.
+fn nonnull<T>(p: *const T, what: &str, c: &mut Context) -> Result<(), c_int> {
+    if p.is_null() {
+        Err(c.fail(libc::EINVAL, format!("{what} is NULL")))
+    } else {
+        Ok(())
+    }
+}
+
+fn cstr(p: *const c_char) -> Option<String> {
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: the caller passes a NUL-terminated string.
+    Some(unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ferroce_open(
+    socket: *const c_char,
+    device: *const c_char,
+) -> *mut Context {
+    let sock = cstr(socket);
+    let dev = cstr(device);
+    let r = std::panic::catch_unwind(|| connect(sock.as_deref().map(Path::new), dev.as_deref()));
+    let msg = match r {
+        Ok(Ok(ctx)) => {
+            return Box::into_raw(Box::new(Context {
+                ctx,
+                last_error: CString::default(),
+                buffers: HashMap::new(),
+                mrs: HashMap::new(),
+                channels: HashMap::new(),
+            }))
+        }
+        Ok(Err(e)) => {
+            let errno = match &e {
+                dataplane::client::ConnectError::Unreachable(_, io) => {
+                    io.raw_os_error().unwrap_or(libc::ECONNREFUSED)
+                }
+                dataplane::client::ConnectError::Refused(w) => w.errno(),
+                dataplane::client::ConnectError::Protocol(_) => libc::EPROTO,
+            };
+            set_errno(errno);
+            e.to_string()
+        }
+        Err(_) => {
+            set_errno(libc::EFAULT);
+            "internal error (panic) in libferroce_client".to_string()
+        }
+    };
+    let e = *libc::__errno_location();
+    OPEN_ERROR.with(|o| *o.borrow_mut() = CString::new(msg).unwrap_or_default());
+    set_errno(e);
+    std::ptr::null_mut()
+}
+
+#[no_mangle]
+pub extern "C" fn ferroce_open_error() -> *const c_char {
+    OPEN_ERROR.with(|o| o.borrow().as_ptr())
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ferroce_close(ctx: *mut Context) -> c_int {
+    if ctx.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: from ferroce_open, not used after this call.
+    let mut c = Box::from_raw(ctx);
+    c.channels.clear();
+    c.ctx.close();
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ferroce_last_error(ctx: *mut Context) -> *const c_char {
+    if ctx.is_null() {
+        return c"no context".as_ptr();
+    }
+    (*ctx).last_error.as_ptr()
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ferroce_query_device(ctx: *mut Context, out: *mut DeviceAttr) -> c_int {
+    with_ctx(ctx, |c| {
+        if let Err(e) = nonnull(out, "attr", c) {
+            return e;
+        }
+        let r = c.ctx.query_device();
+        c.done(r, |_, a| {
+            let mut fw = [0 as c_char; 64];
+            for (d, s) in fw.iter_mut().zip(roce::engine::FW_VERSION.bytes().take(63)) {
+                *d = s as c_char;
+            }
+            let l = a.limits;
+            // SAFETY: checked non-null; the caller's struct.
+            unsafe {
+                out.write(DeviceAttr {
+                    fw_ver: fw,
+                    max_mr_size: a.max_mr_size,
+                    vendor_id: a.vendor_id,
+                    vendor_part_id: a.vendor_part_id,
+                    max_qp: l.max_qp,
+                    max_qp_wr: l.max_qp_wr,
+                    max_sge: l.max_sge,
+                    max_cq: l.max_cq,
+                    max_cqe: l.max_cqe,
+                    max_mr: l.max_mr,
+                    max_pd: l.max_pd,
+                    max_srq: l.max_srq,
+                    max_srq_wr: a.max_srq_wr,
+                    max_srq_sge: a.max_srq_sge,
+                    max_inline_data: a.max_inline_data,
+                    max_qp_rd_atom: l.max_qp_rd_atom as u32,
+                    max_qp_init_rd_atom: a.max_qp_init_rd_atom as u32,
+                    atomic_cap: a.atomic_cap,
+                })
+            }
+        })
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ferroce_query_port(ctx: *mut Context, out: *mut PortAttr) -> c_int {
+    with_ctx(ctx, |c| {
+        if let Err(e) = nonnull(out, "attr", c) {
+            return e;
+        }
+        let r = c.ctx.query_port();
+        c.done(r, |_, p| {
+            // SAFETY: checked non-null.
+            unsafe {
+                out.write(PortAttr {
+                    state: if p.active { 4 } else { 1 },
+                    max_mtu: p.max_mtu as u32,
+                    active_mtu: p.active_mtu as u32,
+                    gid_tbl_len: p.gid_tbl_len,
+                    pkey_tbl_len: p.pkey_tbl_len,
+                    link_layer: 2,
+                })
+            }
+        })
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ferroce_query_gid(ctx: *mut Context, index: u8, gid: *mut u8) -> c_int {
+    with_ctx(ctx, |c| {
+        if let Err(e) = nonnull(gid, "gid", c) {
+            return e;
+        }
+        let r = c.ctx.query_gid(index);
+        // SAFETY: the caller's 16-byte array.
+        c.done(r, |_, g| unsafe {
+            std::ptr::copy_nonoverlapping(g.0.as_ptr(), gid, 16)
+        })
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ferroce_alloc_pd(ctx: *mut Context, pd: *mut u32) -> c_int {
+    with_ctx(ctx, |c| {
+        if let Err(e) = nonnull(pd, "pd", c) {
+            return e;
+        }
+        let r = c.ctx.alloc_pd();
+        // SAFETY: checked non-null.
+        c.done(r, |_, p| unsafe { pd.write(p.0) })
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ferroce_dealloc_pd(ctx: *mut Context, pd: u32) -> c_int {
+    with_ctx(ctx, |c| {
+        let r = c.ctx.dealloc_pd(PdId(pd));
+        c.done(r, |_, _| {})
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ferroce_alloc_buf(ctx: *mut Context, len: usize) -> *mut c_void {
+    let mut out = std::ptr::null_mut();
+    with_ctx(ctx, |c| {
+        if len == 0 {
+            return c.fail(libc::EINVAL, "zero-length buffer");
+        }
+        let r = c.ctx.alloc_buffer(len);
+        c.done(r, |c, b| {
+            out = b.addr() as *mut c_void;
+            c.buffers.insert(b.addr(), b);
+        })
+    });
+    out
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ferroce_free_buf(ctx: *mut Context, buf: *mut c_void) -> c_int {
+    with_ctx(ctx, |c| match c.buffers.remove(&(buf as u64)) {
+        Some(_) => 0,
+        None => c.fail(libc::EINVAL, "not a buffer of this context"),
+    })
+}
+
+/// The buffer of `c` holding `[addr, addr + len)`, and the offset in it.
+fn buffer_of(c: &Context, addr: u64, len: usize) -> Option<(&Buffer, usize)> {
+    c.buffers.values().find_map(|b| {
+        let end = addr.checked_add(len as u64)?;
+        (addr >= b.addr() && end <= b.addr() + b.len() as u64)
+            .then(|| (b, (addr - b.addr()) as usize))
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ferroce_reg_mr(
+    ctx: *mut Context,
+    pd: u32,
+    addr: *mut c_void,
+    len: usize,
+    access: c_int,
+    mr: *mut CMr,
+) -> c_int {
+    with_ctx(ctx, |c| {
+        if let Err(e) = nonnull(mr, "mr", c) {
+            return e;
+        }
+        if addr.is_null() || len == 0 {
+            return c.fail(libc::EINVAL, "no memory to register (NULL or zero length)");
+        }
+        let access = Access(access as u32);
+        let r = match buffer_of(c, addr as u64, len) {
+            Some((b, off)) => {
+                let b = b.clone();
+                c.ctx.reg_mr(PdId(pd), &b, off, len, access)
+            }
+            // SAFETY: the caller's memory; the header says no other thread writes it now.
+            None => unsafe { c.ctx.reg_mr_addr(PdId(pd), addr as u64, len, access) },
+        };
+        c.done(r, |c, m| {
+            // SAFETY: checked non-null.
+            unsafe {
+                mr.write(CMr {
+                    addr: m.addr,
+                    length: m.len,
+                    lkey: m.lkey.0,
+                    rkey: m.rkey.map_or(0, |k| k.0),
+                })
+            };
+            c.mrs.insert(m.lkey.0, m);
+        })
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ferroce_dereg_mr(ctx: *mut Context, mr: *const CMr) -> c_int {
+    with_ctx(ctx, |c| {
+        if let Err(e) = nonnull(mr, "mr", c) {
+            return e;
+        }
+        // SAFETY: checked non-null.
+        let lkey = unsafe { (*mr).lkey };
+        let Some(m) = c.mrs.get(&lkey).cloned() else {
+            return c.fail(libc::EINVAL, "not an MR of this context");
+        };
+        let r = c.ctx.dereg_mr(&m);
+        c.done(r, |c, _| {
+            c.mrs.remove(&lkey);
+        })
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ferroce_create_cq(ctx: *mut Context, cqe: u32, cq: *mut u32) -> c_int {
+    with_ctx(ctx, |c| {
+        if let Err(e) = nonnull(cq, "cq", c) {
+            return e;
+        }
+        let r = c.ctx.create_cq(cqe);
+        // SAFETY: checked non-null.
+        c.done(r, |_, q| unsafe { cq.write(q.0) })
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ferroce_destroy_cq(ctx: *mut Context, cq: u32) -> c_int {
+    with_ctx(ctx, |c| {
+        c.channels.remove(&cq);
+        let r = c.ctx.destroy_cq(CqId(cq));
+        c.done(r, |_, _| {})
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ferroce_poll_cq(
+    ctx: *mut Context,
+    cq: u32,
+    n: c_int,
+    wc: *mut CWc,
+) -> c_int {
+    let mut count = 0;
+    let r = with_ctx(ctx, |c| {
+        if n < 0 {
+            return c.fail(libc::EINVAL, "negative count");
+        }
+        if n > 0 {
+            if let Err(e) = nonnull(wc, "wc", c) {
+                return e;
+            }
+        }
+        let mut buf = [roce::verbs::Completion::default(); 32];
+        while count < n as usize {
+            let want = (n as usize - count).min(buf.len());
+            match c.ctx.poll_cq(CqId(cq), &mut buf[..want]) {
+                Ok(k) => {
+                    for (i, comp) in buf[..k].iter().enumerate() {
+                        // SAFETY: the caller's array of n entries; count + i < n.
+                        unsafe { wc.add(count + i).write(CqeSlot::encode(comp)) };
+                    }
+                    count += k;
+                    if k < want {
+                        break;
+                    }
+                }
+                Err(e) if count == 0 => return c.verbs(e),
+                Err(_) => break,
+            }
+        }
+        0
+    });
+    if r != 0 {
+        -r
+    } else {
+        count as c_int
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ferroce_req_notify_cq(
+    ctx: *mut Context,
+    cq: u32,
+    _solicited_only: c_int,
+) -> c_int {
+    with_ctx(ctx, |c| {
+        let r = c.ctx.req_notify_cq(CqId(cq));
+        c.done(r, |_, _| {})
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ferroce_cq_event_fd(ctx: *mut Context, cq: u32) -> c_int {
+    let mut fd = -1;
+    let r = with_ctx(ctx, |c| {
+        if let Some(ch) = c.channels.get(&cq) {
+            fd = ch.fd.as_raw_fd();
+            return 0;
+        }
+        let Some(waiter) = c.ctx.cq_notifier(CqId(cq)) else {
+            return c.fail(libc::ENOENT, "no such completion queue");
+        };
+        // SAFETY: eventfd(2); the result is checked and owned.
+        let raw = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+        if raw < 0 {
+            let e = std::io::Error::last_os_error();
+            return c.fail(e.raw_os_error().unwrap_or(libc::EIO), e.to_string());
+        }
+        // SAFETY: fresh fd.
+        let owned = unsafe { OwnedFd::from_raw_fd(raw) };
+        let stop = Arc::new(AtomicBool::new(false));
+        let (st, wfd) = (stop.clone(), raw);
+        let thread = std::thread::Builder::new()
+            .name("ferroce-cq-event".into())
+            .spawn(move || {
+                // From the last arming, not from now: a notification between arming and
+                // this thread's start still counts.
+                let mut seen = waiter.armed_at();
+                while !st.load(Ordering::Acquire) {
+                    if waiter.wait(seen, Duration::from_millis(100)) {
+                        seen = waiter.seq();
+                        let one = 1u64;
+                        // SAFETY: an 8-byte write to our eventfd (open while the channel
+                        // lives: the channel joins this thread before closing it).
+                        unsafe { libc::write(wfd, &one as *const u64 as *const c_void, 8) };
+                    }
+                }
+            });
+        match thread {
+            Ok(t) => {
+                fd = raw;
+                c.channels.insert(
+                    cq,
+                    EventChannel {
+                        fd: owned,
+                        stop,
+                        thread: Some(t),
+                    },
+                );
+                0
+            }
+            Err(e) => c.fail(libc::EAGAIN, e.to_string()),
+        }
+    });
+    if r != 0 {
+        -1
+    } else {
+        fd
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ferroce_get_cq_event(
+    ctx: *mut Context,
+    cq: u32,
+    timeout_ms: c_int,
+) -> c_int {
+    with_ctx(ctx, |c| {
+        let timeout = (timeout_ms >= 0).then(|| Duration::from_millis(timeout_ms as u64));
+        if let Some(ch) = c.channels.get(&cq) {
+            // With a channel: one notification is one eventfd count.
+            let fd = ch.fd.as_raw_fd();
+            let mut p = libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one pollfd.
+            let n = unsafe { libc::poll(&mut p, 1, timeout_ms) };
+            if n == 0 {
+                return c.fail(libc::ETIMEDOUT, "no completion event in time");
+            }
+            if n < 0 {
+                let e = std::io::Error::last_os_error();
+                return c.fail(e.raw_os_error().unwrap_or(libc::EIO), e.to_string());
+            }
+            let mut v = 0u64;
+            // SAFETY: an 8-byte read from our eventfd.
+            unsafe { libc::read(fd, &mut v as *mut u64 as *mut c_void, 8) };
+            return 0;
+        }
+        match c.ctx.wait_cq(CqId(cq), timeout) {
+            Ok(true) => 0,
+            Ok(false) => c.fail(libc::ETIMEDOUT, "no completion event in time"),
+            Err(e) => c.verbs(e),
+        }
+    })
+}
+
+fn caps(c: &CQpCap) -> QpCaps {
+    QpCaps {
+        max_send_wr: c.max_send_wr,
+        max_recv_wr: c.max_recv_wr,
+        max_send_sge: c.max_send_sge,
+        max_recv_sge: c.max_recv_sge,
+        max_inline_data: c.max_inline_data,
+    }
+}
+
+fn c_caps(c: &QpCaps) -> CQpCap {
+    CQpCap {
+        max_send_wr: c.max_send_wr,
+        max_recv_wr: c.max_recv_wr,
+        max_send_sge: c.max_send_sge,
+        max_recv_sge: c.max_recv_sge,
+        max_inline_data: c.max_inline_data,
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ferroce_create_srq(
+    ctx: *mut Context,
+    pd: u32,
+    attr: *const CSrqAttr,
+    srq: *mut u32,
+) -> c_int {
+    with_ctx(ctx, |c| {
+        if let Err(e) = nonnull(attr, "attr", c).and_then(|_| nonnull(srq, "srq", c)) {
+            return e;
+        }
+        // SAFETY: checked non-null.
+        let a = unsafe { &*attr };
+        let r = c.ctx.create_srq(
+            PdId(pd),
+            &SrqAttr {
+                max_wr: a.max_wr,
+                max_sge: a.max_sge,
+                srq_limit: a.srq_limit,
+            },
+        );
+        // SAFETY: checked non-null.
+        c.done(r, |_, s| unsafe { srq.write(s.0) })
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ferroce_modify_srq(ctx: *mut Context, srq: u32, limit: u32) -> c_int {
+    with_ctx(ctx, |c| {
+        let r = c.ctx.modify_srq(SrqId(srq), limit);
+        c.done(r, |_, _| {})
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ferroce_query_srq(
+    ctx: *mut Context,
+    srq: u32,
+    out: *mut CSrqAttr,
+) -> c_int {
+    with_ctx(ctx, |c| {
+        if let Err(e) = nonnull(out, "attr", c) {
+            return e;
+        }
+        let r = c.ctx.query_srq(SrqId(srq));
+        c.done(r, |_, a| {
+            // SAFETY: checked non-null.
+            unsafe {
+                out.write(CSrqAttr {
+                    max_wr: a.max_wr,
+                    max_sge: a.max_sge,
+                    srq_limit: a.srq_limit,
+                })
+            }
+        })
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ferroce_destroy_srq(ctx: *mut Context, srq: u32) -> c_int {
+    with_ctx(ctx, |c| {
+        let r = c.ctx.destroy_srq(SrqId(srq));
+        c.done(r, |_, _| {})
+    })
+}
+
+fn qp_type(v: u32) -> Option<QpType> {
+    match v {
+        2 => Some(QpType::Rc),
+        3 => Some(QpType::Uc),
+        4 => Some(QpType::Ud),
+        _ => None,
+    }
+}
+
+fn c_qp_type(t: QpType) -> u32 {
+    match t {
+        QpType::Rc => 2,
+        QpType::Uc => 3,
+        QpType::Ud => 4,
+    }
+}
+
+const STATES: [QpState; 7] = [
+    QpState::Reset,
+    QpState::Init,
+    QpState::Rtr,
+    QpState::Rts,
+    QpState::Sqd,
+    QpState::Sqe,
+    QpState::Err,
+];
+
+fn qp_state(v: u32) -> Option<QpState> {
+    STATES.get(v as usize).copied()
+}
+
+fn c_qp_state(s: QpState) -> u32 {
+    STATES.iter().position(|x| *x == s).unwrap_or(6) as u32
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ferroce_create_qp(
+    ctx: *mut Context,
+    init: *const CQpInit,
+    qpn: *mut u32,
+) -> c_int {
+    with_ctx(ctx, |c| {
+        if let Err(e) = nonnull(init, "init", c).and_then(|_| nonnull(qpn, "qpn", c)) {
+            return e;
+        }
+        // SAFETY: checked non-null.
+        let i = unsafe { &*init };
+        let Some(t) = qp_type(i.qp_type) else {
+            return c.fail(
+                libc::EINVAL,
+                format!("QP type {} (RC 2, UC 3, UD 4)", i.qp_type),
+            );
+        };
+        let r = c.ctx.create_qp(&QpInit {
+            pd: PdId(i.pd),
+            qp_type: t,
+            send_cq: CqId(i.send_cq),
+            recv_cq: CqId(i.recv_cq),
+            srq: (i.use_srq != 0).then_some(SrqId(i.srq)),
+            caps: caps(&i.cap),
+            sq_sig_all: i.sq_sig_all != 0,
+        });
+        // SAFETY: checked non-null.
+        c.done(r, |_, q| unsafe { qpn.write(q.value()) })
+    })
+}
+
+fn av(a: &CAh) -> AddressVector {
+    AddressVector {
+        dgid: Gid(a.dgid),
+        sgid_index: a.sgid_index,
+        flow_label: a.flow_label,
+        hop_limit: a.hop_limit,
+        traffic_class: a.traffic_class,
+        sl: a.sl,
+        dmac: (a.has_dmac != 0).then_some(a.dmac),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ferroce_modify_qp(
+    ctx: *mut Context,
+    qpn: u32,
+    attr: *const CQpAttr,
+    mask: c_int,
+) -> c_int {
+    with_ctx(ctx, |c| {
+        if let Err(e) = nonnull(attr, "attr", c) {
+            return e;
+        }
+        // SAFETY: checked non-null.
+        let a = unsafe { &*attr };
+        let m = mask as u32;
+        let has = |bit: u32| m & bit != 0;
+        let mut q = QpAttr::default();
+        if has(1) {
+            match qp_state(a.qp_state) {
+                Some(s) => q.state = Some(s),
+                None => return c.fail(libc::EINVAL, format!("QP state {}", a.qp_state)),
+            }
+        }
+        if has(2) {
+            match qp_state(a.cur_qp_state) {
+                Some(s) => q.cur_state = Some(s),
+                None => return c.fail(libc::EINVAL, format!("QP state {}", a.cur_qp_state)),
+            }
+        }
+        if has(4) {
+            q.en_sqd_async_notify = Some(a.en_sqd_async_notify != 0);
+        }
+        if has(8) {
+            q.access = Some(Access(a.qp_access_flags));
+        }
+        if has(16) {
+            q.pkey_index = Some(a.pkey_index);
+        }
+        if has(32) {
+            q.port = Some(a.port_num);
+        }
+        if has(64) {
+            q.qkey = Some(Qkey(a.qkey));
+        }
+        if has(128) {
+            q.av = Some(av(&a.ah_attr));
+        }
+        if has(256) {
+            match Mtu::from_ibv(a.path_mtu) {
+                Some(v) => q.path_mtu = Some(v),
+                None => return c.fail(libc::EINVAL, format!("path MTU code {}", a.path_mtu)),
+            }
+        }
+        if has(512) {
+            q.timeout = Some(a.timeout);
+        }
+        if has(1024) {
+            q.retry_cnt = Some(a.retry_cnt);
+        }
+        if has(2048) {
+            q.rnr_retry = Some(a.rnr_retry);
+        }
+        if has(4096) {
+            q.rq_psn = Some(Psn::new(a.rq_psn));
+        }
+        if has(8192) {
+            q.max_rd_atomic = Some(a.max_rd_atomic);
+        }
+        if has(32768) {
+            q.min_rnr_timer = Some(a.min_rnr_timer);
+        }
+        if has(65536) {
+            q.sq_psn = Some(Psn::new(a.sq_psn));
+        }
+        if has(131072) {
+            q.max_dest_rd_atomic = Some(a.max_dest_rd_atomic);
+        }
+        if has(1 << 20) {
+            q.dest_qp = Some(Qpn::new(a.dest_qp_num));
+        }
+        let r = c.ctx.modify_qp(Qpn::new(qpn), &q);
+        c.done(r, |_, _| {})
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ferroce_query_qp(
+    ctx: *mut Context,
+    qpn: u32,
+    attr: *mut CQpAttr,
+    init: *mut CQpInit,
+) -> c_int {
+    with_ctx(ctx, |c| {
+        if let Err(e) = nonnull(attr, "attr", c) {
+            return e;
+        }
+        let r = c.ctx.query_qp(Qpn::new(qpn));
+        c.done(r, |_, i| {
+            let a = &i.attr;
+            let ah = a.av.map_or(
+                CAh {
+                    dgid: [0; 16],
+                    flow_label: 0,
+                    sgid_index: 0,
+                    hop_limit: 0,
+                    traffic_class: 0,
+                    sl: 0,
+                    dmac: [0; 6],
+                    has_dmac: 0,
+                    reserved: 0,
+                },
+                |v| CAh {
+                    dgid: v.dgid.0,
+                    flow_label: v.flow_label,
+                    sgid_index: v.sgid_index,
+                    hop_limit: v.hop_limit,
+                    traffic_class: v.traffic_class,
+                    sl: v.sl,
+                    dmac: v.dmac.unwrap_or([0; 6]),
+                    has_dmac: v.dmac.is_some() as u8,
+                    reserved: 0,
+                },
+            );
+            // SAFETY: checked non-null.
+            unsafe {
+                attr.write(CQpAttr {
+                    qp_state: c_qp_state(i.state),
+                    cur_qp_state: c_qp_state(i.state),
+                    path_mtu: a.path_mtu.map_or(0, |m| m as u32),
+                    qp_access_flags: a.access.map_or(0, |x| x.0),
+                    qkey: a.qkey.map_or(0, |k| k.0),
+                    rq_psn: a.rq_psn.map_or(0, |p| p.value()),
+                    sq_psn: a.sq_psn.map_or(0, |p| p.value()),
+                    dest_qp_num: a.dest_qp.map_or(0, |q| q.value()),
+                    ah_attr: ah,
+                    pkey_index: a.pkey_index.unwrap_or(0),
+                    port_num: a.port.unwrap_or(1),
+                    max_rd_atomic: a.max_rd_atomic.unwrap_or(0),
+                    max_dest_rd_atomic: a.max_dest_rd_atomic.unwrap_or(0),
+                    min_rnr_timer: a.min_rnr_timer.unwrap_or(0),
+                    timeout: a.timeout.unwrap_or(0),
+                    retry_cnt: a.retry_cnt.unwrap_or(0),
+                    rnr_retry: a.rnr_retry.unwrap_or(0),
+                    en_sqd_async_notify: a.en_sqd_async_notify.unwrap_or(false) as u8,
+                    reserved: [0; 2],
+                    cap: c_caps(&i.caps),
+                })
+            };
+            if !init.is_null() {
+                // SAFETY: non-null; the caller's struct. PD and CQs are not kept per QP by
+                // query_qp: they read as 0.
+                unsafe {
+                    init.write(CQpInit {
+                        pd: 0,
+                        send_cq: 0,
+                        recv_cq: 0,
+                        srq: 0,
+                        use_srq: 0,
+                        qp_type: c_qp_type(i.qp_type),
+                        cap: c_caps(&i.caps),
+                        sq_sig_all: i.sq_sig_all as u32,
+                    })
+                };
+            }
+        })
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ferroce_destroy_qp(ctx: *mut Context, qpn: u32) -> c_int {
+    with_ctx(ctx, |c| {
+        let r = c.ctx.destroy_qp(Qpn::new(qpn));
+        c.done(r, |_, _| {})
+    })
+}
+
+/// Copies a C SGE list (at most MAX_SGE entries).
+fn sges(list: *const CSge, n: u32, out: &mut [Sge; MAX_SGE]) -> Result<usize, String> {
+    let n = n as usize;
+    if n > MAX_SGE {
+        return Err(format!("{n} SGEs (at most {MAX_SGE})"));
+    }
+    if n > 0 && list.is_null() {
+        return Err("sg_list is NULL".into());
+    }
+    for (i, o) in out.iter_mut().enumerate().take(n) {
+        // SAFETY: the caller's array of n entries.
+        let s = unsafe { *list.add(i) };
+        *o = Sge {
+            addr: s.addr,
+            length: s.length,
+            lkey: Lkey(s.lkey),
+        };
+    }
+    Ok(n)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ferroce_post_send(
+    ctx: *mut Context,
+    qpn: u32,
+    wr: *const CSendWr,
+) -> c_int {
+    with_ctx(ctx, |c| {
+        if let Err(e) = nonnull(wr, "wr", c) {
+            return e;
+        }
+        // SAFETY: checked non-null.
+        let w = unsafe { &*wr };
+        let mut list = [Sge::default(); MAX_SGE];
+        let n = match sges(w.sg_list, w.num_sge, &mut list) {
+            Ok(n) => n,
+            Err(m) => return c.fail(libc::EINVAL, m),
+        };
+        let rkey = Rkey(w.rkey);
+        let op = match w.opcode {
+            0 => WrOp::Write {
+                remote_addr: w.remote_addr,
+                rkey,
+            },
+            1 => WrOp::WriteWithImm {
+                remote_addr: w.remote_addr,
+                rkey,
+                imm: w.imm_data,
+            },
+            2 => WrOp::Send,
+            3 => WrOp::SendWithImm { imm: w.imm_data },
+            4 => WrOp::Read {
+                remote_addr: w.remote_addr,
+                rkey,
+            },
+            5 => WrOp::CompareSwap {
+                remote_addr: w.remote_addr,
+                rkey,
+                compare: w.compare_add,
+                swap: w.swap,
+            },
+            6 => WrOp::FetchAdd {
+                remote_addr: w.remote_addr,
+                rkey,
+                add: w.compare_add,
+            },
+            7 => WrOp::LocalInv {
+                rkey: Rkey(w.imm_data),
+            },
+            9 => WrOp::SendWithInv {
+                rkey: Rkey(w.imm_data),
+            },
+            o => return c.fail(libc::EINVAL, format!("send opcode {o}")),
+        };
+        let ud = if w.ah.is_null() {
+            None
+        } else {
+            // SAFETY: non-null; the caller's address handle.
+            Some(UdDest {
+                ah: av(unsafe { &*w.ah }),
+                remote_qpn: Qpn::new(w.remote_qpn),
+                remote_qkey: Qkey(w.remote_qkey),
+            })
+        };
+        let flags = SendFlags(w.send_flags);
+        let inline = flags.contains(SendFlags::INLINE) && !op.is_read_or_atomic();
+        let r = if inline {
+            // Inline data is copied now from wherever the SGEs point (verbs: no key check).
+            let total: usize = list[..n].iter().map(|s| s.length as usize).sum();
+            if total > roce::engine::MAX_INLINE {
+                return c.fail(
+                    libc::EINVAL,
+                    format!(
+                        "{total} inline bytes (at most {})",
+                        roce::engine::MAX_INLINE
+                    ),
+                );
+            }
+            let mut data = [0u8; roce::engine::MAX_INLINE];
+            let mut k = 0;
+            for s in &list[..n] {
+                if s.length > 0 && s.addr == 0 {
+                    return c.fail(libc::EINVAL, "inline SGE at address 0");
+                }
+                // SAFETY: the caller's memory, as ibv_post_send with IBV_SEND_INLINE reads it.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        s.addr as *const u8,
+                        data.as_mut_ptr().add(k),
+                        s.length as usize,
+                    )
+                };
+                k += s.length as usize;
+            }
+            let bare = SendWr {
+                wr_id: w.wr_id,
+                op,
+                sg_list: &[],
+                flags,
+                ud,
+            };
+            c.ctx.post_send_inline(Qpn::new(qpn), &bare, &data[..k])
+        } else {
+            c.ctx.post_send(
+                Qpn::new(qpn),
+                &SendWr {
+                    wr_id: w.wr_id,
+                    op,
+                    sg_list: &list[..n],
+                    flags,
+                    ud,
+                },
+            )
+        };
+        c.done(r, |_, _| {})
+    })
+}
+
+fn recv(
+    c: &mut Context,
+    wr: *const CRecvWr,
+    post: impl FnOnce(&mut Context, &RecvWr<'_>) -> Result<(), VerbsError>,
+) -> c_int {
+    if let Err(e) = nonnull(wr, "wr", c) {
+        return e;
+    }
+    // SAFETY: checked non-null.
+    let w = unsafe { &*wr };
+    let mut list = [Sge::default(); MAX_SGE];
+    let n = match sges(w.sg_list, w.num_sge, &mut list) {
+        Ok(n) => n,
+        Err(m) => return c.fail(libc::EINVAL, m),
+    };
+    let r = post(
+        c,
+        &RecvWr {
+            wr_id: w.wr_id,
+            sg_list: &list[..n],
+        },
+    );
+    c.done(r, |_, _| {})
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ferroce_post_recv(
+    ctx: *mut Context,
+    qpn: u32,
+    wr: *const CRecvWr,
+) -> c_int {
+    with_ctx(ctx, |c| {
+        recv(c, wr, |c, r| c.ctx.post_recv(Qpn::new(qpn), r))
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ferroce_post_srq_recv(
+    ctx: *mut Context,
+    srq: u32,
+    wr: *const CRecvWr,
+) -> c_int {
+    with_ctx(ctx, |c| {
+        recv(c, wr, |c, r| c.ctx.post_srq_recv(SrqId(srq), r))
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ferroce_get_async_event(ctx: *mut Context, ev: *mut CEvent) -> c_int {
+    with_ctx(ctx, |c| {
+        if let Err(e) = nonnull(ev, "ev", c) {
+            return e;
+        }
+        match c.ctx.poll_event() {
+            Some(e) => {
+                // SAFETY: checked non-null.
+                unsafe { ev.write(EventSlot::encode(&e)) };
+                0
+            }
+            None => {
+                set_errno(libc::EAGAIN);
+                libc::EAGAIN
+            }
+        }
+    })
+}
