@@ -57,6 +57,9 @@ struct Case {
     /// Message size and iteration count both ends must report.
     size: u64,
     iters: u64,
+    /// ferroce's end is rnic-perf as a client process of rnicd (which owns the port),
+    /// instead of rnic-perf running its own RNIC.
+    via_rnicd: bool,
 }
 
 fn cases() -> Vec<Case> {
@@ -130,8 +133,58 @@ fn cases() -> Vec<Case> {
                 args: args.clone(),
                 size: *size,
                 iters: *iters,
+                via_rnicd: false,
             });
         }
+    }
+    // Through rnicd: rnicd owns the tap port, rnic-perf is its client in another process.
+    for (i, (guest_client, test, tool, args, size, iters)) in [
+        (
+            true,
+            "write_bw",
+            "ib_write_bw",
+            vec!["-s", "65536", "-n", "20"],
+            65536,
+            20,
+        ),
+        (
+            false,
+            "write_bw",
+            "ib_write_bw",
+            vec!["-s", "65536", "-n", "20"],
+            65536,
+            20,
+        ),
+        (
+            true,
+            "read_lat",
+            "ib_read_lat",
+            vec!["-s", "64", "-n", "50"],
+            64,
+            50,
+        ),
+        (
+            false,
+            "read_lat",
+            "ib_read_lat",
+            vec!["-s", "64", "-n", "50"],
+            64,
+            50,
+        ),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        v.push(Case {
+            id: format!("R{}", i + 1),
+            guest_client,
+            test,
+            tool,
+            args,
+            size,
+            iters,
+            via_rnicd: true,
+        });
     }
     v
 }
@@ -282,8 +335,14 @@ fn check_case(c: &Case, ferroce: &Output, guest: Option<&GuestCase>) -> Result<S
     let v: Value = serde_json::from_slice(&ferroce.stdout)
         .map_err(|e| format!("rnic-perf JSON: {e}: {fe}"))?;
     // Sizes and counts: ferroce's report against what the guest printed.
-    let (gb, gn) = guest_row(&g.text).ok_or("no result in the guest's output")?;
     let pingpong = c.test.ends_with("pingpong");
+    // perftest's READ and ATOMIC latency servers print no result row (the client measures).
+    let silent_server = !c.guest_client && matches!(c.test, "read_lat" | "atomic_lat");
+    let (gb, gn) = match guest_row(&g.text) {
+        Some(x) => x,
+        None if silent_server => (c.size, c.iters),
+        None => return Err("no result in the guest's output".into()),
+    };
     let (fb, fnum) = if pingpong {
         (
             v["bytes"].as_u64().unwrap_or(0),
@@ -428,12 +487,50 @@ fn rnic_perf_against_linux_soft_roce() {
 
     // ferroce's side, case by case, in the guest's order.
     let mut results = Vec::new();
+    let sock = work.join("rnicd.sock");
+    let mut rnicd_pid = None;
     for c in &cases {
+        if c.via_rnicd && rnicd_pid.is_none() {
+            // rnicd takes the port for the remaining cases.
+            let mut d = Command::new("ip")
+                .args(["netns", "exec", NS])
+                .arg(env!("CARGO_BIN_EXE_rnicd"))
+                .args([
+                    "--port",
+                    "net_af_packet0,iface=tap0,qdisc_bypass=0",
+                    "--ip",
+                    FERROCE_IP,
+                    "--mac",
+                    FERROCE_MAC,
+                    "--socket",
+                ])
+                .arg(&sock)
+                .env("RUST_LOG", "warn")
+                .stdout(Stdio::null())
+                .stderr(Stdio::inherit())
+                .spawn()
+                .expect("rnicd");
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while !sock.exists() {
+                if let Ok(Some(st)) = d.try_wait() {
+                    panic!("rnicd exited {st:?} before listening");
+                }
+                assert!(Instant::now() < deadline, "rnicd did not start listening");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            rnicd_pid = Some(d.id());
+            cleanup.children.push(d);
+        }
         let mut cmd = Command::new("ip");
         cmd.args(["netns", "exec", NS])
             .arg(env!("CARGO_BIN_EXE_rnic-perf"))
-            .arg(c.test)
-            .args([
+            .arg(c.test);
+        if c.via_rnicd {
+            cmd.arg("--rnicd")
+                .arg(&sock)
+                .args(["-d", "ferroce0", "--json"]);
+        } else {
+            cmd.args([
                 "--port",
                 "net_af_packet0,iface=tap0,qdisc_bypass=0",
                 "--ip",
@@ -441,22 +538,24 @@ fn rnic_perf_against_linux_soft_roce() {
                 "--mac",
                 FERROCE_MAC,
                 "--json",
-            ])
-            .args(if c.test.ends_with("pingpong") {
-                ["-g", "1"]
-            } else {
-                ["-x", "1"]
-            })
-            .args(&c.args)
-            .env("RUST_LOG", "warn");
+            ]);
+        }
+        cmd.args(if c.test.ends_with("pingpong") {
+            ["-g", "1"]
+        } else {
+            ["-x", "1"]
+        })
+        .args(&c.args)
+        .env("RUST_LOG", "warn");
         if !c.guest_client {
             cmd.arg(GUEST_IP);
         }
         let t0 = Instant::now();
         let out = run_for(&mut cmd, Duration::from_secs(150));
         eprintln!(
-            "case {} ({} {} {}): rnic-perf exit {:?} after {:.1} s",
+            "case {} ({}{} {} {}): rnic-perf exit {:?} after {:.1} s",
             c.id,
+            if c.via_rnicd { "via rnicd, " } else { "" },
             if c.guest_client {
                 "guest client ->"
             } else {
@@ -468,6 +567,30 @@ fn rnic_perf_against_linux_soft_roce() {
             t0.elapsed().as_secs_f64()
         );
         results.push(out);
+    }
+
+    // rnicd stops (SIGTERM) and removes its socket.
+    if let Some(pid) = rnicd_pid {
+        let i = cleanup.children.iter().position(|c| c.id() == pid).unwrap();
+        let mut d = cleanup.children.remove(i);
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(pid as libc::pid_t, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let st = loop {
+            if let Ok(Some(st)) = d.try_wait() {
+                break Some(st);
+            }
+            if Instant::now() > deadline {
+                let _ = d.kill();
+                let _ = d.wait();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        assert!(
+            st.is_some_and(|s| s.success()) && !sock.exists(),
+            "rnicd did not stop cleanly: {st:?}"
+        );
     }
 
     // The guest finishes its last case and powers off.

@@ -234,15 +234,8 @@ fn set_errno(e: c_int) {
 }
 
 fn errno_of(e: &VerbsError) -> c_int {
-    match e {
-        VerbsError::InvalidArgument(_) | VerbsError::InvalidState(_) | VerbsError::Modify(_) => {
-            libc::EINVAL
-        }
-        VerbsError::NoResources(_) | VerbsError::QueueFull => libc::ENOMEM,
-        VerbsError::NotFound(_) => libc::ENOENT,
-        VerbsError::Busy(_) => libc::EBUSY,
-        VerbsError::DeviceFatal => libc::EIO,
-    }
+    // The same mapping rnicd's replies use.
+    dataplane::proto::WireError::from(e).errno()
 }
 
 impl Context {
