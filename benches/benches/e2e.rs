@@ -13,6 +13,12 @@
 //! RDMA WRITE bandwidth (64 KiB messages, MTU 4096), 64 B WRITE message rate, and 8 B WRITE
 //! half round-trip latency (ib_write_lat). Ratios are printed against the baselines.
 //!
+//! And the same three through rnicd's host interface across processes: this process runs
+//! the two RNICs behind an rnicd `Daemon` (socket in a temporary directory), and re-executes
+//! itself twice as rnic-perf's server and client, each a client process of the daemon
+//! (`rnic-perf --rnicd`): posts and completions cross shared-memory rings between processes.
+//! Printed beside the in-process figures as ratios.
+//!
 //! `cargo bench -p ferroce-benches --bench e2e` (about a minute; release build).
 
 use std::time::{Duration, Instant};
@@ -195,7 +201,70 @@ fn ferroce(verb: Verb, kind: Kind, args: &[&str]) -> Value {
     r["client"]["results"][0].clone()
 }
 
+/// The environment variables that make this binary one end of an rnicd run.
+const ROLE: &str = "FERROCE_E2E_ROLE";
+const TEST: &str = "FERROCE_E2E_TEST";
+const ARGS: &str = "FERROCE_E2E_ARGS";
+const SOCK: &str = "FERROCE_E2E_SOCKET";
+
+/// Child mode: one end of a test through rnicd; prints its JSON result.
+fn child(role: &str) {
+    let test = std::env::var(TEST).expect("test");
+    let args = std::env::var(ARGS).expect("args");
+    let sock = std::env::var(SOCK).expect("socket");
+    let (verb, kind) = match test.as_str() {
+        "write_bw" => (Verb::Write, Kind::Bw),
+        "write_lat" => (Verb::Write, Kind::Lat),
+        t => panic!("test {t}"),
+    };
+    let mut v = vec!["x"];
+    v.extend(args.split_whitespace());
+    if role == "client" {
+        v.push("127.0.0.1");
+    }
+    let a = A::parse_from(v).a;
+    let dev = if role == "client" { "ferroce1" } else { "ferroce0" };
+    let mut sink = Vec::new();
+    let r = driver::via_rnicd(
+        &Job::Perf(verb, kind, a),
+        Some(std::path::Path::new(&sock)),
+        Some(dev),
+        &mut sink,
+    )
+    .unwrap_or_else(|e| panic!("{role} {test} {args}: {e}"));
+    println!("{r}");
+}
+
+/// Runs `test` with `args` (plus `-p PORT`) as two processes through the daemon's socket;
+/// returns the client's first result row.
+fn via_rnicd(sock: &std::path::Path, test: &str, args: &str, port: u16) -> Value {
+    let exe = std::env::current_exe().expect("exe");
+    let args = format!("{args} -p {port}");
+    let spawn = |role: &str| {
+        std::process::Command::new(&exe)
+            .env(ROLE, role)
+            .env(TEST, test)
+            .env(ARGS, &args)
+            .env(SOCK, sock)
+            .env("RUST_LOG", "error")
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn")
+    };
+    let srv = spawn("server");
+    std::thread::sleep(Duration::from_millis(300));
+    let cli = spawn("client").wait_with_output().expect("client");
+    let _ = srv.wait_with_output();
+    assert!(cli.status.success(), "{test} {args} through rnicd failed");
+    let v: Value = serde_json::from_slice(&cli.stdout).expect("client JSON");
+    v["results"][0].clone()
+}
+
 fn main() {
+    if let Ok(role) = std::env::var(ROLE) {
+        child(&role);
+        return;
+    }
     // `cargo bench` passes --bench; this harness takes no options.
     let cfg = driver::loopback_config(1, 4096, &RnicOpts::default()).expect("config");
     dataplane::runtime::init_eal("e2e", &cfg).expect("EAL");
@@ -252,7 +321,41 @@ fn main() {
         lat["p99_us"].as_f64().unwrap()
     );
 
+    println!("ferroce through rnicd (two RNICs behind the daemon, server and client as processes)");
+    let dir = std::env::temp_dir().join(format!("ferroce-e2e-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let mut host = cfg.host.clone();
+    host.socket = dir.join("rnicd.sock");
+    let rt = dataplane::runtime::Runtime::loopback(
+        "e2e-rnicd",
+        driver::loopback_config(1, 4096, &RnicOpts::default()).unwrap(),
+        driver::loopback_config(2, 4096, &RnicOpts::default()).unwrap(),
+    )
+    .expect("runtime");
+    let daemon = dataplane::daemon::Daemon::start(rt, &host).expect("daemon");
+    let rbw = via_rnicd(&host.socket, "write_bw", "-s 65536 -n 30000 -m 4096", 18710);
+    let rgbps = rbw["bw_avg_Gbps"].as_f64().unwrap();
+    println!("  RDMA WRITE 64 KiB, MTU 4096:          {rgbps:8.2} Gb/s");
+    let rmr = via_rnicd(&host.socket, "write_bw", "-s 64 -n 1000000", 18711);
+    let rmpps = rmr["msg_rate_Mpps"].as_f64().unwrap();
+    println!("  RDMA WRITE 64 B message rate:         {rmpps:8.3} Mmsg/s");
+    let rlat = via_rnicd(&host.socket, "write_lat", "-s 8 -n 20000", 18712);
+    let rt_us = rlat["t_typical_us"].as_f64().unwrap();
+    println!(
+        "  RDMA WRITE 8 B half round trip:       {rt_us:8.3} us typical ({:.3} us avg, {:.3} us p99)",
+        rlat["t_avg_us"].as_f64().unwrap(),
+        rlat["p99_us"].as_f64().unwrap()
+    );
+    daemon.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+
     println!("ratios");
+    println!(
+        "  through rnicd / in process: WRITE 64 KiB goodput {:.3}, 64 B rate {:.3}, 8 B half RTT {:.2}x",
+        rgbps / gbps,
+        rmpps / mpps,
+        rt_us / t
+    );
     // A 64 KiB WRITE at MTU 4096 is 16 full frames one way plus an ACK back.
     println!(
         "  WRITE 64 KiB goodput / raw 4154 B link rate:  {:.3}",
