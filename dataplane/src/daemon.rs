@@ -34,6 +34,8 @@ use crate::worker::{Control, NicSnapshot};
 
 /// How long a new connection has to say hello.
 const HELLO_PATIENCE: Duration = Duration::from_secs(5);
+/// How long an admin connection may stay idle.
+const ADMIN_IDLE: Duration = Duration::from_secs(60);
 /// How often idle threads look at the stop flag.
 const TICK: Duration = Duration::from_millis(100);
 /// The largest CQ ring a client may send (slots).
@@ -600,7 +602,8 @@ fn handle(
 }
 
 fn admin_loop(conn: &SeqPacket, shared: &Shared, buf: &mut [u8], cred: Option<PeerCred>) {
-    while let Some(req) = next(conn, shared, buf, None) {
+    // An idle management connection is closed: it holds a connection place.
+    while let Some(req) = next(conn, shared, buf, Some(ADMIN_IDLE)) {
         let reply = match req {
             Ok((r, fds)) if !fds.is_empty() => Reply::err(
                 r.id,
