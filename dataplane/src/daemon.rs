@@ -24,8 +24,9 @@ use crate::config::HostConfig;
 use crate::host::{Channel, ClientLimits, Command, HostLimits, LocalChannel};
 use crate::nic::NicReport;
 use crate::proto::{
-    AdminRequest, Body, DeviceInfo, DeviceStats, Hello, Listener, ObjRes, PeerCred, QpRes, Reply,
-    ReplyBody, Request, Resources, Role, SeqPacket, Welcome, WireError, MAX_MESSAGE, VERSION,
+    AdminRequest, Body, ClientRes, DeviceInfo, DeviceStats, Hello, Listener, ObjRes, PeerCred,
+    QpRes, Reply, ReplyBody, Request, Resources, Role, SeqPacket, Welcome, WireError, MAX_MESSAGE,
+    VERSION,
 };
 use crate::ring::ring_bytes;
 use crate::runtime::Runtime;
@@ -456,7 +457,13 @@ fn verbs_client(
         let _ = conn.send_json(&Reply::err(id, e), &[]);
         return;
     }
-    let attached = shared.rt.attach_host(nic, shared.client_limits, pid, comm);
+    let attached = shared.rt.attach_host(
+        nic,
+        shared.client_limits,
+        pid,
+        cred.map_or(u32::MAX, |c| c.uid),
+        comm,
+    );
     let (rings, mut chan) = match attached {
         Ok(x) => x,
         Err(e) => {
@@ -707,7 +714,18 @@ fn admin(shared: &Shared, id: u64, req: AdminRequest, cred: Option<PeerCred>) ->
                 let dev = &shared.names[i];
                 for c in r.clients {
                     let (pid, comm) = who(c.pid, &c.comm);
-                    res.clients.push((dev.clone(), pid, comm.clone()));
+                    res.clients.push(ClientRes {
+                        device: dev.clone(),
+                        pid,
+                        // SAFETY: geteuid has no preconditions.
+                        uid: if c.pid == 0 {
+                            unsafe { libc::geteuid() }
+                        } else {
+                            c.uid
+                        },
+                        comm: comm.clone(),
+                        area_bytes: c.area_bytes,
+                    });
                     for q in &c.qps {
                         res.qps.push(QpRes {
                             device: dev.clone(),

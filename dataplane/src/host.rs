@@ -1537,6 +1537,8 @@ pub struct HostEnd {
     pub label: String,
     /// The owning process (0: this one).
     pub pid: u32,
+    /// Its user id.
+    pub uid: u32,
     /// Its command name.
     pub comm: String,
     posts: Consumer<PostSlot>,
@@ -1576,6 +1578,7 @@ impl HostEnd {
             id: u16::MAX,
             label: String::new(),
             pid: 0,
+            uid: 0,
             comm: String::new(),
             posts,
             events,

@@ -368,6 +368,7 @@ impl Nic {
                     .collect();
                 ClientReport {
                     pid: h.pid,
+                    uid: h.uid,
                     comm: h.comm.clone(),
                     pds: o.pds,
                     cqs: o.cqs,
@@ -1046,6 +1047,8 @@ impl Drop for Nic {
 pub struct ClientReport {
     /// Owning process (0: the RNIC's own process).
     pub pid: u32,
+    /// Its user id.
+    pub uid: u32,
     /// Its command name.
     pub comm: String,
     /// PDs.

@@ -321,6 +321,21 @@ pub struct ObjRes {
     pub size: u64,
 }
 
+/// One attached context (an application process) as `rnic-ctl res` shows it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ClientRes {
+    /// RNIC.
+    pub device: String,
+    /// Owner's pid (SO_PEERCRED; rnicd's own for its in-process contexts).
+    pub pid: u32,
+    /// Owner's uid (SO_PEERCRED).
+    pub uid: u32,
+    /// Owner's command name.
+    pub comm: String,
+    /// Bytes of memory it shares with the RNIC.
+    pub area_bytes: u64,
+}
+
 /// Everything `rnic-ctl res` shows.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Resources {
@@ -328,8 +343,8 @@ pub struct Resources {
     pub qps: Vec<QpRes>,
     /// PDs, CQs, MRs and SRQs.
     pub objects: Vec<ObjRes>,
-    /// Clients: (device, pid, comm).
-    pub clients: Vec<(String, u32, String)>,
+    /// Attached contexts.
+    pub clients: Vec<ClientRes>,
 }
 
 /// Counters of one RNIC, and of each of its QPs when asked.

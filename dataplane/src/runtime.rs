@@ -218,6 +218,7 @@ impl Runtime {
         index: usize,
         client_limits: ClientLimits,
         pid: u32,
+        uid: u32,
         comm: &str,
     ) -> Result<(ClientRings, LocalChannel), StartError> {
         if index >= self.configs.len() {
@@ -227,6 +228,7 @@ impl Runtime {
         let (rings, mut host) = host_end(self.limits[index], client_limits, &who)
             .map_err(|e| StartError::Other(format!("cannot make the client's rings: {e}")))?;
         host.pid = pid;
+        host.uid = uid;
         host.comm = comm.to_string();
         host.label = format!("pid {pid} ({comm})");
         let chan = LocalChannel::new(self.control.clone(), index, host.token, self.alive.clone());

@@ -143,7 +143,13 @@ fn remote_clients_move_verified_traffic_and_show_up_in_resources() {
         panic!("resources")
     };
     assert_eq!(r.clients.len(), 2, "{r:?}");
-    assert!(r.clients.iter().all(|c| c.1 == std::process::id()));
+    assert!(r.clients.iter().all(|c| c.pid == std::process::id()));
+    // SAFETY: geteuid has no preconditions.
+    assert!(r
+        .clients
+        .iter()
+        .all(|c| c.uid == unsafe { libc::geteuid() }));
+    assert!(r.clients.iter().all(|c| c.area_bytes >= 1 << 20));
     assert_eq!(r.qps.len(), 2);
     assert!(r.qps.iter().all(|q| q.state == QpState::Rts));
     assert!(r

@@ -391,6 +391,16 @@ fn rnic_ctl_shows_devices_objects_and_counters() {
     assert!(text.contains("comm rnic-perf"), "{text}");
     let text = String::from_utf8_lossy(&ctl(r.sock(), &["res"]).stdout).to_string();
     assert!(text.contains("ferroce0: pd 1 cq 2 qp 1 mr 1"), "{text}");
+    assert!(
+        text.contains(&format!(
+            "client ferroce0 pid {} uid 0 comm rnic-perf",
+            srv.id()
+        )) || text.contains(&format!(
+            "client ferroce0 pid {} uid 0 comm rnic-perf",
+            cli.id()
+        )),
+        "{text}"
+    );
     let text = String::from_utf8_lossy(&ctl(r.sock(), &["stat", "--qp"]).stdout).to_string();
     assert!(text.contains("link ferroce1/1 lqpn"), "{text}");
     assert!(text.contains("sent_pkts"), "{text}");

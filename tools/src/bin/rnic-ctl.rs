@@ -169,7 +169,7 @@ fn print_res(r: &Resources, kind: Option<ResKind>) {
     let want = |k: ResKind| kind.is_none_or(|x| x == k);
     if kind.is_none() {
         // `rdma resource show`: a count per device and kind.
-        let mut devs: Vec<&String> = r.clients.iter().map(|c| &c.0).collect();
+        let mut devs: Vec<&String> = r.clients.iter().map(|c| &c.device).collect();
         devs.sort();
         devs.dedup();
         for d in devs {
@@ -186,7 +186,13 @@ fn print_res(r: &Resources, kind: Option<ResKind>) {
                 n("cq"),
                 n("mr"),
                 n("srq"),
-                r.clients.iter().filter(|c| c.0 == *d).count()
+                r.clients.iter().filter(|c| c.device == *d).count()
+            );
+        }
+        for c in &r.clients {
+            println!(
+                "client {} pid {} uid {} comm {} shared {} bytes",
+                c.device, c.pid, c.uid, c.comm, c.area_bytes
             );
         }
         return;
