@@ -223,7 +223,11 @@ fn child(role: &str) {
         v.push("127.0.0.1");
     }
     let a = A::parse_from(v).a;
-    let dev = if role == "client" { "ferroce1" } else { "ferroce0" };
+    let dev = if role == "client" {
+        "ferroce1"
+    } else {
+        "ferroce0"
+    };
     let mut sink = Vec::new();
     let r = driver::via_rnicd(
         &Job::Perf(verb, kind, a),
