@@ -95,6 +95,18 @@ fn group_id(name: &str) -> Option<libc::gid_t> {
     (r == 0 && !out.is_null()).then_some(g.gr_gid)
 }
 
+/// Fails if a live rnicd already answers on `cfg`'s socket (checked before the RNICs start,
+/// so a second rnicd never touches the ports of the first).
+pub fn check_socket(cfg: &HostConfig) -> Result<(), DaemonError> {
+    use std::os::unix::fs::FileTypeExt;
+    let path = &cfg.socket;
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if !m.file_type().is_socket() => Err(DaemonError::NotASocket(path.clone())),
+        Ok(_) if SeqPacket::connect(path).is_ok() => Err(DaemonError::InUse(path.clone())),
+        _ => Ok(()),
+    }
+}
+
 /// Makes the listening socket: refuses if a live rnicd answers there, replaces a stale
 /// socket file, applies the mode and group.
 fn listen(cfg: &HostConfig) -> Result<Listener, DaemonError> {

@@ -55,6 +55,7 @@ fn bandwidth_tests_move_and_verify_every_message() {
         ("write_bw", vec!["-s", "3000", "-n", "500", "-q", "2"], 3000),
         ("read_bw", vec!["-s", "5000", "-n", "300"], 5000),
         ("send_bw", vec!["-s", "1500", "-n", "600"], 1500),
+        ("send_bw", vec!["-s", "1500", "-n", "300", "-e"], 1500),
         ("send_bw", vec!["-s", "1024", "-n", "400", "-c", "UD"], 1024),
         ("send_bw", vec!["-s", "9000", "-n", "200", "-c", "UC"], 9000),
         ("atomic_bw", vec!["-n", "500"], 8),
@@ -99,6 +100,7 @@ fn latency_tests_and_pingpongs() {
         ("write_lat", vec!["-s", "5000", "-n", "100"], 5000),
         ("read_lat", vec!["-s", "64", "-n", "200"], 64),
         ("send_lat", vec!["-s", "2", "-n", "200"], 2),
+        ("read_lat", vec!["-s", "64", "-n", "100", "-e"], 64),
         ("send_lat", vec!["-s", "512", "-n", "100", "-c", "UD"], 512),
         ("atomic_lat", vec!["-n", "200"], 8),
     ] {
@@ -566,8 +568,8 @@ fn bad_arguments_are_clear_errors() {
             "--mac",
         ),
         (
-            vec!["write_bw", "--loopback", "-e"],
-            "-e (completion events)",
+            vec!["write_lat", "--loopback", "-e"],
+            "-e is not available with write_lat",
         ),
         (vec!["write_bw", "--loopback", "-R"], "-R (rdma_cm)"),
         (

@@ -203,6 +203,8 @@ fn every_perftest_test_between_two_client_processes() {
         ("atomic_bw", vec!["-n", "300"]),
         ("write_lat", vec!["-s", "100", "-n", "200"]),
         ("read_lat", vec!["-s", "64", "-n", "200"]),
+        ("send_lat", vec!["-s", "64", "-n", "100", "-e"]),
+        ("send_bw", vec!["-s", "4096", "-n", "200", "-e"]),
         ("send_lat", vec!["-s", "2", "-n", "200"]),
         ("send_lat", vec!["-s", "512", "-n", "100", "-c", "UD"]),
         ("atomic_lat", vec!["-n", "200"]),

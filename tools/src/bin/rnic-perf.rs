@@ -45,7 +45,7 @@ struct Rnic {
     /// named with -d (default ferroce0); SOCKET defaults to $FERROCE_SOCKET or
     /// /run/ferroce/rnicd.sock.
     #[arg(long, value_name = "SOCKET", num_args = 0..=1, default_missing_value = "")]
-    rnicd: Option<PathBuf>,
+    rnicd: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -156,8 +156,8 @@ fn main() -> ExitCode {
                     .to_string(),
             )
         } else {
-            let sock = (!sock.as_os_str().is_empty()).then_some(sock.as_path());
-            driver::via_rnicd(&job, sock, dev.as_deref(), &mut *out)
+            let sock = (!sock.is_empty()).then(|| PathBuf::from(sock));
+            driver::via_rnicd(&job, sock.as_deref(), dev.as_deref(), &mut *out)
         }
     } else if rnic.loopback {
         driver::loopback(&job, mtu, &rnic.opts, &mut *out)

@@ -177,6 +177,10 @@ fn main() -> ExitCode {
     }
     install_signal_handlers();
     let host = cfgs[0].host.clone();
+    if let Err(e) = dataplane::daemon::check_socket(&host) {
+        eprintln!("rnicd: {e}");
+        return ExitCode::from(1);
+    }
     let started = if cli.loopback {
         Runtime::loopback("rnicd", cfgs[0].clone(), cfgs[1].clone())
     } else {

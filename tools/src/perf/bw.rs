@@ -136,6 +136,7 @@ pub fn run<V: Verbs>(
     let mut totrcnt = 0u64;
     let mut wc = [Completion::default(); POLL_BATCH];
     let mut idle = 0u32;
+    let mut ev = super::EventWait::default();
     let mut last_progress = Instant::now();
     let mut scratch = vec![
         0u8;
@@ -357,10 +358,23 @@ pub fn run<V: Verbs>(
         }
         if progress {
             idle = 0;
+            ev.reset();
             last_progress = Instant::now();
         } else {
             idle += 1;
-            backoff(idle);
+            if p.events && (send || recv) {
+                // -e: sleep on the send CQ (or the receive CQ of a receiver); both ends of
+                // a bidirectional run arm both and wake at least every 100 ms.
+                let cq = if send { res.scq } else { res.rcq };
+                if send && recv && !ev.is_armed() {
+                    res.ctx
+                        .req_notify_cq(res.rcq)
+                        .map_err(|e| format!("req_notify_cq: {e}"))?;
+                }
+                ev.idle(&mut res.ctx, cq)?;
+            } else {
+                backoff(idle);
+            }
             let quiet = last_progress.elapsed();
             if recv && !send && p.conn != Conn::RC && iters > 0 && quiet > LOSS_GRACE {
                 // Checked only once the link has been quiet a while (a peek on the socket).

@@ -50,6 +50,8 @@ fn wait_one<V: Verbs>(
     let mut wc = [Completion::default(); 1];
     let start = Instant::now();
     let mut idle = 0u32;
+    let mut ev = super::EventWait::default();
+    let events = res.events;
     loop {
         let n = res
             .ctx
@@ -67,7 +69,11 @@ fn wait_one<V: Verbs>(
             return Ok(wc[0]);
         }
         idle += 1;
-        backoff(idle.min(4000));
+        if events {
+            ev.idle(&mut res.ctx, cq)?;
+        } else {
+            backoff(idle.min(4000));
+        }
         if super::interrupted() {
             return Err(super::INTERRUPTED.into());
         }

@@ -112,6 +112,8 @@ pub struct Res<V: Verbs> {
     pub vbuf: Option<(Buffer, Mr)>,
     /// Size of a verify slot.
     pub vslot: u64,
+    /// `-e`: wait for completions by sleeping on CQ events.
+    pub events: bool,
 }
 
 /// The port's facts a test needs before the exchange.
@@ -308,6 +310,7 @@ impl<V: Verbs> Res<V> {
             my_keys,
             vbuf,
             vslot,
+            events: p.events,
         })
     }
 
