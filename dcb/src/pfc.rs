@@ -1,0 +1,626 @@
+//! Priority-based Flow Control (IEEE 802.1Qbb) and link-wide PAUSE (802.3x), sans-IO.
+//!
+//! - [`PauseState`] is the transmit side: PFC frames the port received pause its priorities
+//!   for `quanta x 512` bit times at the port's speed; a time of 0 resumes; a new frame
+//!   replaces (refreshes) the running time. A PAUSE frame pauses every priority.
+//! - [`Ingress`] is the receive side: per-priority ingress occupancy against XOFF/XON
+//!   thresholds; it asks for an XOFF when a priority passes XOFF, refreshes it before the pause
+//!   it asked for runs out, and asks for an XON once the priority drains below XON.
+//! - [`Watchdog`] detects a priority paused continuously for longer than the detection time (a
+//!   PFC storm) and holds its action until no pause arrived for the restoration time.
+//!
+//! Time is nanoseconds, passed in (`now`); speeds are Mb/s.
+
+/// Priorities (and PFC classes).
+pub const PRIORITIES: usize = 8;
+/// Quanta of the longest pause, and of the XOFF frames [`Ingress`] sends by default.
+pub const MAX_QUANTA: u16 = 0xffff;
+
+/// How long `quanta` pause quanta last at `speed_mbps`, in nanoseconds (rounded up): one
+/// quantum is 512 bit times (802.1Qbb 36.1.3.1; 5.12 ns at 100 Gb/s, 20.48 ns at 25 Gb/s).
+pub fn pause_ns(quanta: u16, speed_mbps: u64) -> u64 {
+    // quanta x 512 bits / (speed_mbps x 10^6 bit/s) in ns = quanta x 512 000 / speed_mbps.
+    (quanta as u64 * 512_000).div_ceil(speed_mbps.max(1))
+}
+
+/// Flow control mode of a port: PFC and PAUSE are mutually exclusive (802.1Qbb 36.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Neither: pause frames are counted and ignored.
+    Off,
+    /// 802.3x PAUSE: one pause for the whole link.
+    Pause,
+    /// PFC on the priorities whose bit is set.
+    Pfc {
+        /// Enabled priorities (bit n = priority n).
+        enabled: u8,
+    },
+}
+
+/// A received pause frame, decoded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PauseFrame {
+    /// 802.1Qbb PFC: class-enable vector and a time per priority.
+    Pfc {
+        /// Bit n: the time for priority n is valid.
+        class_enable: u8,
+        /// Quanta per priority.
+        quanta: [u16; PRIORITIES],
+    },
+    /// 802.3x PAUSE: one time for the link.
+    Pause {
+        /// Quanta.
+        quanta: u16,
+    },
+}
+
+/// Counters of the transmit side.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PauseCounters {
+    /// PFC frames received per priority (the class was enabled in the frame).
+    pub rx_pfc: [u64; PRIORITIES],
+    /// PAUSE frames received.
+    pub rx_pause: u64,
+    /// Frames ignored: flow control off, or a PFC/PAUSE frame in the other mode.
+    pub rx_ignored: u64,
+    /// Nanoseconds each priority spent paused (accounted when a pause ends or is replaced).
+    pub paused_ns: [u64; PRIORITIES],
+}
+
+/// The transmit side: which priorities the peer has paused, until when.
+#[derive(Debug, Clone)]
+pub struct PauseState {
+    mode: Mode,
+    speed_mbps: u64,
+    /// Paused since / until, per priority.
+    since: [Option<u64>; PRIORITIES],
+    until: [Option<u64>; PRIORITIES],
+    /// Counters.
+    pub counters: PauseCounters,
+}
+
+impl PauseState {
+    /// A port in `mode` at `speed_mbps`.
+    pub fn new(mode: Mode, speed_mbps: u64) -> PauseState {
+        PauseState {
+            mode,
+            speed_mbps,
+            since: [None; PRIORITIES],
+            until: [None; PRIORITIES],
+            counters: PauseCounters::default(),
+        }
+    }
+
+    /// The mode.
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    fn set(&mut self, p: usize, now: u64, quanta: u16) {
+        self.expire(p, now);
+        if quanta == 0 {
+            // XON: resume at once.
+            if let Some(s) = self.since[p].take() {
+                self.counters.paused_ns[p] += now.saturating_sub(s);
+            }
+            self.until[p] = None;
+        } else {
+            // XOFF, or a refresh: the new time replaces what was left of the old one.
+            self.since[p].get_or_insert(now);
+            self.until[p] = Some(now + pause_ns(quanta, self.speed_mbps));
+        }
+    }
+
+    /// Ends priority `p`'s pause if its time ran out by `now`.
+    fn expire(&mut self, p: usize, now: u64) {
+        if let Some(u) = self.until[p] {
+            if u <= now {
+                if let Some(s) = self.since[p].take() {
+                    self.counters.paused_ns[p] += u.saturating_sub(s);
+                }
+                self.until[p] = None;
+            }
+        }
+    }
+
+    /// A pause frame arrived at `now`.
+    pub fn handle_frame(&mut self, now: u64, f: &PauseFrame) {
+        match (self.mode, f) {
+            (
+                Mode::Pfc { enabled },
+                PauseFrame::Pfc {
+                    class_enable,
+                    quanta,
+                },
+            ) => {
+                for (p, &q) in quanta.iter().enumerate() {
+                    if class_enable & (1 << p) == 0 {
+                        continue;
+                    }
+                    self.counters.rx_pfc[p] += 1;
+                    // A class not enabled on this port is counted, not acted on.
+                    if enabled & (1 << p) != 0 {
+                        self.set(p, now, q);
+                    }
+                }
+            }
+            (Mode::Pause, PauseFrame::Pause { quanta }) => {
+                self.counters.rx_pause += 1;
+                for p in 0..PRIORITIES {
+                    self.set(p, now, *quanta);
+                }
+            }
+            _ => self.counters.rx_ignored += 1,
+        }
+    }
+
+    /// Whether priority `p` may not transmit at `now`.
+    pub fn is_paused(&self, p: usize, now: u64) -> bool {
+        self.until
+            .get(p)
+            .copied()
+            .flatten()
+            .is_some_and(|u| u > now)
+    }
+
+    /// The paused priorities at `now` (bit n = priority n).
+    pub fn paused_mask(&self, now: u64) -> u8 {
+        (0..PRIORITIES).fold(0, |m, p| m | ((self.is_paused(p, now) as u8) << p))
+    }
+
+    /// When the earliest running pause ends (call [`PauseState::handle_timeout`] then).
+    pub fn poll_timeout(&self) -> Option<u64> {
+        self.until.iter().flatten().copied().min()
+    }
+
+    /// Accounts the pauses that ended by `now`.
+    pub fn handle_timeout(&mut self, now: u64) {
+        for p in 0..PRIORITIES {
+            self.expire(p, now);
+        }
+    }
+
+    /// Since when priority `p` has been paused without a break (for the watchdog).
+    pub fn paused_since(&self, p: usize, now: u64) -> Option<u64> {
+        if self.is_paused(p, now) {
+            self.since[p]
+        } else {
+            None
+        }
+    }
+}
+
+/// XOFF/XON thresholds of one priority's ingress buffer, in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Thresholds {
+    /// Send XOFF when the occupancy reaches this.
+    pub xoff: u64,
+    /// Send XON when it falls to this or below.
+    pub xon: u64,
+}
+
+impl Thresholds {
+    /// mlx5's sizing rule for a `buffer`-byte priority buffer: headroom for what is in flight
+    /// once XOFF is sent = (301 + 2.16 x cable metres) x speed in Gb/s + 2.72 x MTU bytes;
+    /// XOFF = buffer - headroom; XON two MTUs below XOFF (ref. dcb.md "PFC"). `None` if the
+    /// buffer cannot hold the headroom.
+    pub fn mlx5(buffer: u64, cable_m: f64, speed_gbps: f64, mtu: u64) -> Option<Thresholds> {
+        let headroom = ((301.0 + 2.16 * cable_m) * speed_gbps + 2.72 * mtu as f64).ceil() as u64;
+        let xoff = buffer.checked_sub(headroom)?;
+        Some(Thresholds {
+            xoff,
+            xon: xoff.saturating_sub(2 * mtu),
+        })
+    }
+}
+
+/// What the receive side asks the port to send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Send {
+    /// A PFC frame: the classes in `class_enable` with their quanta (0 = XON).
+    Pfc {
+        /// Classes in the frame.
+        class_enable: u8,
+        /// Quanta per class.
+        quanta: [u16; PRIORITIES],
+    },
+    /// A PAUSE frame with these quanta (0 = resume).
+    Pause {
+        /// Quanta.
+        quanta: u16,
+    },
+}
+
+/// Counters of the receive side.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct IngressCounters {
+    /// XOFF frames asked for per priority (refreshes included).
+    pub tx_xoff: [u64; PRIORITIES],
+    /// XON frames asked for per priority.
+    pub tx_xon: [u64; PRIORITIES],
+    /// Bytes that arrived while a priority's buffer was full (headroom exhausted).
+    pub overflow_bytes: [u64; PRIORITIES],
+}
+
+/// The receive side: ingress occupancy per priority and the pause frames it calls for.
+#[derive(Debug, Clone)]
+pub struct Ingress {
+    mode: Mode,
+    speed_mbps: u64,
+    thresholds: [Thresholds; PRIORITIES],
+    capacity: [u64; PRIORITIES],
+    occupancy: [u64; PRIORITIES],
+    quanta: u16,
+    /// When the XOFF in force was sent (`None`: not pausing the peer).
+    xoff_at: [Option<u64>; PRIORITIES],
+    /// Counters.
+    pub counters: IngressCounters,
+}
+
+impl Ingress {
+    /// A port in `mode` at `speed_mbps` whose priorities have `capacity` bytes of buffer and
+    /// `thresholds`; XOFF frames carry `quanta`.
+    pub fn new(
+        mode: Mode,
+        speed_mbps: u64,
+        capacity: u64,
+        thresholds: Thresholds,
+        quanta: u16,
+    ) -> Ingress {
+        Ingress {
+            mode,
+            speed_mbps,
+            thresholds: [thresholds; PRIORITIES],
+            capacity: [capacity; PRIORITIES],
+            occupancy: [0; PRIORITIES],
+            quanta: quanta.max(1),
+            xoff_at: [None; PRIORITIES],
+            counters: IngressCounters::default(),
+        }
+    }
+
+    fn lossless(&self, p: usize) -> bool {
+        match self.mode {
+            Mode::Off => false,
+            Mode::Pause => true,
+            Mode::Pfc { enabled } => enabled & (1 << p) != 0,
+        }
+    }
+
+    fn frame(&self, p: usize, quanta: u16) -> Send {
+        match self.mode {
+            Mode::Pause => Send::Pause { quanta },
+            _ => {
+                let mut q = [0u16; PRIORITIES];
+                q[p] = quanta;
+                Send::Pfc {
+                    class_enable: 1 << p,
+                    quanta: q,
+                }
+            }
+        }
+    }
+
+    /// The occupancy PAUSE mode judges (the sum of every priority) or priority `p`'s.
+    fn level(&self, p: usize) -> u64 {
+        match self.mode {
+            Mode::Pause => self.occupancy.iter().sum(),
+            _ => self.occupancy[p],
+        }
+    }
+
+    /// `bytes` of priority `p` arrived; returns false if they do not fit (the caller drops
+    /// them: headroom exhausted, or a lossy priority's buffer full), and the frame to send,
+    /// if any.
+    pub fn enqueue(&mut self, p: usize, bytes: u64, now: u64) -> (bool, Option<Send>) {
+        let p = p % PRIORITIES;
+        if self.occupancy[p] + bytes > self.capacity[p] {
+            self.counters.overflow_bytes[p] += bytes;
+            return (false, None);
+        }
+        self.occupancy[p] += bytes;
+        if self.lossless(p) && self.xoff_at[p].is_none() && self.level(p) >= self.thresholds[p].xoff
+        {
+            self.xoff_at[p] = Some(now);
+            self.counters.tx_xoff[p] += 1;
+            return (true, Some(self.frame(p, self.quanta)));
+        }
+        (true, None)
+    }
+
+    /// `bytes` of priority `p` left the buffer; returns the XON to send, if any.
+    pub fn dequeue(&mut self, p: usize, bytes: u64) -> Option<Send> {
+        let p = p % PRIORITIES;
+        self.occupancy[p] = self.occupancy[p].saturating_sub(bytes);
+        if self.xoff_at[p].is_some() && self.level(p) <= self.thresholds[p].xon {
+            self.xoff_at[p] = None;
+            self.counters.tx_xon[p] += 1;
+            return Some(self.frame(p, 0));
+        }
+        None
+    }
+
+    /// When a refresh is due: half the pause time after the XOFF in force, so the peer never
+    /// resumes while the buffer is still above XON.
+    pub fn poll_timeout(&self) -> Option<u64> {
+        let half = pause_ns(self.quanta, self.speed_mbps) / 2;
+        self.xoff_at.iter().flatten().map(|t| t + half.max(1)).min()
+    }
+
+    /// Refreshes the XOFFs due at `now`; returns the frames to send.
+    pub fn handle_timeout(&mut self, now: u64, out: &mut Vec<Send>) {
+        let half = pause_ns(self.quanta, self.speed_mbps) / 2;
+        for p in 0..PRIORITIES {
+            if let Some(t) = self.xoff_at[p] {
+                if now >= t + half.max(1) {
+                    self.xoff_at[p] = Some(now);
+                    self.counters.tx_xoff[p] += 1;
+                    out.push(self.frame(p, self.quanta));
+                }
+            }
+        }
+    }
+
+    /// Bytes of priority `p` held.
+    pub fn occupancy(&self, p: usize) -> u64 {
+        self.occupancy[p % PRIORITIES]
+    }
+
+    /// Whether the peer is being paused for priority `p`.
+    pub fn pausing(&self, p: usize) -> bool {
+        self.xoff_at[p % PRIORITIES].is_some()
+    }
+}
+
+/// What the watchdog does with a stormed priority (SONiC's actions).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StormAction {
+    /// Discard the priority's queued and new packets, and the pause frames for it, so the
+    /// storm does not propagate.
+    Drop,
+    /// Ignore the pause frames for it and keep sending.
+    Forward,
+}
+
+/// A watchdog event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StormEvent {
+    /// Priority `0` was paused continuously past the detection time.
+    Detected(usize),
+    /// Priority `0` saw no pause for the restoration time: back to normal.
+    Restored(usize),
+}
+
+/// Watchdog counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WatchdogCounters {
+    /// Storms detected per priority.
+    pub detected: [u64; PRIORITIES],
+    /// Storms ended per priority.
+    pub restored: [u64; PRIORITIES],
+}
+
+/// PFC storm detection: a priority paused continuously for longer than `detect_ns` is
+/// stormed; its action holds until no pause frame for it arrived for `restore_ns`.
+#[derive(Debug, Clone)]
+pub struct Watchdog {
+    detect_ns: u64,
+    restore_ns: u64,
+    action: StormAction,
+    stormed: [bool; PRIORITIES],
+    last_pause: [Option<u64>; PRIORITIES],
+    /// Counters.
+    pub counters: WatchdogCounters,
+}
+
+impl Watchdog {
+    /// A watchdog with these times (SONiC's defaults: 200 ms each).
+    pub fn new(detect_ns: u64, restore_ns: u64, action: StormAction) -> Watchdog {
+        Watchdog {
+            detect_ns,
+            restore_ns,
+            action,
+            stormed: [false; PRIORITIES],
+            last_pause: [None; PRIORITIES],
+            counters: WatchdogCounters::default(),
+        }
+    }
+
+    /// The action for stormed priorities.
+    pub fn action(&self) -> StormAction {
+        self.action
+    }
+
+    /// A pause frame for priority `p` arrived (call for every one, stormed or not).
+    pub fn pause_received(&mut self, p: usize, now: u64) {
+        self.last_pause[p % PRIORITIES] = Some(now);
+    }
+
+    /// Whether priority `p` is stormed: its pauses are not honoured.
+    pub fn stormed(&self, p: usize) -> bool {
+        self.stormed[p % PRIORITIES]
+    }
+
+    /// Checks every priority against `pause`'s state at `now`.
+    pub fn poll(&mut self, pause: &PauseState, now: u64, events: &mut Vec<StormEvent>) {
+        for p in 0..PRIORITIES {
+            if !self.stormed[p] {
+                if pause
+                    .paused_since(p, now)
+                    .is_some_and(|s| now.saturating_sub(s) >= self.detect_ns)
+                {
+                    self.stormed[p] = true;
+                    self.counters.detected[p] += 1;
+                    events.push(StormEvent::Detected(p));
+                }
+            } else if self.last_pause[p].is_none_or(|t| now.saturating_sub(t) >= self.restore_ns) {
+                self.stormed[p] = false;
+                self.counters.restored[p] += 1;
+                events.push(StormEvent::Restored(p));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const G100: u64 = 100_000;
+    const G25: u64 = 25_000;
+
+    fn pfc(p: usize, quanta: u16) -> PauseFrame {
+        let mut q = [0; PRIORITIES];
+        q[p] = quanta;
+        PauseFrame::Pfc {
+            class_enable: 1 << p,
+            quanta: q,
+        }
+    }
+
+    #[test]
+    fn quanta_last_512_bit_times() {
+        // 100 Gb/s: 5.12 ns a quantum; 25 Gb/s: 20.48 ns.
+        assert_eq!(pause_ns(1000, G100), 5120);
+        assert_eq!(pause_ns(1000, G25), 20480);
+        assert_eq!(pause_ns(0xffff, G100), 335_540); // 335 539.2 rounded up
+        assert_eq!(pause_ns(0xffff, G25), 1_342_157); // 1 342 156.8
+        assert_eq!(pause_ns(1, 10_000), 52); // 51.2
+    }
+
+    #[test]
+    fn pfc_pauses_refreshes_and_resumes() {
+        let mut s = PauseState::new(Mode::Pfc { enabled: 1 << 3 }, G100);
+        s.handle_frame(1000, &pfc(3, 1000)); // 5120 ns
+        assert!(s.is_paused(3, 1000) && s.is_paused(3, 6119));
+        assert!(!s.is_paused(3, 6120), "expires after exactly 1000 quanta");
+        assert!(!s.is_paused(2, 2000), "other priorities run");
+        assert_eq!(s.paused_mask(2000), 1 << 3);
+        assert_eq!(s.poll_timeout(), Some(6120));
+        // A refresh before expiry extends from its own arrival.
+        s.handle_frame(5000, &pfc(3, 1000));
+        assert!(s.is_paused(3, 10_119) && !s.is_paused(3, 10_120));
+        // Quanta 0 resumes at once.
+        s.handle_frame(7000, &pfc(3, 0));
+        assert!(!s.is_paused(3, 7000));
+        assert_eq!(s.counters.paused_ns[3], 6000);
+        assert_eq!(s.counters.rx_pfc[3], 3);
+        // A class not enabled on the port is counted, not honoured.
+        s.handle_frame(8000, &pfc(5, 0xffff));
+        assert!(!s.is_paused(5, 8001));
+        assert_eq!(s.counters.rx_pfc[5], 1);
+        // PAUSE on a PFC port is ignored.
+        s.handle_frame(9000, &PauseFrame::Pause { quanta: 100 });
+        assert_eq!(s.counters.rx_ignored, 1);
+        assert_eq!(s.paused_mask(9001), 0);
+        // Expiry is accounted.
+        s.handle_frame(20_000, &pfc(3, 200)); // 1024 ns at 100G
+        s.handle_timeout(30_000);
+        assert_eq!(s.counters.paused_ns[3], 6000 + 1024);
+        assert_eq!(s.poll_timeout(), None);
+    }
+
+    #[test]
+    fn link_pause_stops_every_priority() {
+        let mut s = PauseState::new(Mode::Pause, G25);
+        s.handle_frame(0, &PauseFrame::Pause { quanta: 100 }); // 2048 ns
+        assert_eq!(s.paused_mask(2047), 0xff);
+        assert_eq!(s.paused_mask(2048), 0);
+        s.handle_frame(3000, &pfc(3, 100));
+        assert_eq!(s.counters.rx_ignored, 1, "PFC on a PAUSE port");
+    }
+
+    #[test]
+    fn mlx5_headroom_rule() {
+        // 100 Gb/s, 3 m cable, MTU 4096, 256 KiB buffer: headroom (301 + 6.48) x 100 + 2.72 x
+        // 4096 = 30 748 + 11 141.12 = 41 889.12 -> 41 890 bytes.
+        let t = Thresholds::mlx5(262_144, 3.0, 100.0, 4096).unwrap();
+        assert_eq!(t.xoff, 262_144 - 41_890);
+        assert_eq!(t.xon, t.xoff - 8192);
+        assert!(Thresholds::mlx5(10_000, 3.0, 100.0, 4096).is_none());
+    }
+
+    #[test]
+    fn ingress_xoff_refresh_and_xon() {
+        let th = Thresholds {
+            xoff: 10_000,
+            xon: 5_000,
+        };
+        let mut g = Ingress::new(Mode::Pfc { enabled: 1 << 3 }, G100, 20_000, th, 0xffff);
+        assert_eq!(g.enqueue(3, 9_000, 0), (true, None));
+        let (ok, f) = g.enqueue(3, 1_000, 10);
+        assert!(ok);
+        assert_eq!(f, Some(pfc_send(3, 0xffff)));
+        assert!(g.pausing(3));
+        // Only one XOFF while paused.
+        assert_eq!(g.enqueue(3, 1_000, 20).1, None);
+        // Refresh at half the pause time (335 540 / 2 = 167 770 ns after the XOFF).
+        assert_eq!(g.poll_timeout(), Some(10 + 167_770));
+        let mut out = Vec::new();
+        g.handle_timeout(167_779, &mut out);
+        assert!(out.is_empty());
+        g.handle_timeout(167_780, &mut out);
+        assert_eq!(out, vec![pfc_send(3, 0xffff)]);
+        assert_eq!(g.poll_timeout(), Some(167_780 + 167_770));
+        // XON once drained to XON.
+        assert_eq!(g.dequeue(3, 5_000), None); // 6 000 left
+        assert_eq!(g.dequeue(3, 1_000), Some(pfc_send(3, 0)));
+        assert!(!g.pausing(3));
+        assert_eq!(g.poll_timeout(), None);
+        assert_eq!(g.counters.tx_xoff[3], 2);
+        assert_eq!(g.counters.tx_xon[3], 1);
+        // Beyond capacity: refused, counted.
+        assert!(!g.enqueue(3, 20_000, 30).0);
+        assert_eq!(g.counters.overflow_bytes[3], 20_000);
+        // A lossy priority never pauses the peer.
+        assert_eq!(g.enqueue(0, 15_000, 40), (true, None));
+    }
+
+    fn pfc_send(p: usize, quanta: u16) -> Send {
+        let mut q = [0; PRIORITIES];
+        q[p] = quanta;
+        Send::Pfc {
+            class_enable: 1 << p,
+            quanta: q,
+        }
+    }
+
+    #[test]
+    fn watchdog_detects_and_restores() {
+        const MS: u64 = 1_000_000;
+        let mut s = PauseState::new(Mode::Pfc { enabled: 0xff }, G100);
+        let mut w = Watchdog::new(200 * MS, 200 * MS, StormAction::Drop);
+        let mut ev = Vec::new();
+        // A storm: XOFF refreshed every 100 us for 250 ms.
+        let mut t = 0;
+        while t <= 250 * MS {
+            s.handle_frame(t, &pfc(4, 0xffff));
+            w.pause_received(4, t);
+            w.poll(&s, t, &mut ev);
+            t += 100_000;
+        }
+        assert_eq!(ev, vec![StormEvent::Detected(4)]);
+        let detected_at = 200 * MS;
+        assert!(w.stormed(4));
+        // Not yet restored 199 ms after the last pause...
+        let last = t - 100_000;
+        ev.clear();
+        w.poll(&s, last + 199 * MS, &mut ev);
+        assert!(ev.is_empty() && w.stormed(4));
+        // ...restored at 200 ms.
+        w.poll(&s, last + 200 * MS, &mut ev);
+        assert_eq!(ev, vec![StormEvent::Restored(4)]);
+        assert_eq!((w.counters.detected[4], w.counters.restored[4]), (1, 1));
+        assert!(detected_at <= last);
+        // Short pauses never trigger it.
+        let mut w2 = Watchdog::new(200 * MS, 200 * MS, StormAction::Forward);
+        let mut s2 = PauseState::new(Mode::Pfc { enabled: 0xff }, G100);
+        for i in 0..1000u64 {
+            let t = i * MS;
+            s2.handle_frame(t, &pfc(1, 1000));
+            w2.pause_received(1, t);
+            w2.poll(&s2, t + 500_000, &mut ev);
+        }
+        assert!(!w2.stormed(1));
+    }
+}
