@@ -5,7 +5,7 @@
 # because a fresh machine may be running its own apt at boot.
 set -euo pipefail
 
-APT_PKGS=(libdpdk-dev pkg-config libclang-dev tshark tcpdump python3-pip)
+APT_PKGS=(libdpdk-dev pkg-config libclang-dev tshark tcpdump python3-pip fonts-dejavu-core)
 PIP_PKGS=(scapy)
 
 missing=()
@@ -14,6 +14,8 @@ pkg-config --exists libdpdk 2>/dev/null || missing+=(libdpdk-dev pkg-config)
   || missing+=(libclang-dev)
 command -v tshark >/dev/null || missing+=(tshark)
 command -v tcpdump >/dev/null || missing+=(tcpdump)
+# rnic-sim's plots draw their text with this font.
+[ -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || missing+=(fonts-dejavu-core)
 
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi

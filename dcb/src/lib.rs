@@ -12,3 +12,4 @@ pub mod ecn;
 pub mod ets;
 pub mod limiter;
 pub mod pfc;
+pub mod sim;

@@ -34,15 +34,24 @@ impl Pacer {
             vclock: 0,
             rate_mbps: 0.0,
         };
-        p.set_rate(rate_mbps, burst_bytes);
+        p.set_rate(0, rate_mbps, burst_bytes);
         p
     }
 
-    /// Changes the rate (and the burst, expressed in bytes at the new rate).
-    pub fn set_rate(&mut self, rate_mbps: f64, burst_bytes: u64) {
+    /// Changes the rate at `now` (and the burst, expressed in bytes at the new rate). What
+    /// is still owed for packets already sent is rescaled to the new rate: a packet sent at
+    /// 1 Mb/s owes 8.7 ms, which must shrink when the rate climbs back, as a hardware rate
+    /// limiter recomputes its next departure.
+    pub fn set_rate(&mut self, now: u64, rate_mbps: f64, burst_bytes: u64) {
         let r = rate_mbps.max(0.001);
         // 1 byte = 8 bits; at r Mb/s a bit takes 10^6 / r ps.
-        self.per_byte = ((8.0e6 / r) * (1u64 << SHIFT) as f64).round().max(1.0) as u128;
+        let per_byte = ((8.0e6 / r) * (1u64 << SHIFT) as f64).round().max(1.0) as u128;
+        let now_u = now as u128 * PER_NS;
+        if self.vclock > now_u && self.per_byte > 0 {
+            let owed = self.vclock - now_u;
+            self.vclock = now_u + owed * per_byte / self.per_byte;
+        }
+        self.per_byte = per_byte;
         self.burst = burst_bytes as u128 * self.per_byte;
         self.rate_mbps = r;
     }
@@ -117,7 +126,7 @@ mod tests {
         }
         assert_eq!(n, 3);
         // A rate change takes effect at once.
-        p.set_rate(800.0, 0);
+        p.set_rate(later, 800.0, 0);
         let t2 = p.next_allowed(later);
         p.on_send(t2, 1000);
         assert_eq!(
@@ -125,5 +134,9 @@ mod tests {
             10_000,
             "10 ns per byte at 800 Mb/s"
         );
+
+        // What is owed shrinks with a faster rate: 10 us owed at 800 Mb/s is 1 us at 8 Gb/s.
+        p.set_rate(t2, 8_000.0, 0);
+        assert_eq!(p.next_allowed(t2) - t2, 1_000);
     }
 }

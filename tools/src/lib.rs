@@ -1,8 +1,10 @@
 //! Shared code of the ferroce command-line tools (`rnicd`, `rnic-perf`, `rnic-ctl`,
-//! `rnic-pcap`).
+//! `rnic-pcap`, `rnic-sim`).
 
 #![warn(missing_docs)]
 
 pub mod pcap_tool;
 pub mod perf;
+pub mod plot;
 pub mod rnic_opts;
+pub mod sim_tool;

@@ -1,0 +1,262 @@
+//! rnic-sim: DCB scenarios on a simulated fabric (dcb's PFC, ECN marking and DCQCN on
+//! simulated time), writing CSV and PNG plots.
+//!
+//! - `rnic-sim dcqcn --flows N --rate GBPS --preset paper|nvidia --duration MS --csv FILE
+//!   [--png FILE]`: N long flows through one bottleneck converge to a fair share;
+//! - `rnic-sim incast --senders N --rate GBPS [--no-dcqcn] [--no-pfc]`: queue, pauses,
+//!   throughput, fairness and drops of an N:1 incast;
+//! - `rnic-sim pfc`: PFC only (no ECN): pause propagation and a victim flow;
+//! - `rnic-sim compare`: the paper's and the firmware's DCQCN side by side.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use ferroce_tools::sim_tool::{self as st, Preset};
+
+#[derive(Parser)]
+#[command(
+    name = "rnic-sim",
+    version,
+    about = "DCB scenarios (PFC, ECN, DCQCN) on a simulated fabric"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// N long flows through one bottleneck under DCQCN.
+    Dcqcn {
+        /// Flows (each from its own sender).
+        #[arg(long, default_value_t = 4)]
+        flows: usize,
+        /// Link rate, Gb/s.
+        #[arg(long, default_value_t = 100.0)]
+        rate: f64,
+        /// Parameter set and semantics.
+        #[arg(long, value_enum, default_value_t = Preset::Nvidia)]
+        preset: Preset,
+        /// Simulated time, ms.
+        #[arg(long, default_value_t = 20.0)]
+        duration: f64,
+        /// Flow k starts k x this, us (default: the first quarter of the run is spread over
+        /// the flows).
+        #[arg(long)]
+        stagger: Option<f64>,
+        /// CSV output (time_us,flow,rate_gbps,goodput_gbps,queue_kb).
+        #[arg(long)]
+        csv: Option<PathBuf>,
+        /// PNG plot.
+        #[arg(long)]
+        png: Option<PathBuf>,
+    },
+    /// N:1 incast.
+    Incast {
+        /// Senders.
+        #[arg(long, default_value_t = 8)]
+        senders: usize,
+        /// Link rate, Gb/s.
+        #[arg(long, default_value_t = 100.0)]
+        rate: f64,
+        /// Without DCQCN (and without ECN marking).
+        #[arg(long)]
+        no_dcqcn: bool,
+        /// Without PFC.
+        #[arg(long)]
+        no_pfc: bool,
+        /// Simulated time, ms.
+        #[arg(long, default_value_t = 10.0)]
+        duration: f64,
+        /// CSV output.
+        #[arg(long)]
+        csv: Option<PathBuf>,
+        /// PNG plot.
+        #[arg(long)]
+        png: Option<PathBuf>,
+    },
+    /// PFC only: pause propagation and a victim flow to an idle port.
+    Pfc {
+        /// Senders into the congested port (sender 0 also sends to the idle port).
+        #[arg(long, default_value_t = 4)]
+        senders: usize,
+        /// Link rate, Gb/s.
+        #[arg(long, default_value_t = 100.0)]
+        rate: f64,
+        /// With DCQCN too (the fix).
+        #[arg(long)]
+        dcqcn: bool,
+        /// Simulated time, ms.
+        #[arg(long, default_value_t = 10.0)]
+        duration: f64,
+        /// CSV output.
+        #[arg(long)]
+        csv: Option<PathBuf>,
+        /// PNG plot.
+        #[arg(long)]
+        png: Option<PathBuf>,
+    },
+    /// The paper's and the firmware's DCQCN on the same flows.
+    Compare {
+        /// Flows.
+        #[arg(long, default_value_t = 4)]
+        flows: usize,
+        /// Link rate, Gb/s.
+        #[arg(long, default_value_t = 40.0)]
+        rate: f64,
+        /// Simulated time, ms.
+        #[arg(long, default_value_t = 40.0)]
+        duration: f64,
+        /// PNG plot.
+        #[arg(long)]
+        png: Option<PathBuf>,
+    },
+}
+
+fn ms(d: f64) -> Result<u64, String> {
+    if !(d > 0.0 && d <= 10_000.0) {
+        return Err(format!("--duration {d}: 0 < ms <= 10000"));
+    }
+    Ok((d * 1e6) as u64)
+}
+
+fn check_rate(r: f64) -> Result<f64, String> {
+    if !(1.0..=1600.0).contains(&r) {
+        return Err(format!("--rate {r}: 1..=1600 Gb/s"));
+    }
+    Ok(r)
+}
+
+fn count(n: usize, what: &str) -> Result<usize, String> {
+    if !(1..=1024).contains(&n) {
+        return Err(format!("--{what} {n}: 1..=1024"));
+    }
+    Ok(n)
+}
+
+fn run(cli: Cli) -> Result<(), String> {
+    let mut out = std::io::stdout();
+    match cli.cmd {
+        Cmd::Dcqcn {
+            flows,
+            rate,
+            preset,
+            duration,
+            stagger,
+            csv,
+            png,
+        } => {
+            let (n, rate, d) = (count(flows, "flows")?, check_rate(rate)?, ms(duration)?);
+            let stagger_ns = match stagger {
+                Some(s) if s >= 0.0 => (s * 1000.0) as u64,
+                Some(s) => return Err(format!("--stagger {s}: not negative")),
+                None => d / 4 / n as u64,
+            };
+            let o = st::dcqcn(n, rate, preset, d, stagger_ns);
+            let all: Vec<usize> = (0..n).collect();
+            st::print_summary(
+                &format!("dcqcn {n} flows at {rate} Gb/s, {} preset", preset.name()),
+                &st::summarise(&o, &all),
+                &mut out,
+            );
+            println!(
+                "fair share: {:.2} Gb/s of goodput per flow",
+                rate * st::payload_share(1024) / n as f64
+            );
+            if let Some(p) = csv {
+                st::write_csv(&p, &o)?;
+            }
+            if let Some(p) = png {
+                st::dcqcn_figure(
+                    &p,
+                    &o,
+                    &format!("{n} flows, {rate} Gb/s, {}", preset.name()),
+                )?;
+            }
+        }
+        Cmd::Incast {
+            senders,
+            rate,
+            no_dcqcn,
+            no_pfc,
+            duration,
+            csv,
+            png,
+        } => {
+            let (n, rate, d) = (count(senders, "senders")?, check_rate(rate)?, ms(duration)?);
+            let o = st::incast(n, rate, !no_dcqcn, !no_pfc, d);
+            let all: Vec<usize> = (0..n).collect();
+            let what = format!(
+                "incast {n}:1 at {rate} Gb/s, DCQCN {}, PFC {}",
+                if no_dcqcn { "off" } else { "on" },
+                if no_pfc { "off" } else { "on" }
+            );
+            st::print_summary(&what, &st::summarise(&o, &all), &mut out);
+            if let Some(p) = csv {
+                st::write_csv(&p, &o)?;
+            }
+            if let Some(p) = png {
+                st::incast_figure(&p, &o, &what)?;
+            }
+        }
+        Cmd::Pfc {
+            senders,
+            rate,
+            dcqcn,
+            duration,
+            csv,
+            png,
+        } => {
+            let (n, rate, d) = (count(senders, "senders")?, check_rate(rate)?, ms(duration)?);
+            let (o, victim) = st::pfc_victim(n, rate, dcqcn, d);
+            let congested: Vec<usize> = (0..n).collect();
+            let what = format!(
+                "pfc: {n} senders into one port, sender 0 also to an idle port, {rate} Gb/s, DCQCN {}",
+                if dcqcn { "on" } else { "off" }
+            );
+            st::print_summary(&what, &st::summarise(&o, &congested), &mut out);
+            let half = d as f64 / 2000.0;
+            println!(
+                "victim flow {victim} (to the idle port): {:.2} Gb/s; without head-of-line \
+                 blocking it could use its sender's spare link, {:.2} Gb/s",
+                o.mean_goodput(victim, half),
+                rate * st::payload_share(1024) * (1.0 - 1.0 / n as f64)
+            );
+            if let Some(p) = csv {
+                st::write_csv(&p, &o)?;
+            }
+            if let Some(p) = png {
+                st::pfc_figure(&p, &o, victim, &what)?;
+            }
+        }
+        Cmd::Compare {
+            flows,
+            rate,
+            duration,
+            png,
+        } => {
+            let (n, rate, d) = (count(flows, "flows")?, check_rate(rate)?, ms(duration)?);
+            let stagger = d / 4 / n as u64;
+            let p = st::dcqcn(n, rate, Preset::Paper, d, stagger);
+            let f = st::dcqcn(n, rate, Preset::Nvidia, d, stagger);
+            let all: Vec<usize> = (0..n).collect();
+            st::print_summary("paper", &st::summarise(&p, &all), &mut out);
+            st::print_summary("nvidia", &st::summarise(&f, &all), &mut out);
+            if let Some(path) = png {
+                st::compare_figure(&path, &p, &f)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    match run(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("rnic-sim: {e}");
+            ExitCode::from(2)
+        }
+    }
+}

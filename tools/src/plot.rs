@@ -1,0 +1,129 @@
+//! PNG line charts for rnic-sim, drawn with plotters in-process. Text uses a TrueType font
+//! from the system (DejaVu Sans, Debian's fonts-dejavu-core), registered at run time.
+
+use std::path::Path;
+
+use plotters::prelude::*;
+
+/// One line: a name and its points.
+pub struct Series {
+    /// Legend text.
+    pub name: String,
+    /// (x, y) points.
+    pub points: Vec<(f64, f64)>,
+}
+
+/// One panel of a figure.
+pub struct Panel {
+    /// Title above the panel.
+    pub title: String,
+    /// X axis label.
+    pub x_label: String,
+    /// Y axis label.
+    pub y_label: String,
+    /// Lines.
+    pub series: Vec<Series>,
+}
+
+const FONTS: &[&str] = &[
+    "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+    "/usr/share/fonts/TTF/DejaVuSans.ttf",
+    "/usr/share/fonts/dejavu/DejaVuSans.ttf",
+];
+
+fn register_font() -> Result<(), String> {
+    static ONCE: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
+    ONCE.get_or_init(|| {
+        let bytes = FONTS
+            .iter()
+            .find_map(|p| std::fs::read(p).ok())
+            .ok_or_else(|| {
+                format!(
+                    "no font for the plots (looked for {}): install fonts-dejavu-core",
+                    FONTS.join(", ")
+                )
+            })?;
+        let leaked: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+        plotters::style::register_font("sans-serif", FontStyle::Normal, leaked)
+            .map_err(|_| "the font could not be loaded".to_string())
+    })
+    .clone()
+}
+
+/// A colour per line, distinguishable for up to a dozen lines and cycling beyond.
+fn colour(i: usize) -> RGBColor {
+    const C: [RGBColor; 12] = [
+        RGBColor(31, 119, 180),
+        RGBColor(255, 127, 14),
+        RGBColor(44, 160, 44),
+        RGBColor(214, 39, 40),
+        RGBColor(148, 103, 189),
+        RGBColor(140, 86, 75),
+        RGBColor(227, 119, 194),
+        RGBColor(127, 127, 127),
+        RGBColor(188, 189, 34),
+        RGBColor(23, 190, 207),
+        RGBColor(0, 0, 0),
+        RGBColor(255, 187, 120),
+    ];
+    C[i % C.len()]
+}
+
+/// Draws `panels` stacked vertically into a `width` x (`panel_height` x n) PNG.
+pub fn draw(path: &Path, panels: &[Panel], width: u32, panel_height: u32) -> Result<(), String> {
+    register_font()?;
+    let height = panel_height * panels.len().max(1) as u32;
+    let root = BitMapBackend::new(path, (width, height)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| e.to_string())?;
+    let areas = root.split_evenly((panels.len().max(1), 1));
+    for (panel, area) in panels.iter().zip(areas.iter()) {
+        let xs = panel
+            .series
+            .iter()
+            .flat_map(|s| s.points.iter().map(|p| p.0));
+        let ys = panel
+            .series
+            .iter()
+            .flat_map(|s| s.points.iter().map(|p| p.1));
+        let (x0, x1) = xs.fold((f64::MAX, f64::MIN), |(a, b), x| (a.min(x), b.max(x)));
+        let y1 = ys.fold(0.0f64, f64::max);
+        let (x0, x1) = if x0 < x1 { (x0, x1) } else { (0.0, 1.0) };
+        let y1 = if y1 > 0.0 { y1 * 1.08 } else { 1.0 };
+        let mut chart = ChartBuilder::on(area)
+            .caption(&panel.title, ("sans-serif", 18))
+            .margin(10)
+            .x_label_area_size(36)
+            .y_label_area_size(64)
+            .build_cartesian_2d(x0..x1, 0.0..y1)
+            .map_err(|e| e.to_string())?;
+        chart
+            .configure_mesh()
+            .x_desc(panel.x_label.as_str())
+            .y_desc(panel.y_label.as_str())
+            .label_style(("sans-serif", 13))
+            .draw()
+            .map_err(|e| e.to_string())?;
+        for (i, s) in panel.series.iter().enumerate() {
+            let c = colour(i);
+            chart
+                .draw_series(LineSeries::new(s.points.iter().copied(), c.stroke_width(2)))
+                .map_err(|e| e.to_string())?
+                .label(s.name.clone())
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2))
+                });
+        }
+        if panel.series.len() > 1 {
+            chart
+                .configure_series_labels()
+                .background_style(WHITE.mix(0.85))
+                .border_style(BLACK)
+                .label_font(("sans-serif", 13))
+                .position(SeriesLabelPosition::UpperRight)
+                .draw()
+                .map_err(|e| e.to_string())?;
+        }
+    }
+    root.present().map_err(|e| e.to_string())?;
+    Ok(())
+}

@@ -1,0 +1,404 @@
+//! rnic-sim's scenarios on dcb's fabric simulator: what each sets up, the CSV it writes, the
+//! figures it draws and the summary it prints.
+
+use std::io::Write;
+use std::path::Path;
+
+use dcb::dcqcn::RpParams;
+use dcb::ecn::Red;
+use dcb::sim::{Config, FlowSpec, Outcome, Sim, HEADER_BYTES};
+
+use crate::plot::{draw, Panel, Series};
+
+/// Which DCQCN parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Preset {
+    /// The SIGCOMM'15 paper's algorithm and values.
+    Paper,
+    /// NVIDIA firmware's algorithm and defaults.
+    Nvidia,
+}
+
+impl Preset {
+    /// Reaction point parameters at `mbps`.
+    pub fn rp(self, mbps: f64) -> RpParams {
+        match self {
+            Preset::Paper => RpParams::paper(mbps),
+            Preset::Nvidia => RpParams::firmware(mbps),
+        }
+    }
+
+    /// The marking curve and CNP interval that go with it: the paper's Kmin 5 KB, Kmax
+    /// 200 KB, Pmax 1 % and one CNP per 50 us; the firmware's deployments mark with the
+    /// simulators' scaled thresholds (Kmin 100 KB, Kmax 400 KB per 25 Gb/s, Pmax 0.2) and
+    /// min_time_between_cnps 4 us.
+    pub fn marking(self, gbps: f64) -> (Red, u64) {
+        match self {
+            Preset::Paper => (Red::PAPER, 50_000),
+            Preset::Nvidia => (Red::scaled(gbps), 4_000),
+        }
+    }
+
+    /// Its name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Preset::Paper => "paper",
+            Preset::Nvidia => "nvidia",
+        }
+    }
+}
+
+/// A fabric with `senders` senders and `receivers` receivers at `gbps`.
+pub fn fabric(senders: usize, receivers: usize, gbps: f64, duration_ns: u64) -> Config {
+    let mbps = gbps * 1000.0;
+    // XOFF at 3 bandwidth-delay products of a link (1 us each way), at least 64 KB.
+    let bdp = (2.0 * 1_000.0 * gbps / 8.0) as u64;
+    Config {
+        senders,
+        receivers,
+        flows: Vec::new(),
+        link_mbps: mbps,
+        link_delay: 1_000,
+        mtu: 1024,
+        dcqcn: None,
+        cnp_interval: 4_000,
+        red: None,
+        pfc: true,
+        pfc_xoff: (3 * bdp).max(64 << 10),
+        buffer: 32 << 20,
+        sample: (duration_ns / 1500).clamp(1_000, 100_000),
+        seed: 1,
+    }
+}
+
+/// Writes the flows' samples as CSV: `time_us,flow,rate_gbps,goodput_gbps,queue_kb`.
+pub fn write_csv(path: &Path, o: &Outcome) -> Result<(), String> {
+    let mut f = std::io::BufWriter::new(
+        std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?,
+    );
+    let w = |f: &mut std::io::BufWriter<std::fs::File>, s: String| {
+        f.write_all(s.as_bytes()).map_err(|e| e.to_string())
+    };
+    w(
+        &mut f,
+        "time_us,flow,rate_gbps,goodput_gbps,queue_kb\n".into(),
+    )?;
+    let n = o.delivered.len().max(1);
+    for (i, s) in o.flows.iter().enumerate() {
+        let q = o.switch.get(i / n).map_or(0, |x| x.queue_bytes);
+        w(
+            &mut f,
+            format!(
+                "{:.1},{},{:.4},{:.4},{:.2}\n",
+                s.time_us,
+                s.flow,
+                s.rate_gbps,
+                s.goodput_gbps,
+                q as f64 / 1000.0
+            ),
+        )?;
+    }
+    f.flush().map_err(|e| e.to_string())
+}
+
+fn per_flow(o: &Outcome, f: impl Fn(&dcb::sim::FlowSample) -> f64, name: &str) -> Vec<Series> {
+    (0..o.delivered.len())
+        .map(|k| Series {
+            name: format!("{name} {k}"),
+            points: o
+                .flows
+                .iter()
+                .filter(|s| s.flow == k)
+                .map(|s| (s.time_us, f(s)))
+                .collect(),
+        })
+        .collect()
+}
+
+fn queue_series(o: &Outcome, name: &str) -> Series {
+    Series {
+        name: name.into(),
+        points: o
+            .switch
+            .iter()
+            .map(|s| (s.time_us, s.queue_bytes as f64 / 1000.0))
+            .collect(),
+    }
+}
+
+/// A run's summary in numbers (also what the tests check).
+#[derive(Debug, Clone)]
+pub struct Summary {
+    /// Jain's index over the flows, on goodput averaged over the second half of the run.
+    pub jain: f64,
+    /// Aggregate goodput over the second half, Gb/s.
+    pub goodput: f64,
+    /// Mean and largest bottleneck queue over the second half, KB.
+    pub queue_mean_kb: f64,
+    /// Largest queue over the whole run, KB.
+    pub queue_max_kb: f64,
+    /// Drops.
+    pub drops: u64,
+    /// CNPs.
+    pub cnps: u64,
+    /// PFC XOFF frames (refreshes included).
+    pub pfc_xoff: u64,
+    /// Share of the run each sender spent paused, averaged.
+    pub paused_fraction: f64,
+    /// PFC frames in the second half.
+    pub late_paused_senders: f64,
+}
+
+/// Summarises `o` for `flows` (the second half of the run counts as converged).
+pub fn summarise(o: &Outcome, flows: &[usize]) -> Summary {
+    let half = o.duration as f64 / 2000.0;
+    let late: Vec<_> = o.switch.iter().filter(|s| s.time_us >= half).collect();
+    let qmean = late.iter().map(|s| s.queue_bytes as f64).sum::<f64>() / late.len().max(1) as f64;
+    Summary {
+        jain: o.jain(half, flows),
+        goodput: flows.iter().map(|f| o.mean_goodput(*f, half)).sum(),
+        queue_mean_kb: qmean / 1000.0,
+        queue_max_kb: o.switch.iter().map(|s| s.queue_bytes).max().unwrap_or(0) as f64 / 1000.0,
+        drops: o.drops,
+        cnps: o.cnps,
+        pfc_xoff: o.pfc_xoff,
+        paused_fraction: o.paused_ns.iter().sum::<u64>() as f64
+            / (o.paused_ns.len().max(1) as f64 * o.duration.max(1) as f64),
+        late_paused_senders: late.iter().map(|s| s.paused_senders as f64).sum::<f64>()
+            / late.len().max(1) as f64,
+    }
+}
+
+/// Prints a summary.
+pub fn print_summary(what: &str, s: &Summary, out: &mut dyn Write) {
+    let _ = writeln!(
+        out,
+        "{what}: goodput {:.2} Gb/s, Jain {:.3} (second half), bottleneck queue mean {:.1} KB \
+         (max {:.1} KB), drops {}, CNPs {}, PFC XOFF frames {}, senders paused {:.1} % of the time",
+        s.goodput,
+        s.jain,
+        s.queue_mean_kb,
+        s.queue_max_kb,
+        s.drops,
+        s.cnps,
+        s.pfc_xoff,
+        100.0 * s.paused_fraction
+    );
+}
+
+/// `dcqcn`: `flows` long flows from separate senders into one receiver, starting `stagger_ns`
+/// apart.
+pub fn dcqcn(
+    flows: usize,
+    gbps: f64,
+    preset: Preset,
+    duration_ns: u64,
+    stagger_ns: u64,
+) -> Outcome {
+    let mut c = fabric(flows, 1, gbps, duration_ns);
+    c.flows = (0..flows)
+        .map(|k| FlowSpec {
+            src: k,
+            dst: 0,
+            start: k as u64 * stagger_ns,
+        })
+        .collect();
+    c.dcqcn = Some(preset.rp(gbps * 1000.0));
+    let (red, cnp) = preset.marking(gbps);
+    mark_before_pause(&mut c, red);
+    c.cnp_interval = cnp;
+    Sim::new(c).run(duration_ns)
+}
+
+/// ECN marking on, with PFC's XOFF above Kmax: DCQCN reacts before PFC has to (the usual
+/// deployment rule: ECN first, PFC as the last resort), within the buffer.
+fn mark_before_pause(c: &mut Config, red: Red) {
+    c.red = Some(red);
+    c.pfc_xoff = c.pfc_xoff.max(red.kmax);
+    cap_xoff(c);
+}
+
+/// Every ingress port's XOFF plus headroom fits the shared buffer.
+fn cap_xoff(c: &mut Config) {
+    let per_port = c.buffer / c.senders.max(1) as u64;
+    c.pfc_xoff = c
+        .pfc_xoff
+        .min(per_port.saturating_sub(c.headroom()).max(16 << 10));
+}
+
+/// The figure of a `dcqcn` run.
+pub fn dcqcn_figure(path: &Path, o: &Outcome, title: &str) -> Result<(), String> {
+    draw(
+        path,
+        &[
+            Panel {
+                title: format!("{title}: DCQCN rate per flow"),
+                x_label: "time (us)".into(),
+                y_label: "rate (Gb/s)".into(),
+                series: per_flow(o, |s| s.rate_gbps, "flow"),
+            },
+            Panel {
+                title: "bottleneck queue".into(),
+                x_label: "time (us)".into(),
+                y_label: "queue (KB)".into(),
+                series: vec![queue_series(o, "queue")],
+            },
+        ],
+        1000,
+        380,
+    )
+}
+
+/// `incast`: `senders` senders into one receiver, all starting at once.
+pub fn incast(senders: usize, gbps: f64, dcqcn: bool, pfc: bool, duration_ns: u64) -> Outcome {
+    let mut c = fabric(senders, 1, gbps, duration_ns);
+    c.flows = (0..senders)
+        .map(|k| FlowSpec {
+            src: k,
+            dst: 0,
+            start: 0,
+        })
+        .collect();
+    c.pfc = pfc;
+    // A shallow shared buffer, as on a switch port: 1 MB per 25 Gb/s.
+    c.buffer = (gbps / 25.0 * 1_000_000.0) as u64;
+    cap_xoff(&mut c);
+    if dcqcn {
+        c.dcqcn = Some(Preset::Nvidia.rp(gbps * 1000.0));
+        let (red, cnp) = Preset::Nvidia.marking(gbps);
+        mark_before_pause(&mut c, red);
+        c.cnp_interval = cnp;
+    }
+    Sim::new(c).run(duration_ns)
+}
+
+/// The figure of an `incast` run.
+pub fn incast_figure(path: &Path, o: &Outcome, title: &str) -> Result<(), String> {
+    let paused = Series {
+        name: "paused senders".into(),
+        points: o
+            .switch
+            .iter()
+            .map(|s| (s.time_us, s.paused_senders as f64))
+            .collect(),
+    };
+    draw(
+        path,
+        &[
+            Panel {
+                title: format!("{title}: goodput per sender"),
+                x_label: "time (us)".into(),
+                y_label: "goodput (Gb/s)".into(),
+                series: per_flow(o, |s| s.goodput_gbps, "sender"),
+            },
+            Panel {
+                title: "bottleneck queue".into(),
+                x_label: "time (us)".into(),
+                y_label: "queue (KB)".into(),
+                series: vec![queue_series(o, "queue")],
+            },
+            Panel {
+                title: "senders paused by PFC".into(),
+                x_label: "time (us)".into(),
+                y_label: "senders".into(),
+                series: vec![paused],
+            },
+        ],
+        1000,
+        320,
+    )
+}
+
+/// `pfc`: PFC only. `senders` senders each send to receiver 0 (a congested port); sender 0
+/// also has a flow to receiver 1, whose port is idle: the victim. Returns the outcome and the
+/// victim's flow index.
+pub fn pfc_victim(senders: usize, gbps: f64, dcqcn: bool, duration_ns: u64) -> (Outcome, usize) {
+    let mut c = fabric(senders, 2, gbps, duration_ns);
+    c.flows = (0..senders)
+        .map(|k| FlowSpec {
+            src: k,
+            dst: 0,
+            start: 0,
+        })
+        .collect();
+    c.flows.push(FlowSpec {
+        src: 0,
+        dst: 1,
+        start: 0,
+    });
+    if dcqcn {
+        c.dcqcn = Some(Preset::Nvidia.rp(gbps * 1000.0));
+        let (red, cnp) = Preset::Nvidia.marking(gbps);
+        mark_before_pause(&mut c, red);
+        c.cnp_interval = cnp;
+    }
+    let victim = c.flows.len() - 1;
+    (Sim::new(c).run(duration_ns), victim)
+}
+
+/// The payload share of line rate one MTU packet carries.
+pub fn payload_share(mtu: u64) -> f64 {
+    mtu as f64 / (mtu + HEADER_BYTES) as f64
+}
+
+/// The figure of a `pfc` run.
+pub fn pfc_figure(path: &Path, o: &Outcome, victim: usize, title: &str) -> Result<(), String> {
+    let mut series = per_flow(o, |s| s.goodput_gbps, "flow");
+    series[victim].name = format!("flow {victim} (victim, to an idle port)");
+    let paused = Series {
+        name: "paused senders".into(),
+        points: o
+            .switch
+            .iter()
+            .map(|s| (s.time_us, s.paused_senders as f64))
+            .collect(),
+    };
+    draw(
+        path,
+        &[
+            Panel {
+                title: format!("{title}: goodput per flow"),
+                x_label: "time (us)".into(),
+                y_label: "goodput (Gb/s)".into(),
+                series,
+            },
+            Panel {
+                title: "senders paused by PFC".into(),
+                x_label: "time (us)".into(),
+                y_label: "senders".into(),
+                series: vec![paused],
+            },
+        ],
+        1000,
+        380,
+    )
+}
+
+/// The figure comparing the two presets on the same scenario.
+pub fn compare_figure(path: &Path, paper: &Outcome, nvidia: &Outcome) -> Result<(), String> {
+    draw(
+        path,
+        &[
+            Panel {
+                title: "paper (SIGCOMM'15): DCQCN rate per flow".into(),
+                x_label: "time (us)".into(),
+                y_label: "rate (Gb/s)".into(),
+                series: per_flow(paper, |s| s.rate_gbps, "flow"),
+            },
+            Panel {
+                title: "NVIDIA firmware: DCQCN rate per flow".into(),
+                x_label: "time (us)".into(),
+                y_label: "rate (Gb/s)".into(),
+                series: per_flow(nvidia, |s| s.rate_gbps, "flow"),
+            },
+            Panel {
+                title: "bottleneck queue".into(),
+                x_label: "time (us)".into(),
+                y_label: "queue (KB)".into(),
+                series: vec![queue_series(paper, "paper"), queue_series(nvidia, "nvidia")],
+            },
+        ],
+        1000,
+        320,
+    )
+}

@@ -1,0 +1,164 @@
+//! rnic-sim: the scenarios' outcomes (fairness after convergence, a bounded queue under
+//! DCQCN, no drops with PFC, drops without PFC and ECN, the PFC victim and its fix), the CSV
+//! and PNG it writes, and clear errors for bad arguments.
+
+use std::process::Command;
+
+use ferroce_tools::sim_tool::{self as st, Preset};
+
+#[test]
+fn dcqcn_converges_to_fair_shares_for_both_presets() {
+    for preset in [Preset::Paper, Preset::Nvidia] {
+        let o = st::dcqcn(4, 40.0, preset, 40_000_000, 2_500_000);
+        let s = st::summarise(&o, &[0, 1, 2, 3]);
+        assert!(s.jain >= 0.95, "{preset:?}: Jain {}", s.jain);
+        assert!(
+            s.goodput > 0.85 * 40.0 * st::payload_share(1024),
+            "{preset:?}: {s:?}"
+        );
+        let (red, _) = preset.marking(40.0);
+        assert!(
+            s.queue_mean_kb * 1000.0 < red.kmax as f64,
+            "{preset:?}: the queue stays below Kmax on average: {s:?}"
+        );
+        assert_eq!(s.drops, 0);
+        assert!(s.cnps > 0);
+    }
+}
+
+#[test]
+fn incast_is_lossless_with_pfc_and_lossy_without_pfc_and_ecn() {
+    let with = st::summarise(
+        &st::incast(8, 100.0, false, true, 5_000_000),
+        &(0..8).collect::<Vec<_>>(),
+    );
+    assert_eq!(with.drops, 0, "{with:?}");
+    assert!(with.pfc_xoff > 0 && with.paused_fraction > 0.5, "{with:?}");
+    let without = st::summarise(
+        &st::incast(8, 100.0, false, false, 5_000_000),
+        &(0..8).collect::<Vec<_>>(),
+    );
+    assert!(without.drops > 0, "{without:?}");
+    // DCQCN takes over from PFC: few pauses once converged.
+    let dcqcn = st::summarise(
+        &st::incast(8, 100.0, true, true, 20_000_000),
+        &(0..8).collect::<Vec<_>>(),
+    );
+    assert_eq!(dcqcn.drops, 0);
+    assert!(dcqcn.late_paused_senders < 0.05, "{dcqcn:?}");
+    assert!(
+        dcqcn.paused_fraction < with.paused_fraction / 10.0,
+        "{dcqcn:?} vs {with:?}"
+    );
+}
+
+#[test]
+fn pfc_alone_makes_a_victim_and_dcqcn_frees_it() {
+    let potential = 100.0 * st::payload_share(1024) * 0.75;
+    let (o, v) = st::pfc_victim(4, 100.0, false, 10_000_000);
+    let hol = o.mean_goodput(v, 5_000.0);
+    assert!(
+        hol < 0.5 * potential,
+        "head-of-line blocked: {hol} of {potential}"
+    );
+    let (o, v) = st::pfc_victim(4, 100.0, true, 10_000_000);
+    let free = o.mean_goodput(v, 5_000.0);
+    assert!(free > 0.9 * potential, "with DCQCN: {free} of {potential}");
+}
+
+fn rnic_sim(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_rnic-sim"))
+        .args(args)
+        .output()
+        .expect("rnic-sim")
+}
+
+#[test]
+fn the_cli_writes_csv_and_png() {
+    let dir = std::env::temp_dir().join(format!("ferroce-sim-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let csv = dir.join("d.csv");
+    let png = dir.join("d.png");
+    let o = rnic_sim(&[
+        "dcqcn",
+        "--flows",
+        "3",
+        "--rate",
+        "25",
+        "--preset",
+        "paper",
+        "--duration",
+        "5",
+        "--csv",
+        csv.to_str().unwrap(),
+        "--png",
+        png.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("Jain") && out.contains("fair share"), "{out}");
+    let text = std::fs::read_to_string(&csv).unwrap();
+    let mut lines = text.lines();
+    assert_eq!(
+        lines.next(),
+        Some("time_us,flow,rate_gbps,goodput_gbps,queue_kb")
+    );
+    let rows: Vec<Vec<f64>> = lines
+        .map(|l| l.split(',').map(|v| v.parse().unwrap()).collect())
+        .collect();
+    assert!(
+        rows.len() > 300 && rows.len() % 3 == 0,
+        "{} rows",
+        rows.len()
+    );
+    assert!(rows
+        .iter()
+        .all(|r| r.len() == 5 && r[2] >= 0.0 && r[2] <= 25.0));
+    let bytes = std::fs::read(&png).unwrap();
+    assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n");
+    for args in [
+        vec![
+            "incast",
+            "--senders",
+            "4",
+            "--duration",
+            "2",
+            "--png",
+            dir.join("i.png").to_str().unwrap(),
+        ],
+        vec![
+            "pfc",
+            "--duration",
+            "2",
+            "--png",
+            dir.join("p.png").to_str().unwrap(),
+        ],
+        vec![
+            "compare",
+            "--duration",
+            "2",
+            "--png",
+            dir.join("c.png").to_str().unwrap(),
+        ],
+    ] {
+        let o = rnic_sim(&args);
+        assert!(
+            o.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    for bad in [
+        vec!["dcqcn", "--flows", "0"],
+        vec!["dcqcn", "--rate", "-1"],
+        vec!["incast", "--duration", "0"],
+        vec!["dcqcn", "--preset", "mlx9"],
+        vec!["dcqcn", "--csv", "/nonexistent/x.csv", "--duration", "1"],
+    ] {
+        let o = rnic_sim(&bad);
+        assert!(!o.status.success(), "{bad:?} accepted");
+        let e = String::from_utf8_lossy(&o.stderr);
+        assert!(!e.contains("panicked") && !e.is_empty(), "{bad:?}: {e}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
