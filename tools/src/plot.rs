@@ -106,7 +106,8 @@ pub fn draw(path: &Path, panels: &[Panel], width: u32, panel_height: u32) -> Res
         for (i, s) in panel.series.iter().enumerate() {
             let c = colour(i);
             chart
-                .draw_series(LineSeries::new(s.points.iter().copied(), c.stroke_width(2)))
+                // Width 1: plotters' wide strokes misdraw segments that collapse to one pixel.
+                .draw_series(LineSeries::new(s.points.iter().copied(), c.stroke_width(1)))
                 .map_err(|e| e.to_string())?
                 .label(s.name.clone())
                 .legend(move |(x, y)| {

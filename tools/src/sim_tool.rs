@@ -115,6 +115,25 @@ fn per_flow(o: &Outcome, f: impl Fn(&dcb::sim::FlowSample) -> f64, name: &str) -
         .collect()
 }
 
+/// A moving average over about 1 % of the run: per-sample goodput counts a handful of
+/// packets, too noisy to read as a line.
+fn smooth(mut v: Vec<Series>) -> Vec<Series> {
+    for s in &mut v {
+        let w = (s.points.len() / 100).max(1);
+        let mut out = Vec::with_capacity(s.points.len());
+        let mut sum = 0.0;
+        for i in 0..s.points.len() {
+            sum += s.points[i].1;
+            if i >= w {
+                sum -= s.points[i - w].1;
+            }
+            out.push((s.points[i].0, sum / (i + 1).min(w) as f64));
+        }
+        s.points = out;
+    }
+    v
+}
+
 fn queue_series(o: &Outcome, name: &str) -> Series {
     Series {
         name: name.into(),
@@ -289,7 +308,7 @@ pub fn incast_figure(path: &Path, o: &Outcome, title: &str) -> Result<(), String
                 title: format!("{title}: goodput per sender"),
                 x_label: "time (us)".into(),
                 y_label: "goodput (Gb/s)".into(),
-                series: per_flow(o, |s| s.goodput_gbps, "sender"),
+                series: smooth(per_flow(o, |s| s.goodput_gbps, "sender")),
             },
             Panel {
                 title: "bottleneck queue".into(),
@@ -343,7 +362,7 @@ pub fn payload_share(mtu: u64) -> f64 {
 
 /// The figure of a `pfc` run.
 pub fn pfc_figure(path: &Path, o: &Outcome, victim: usize, title: &str) -> Result<(), String> {
-    let mut series = per_flow(o, |s| s.goodput_gbps, "flow");
+    let mut series = smooth(per_flow(o, |s| s.goodput_gbps, "flow"));
     series[victim].name = format!("flow {victim} (victim, to an idle port)");
     let paused = Series {
         name: "paused senders".into(),
