@@ -381,7 +381,13 @@ impl Sim {
             self.sync_rate(f);
             let next = self.flows[f].pacer.next_allowed(now);
             if next > now {
-                earliest = earliest.min(next);
+                // Wake at the pacer's time, or earlier if DCQCN's timers may raise the rate
+                // (a flow cut to a low rate must not wait out its old, slow schedule).
+                let rp_due = self.flows[f]
+                    .rp
+                    .as_ref()
+                    .map_or(u64::MAX, |r| r.poll_timeout());
+                earliest = earliest.min(next).min(rp_due.max(now + 1));
                 continue;
             }
             // Send one packet of flow f.

@@ -630,7 +630,8 @@ impl Default for ConnectOpts {
     }
 }
 
-fn endpoint(dev: &mut Device, o: &ConnectOpts, base: u64) -> Endpoint {
+/// Creates a PD, CQ, QP and a registered heap MR at `base` on `dev` (not yet connected).
+pub fn endpoint(dev: &mut Device, o: &ConnectOpts, base: u64) -> Endpoint {
     let pd = dev.alloc_pd().expect("pd");
     let cq = dev.create_cq(o.depth * 4).expect("cq");
     let qpn = dev
