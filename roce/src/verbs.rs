@@ -109,6 +109,29 @@ pub enum QpState {
     Err,
 }
 
+impl QpState {
+    /// The states in `enum ibv_qp_state` order (IBV_QPS_RESET = 0 ... IBV_QPS_ERR = 6).
+    const IBV: [QpState; 7] = [
+        QpState::Reset,
+        QpState::Init,
+        QpState::Rtr,
+        QpState::Rts,
+        QpState::Sqd,
+        QpState::Sqe,
+        QpState::Err,
+    ];
+
+    /// From libibverbs' `enum ibv_qp_state` value; None for values it does not define.
+    pub fn from_ibv(v: u32) -> Option<QpState> {
+        Self::IBV.get(v as usize).copied()
+    }
+
+    /// libibverbs' `enum ibv_qp_state` value.
+    pub fn to_ibv(self) -> u32 {
+        Self::IBV.iter().position(|x| *x == self).unwrap_or(6) as u32
+    }
+}
+
 /// Path MTU (`ibv_mtu`: 1 = 256 ... 5 = 4096).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
@@ -674,4 +697,22 @@ pub enum AsyncEvent {
     PortError,
     /// The device stopped working (IBV_EVENT_DEVICE_FATAL): every later call fails.
     DeviceFatal,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn qp_states_number_as_libibverbs_does() {
+        // <infiniband/verbs.h>: IBV_QPS_RESET 0, INIT 1, RTR 2, RTS 3, SQD 4, SQE 5, ERR 6.
+        assert_eq!(QpState::Reset.to_ibv(), 0);
+        assert_eq!(QpState::Rts.to_ibv(), 3);
+        assert_eq!(QpState::Sqe.to_ibv(), 5);
+        assert_eq!(QpState::Err.to_ibv(), 6);
+        for v in 0..7 {
+            assert_eq!(QpState::from_ibv(v).unwrap().to_ibv(), v);
+        }
+        assert_eq!(QpState::from_ibv(7), None, "IBV_QPS_UNKNOWN");
+    }
 }

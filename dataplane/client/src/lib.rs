@@ -823,22 +823,12 @@ fn c_qp_type(t: QpType) -> u32 {
     }
 }
 
-const STATES: [QpState; 7] = [
-    QpState::Reset,
-    QpState::Init,
-    QpState::Rtr,
-    QpState::Rts,
-    QpState::Sqd,
-    QpState::Sqe,
-    QpState::Err,
-];
-
 fn qp_state(v: u32) -> Option<QpState> {
-    STATES.get(v as usize).copied()
+    QpState::from_ibv(v)
 }
 
 fn c_qp_state(s: QpState) -> u32 {
-    STATES.iter().position(|x| *x == s).unwrap_or(6) as u32
+    s.to_ibv()
 }
 
 #[no_mangle]
