@@ -5,7 +5,8 @@
 //!    there for the packets that arrive, as after a doorbell);
 //! 2. `rx_burst` and classification: RoCEv2 to the engine (segments passed in place), ARP /
 //!    ICMP / IPv6 ND to the neighbour layer, PFC and PAUSE counted (acted on in the DCB part),
-//!    IPv4 fragments and everything else counted and dropped;
+//!    IPv4 fragments and everything else counted and dropped; first of all, the packets this
+//!    port sent to its own GIDs last iteration (internal loopback);
 //! 3. timers (engine and neighbours);
 //! 4. transmit: engine output built straight into mbufs (headers, payload gathered from the
 //!    registered memory, ICRC once), waiting (bounded) while the peer's MAC is resolved;
@@ -42,6 +43,9 @@ const MAX_TX_BACKLOG: usize = 1024;
 const TX_BUDGET: usize = 64;
 /// Receive bursts per iteration at most (`RX_BURSTS * BURST` > `TX_BUDGET`).
 const RX_BURSTS: usize = 4;
+/// Internal-loopback frames waiting for the next receive phase, at most (a bound that one
+/// iteration's transmit budget cannot reach; the surplus would be a counted drop).
+const MAX_LOOPBACK: usize = 4 * TX_BUDGET;
 
 roce::counters!(
     /// Port-level counters of one RNIC.
@@ -97,6 +101,11 @@ roce::counters!(
         tx_retried,
         /// Frames dropped because the transmit backlog was full.
         tx_dropped,
+        /// RoCE packets to one of this port's own GIDs, delivered to its own receive path
+        /// (internal loopback) instead of the wire.
+        tx_loopback,
+        /// Loopback packets dropped because the loopback queue was full.
+        tx_loopback_dropped,
         /// Faults injected: lost.
         fault_lost,
         /// Faults injected: duplicated.
@@ -183,6 +192,10 @@ pub struct Nic {
     /// Next hop per QP (by `Device::qp_index`).
     hops: Vec<NextHop>,
     pending: VecDeque<(IpAddr, Gid, Mbuf)>,
+    /// This port's own GIDs: packets to them are looped back.
+    own_gids: Vec<Gid>,
+    /// Packets to our own GIDs, received at the start of the next receive phase.
+    loopback: VecDeque<Mbuf>,
     /// UD messages waiting for a receive WQE: (arrival time, QP, frame), in arrival order.
     held_rx: VecDeque<(u64, roce::types::Qpn, Mbuf)>,
     rxbuf: Vec<Mbuf>,
@@ -211,6 +224,7 @@ impl Nic {
         let rxq = port.rx_queue(0).map_err(|e| e.to_string())?;
         let txq = port.tx_queue(0).map_err(|e| e.to_string())?;
         let gids = cfg.gids(mac);
+        let own_gids = gids.clone();
         let dev = Device::new(DeviceConfig {
             gids,
             port_mtu: cfg.path_mtu,
@@ -269,6 +283,8 @@ impl Nic {
             ready_cqs: Vec::with_capacity(16),
             hops: vec![NextHop::NONE; max_qp],
             pending: VecDeque::with_capacity(MAX_PENDING),
+            own_gids,
+            loopback: VecDeque::with_capacity(MAX_LOOPBACK),
             held_rx: VecDeque::with_capacity(hold_frames),
             rxbuf: Vec::with_capacity(BURST),
             txbuf: Vec::with_capacity(MAX_TX_BACKLOG + BURST),
@@ -531,6 +547,13 @@ impl Nic {
         // buffer: on a ring link the sender's port then refuses frames, which holds its
         // sender back; on a NIC the queue overflows into the NIC's drop counter).
         let hold_cap = self.cfg.ud_rx_hold_frames.max(1) as usize;
+        // Internal loopback first: what this port sent to itself last iteration.
+        while let Some(m) = self.loopback.pop_front() {
+            work += 1;
+            if self.rx_frame(now, &m) {
+                self.hold_ud(now, m);
+            }
+        }
         for _ in 0..RX_BURSTS {
             // A burst could be all UD messages to hold: take one only with room for it.
             if self.cfg.ud_rx_hold_us > 0 && self.held_rx.len() + BURST > hold_cap.max(BURST) {
@@ -818,7 +841,11 @@ impl Nic {
             Some(a) => IpAddr::from(a),
             None => IpAddr::V6(dgid.to_ipv6()),
         };
+        // To one of our own GIDs: internal loopback (as rxe and hardware RNICs do), the
+        // frame addressed to our MAC and received by this port without touching the wire.
+        let local = self.own_gids.contains(&dgid);
         let resolved = match self.tx.path.dmac {
+            _ if local => Resolve::Mac(self.mac),
             Some(m) => Resolve::Mac(m),
             None => self.next_hop(now, dgid, ip),
         };
@@ -874,6 +901,16 @@ impl Nic {
             return;
         }
         self.counters.tx_roce += 1;
+        if local {
+            // Captured once, by the receive path.
+            if self.loopback.len() >= MAX_LOOPBACK {
+                self.counters.tx_loopback_dropped += 1;
+            } else {
+                self.counters.tx_loopback += 1;
+                self.loopback.push_back(m);
+            }
+            return;
+        }
         if resolved == Resolve::Pending {
             if self.pending.len() >= MAX_PENDING {
                 self.counters.tx_held_dropped += 1;
