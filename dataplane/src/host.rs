@@ -586,6 +586,9 @@ pub trait Verbs {
     /// `ibv_post_send` of an inline SEND or WRITE whose payload is `data` (any memory): the
     /// bytes are copied before the call returns; `wr.sg_list` must be empty.
     fn post_send_inline(&mut self, qpn: Qpn, wr: &SendWr<'_>, data: &[u8]) -> VerbsResult<()>;
+    /// How many more WRs the send queue of `qpn` takes now (`max_send_wr` less those posted
+    /// and not yet retired): a batch that fits is posted whole (`ibv_wr_complete`).
+    fn sq_room(&mut self, qpn: Qpn) -> VerbsResult<u32>;
     /// `ibv_post_recv` (one WR).
     fn post_recv(&mut self, qpn: Qpn, wr: &RecvWr<'_>) -> VerbsResult<()>;
     /// `ibv_create_srq`.
@@ -680,10 +683,11 @@ pub struct Client<C: Channel> {
     srqs: Vec<Option<SrqLocal>>,
     /// This client's buffers by address (for inline data).
     buffers: BTreeMap<u64, Weak<Area>>,
-    /// Application memory moved onto memfds for `reg_mr_addr`, by start address: the area
-    /// and its id on the worker (kept for the context's life, so later registrations within
-    /// the same pages reuse it).
-    shadows: BTreeMap<u64, (Arc<Area>, u32)>,
+    /// Application memory moved onto memfds for `reg_mr_addr`, by start address (kept while
+    /// the pages stay mapped, so later registrations within the same pages reuse it).
+    shadows: BTreeMap<u64, Shadow>,
+    /// The shadow (start address) each MR of `reg_mr_addr` lies in, by lkey.
+    shadow_mrs: BTreeMap<u32, u64>,
     next_area: u32,
     released: Released,
     fatal_reported: bool,
@@ -694,6 +698,16 @@ pub struct Client<C: Channel> {
 
 /// An application's handle on an RNIC in the same process (the in-process backend).
 pub type Context = Client<LocalChannel>;
+
+/// Application pages moved onto a memfd ([`crate::shadow`]) for `reg_mr_addr`.
+struct Shadow {
+    area: Arc<Area>,
+    /// The area's id on the worker.
+    id: u32,
+    /// Live MRs in it: with none, its pages may move again as part of a different range
+    /// (memory freed and reused by the allocator for a larger buffer).
+    mrs: u32,
+}
 
 static TOKENS: AtomicU64 = AtomicU64::new(1);
 
@@ -776,6 +790,7 @@ impl<C: Channel> Client<C> {
             srqs: (0..limits.max_srq).map(|_| None).collect(),
             buffers: BTreeMap::new(),
             shadows: BTreeMap::new(),
+            shadow_mrs: BTreeMap::new(),
             next_area: 1,
             released: Arc::new(Mutex::new(Vec::new())),
             fatal_reported: false,
@@ -882,6 +897,18 @@ impl<C: Channel> Client<C> {
         self.call(Command::RemoveArea { id }).map(|_| ())
     }
 
+    /// Forgets the shadow at `start` (area `id` on the worker); its pages stay mapped.
+    fn drop_shadow(&mut self, start: u64, id: u32) {
+        if let Some(sh) = self.shadows.remove(&start) {
+            for _ in 0..sh.mrs {
+                crate::shadow::release(start);
+            }
+        }
+        self.buffers.remove(&start);
+        self.shadow_mrs.retain(|_, b| *b != start);
+        let _ = self.remove_area(id);
+    }
+
     /// A handle that waits for `cq`'s notifications from another thread (a completion
     /// channel), independent of this client's borrow.
     pub fn cq_notifier(&self, cq: CqId) -> Option<CqNotifier> {
@@ -910,6 +937,13 @@ impl<C: Channel> Client<C> {
             return;
         }
         self.closed = true;
+        // The context's MRs go with it: their moved pages are free to move again.
+        for (start, sh) in std::mem::take(&mut self.shadows) {
+            for _ in 0..sh.mrs {
+                crate::shadow::release(start);
+            }
+        }
+        self.shadow_mrs.clear();
         if self.alive() {
             // A worker that is alive but not polling (stopped by its owner) must not hang
             // the application: wait a bounded time.
@@ -1107,40 +1141,64 @@ impl<C: Channel> Verbs for Client<C> {
             .shadows
             .range(..=start)
             .next_back()
-            .filter(|(s, (a, _))| **s + a.len() as u64 >= end)
-            .map(|(s, (_, id))| (*s, *id));
+            .filter(|(s, sh)| **s + sh.area.len() as u64 >= end)
+            .map(|(s, sh)| (*s, sh.id));
         if let Some((s, id)) = found {
             // The application may have unmapped those pages since (and mapped others
             // there): then the old memfd is not its memory any more.
             if !self
                 .shadows
                 .get(&s)
-                .is_some_and(|(a, _)| crate::shadow::still_mapped(a))
+                .is_some_and(|sh| crate::shadow::still_mapped(&sh.area))
             {
-                self.shadows.remove(&s);
-                self.buffers.remove(&s);
-                let _ = self.remove_area(id);
+                self.drop_shadow(s, id);
                 found = None;
             }
         }
         let (base, id) = match found {
             Some(x) => x,
             None => {
+                // Earlier moves of this context that overlap this range without containing
+                // it and have no MR left: forgotten, their pages move again. With an MR left
+                // (in any context of the process), move_range refuses: that MR would lose
+                // the application's writes.
+                let idle: Vec<(u64, u32)> = self
+                    .shadows
+                    .range(..end)
+                    .filter(|(s, sh)| **s + sh.area.len() as u64 > start && sh.mrs == 0)
+                    .map(|(s, sh)| (*s, sh.id))
+                    .collect();
+                for (s, id) in idle {
+                    self.drop_shadow(s, id);
+                }
                 // SAFETY: the caller guarantees no other thread writes the range now.
                 let area = unsafe { crate::shadow::move_range(start, end) }
                     .map_err(|e| VerbsError::InvalidArgument(e.to_string()))?;
                 let area = Arc::new(area);
                 let id = self.add_area(area.clone())?;
                 self.buffers.insert(start, Arc::downgrade(&area));
-                self.shadows.insert(start, (area, id));
+                self.shadows.insert(start, Shadow { area, id, mrs: 0 });
                 (start, id)
             }
         };
-        self.reg_area(pd, id, addr - base, len as u64, addr, access)
+        let mr = self.reg_area(pd, id, addr - base, len as u64, addr, access)?;
+        if let Some(sh) = self.shadows.get_mut(&base) {
+            sh.mrs += 1;
+            crate::shadow::hold(base, base + sh.area.len() as u64);
+            self.shadow_mrs.insert(mr.lkey.0, base);
+        }
+        Ok(mr)
     }
 
     fn dereg_mr(&mut self, mr: &Mr) -> VerbsResult<()> {
-        self.call(Command::DeregMr { lkey: mr.lkey }).map(|_| ())
+        self.call(Command::DeregMr { lkey: mr.lkey })?;
+        if let Some(base) = self.shadow_mrs.remove(&mr.lkey.0) {
+            if let Some(sh) = self.shadows.get_mut(&base) {
+                sh.mrs = sh.mrs.saturating_sub(1);
+                crate::shadow::release(base);
+            }
+        }
+        Ok(())
     }
 
     fn create_cq(&mut self, cqe: u32) -> VerbsResult<CqId> {
@@ -1284,6 +1342,14 @@ impl<C: Channel> Verbs for Client<C> {
             ));
         }
         self.post_send_data(qpn, wr, Some(data))
+    }
+
+    fn sq_room(&mut self, qpn: Qpn) -> VerbsResult<u32> {
+        let slot = qp_slot(qpn, self.limits.max_qp).unwrap_or(usize::MAX);
+        let q = self.qp_mut(qpn)?;
+        let (cap, posted) = (q.caps.max_send_wr as u64, q.sq_posted);
+        let used = posted.wrapping_sub(retired(&self.index, slot * QP_INDEX_BYTES));
+        Ok(cap.saturating_sub(used) as u32)
     }
 
     #[inline]

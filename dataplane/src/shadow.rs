@@ -63,18 +63,53 @@ fn parse_smaps(text: &str) -> Vec<Mapping> {
 /// The memfd name moved ranges get (it shows in /proc/PID/maps).
 pub const SHADOW_NAME: &str = "ferroce-mr";
 
-/// Why `[start, end)` cannot move, if it cannot.
-fn refusal(maps: &[Mapping], start: u64, end: u64) -> Option<String> {
+/// Moved ranges that registrations use now, across every context of this process: start
+/// -> (end, registrations). Pages of a move outside all of them may move again (memory
+/// freed after its MRs were deregistered, then reused by the allocator for a larger buffer).
+static IN_USE: std::sync::Mutex<std::collections::BTreeMap<u64, (u64, u32)>> =
+    std::sync::Mutex::new(std::collections::BTreeMap::new());
+
+fn in_use() -> std::sync::MutexGuard<'static, std::collections::BTreeMap<u64, (u64, u32)>> {
+    IN_USE.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A registration now uses the moved range `[start, end)`.
+pub fn hold(start: u64, end: u64) {
+    in_use().entry(start).or_insert((end, 0)).1 += 1;
+}
+
+/// A registration of the moved range starting at `start` is gone.
+pub fn release(start: u64) {
+    let mut m = in_use();
+    if let Some(e) = m.get_mut(&start) {
+        e.1 = e.1.saturating_sub(1);
+        if e.1 == 0 {
+            m.remove(&start);
+        }
+    }
+}
+
+fn used_ranges() -> Vec<(u64, u64)> {
+    in_use().iter().map(|(s, (e, _))| (*s, *e)).collect()
+}
+
+/// Why `[start, end)` cannot move, if it cannot. Pages of earlier moves may move again
+/// unless they overlap a range in `used` (moves that registrations still use).
+fn refusal(maps: &[Mapping], start: u64, end: u64, used: &[(u64, u64)]) -> Option<String> {
     let mut covered = start;
     for m in maps.iter().filter(|m| m.end > start && m.start < end) {
         if m.start > covered {
             return Some(format!("{covered:#x}..{:#x} is not mapped", m.start));
         }
         covered = covered.max(m.end);
-        let what = if m.path.contains(SHADOW_NAME) {
+        let (lo, hi) = (m.start.max(start), m.end.min(end));
+        let reusable = !used.iter().any(|&(s, e)| s < hi && lo < e);
+        let what = if m.path.contains(SHADOW_NAME) && reusable {
+            None
+        } else if m.path.contains(SHADOW_NAME) {
             Some(
-                "its pages were already moved for another registration that does not \
-                  contain this range (register within it, or disjoint from it)"
+                "its pages were already moved for another registration, still registered, \
+                  that does not contain this range (register within it, or disjoint from it)"
                     .to_string(),
             )
         } else if m.kernel_page_kb != 4 || m.path.contains("anon_hugepage") {
@@ -151,7 +186,8 @@ pub fn page_range(addr: u64, len: usize) -> Option<(u64, u64)> {
 
 /// Moves the pages `[start, end)` (page aligned) of this process onto a new sealed memfd
 /// mapped at the same addresses, keeping their contents; returns the area over them (which
-/// leaves them mapped when dropped).
+/// leaves them mapped when dropped). Pages of earlier moves are refused while a registration
+/// uses them ([`hold`]).
 ///
 /// # Safety
 /// No other thread may write the range during the call, and nothing may rely on the pages'
@@ -159,7 +195,7 @@ pub fn page_range(addr: u64, len: usize) -> Option<(u64, u64)> {
 pub unsafe fn move_range(start: u64, end: u64) -> io::Result<Area> {
     let len = (end - start) as usize;
     let smaps = std::fs::read_to_string("/proc/self/smaps")?;
-    if let Some(why) = refusal(&parse_smaps(&smaps), start, end) {
+    if let Some(why) = refusal(&parse_smaps(&smaps), start, end, &used_ranges()) {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, why));
     }
     let fd = Area::memfd(len, SHADOW_NAME)?;
@@ -235,18 +271,23 @@ KernelPageSize:        4 kB
         assert_eq!(m[4].kernel_page_kb, 2048);
         let base = 0x7f00_0000_0000u64;
         assert_eq!(
-            refusal(&m, base, base + 0x3000),
+            refusal(&m, base, base + 0x3000, &[]),
             None,
             "anonymous + heap move"
         );
-        let why = |s: u64, e: u64| refusal(&m, base + s, base + e).unwrap();
+        let why = |s: u64, e: u64| refusal(&m, base + s, base + e, &[]).unwrap();
         assert!(why(0x3000, 0x4000).contains("file-backed mapping of /usr/lib/libc.so.6"));
-        assert!(why(0x4000, 0x5000).contains("already moved"));
+        // An earlier move moves again unless a registration uses it.
+        assert_eq!(refusal(&m, base + 0x4000, base + 0x5000, &[]), None);
+        let used = [(base + 0x4800, base + 0x6000)];
+        assert!(refusal(&m, base + 0x4000, base + 0x5000, &used)
+            .unwrap()
+            .contains("already moved"));
         assert!(why(0x5000, 0x6000).contains("not mapped"));
         assert!(why(0x6000, 0x7000).contains("hugetlbfs"));
         assert!(why(0x206000, 0x207000).contains("shared mapping"));
         assert!(why(0x206000, 0x208000).contains("shared mapping"));
-        assert!(refusal(&m, base + 0x207000, base + 0x208000)
+        assert!(refusal(&m, base + 0x207000, base + 0x208000, &[])
             .unwrap()
             .contains("not mapped"));
     }
@@ -275,6 +316,7 @@ KernelPageSize:        4 kB
         assert_eq!((start, end), (p as u64, p as u64 + 2 * PAGE as u64));
         // SAFETY: nothing else touches the range.
         let area = unsafe { move_range(start, end) }.unwrap();
+        hold(start, end);
         assert!(
             s.iter().enumerate().all(|(i, b)| *b == (i * 7) as u8),
             "contents kept"
@@ -293,9 +335,29 @@ KernelPageSize:        4 kB
         // Still mapped for the application after the areas are gone.
         s[0] = 1;
         assert_eq!(s[17], 0xcd);
-        // Moving the same pages again as part of a larger range is refused.
+        // While a registration uses them, moving the pages again as part of a larger range
+        // is refused.
         let again = unsafe { move_range(start, start + 3 * PAGE as u64) };
         assert!(again.unwrap_err().to_string().contains("already moved"));
+        // Once released, they move again, contents kept, onto a new memfd.
+        release(start);
+        let again = unsafe { move_range(start, start + 3 * PAGE as u64) };
+        let again = again.expect("a released move moves again");
+        assert_eq!(
+            (s[0], s[17], s[5000], s[100]),
+            (1, 0xcd, 0xab, (100 * 7) as u8)
+        );
+        assert_eq!(s[3 * PAGE - 1], ((3 * PAGE - 1) * 7) as u8);
+        let fd = again.fd().try_clone_to_owned().unwrap();
+        let other = Area::from_fd(fd, 3 * PAGE).unwrap();
+        other.write_at(3 * PAGE - 1, &[0x5a]).unwrap();
+        assert_eq!(
+            s[3 * PAGE - 1],
+            0x5a,
+            "the new memfd is the application's memory"
+        );
+        drop(other);
+        drop(again);
         // SAFETY: our mapping.
         unsafe { libc::munmap(p, len) };
     }

@@ -834,6 +834,30 @@ fn ordinary_memory_registers_in_place_and_both_views_are_the_same_bytes() {
     // A range that only partly overlaps the moved pages, and file-backed memory: refused.
     let e = unsafe { a.ctx.reg_mr_addr(a.pd, base + 7000, 5000, Access::ALL) }.unwrap_err();
     assert!(e.to_string().contains("already moved"), "{e}");
+    // Once no MR uses the earlier moves, their pages move again as one larger range (memory
+    // freed and reused by the allocator): first pages 0-1 are idle but page 2 (mr5) is not.
+    a.ctx.dereg_mr(&mr2).unwrap();
+    a.ctx.dereg_mr(&mr3).unwrap();
+    let e = unsafe { a.ctx.reg_mr_addr(a.pd, base + 7000, 5000, Access::ALL) }.unwrap_err();
+    assert!(e.to_string().contains("already moved"), "{e}");
+    a.ctx.dereg_mr(&mr5).unwrap();
+    m[7000..7004].copy_from_slice(b"keep");
+    // SAFETY: no other thread touches `mem`.
+    let mr6 = unsafe { a.ctx.reg_mr_addr(a.pd, base + 7000, 5000, Access::ALL) }.unwrap();
+    assert_eq!(&m[7000..7004], b"keep", "contents survive the second move");
+    b.buf.write(0, &[0x42; 32]);
+    let sge_b4 = b.mr.sge(0, 32);
+    let c = post_one(
+        &mut b,
+        WrOp::Write {
+            remote_addr: base + 8180,
+            rkey: mr6.rkey.unwrap(),
+        },
+        sge_b4,
+    );
+    assert_eq!(c.status, WcStatus::Success);
+    assert_eq!(m[8180..8212], [0x42; 32], "a WRITE across the old boundary");
+    assert_eq!(m[7000], b'k');
     let path = std::env::temp_dir().join(format!("ferroce-rawmr-{}", std::process::id()));
     std::fs::write(&path, vec![0u8; 8192]).unwrap();
     let f = std::fs::OpenOptions::new()
