@@ -1,15 +1,22 @@
 # ferroce: the two commands of the README, and helpers.
 #   make demo   - install what is missing, build, run the main job on the embedded default
 #   make test   - install what is missing, run every test (unit, integration, interop)
-#   make install PREFIX=/usr/local - rnicd, rnic-perf, rnic-ctl, rnic-pcap, and the C client
-#                 (libferroce_client.so, ferroce.h, ferroce.pc)
+#   make install PREFIX=/usr/local - rnicd, rnic-perf, rnic-ctl, rnic-pcap, the C client
+#                 (libferroce_client.so, ferroce.h, ferroce.pc), ferroce-run and the drop-in
+#                 libibverbs.so.1 (with stub libmlx5.so.1, libefa.so.1) in lib/ferroce
+#   make ibverbs  - the drop-in libibverbs in target/$(PROFILE)/ferroce, for scripts/ferroce-run
 CARGO ?= cargo
 PREFIX ?= /usr/local
 # install-files copies from target/$(PROFILE) (release, or debug for a dev build).
 PROFILE ?= release
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 
-.PHONY: deps test-deps demo test lint bench fmt install install-files
+CC ?= cc
+# The directory ferroce-run puts first on the library path (libibverbs.so.1 and the stubs).
+IBV_DIR = target/$(PROFILE)/ferroce
+STUBS = dataplane/ibverbs/stubs
+
+.PHONY: deps test-deps demo test lint bench fmt install install-files ibverbs ibverbs-dir
 
 deps:
 	@bash scripts/deps.sh
@@ -22,12 +29,26 @@ demo: deps
 
 test: test-deps
 	# The C client's shared library, which the tests link the C example against.
-	$(CARGO) build -p ferroce-client
+	$(CARGO) build -p ferroce-client -p ferroce-ibverbs
 	$(CARGO) test --workspace --no-fail-fast
 
 install:
-	$(CARGO) build --release -p ferroce-tools -p ferroce-client
+	$(CARGO) build --release -p ferroce-tools -p ferroce-client -p ferroce-ibverbs
 	$(MAKE) install-files PROFILE=release
+
+ibverbs:
+	$(CARGO) build $(if $(filter release,$(PROFILE)),--release) -p ferroce-ibverbs
+	$(MAKE) ibverbs-dir PROFILE=$(PROFILE)
+
+# libibverbs.so.1 (a link to the cdylib cargo built) and the direct-verbs stubs that Debian's
+# perftest links (their version nodes are the real libraries').
+ibverbs-dir:
+	install -d $(IBV_DIR)
+	ln -sf ../libibverbs.so $(IBV_DIR)/libibverbs.so.1
+	$(CC) -shared -fPIC -O2 -Wall -o $(IBV_DIR)/libmlx5.so.1 $(STUBS)/mlx5.c \
+		-Wl,--version-script=$(STUBS)/mlx5.map -Wl,-soname,libmlx5.so.1
+	$(CC) -shared -fPIC -O2 -Wall -o $(IBV_DIR)/libefa.so.1 $(STUBS)/efa.c \
+		-Wl,--version-script=$(STUBS)/efa.map -Wl,-soname,libefa.so.1
 
 install-files:
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/include
@@ -38,6 +59,14 @@ install-files:
 	install -m 0644 dataplane/client/include/ferroce.h $(DESTDIR)$(PREFIX)/include/
 	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(VERSION)|' dataplane/client/ferroce.pc.in \
 		> $(DESTDIR)$(PREFIX)/lib/pkgconfig/ferroce.pc
+	install -m 0755 scripts/ferroce-run $(DESTDIR)$(PREFIX)/bin/
+	if [ -e target/$(PROFILE)/libibverbs.so ]; then \
+		$(MAKE) -s ibverbs-dir PROFILE=$(PROFILE) && \
+		install -d $(DESTDIR)$(PREFIX)/lib/ferroce && \
+		for l in libibverbs.so.1 libmlx5.so.1 libefa.so.1; do \
+			install -m 0755 $(IBV_DIR)/$$l $(DESTDIR)$(PREFIX)/lib/ferroce/; \
+		done; \
+	fi
 
 lint: deps
 	$(CARGO) fmt --all -- --check

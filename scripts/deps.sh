@@ -5,7 +5,8 @@
 # because a fresh machine may be running its own apt at boot.
 set -euo pipefail
 
-APT_PKGS=(libdpdk-dev pkg-config libclang-dev tshark tcpdump python3-pip fonts-dejavu-core)
+APT_PKGS=(libdpdk-dev pkg-config libclang-dev tshark tcpdump python3-pip fonts-dejavu-core
+  libibverbs-dev perftest ibverbs-utils)
 PIP_PKGS=(scapy)
 
 missing=()
@@ -16,6 +17,11 @@ command -v tshark >/dev/null || missing+=(tshark)
 command -v tcpdump >/dev/null || missing+=(tcpdump)
 # rnic-sim's plots draw their text with this font.
 [ -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || missing+=(fonts-dejavu-core)
+# ferroce's libibverbs.so.1 is bound (bindgen) to the installed <infiniband/verbs.h>; the tests
+# run Debian's unmodified perftest and rdma-core examples (ibverbs-utils) on it.
+[ -e /usr/include/infiniband/verbs.h ] || missing+=(libibverbs-dev)
+command -v ib_write_bw >/dev/null || missing+=(perftest)
+command -v ibv_rc_pingpong >/dev/null || missing+=(ibverbs-utils)
 
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
