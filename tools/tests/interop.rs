@@ -6,13 +6,16 @@
 //! the tap with DPDK `net_af_packet` (as 10.99.0.3) and answers the guest's ARP itself.
 //!
 //! A case passes when the guest tool exits 0, rnic-perf's report agrees on sizes and counts,
-//! and the guest's rxe counters show no retry-exceeded or sequence errors; the whole run passes
+//! and the guest's rxe counters show no retry-exceeded or sequence errors (the V cases: Debian's
+//! own perftest binary runs ferroce's end through ferroce-run and ferroce's libibverbs, and
+//! both ends print the same sizes and counts); the whole run passes
 //! when, in addition, every RoCE frame captured on the tap verifies with `rnic-pcap verify`.
 //!
 //! Needs root, qemu-system-x86, cpio, kmod and tcpdump (`scripts/deps.sh` installs them).
 //! `FERROCE_SKIP_INTEROP=1` skips it explicitly (it then prints that it did not run).
 
 use std::collections::HashMap;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -57,9 +60,20 @@ struct Case {
     /// Message size and iteration count both ends must report.
     size: u64,
     iters: u64,
-    /// ferroce's end is rnic-perf as a client process of rnicd (which owns the port),
-    /// instead of rnic-perf running its own RNIC.
-    via_rnicd: bool,
+    /// What runs ferroce's end.
+    side: Side,
+}
+
+/// ferroce's end of a case.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Side {
+    /// rnic-perf running its own RNIC on the tap.
+    Own,
+    /// rnic-perf as a client process of rnicd (which owns the tap).
+    Rnicd,
+    /// Debian's own perftest binary through ferroce-run (ferroce's libibverbs.so.1) as a
+    /// client process of rnicd.
+    Verbs,
 }
 
 fn cases() -> Vec<Case> {
@@ -133,11 +147,12 @@ fn cases() -> Vec<Case> {
                 args: args.clone(),
                 size: *size,
                 iters: *iters,
-                via_rnicd: false,
+                side: Side::Own,
             });
         }
     }
-    // Through rnicd: rnicd owns the tap port, rnic-perf is its client in another process.
+    // Through rnicd: rnicd owns the tap port, rnic-perf (R) or Debian's perftest on
+    // ferroce's libibverbs (V) is its client in another process.
     for (i, (guest_client, test, tool, args, size, iters)) in [
         (
             true,
@@ -183,7 +198,45 @@ fn cases() -> Vec<Case> {
             args,
             size,
             iters,
-            via_rnicd: true,
+            side: Side::Rnicd,
+        });
+    }
+    for (i, (guest_client, tool, args, size, iters)) in [
+        (
+            true,
+            "ib_write_bw",
+            vec!["-s", "65536", "-n", "20"],
+            65536,
+            20,
+        ),
+        (
+            false,
+            "ib_write_bw",
+            vec!["-s", "65536", "-n", "20"],
+            65536,
+            20,
+        ),
+        (true, "ib_send_lat", vec!["-s", "64", "-n", "50"], 64, 50),
+        (
+            false,
+            "ib_read_bw",
+            vec!["-s", "4096", "-n", "50"],
+            4096,
+            50,
+        ),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        v.push(Case {
+            id: format!("V{}", i + 1),
+            guest_client,
+            test: tool.trim_start_matches("ib_"),
+            tool,
+            args,
+            size,
+            iters,
+            side: Side::Verbs,
         });
     }
     v
@@ -217,9 +270,19 @@ struct Cleanup {
 impl Drop for Cleanup {
     fn drop(&mut self) {
         for c in &mut self.children {
-            // SAFETY: signalling a child we spawned and have not yet reaped.
+            let pid = c.id() as libc::pid_t;
+            // A child spawned as a process-group leader (guest.sh: bash, timeout and qemu) is
+            // signalled as a group, so that nothing it started outlives the test.
+            // SAFETY: getpgid and kill have no memory preconditions; the pid is our unreaped
+            // child, so it cannot have been reused.
+            let target = if unsafe { libc::getpgid(pid) } == pid {
+                -pid
+            } else {
+                pid
+            };
+            // SAFETY: as above.
             unsafe {
-                libc::kill(c.id() as libc::pid_t, libc::SIGINT);
+                libc::kill(target, libc::SIGINT);
             }
             let deadline = Instant::now() + Duration::from_secs(5);
             while Instant::now() < deadline {
@@ -228,7 +291,10 @@ impl Drop for Cleanup {
                 }
                 std::thread::sleep(Duration::from_millis(50));
             }
-            let _ = c.kill();
+            // SAFETY: as above (the group may outlive its leader; ESRCH is harmless).
+            unsafe {
+                libc::kill(target, libc::SIGKILL);
+            }
             let _ = c.wait();
         }
         let _ = Command::new(guest_sh()).arg("down").output();
@@ -319,6 +385,9 @@ fn guest_row(text: &str) -> Option<(u64, u64)> {
 
 fn check_case(c: &Case, ferroce: &Output, guest: Option<&GuestCase>) -> Result<String, String> {
     let g = guest.ok_or("the guest never ran this case")?;
+    if c.side == Side::Verbs {
+        return check_perftest_case(c, ferroce, g);
+    }
     let fe = String::from_utf8_lossy(&ferroce.stderr);
     if g.rc != Some(0) {
         return Err(format!(
@@ -402,6 +471,45 @@ fn check_case(c: &Case, ferroce: &Output, guest: Option<&GuestCase>) -> Result<S
     Ok(summary)
 }
 
+/// A case whose ferroce end is Debian's perftest itself: both ends exit 0 and print the
+/// same sizes and counts (a latency or READ server prints no row: the client measures).
+fn check_perftest_case(c: &Case, ferroce: &Output, g: &GuestCase) -> Result<String, String> {
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&ferroce.stdout),
+        String::from_utf8_lossy(&ferroce.stderr)
+    );
+    if g.rc != Some(0) || !ferroce.status.success() {
+        return Err(format!(
+            "guest {} exited {:?}, ferroce's exited {:?}\nferroce's said:\n{text}\nguest said:\n{}",
+            c.tool, g.rc, ferroce.status, g.text
+        ));
+    }
+    let want = Some((c.size, c.iters));
+    let silent = |client: bool| !client && (c.test.ends_with("_lat") || c.test == "read_bw");
+    let (ours, theirs) = (guest_row(&text), guest_row(&g.text));
+    if (ours != want && !silent(!c.guest_client)) || (theirs != want && !silent(c.guest_client)) {
+        return Err(format!(
+            "sizes/counts disagree: want {want:?}, ferroce's perftest {ours:?}, guest {theirs:?}\n\
+             ferroce's said:\n{text}\nguest said:\n{}",
+            g.text
+        ));
+    }
+    let row = if c.guest_client { &g.text } else { &text };
+    Ok(result_line(row).unwrap_or_else(|| "ok".into()))
+}
+
+/// perftest's result row, whitespace-collapsed.
+fn result_line(text: &str) -> Option<String> {
+    let mut lines = text
+        .lines()
+        .skip_while(|l| !l.trim_start().starts_with("#bytes"));
+    lines.next()?;
+    lines
+        .next()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+}
+
 fn have(tool: &str) -> bool {
     Command::new("sh")
         .args(["-c", &format!("command -v {tool}")])
@@ -439,6 +547,9 @@ fn rnic_perf_against_linux_soft_roce() {
         String::from_utf8_lossy(&b.stdout),
         String::from_utf8_lossy(&b.stderr)
     );
+    // ferroce's libibverbs.so.1 and the direct-verbs stubs, for the V cases (checked before
+    // the guest boots: a stale build fails here, with nothing to clean up).
+    let libdir = common::ibverbs_libdir();
     let up = run_for(Command::new(guest_sh()).arg("up"), Duration::from_secs(60));
     assert!(
         up.status.success(),
@@ -478,6 +589,7 @@ fn rnic_perf_against_linux_soft_roce() {
         .arg(repo().join("tests/interop/guest/perftest-cases.sh"))
         .arg("900")
         .env("FERROCE_INTEROP_QUIET", "1")
+        .process_group(0)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -490,7 +602,7 @@ fn rnic_perf_against_linux_soft_roce() {
     let sock = work.join("rnicd.sock");
     let mut rnicd_pid = None;
     for c in &cases {
-        if c.via_rnicd && rnicd_pid.is_none() {
+        if c.side != Side::Own && rnicd_pid.is_none() {
             // rnicd takes the port for the remaining cases.
             let mut d = Command::new("ip")
                 .args(["netns", "exec", NS])
@@ -522,40 +634,74 @@ fn rnic_perf_against_linux_soft_roce() {
             cleanup.children.push(d);
         }
         let mut cmd = Command::new("ip");
-        cmd.args(["netns", "exec", NS])
-            .arg(env!("CARGO_BIN_EXE_rnic-perf"))
-            .arg(c.test);
-        if c.via_rnicd {
-            cmd.arg("--rnicd")
-                .arg(&sock)
-                .args(["-d", "ferroce0", "--json"]);
-        } else {
-            cmd.args([
-                "--port",
-                "net_af_packet0,iface=tap0,qdisc_bypass=0",
-                "--ip",
-                FERROCE_IP,
-                "--mac",
-                FERROCE_MAC,
-                "--json",
-            ]);
-        }
-        cmd.args(if c.test.ends_with("pingpong") {
+        cmd.args(["netns", "exec", NS]);
+        let path_opt = if c.test.ends_with("pingpong") {
             ["-g", "1"]
         } else {
             ["-x", "1"]
-        })
-        .args(&c.args)
-        .env("RUST_LOG", "warn");
+        };
+        match c.side {
+            // Debian's binary, unmodified, on ferroce's libibverbs.so.1.
+            Side::Verbs => {
+                cmd.arg(repo().join("scripts/ferroce-run"))
+                    .arg("--socket")
+                    .arg(&sock)
+                    .args([c.tool, "-d", "ferroce0", "-x", "1", "-F"])
+                    .env("FERROCE_LIBDIR", &libdir);
+            }
+            Side::Rnicd => {
+                cmd.arg(env!("CARGO_BIN_EXE_rnic-perf"))
+                    .arg(c.test)
+                    .arg("--rnicd")
+                    .arg(&sock)
+                    .args(["-d", "ferroce0", "--json"])
+                    .args(path_opt);
+            }
+            Side::Own => {
+                cmd.arg(env!("CARGO_BIN_EXE_rnic-perf"))
+                    .arg(c.test)
+                    .args([
+                        "--port",
+                        "net_af_packet0,iface=tap0,qdisc_bypass=0",
+                        "--ip",
+                        FERROCE_IP,
+                        "--mac",
+                        FERROCE_MAC,
+                        "--json",
+                    ])
+                    .args(path_opt);
+            }
+        }
+        cmd.args(&c.args).env("RUST_LOG", "warn");
         if !c.guest_client {
             cmd.arg(GUEST_IP);
         }
         let t0 = Instant::now();
-        let out = run_for(&mut cmd, Duration::from_secs(150));
+        let mut out = run_for(&mut cmd, Duration::from_secs(150));
+        // Debian's perftest client tries to connect once; the guest's server may not be
+        // listening yet (it starts when the guest reaches this case), so retry while it
+        // cannot connect, as the guest does for its clients. rnic-perf retries by itself.
+        let mut tries = 0;
+        while c.side == Side::Verbs
+            && !c.guest_client
+            && !out.status.success()
+            && [&out.stdout, &out.stderr]
+                .iter()
+                .any(|t| String::from_utf8_lossy(t).contains("Couldn't connect"))
+            && tries < 90
+        {
+            tries += 1;
+            std::thread::sleep(Duration::from_secs(1));
+            out = run_for(&mut cmd, Duration::from_secs(150));
+        }
         eprintln!(
-            "case {} ({}{} {} {}): rnic-perf exit {:?} after {:.1} s",
+            "case {} ({}{} {} {}): ferroce's end exit {:?} after {:.1} s",
             c.id,
-            if c.via_rnicd { "via rnicd, " } else { "" },
+            match c.side {
+                Side::Own => "",
+                Side::Rnicd => "via rnicd, ",
+                Side::Verbs => "perftest on ferroce's libibverbs, ",
+            },
             if c.guest_client {
                 "guest client ->"
             } else {

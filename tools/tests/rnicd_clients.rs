@@ -4,136 +4,13 @@
 //! `--verify`; a client killed mid-run is reclaimed and its peer ends with the right status;
 //! rnic-ctl shows devices, objects and counters; rnicd stopping fails its clients cleanly.
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
-
 mod common;
 
-/// One rnicd at a time: each runs a worker, and with two client processes the machine's two
-/// cores are busy.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// A running `rnicd --loopback` on a private socket; stopped (SIGTERM) when dropped.
-struct Rnicd {
-    child: Option<Child>,
-    socket: PathBuf,
-    _dir: TempDir,
-}
-
-struct TempDir(PathBuf);
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn temp_dir(name: &str) -> TempDir {
-    let d = std::env::temp_dir().join(format!("ferroce-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    TempDir(d)
-}
-
-impl Rnicd {
-    fn start(name: &str, extra: &[&str]) -> Rnicd {
-        let dir = temp_dir(name);
-        let socket = dir.0.join("rnicd.sock");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_rnicd"))
-            .args(["--loopback", "--socket"])
-            .arg(&socket)
-            .args(["--set", "worker.idle_sleep_us=50"])
-            .args(extra)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn rnicd");
-        // Up when it says it listens.
-        let out = child.stdout.take().unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(out).lines().map_while(Result::ok) {
-                if line.contains("listening on") {
-                    let _ = tx.send(());
-                }
-            }
-        });
-        rx.recv_timeout(Duration::from_secs(30))
-            .expect("rnicd did not start listening");
-        Rnicd {
-            child: Some(child),
-            socket,
-            _dir: dir,
-        }
-    }
-
-    fn sock(&self) -> &str {
-        self.socket.to_str().unwrap()
-    }
-
-    /// SIGTERM and wait; returns the exit status.
-    fn stop(&mut self) -> std::process::ExitStatus {
-        let mut c = self.child.take().expect("running");
-        // SAFETY: signalling our own child by its pid.
-        unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Some(s) = c.try_wait().unwrap() {
-                return s;
-            }
-            if Instant::now() > deadline {
-                let _ = c.kill();
-                panic!("rnicd did not stop on SIGTERM");
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Rnicd {
-    fn drop(&mut self) {
-        if self.child.is_some() {
-            self.stop();
-        }
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn perf(sock: &str, dev: &str, test: &str, port: u16, args: &[&str], server: bool) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_rnic-perf"));
-    c.arg(test)
-        .args([
-            "--rnicd",
-            sock,
-            "-d",
-            dev,
-            "-p",
-            &port.to_string(),
-            "--json",
-        ])
-        .args(args)
-        .env("RUST_LOG", "error");
-    if !server {
-        c.arg("127.0.0.1");
-    }
-    c
-}
+use common::rnicd::{ctl, ctl_json, free_port, json, perf, serial, temp_dir, wait_idle, Rnicd};
 
 /// Runs a server process on ferroce0 and a client process on ferroce1; returns both outputs.
 fn run_pair(r: &Rnicd, test: &str, args: &[&str]) -> (Output, Output) {
@@ -146,47 +23,6 @@ fn run_pair(r: &Rnicd, test: &str, args: &[&str]) -> (Output, Output) {
     let (so, sk) = srv.join().unwrap();
     assert!(!ck && !sk, "{test} {args:?} did not finish");
     (so, co)
-}
-
-fn json(o: &Output, what: &str) -> Value {
-    assert!(
-        o.status.success(),
-        "{what} failed: {}\n{}",
-        String::from_utf8_lossy(&o.stderr),
-        String::from_utf8_lossy(&o.stdout)
-    );
-    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
-        panic!(
-            "{what}: bad JSON {e}: {}",
-            String::from_utf8_lossy(&o.stdout)
-        )
-    })
-}
-
-fn ctl(sock: &str, args: &[&str]) -> Output {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_rnic-ctl"));
-    c.args(["--socket", sock]).args(args);
-    common::run_for(&mut c, Duration::from_secs(30)).0
-}
-
-fn ctl_json(sock: &str, args: &[&str]) -> Value {
-    let mut a = args.to_vec();
-    a.push("--json");
-    json(&ctl(sock, &a), &format!("rnic-ctl {args:?}"))
-}
-
-/// Waits until rnicd holds no object and no client.
-fn wait_idle(sock: &str) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let v = ctl_json(sock, &["res"]);
-        let empty = |k: &str| v[k].as_array().is_some_and(|a| a.is_empty());
-        if empty("qps") && empty("objects") && empty("clients") {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "rnicd still holds objects: {v}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 #[test]

@@ -1,5 +1,7 @@
 //! Helpers shared by the tools' integration tests.
 
+pub mod rnicd;
+
 use std::io::Read;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -32,6 +34,14 @@ pub fn run_for(cmd: &mut Command, limit: Duration) -> (Output, bool) {
             break st;
         }
         if Instant::now() > deadline {
+            // SIGTERM first, so that a ferroce tool can clean up (its DPDK runtime
+            // directory); SIGKILL if it has not ended within 5 s.
+            // SAFETY: signalling our own unreaped child.
+            unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+            let grace = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < grace && child.try_wait().ok().flatten().is_none() {
+                std::thread::sleep(Duration::from_millis(50));
+            }
             let _ = child.kill();
             killed = true;
             break child.wait().expect("wait");
@@ -44,4 +54,56 @@ pub fn run_for(cmd: &mut Command, limit: Duration) -> (Output, bool) {
         stderr: t2.join().unwrap(),
     };
     (out, killed)
+}
+
+/// The directory `ferroce-run` puts first on the library path (ferroce's libibverbs.so.1
+/// and the libmlx5/libefa stubs), made by `make ibverbs-dir` from this build's cdylib, which
+/// must be fresh (`make test` builds it before the tests: cargo test does not build cdylibs).
+#[allow(dead_code)] // not every test binary runs libibverbs programs
+pub fn ibverbs_libdir() -> std::path::PathBuf {
+    use std::path::Path;
+    let bin = Path::new(env!("CARGO_BIN_EXE_rnicd")).parent().unwrap();
+    let ws = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let profile = bin.file_name().unwrap().to_string_lossy().to_string();
+    let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    // The newest copy: a dependency build leaves it in deps/, a direct build next to the
+    // binaries.
+    let lib = [bin.join("libibverbs.so"), bin.join("deps/libibverbs.so")]
+        .into_iter()
+        .filter_map(|p| Some((modified(&p)?, p)))
+        .max()
+        .map(|(_, p)| p)
+        .unwrap_or_else(|| {
+            panic!(
+                "{}/libibverbs.so not found: run `cargo build -p ferroce-ibverbs` (make test does)",
+                bin.display()
+            )
+        });
+    let built = modified(&lib).unwrap();
+    for src in [
+        "dataplane/ibverbs/src/lib.rs",
+        "dataplane/src/host.rs",
+        "dataplane/src/shadow.rs",
+    ] {
+        assert!(
+            modified(&ws.join(src)).unwrap() <= built,
+            "{} is older than {src}: run `cargo build -p ferroce-ibverbs` (make test does)",
+            lib.display()
+        );
+    }
+    if lib != bin.join("libibverbs.so") {
+        std::fs::copy(&lib, bin.join("libibverbs.so")).unwrap();
+    }
+    let o = Command::new("make")
+        .current_dir(&ws)
+        .args(["-s", "ibverbs-dir"])
+        .arg(format!("PROFILE={profile}"))
+        .output()
+        .expect("make");
+    assert!(
+        o.status.success(),
+        "make ibverbs-dir: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    bin.join("ferroce")
 }

@@ -1,0 +1,655 @@
+/*
+ * verbs_check: a libibverbs program (built against the installed <infiniband/verbs.h>, linked
+ * with -libverbs, run under ferroce-run) that checks the verbs a test suite probes: error
+ * paths with the errno and completion status values rdma-core documents, the extended verbs
+ * (ibv_query_device_ex, ibv_create_cq_ex polling, ibv_create_qp_ex and the ibv_wr_* API),
+ * unsupported verbs answering EOPNOTSUPP, async events with their element, and destroy of
+ * objects still in use (EBUSY). Both QPs live on one device and talk to its own GID
+ * (internal loopback).
+ *
+ * usage: verbs_check [-d DEVICE] [-g GID_INDEX]
+ * Prints one "ok"/"FAIL" line per check; exits 1 if any check failed.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <infiniband/verbs.h>
+
+static int failures;
+
+#define CHECK(cond, ...)                                                                   \
+	do {                                                                               \
+		if (cond) {                                                                \
+			printf("ok   ");                                                       \
+		} else {                                                                   \
+			printf("FAIL ");                                                       \
+			failures++;                                                        \
+		}                                                                          \
+		printf(__VA_ARGS__);                                                       \
+		printf("\n");                                                              \
+		fflush(stdout);                                                            \
+	} while (0)
+
+#define MUST(cond, what)                                                                   \
+	do {                                                                               \
+		if (!(cond)) {                                                             \
+			printf("FAIL %s (errno %d: %s)\n", what, errno, strerror(errno));  \
+			exit(1);                                                           \
+		}                                                                          \
+	} while (0)
+
+static struct ibv_context *ctx;
+static struct ibv_pd *pd;
+static int gid_index = 1;
+static union ibv_gid gid;
+
+/* Registered memory comes from the heap, page-aligned: ferroce registers private anonymous
+ * pages (not the stack), and two MRs do not share a page. */
+static void *alloc_buf(size_t n)
+{
+	void *p = aligned_alloc(4096, (n + 4095) & ~(size_t)4095);
+	MUST(p, "aligned_alloc");
+	memset(p, 0, n);
+	return p;
+}
+
+static double now_s(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return t.tv_sec + t.tv_nsec / 1e9;
+}
+
+/* Polls `cq` until `n` completions arrived or 5 s passed; returns how many. */
+static int poll_n(struct ibv_cq *cq, struct ibv_wc *wc, int n)
+{
+	int got = 0;
+	double end = now_s() + 5;
+	while (got < n && now_s() < end) {
+		int k = ibv_poll_cq(cq, n - got, wc + got);
+		if (k < 0)
+			return k;
+		got += k;
+		if (k == 0)
+			usleep(100);
+	}
+	return got;
+}
+
+static struct ibv_qp *make_qp(struct ibv_cq *scq, struct ibv_cq *rcq, struct ibv_srq *srq)
+{
+	struct ibv_qp_init_attr a = {
+		.send_cq = scq,
+		.recv_cq = rcq,
+		.srq = srq,
+		.cap = {.max_send_wr = 16, .max_recv_wr = 16, .max_send_sge = 2,
+			.max_recv_sge = 2, .max_inline_data = 64},
+		.qp_type = IBV_QPT_RC,
+	};
+	return ibv_create_qp(pd, &a);
+}
+
+static int to_init(struct ibv_qp *qp)
+{
+	struct ibv_qp_attr a = {
+		.qp_state = IBV_QPS_INIT,
+		.port_num = 1,
+		.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+				   IBV_ACCESS_REMOTE_ATOMIC,
+	};
+	return ibv_modify_qp(qp, &a,
+			     IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+}
+
+/* RESET -> INIT -> RTR -> RTS towards `remote` on this device's own GID. */
+static int connect_qp(struct ibv_qp *qp, uint32_t remote, uint8_t rnr_retry)
+{
+	int e = to_init(qp);
+	if (e)
+		return e;
+	struct ibv_qp_attr a = {
+		.qp_state = IBV_QPS_RTR,
+		.path_mtu = IBV_MTU_1024,
+		.dest_qp_num = remote,
+		.rq_psn = 1,
+		.max_dest_rd_atomic = 4,
+		.min_rnr_timer = 1,
+		.ah_attr = {.is_global = 1, .port_num = 1,
+			    .grh = {.dgid = gid, .sgid_index = gid_index, .hop_limit = 64}},
+	};
+	e = ibv_modify_qp(qp, &a,
+			  IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+				  IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+	if (e)
+		return e;
+	struct ibv_qp_attr r = {
+		.qp_state = IBV_QPS_RTS,
+		.timeout = 10,
+		.retry_cnt = 3,
+		.rnr_retry = rnr_retry,
+		.sq_psn = 1,
+		.max_rd_atomic = 4,
+	};
+	return ibv_modify_qp(qp, &r,
+			     IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+				     IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
+}
+
+static enum ibv_qp_state qp_state(struct ibv_qp *qp)
+{
+	struct ibv_qp_attr a;
+	struct ibv_qp_init_attr i;
+	if (ibv_query_qp(qp, &a, IBV_QP_STATE, &i))
+		return (enum ibv_qp_state) - 1;
+	return a.qp_state;
+}
+
+/* Waits up to 5 s for an async event of `type`; returns 0 and fills `ev`, or -1. */
+static int wait_event(enum ibv_event_type type, struct ibv_async_event *out)
+{
+	double end = now_s() + 5;
+	while (now_s() < end) {
+		struct pollfd p = {.fd = ctx->async_fd, .events = POLLIN};
+		if (poll(&p, 1, 100) <= 0)
+			continue;
+		struct ibv_async_event ev;
+		if (ibv_get_async_event(ctx, &ev))
+			return -1;
+		ibv_ack_async_event(&ev);
+		if (ev.event_type == type) {
+			*out = ev;
+			return 0;
+		}
+	}
+	return -1;
+}
+
+static void check_device(void)
+{
+	struct ibv_device_attr_ex dx;
+	memset(&dx, 0xff, sizeof(dx));
+	int e = ibv_query_device_ex(ctx, NULL, &dx);
+	CHECK(e == 0 && dx.orig_attr.max_qp > 0 && dx.orig_attr.phys_port_cnt == 1,
+	      "ibv_query_device_ex: max_qp %d, ports %d", dx.orig_attr.max_qp,
+	      dx.orig_attr.phys_port_cnt);
+	CHECK(dx.odp_caps.general_caps == 0 && dx.tso_caps.max_tso == 0 &&
+		      dx.completion_timestamp_mask == 0,
+	      "ibv_query_device_ex: no ODP, TSO or timestamps advertised");
+	CHECK(!(dx.orig_attr.device_cap_flags & (IBV_DEVICE_MEM_WINDOW | IBV_DEVICE_XRC)),
+	      "no memory windows or XRC advertised");
+
+	struct ibv_port_attr pa;
+	CHECK(ibv_query_port(ctx, 1, &pa) == 0 && pa.state == IBV_PORT_ACTIVE &&
+		      pa.link_layer == IBV_LINK_LAYER_ETHERNET,
+	      "ibv_query_port: active Ethernet port");
+	CHECK(ibv_query_port(ctx, 2, &pa) != 0, "ibv_query_port on port 2 fails");
+
+	struct ibv_gid_entry ents[16];
+	ssize_t n = ibv_query_gid_table(ctx, ents, 16, 0);
+	int v4 = -1;
+	for (ssize_t i = 0; i < n; i++)
+		if (ents[i].gid_type == IBV_GID_TYPE_ROCE_V2 &&
+		    ents[i].gid.global.subnet_prefix == 0 &&
+		    (ents[i].gid.raw[10] == 0xff && ents[i].gid.raw[11] == 0xff))
+			v4 = (int)i;
+	CHECK(n >= 2 && v4 >= 0, "ibv_query_gid_table: %zd entries, IPv4-mapped RoCEv2 at %d", n,
+	      v4);
+	struct ibv_gid_entry one;
+	CHECK(ibv_query_gid_ex(ctx, 1, 200, &one, 0) == ENODATA,
+	      "ibv_query_gid_ex past the table: ENODATA");
+	uint16_t pkey = 0;
+	CHECK(ibv_query_pkey(ctx, 1, 0, &pkey) == 0 && pkey == htobe16(0xffff),
+	      "ibv_query_pkey: default P_Key");
+}
+
+static void check_unsupported(void)
+{
+	errno = 0;
+	CHECK(ibv_alloc_mw(pd, IBV_MW_TYPE_1) == NULL && errno == EOPNOTSUPP,
+	      "ibv_alloc_mw: NULL, EOPNOTSUPP");
+	struct ibv_xrcd_init_attr xa = {.comp_mask = IBV_XRCD_INIT_ATTR_FD |
+						     IBV_XRCD_INIT_ATTR_OFLAGS,
+					.fd = -1,
+					.oflags = 0};
+	errno = 0;
+	CHECK(ibv_open_xrcd(ctx, &xa) == NULL && errno == EOPNOTSUPP,
+	      "ibv_open_xrcd: NULL, EOPNOTSUPP");
+	struct ibv_cq_init_attr_ex ca = {
+		.cqe = 8,
+		.wc_flags = IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP,
+	};
+	errno = 0;
+	CHECK(ibv_create_cq_ex(ctx, &ca) == NULL && errno == EOPNOTSUPP,
+	      "ibv_create_cq_ex with completion timestamps: NULL, EOPNOTSUPP");
+	struct ibv_cq *cq = ibv_create_cq(ctx, 4, NULL, NULL, 0);
+	MUST(cq, "ibv_create_cq");
+	CHECK(ibv_resize_cq(cq, 64) == EOPNOTSUPP, "ibv_resize_cq: EOPNOTSUPP");
+	struct ibv_qp_init_attr_ex qa = {
+		.send_cq = cq,
+		.recv_cq = cq,
+		.cap = {.max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1, .max_recv_sge = 1},
+		.qp_type = IBV_QPT_RC,
+		.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
+		.pd = pd,
+		.send_ops_flags = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_BIND_MW,
+	};
+	errno = 0;
+	CHECK(ibv_create_qp_ex(ctx, &qa) == NULL && errno == EOPNOTSUPP,
+	      "ibv_create_qp_ex with BIND_MW: NULL, EOPNOTSUPP");
+	qa.qp_type = IBV_QPT_XRC_SEND;
+	qa.send_ops_flags = IBV_QP_EX_WITH_SEND;
+	errno = 0;
+	CHECK(ibv_create_qp_ex(ctx, &qa) == NULL && errno == EOPNOTSUPP,
+	      "ibv_create_qp_ex of an XRC QP: NULL, EOPNOTSUPP");
+	char *buf = alloc_buf(64);
+	errno = 0;
+	CHECK(ibv_reg_mr(pd, buf, 64, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_ON_DEMAND) ==
+			      NULL &&
+		      errno == EOPNOTSUPP,
+	      "ibv_reg_mr with ON_DEMAND: NULL, EOPNOTSUPP");
+	errno = 0;
+	CHECK(ibv_reg_mr(pd, buf, 64, IBV_ACCESS_REMOTE_WRITE) == NULL && errno == EINVAL,
+	      "ibv_reg_mr with REMOTE_WRITE but not LOCAL_WRITE: NULL, EINVAL");
+	free(buf);
+	struct ibv_qp *plain = make_qp(cq, cq, NULL);
+	MUST(plain, "ibv_create_qp");
+	CHECK(ibv_qp_to_qp_ex(plain) == NULL, "ibv_qp_to_qp_ex of an ibv_create_qp QP: NULL");
+	union ibv_gid mg = {.raw = {0xff, 0x0e}};
+	CHECK(ibv_attach_mcast(plain, &mg, 0) == EOPNOTSUPP, "ibv_attach_mcast: EOPNOTSUPP");
+	ibv_destroy_qp(plain);
+	ibv_destroy_cq(cq);
+}
+
+static void check_state_errors(void)
+{
+	struct ibv_cq *cq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
+	MUST(cq, "ibv_create_cq");
+	struct ibv_qp *qp = make_qp(cq, cq, NULL);
+	MUST(qp, "ibv_create_qp");
+	char *buf = alloc_buf(64);
+	struct ibv_mr *mr = ibv_reg_mr(pd, buf, 64, IBV_ACCESS_LOCAL_WRITE);
+	MUST(mr, "ibv_reg_mr");
+	struct ibv_sge sge = {.addr = (uintptr_t)buf, .length = 8, .lkey = mr->lkey};
+	struct ibv_send_wr wr = {.wr_id = 1, .sg_list = &sge, .num_sge = 1,
+				 .opcode = IBV_WR_SEND, .send_flags = IBV_SEND_SIGNALED};
+	struct ibv_send_wr *bad = NULL;
+	CHECK(ibv_post_send(qp, &wr, &bad) == EINVAL && bad == &wr,
+	      "ibv_post_send on a RESET QP: EINVAL, bad_wr set");
+	CHECK(to_init(qp) == 0 && qp_state(qp) == IBV_QPS_INIT, "RESET -> INIT");
+	bad = NULL;
+	CHECK(ibv_post_send(qp, &wr, &bad) == EINVAL && bad == &wr,
+	      "ibv_post_send on an INIT QP: EINVAL");
+	struct ibv_recv_wr rwr = {.wr_id = 2, .sg_list = &sge, .num_sge = 1};
+	struct ibv_recv_wr *rbad = NULL;
+	CHECK(ibv_post_recv(qp, &rwr, &rbad) == 0, "ibv_post_recv on an INIT QP: allowed");
+	struct ibv_qp_attr a = {.qp_state = IBV_QPS_RTS};
+	CHECK(ibv_modify_qp(qp, &a, IBV_QP_STATE) == EINVAL && qp_state(qp) == IBV_QPS_INIT,
+	      "INIT -> RTS (skipping RTR): EINVAL, state kept");
+	struct ibv_qp_attr r = {.qp_state = IBV_QPS_RTR};
+	CHECK(ibv_modify_qp(qp, &r, IBV_QP_STATE) == EINVAL,
+	      "INIT -> RTR without its required attributes: EINVAL");
+	struct ibv_sge many[8];
+	for (int i = 0; i < 8; i++)
+		many[i] = sge;
+	rwr.sg_list = many;
+	rwr.num_sge = 8;
+	CHECK(ibv_post_recv(qp, &rwr, &rbad) == EINVAL && rbad == &rwr,
+	      "ibv_post_recv with more SGEs than max_recv_sge: EINVAL");
+	ibv_destroy_qp(qp);
+	ibv_dereg_mr(mr);
+	free(buf);
+	ibv_destroy_cq(cq);
+}
+
+/* Bad keys and RNR, over a connected pair. */
+static void check_completion_errors(void)
+{
+	struct ibv_cq *cq = ibv_create_cq(ctx, 64, NULL, NULL, 0);
+	MUST(cq, "ibv_create_cq");
+	char *buf = alloc_buf(8192);
+	struct ibv_mr *mr = ibv_reg_mr(pd, buf, 8192,
+				       IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+					       IBV_ACCESS_REMOTE_READ);
+	MUST(mr, "ibv_reg_mr");
+	struct ibv_wc wc[8];
+
+	/* A bad lkey: local protection error, then the QP is in error and flushes. */
+	struct ibv_qp *a = make_qp(cq, cq, NULL), *b = make_qp(cq, cq, NULL);
+	MUST(a && b, "ibv_create_qp");
+	MUST(connect_qp(a, b->qp_num, 7) == 0 && connect_qp(b, a->qp_num, 7) == 0, "connect");
+	struct ibv_sge sge = {.addr = (uintptr_t)buf, .length = 64, .lkey = mr->lkey + 0x100};
+	struct ibv_send_wr wr = {.wr_id = 11, .sg_list = &sge, .num_sge = 1,
+				 .opcode = IBV_WR_RDMA_WRITE, .send_flags = IBV_SEND_SIGNALED,
+				 .wr.rdma = {.remote_addr = (uintptr_t)buf + 4096, .rkey = mr->rkey}};
+	struct ibv_send_wr wr2 = wr, *bad;
+	wr2.wr_id = 12;
+	wr2.sg_list = &(struct ibv_sge){.addr = (uintptr_t)buf, .length = 64, .lkey = mr->lkey};
+	wr.next = &wr2;
+	CHECK(ibv_post_send(a, &wr, &bad) == 0, "post a WRITE with a bad lkey (and one after it)");
+	int n = poll_n(cq, wc, 2);
+	CHECK(n == 2 && wc[0].wr_id == 11 && wc[0].status == IBV_WC_LOC_PROT_ERR &&
+		      wc[1].wr_id == 12 && wc[1].status == IBV_WC_WR_FLUSH_ERR,
+	      "bad lkey: IBV_WC_LOC_PROT_ERR (%s), then IBV_WC_WR_FLUSH_ERR (%s)",
+	      n > 0 ? ibv_wc_status_str(wc[0].status) : "-",
+	      n > 1 ? ibv_wc_status_str(wc[1].status) : "-");
+	CHECK(qp_state(a) == IBV_QPS_ERR, "the QP is in IBV_QPS_ERR");
+	ibv_destroy_qp(a);
+	ibv_destroy_qp(b);
+
+	/* A bad rkey: remote access error at the requester. */
+	a = make_qp(cq, cq, NULL);
+	b = make_qp(cq, cq, NULL);
+	MUST(a && b, "ibv_create_qp");
+	MUST(connect_qp(a, b->qp_num, 7) == 0 && connect_qp(b, a->qp_num, 7) == 0, "connect");
+	sge.lkey = mr->lkey;
+	wr.next = NULL;
+	wr.wr_id = 21;
+	wr.wr.rdma.rkey = mr->rkey ^ 0x5500;
+	CHECK(ibv_post_send(a, &wr, &bad) == 0, "post a WRITE with a bad rkey");
+	n = poll_n(cq, wc, 1);
+	CHECK(n == 1 && wc[0].wr_id == 21 && wc[0].status == IBV_WC_REM_ACCESS_ERR,
+	      "bad rkey: IBV_WC_REM_ACCESS_ERR (%s)", n ? ibv_wc_status_str(wc[0].status) : "-");
+	/* Out of the MR's bounds with the right rkey: also a remote access error. */
+	ibv_destroy_qp(a);
+	ibv_destroy_qp(b);
+	a = make_qp(cq, cq, NULL);
+	b = make_qp(cq, cq, NULL);
+	MUST(a && b, "ibv_create_qp");
+	MUST(connect_qp(a, b->qp_num, 7) == 0 && connect_qp(b, a->qp_num, 7) == 0, "connect");
+	wr.wr_id = 22;
+	wr.wr.rdma.rkey = mr->rkey;
+	wr.wr.rdma.remote_addr = (uintptr_t)buf + 8192 - 32;
+	CHECK(ibv_post_send(a, &wr, &bad) == 0, "post a WRITE past the end of the remote MR");
+	n = poll_n(cq, wc, 1);
+	CHECK(n == 1 && wc[0].wr_id == 22 && wc[0].status == IBV_WC_REM_ACCESS_ERR,
+	      "out of bounds: IBV_WC_REM_ACCESS_ERR (%s)", n ? ibv_wc_status_str(wc[0].status) : "-");
+	ibv_destroy_qp(a);
+	ibv_destroy_qp(b);
+
+	/* No receive WQE and rnr_retry 0: RNR retry exceeded. */
+	a = make_qp(cq, cq, NULL);
+	b = make_qp(cq, cq, NULL);
+	MUST(a && b, "ibv_create_qp");
+	MUST(connect_qp(a, b->qp_num, 0) == 0 && connect_qp(b, a->qp_num, 0) == 0, "connect");
+	struct ibv_send_wr s = {.wr_id = 31, .sg_list = &sge, .num_sge = 1,
+				.opcode = IBV_WR_SEND, .send_flags = IBV_SEND_SIGNALED};
+	CHECK(ibv_post_send(a, &s, &bad) == 0, "post a SEND to a QP without receive WQEs");
+	n = poll_n(cq, wc, 1);
+	CHECK(n == 1 && wc[0].wr_id == 31 && wc[0].status == IBV_WC_RNR_RETRY_EXC_ERR,
+	      "no receive WQE, rnr_retry 0: IBV_WC_RNR_RETRY_EXC_ERR (%s)",
+	      n ? ibv_wc_status_str(wc[0].status) : "-");
+	ibv_destroy_qp(a);
+	ibv_destroy_qp(b);
+	ibv_dereg_mr(mr);
+	free(buf);
+	ibv_destroy_cq(cq);
+}
+
+/* A CQ that overflows: IBV_EVENT_CQ_ERR naming it, its QP fatal. */
+static void check_cq_overflow(void)
+{
+	struct ibv_cq *small = ibv_create_cq(ctx, 1, NULL, NULL, 0);
+	struct ibv_cq *big = ibv_create_cq(ctx, 64, NULL, NULL, 0);
+	MUST(small && big, "ibv_create_cq");
+	CHECK(small->cqe >= 1, "ibv_create_cq(1): cqe %d", small->cqe);
+	char *buf = alloc_buf(4096);
+	struct ibv_mr *mr = ibv_reg_mr(pd, buf, 4096,
+				       IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+	MUST(mr, "ibv_reg_mr");
+	struct ibv_qp *a = make_qp(small, small, NULL), *b = make_qp(big, big, NULL);
+	MUST(a && b, "ibv_create_qp");
+	MUST(connect_qp(a, b->qp_num, 7) == 0 && connect_qp(b, a->qp_num, 7) == 0, "connect");
+	int posted = 0;
+	for (int i = 0; i < small->cqe + 8 && i < 16; i++) {
+		struct ibv_sge sge = {.addr = (uintptr_t)buf, .length = 16, .lkey = mr->lkey};
+		struct ibv_send_wr wr = {.wr_id = 100 + i, .sg_list = &sge, .num_sge = 1,
+					 .opcode = IBV_WR_RDMA_WRITE,
+					 .send_flags = IBV_SEND_SIGNALED,
+					 .wr.rdma = {.remote_addr = (uintptr_t)buf + 2048,
+						     .rkey = mr->rkey}},
+				   *bad;
+		if (ibv_post_send(a, &wr, &bad) == 0)
+			posted++;
+	}
+	CHECK(posted > small->cqe, "posted %d signaled WRITEs at a CQ of %d", posted, small->cqe);
+	struct ibv_async_event ev;
+	CHECK(wait_event(IBV_EVENT_CQ_ERR, &ev) == 0 && ev.element.cq == small,
+	      "CQ overflow: IBV_EVENT_CQ_ERR with element.cq = the CQ");
+	CHECK(wait_event(IBV_EVENT_QP_FATAL, &ev) == 0 && ev.element.qp == a,
+	      "its QP: IBV_EVENT_QP_FATAL with element.qp = the QP");
+	ibv_destroy_qp(a);
+	ibv_destroy_qp(b);
+	ibv_dereg_mr(mr);
+	free(buf);
+	ibv_destroy_cq(small);
+	ibv_destroy_cq(big);
+}
+
+/* Destroying what other objects still use: EBUSY, and nothing is lost. */
+static void check_busy(void)
+{
+	struct ibv_comp_channel *ch = ibv_create_comp_channel(ctx);
+	MUST(ch, "ibv_create_comp_channel");
+	struct ibv_cq *cq = ibv_create_cq(ctx, 8, NULL, ch, 0);
+	MUST(cq, "ibv_create_cq");
+	struct ibv_pd *p = ibv_alloc_pd(ctx);
+	MUST(p, "ibv_alloc_pd");
+	char *buf = alloc_buf(64);
+	struct ibv_mr *mr = ibv_reg_mr(p, buf, 64, IBV_ACCESS_LOCAL_WRITE);
+	MUST(mr, "ibv_reg_mr");
+	struct ibv_srq_init_attr sa = {.attr = {.max_wr = 8, .max_sge = 1}};
+	struct ibv_srq *srq = ibv_create_srq(p, &sa);
+	MUST(srq, "ibv_create_srq");
+	struct ibv_qp_init_attr qa = {.send_cq = cq, .recv_cq = cq, .srq = srq,
+				      .cap = {.max_send_wr = 4, .max_send_sge = 1},
+				      .qp_type = IBV_QPT_RC};
+	struct ibv_qp *qp = ibv_create_qp(p, &qa);
+	MUST(qp, "ibv_create_qp");
+	CHECK(ibv_destroy_comp_channel(ch) == EBUSY, "destroy a channel a CQ uses: EBUSY");
+	CHECK(ibv_destroy_cq(cq) == EBUSY, "destroy a CQ a QP uses: EBUSY");
+	CHECK(ibv_destroy_srq(srq) == EBUSY, "destroy an SRQ a QP uses: EBUSY");
+	CHECK(ibv_dealloc_pd(p) == EBUSY, "dealloc a PD with a QP, SRQ and MR: EBUSY");
+	CHECK(ibv_destroy_qp(qp) == 0 && ibv_destroy_srq(srq) == 0 && ibv_destroy_cq(cq) == 0 &&
+		      ibv_destroy_comp_channel(ch) == 0,
+	      "in order: QP, SRQ, CQ, channel destroyed");
+	CHECK(ibv_dealloc_pd(p) == EBUSY, "dealloc a PD with an MR: EBUSY");
+	CHECK(ibv_dereg_mr(mr) == 0 && ibv_dealloc_pd(p) == 0, "MR, then PD released");
+	free(buf);
+}
+
+/* ibv_create_qp_ex + the ibv_wr_* API, ibv_create_cq_ex + its poll API, ibv_rereg_mr. */
+static void check_extended(void)
+{
+	struct ibv_cq_init_attr_ex ca = {
+		.cqe = 64,
+		.wc_flags = IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_QP_NUM | IBV_WC_EX_WITH_IMM,
+	};
+	struct ibv_cq_ex *cqx = ibv_create_cq_ex(ctx, &ca);
+	CHECK(cqx != NULL, "ibv_create_cq_ex (byte_len, qp_num, imm)");
+	if (!cqx)
+		return;
+	struct ibv_cq *cq = ibv_cq_ex_to_cq(cqx);
+	struct ibv_qp_init_attr_ex qa = {
+		.send_cq = cq,
+		.recv_cq = cq,
+		.cap = {.max_send_wr = 16, .max_recv_wr = 16, .max_send_sge = 2, .max_recv_sge = 2,
+			.max_inline_data = 64},
+		.qp_type = IBV_QPT_RC,
+		.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
+		.pd = pd,
+		.send_ops_flags = IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_SEND_WITH_IMM |
+				  IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD |
+				  IBV_QP_EX_WITH_SEND,
+	};
+	struct ibv_qp *a = ibv_create_qp_ex(ctx, &qa);
+	struct ibv_qp *b = make_qp(cq, cq, NULL);
+	CHECK(a && b, "ibv_create_qp_ex with send_ops_flags");
+	if (!a || !b)
+		return;
+	struct ibv_qp_ex *x = ibv_qp_to_qp_ex(a);
+	CHECK(x != NULL, "ibv_qp_to_qp_ex of an ibv_create_qp_ex QP");
+	MUST(connect_qp(a, b->qp_num, 7) == 0 && connect_qp(b, a->qp_num, 7) == 0, "connect");
+	char *buf = alloc_buf(8192);
+	struct ibv_mr *mr = ibv_reg_mr(pd, buf, 8192,
+				       IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+					       IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC);
+	MUST(mr, "ibv_reg_mr");
+	char *src = buf, *dst = buf + 1024, *rd = buf + 2048, *rx = buf + 3072;
+	uint64_t *counter = (uint64_t *)(buf + 4096), *old = (uint64_t *)(buf + 4104);
+	for (int i = 0; i < 256; i++)
+		src[i] = (char)(i * 7 + 1);
+	*counter = 40;
+	struct ibv_sge rsge = {.addr = (uintptr_t)rx, .length = 256, .lkey = mr->lkey};
+	struct ibv_recv_wr rwr = {.wr_id = 900, .sg_list = &rsge, .num_sge = 1}, *rbad;
+	MUST(ibv_post_recv(b, &rwr, &rbad) == 0, "ibv_post_recv");
+
+	/* A batch: WRITE src->dst, READ dst->rd, FETCH_ADD, SEND_WITH_IMM inline. */
+	ibv_wr_start(x);
+	x->wr_id = 1;
+	x->wr_flags = IBV_SEND_SIGNALED;
+	ibv_wr_rdma_write(x, mr->rkey, (uintptr_t)dst);
+	ibv_wr_set_sge(x, mr->lkey, (uintptr_t)src, 256);
+	x->wr_id = 2;
+	ibv_wr_rdma_read(x, mr->rkey, (uintptr_t)dst);
+	struct ibv_sge two[2] = {{.addr = (uintptr_t)rd, .length = 100, .lkey = mr->lkey},
+				 {.addr = (uintptr_t)rd + 100, .length = 156, .lkey = mr->lkey}};
+	ibv_wr_set_sge_list(x, 2, two);
+	x->wr_id = 3;
+	ibv_wr_atomic_fetch_add(x, mr->rkey, (uintptr_t)counter, 2);
+	ibv_wr_set_sge(x, mr->lkey, (uintptr_t)old, 8);
+	x->wr_id = 4;
+	ibv_wr_send_imm(x, htobe32(0xabcd1234));
+	ibv_wr_set_inline_data(x, "hello, ferroce", 14);
+	int e = ibv_wr_complete(x);
+	CHECK(e == 0, "ibv_wr_complete of WRITE, READ, FETCH_ADD, SEND_WITH_IMM: %d", e);
+
+	/* The extended poll API. */
+	int seen = 0, good = 0, recv_ok = 0;
+	double end = now_s() + 5;
+	struct ibv_poll_cq_attr pa = {0};
+	while (seen < 5 && now_s() < end) {
+		int r = ibv_start_poll(cqx, &pa);
+		if (r == ENOENT) {
+			usleep(100);
+			continue;
+		}
+		if (r)
+			break;
+		do {
+			seen++;
+			if (cqx->status == IBV_WC_SUCCESS)
+				good++;
+			if (cqx->wr_id == 900 && ibv_wc_read_opcode(cqx) == IBV_WC_RECV &&
+			    ibv_wc_read_byte_len(cqx) == 14 &&
+			    ibv_wc_read_imm_data(cqx) == htobe32(0xabcd1234) &&
+			    ibv_wc_read_qp_num(cqx) == b->qp_num &&
+			    (ibv_wc_read_wc_flags(cqx) & IBV_WC_WITH_IMM))
+				recv_ok = 1;
+		} while (seen < 5 && ibv_next_poll(cqx) == 0);
+		ibv_end_poll(cqx);
+	}
+	CHECK(seen == 5 && good == 5, "ibv_start_poll/next_poll: %d completions, %d successful",
+	      seen, good);
+	CHECK(recv_ok, "the receive: opcode, byte_len 14, imm, qp_num, IBV_WC_WITH_IMM");
+	CHECK(memcmp(src, dst, 256) == 0 && memcmp(src, rd, 256) == 0,
+	      "WRITE then READ moved the bytes");
+	CHECK(*old == 40 && *counter == 42, "FETCH_ADD: old %" PRIu64 ", now %" PRIu64, *old,
+	      *counter);
+	CHECK(memcmp(rx, "hello, ferroce", 14) == 0, "inline SEND data arrived");
+
+	/* Errors while building fail the batch, and nothing of it is posted. */
+	ibv_wr_start(x);
+	x->wr_id = 5;
+	x->wr_flags = IBV_SEND_SIGNALED;
+	ibv_wr_rdma_write(x, mr->rkey, (uintptr_t)dst);
+	ibv_wr_set_sge(x, mr->lkey, (uintptr_t)src, 8);
+	x->wr_id = 6;
+	ibv_wr_send(x);
+	char big[1024] = {0};
+	ibv_wr_set_inline_data(x, big, sizeof(big));
+	CHECK(ibv_wr_complete(x) == EINVAL, "a batch with too much inline data: EINVAL");
+	ibv_wr_start(x);
+	x->wr_id = 7;
+	ibv_wr_rdma_write(x, mr->rkey, (uintptr_t)dst);
+	ibv_wr_set_sge(x, mr->lkey, (uintptr_t)src, 8);
+	ibv_wr_abort(x);
+	usleep(20000);
+	struct ibv_wc wc;
+	CHECK(ibv_poll_cq(cq, 1, &wc) == 0, "failed and aborted batches posted nothing");
+	CHECK(ibv_wr_complete(x) == EINVAL, "ibv_wr_complete without ibv_wr_start: EINVAL");
+
+	/* ibv_rereg_mr: new access; the MR keeps working with its new keys. */
+	CHECK(ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_ACCESS, NULL, NULL, 0,
+			   IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE) == 0,
+	      "ibv_rereg_mr(CHANGE_ACCESS)");
+	ibv_wr_start(x);
+	x->wr_id = 8;
+	x->wr_flags = IBV_SEND_SIGNALED;
+	ibv_wr_rdma_read(x, mr->rkey, (uintptr_t)dst);
+	ibv_wr_set_sge(x, mr->lkey, (uintptr_t)rd, 8);
+	CHECK(ibv_wr_complete(x) == 0, "post a READ of the re-registered MR");
+	int n = poll_n(cq, &wc, 1);
+	CHECK(n == 1 && wc.wr_id == 8 && wc.status == IBV_WC_REM_ACCESS_ERR,
+	      "READ after remote read was dropped by rereg: IBV_WC_REM_ACCESS_ERR (%s)",
+	      n ? ibv_wc_status_str(wc.status) : "-");
+	CHECK(ibv_rereg_mr(mr, 0x40, NULL, NULL, 0, 0) == IBV_REREG_MR_ERR_INPUT,
+	      "ibv_rereg_mr with unknown flags: IBV_REREG_MR_ERR_INPUT");
+	ibv_destroy_qp(a);
+	ibv_destroy_qp(b);
+	ibv_dereg_mr(mr);
+	free(buf);
+	ibv_destroy_cq(cq);
+}
+
+int main(int argc, char **argv)
+{
+	const char *name = NULL;
+	int opt;
+	while ((opt = getopt(argc, argv, "d:g:")) != -1) {
+		switch (opt) {
+		case 'd':
+			name = optarg;
+			break;
+		case 'g':
+			gid_index = atoi(optarg);
+			break;
+		default:
+			fprintf(stderr, "usage: %s [-d DEVICE] [-g GID_INDEX]\n", argv[0]);
+			return 2;
+		}
+	}
+	int n = 0;
+	struct ibv_device **list = ibv_get_device_list(&n);
+	MUST(list && n > 0, "ibv_get_device_list: no devices");
+	struct ibv_device *dev = list[0];
+	for (int i = 0; name && i < n; i++)
+		if (!strcmp(ibv_get_device_name(list[i]), name))
+			dev = list[i];
+	MUST(!name || !strcmp(ibv_get_device_name(dev), name), "no such device");
+	ctx = ibv_open_device(dev);
+	MUST(ctx, "ibv_open_device");
+	ibv_free_device_list(list);
+	MUST(ibv_query_gid(ctx, 1, gid_index, &gid) == 0, "ibv_query_gid");
+	pd = ibv_alloc_pd(ctx);
+	MUST(pd, "ibv_alloc_pd");
+
+	check_device();
+	check_unsupported();
+	check_state_errors();
+	check_completion_errors();
+	check_cq_overflow();
+	check_busy();
+	check_extended();
+
+	CHECK(ibv_dealloc_pd(pd) == 0, "ibv_dealloc_pd");
+	CHECK(ibv_close_device(ctx) == 0, "ibv_close_device");
+	printf("%d failure(s)\n", failures);
+	return failures ? 1 : 0;
+}

@@ -1,0 +1,386 @@
+//! Unmodified RDMA programs on ferroce: Debian's own `ibv_devices`, `ibv_devinfo`, rdma-core's
+//! pingpong examples and perftest's `ib_*` binaries run through `ferroce-run` (installed as
+//! `make install` installs it) on ferroce's libibverbs.so.1, between two processes on
+//! `rnicd --loopback` (one per RNIC), on one RNIC talking to itself (internal loopback), and
+//! against rnic-perf; and a C program built against `<infiniband/verbs.h>` checks error paths,
+//! the extended verbs and what is not supported (dataplane/ibverbs/tests/verbs_check.c).
+//!
+//! Needs Debian's `perftest`, `ibverbs-utils` and `libibverbs-dev` (scripts/deps.sh installs
+//! them) and this build's libibverbs.so (`make test` builds it).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+mod common;
+
+use common::rnicd::{free_port, perf, serial, temp_dir, Rnicd};
+
+/// ferroce installed into a temporary prefix as a user would (`make install-files`).
+struct Install {
+    prefix: PathBuf,
+}
+
+/// The install's temporary directory: a static is never dropped, so it is removed at exit.
+static INSTALL_DIR: OnceLock<PathBuf> = OnceLock::new();
+
+extern "C" fn remove_install_dir() {
+    if let Some(d) = INSTALL_DIR.get() {
+        let _ = std::fs::remove_dir_all(d);
+    }
+}
+
+fn install() -> &'static Install {
+    static I: OnceLock<Install> = OnceLock::new();
+    I.get_or_init(|| {
+        // Also checks that the library is this build's and makes the stubs.
+        common::ibverbs_libdir();
+        let bin = Path::new(env!("CARGO_BIN_EXE_rnicd")).parent().unwrap();
+        let profile = bin.file_name().unwrap().to_string_lossy().to_string();
+        // Kept for the process (every test runs the installed ferroce-run); libtest ends
+        // through exit(), which runs the handler whether the tests passed or not.
+        let dir = std::mem::ManuallyDrop::new(temp_dir("ibverbs-install"));
+        INSTALL_DIR.set(dir.0.clone()).unwrap();
+        // SAFETY: registers a handler that only removes a directory.
+        unsafe { libc::atexit(remove_install_dir) };
+        let prefix = dir.0.join("prefix");
+        let o = Command::new("make")
+            .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join(".."))
+            .args(["-s", "install-files"])
+            .arg(format!("PREFIX={}", prefix.display()))
+            .arg(format!("PROFILE={profile}"))
+            .output()
+            .expect("make");
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        for f in [
+            "bin/ferroce-run",
+            "lib/ferroce/libibverbs.so.1",
+            "lib/ferroce/libmlx5.so.1",
+            "lib/ferroce/libefa.so.1",
+        ] {
+            assert!(
+                prefix.join(f).exists(),
+                "make install-files did not install {f}"
+            );
+        }
+        Install { prefix }
+    })
+}
+
+/// `ferroce-run --socket SOCK ARGS...`, as installed.
+fn run(sock: &str, args: &[&str]) -> Command {
+    let mut c = Command::new(install().prefix.join("bin/ferroce-run"));
+    c.args(["--socket", sock])
+        .args(args)
+        .env_remove("LD_LIBRARY_PATH")
+        .env_remove("FERROCE_LIBDIR");
+    c
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// Runs `server` and then `client` (each a full command), both to completion.
+fn pair(mut server: Command, mut client: Command, limit: Duration) -> (Output, Output) {
+    let srv = std::thread::spawn(move || common::run_for(&mut server, limit));
+    std::thread::sleep(Duration::from_millis(400));
+    let (co, ck) = common::run_for(&mut client, limit);
+    let (so, sk) = srv.join().unwrap();
+    assert!(
+        !ck && !sk,
+        "did not finish:\nserver: {}\nclient: {}",
+        text(&so),
+        text(&co)
+    );
+    (so, co)
+}
+
+/// perftest's result row: the numbers after its `#bytes` header.
+fn perftest_row(t: &str) -> Option<Vec<f64>> {
+    let mut lines = t
+        .lines()
+        .skip_while(|l| !l.trim_start().starts_with("#bytes"));
+    lines.next()?;
+    let row: Vec<f64> = lines
+        .next()?
+        .split_whitespace()
+        .filter_map(|f| f.parse().ok())
+        .collect();
+    (row.len() >= 3).then_some(row)
+}
+
+#[test]
+fn ibv_devices_and_ibv_devinfo_list_ferroce() {
+    let _one = serial();
+    let r = Rnicd::start("ibv-dev", &[]);
+    let (o, _) = common::run_for(
+        &mut run(r.sock(), &["ibv_devices"]),
+        Duration::from_secs(30),
+    );
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    // GUIDs are EUI-64s of the MACs (02:00:00:99:00:01 -> 000000fffe990001).
+    assert!(t.contains("ferroce0") && t.contains("ferroce1"), "{t}");
+    assert!(t.contains("000000fffe990001"), "{t}");
+    let (o, _) = common::run_for(
+        &mut run(r.sock(), &["ibv_devinfo", "-v", "-d", "ferroce1"]),
+        Duration::from_secs(30),
+    );
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    for want in [
+        "hca_id:\tferroce1",
+        "transport:\t\t\tInfiniBand (0)",
+        "vendor_id:\t\t\t0xffffff",
+        "PORT_ACTIVE (4)",
+        "link_layer:\t\tEthernet",
+        "active_mtu:\t\t4096 (5)",
+        "atomic_cap:\t\t\tATOMIC_HCA (1)",
+        "fe80::ff:fe99:2, RoCE v2",
+        "::ffff:10.99.0.2, RoCE v2",
+    ] {
+        assert!(t.contains(want), "ibv_devinfo -v lacks {want:?}:\n{t}");
+    }
+    // No rnicd: no devices, and why.
+    let (o, _) = common::run_for(
+        &mut run("/nonexistent/rnicd.sock", &["ibv_devices"]),
+        Duration::from_secs(30),
+    );
+    let t = text(&o);
+    assert!(!t.contains("ferroce0"), "{t}");
+    assert!(t.contains("cannot reach rnicd"), "{t}");
+    // ferroce-run without a command: usage, exit 2.
+    let o = Command::new(install().prefix.join("bin/ferroce-run"))
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("usage: ferroce-run"));
+}
+
+#[test]
+fn rdma_core_pingpongs_run_both_roles() {
+    let _one = serial();
+    let r = Rnicd::start("ibv-pp", &[]);
+    for (tool, extra, server_dev, client_dev) in [
+        (
+            "ibv_rc_pingpong",
+            vec!["-n", "200", "-s", "4096"],
+            "ferroce0",
+            "ferroce1",
+        ),
+        (
+            "ibv_rc_pingpong",
+            vec!["-n", "100", "-e"],
+            "ferroce1",
+            "ferroce0",
+        ),
+        ("ibv_uc_pingpong", vec!["-n", "100"], "ferroce0", "ferroce1"),
+        (
+            "ibv_ud_pingpong",
+            vec!["-n", "100", "-s", "1024"],
+            "ferroce0",
+            "ferroce1",
+        ),
+        (
+            "ibv_srq_pingpong",
+            vec!["-n", "100", "-q", "4"],
+            "ferroce0",
+            "ferroce1",
+        ),
+        (
+            "ibv_srq_pingpong",
+            vec!["-n", "50", "-e"],
+            "ferroce1",
+            "ferroce0",
+        ),
+        // Internal loopback: both ends on one RNIC.
+        ("ibv_rc_pingpong", vec!["-n", "100"], "ferroce0", "ferroce0"),
+    ] {
+        let port = free_port().to_string();
+        let mut s = run(r.sock(), &[tool, "-d", server_dev, "-g", "1", "-p", &port]);
+        s.args(&extra);
+        let mut c = run(r.sock(), &[tool, "-d", client_dev, "-g", "1", "-p", &port]);
+        c.args(&extra).arg("127.0.0.1");
+        let (so, co) = pair(s, c, Duration::from_secs(60));
+        let n = extra[1];
+        for (o, who) in [(&so, "server"), (&co, "client")] {
+            let t = text(o);
+            assert!(o.status.success(), "{tool} {extra:?} {who}: {t}");
+            assert!(
+                t.contains(&format!("{n} iters in")),
+                "{tool} {extra:?} {who}: {t}"
+            );
+        }
+    }
+}
+
+/// `ib_*` on two processes, each on its own RNIC (or both on one); returns the client's
+/// result row after checking both ends exited 0.
+fn perftest(r: &Rnicd, tool: &str, args: &[&str], devs: (&str, &str)) -> Vec<f64> {
+    let port = free_port().to_string();
+    let mut s = run(
+        r.sock(),
+        &[tool, "-d", devs.0, "-x", "1", "-F", "-p", &port],
+    );
+    s.args(args);
+    let mut c = run(
+        r.sock(),
+        &[tool, "-d", devs.1, "-x", "1", "-F", "-p", &port],
+    );
+    c.args(args).arg("127.0.0.1");
+    let (so, co) = pair(s, c, Duration::from_secs(120));
+    for (o, who) in [(&so, "server"), (&co, "client")] {
+        assert!(o.status.success(), "{tool} {args:?} {who}: {}", text(o));
+    }
+    let t = text(&co);
+    // On ferroce, as on rxe, perftest posts with ibv_post_send (its wr API is for mlx5/EFA).
+    assert!(t.contains("Device         : ") && t.contains(devs.1), "{t}");
+    perftest_row(&t).unwrap_or_else(|| panic!("{tool} {args:?}: no result row:\n{t}"))
+}
+
+#[test]
+fn perftest_binaries_run_between_two_processes() {
+    let _one = serial();
+    let r = Rnicd::start("ibv-perf", &[]);
+    let pair01 = ("ferroce0", "ferroce1");
+    for (tool, args) in [
+        ("ib_write_bw", vec!["-s", "65536", "-n", "500"]),
+        ("ib_read_bw", vec!["-s", "16384", "-n", "500"]),
+        ("ib_send_bw", vec!["-s", "4096", "-n", "1000"]),
+        ("ib_atomic_bw", vec!["-n", "500"]),
+        ("ib_write_bw", vec!["-s", "1024", "-n", "300", "-c", "UC"]),
+        ("ib_send_bw", vec!["-s", "1024", "-n", "300", "-c", "UD"]),
+    ] {
+        // #bytes #iterations BW-peak BW-average MsgRate
+        let row = perftest(&r, tool, &args, pair01);
+        let n: f64 = args[args.iter().position(|a| *a == "-n").unwrap() + 1]
+            .parse()
+            .unwrap();
+        assert_eq!(row[1], n, "{tool} {args:?}: {row:?}");
+        assert!(
+            row.len() >= 5 && row[3] > 0.0 && row[4] > 0.0,
+            "{tool} {args:?}: {row:?}"
+        );
+    }
+    for (tool, args) in [
+        ("ib_write_lat", vec!["-s", "64", "-n", "500"]),
+        ("ib_send_lat", vec!["-s", "8", "-n", "500"]),
+        ("ib_read_lat", vec!["-s", "64", "-n", "300"]),
+        ("ib_atomic_lat", vec!["-n", "300"]),
+        ("ib_send_lat", vec!["-s", "64", "-n", "200", "-c", "UD"]),
+    ] {
+        // #bytes #iterations t_min t_max t_typical t_avg ...
+        let row = perftest(&r, tool, &args, pair01);
+        assert!(
+            row.len() >= 6 && row[2] > 0.0 && row[2] <= row[4] && row[4] <= row[3],
+            "{tool} {args:?}: {row:?}"
+        );
+    }
+    // Internal loopback: both processes on ferroce0.
+    let row = perftest(
+        &r,
+        "ib_write_bw",
+        &["-s", "65536", "-n", "300"],
+        ("ferroce0", "ferroce0"),
+    );
+    assert!(row[3] > 0.0, "{row:?}");
+    let row = perftest(
+        &r,
+        "ib_send_lat",
+        &["-s", "8", "-n", "300"],
+        ("ferroce1", "ferroce1"),
+    );
+    assert!(row[4] > 0.0, "{row:?}");
+    common::rnicd::wait_idle(r.sock());
+}
+
+#[test]
+fn perftest_against_rnic_perf() {
+    let _one = serial();
+    let r = Rnicd::start("ibv-rp", &[]);
+    // Debian's ib_write_bw serves, rnic-perf connects; then rnic-perf serves ib_send_lat.
+    let port = free_port();
+    let p = port.to_string();
+    let mut s = run(
+        r.sock(),
+        &["ib_write_bw", "-d", "ferroce0", "-x", "1", "-F", "-p", &p],
+    );
+    s.args(["-s", "65536", "-n", "300"]);
+    let c = perf(
+        r.sock(),
+        "ferroce1",
+        "write_bw",
+        port,
+        &["-x", "1", "-s", "65536", "-n", "300"],
+        false,
+    );
+    let (so, co) = pair(s, c, Duration::from_secs(120));
+    assert!(so.status.success(), "ib_write_bw: {}", text(&so));
+    assert!(co.status.success(), "rnic-perf: {}", text(&co));
+    let v: serde_json::Value = serde_json::from_slice(&co.stdout).unwrap();
+    assert_eq!(v["results"][0]["iterations"], 300, "{v}");
+    assert!(
+        v["results"][0]["bw_avg_MBps"].as_f64().unwrap() > 0.0,
+        "{v}"
+    );
+
+    let port = free_port();
+    let p = port.to_string();
+    let s = perf(
+        r.sock(),
+        "ferroce0",
+        "send_lat",
+        port,
+        &["-x", "1", "-s", "8", "-n", "300"],
+        true,
+    );
+    let mut c = run(
+        r.sock(),
+        &["ib_send_lat", "-d", "ferroce1", "-x", "1", "-F", "-p", &p],
+    );
+    c.args(["-s", "8", "-n", "300", "127.0.0.1"]);
+    let (so, co) = pair(s, c, Duration::from_secs(120));
+    assert!(so.status.success(), "rnic-perf: {}", text(&so));
+    assert!(co.status.success(), "ib_send_lat: {}", text(&co));
+    let row = perftest_row(&text(&co)).expect("ib_send_lat row");
+    assert_eq!(row[1], 300.0, "{row:?}");
+    common::rnicd::wait_idle(r.sock());
+}
+
+#[test]
+fn a_c_program_sees_the_verbs_errors_rdma_core_documents() {
+    let _one = serial();
+    let ws = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let dir = temp_dir("verbs-check");
+    let exe = dir.0.join("verbs_check");
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    // Built against the system's headers and libibverbs, as any rdma-core program.
+    let o = Command::new(&cc)
+        .args(["-std=gnu11", "-O2", "-Wall", "-Wextra", "-Werror"])
+        .arg(ws.join("dataplane/ibverbs/tests/verbs_check.c"))
+        .args(["-libverbs", "-o"])
+        .arg(&exe)
+        .output()
+        .expect("a C compiler (cc)");
+    assert!(o.status.success(), "{}", text(&o));
+    let r = Rnicd::start("ibv-check", &[]);
+    for dev in ["ferroce0", "ferroce1"] {
+        let (o, killed) = common::run_for(
+            &mut run(r.sock(), &[exe.to_str().unwrap(), "-d", dev]),
+            Duration::from_secs(120),
+        );
+        let t = text(&o);
+        assert!(!killed && o.status.success(), "verbs_check on {dev}:\n{t}");
+        assert!(t.contains("0 failure(s)") && !t.contains("FAIL"), "{t}");
+        // Every check ran (a program that stops early must not pass).
+        let checks = t.lines().filter(|l| l.starts_with("ok ")).count();
+        assert!(checks >= 60, "only {checks} checks ran:\n{t}");
+    }
+    common::rnicd::wait_idle(r.sock());
+}
