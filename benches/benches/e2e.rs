@@ -19,6 +19,11 @@
 //! (`rnic-perf --rnicd`): posts and completions cross shared-memory rings between processes.
 //! Printed beside the in-process figures as ratios.
 //!
+//! And Debian's unmodified perftest binaries (`ib_write_bw -s 65536`, `ib_send_lat -s 8`) on
+//! the same daemon through `scripts/ferroce-run` (ferroce's drop-in libibverbs.so.1, release
+//! build via `make ibverbs PROFILE=release`), against the same tests run by rnic-perf through
+//! rnicd in the same run. Skipped, with a line saying so, when perftest is not installed.
+//!
 //! `cargo bench -p ferroce-benches --bench e2e` (about a minute; release build).
 
 use std::time::{Duration, Instant};
@@ -215,6 +220,7 @@ fn child(role: &str) {
     let (verb, kind) = match test.as_str() {
         "write_bw" => (Verb::Write, Kind::Bw),
         "write_lat" => (Verb::Write, Kind::Lat),
+        "send_lat" => (Verb::Send, Kind::Lat),
         t => panic!("test {t}"),
     };
     let mut v = vec!["x"];
@@ -262,6 +268,74 @@ fn via_rnicd(sock: &std::path::Path, test: &str, args: &str, port: u16) -> Value
     assert!(cli.status.success(), "{test} {args} through rnicd failed");
     let v: Value = serde_json::from_slice(&cli.stdout).expect("client JSON");
     v["results"][0].clone()
+}
+
+/// The workspace root (the benches crate's parent).
+fn workspace() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace")
+        .to_path_buf()
+}
+
+/// Runs Debian's perftest `tool` with `args` as two processes on the daemon's RNICs through
+/// `ferroce-run` (server on ferroce0, client on ferroce1); returns the client's result row as
+/// numbers (perftest's columns: bytes, iterations, then the figures).
+fn via_ferroce_run(sock: &std::path::Path, tool: &str, args: &[&str], port: u16) -> Vec<f64> {
+    let root = workspace();
+    let run = root.join("scripts/ferroce-run");
+    let libdir = root.join("target/release/ferroce");
+    let port = port.to_string();
+    let spawn = |dev: &str, peer: Option<&str>| {
+        let mut c = std::process::Command::new(&run);
+        c.arg("-S").arg(sock).arg(tool);
+        c.args(["-d", dev, "-x", "1", "-F", "-p", &port]).args(args);
+        c.args(peer);
+        c.env("FERROCE_LIBDIR", &libdir)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn ferroce-run")
+    };
+    let srv = spawn("ferroce0", None);
+    std::thread::sleep(Duration::from_millis(500));
+    let cli = spawn("ferroce1", Some("127.0.0.1"))
+        .wait_with_output()
+        .expect("client");
+    let _ = srv.wait_with_output();
+    let out = String::from_utf8_lossy(&cli.stdout);
+    assert!(
+        cli.status.success(),
+        "{tool} {args:?} through ferroce-run failed: {out}{}",
+        String::from_utf8_lossy(&cli.stderr)
+    );
+    // The row after perftest's `#bytes` header.
+    let row = out
+        .lines()
+        .skip_while(|l| !l.trim_start().starts_with("#bytes"))
+        .nth(1)
+        .unwrap_or_else(|| panic!("{tool}: no result row in {out}"));
+    row.split_whitespace()
+        .map(|f| f.parse().unwrap_or(f64::NAN))
+        .collect()
+}
+
+fn have(tool: &str) -> bool {
+    std::process::Command::new("sh")
+        .args(["-c", &format!("command -v {tool} >/dev/null")])
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false)
+}
+
+/// Builds the drop-in libibverbs (release) into target/release/ferroce; false if that fails.
+fn build_libibverbs() -> bool {
+    std::process::Command::new("make")
+        .args(["-s", "ibverbs", "PROFILE=release"])
+        .current_dir(workspace())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false)
 }
 
 fn main() {
@@ -350,6 +424,59 @@ fn main() {
         rlat["t_avg_us"].as_f64().unwrap(),
         rlat["p99_us"].as_f64().unwrap()
     );
+
+    // Debian's perftest on the same daemon, and rnic-perf's send_lat for its comparison.
+    let debian = if !have("ib_write_bw") || !have("ib_send_lat") {
+        println!("Debian perftest through ferroce-run: NOT RUN (perftest is not installed)");
+        None
+    } else if !build_libibverbs() {
+        println!("Debian perftest through ferroce-run: NOT RUN (make ibverbs failed)");
+        None
+    } else {
+        println!("Debian perftest (unmodified binaries) through ferroce-run on the same rnicd");
+        // Columns: #bytes #iterations BW peak, BW average [MB/sec], MsgRate.
+        let w = via_ferroce_run(
+            &host.socket,
+            "ib_write_bw",
+            &["-s", "65536", "-n", "30000", "-m", "4096"],
+            18713,
+        );
+        let dgbps = w[3] * 8.0 / 1000.0;
+        println!(
+            "  ib_write_bw -s 65536 -m 4096:         {dgbps:8.2} Gb/s ({:.2} MB/s)",
+            w[3]
+        );
+        // Latency through rnicd is bimodal on a 2-core machine (three processes: whether
+        // the two ends and the worker share a core), so the two tools alternate, three runs
+        // each, and the medians are compared. Columns: #bytes #iterations t_min t_max
+        // t_typical t_avg t_stdev p99 p99.9.
+        let (mut dl, mut rl) = (Vec::new(), Vec::new());
+        for i in 0..3u16 {
+            let l = via_ferroce_run(
+                &host.socket,
+                "ib_send_lat",
+                &["-s", "8", "-n", "20000"],
+                18714 + 2 * i,
+            );
+            let sl = via_rnicd(&host.socket, "send_lat", "-s 8 -n 20000", 18715 + 2 * i);
+            let st = sl["t_typical_us"].as_f64().unwrap();
+            println!(
+                "  ib_send_lat -s 8: {:7.3} us typical ({:.3} avg); rnic-perf send_lat -s 8 via rnicd: {st:7.3} us typical ({:.3} avg)",
+                l[4],
+                l[5],
+                sl["t_avg_us"].as_f64().unwrap()
+            );
+            dl.push(l[4]);
+            rl.push(st);
+        }
+        let median = |v: &mut Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        let (dlat, st) = (median(&mut dl), median(&mut rl));
+        println!("  medians: ib_send_lat {dlat:.3} us, rnic-perf send_lat {st:.3} us");
+        Some((dgbps, dlat, st))
+    };
     daemon.stop();
     let _ = std::fs::remove_dir_all(&dir);
 
@@ -360,6 +487,13 @@ fn main() {
         rmpps / mpps,
         rt_us / t
     );
+    if let Some((dgbps, dlat, slat)) = debian {
+        println!(
+            "  Debian perftest / rnic-perf, both through rnicd: ib_write_bw 64 KiB {:.3}, ib_send_lat 8 B {:.3}",
+            dgbps / rgbps,
+            dlat / slat
+        );
+    }
     // A 64 KiB WRITE at MTU 4096 is 16 full frames one way plus an ACK back.
     println!(
         "  WRITE 64 KiB goodput / raw 4154 B link rate:  {:.3}",
