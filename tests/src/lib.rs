@@ -150,3 +150,30 @@ pub fn wait_cq<V: Verbs>(s: &mut Side<V>, n: usize, secs: u64) -> Vec<Completion
     }
     out
 }
+
+/// Directories to remove when the test process exits.
+static AT_EXIT: std::sync::Mutex<Vec<std::path::PathBuf>> = std::sync::Mutex::new(Vec::new());
+
+extern "C" fn remove_at_exit() {
+    let dirs = AT_EXIT.lock().map(|v| v.clone()).unwrap_or_default();
+    for d in dirs {
+        let _ = std::fs::remove_dir_all(d);
+    }
+}
+
+/// `ferroce-NAME-PID` under the system temp dir, created on first use and removed when the
+/// test process exits (libtest ends through exit(), passed or failed), for state several
+/// tests of one process share.
+pub fn process_temp_dir(name: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("ferroce-{name}-{}", std::process::id()));
+    let mut v = AT_EXIT.lock().unwrap_or_else(|p| p.into_inner());
+    if !v.contains(&d) {
+        if v.is_empty() {
+            // SAFETY: registers a handler that only removes directories.
+            unsafe { libc::atexit(remove_at_exit) };
+        }
+        v.push(d.clone());
+    }
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}

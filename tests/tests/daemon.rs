@@ -24,8 +24,7 @@ use roce::engine::VerbsError;
 use roce::verbs::*;
 
 fn host_config(name: &str) -> HostConfig {
-    let dir = std::env::temp_dir().join(format!("ferroce-daemon-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = ferroce_tests::process_temp_dir("daemon");
     HostConfig {
         socket: dir.join(format!("{name}.sock")),
         group: None,

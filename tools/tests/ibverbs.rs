@@ -22,15 +22,6 @@ struct Install {
     prefix: PathBuf,
 }
 
-/// The install's temporary directory: a static is never dropped, so it is removed at exit.
-static INSTALL_DIR: OnceLock<PathBuf> = OnceLock::new();
-
-extern "C" fn remove_install_dir() {
-    if let Some(d) = INSTALL_DIR.get() {
-        let _ = std::fs::remove_dir_all(d);
-    }
-}
-
 fn install() -> &'static Install {
     static I: OnceLock<Install> = OnceLock::new();
     I.get_or_init(|| {
@@ -38,13 +29,8 @@ fn install() -> &'static Install {
         common::ibverbs_libdir();
         let bin = Path::new(env!("CARGO_BIN_EXE_rnicd")).parent().unwrap();
         let profile = bin.file_name().unwrap().to_string_lossy().to_string();
-        // Kept for the process (every test runs the installed ferroce-run); libtest ends
-        // through exit(), which runs the handler whether the tests passed or not.
-        let dir = std::mem::ManuallyDrop::new(temp_dir("ibverbs-install"));
-        INSTALL_DIR.set(dir.0.clone()).unwrap();
-        // SAFETY: registers a handler that only removes a directory.
-        unsafe { libc::atexit(remove_install_dir) };
-        let prefix = dir.0.join("prefix");
+        // Kept for the process: every test runs the installed ferroce-run.
+        let prefix = common::process_temp_dir("ibverbs-install").join("prefix");
         let o = Command::new("make")
             .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join(".."))
             .args(["-s", "install-files"])

@@ -5,14 +5,14 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+mod common;
+
 fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_rnic-pcap")
 }
 
 fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("ferroce-rnic-pcap-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d.join(name)
+    common::process_temp_dir("rnic-pcap").join(name)
 }
 
 fn scapy(args: &[&str]) -> std::process::Output {

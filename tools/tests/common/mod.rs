@@ -1,4 +1,6 @@
 //! Helpers shared by the tools' integration tests.
+// Each test binary uses a subset of these helpers.
+#![allow(dead_code)]
 
 pub mod rnicd;
 
@@ -59,7 +61,6 @@ pub fn run_for(cmd: &mut Command, limit: Duration) -> (Output, bool) {
 /// The directory `ferroce-run` puts first on the library path (ferroce's libibverbs.so.1
 /// and the libmlx5/libefa stubs), made by `make ibverbs-dir` from this build's cdylib, which
 /// must be fresh (`make test` builds it before the tests: cargo test does not build cdylibs).
-#[allow(dead_code)] // not every test binary runs libibverbs programs
 pub fn ibverbs_libdir() -> std::path::PathBuf {
     use std::path::Path;
     let bin = Path::new(env!("CARGO_BIN_EXE_rnicd")).parent().unwrap();
@@ -107,3 +108,6 @@ pub fn ibverbs_libdir() -> std::path::PathBuf {
     );
     bin.join("ferroce")
 }
+
+#[allow(unused_imports)] // not every test binary needs it
+pub use ferroce_tests::process_temp_dir;
