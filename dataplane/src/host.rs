@@ -1217,6 +1217,10 @@ impl<C: Channel> Verbs for Client<C> {
         let cq = expect_reply!(r, ReplyData::Cq(cq) => cq)?;
         match self.cqs.get_mut(cq.0 as usize) {
             Some(slot) => {
+                // A new ring's notification sequence starts at 0; the slot may have held an
+                // earlier CQ's (ids are reused), and a waiter must not take that for a
+                // notification of this one.
+                self.cq_seen[cq.0 as usize] = cons.notify_seq();
                 *slot = Some(cons);
                 Ok(cq)
             }
