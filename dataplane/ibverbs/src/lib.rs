@@ -31,7 +31,7 @@ use std::collections::{HashMap, VecDeque};
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::mem::offset_of;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -255,6 +255,16 @@ fn objects(c: &Ctx) -> std::sync::MutexGuard<'_, Objects> {
     c.objects.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// Held for writing while registration moves application pages onto a memfd
+/// (`dataplane::shadow`): a write to those pages between the copy and the remap would be
+/// lost, and they may hold this library's own heap objects. The library's background threads
+/// (event pump, completion-channel threads) write only while holding it for reading.
+static MOVING: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+fn moving_read() -> std::sync::RwLockReadGuard<'static, ()> {
+    MOVING.read().unwrap_or_else(|p| p.into_inner())
+}
+
 /// Moves rnicd's events into the context's queue, one count on the async fd for each.
 /// Sleeps between looks (events are rare), longer while nothing comes.
 fn event_pump(ctx: usize, stop: Arc<AtomicBool>) {
@@ -262,6 +272,8 @@ fn event_pump(ctx: usize, stop: Arc<AtomicBool>) {
     while !stop.load(Ordering::Acquire) {
         // SAFETY: the context outlives this thread (close joins it before freeing).
         let c = unsafe { &*(ctx as *const Ctx) };
+        // Not while pages move (MOVING); taken before the client's lock, as reg does.
+        let moving = moving_read();
         let got = client(c).poll_event();
         match got {
             Some(e) => {
@@ -281,6 +293,7 @@ fn event_pump(ctx: usize, stop: Arc<AtomicBool>) {
                 };
             }
             None => {
+                drop(moving);
                 idle = idle.saturating_add(1);
                 std::thread::sleep(Duration::from_millis(if idle < 100 { 2 } else { 20 }));
             }
@@ -394,6 +407,15 @@ pub unsafe extern "C" fn ibv_close_device(c: *mut sys::ibv_context) -> c_int {
         stop.store(true, Ordering::Release);
         let _ = h.join();
     }
+    // CQs the application did not destroy stay allocated (as with libibverbs, closing does
+    // not free a context's objects), but their channel threads end with the context.
+    let cqs: Vec<usize> = objects(&*p).cqs.values().copied().collect();
+    for q in cqs {
+        if let Some((stop, h)) = (*(q as *mut Cq)).watcher.take() {
+            stop.store(true, Ordering::Release);
+            let _ = h.join();
+        }
+    }
     let ctx = Box::from_raw(p);
     client(&ctx).close();
     0
@@ -471,7 +493,7 @@ unsafe fn device_attr(ctx: &Ctx) -> sys::ibv_device_attr {
     o.max_mr = l.max_mr as c_int;
     o.max_pd = l.max_pd as c_int;
     o.max_qp_rd_atom = l.max_qp_rd_atom as c_int;
-    o.max_res_rd_atom = l.max_qp_rd_atom as c_int * l.max_qp as c_int;
+    o.max_res_rd_atom = (l.max_qp_rd_atom as c_int).saturating_mul(l.max_qp as c_int);
     o.max_qp_init_rd_atom = a.max_qp_init_rd_atom as c_int;
     o.atomic_cap = if a.atomic_cap == 1 {
         sys::IBV_ATOMIC_HCA
@@ -545,11 +567,13 @@ pub unsafe extern "C" fn ibv_query_port(
     port: u8,
     attr: *mut sys::_compat_ibv_port_attr,
 ) -> c_int {
+    // <infiniband/verbs.h> only declares `_compat_ibv_port_attr` (bindgen sizes it 0):
+    // rdma-core defines it as `ibv_port_attr` up to, without, `port_cap_flags2`.
     query_port_ex(
         c,
         port,
         attr as *mut sys::ibv_port_attr,
-        std::mem::size_of::<sys::_compat_ibv_port_attr>(),
+        offset_of!(sys::ibv_port_attr, port_cap_flags2),
     )
 }
 version!(ibv_query_port, "IBVERBS_1.1");
@@ -668,8 +692,15 @@ pub unsafe extern "C" fn ibv_query_pkey(
     index: c_int,
     pkey: *mut u16,
 ) -> c_int {
-    if ctx_of(c).is_none() || port != 1 || index != 0 || pkey.is_null() {
-        return libc::EINVAL;
+    // rdma-core reads the sysfs pkey file: -1 with errno when it cannot (ENOENT past the
+    // table, which holds one entry: the default full-membership P_Key).
+    if ctx_of(c).is_none() || port != 1 || pkey.is_null() {
+        set_errno(libc::EINVAL);
+        return -1;
+    }
+    if index != 0 {
+        set_errno(libc::ENOENT);
+        return -1;
     }
     *pkey = 0xffffu16.to_be();
     0
@@ -682,13 +713,17 @@ pub unsafe extern "C" fn ibv_get_pkey_index(
     port: u8,
     pkey: u16,
 ) -> c_int {
+    // As rdma-core: the index of the table entry equal to `pkey`, else -1 with errno (the
+    // lookup past the table's end failed).
     if ctx_of(c).is_none() || port != 1 {
-        return -libc::EINVAL;
+        set_errno(libc::EINVAL);
+        return -1;
     }
-    if u16::from_be(pkey) & 0x7fff == 0x7fff {
+    if u16::from_be(pkey) == 0xffff {
         0
     } else {
-        -libc::ENOENT
+        set_errno(libc::ENOENT);
+        -1
     }
 }
 version!(ibv_get_pkey_index, "IBVERBS_1.5");
@@ -700,6 +735,9 @@ version!(ibv_get_pkey_index, "IBVERBS_1.5");
 struct Pd {
     ibv: sys::ibv_pd,
     id: PdId,
+    /// Address handles on this PD: they live in the library, not in rnicd, so the library
+    /// answers EBUSY for `ibv_dealloc_pd` while there are any (as the kernel does).
+    ahs: std::sync::atomic::AtomicU32,
 }
 
 #[repr(C)]
@@ -724,6 +762,7 @@ pub unsafe extern "C" fn ibv_alloc_pd(c: *mut sys::ibv_context) -> *mut sys::ibv
                     handle: id.0,
                 },
                 id,
+                ahs: Default::default(),
             });
             Box::into_raw(pd) as *mut sys::ibv_pd
         }
@@ -744,6 +783,9 @@ pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut sys::ibv_pd) -> c_int {
         return libc::EINVAL;
     };
     let p = pd as *mut Pd;
+    if (*p).ahs.load(Ordering::Acquire) > 0 {
+        return libc::EBUSY;
+    }
     match client(ctx).dealloc_pd((*p).id) {
         Ok(()) => {
             drop(Box::from_raw(p));
@@ -769,10 +811,12 @@ unsafe fn reg(
         set_errno(libc::EINVAL);
         return std::ptr::null_mut();
     };
-    // Access bits libibverbs defines beyond the four ferroce implements are optional hints
-    // (relaxed ordering...) or unsupported (zero-based, on-demand paging).
-    let known = 0xf | 0x100000; // + IBV_ACCESS_RELAXED_ORDERING
-    if access as u32 & !known != 0 {
+    // Bits 20-29 (IBV_ACCESS_OPTIONAL_RANGE: relaxed ordering and later hints) are optional:
+    // a device without them ignores them, as rdma-core's providers do. Other bits beyond the
+    // four ferroce implements are unsupported (MW bind, zero-based, on-demand paging).
+    let optional =
+        ((sys::IBV_ACCESS_OPTIONAL_FIRST << 10) - 1) & !(sys::IBV_ACCESS_OPTIONAL_FIRST - 1);
+    if access as u32 & !(0xf | optional) != 0 {
         set_errno(libc::EOPNOTSUPP);
         return std::ptr::null_mut();
     }
@@ -781,7 +825,12 @@ unsafe fn reg(
         return std::ptr::null_mut();
     }
     let p = pd as *mut Pd;
+    // The library's own threads stay off the heap while the pages move (MOVING). The
+    // application's threads must not write to the pages being registered meanwhile
+    // (docs/ibverbs.md).
+    let moving = MOVING.write().unwrap_or_else(|p| p.into_inner());
     let r = client(ctx).reg_mr_addr((*p).id, addr as u64, len, Access(access as u32 & 0xf));
+    drop(moving);
     match r {
         Ok(m) => Box::into_raw(Box::new(Mr {
             ibv: sys::ibv_mr {
@@ -874,7 +923,9 @@ pub unsafe extern "C" fn ibv_rereg_mr(
     access: c_int,
 ) -> c_int {
     guard(sys::IBV_REREG_MR_ERR_CMD, || {
+        // rdma-core sets errno with each error code it returns.
         if mr.is_null() || flags == 0 || flags as u32 & !sys::IBV_REREG_MR_FLAGS_SUPPORTED != 0 {
+            set_errno(libc::EINVAL);
             return sys::IBV_REREG_MR_ERR_INPUT;
         }
         let m = &mut *(mr as *mut Mr);
@@ -898,6 +949,7 @@ pub unsafe extern "C" fn ibv_rereg_mr(
             || ctx_of((*new_pd).context).is_none()
             || (*new_pd).context != m.ibv.context
         {
+            set_errno(libc::EINVAL);
             return sys::IBV_REREG_MR_ERR_INPUT;
         }
         let fresh = reg(new_pd, a, l, a as u64, acc);
@@ -996,6 +1048,21 @@ struct Cq {
     watcher: Option<(Arc<AtomicBool>, std::thread::JoinHandle<()>)>,
     /// The completion `start_poll`/`next_poll` read last (the `read_*` accessors' source).
     cur: sys::ibv_wc,
+    /// Completion events handed out by `ibv_get_cq_event` and acknowledged by
+    /// `ibv_ack_cq_events`: `ibv_destroy_cq` waits until they are equal, as rdma-core does,
+    /// so no thread still holds an event of a freed CQ.
+    events: (Mutex<EventCounts>, std::sync::Condvar),
+}
+
+/// See [`Cq::events`].
+#[derive(Default)]
+struct EventCounts {
+    reported: u32,
+    acked: u32,
+}
+
+fn event_counts(q: &Cq) -> std::sync::MutexGuard<'_, EventCounts> {
+    q.events.0.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 #[no_mangle]
@@ -1028,9 +1095,16 @@ pub unsafe extern "C" fn ibv_destroy_comp_channel(ch: *mut sys::ibv_comp_channel
     if ch.is_null() {
         return libc::EINVAL;
     }
+    let Some(ctx) = ctx_of((*ch).context) else {
+        return libc::EINVAL;
+    };
+    // The reference count changes under the context's object lock (CQs are created and
+    // destroyed on other threads), as under rdma-core's context mutex.
+    let objs = objects(ctx);
     if (*ch).refcnt > 0 {
         return libc::EBUSY;
     }
+    drop(objs);
     drop(Box::from_raw(ch as *mut Channel));
     0
 }
@@ -1101,20 +1175,25 @@ unsafe fn create_cq(
             id,
             watcher: None,
             cur: std::mem::zeroed(),
+            events: Default::default(),
         }));
-        objects(ctx).cqs.insert(id.0, cq as usize);
+        // Undoes the creation when the channel's thread cannot be set up.
+        let undo = |cq: *mut Cq, e: c_int| {
+            let _ = client(ctx).destroy_cq(id);
+            drop(Box::from_raw(cq));
+            set_errno(e);
+            std::ptr::null_mut()
+        };
         if !channel.is_null() {
             // A thread sleeps on the CQ ring's notification futex and turns each notification
             // into one event on the channel.
             let ch = channel as *mut Channel;
-            (*ch).ibv.refcnt += 1;
             let (ready, fd) = ((*ch).ready.clone(), (*ch).fd.as_raw_fd());
             let stop = Arc::new(AtomicBool::new(false));
             let st = stop.clone();
             let key = cq as usize;
             let Some(n) = notifier else {
-                set_errno(libc::EINVAL);
-                return std::ptr::null_mut();
+                return undo(cq, libc::EINVAL);
             };
             let t = std::thread::Builder::new()
                 .name("ibv-cq-event".into())
@@ -1123,6 +1202,7 @@ unsafe fn create_cq(
                     while !st.load(Ordering::Acquire) {
                         if n.wait(seen, Duration::from_millis(100)) {
                             seen = n.seq();
+                            let _moving = moving_read();
                             ready
                                 .lock()
                                 .unwrap_or_else(|p| p.into_inner())
@@ -1137,12 +1217,15 @@ unsafe fn create_cq(
                 });
             match t {
                 Ok(h) => (*cq).watcher = Some((stop, h)),
-                Err(_) => {
-                    set_errno(libc::EAGAIN);
-                    return std::ptr::null_mut();
-                }
+                Err(_) => return undo(cq, libc::EAGAIN),
             }
         }
+        let mut objs = objects(ctx);
+        objs.cqs.insert(id.0, cq as usize);
+        if !channel.is_null() {
+            (*channel).refcnt += 1;
+        }
+        drop(objs);
         cq
     })
 }
@@ -1262,19 +1345,29 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut sys::ibv_cq) -> c_int {
     if let Err(e) = client(ctx).destroy_cq((*q).id) {
         return errno_of(&e);
     }
-    objects(ctx).cqs.remove(&(*q).id.0);
-    let mut q = Box::from_raw(q);
-    if let Some((stop, h)) = q.watcher.take() {
+    if let Some((stop, h)) = (*q).watcher.take() {
         stop.store(true, Ordering::Release);
         let _ = h.join();
-        let ch = q.ex.channel as *mut Channel;
-        (*ch).ibv.refcnt -= 1;
+        // Events not yet taken are dropped (ibv_get_cq_event skips their eventfd counts);
+        // events already taken must be acknowledged before the CQ goes (ibv_ack_cq_events).
+        let ch = (*q).ex.channel as *mut Channel;
         (*ch)
             .ready
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .retain(|k| *k != cq as usize);
+        let mut n = event_counts(&*q);
+        while n.acked != n.reported {
+            n = (*q).events.1.wait(n).unwrap_or_else(|p| p.into_inner());
+        }
+        drop(n);
+        let mut objs = objects(ctx);
+        (*ch).ibv.refcnt -= 1;
+        objs.cqs.remove(&(*q).id.0);
+    } else {
+        objects(ctx).cqs.remove(&(*q).id.0);
     }
+    drop(Box::from_raw(q));
     0
 }
 version!(ibv_destroy_cq, "IBVERBS_1.1");
@@ -1305,12 +1398,13 @@ pub unsafe extern "C" fn ibv_get_cq_event(
         if n != 8 {
             return -1;
         }
-        let got = (*c)
-            .ready
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .pop_front();
-        if let Some(k) = got {
+        let mut ready = (*c).ready.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(k) = ready.pop_front() {
+            // Counted while the queue is held, so ibv_destroy_cq (which empties the queue of
+            // its CQ's events under this lock, then waits for the counts to match) cannot
+            // free the CQ before this event is acknowledged.
+            event_counts(&*(k as *const Cq)).reported += 1;
+            drop(ready);
             let q = k as *mut sys::ibv_cq;
             *cq = q;
             if !cq_context.is_null() {
@@ -1318,6 +1412,7 @@ pub unsafe extern "C" fn ibv_get_cq_event(
             }
             return 0;
         }
+        drop(ready);
         // An event of a CQ destroyed meanwhile: wait for the next.
     }
 }
@@ -1325,9 +1420,15 @@ version!(ibv_get_cq_event, "IBVERBS_1.1");
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut sys::ibv_cq, n: c_uint) {
-    if !cq.is_null() {
-        (*cq).comp_events_completed = (*cq).comp_events_completed.wrapping_add(n);
+    if cq.is_null() {
+        return;
     }
+    let q = &*(cq as *const Cq);
+    let mut c = event_counts(q);
+    c.acked = c.acked.wrapping_add(n);
+    (*cq).comp_events_completed = c.acked;
+    drop(c);
+    q.events.1.notify_all();
 }
 version!(ibv_ack_cq_events, "IBVERBS_1.1");
 
@@ -1532,6 +1633,9 @@ struct Qp {
     /// The send queue's depth (bounds a batch).
     max_send_wr: u32,
     batch: std::cell::UnsafeCell<Batch>,
+    /// The thread whose batch is open (0: none): `ibv_wr_post(3)` makes `wr_start` ...
+    /// `wr_complete`/`wr_abort` a per-QP critical section that the provider keeps.
+    batch_owner: AtomicU64,
 }
 
 fn qp_type_of(t: c_uint) -> Option<QpType> {
@@ -1620,6 +1724,7 @@ pub unsafe extern "C" fn ibv_create_qp(
                     send_ops: 0,
                     max_send_wr: i.cap.max_send_wr,
                     batch: Default::default(),
+                    batch_owner: AtomicU64::new(0),
                 }));
                 drop(cl);
                 objects(ctx).qps.insert(qpn.value(), q as usize);
@@ -1958,13 +2063,16 @@ struct Batch {
     wrs: Vec<Building>,
 }
 
-/// The batch of a QP. The application serialises the wr calls of a QP (libibverbs' rule),
-/// so the batch is this thread's for the duration of a call.
+/// The batch of a QP. Between `wr_start` and `wr_complete`/`wr_abort` it belongs to the
+/// thread that started it (`Qp::batch_owner`); the setters in between are that thread's.
 unsafe fn batch<'a>(qp: *mut sys::ibv_qp_ex) -> &'a mut Batch {
     &mut *(*(qp as *mut Qp)).batch.get()
 }
 
 unsafe fn fail(qp: *mut sys::ibv_qp_ex, e: c_int) {
+    if !owns_batch(qp) {
+        return;
+    }
     let b = batch(qp);
     if b.err == 0 {
         b.err = e;
@@ -1974,6 +2082,11 @@ unsafe fn fail(qp: *mut sys::ibv_qp_ex, e: c_int) {
 /// Starts a WR: the operation, with the `wr_id` and `wr_flags` the application set in the
 /// `ibv_qp_ex` (verbs.h: they are read when the operation is called).
 unsafe fn begin(qp: *mut sys::ibv_qp_ex, need: u32, op: WrOp) {
+    if !owns_batch(qp) {
+        // Not between this thread's wr_start and wr_complete: nothing to add to (and
+        // another thread's batch is not touched).
+        return;
+    }
     let q = &*(qp as *mut Qp);
     let b = batch(qp);
     if !b.open {
@@ -2004,6 +2117,9 @@ unsafe fn begin(qp: *mut sys::ibv_qp_ex, need: u32, op: WrOp) {
 
 /// The WR a setter applies to (the last one started), or a batch error.
 unsafe fn current<'a>(qp: *mut sys::ibv_qp_ex) -> Option<&'a mut Building> {
+    if !owns_batch(qp) {
+        return None;
+    }
     let b = batch(qp);
     let w = b.wrs.last_mut();
     if w.is_none() {
@@ -2012,9 +2128,41 @@ unsafe fn current<'a>(qp: *mut sys::ibv_qp_ex) -> Option<&'a mut Building> {
     w
 }
 
+/// A nonzero number for the calling thread.
+fn thread_token() -> u64 {
+    thread_local!(static TOKEN: u8 = const { 0 });
+    TOKEN.with(|t| t as *const u8 as u64)
+}
+
+/// Whether the calling thread has the QP's batch open.
+unsafe fn owns_batch(qp: *mut sys::ibv_qp_ex) -> bool {
+    (*(qp as *mut Qp)).batch_owner.load(Ordering::Acquire) == thread_token()
+}
+
+/// Ends the calling thread's batch, letting another thread start one.
+unsafe fn release_batch(qp: *mut sys::ibv_qp_ex) {
+    let me = thread_token();
+    let _ = (*(qp as *mut Qp)).batch_owner.compare_exchange(
+        me,
+        0,
+        Ordering::Release,
+        Ordering::Relaxed,
+    );
+}
+
 unsafe extern "C" fn wr_start(qp: *mut sys::ibv_qp_ex) {
     if qp.is_null() {
         return;
+    }
+    // Wait for another thread's batch on this QP to end (ibv_wr_post(3), CONCURRENCY); a
+    // second wr_start by the owner restarts its batch.
+    let me = thread_token();
+    let owner = &(*(qp as *mut Qp)).batch_owner;
+    while let Err(cur) = owner.compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed) {
+        if cur == me {
+            break;
+        }
+        std::thread::yield_now();
     }
     let b = batch(qp);
     b.open = true;
@@ -2023,19 +2171,28 @@ unsafe extern "C" fn wr_start(qp: *mut sys::ibv_qp_ex) {
 }
 
 unsafe extern "C" fn wr_abort(qp: *mut sys::ibv_qp_ex) {
-    if qp.is_null() {
+    if qp.is_null() || !owns_batch(qp) {
         return;
     }
     let b = batch(qp);
     b.open = false;
     b.err = 0;
     b.wrs.clear();
+    release_batch(qp);
 }
 
 unsafe extern "C" fn wr_complete(qp: *mut sys::ibv_qp_ex) -> c_int {
-    if qp.is_null() {
+    if qp.is_null() || !owns_batch(qp) {
+        // No batch of this thread's is open.
         return libc::EINVAL;
     }
+    let r = complete_batch(qp);
+    release_batch(qp);
+    r
+}
+
+/// Posts the open batch whole, or nothing if it is invalid or does not fit.
+unsafe fn complete_batch(qp: *mut sys::ibv_qp_ex) -> c_int {
     let q = &*(qp as *mut Qp);
     let b = batch(qp);
     if !b.open {
@@ -2196,7 +2353,7 @@ unsafe fn set_inline(qp: *mut sys::ibv_qp_ex, bufs: &[(*const u8, usize)]) {
     let Some(w) = current(qp) else {
         return;
     };
-    let total: usize = bufs.iter().map(|b| b.1).sum();
+    let total = bufs.iter().fold(0usize, |t, b| t.saturating_add(b.1));
     if total > roce::engine::MAX_INLINE || w.op.is_read_or_atomic() {
         fail(qp, libc::EINVAL);
         return;
@@ -2534,6 +2691,16 @@ pub unsafe extern "C" fn ibv_create_ah(
         set_errno(libc::EINVAL);
         return std::ptr::null_mut();
     }
+    // One port, and a source GID the port has.
+    let mut g: sys::ibv_gid = std::mem::zeroed();
+    if ctx_of((*pd).context).is_none()
+        || (*attr).port_num != 1
+        || ibv_query_gid((*pd).context, 1, (*attr).grh.sgid_index as c_int, &mut g) != 0
+    {
+        set_errno(libc::EINVAL);
+        return std::ptr::null_mut();
+    }
+    (*(pd as *mut Pd)).ahs.fetch_add(1, Ordering::AcqRel);
     Box::into_raw(Box::new(Ah {
         ibv: sys::ibv_ah {
             context: (*pd).context,
@@ -2550,13 +2717,21 @@ pub unsafe extern "C" fn ibv_destroy_ah(ah: *mut sys::ibv_ah) -> c_int {
     if ah.is_null() {
         return libc::EINVAL;
     }
+    let pd = (*ah).pd as *mut Pd;
+    if !pd.is_null() {
+        (*pd).ahs.fetch_sub(1, Ordering::AcqRel);
+    }
     drop(Box::from_raw(ah as *mut Ah));
     0
 }
 version!(ibv_destroy_ah, "IBVERBS_1.1");
 
-/// Fills an address handle that answers the sender of a UD receive: its GID is the source
-/// GID in the 40-byte GRH at the start of the receive buffer.
+/// Fills an address handle that answers the sender of a UD receive, from the 40-byte GRH area
+/// at the start of the receive buffer: for RoCEv2 over IPv6 the IPv6 header, over IPv4 20
+/// bytes of padding and then the IPv4 header (as rxe and rdma-core's
+/// `get_grh_header_version` lay it out). The reply goes to the packet's source as an
+/// IPv4-mapped or IPv6 GID, from our GID the packet was sent to (its index; ENOENT if it is
+/// not in our table). RoCE is Ethernet, so the GRH area is always read, as rdma-core does.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_init_ah_from_wc(
     c: *mut sys::ibv_context,
@@ -2566,34 +2741,62 @@ pub unsafe extern "C" fn ibv_init_ah_from_wc(
     attr: *mut sys::ibv_ah_attr,
 ) -> c_int {
     if ctx_of(c).is_none() || wc.is_null() || grh.is_null() || attr.is_null() {
+        set_errno(libc::EINVAL);
         return libc::EINVAL;
     }
-    if (*wc).wc_flags & sys::IBV_WC_GRH == 0 {
-        return libc::ENOENT;
-    }
-    let g = &*grh;
-    // Our GID that the packet was sent to gives the source GID index.
-    let mut idx = 0u8;
-    for i in 0..16u8 {
+    let raw = std::slice::from_raw_parts(grh as *const u8, 40);
+    let mapped = |a: &[u8]| {
+        let mut g = [0u8; 16];
+        g[10] = 0xff;
+        g[11] = 0xff;
+        g[12..].copy_from_slice(&a[..4]);
+        g
+    };
+    // (destination = the sender, our GID it was sent to, traffic class, flow label)
+    let (dgid, ours, tclass, flow) = if raw[0] >> 4 == 6 {
+        let g = &*grh;
+        let vcf = u32::from_be(g.version_tclass_flow);
+        (
+            g.sgid.raw,
+            g.dgid.raw,
+            ((vcf >> 20) & 0xff) as u8,
+            vcf & 0xfffff,
+        )
+    } else if raw[20] == 0x45 {
+        // IPv4 header without options: TOS at 1, source at 12, destination at 16.
+        let h = &raw[20..];
+        (mapped(&h[12..16]), mapped(&h[16..20]), h[1], 0)
+    } else {
+        set_errno(libc::EINVAL);
+        return libc::EINVAL;
+    };
+    let mut idx = None;
+    for i in 0..=u8::MAX {
         let mut mine: sys::ibv_gid = std::mem::zeroed();
         if ibv_query_gid(c, port, i as c_int, &mut mine) != 0 {
             break;
         }
-        if mine.raw == g.dgid.raw {
-            idx = i;
+        if mine.raw == ours {
+            idx = Some(i);
             break;
         }
     }
+    let Some(idx) = idx else {
+        set_errno(libc::ENOENT);
+        return libc::ENOENT;
+    };
     // SAFETY: zero is a valid ibv_ah_attr.
     let mut a: sys::ibv_ah_attr = std::mem::zeroed();
     a.is_global = 1;
     a.port_num = port;
-    a.grh.dgid = g.sgid;
+    a.dlid = (*wc).slid;
+    a.sl = (*wc).sl;
+    a.src_path_bits = (*wc).dlid_path_bits;
+    a.grh.dgid.raw = dgid;
     a.grh.sgid_index = idx;
     a.grh.hop_limit = 0xff;
-    let vcf = u32::from_be(g.version_tclass_flow);
-    a.grh.traffic_class = ((vcf >> 20) & 0xff) as u8;
-    a.grh.flow_label = vcf & 0xfffff;
+    a.grh.traffic_class = tclass;
+    a.grh.flow_label = flow;
     *attr = a;
     0
 }

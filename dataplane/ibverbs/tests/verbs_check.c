@@ -14,6 +14,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -207,6 +208,26 @@ static void check_device(void)
 	uint16_t pkey = 0;
 	CHECK(ibv_query_pkey(ctx, 1, 0, &pkey) == 0 && pkey == htobe16(0xffff),
 	      "ibv_query_pkey: default P_Key");
+	CHECK(ibv_query_pkey(ctx, 1, 1, &pkey) == -1, "ibv_query_pkey past the table: -1");
+	CHECK(ibv_get_pkey_index(ctx, 1, htobe16(0xffff)) == 0 &&
+		      ibv_get_pkey_index(ctx, 1, htobe16(0x1234)) == -1,
+	      "ibv_get_pkey_index: 0 for the default P_Key, -1 for another");
+	struct ibv_ah_attr bad_ah = {.is_global = 1, .port_num = 1,
+				     .grh = {.dgid = gid, .sgid_index = 200, .hop_limit = 64}};
+	errno = 0;
+	CHECK(ibv_create_ah(pd, &bad_ah) == NULL && errno == EINVAL,
+	      "ibv_create_ah with a source GID index past the table: NULL, EINVAL");
+	bad_ah.grh.sgid_index = gid_index;
+	bad_ah.port_num = 2;
+	CHECK(ibv_create_ah(pd, &bad_ah) == NULL && errno == EINVAL,
+	      "ibv_create_ah on port 2: NULL, EINVAL");
+	char *hint = alloc_buf(4096);
+	struct ibv_mr *hmr = ibv_reg_mr(pd, hint, 4096, IBV_ACCESS_LOCAL_WRITE |
+					IBV_ACCESS_RELAXED_ORDERING | (1 << 21));
+	CHECK(hmr != NULL, "ibv_reg_mr with optional access hints (relaxed ordering, bit 21)");
+	if (hmr)
+		ibv_dereg_mr(hmr);
+	free(hint);
 }
 
 static void check_unsupported(void)
@@ -460,7 +481,72 @@ static void check_busy(void)
 		      ibv_destroy_comp_channel(ch) == 0,
 	      "in order: QP, SRQ, CQ, channel destroyed");
 	CHECK(ibv_dealloc_pd(p) == EBUSY, "dealloc a PD with an MR: EBUSY");
-	CHECK(ibv_dereg_mr(mr) == 0 && ibv_dealloc_pd(p) == 0, "MR, then PD released");
+	CHECK(ibv_dereg_mr(mr) == 0, "MR released");
+	struct ibv_ah_attr aa = {.is_global = 1, .port_num = 1,
+				 .grh = {.dgid = gid, .sgid_index = gid_index, .hop_limit = 64}};
+	struct ibv_ah *ah = ibv_create_ah(p, &aa);
+	MUST(ah, "ibv_create_ah");
+	CHECK(ibv_dealloc_pd(p) == EBUSY, "dealloc a PD with an AH: EBUSY");
+	CHECK(ibv_destroy_ah(ah) == 0 && ibv_dealloc_pd(p) == 0, "AH, then PD released");
+	free(buf);
+}
+
+/* ibv_destroy_cq waits until the events ibv_get_cq_event handed out are acknowledged
+ * (rdma-core's rule: no thread may still hold an event of a freed CQ). */
+struct destroyer {
+	struct ibv_cq *cq;
+	volatile int done;
+	int rc;
+};
+
+static void *destroy_cq_thread(void *p)
+{
+	struct destroyer *d = p;
+	d->rc = ibv_destroy_cq(d->cq);
+	d->done = 1;
+	return NULL;
+}
+
+static void check_event_acks(void)
+{
+	struct ibv_comp_channel *ch = ibv_create_comp_channel(ctx);
+	MUST(ch, "ibv_create_comp_channel");
+	struct ibv_cq *cq = ibv_create_cq(ctx, 8, (void *)0x5eed, ch, 0);
+	MUST(cq, "ibv_create_cq");
+	struct ibv_qp *a = make_qp(cq, cq, NULL), *b = make_qp(cq, cq, NULL);
+	MUST(a && b, "QPs");
+	MUST(connect_qp(a, b->qp_num, 7) == 0 && connect_qp(b, a->qp_num, 7) == 0, "connect");
+	char *buf = alloc_buf(4096);
+	struct ibv_mr *mr = ibv_reg_mr(pd, buf, 4096, IBV_ACCESS_LOCAL_WRITE |
+				       IBV_ACCESS_REMOTE_WRITE);
+	MUST(mr, "ibv_reg_mr");
+	MUST(ibv_req_notify_cq(cq, 0) == 0, "ibv_req_notify_cq");
+	struct ibv_sge sge = {.addr = (uintptr_t)buf, .length = 8, .lkey = mr->lkey};
+	struct ibv_send_wr wr = {.wr_id = 1, .sg_list = &sge, .num_sge = 1,
+				 .opcode = IBV_WR_RDMA_WRITE, .send_flags = IBV_SEND_SIGNALED}, *bad;
+	wr.wr.rdma.remote_addr = (uintptr_t)buf + 1024;
+	wr.wr.rdma.rkey = mr->rkey;
+	MUST(ibv_post_send(a, &wr, &bad) == 0, "ibv_post_send");
+	struct pollfd pfd = {.fd = ch->fd, .events = POLLIN};
+	CHECK(poll(&pfd, 1, 5000) == 1, "the channel's fd becomes readable");
+	struct ibv_cq *evcq = NULL;
+	void *evctx = NULL;
+	CHECK(ibv_get_cq_event(ch, &evcq, &evctx) == 0 && evcq == cq && evctx == (void *)0x5eed,
+	      "ibv_get_cq_event: the CQ and its context");
+	struct ibv_wc wc;
+	CHECK(poll_n(cq, &wc, 1) == 1 && wc.status == IBV_WC_SUCCESS, "the WRITE completed");
+	ibv_destroy_qp(a);
+	ibv_destroy_qp(b);
+	struct destroyer d = {.cq = cq};
+	pthread_t th;
+	MUST(pthread_create(&th, NULL, destroy_cq_thread, &d) == 0, "pthread_create");
+	usleep(300000);
+	CHECK(!d.done, "ibv_destroy_cq waits while an event is not acknowledged");
+	ibv_ack_cq_events(cq, 1);
+	pthread_join(th, NULL);
+	CHECK(d.done && d.rc == 0, "and returns once it is (ibv_ack_cq_events)");
+	CHECK(ibv_destroy_comp_channel(ch) == 0, "then the channel is free");
+	ibv_dereg_mr(mr);
 	free(buf);
 }
 
@@ -608,6 +694,234 @@ static void check_extended(void)
 	ibv_destroy_cq(cq);
 }
 
+/* UD on one device: a's message reaches b, and b answers through an address handle made from
+ * the completion and the GRH area in front of the data (ibv_create_ah_from_wc), as a UD
+ * server does. Over IPv4 (GID index 1) the GRH area holds the IPv4 header at byte 20. */
+static struct ibv_qp *make_ud(struct ibv_cq *cq)
+{
+	struct ibv_qp_init_attr ia = {
+		.send_cq = cq,
+		.recv_cq = cq,
+		.cap = {.max_send_wr = 8, .max_recv_wr = 8, .max_send_sge = 1, .max_recv_sge = 1},
+		.qp_type = IBV_QPT_UD,
+	};
+	struct ibv_qp *qp = ibv_create_qp(pd, &ia);
+	if (!qp)
+		return NULL;
+	struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT, .port_num = 1, .qkey = 0x11111111};
+	struct ibv_qp_attr r = {.qp_state = IBV_QPS_RTR};
+	struct ibv_qp_attr t = {.qp_state = IBV_QPS_RTS, .sq_psn = 7};
+	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY) ||
+	    ibv_modify_qp(qp, &r, IBV_QP_STATE) ||
+	    ibv_modify_qp(qp, &t, IBV_QP_STATE | IBV_QP_SQ_PSN)) {
+		ibv_destroy_qp(qp);
+		return NULL;
+	}
+	return qp;
+}
+
+static int ud_send(struct ibv_qp *qp, struct ibv_ah *ah, uint32_t qpn, struct ibv_mr *mr,
+		   char *data, uint32_t len)
+{
+	struct ibv_sge sge = {.addr = (uintptr_t)data, .length = len, .lkey = mr->lkey};
+	struct ibv_send_wr wr = {.wr_id = 77, .sg_list = &sge, .num_sge = 1,
+				 .opcode = IBV_WR_SEND, .send_flags = IBV_SEND_SIGNALED}, *bad;
+	wr.wr.ud.ah = ah;
+	wr.wr.ud.remote_qpn = qpn;
+	wr.wr.ud.remote_qkey = 0x11111111;
+	return ibv_post_send(qp, &wr, &bad);
+}
+
+static int ud_recv(struct ibv_qp *qp, struct ibv_mr *mr, char *into)
+{
+	struct ibv_sge sge = {.addr = (uintptr_t)into, .length = 40 + 64, .lkey = mr->lkey};
+	struct ibv_recv_wr wr = {.wr_id = 88, .sg_list = &sge, .num_sge = 1}, *bad;
+	return ibv_post_recv(qp, &wr, &bad);
+}
+
+/* Waits for the receive completion (wr_id 88) among `cq`'s, into `out`. */
+static int wait_recv(struct ibv_cq *cq, struct ibv_wc *out)
+{
+	double end = now_s() + 5;
+	struct ibv_wc wc;
+	while (now_s() < end) {
+		int k = ibv_poll_cq(cq, 1, &wc);
+		if (k < 0)
+			return 0;
+		if (k == 0) {
+			usleep(100);
+			continue;
+		}
+		if (wc.wr_id == 88) {
+			*out = wc;
+			return 1;
+		}
+	}
+	return 0;
+}
+
+static void check_ud_reply(void)
+{
+	struct ibv_cq *cq = ibv_create_cq(ctx, 32, NULL, NULL, 0);
+	MUST(cq, "ibv_create_cq");
+	struct ibv_qp *a = make_ud(cq), *b = make_ud(cq);
+	CHECK(a && b, "two UD QPs to RTS");
+	if (!a || !b)
+		return;
+	char *buf = alloc_buf(4096);
+	struct ibv_mr *mr = ibv_reg_mr(pd, buf, 4096, IBV_ACCESS_LOCAL_WRITE);
+	MUST(mr, "ibv_reg_mr");
+	char *ping = buf, *pong = buf + 64, *rxa = buf + 1024, *rxb = buf + 2048;
+	strcpy(ping, "ping");
+	strcpy(pong, "pong");
+	struct ibv_ah_attr aa = {.is_global = 1, .port_num = 1,
+				 .grh = {.dgid = gid, .sgid_index = gid_index, .hop_limit = 64}};
+	struct ibv_ah *to_b = ibv_create_ah(pd, &aa);
+	MUST(to_b, "ibv_create_ah");
+	MUST(ud_recv(b, mr, rxb) == 0 && ud_recv(a, mr, rxa) == 0, "ibv_post_recv");
+	MUST(ud_send(a, to_b, b->qp_num, mr, ping, 5) == 0, "ibv_post_send");
+	struct ibv_wc wc;
+	int got = wait_recv(cq, &wc);
+	CHECK(got && wc.status == IBV_WC_SUCCESS && (wc.wc_flags & IBV_WC_GRH) &&
+		      wc.src_qp == a->qp_num && wc.byte_len == 45 && !strcmp(rxb + 40, "ping"),
+	      "UD receive: GRH flag, src_qp, byte_len 40 + 5, data");
+	struct ibv_ah_attr from;
+	int e = ibv_init_ah_from_wc(ctx, 1, &wc, (struct ibv_grh *)rxb, &from);
+	CHECK(e == 0 && from.is_global && !memcmp(&from.grh.dgid, &gid, 16) &&
+		      from.grh.sgid_index == gid_index,
+	      "ibv_init_ah_from_wc: the sender's GID and our GID index %d (got %d, index %d)",
+	      gid_index, e, from.grh.sgid_index);
+	struct ibv_ah *back = ibv_create_ah_from_wc(pd, &wc, (struct ibv_grh *)rxb, 1);
+	CHECK(back != NULL, "ibv_create_ah_from_wc");
+	if (back) {
+		MUST(ud_send(b, back, wc.src_qp, mr, pong, 5) == 0, "ibv_post_send (reply)");
+		struct ibv_wc r;
+		got = wait_recv(cq, &r);
+		CHECK(got && r.status == IBV_WC_SUCCESS && r.qp_num == a->qp_num &&
+			      !strcmp(rxa + 40, "pong"),
+		      "the reply through the AH from the completion arrived");
+		ibv_destroy_ah(back);
+	}
+	/* A GRH area that is neither IPv6 nor IPv4: refused. */
+	char junk[40] = {0};
+	CHECK(ibv_init_ah_from_wc(ctx, 1, &wc, (struct ibv_grh *)junk, &from) != 0,
+	      "ibv_init_ah_from_wc of a GRH area that is not an IP header: an error");
+	ibv_destroy_ah(to_b);
+	ibv_destroy_qp(a);
+	ibv_destroy_qp(b);
+	ibv_dereg_mr(mr);
+	free(buf);
+	ibv_destroy_cq(cq);
+}
+
+/* The exported ibv_query_port symbol (programs and bindings that call it rather than the
+ * header's inline wrapper) fills the older, 48-byte _compat_ibv_port_attr and nothing past
+ * it. */
+static void check_compat_query_port(void)
+{
+	unsigned char raw[sizeof(struct ibv_port_attr) + 16];
+	memset(raw, 0xaa, sizeof(raw));
+	int e = (ibv_query_port)(ctx, 1, (struct _compat_ibv_port_attr *)raw);
+	struct ibv_port_attr pa;
+	memcpy(&pa, raw, sizeof(pa));
+	size_t compat = offsetof(struct ibv_port_attr, port_cap_flags2);
+	CHECK(e == 0 && pa.state == IBV_PORT_ACTIVE && pa.active_mtu >= IBV_MTU_256 &&
+		      pa.link_layer == IBV_LINK_LAYER_ETHERNET && raw[compat] == 0xaa,
+	      "the exported ibv_query_port fills the %zu-byte compat layout (state %d)", compat,
+	      pa.state);
+}
+
+/* Two threads build and post wr-API batches on one QP at once: libibverbs makes
+ * wr_start..wr_complete a critical section per QP (ibv_wr_post(3)). */
+struct batch_thread {
+	struct ibv_qp_ex *x;
+	struct ibv_mr *mr;
+	char *src, *dst;
+	int ok;
+};
+
+#define BATCHES 200
+
+static void *batch_worker(void *p)
+{
+	struct batch_thread *t = p;
+	for (int i = 0; i < BATCHES; i++) {
+		ibv_wr_start(t->x);
+		t->x->wr_id = 5000 + i;
+		t->x->wr_flags = IBV_SEND_SIGNALED;
+		ibv_wr_rdma_write(t->x, t->mr->rkey, (uintptr_t)t->dst);
+		ibv_wr_set_sge(t->x, t->mr->lkey, (uintptr_t)t->src, 64);
+		int e;
+		/* The send queue may be full for a moment: try again. */
+		while ((e = ibv_wr_complete(t->x)) == ENOMEM) {
+			ibv_wr_start(t->x);
+			t->x->wr_id = 5000 + i;
+			t->x->wr_flags = IBV_SEND_SIGNALED;
+			ibv_wr_rdma_write(t->x, t->mr->rkey, (uintptr_t)t->dst);
+			ibv_wr_set_sge(t->x, t->mr->lkey, (uintptr_t)t->src, 64);
+			usleep(50);
+		}
+		if (e == 0)
+			t->ok++;
+	}
+	return NULL;
+}
+
+static void check_wr_threads(void)
+{
+	struct ibv_cq *cq = ibv_create_cq(ctx, 2 * BATCHES + 16, NULL, NULL, 0);
+	MUST(cq, "ibv_create_cq");
+	struct ibv_qp_init_attr_ex qa = {
+		.send_cq = cq,
+		.recv_cq = cq,
+		.cap = {.max_send_wr = 32, .max_recv_wr = 4, .max_send_sge = 1, .max_recv_sge = 1},
+		.qp_type = IBV_QPT_RC,
+		.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
+		.pd = pd,
+		.send_ops_flags = IBV_QP_EX_WITH_RDMA_WRITE,
+	};
+	struct ibv_qp *a = ibv_create_qp_ex(ctx, &qa);
+	struct ibv_qp *b = make_qp(cq, cq, NULL);
+	MUST(a && b, "QPs");
+	MUST(connect_qp(a, b->qp_num, 7) == 0 && connect_qp(b, a->qp_num, 7) == 0, "connect");
+	char *buf = alloc_buf(8192);
+	struct ibv_mr *mr = ibv_reg_mr(pd, buf, 8192,
+				       IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+	MUST(mr, "ibv_reg_mr");
+	struct batch_thread t[2] = {
+		{.x = ibv_qp_to_qp_ex(a), .mr = mr, .src = buf, .dst = buf + 4096},
+		{.x = ibv_qp_to_qp_ex(a), .mr = mr, .src = buf + 64, .dst = buf + 4096 + 64},
+	};
+	pthread_t th[2];
+	/* Completions are drained while the threads post, so the queue keeps moving. */
+	for (int i = 0; i < 2; i++)
+		MUST(pthread_create(&th[i], NULL, batch_worker, &t[i]) == 0, "pthread_create");
+	int done = 0, good = 0;
+	double end = now_s() + 20;
+	struct ibv_wc wc[16];
+	while (done < 2 * BATCHES && now_s() < end) {
+		int k = ibv_poll_cq(cq, 16, wc);
+		for (int i = 0; i < k; i++) {
+			done++;
+			good += wc[i].status == IBV_WC_SUCCESS;
+		}
+		if (k == 0)
+			usleep(50);
+	}
+	for (int i = 0; i < 2; i++)
+		pthread_join(th[i], NULL);
+	CHECK(t[0].ok == BATCHES && t[1].ok == BATCHES && done == 2 * BATCHES &&
+		      good == done,
+	      "two threads, %d wr batches each on one QP: %d and %d posted, %d completions, "
+	      "%d successful",
+	      BATCHES, t[0].ok, t[1].ok, done, good);
+	ibv_destroy_qp(a);
+	ibv_destroy_qp(b);
+	ibv_dereg_mr(mr);
+	free(buf);
+	ibv_destroy_cq(cq);
+}
+
 int main(int argc, char **argv)
 {
 	const char *name = NULL;
@@ -646,7 +960,11 @@ int main(int argc, char **argv)
 	check_completion_errors();
 	check_cq_overflow();
 	check_busy();
+	check_event_acks();
 	check_extended();
+	check_ud_reply();
+	check_compat_query_port();
+	check_wr_threads();
 
 	CHECK(ibv_dealloc_pd(pd) == 0, "ibv_dealloc_pd");
 	CHECK(ibv_close_device(ctx) == 0, "ibv_close_device");
