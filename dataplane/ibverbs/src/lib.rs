@@ -1048,21 +1048,49 @@ struct Cq {
     watcher: Option<(Arc<AtomicBool>, std::thread::JoinHandle<()>)>,
     /// The completion `start_poll`/`next_poll` read last (the `read_*` accessors' source).
     cur: sys::ibv_wc,
-    /// Completion events handed out by `ibv_get_cq_event` and acknowledged by
-    /// `ibv_ack_cq_events`: `ibv_destroy_cq` waits until they are equal, as rdma-core does,
-    /// so no thread still holds an event of a freed CQ.
-    events: (Mutex<EventCounts>, std::sync::Condvar),
+    /// Completion events handed out by `ibv_get_cq_event`, acknowledged by
+    /// `ibv_ack_cq_events`.
+    events: Acks,
+    /// Its asynchronous events (CQ_ERR), acknowledged by `ibv_ack_async_event`.
+    async_events: Acks,
 }
 
-/// See [`Cq::events`].
+/// Events of an object handed to the application and those it acknowledged: destroying the
+/// object waits until they are equal, as rdma-core does (`ibv_destroy_cq`, `_qp`, `_srq`), so
+/// no thread still holds an event that points at freed memory.
 #[derive(Default)]
-struct EventCounts {
-    reported: u32,
-    acked: u32,
+struct Acks {
+    n: Mutex<(u32, u32)>,
+    cv: std::sync::Condvar,
 }
 
-fn event_counts(q: &Cq) -> std::sync::MutexGuard<'_, EventCounts> {
-    q.events.0.lock().unwrap_or_else(|p| p.into_inner())
+impl Acks {
+    fn lock(&self) -> std::sync::MutexGuard<'_, (u32, u32)> {
+        self.n.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// One more event handed out.
+    fn report(&self) {
+        self.lock().0 += 1;
+    }
+
+    /// `k` more acknowledged; returns the acknowledged total.
+    fn ack(&self, k: u32) -> u32 {
+        let mut n = self.lock();
+        n.1 = n.1.wrapping_add(k);
+        let total = n.1;
+        drop(n);
+        self.cv.notify_all();
+        total
+    }
+
+    /// Waits until every event handed out is acknowledged.
+    fn wait(&self) {
+        let mut n = self.lock();
+        while n.0 != n.1 {
+            n = self.cv.wait(n).unwrap_or_else(|p| p.into_inner());
+        }
+    }
 }
 
 #[no_mangle]
@@ -1176,6 +1204,7 @@ unsafe fn create_cq(
             watcher: None,
             cur: std::mem::zeroed(),
             events: Default::default(),
+            async_events: Default::default(),
         }));
         // Undoes the creation when the channel's thread cannot be set up.
         let undo = |cq: *mut Cq, e: c_int| {
@@ -1356,17 +1385,15 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut sys::ibv_cq) -> c_int {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .retain(|k| *k != cq as usize);
-        let mut n = event_counts(&*q);
-        while n.acked != n.reported {
-            n = (*q).events.1.wait(n).unwrap_or_else(|p| p.into_inner());
-        }
-        drop(n);
+        (*q).events.wait();
         let mut objs = objects(ctx);
         (*ch).ibv.refcnt -= 1;
         objs.cqs.remove(&(*q).id.0);
     } else {
         objects(ctx).cqs.remove(&(*q).id.0);
     }
+    // Removed from the objects first, so no further async event names it.
+    (*q).async_events.wait();
     drop(Box::from_raw(q));
     0
 }
@@ -1403,7 +1430,7 @@ pub unsafe extern "C" fn ibv_get_cq_event(
             // Counted while the queue is held, so ibv_destroy_cq (which empties the queue of
             // its CQ's events under this lock, then waits for the counts to match) cannot
             // free the CQ before this event is acknowledged.
-            event_counts(&*(k as *const Cq)).reported += 1;
+            (*(k as *const Cq)).events.report();
             drop(ready);
             let q = k as *mut sys::ibv_cq;
             *cq = q;
@@ -1424,11 +1451,8 @@ pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut sys::ibv_cq, n: c_uint) {
         return;
     }
     let q = &*(cq as *const Cq);
-    let mut c = event_counts(q);
-    c.acked = c.acked.wrapping_add(n);
-    (*cq).comp_events_completed = c.acked;
-    drop(c);
-    q.events.1.notify_all();
+    let total = q.events.ack(n);
+    (*cq).comp_events_completed = total;
 }
 version!(ibv_ack_cq_events, "IBVERBS_1.1");
 
@@ -1499,6 +1523,8 @@ unsafe extern "C" fn poll_cq(cq: *mut sys::ibv_cq, n: c_int, wc: *mut sys::ibv_w
 struct Srq {
     ibv: sys::ibv_srq,
     id: SrqId,
+    /// Its asynchronous events (SRQ limit, SRQ error) not yet acknowledged hold its memory.
+    async_events: Acks,
 }
 
 #[no_mangle]
@@ -1533,7 +1559,11 @@ pub unsafe extern "C" fn ibv_create_srq(
             ibv.srq_context = (*init).srq_context;
             ibv.pd = pd;
             ibv.handle = id.0;
-            let p = Box::into_raw(Box::new(Srq { ibv, id }));
+            let p = Box::into_raw(Box::new(Srq {
+                ibv,
+                id,
+                async_events: Default::default(),
+            }));
             drop(cl);
             objects(ctx).srqs.insert(id.0, p as usize);
             p as *mut sys::ibv_srq
@@ -1609,6 +1639,7 @@ pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut sys::ibv_srq) -> c_int {
     match client(ctx).destroy_srq((*s).id) {
         Ok(()) => {
             objects(ctx).srqs.remove(&(*s).id.0);
+            (*s).async_events.wait();
             drop(Box::from_raw(s));
             0
         }
@@ -1636,6 +1667,8 @@ struct Qp {
     /// The thread whose batch is open (0: none): `ibv_wr_post(3)` makes `wr_start` ...
     /// `wr_complete`/`wr_abort` a per-QP critical section that the provider keeps.
     batch_owner: AtomicU64,
+    /// Its asynchronous events not yet acknowledged hold its memory.
+    async_events: Acks,
 }
 
 fn qp_type_of(t: c_uint) -> Option<QpType> {
@@ -1725,6 +1758,7 @@ pub unsafe extern "C" fn ibv_create_qp(
                     max_send_wr: i.cap.max_send_wr,
                     batch: Default::default(),
                     batch_owner: AtomicU64::new(0),
+                    async_events: Default::default(),
                 }));
                 drop(cl);
                 objects(ctx).qps.insert(qpn.value(), q as usize);
@@ -1938,6 +1972,7 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut sys::ibv_qp) -> c_int {
     match client(ctx).destroy_qp((*q).qpn) {
         Ok(()) => {
             objects(ctx).qps.remove(&(*q).qpn.value());
+            (*q).async_events.wait();
             drop(Box::from_raw(q));
             0
         }
@@ -2826,6 +2861,20 @@ version!(ibv_create_ah_from_wc, "IBVERBS_1.1");
 // ---------------------------------------------------------------------------------------
 // Async events
 
+/// The `ibv_event_type`s whose element is a QP (a pattern).
+macro_rules! QP_EVENTS {
+    () => {
+        sys::IBV_EVENT_COMM_EST
+            | sys::IBV_EVENT_SQ_DRAINED
+            | sys::IBV_EVENT_PATH_MIG
+            | sys::IBV_EVENT_PATH_MIG_ERR
+            | sys::IBV_EVENT_QP_FATAL
+            | sys::IBV_EVENT_QP_REQ_ERR
+            | sys::IBV_EVENT_QP_ACCESS_ERR
+            | sys::IBV_EVENT_QP_LAST_WQE_REACHED
+    };
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn ibv_get_async_event(
     c: *mut sys::ibv_context,
@@ -2861,18 +2910,30 @@ pub unsafe extern "C" fn ibv_get_async_event(
         // SAFETY: zero is a valid ibv_async_event.
         let mut o: sys::ibv_async_event = std::mem::zeroed();
         o.event_type = e.kind;
+        // Counted on the object while the objects are held: a destroy removes the object
+        // under this lock and then waits for the count to be acknowledged.
         let objs = objects(ctx);
         let element = match e.kind {
-            sys::IBV_EVENT_CQ_ERR => objs.cqs.get(&e.object).map(|&p| o.element.cq = p as _),
+            sys::IBV_EVENT_CQ_ERR => objs.cqs.get(&e.object).map(|&p| {
+                (*(p as *const Cq)).async_events.report();
+                o.element.cq = p as _
+            }),
             sys::IBV_EVENT_SRQ_LIMIT_REACHED | sys::IBV_EVENT_SRQ_ERR => {
-                objs.srqs.get(&e.object).map(|&p| o.element.srq = p as _)
+                objs.srqs.get(&e.object).map(|&p| {
+                    (*(p as *const Srq)).async_events.report();
+                    o.element.srq = p as _
+                })
             }
             sys::IBV_EVENT_PORT_ACTIVE | sys::IBV_EVENT_PORT_ERR => {
                 o.element.port_num = 1;
                 Some(())
             }
             sys::IBV_EVENT_DEVICE_FATAL => Some(()),
-            _ => objs.qps.get(&e.object).map(|&p| o.element.qp = p as _),
+            QP_EVENTS!() => objs.qps.get(&e.object).map(|&p| {
+                (*(p as *const Qp)).async_events.report();
+                o.element.qp = p as _
+            }),
+            _ => None,
         };
         drop(objs);
         // An event of an object destroyed meanwhile is not delivered.
@@ -2884,8 +2945,28 @@ pub unsafe extern "C" fn ibv_get_async_event(
 }
 version!(ibv_get_async_event, "IBVERBS_1.1");
 
+/// Acknowledges an event of `ibv_get_async_event`: a destroy of its QP, CQ or SRQ waits for
+/// this (rdma-core's rule).
 #[no_mangle]
-pub unsafe extern "C" fn ibv_ack_async_event(_ev: *mut sys::ibv_async_event) {}
+pub unsafe extern "C" fn ibv_ack_async_event(ev: *mut sys::ibv_async_event) {
+    if ev.is_null() {
+        return;
+    }
+    let e = &*ev;
+    match e.event_type {
+        sys::IBV_EVENT_CQ_ERR if !e.element.cq.is_null() => {
+            (*(e.element.cq as *const Cq)).async_events.ack(1);
+        }
+        sys::IBV_EVENT_SRQ_LIMIT_REACHED | sys::IBV_EVENT_SRQ_ERR if !e.element.srq.is_null() => {
+            (*(e.element.srq as *const Srq)).async_events.ack(1);
+        }
+        QP_EVENTS!() if !e.element.qp.is_null() => {
+            (*(e.element.qp as *const Qp)).async_events.ack(1);
+        }
+        // Port and device events name no object.
+        _ => {}
+    }
+}
 version!(ibv_ack_async_event, "IBVERBS_1.1");
 
 // ---------------------------------------------------------------------------------------

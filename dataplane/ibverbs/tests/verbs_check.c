@@ -507,6 +507,61 @@ static void *destroy_cq_thread(void *p)
 	return NULL;
 }
 
+struct qp_destroyer {
+	struct ibv_qp *qp;
+	volatile int done;
+	int rc;
+};
+
+static void *destroy_qp_thread(void *p)
+{
+	struct qp_destroyer *d = p;
+	d->rc = ibv_destroy_qp(d->qp);
+	d->done = 1;
+	return NULL;
+}
+
+/* The same for a QP and its async event (SQ_DRAINED on entering an empty SQD). */
+static void check_async_acks(void)
+{
+	struct ibv_cq *cq = ibv_create_cq(ctx, 8, NULL, NULL, 0);
+	MUST(cq, "ibv_create_cq");
+	struct ibv_qp *a = make_qp(cq, cq, NULL), *b = make_qp(cq, cq, NULL);
+	MUST(a && b, "QPs");
+	MUST(connect_qp(a, b->qp_num, 7) == 0 && connect_qp(b, a->qp_num, 7) == 0, "connect");
+	struct ibv_qp_attr sqd = {.qp_state = IBV_QPS_SQD, .en_sqd_async_notify = 1};
+	CHECK(ibv_modify_qp(a, &sqd, IBV_QP_STATE | IBV_QP_EN_SQD_ASYNC_NOTIFY) == 0,
+	      "RTS -> SQD with en_sqd_async_notify");
+	struct ibv_async_event ev;
+	int got = -1;
+	double end = now_s() + 5;
+	while (got && now_s() < end) {
+		struct pollfd p = {.fd = ctx->async_fd, .events = POLLIN};
+		if (poll(&p, 1, 100) <= 0)
+			continue;
+		MUST(ibv_get_async_event(ctx, &ev) == 0, "ibv_get_async_event");
+		if (ev.event_type == IBV_EVENT_SQ_DRAINED && ev.element.qp == a)
+			got = 0;
+		else
+			ibv_ack_async_event(&ev);
+	}
+	CHECK(got == 0, "IBV_EVENT_SQ_DRAINED with element.qp = the QP");
+	if (got == 0) {
+		struct qp_destroyer d = {.qp = a};
+		pthread_t th;
+		MUST(pthread_create(&th, NULL, destroy_qp_thread, &d) == 0, "pthread_create");
+		usleep(300000);
+		CHECK(!d.done, "ibv_destroy_qp waits while its async event is not acknowledged");
+		ibv_ack_async_event(&ev);
+		pthread_join(th, NULL);
+		CHECK(d.done && d.rc == 0, "and returns once it is (ibv_ack_async_event)");
+	} else {
+		ibv_destroy_qp(a);
+	}
+	ibv_destroy_qp(b);
+	ibv_destroy_cq(cq);
+}
+
 static void check_event_acks(void)
 {
 	struct ibv_comp_channel *ch = ibv_create_comp_channel(ctx);
@@ -961,6 +1016,7 @@ int main(int argc, char **argv)
 	check_cq_overflow();
 	check_busy();
 	check_event_acks();
+	check_async_acks();
 	check_extended();
 	check_ud_reply();
 	check_compat_query_port();
