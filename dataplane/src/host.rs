@@ -603,9 +603,12 @@ pub trait Verbs {
     fn post_srq_recv(&mut self, srq: SrqId, wr: &RecvWr<'_>) -> VerbsResult<()>;
     /// Next asynchronous event.
     fn poll_event(&mut self) -> Option<AsyncEvent>;
-    /// `ibv_req_notify_cq`: the next completion added to `cq` wakes [`Verbs::wait_cq`]
-    /// (ferroce notifies on any completion, solicited or not).
+    /// `ibv_req_notify_cq(cq, 0)`: the next completion added to `cq` wakes
+    /// [`Verbs::wait_cq`].
     fn req_notify_cq(&mut self, cq: CqId) -> VerbsResult<()>;
+    /// `ibv_req_notify_cq(cq, 1)`: the next solicited completion (a message whose sender set
+    /// the solicited-event bit) or unsuccessful one wakes [`Verbs::wait_cq`] (IBA 11.4.2.2).
+    fn req_notify_cq_solicited(&mut self, cq: CqId) -> VerbsResult<()>;
     /// Blocks until the CQ notifies after [`Verbs::req_notify_cq`] or `timeout` passes
     /// (`ibv_get_cq_event` on a completion channel); true if it notified. Arm, poll the CQ
     /// once more, then wait: a completion that arrived before arming does not notify.
@@ -895,6 +898,18 @@ impl<C: Channel> Client<C> {
     /// Forgets the client's area `id` on the worker.
     pub fn remove_area(&mut self, id: u32) -> VerbsResult<()> {
         self.call(Command::RemoveArea { id }).map(|_| ())
+    }
+
+    /// Arms `cq`'s ring (the notification sequence read first, for `wait_cq`).
+    fn arm_cq(&mut self, cq: CqId, solicited_only: bool) -> VerbsResult<()> {
+        let ring = self
+            .cqs
+            .get(cq.0 as usize)
+            .and_then(|r| r.as_ref())
+            .ok_or(VerbsError::NotFound("completion queue"))?;
+        self.cq_seen[cq.0 as usize] = ring.notify_seq();
+        ring.arm(solicited_only);
+        Ok(())
     }
 
     /// Forgets the shadow at `start` (area `id` on the worker); its pages stay mapped.
@@ -1479,14 +1494,11 @@ impl<C: Channel> Verbs for Client<C> {
     }
 
     fn req_notify_cq(&mut self, cq: CqId) -> VerbsResult<()> {
-        let ring = self
-            .cqs
-            .get(cq.0 as usize)
-            .and_then(|r| r.as_ref())
-            .ok_or(VerbsError::NotFound("completion queue"))?;
-        self.cq_seen[cq.0 as usize] = ring.notify_seq();
-        ring.arm();
-        Ok(())
+        self.arm_cq(cq, false)
+    }
+
+    fn req_notify_cq_solicited(&mut self, cq: CqId) -> VerbsResult<()> {
+        self.arm_cq(cq, true)
     }
 
     fn wait_cq(&mut self, cq: CqId, timeout: Option<Duration>) -> VerbsResult<bool> {
@@ -2206,6 +2218,7 @@ impl HostEnd {
             return 0;
         };
         let mut moved = 0;
+        let mut solicited = false;
         loop {
             let room = ring.free();
             if room == 0 {
@@ -2215,6 +2228,7 @@ impl HostEnd {
             let n = dev.poll_cq(cq, &mut self.scratch).unwrap_or(0);
             for c in &self.scratch[..n] {
                 ring.push(&CqeSlot::encode(c));
+                solicited |= c.solicited || c.status != roce::verbs::WcStatus::Success;
             }
             moved += n;
             if n < self.scratch.len() {
@@ -2222,7 +2236,7 @@ impl HostEnd {
             }
         }
         if moved > 0 {
-            ring.notify();
+            ring.notify(solicited);
         }
         let left = dev.cq_has_entries(cq);
         if left != *pending {

@@ -31,6 +31,8 @@ pub unsafe trait Plain: Copy + 'static {}
 const HEAD: usize = 0;
 const NOTIFY_SEQ: usize = 8;
 const ARMED: usize = 16;
+/// The ARMED word's value for a solicited-only arm (1: any entry).
+const ARMED_SOLICITED: u64 = 2;
 const TAIL: usize = 64;
 const SLOTS: usize = 128;
 
@@ -107,8 +109,11 @@ impl<T: Plain> Producer<T> {
     }
 
     /// After pushing: if the consumer armed the ring, disarms it, bumps the notification
-    /// sequence and wakes its waiters; returns whether it did.
-    pub fn notify(&self) -> bool {
+    /// sequence and wakes its waiters; returns whether it did. `solicited`: whether what was
+    /// pushed includes an entry that satisfies a solicited-only arm (IBA 11.4.2.2: a
+    /// solicited completion or an unsuccessful one); a ring armed solicited-only stays armed
+    /// through other entries.
+    pub fn notify(&self, solicited: bool) -> bool {
         let Ok(armed) = self.area.atomic_u64(ARMED) else {
             return false;
         };
@@ -116,8 +121,17 @@ impl<T: Plain> Producer<T> {
         // before we read ARMED, as its ARMED store is before it reads TAIL; otherwise both
         // could miss the other and the consumer would sleep on a completion it never sees.
         std::sync::atomic::fence(Ordering::SeqCst);
-        if armed.load(Ordering::Acquire) == 0 || armed.swap(0, Ordering::AcqRel) == 0 {
-            return false;
+        let mut cur = armed.load(Ordering::Acquire);
+        loop {
+            if cur == 0 || (cur == ARMED_SOLICITED && !solicited) {
+                return false;
+            }
+            // The consumer may re-arm concurrently (any <-> solicited-only): take what is
+            // there now.
+            match armed.compare_exchange(cur, 0, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => break,
+                Err(now) => cur = now,
+            }
         }
         if let Ok(seq) = self.area.atomic_u32(NOTIFY_SEQ) {
             seq.fetch_add(1, Ordering::Release);
@@ -192,10 +206,18 @@ impl<T: Plain> Consumer<T> {
             .unwrap_or(0)
     }
 
-    /// Asks the producer to notify at its next push.
-    pub fn arm(&self) {
+    /// Asks the producer to notify at its next push (`solicited_only`: at its next push of a
+    /// solicited or unsuccessful entry, `ibv_req_notify_cq(cq, 1)`).
+    pub fn arm(&self, solicited_only: bool) {
         if let Ok(a) = self.area.atomic_u64(ARMED) {
-            a.store(1, Ordering::Release);
+            let v = if solicited_only { ARMED_SOLICITED } else { 1 };
+            // A solicited-only request does not narrow an arm for any entry already made
+            // (verbs: the broader request stays in force until it fires).
+            if solicited_only {
+                let _ = a.compare_exchange(0, v, Ordering::AcqRel, Ordering::Acquire);
+            } else {
+                a.store(v, Ordering::Release);
+            }
         }
         // Pairs with the fence in `Producer::notify`: the caller polls the ring after
         // arming, and must see any entry pushed by a producer that did not see the arm.
@@ -316,6 +338,32 @@ mod tests {
             }
             assert!(c.pop().is_none());
         }
+    }
+
+    #[test]
+    fn arms_notify_once_and_solicited_only_waits_for_a_solicited_entry() {
+        let (_, p, c) = ring::<Slot>(4, "t").unwrap();
+        assert!(!p.notify(true), "not armed");
+        c.arm(false);
+        assert!(p.notify(false), "armed for any entry");
+        assert!(!p.notify(true), "disarmed by the notification");
+        assert_eq!(c.notify_seq(), 1);
+        c.arm(true);
+        assert!(
+            !p.notify(false),
+            "solicited-only: an unsolicited entry does not notify"
+        );
+        assert!(p.notify(true), "a solicited (or failed) one does");
+        assert_eq!(c.notify_seq(), 2);
+        // A solicited-only request does not narrow an arm for any entry.
+        c.arm(false);
+        c.arm(true);
+        assert!(p.notify(false));
+        // Re-arming for any entry widens a solicited-only arm.
+        c.arm(true);
+        c.arm(false);
+        assert!(p.notify(false));
+        assert_eq!(c.notify_seq(), 4);
     }
 
     #[test]

@@ -307,7 +307,8 @@ int ferroce_create_cq(struct ferroce_context *ctx, uint32_t cqe, uint32_t *cq);
 int ferroce_destroy_cq(struct ferroce_context *ctx, uint32_t cq);
 /* Up to `n` completions into `wc`; the count, or a negative errno. */
 int ferroce_poll_cq(struct ferroce_context *ctx, uint32_t cq, int n, struct ferroce_wc *wc);
-/* Arms the CQ: its next completion notifies (any completion; solicited_only is accepted). */
+/* Arms the CQ: its next completion notifies; with solicited_only, its next solicited
+ * (FERROCE_SEND_SOLICITED at the sender) or unsuccessful completion. */
 int ferroce_req_notify_cq(struct ferroce_context *ctx, uint32_t cq, int solicited_only);
 /* The CQ's completion channel: an fd (eventfd) readable once per notification, for
  * poll/epoll; ferroce_get_cq_event consumes one. -1 and errno on failure. */

@@ -614,10 +614,14 @@ pub unsafe extern "C" fn ferroce_poll_cq(
 pub unsafe extern "C" fn ferroce_req_notify_cq(
     ctx: *mut Context,
     cq: u32,
-    _solicited_only: c_int,
+    solicited_only: c_int,
 ) -> c_int {
     with_ctx(ctx, |c| {
-        let r = c.ctx.req_notify_cq(CqId(cq));
+        let r = if solicited_only != 0 {
+            c.ctx.req_notify_cq_solicited(CqId(cq))
+        } else {
+            c.ctx.req_notify_cq(CqId(cq))
+        };
         c.done(r, |_, _| {})
     })
 }

@@ -1456,14 +1456,20 @@ pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut sys::ibv_cq, n: c_uint) {
 }
 version!(ibv_ack_cq_events, "IBVERBS_1.1");
 
-unsafe extern "C" fn req_notify_cq(cq: *mut sys::ibv_cq, _solicited_only: c_int) -> c_int {
+unsafe extern "C" fn req_notify_cq(cq: *mut sys::ibv_cq, solicited_only: c_int) -> c_int {
     if cq.is_null() {
         return libc::EINVAL;
     }
     let Some(ctx) = ctx_of((*cq).context) else {
         return libc::EINVAL;
     };
-    match client(ctx).req_notify_cq(CqId((*cq).handle)) {
+    let mut cl = client(ctx);
+    let r = if solicited_only != 0 {
+        cl.req_notify_cq_solicited(CqId((*cq).handle))
+    } else {
+        cl.req_notify_cq(CqId((*cq).handle))
+    };
+    match r {
         Ok(()) => 0,
         Err(e) => errno_of(&e),
     }

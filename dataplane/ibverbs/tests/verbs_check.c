@@ -562,6 +562,57 @@ static void check_async_acks(void)
 	ibv_destroy_cq(cq);
 }
 
+/* ibv_req_notify_cq(cq, 1): only a solicited (or unsuccessful) completion notifies. */
+static int send_one(struct ibv_qp *qp, struct ibv_mr *mr, char *data, unsigned flags)
+{
+	struct ibv_sge sge = {.addr = (uintptr_t)data, .length = 8, .lkey = mr->lkey};
+	struct ibv_send_wr wr = {.wr_id = 3, .sg_list = &sge, .num_sge = 1,
+				 .opcode = IBV_WR_SEND, .send_flags = flags}, *bad;
+	return ibv_post_send(qp, &wr, &bad);
+}
+
+static void check_solicited(void)
+{
+	struct ibv_comp_channel *ch = ibv_create_comp_channel(ctx);
+	MUST(ch, "ibv_create_comp_channel");
+	struct ibv_cq *scq = ibv_create_cq(ctx, 8, NULL, NULL, 0);
+	struct ibv_cq *rcq = ibv_create_cq(ctx, 8, NULL, ch, 0);
+	MUST(scq && rcq, "ibv_create_cq");
+	struct ibv_qp *a = make_qp(scq, scq, NULL), *b = make_qp(rcq, rcq, NULL);
+	MUST(a && b, "QPs");
+	MUST(connect_qp(a, b->qp_num, 7) == 0 && connect_qp(b, a->qp_num, 7) == 0, "connect");
+	char *buf = alloc_buf(4096);
+	struct ibv_mr *mr = ibv_reg_mr(pd, buf, 4096, IBV_ACCESS_LOCAL_WRITE);
+	MUST(mr, "ibv_reg_mr");
+	for (int i = 0; i < 2; i++) {
+		struct ibv_sge sge = {.addr = (uintptr_t)buf + 1024 + 64 * i, .length = 64,
+				      .lkey = mr->lkey};
+		struct ibv_recv_wr rwr = {.wr_id = 10 + i, .sg_list = &sge, .num_sge = 1}, *rbad;
+		MUST(ibv_post_recv(b, &rwr, &rbad) == 0, "ibv_post_recv");
+	}
+	MUST(ibv_req_notify_cq(rcq, 1) == 0, "ibv_req_notify_cq(solicited_only)");
+	MUST(send_one(a, mr, buf, 0) == 0, "ibv_post_send");
+	struct ibv_wc wc;
+	CHECK(poll_n(rcq, &wc, 1) == 1 && wc.status == IBV_WC_SUCCESS,
+	      "an unsolicited SEND arrived");
+	struct pollfd pfd = {.fd = ch->fd, .events = POLLIN};
+	CHECK(poll(&pfd, 1, 300) == 0, "armed solicited-only, it did not notify");
+	MUST(send_one(a, mr, buf, IBV_SEND_SOLICITED) == 0, "ibv_post_send");
+	CHECK(poll(&pfd, 1, 5000) == 1, "a solicited SEND notified");
+	struct ibv_cq *evcq;
+	void *evctx;
+	if (pfd.revents & POLLIN && ibv_get_cq_event(ch, &evcq, &evctx) == 0)
+		ibv_ack_cq_events(evcq, 1);
+	poll_n(rcq, &wc, 1);
+	ibv_destroy_qp(a);
+	ibv_destroy_qp(b);
+	ibv_destroy_cq(rcq);
+	ibv_destroy_cq(scq);
+	ibv_destroy_comp_channel(ch);
+	ibv_dereg_mr(mr);
+	free(buf);
+}
+
 static void check_event_acks(void)
 {
 	struct ibv_comp_channel *ch = ibv_create_comp_channel(ctx);
@@ -1017,6 +1068,7 @@ int main(int argc, char **argv)
 	check_busy();
 	check_event_acks();
 	check_async_acks();
+	check_solicited();
 	check_extended();
 	check_ud_reply();
 	check_compat_query_port();
