@@ -255,6 +255,17 @@ fn objects(c: &Ctx) -> std::sync::MutexGuard<'_, Objects> {
     c.objects.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// Removes `id` from an object table if it is still `obj` (not a newer object that reused
+/// the id); whether it did.
+fn unlist(table: &mut HashMap<u32, usize>, id: u32, obj: usize) -> bool {
+    if table.get(&id) == Some(&obj) {
+        table.remove(&id);
+        true
+    } else {
+        false
+    }
+}
+
 /// Held for writing while registration moves application pages onto a memfd
 /// (`dataplane::shadow`): a write to those pages between the copy and the remap would be
 /// lost, and they may hold this library's own heap objects. The library's background threads
@@ -1071,17 +1082,19 @@ impl Acks {
 
     /// One more event handed out.
     fn report(&self) {
-        self.lock().0 += 1;
+        let mut n = self.lock();
+        n.0 = n.0.wrapping_add(1);
     }
 
-    /// `k` more acknowledged; returns the acknowledged total.
-    fn ack(&self, k: u32) -> u32 {
+    /// `k` more acknowledged; `then` sees the acknowledged total. Both, and the wake-up, happen
+    /// under the lock: a destroy waiting in [`Acks::wait`] returns (and frees the object) only
+    /// after this call has stopped touching it.
+    fn ack(&self, k: u32, then: impl FnOnce(u32)) {
         let mut n = self.lock();
         n.1 = n.1.wrapping_add(k);
-        let total = n.1;
-        drop(n);
+        then(n.1);
         self.cv.notify_all();
-        total
+        drop(n);
     }
 
     /// Waits until every event handed out is acknowledged.
@@ -1371,7 +1384,15 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut sys::ibv_cq) -> c_int {
         return libc::EINVAL;
     };
     let q = cq as *mut Cq;
-    if let Err(e) = client(ctx).destroy_cq((*q).id) {
+    let id = (*q).id;
+    // Out of the object table before rnicd frees the id (ids are reused: a CQ created
+    // meanwhile may take it), and back if the destroy fails; no async event names it now.
+    let took = unlist(&mut objects(ctx).cqs, id.0, q as usize);
+    let r = client(ctx).destroy_cq(id);
+    if let Err(e) = r {
+        if took {
+            objects(ctx).cqs.insert(id.0, q as usize);
+        }
         return errno_of(&e);
     }
     if let Some((stop, h)) = (*q).watcher.take() {
@@ -1386,13 +1407,10 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut sys::ibv_cq) -> c_int {
             .unwrap_or_else(|p| p.into_inner())
             .retain(|k| *k != cq as usize);
         (*q).events.wait();
-        let mut objs = objects(ctx);
+        let objs = objects(ctx);
         (*ch).ibv.refcnt -= 1;
-        objs.cqs.remove(&(*q).id.0);
-    } else {
-        objects(ctx).cqs.remove(&(*q).id.0);
+        drop(objs);
     }
-    // Removed from the objects first, so no further async event names it.
     (*q).async_events.wait();
     drop(Box::from_raw(q));
     0
@@ -1425,6 +1443,9 @@ pub unsafe extern "C" fn ibv_get_cq_event(
         if n != 8 {
             return -1;
         }
+        // Heap writes follow: not while registration moves pages (MOVING); never held
+        // across the blocking read above.
+        let moving = moving_read();
         let mut ready = (*c).ready.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(k) = ready.pop_front() {
             // Counted while the queue is held, so ibv_destroy_cq (which empties the queue of
@@ -1432,6 +1453,7 @@ pub unsafe extern "C" fn ibv_get_cq_event(
             // free the CQ before this event is acknowledged.
             (*(k as *const Cq)).events.report();
             drop(ready);
+            drop(moving);
             let q = k as *mut sys::ibv_cq;
             *cq = q;
             if !cq_context.is_null() {
@@ -1440,6 +1462,7 @@ pub unsafe extern "C" fn ibv_get_cq_event(
             return 0;
         }
         drop(ready);
+        drop(moving);
         // An event of a CQ destroyed meanwhile: wait for the next.
     }
 }
@@ -1450,9 +1473,9 @@ pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut sys::ibv_cq, n: c_uint) {
     if cq.is_null() {
         return;
     }
+    let _moving = moving_read();
     let q = &*(cq as *const Cq);
-    let total = q.events.ack(n);
-    (*cq).comp_events_completed = total;
+    q.events.ack(n, |total| (*cq).comp_events_completed = total);
 }
 version!(ibv_ack_cq_events, "IBVERBS_1.1");
 
@@ -1642,14 +1665,21 @@ pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut sys::ibv_srq) -> c_int {
         return libc::EINVAL;
     };
     let s = srq as *mut Srq;
-    match client(ctx).destroy_srq((*s).id) {
+    let n = (*s).id.0;
+    let took = unlist(&mut objects(ctx).srqs, n, s as usize);
+    let r = client(ctx).destroy_srq((*s).id);
+    match r {
         Ok(()) => {
-            objects(ctx).srqs.remove(&(*s).id.0);
             (*s).async_events.wait();
             drop(Box::from_raw(s));
             0
         }
-        Err(e) => errno_of(&e),
+        Err(e) => {
+            if took {
+                objects(ctx).srqs.insert(n, s as usize);
+            }
+            errno_of(&e)
+        }
     }
 }
 version!(ibv_destroy_srq, "IBVERBS_1.1");
@@ -1975,14 +2005,24 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut sys::ibv_qp) -> c_int {
         return libc::EINVAL;
     };
     let q = qp as *mut Qp;
-    match client(ctx).destroy_qp((*q).qpn) {
+    let n = (*q).qpn.value();
+    // As for CQs: unlisted before rnicd frees the number, relisted if that fails. The
+    // client's lock is released before waiting for acknowledgements (the acking thread may
+    // need it).
+    let took = unlist(&mut objects(ctx).qps, n, q as usize);
+    let r = client(ctx).destroy_qp((*q).qpn);
+    match r {
         Ok(()) => {
-            objects(ctx).qps.remove(&(*q).qpn.value());
             (*q).async_events.wait();
             drop(Box::from_raw(q));
             0
         }
-        Err(e) => errno_of(&e),
+        Err(e) => {
+            if took {
+                objects(ctx).qps.insert(n, q as usize);
+            }
+            errno_of(&e)
+        }
     }
 }
 version!(ibv_destroy_qp, "IBVERBS_1.1");
@@ -2197,14 +2237,22 @@ unsafe extern "C" fn wr_start(qp: *mut sys::ibv_qp_ex) {
     }
     // Wait for another thread's batch on this QP to end (ibv_wr_post(3), CONCURRENCY); a
     // second wr_start by the owner restarts its batch.
+    // The QP and its batch are on the heap: written only under MOVING (not while
+    // registration moves pages), which is let go between attempts, never held while waiting
+    // (the batch's owner needs it to finish, and a waiting writer holds back new readers).
     let me = thread_token();
     let owner = &(*(qp as *mut Qp)).batch_owner;
-    while let Err(cur) = owner.compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed) {
-        if cur == me {
-            break;
+    let _moving = loop {
+        let m = moving_read();
+        match owner.compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed) {
+            Ok(_) => break m,
+            Err(cur) if cur == me => break m,
+            Err(_) => {
+                drop(m);
+                std::thread::yield_now();
+            }
         }
-        std::thread::yield_now();
-    }
+    };
     let b = batch(qp);
     b.open = true;
     b.err = 0;
@@ -2212,6 +2260,8 @@ unsafe extern "C" fn wr_start(qp: *mut sys::ibv_qp_ex) {
 }
 
 unsafe extern "C" fn wr_abort(qp: *mut sys::ibv_qp_ex) {
+    // The batch is on the heap: not while registration moves pages (MOVING).
+    let _moving = moving_read();
     if qp.is_null() || !owns_batch(qp) {
         return;
     }
@@ -2223,6 +2273,8 @@ unsafe extern "C" fn wr_abort(qp: *mut sys::ibv_qp_ex) {
 }
 
 unsafe extern "C" fn wr_complete(qp: *mut sys::ibv_qp_ex) -> c_int {
+    // The batch is on the heap: not while registration moves pages (MOVING).
+    let _moving = moving_read();
     if qp.is_null() || !owns_batch(qp) {
         // No batch of this thread's is open.
         return libc::EINVAL;
@@ -2290,6 +2342,8 @@ unsafe fn complete_batch(qp: *mut sys::ibv_qp_ex) -> c_int {
 }
 
 unsafe extern "C" fn wr_rdma_write(qp: *mut sys::ibv_qp_ex, rkey: u32, addr: u64) {
+    // The batch is on the heap: not while registration moves pages (MOVING).
+    let _moving = moving_read();
     let op = WrOp::Write {
         remote_addr: addr,
         rkey: Rkey(rkey),
@@ -2298,6 +2352,8 @@ unsafe extern "C" fn wr_rdma_write(qp: *mut sys::ibv_qp_ex, rkey: u32, addr: u64
 }
 
 unsafe extern "C" fn wr_rdma_write_imm(qp: *mut sys::ibv_qp_ex, rkey: u32, addr: u64, imm: u32) {
+    // The batch is on the heap: not while registration moves pages (MOVING).
+    let _moving = moving_read();
     let op = WrOp::WriteWithImm {
         remote_addr: addr,
         rkey: Rkey(rkey),
@@ -2307,10 +2363,14 @@ unsafe extern "C" fn wr_rdma_write_imm(qp: *mut sys::ibv_qp_ex, rkey: u32, addr:
 }
 
 unsafe extern "C" fn wr_send(qp: *mut sys::ibv_qp_ex) {
+    // The batch is on the heap: not while registration moves pages (MOVING).
+    let _moving = moving_read();
     begin(qp, sys::IBV_QP_EX_WITH_SEND, WrOp::Send);
 }
 
 unsafe extern "C" fn wr_send_imm(qp: *mut sys::ibv_qp_ex, imm: u32) {
+    // The batch is on the heap: not while registration moves pages (MOVING).
+    let _moving = moving_read();
     let op = WrOp::SendWithImm {
         imm: u32::from_be(imm),
     };
@@ -2318,11 +2378,15 @@ unsafe extern "C" fn wr_send_imm(qp: *mut sys::ibv_qp_ex, imm: u32) {
 }
 
 unsafe extern "C" fn wr_send_inv(qp: *mut sys::ibv_qp_ex, rkey: u32) {
+    // The batch is on the heap: not while registration moves pages (MOVING).
+    let _moving = moving_read();
     let op = WrOp::SendWithInv { rkey: Rkey(rkey) };
     begin(qp, sys::IBV_QP_EX_WITH_SEND_WITH_INV, op);
 }
 
 unsafe extern "C" fn wr_rdma_read(qp: *mut sys::ibv_qp_ex, rkey: u32, addr: u64) {
+    // The batch is on the heap: not while registration moves pages (MOVING).
+    let _moving = moving_read();
     let op = WrOp::Read {
         remote_addr: addr,
         rkey: Rkey(rkey),
@@ -2337,6 +2401,8 @@ unsafe extern "C" fn wr_atomic_cmp_swp(
     compare: u64,
     swap: u64,
 ) {
+    // The batch is on the heap: not while registration moves pages (MOVING).
+    let _moving = moving_read();
     let op = WrOp::CompareSwap {
         remote_addr: addr,
         rkey: Rkey(rkey),
@@ -2347,6 +2413,8 @@ unsafe extern "C" fn wr_atomic_cmp_swp(
 }
 
 unsafe extern "C" fn wr_atomic_fetch_add(qp: *mut sys::ibv_qp_ex, rkey: u32, addr: u64, add: u64) {
+    // The batch is on the heap: not while registration moves pages (MOVING).
+    let _moving = moving_read();
     let op = WrOp::FetchAdd {
         remote_addr: addr,
         rkey: Rkey(rkey),
@@ -2356,11 +2424,15 @@ unsafe extern "C" fn wr_atomic_fetch_add(qp: *mut sys::ibv_qp_ex, rkey: u32, add
 }
 
 unsafe extern "C" fn wr_local_inv(qp: *mut sys::ibv_qp_ex, rkey: u32) {
+    // The batch is on the heap: not while registration moves pages (MOVING).
+    let _moving = moving_read();
     let op = WrOp::LocalInv { rkey: Rkey(rkey) };
     begin(qp, sys::IBV_QP_EX_WITH_LOCAL_INV, op);
 }
 
 unsafe extern "C" fn wr_set_sge(qp: *mut sys::ibv_qp_ex, lkey: u32, addr: u64, length: u32) {
+    // The batch is on the heap: not while registration moves pages (MOVING).
+    let _moving = moving_read();
     if let Some(w) = current(qp) {
         w.sges[0] = Sge {
             addr,
@@ -2373,6 +2445,8 @@ unsafe extern "C" fn wr_set_sge(qp: *mut sys::ibv_qp_ex, lkey: u32, addr: u64, l
 }
 
 unsafe extern "C" fn wr_set_sge_list(qp: *mut sys::ibv_qp_ex, n: usize, list: *const sys::ibv_sge) {
+    // The batch is on the heap: not while registration moves pages (MOVING).
+    let _moving = moving_read();
     if let Some(w) = current(qp) {
         let mut out = [Sge::default(); MAX_SGE];
         match c_int::try_from(n)
@@ -2415,6 +2489,8 @@ unsafe fn set_inline(qp: *mut sys::ibv_qp_ex, bufs: &[(*const u8, usize)]) {
 }
 
 unsafe extern "C" fn wr_set_inline_data(qp: *mut sys::ibv_qp_ex, addr: *mut c_void, len: usize) {
+    // The batch is on the heap: not while registration moves pages (MOVING).
+    let _moving = moving_read();
     set_inline(qp, &[(addr as *const u8, len)]);
 }
 
@@ -2423,6 +2499,8 @@ unsafe extern "C" fn wr_set_inline_data_list(
     n: usize,
     list: *const sys::ibv_data_buf,
 ) {
+    // The batch is on the heap: not while registration moves pages (MOVING).
+    let _moving = moving_read();
     if n > MAX_SGE || (n > 0 && list.is_null()) {
         fail(qp, libc::EINVAL);
         return;
@@ -2441,6 +2519,8 @@ unsafe extern "C" fn wr_set_ud_addr(
     remote_qpn: u32,
     remote_qkey: u32,
 ) {
+    // The batch is on the heap: not while registration moves pages (MOVING).
+    let _moving = moving_read();
     if ah.is_null() {
         fail(qp, libc::EINVAL);
         return;
@@ -2460,14 +2540,20 @@ unsafe extern "C" fn wr_bind_mw(
     _rkey: u32,
     _info: *const sys::ibv_mw_bind_info,
 ) {
+    // The batch is on the heap: not while registration moves pages (MOVING).
+    let _moving = moving_read();
     fail(qp, libc::EOPNOTSUPP);
 }
 
 unsafe extern "C" fn wr_send_tso(qp: *mut sys::ibv_qp_ex, _hdr: *mut c_void, _sz: u16, _mss: u16) {
+    // The batch is on the heap: not while registration moves pages (MOVING).
+    let _moving = moving_read();
     fail(qp, libc::EOPNOTSUPP);
 }
 
 unsafe extern "C" fn wr_set_xrc_srqn(qp: *mut sys::ibv_qp_ex, _srqn: u32) {
+    // The batch is on the heap: not while registration moves pages (MOVING).
+    let _moving = moving_read();
     fail(qp, libc::EOPNOTSUPP);
 }
 
@@ -2477,6 +2563,8 @@ unsafe extern "C" fn wr_atomic_write(
     _addr: u64,
     _wr: *const c_void,
 ) {
+    // The batch is on the heap: not while registration moves pages (MOVING).
+    let _moving = moving_read();
     fail(qp, libc::EOPNOTSUPP);
 }
 
@@ -2905,6 +2993,8 @@ pub unsafe extern "C" fn ibv_get_async_event(
         if n != 8 {
             return -1;
         }
+        // Heap writes follow (see ibv_get_cq_event).
+        let _moving = moving_read();
         let Some(e) = ctx
             .events
             .lock()
@@ -2958,16 +3048,17 @@ pub unsafe extern "C" fn ibv_ack_async_event(ev: *mut sys::ibv_async_event) {
     if ev.is_null() {
         return;
     }
+    let _moving = moving_read();
     let e = &*ev;
     match e.event_type {
         sys::IBV_EVENT_CQ_ERR if !e.element.cq.is_null() => {
-            (*(e.element.cq as *const Cq)).async_events.ack(1);
+            (*(e.element.cq as *const Cq)).async_events.ack(1, |_| ());
         }
         sys::IBV_EVENT_SRQ_LIMIT_REACHED | sys::IBV_EVENT_SRQ_ERR if !e.element.srq.is_null() => {
-            (*(e.element.srq as *const Srq)).async_events.ack(1);
+            (*(e.element.srq as *const Srq)).async_events.ack(1, |_| ());
         }
         QP_EVENTS!() if !e.element.qp.is_null() => {
-            (*(e.element.qp as *const Qp)).async_events.ack(1);
+            (*(e.element.qp as *const Qp)).async_events.ack(1, |_| ());
         }
         // Port and device events name no object.
         _ => {}

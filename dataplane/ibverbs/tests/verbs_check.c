@@ -552,6 +552,11 @@ static void check_async_acks(void)
 		MUST(pthread_create(&th, NULL, destroy_qp_thread, &d) == 0, "pthread_create");
 		usleep(300000);
 		CHECK(!d.done, "ibv_destroy_qp waits while its async event is not acknowledged");
+		/* Verbs on the context still work meanwhile (the destroy holds no lock). */
+		struct ibv_wc wc;
+		struct ibv_port_attr pa;
+		CHECK(ibv_poll_cq(cq, 1, &wc) >= 0 && ibv_query_port(ctx, 1, &pa) == 0,
+		      "other verbs run while the destroy waits");
 		ibv_ack_async_event(&ev);
 		pthread_join(th, NULL);
 		CHECK(d.done && d.rc == 0, "and returns once it is (ibv_ack_async_event)");
