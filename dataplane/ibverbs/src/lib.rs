@@ -47,6 +47,28 @@ use roce::verbs::{
     UdDest, WrOp,
 };
 
+/// The library's own allocations (its objects, the client's state, event queues, wr
+/// batches) come from dlmalloc's own anonymous mappings, never from the application's malloc
+/// heap. Registration moves whole pages of application memory onto a memfd
+/// (`dataplane::shadow`), and a write to a page in the middle of its move is lost; with its
+/// own mappings no page of the library's state can be among those moved, whichever thread or
+/// context writes it. (The library's threads also keep off the heap during a move:
+/// [`MOVING`].) Private mappings, so a forked child gets a copy, as with malloc.
+#[cfg(not(test))]
+#[global_allocator]
+static ALLOC: dlmalloc::GlobalDlmalloc = dlmalloc::GlobalDlmalloc;
+
+/// Runs when the library is loaded, before it allocates: keeps the allocator's lock usable
+/// in a child after `fork` (taken around fork by pthread_atfork handlers).
+extern "C" fn on_load() {
+    // SAFETY: called once, at load, before any allocation by this library.
+    unsafe { dlmalloc::enable_alloc_after_fork() }
+}
+
+#[used]
+#[link_section = ".init_array"]
+static ON_LOAD: extern "C" fn() = on_load;
+
 /// Binds an exported function to its libibverbs version node.
 macro_rules! version {
     ($name:ident, $node:literal) => {

@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <infiniband/verbs.h>
@@ -1033,6 +1034,26 @@ static void check_wr_threads(void)
 	ibv_destroy_cq(cq);
 }
 
+/* A child forked while the library's threads run (event pump, channel threads) can still use
+ * the library: its allocator is fork-safe and the child opens its own connection to rnicd. */
+static void check_fork(void)
+{
+	pid_t pid = fork();
+	MUST(pid >= 0, "fork");
+	if (pid == 0) {
+		int n = 0;
+		struct ibv_device **l = ibv_get_device_list(&n);
+		int ok = l && n > 0;
+		if (l)
+			ibv_free_device_list(l);
+		_exit(ok ? 0 : 1);
+	}
+	int st = 0;
+	MUST(waitpid(pid, &st, 0) == pid, "waitpid");
+	CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0,
+	      "a forked child lists the devices through the library");
+}
+
 int main(int argc, char **argv)
 {
 	const char *name = NULL;
@@ -1074,6 +1095,7 @@ int main(int argc, char **argv)
 	check_event_acks();
 	check_async_acks();
 	check_solicited();
+	check_fork();
 	check_extended();
 	check_ud_reply();
 	check_compat_query_port();
