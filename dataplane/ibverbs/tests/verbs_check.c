@@ -1034,6 +1034,151 @@ static void check_wr_threads(void)
 	ibv_destroy_cq(cq);
 }
 
+/* Bad arguments to the exported functions (not the header's inline wrappers, which
+ * dereference their arguments themselves): an error, never a crash. */
+static void check_bad_arguments(void)
+{
+	int bad = 0;
+#define EXPECT(cond)                                                                       \
+	do {                                                                               \
+		if (!(cond)) {                                                             \
+			printf("     not as expected: %s\n", #cond);                          \
+			bad++;                                                             \
+		}                                                                          \
+	} while (0)
+	struct ibv_device_attr da;
+	union ibv_gid g;
+	uint16_t pk;
+	struct ibv_qp_attr qa;
+	struct ibv_qp_init_attr qia;
+	struct ibv_srq_attr sa;
+	struct ibv_async_event ev;
+	struct ibv_ah_attr aa;
+	struct ibv_wc wc = {0};
+	struct ibv_cq *ecq;
+	void *ectx;
+	EXPECT(ibv_open_device(NULL) == NULL);
+	EXPECT(ibv_close_device(NULL) != 0);
+	EXPECT(ibv_get_device_name(NULL) == NULL);
+	ibv_free_device_list(NULL);
+	EXPECT(ibv_query_device(NULL, &da) != 0);
+	EXPECT(ibv_query_device(ctx, NULL) != 0);
+	EXPECT((ibv_query_port)(NULL, 1, NULL) != 0);
+	EXPECT((ibv_query_port)(ctx, 1, NULL) != 0);
+	EXPECT(ibv_query_gid(NULL, 1, 0, &g) != 0);
+	EXPECT(ibv_query_gid(ctx, 1, 0, NULL) != 0);
+	EXPECT(ibv_query_gid(ctx, 1, -1, &g) != 0);
+	EXPECT(ibv_query_gid(ctx, 9, 0, &g) != 0);
+	EXPECT(ibv_query_pkey(NULL, 1, 0, &pk) == -1);
+	EXPECT(ibv_query_pkey(ctx, 1, 0, NULL) == -1);
+	EXPECT(ibv_alloc_pd(NULL) == NULL);
+	EXPECT(ibv_dealloc_pd(NULL) != 0);
+	char *buf = alloc_buf(4096);
+	char on_stack[64];
+	EXPECT(ibv_reg_mr(NULL, buf, 4096, 0) == NULL);
+	EXPECT(ibv_reg_mr(pd, NULL, 4096, 0) == NULL);
+	EXPECT(ibv_reg_mr(pd, buf, 0, 0) == NULL);
+	EXPECT(ibv_reg_mr(pd, on_stack, sizeof(on_stack), 0) == NULL);
+	EXPECT(ibv_reg_mr(pd, (void *)"read-only", 9, IBV_ACCESS_LOCAL_WRITE) == NULL);
+	EXPECT(ibv_reg_mr(pd, buf, 4096, IBV_ACCESS_ON_DEMAND) == NULL);
+	EXPECT(ibv_reg_mr(pd, (void *)16, 4096, 0) == NULL);
+	EXPECT(ibv_dereg_mr(NULL) != 0);
+	EXPECT(ibv_rereg_mr(NULL, IBV_REREG_MR_CHANGE_ACCESS, NULL, NULL, 0, 0) ==
+	       IBV_REREG_MR_ERR_INPUT);
+	EXPECT(ibv_create_comp_channel(NULL) == NULL);
+	EXPECT(ibv_destroy_comp_channel(NULL) != 0);
+	EXPECT(ibv_create_cq(NULL, 8, NULL, NULL, 0) == NULL);
+	EXPECT(ibv_create_cq(ctx, -1, NULL, NULL, 0) == NULL);
+	EXPECT(ibv_create_cq(ctx, 0, NULL, NULL, 0) == NULL);
+	EXPECT(ibv_create_cq(ctx, 1 << 30, NULL, NULL, 0) == NULL);
+	EXPECT(ibv_destroy_cq(NULL) != 0);
+	EXPECT(ibv_resize_cq(NULL, 8) != 0);
+	EXPECT(ibv_get_cq_event(NULL, &ecq, &ectx) != 0);
+	ibv_ack_cq_events(NULL, 1);
+	EXPECT(ibv_create_srq(NULL, NULL) == NULL);
+	EXPECT(ibv_create_srq(pd, NULL) == NULL);
+	struct ibv_srq_init_attr huge_srq = {.attr = {.max_wr = 1u << 30, .max_sge = 1}};
+	EXPECT(ibv_create_srq(pd, &huge_srq) == NULL);
+	EXPECT(ibv_destroy_srq(NULL) != 0);
+	EXPECT(ibv_query_srq(NULL, &sa) != 0);
+	EXPECT(ibv_modify_srq(NULL, &sa, IBV_SRQ_LIMIT) != 0);
+	EXPECT(ibv_create_qp(NULL, &qia) == NULL);
+	EXPECT(ibv_create_qp(pd, NULL) == NULL);
+	struct ibv_cq *cq = ibv_create_cq(ctx, 8, NULL, NULL, 0);
+	MUST(cq, "ibv_create_cq");
+	struct ibv_qp_init_attr bad_type = {.send_cq = cq, .recv_cq = cq, .qp_type = 99,
+					    .cap = {.max_send_wr = 1, .max_recv_wr = 1,
+						    .max_send_sge = 1, .max_recv_sge = 1}};
+	EXPECT(ibv_create_qp(pd, &bad_type) == NULL);
+	struct ibv_qp_init_attr no_cq = bad_type;
+	no_cq.qp_type = IBV_QPT_RC;
+	no_cq.send_cq = NULL;
+	EXPECT(ibv_create_qp(pd, &no_cq) == NULL);
+	struct ibv_qp_init_attr too_big = bad_type;
+	too_big.qp_type = IBV_QPT_RC;
+	too_big.cap.max_send_wr = 1u << 30;
+	EXPECT(ibv_create_qp(pd, &too_big) == NULL);
+	too_big.cap.max_send_wr = 1;
+	too_big.cap.max_send_sge = 1000;
+	EXPECT(ibv_create_qp(pd, &too_big) == NULL);
+	too_big.cap.max_send_sge = 1;
+	too_big.cap.max_inline_data = 1u << 20;
+	EXPECT(ibv_create_qp(pd, &too_big) == NULL);
+	EXPECT(ibv_destroy_qp(NULL) != 0);
+	EXPECT(ibv_modify_qp(NULL, &qa, IBV_QP_STATE) != 0);
+	EXPECT(ibv_query_qp(NULL, &qa, IBV_QP_STATE, &qia) != 0);
+	struct ibv_qp *qp = make_qp(cq, cq, NULL);
+	MUST(qp, "make_qp");
+	EXPECT(ibv_modify_qp(qp, NULL, IBV_QP_STATE) != 0);
+	EXPECT(ibv_query_qp(qp, NULL, IBV_QP_STATE, &qia) != 0);
+	struct ibv_qp_attr st = {.qp_state = 99};
+	EXPECT(ibv_modify_qp(qp, &st, IBV_QP_STATE) != 0);
+	struct ibv_qp_attr init = {.qp_state = IBV_QPS_INIT, .port_num = 7};
+	EXPECT(ibv_modify_qp(qp, &init, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+					       IBV_QP_ACCESS_FLAGS) != 0);
+	EXPECT(to_init(qp) == 0);
+	struct ibv_qp_attr rtr = {.qp_state = IBV_QPS_RTR, .path_mtu = 9, .dest_qp_num = 1,
+				  .ah_attr = {.is_global = 1, .port_num = 1,
+					      .grh = {.dgid = gid, .sgid_index = 250}}};
+	EXPECT(ibv_modify_qp(qp, &rtr, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU |
+					      IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+					      IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER) != 0);
+	/* Posts with bad lists: an error and bad_wr at the culprit, through the context ops. */
+	struct ibv_recv_wr rwr = {.wr_id = 1, .sg_list = NULL, .num_sge = 3}, *rbad = NULL;
+	EXPECT(ibv_post_recv(qp, &rwr, &rbad) != 0 && rbad == &rwr);
+	rwr.num_sge = -1;
+	EXPECT(ibv_post_recv(qp, &rwr, &rbad) != 0);
+	struct ibv_sge many[40] = {{0}};
+	struct ibv_send_wr swr = {.wr_id = 2, .sg_list = many, .num_sge = 40,
+				  .opcode = IBV_WR_SEND}, *sbad = NULL;
+	EXPECT(ibv_post_send(qp, &swr, &sbad) != 0 && sbad == &swr);
+	swr.num_sge = 1;
+	swr.opcode = 77;
+	EXPECT(ibv_post_send(qp, &swr, &sbad) != 0);
+	EXPECT(ibv_poll_cq(cq, -1, &wc) < 0);
+	EXPECT(ibv_poll_cq(cq, 4, NULL) < 0);
+	EXPECT(ibv_create_ah(NULL, &aa) == NULL);
+	EXPECT(ibv_create_ah(pd, NULL) == NULL);
+	EXPECT(ibv_destroy_ah(NULL) != 0);
+	EXPECT(ibv_init_ah_from_wc(NULL, 1, &wc, NULL, &aa) != 0);
+	EXPECT(ibv_create_ah_from_wc(NULL, &wc, NULL, 1) == NULL);
+	EXPECT(ibv_create_ah_from_wc(pd, &wc, NULL, 1) == NULL);
+	EXPECT(ibv_get_async_event(NULL, &ev) != 0);
+	EXPECT(ibv_get_async_event(ctx, NULL) != 0);
+	ibv_ack_async_event(NULL);
+	EXPECT(ibv_attach_mcast(NULL, NULL, 0) != 0);
+	EXPECT(ibv_detach_mcast(NULL, NULL, 0) != 0);
+	EXPECT(ibv_wc_status_str(9999) != NULL && ibv_event_type_str(9999) != NULL &&
+	       ibv_node_type_str(9999) != NULL && ibv_port_state_str(9999) != NULL);
+	EXPECT(ibv_rate_to_mult(9999) == -1 && ibv_rate_to_mbps(9999) == -1);
+	ibv_destroy_qp(qp);
+	ibv_destroy_cq(cq);
+	free(buf);
+#undef EXPECT
+	CHECK(bad == 0, "bad arguments to every exported verb: errors, no crash (%d unexpected)",
+	      bad);
+}
+
 /* A child forked while the library's threads run (event pump, channel threads) can still use
  * the library: its allocator is fork-safe and the child opens its own connection to rnicd. */
 static void check_fork(void)
@@ -1096,6 +1241,7 @@ int main(int argc, char **argv)
 	check_async_acks();
 	check_solicited();
 	check_fork();
+	check_bad_arguments();
 	check_extended();
 	check_ud_reply();
 	check_compat_query_port();
