@@ -1716,7 +1716,7 @@ impl HostEnd {
             let Some(slot) = self.posts.pop() else { break };
             n += 1;
             match slot.decode() {
-                Ok(post) => self.post(dev, post),
+                Ok(post) => self.post(dev, owners, post),
                 Err(e) => {
                     self.counters.bad_slots += 1;
                     tracing::warn!(client = %self.label, error = %e, "bad post slot: closing the client");
@@ -1734,10 +1734,17 @@ impl HostEnd {
         n
     }
 
-    fn post(&mut self, dev: &mut Device, post: Post) {
+    /// Whether the live QP `qpn` is this client's, in O(1) through [`Owners`] (kept with
+    /// `self.qps`, which the control calls use): the check of every post.
+    fn posts_to_own_qp(&self, dev: &Device, owners: &Owners, qpn: Qpn) -> bool {
+        dev.qp_index(qpn).and_then(|s| owners.qp(s)) == Some(usize::from(self.id))
+    }
+
+    fn post(&mut self, dev: &mut Device, owners: &Owners, post: Post) {
         match post {
             Post::Send { qpn, wr } => {
-                let r = if !self.qps.contains(&qpn) {
+                let own = self.posts_to_own_qp(dev, owners, qpn);
+                let r = if !own {
                     Err(VerbsError::NotFound("queue pair"))
                 } else {
                     match wr.inline() {
@@ -1753,7 +1760,7 @@ impl HostEnd {
                 };
                 if r.is_err() {
                     self.counters.failed_posts += 1;
-                    if self.qps.contains(&qpn) {
+                    if own {
                         dev.fail_posted_wr(qpn, wr.wr_id, wr.op.wc_opcode(), false);
                     }
                 }
@@ -1764,7 +1771,8 @@ impl HostEnd {
                 nsge,
                 sges,
             } => {
-                let r = if self.qps.contains(&qpn) {
+                let own = self.posts_to_own_qp(dev, owners, qpn);
+                let r = if own {
                     dev.post_recv(
                         qpn,
                         &RecvWr {
@@ -1777,7 +1785,7 @@ impl HostEnd {
                 };
                 if r.is_err() {
                     self.counters.failed_posts += 1;
-                    if self.qps.contains(&qpn) {
+                    if own {
                         dev.fail_posted_wr(qpn, wr_id, WcOpcode::Recv, true);
                     }
                 }
@@ -1789,7 +1797,7 @@ impl HostEnd {
                 sges,
             } => {
                 let srq = SrqId(srq);
-                let r = if self.srqs.contains(&srq) {
+                let r = if owners.srq(srq) == Some(usize::from(self.id)) {
                     dev.post_srq_recv(
                         srq,
                         &RecvWr {

@@ -158,6 +158,24 @@ impl Tap {
         });
         let _ = self.w.write_segments(now + off, segs);
     }
+
+    /// Captures a frame from its mbuf's segments in place (a copy only past 8 segments).
+    fn write_mbuf(&mut self, now: u64, m: &Mbuf) {
+        if !self.on {
+            return;
+        }
+        let mut segs: [&[u8]; 8] = [&[]; 8];
+        let mut n = 0;
+        for s in m.segments() {
+            if n == segs.len() {
+                let v = m.to_vec();
+                return self.write(now, &[&v]);
+            }
+            segs[n] = s;
+            n += 1;
+        }
+        self.write(now, &segs[..n]);
+    }
 }
 
 struct Fault {
@@ -192,8 +210,6 @@ pub struct Nic {
     /// Next hop per QP (by `Device::qp_index`).
     hops: Vec<NextHop>,
     pending: VecDeque<(IpAddr, Gid, Mbuf)>,
-    /// This port's own GIDs: packets to them are looped back.
-    own_gids: Vec<Gid>,
     /// Packets to our own GIDs, received at the start of the next receive phase.
     loopback: VecDeque<Mbuf>,
     /// UD messages waiting for a receive WQE: (arrival time, QP, frame), in arrival order.
@@ -224,7 +240,6 @@ impl Nic {
         let rxq = port.rx_queue(0).map_err(|e| e.to_string())?;
         let txq = port.tx_queue(0).map_err(|e| e.to_string())?;
         let gids = cfg.gids(mac);
-        let own_gids = gids.clone();
         let dev = Device::new(DeviceConfig {
             gids,
             port_mtu: cfg.path_mtu,
@@ -283,7 +298,6 @@ impl Nic {
             ready_cqs: Vec::with_capacity(16),
             hops: vec![NextHop::NONE; max_qp],
             pending: VecDeque::with_capacity(MAX_PENDING),
-            own_gids,
             loopback: VecDeque::with_capacity(MAX_LOOPBACK),
             held_rx: VecDeque::with_capacity(hold_frames),
             rxbuf: Vec::with_capacity(BURST),
@@ -689,10 +703,6 @@ impl Nic {
         }
     }
 
-    fn tapping(&self) -> bool {
-        self.tap.as_ref().is_some_and(|t| t.on)
-    }
-
     /// Switches the capture on or off while running; false if no capture file is set.
     pub fn set_capture(&mut self, on: bool) -> bool {
         match self.tap.as_mut() {
@@ -843,7 +853,7 @@ impl Nic {
         };
         // To one of our own GIDs: internal loopback (as rxe and hardware RNICs do), the
         // frame addressed to our MAC and received by this port without touching the wire.
-        let local = self.own_gids.contains(&dgid);
+        let local = self.dev.gids().contains(&dgid);
         let resolved = match self.tx.path.dmac {
             _ if local => Resolve::Mac(self.mac),
             Some(m) => Resolve::Mac(m),
@@ -921,9 +931,8 @@ impl Nic {
             self.dev.hold_path(self.tx.qpn);
             return;
         }
-        if self.tapping() {
-            let v = m.to_vec();
-            self.tap(now, &[&v]);
+        if let Some(t) = self.tap.as_mut() {
+            t.write_mbuf(now, &m);
         }
         self.push_tx(m);
     }
@@ -975,9 +984,8 @@ impl Nic {
                     }
                     // The destination MAC is not covered by the ICRC: patch it in place.
                     m.data_mut()[..6].copy_from_slice(&mac);
-                    if self.tapping() {
-                        let v = m.to_vec();
-                        self.tap(now, &[&v]);
+                    if let Some(t) = self.tap.as_mut() {
+                        t.write_mbuf(now, &m);
                     }
                     self.push_tx(m);
                 }
