@@ -54,6 +54,18 @@ pub enum PauseFrame {
     },
 }
 
+impl PauseFrame {
+    /// A PFC frame for priority `p` alone, with `quanta` (0 = XON).
+    pub fn pfc_one(p: usize, quanta: u16) -> PauseFrame {
+        let mut q = [0u16; PRIORITIES];
+        q[p] = quanta;
+        PauseFrame::Pfc {
+            class_enable: 1 << p,
+            quanta: q,
+        }
+    }
+}
+
 /// Counters of the transmit side.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PauseCounters {
@@ -214,22 +226,10 @@ impl Thresholds {
     }
 }
 
-/// What the receive side asks the port to send.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Send {
-    /// A PFC frame: the classes in `class_enable` with their quanta (0 = XON).
-    Pfc {
-        /// Classes in the frame.
-        class_enable: u8,
-        /// Quanta per class.
-        quanta: [u16; PRIORITIES],
-    },
-    /// A PAUSE frame with these quanta (0 = resume).
-    Pause {
-        /// Quanta.
-        quanta: u16,
-    },
-}
+/// What the receive side asks the port to send: a frame of the form the peer receives (a
+/// PFC frame with the classes in `class_enable` and their quanta, or a PAUSE frame; quanta 0
+/// = XON / resume).
+pub type Send = PauseFrame;
 
 /// Counters of the receive side.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -246,9 +246,12 @@ pub struct IngressCounters {
 #[derive(Debug, Clone)]
 pub struct Ingress {
     mode: Mode,
-    speed_mbps: u64,
-    thresholds: [Thresholds; PRIORITIES],
-    capacity: [u64; PRIORITIES],
+    /// Half the pause time of `quanta` at the port's speed (at least 1 ns): the refresh
+    /// interval of an XOFF in force.
+    refresh_ns: u64,
+    /// Every priority's thresholds and buffer.
+    thresholds: Thresholds,
+    capacity: u64,
     occupancy: [u64; PRIORITIES],
     quanta: u16,
     /// When the XOFF in force was sent (`None`: not pausing the peer).
@@ -267,13 +270,14 @@ impl Ingress {
         thresholds: Thresholds,
         quanta: u16,
     ) -> Ingress {
+        let quanta = quanta.max(1);
         Ingress {
             mode,
-            speed_mbps,
-            thresholds: [thresholds; PRIORITIES],
-            capacity: [capacity; PRIORITIES],
+            refresh_ns: (pause_ns(quanta, speed_mbps) / 2).max(1),
+            thresholds,
+            capacity,
             occupancy: [0; PRIORITIES],
-            quanta: quanta.max(1),
+            quanta,
             xoff_at: [None; PRIORITIES],
             counters: IngressCounters::default(),
         }
@@ -290,14 +294,7 @@ impl Ingress {
     fn frame(&self, p: usize, quanta: u16) -> Send {
         match self.mode {
             Mode::Pause => Send::Pause { quanta },
-            _ => {
-                let mut q = [0u16; PRIORITIES];
-                q[p] = quanta;
-                Send::Pfc {
-                    class_enable: 1 << p,
-                    quanta: q,
-                }
-            }
+            _ => Send::pfc_one(p, quanta),
         }
     }
 
@@ -314,13 +311,12 @@ impl Ingress {
     /// if any.
     pub fn enqueue(&mut self, p: usize, bytes: u64, now: u64) -> (bool, Option<Send>) {
         let p = p % PRIORITIES;
-        if self.occupancy[p] + bytes > self.capacity[p] {
+        if self.occupancy[p] + bytes > self.capacity {
             self.counters.overflow_bytes[p] += bytes;
             return (false, None);
         }
         self.occupancy[p] += bytes;
-        if self.lossless(p) && self.xoff_at[p].is_none() && self.level(p) >= self.thresholds[p].xoff
-        {
+        if self.lossless(p) && self.xoff_at[p].is_none() && self.level(p) >= self.thresholds.xoff {
             self.xoff_at[p] = Some(now);
             self.counters.tx_xoff[p] += 1;
             return (true, Some(self.frame(p, self.quanta)));
@@ -332,7 +328,7 @@ impl Ingress {
     pub fn dequeue(&mut self, p: usize, bytes: u64) -> Option<Send> {
         let p = p % PRIORITIES;
         self.occupancy[p] = self.occupancy[p].saturating_sub(bytes);
-        if self.xoff_at[p].is_some() && self.level(p) <= self.thresholds[p].xon {
+        if self.xoff_at[p].is_some() && self.level(p) <= self.thresholds.xon {
             self.xoff_at[p] = None;
             self.counters.tx_xon[p] += 1;
             return Some(self.frame(p, 0));
@@ -343,16 +339,18 @@ impl Ingress {
     /// When a refresh is due: half the pause time after the XOFF in force, so the peer never
     /// resumes while the buffer is still above XON.
     pub fn poll_timeout(&self) -> Option<u64> {
-        let half = pause_ns(self.quanta, self.speed_mbps) / 2;
-        self.xoff_at.iter().flatten().map(|t| t + half.max(1)).min()
+        self.xoff_at
+            .iter()
+            .flatten()
+            .map(|t| t + self.refresh_ns)
+            .min()
     }
 
     /// Refreshes the XOFFs due at `now`; returns the frames to send.
     pub fn handle_timeout(&mut self, now: u64, out: &mut Vec<Send>) {
-        let half = pause_ns(self.quanta, self.speed_mbps) / 2;
         for p in 0..PRIORITIES {
             if let Some(t) = self.xoff_at[p] {
-                if now >= t + half.max(1) {
+                if now >= t + self.refresh_ns {
                     self.xoff_at[p] = Some(now);
                     self.counters.tx_xoff[p] += 1;
                     out.push(self.frame(p, self.quanta));
@@ -470,12 +468,7 @@ mod tests {
     const G25: u64 = 25_000;
 
     fn pfc(p: usize, quanta: u16) -> PauseFrame {
-        let mut q = [0; PRIORITIES];
-        q[p] = quanta;
-        PauseFrame::Pfc {
-            class_enable: 1 << p,
-            quanta: q,
-        }
+        PauseFrame::pfc_one(p, quanta)
     }
 
     #[test]
@@ -577,12 +570,7 @@ mod tests {
     }
 
     fn pfc_send(p: usize, quanta: u16) -> Send {
-        let mut q = [0; PRIORITIES];
-        q[p] = quanta;
-        Send::Pfc {
-            class_enable: 1 << p,
-            quanta: q,
-        }
+        PauseFrame::pfc_one(p, quanta)
     }
 
     #[test]

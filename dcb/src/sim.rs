@@ -180,7 +180,7 @@ impl Outcome {
 enum Ev {
     /// A sender may be able to transmit.
     SenderTx(usize),
-    /// A packet (flow, ECN field) reaches the switch from sender `src`.
+    /// A packet of `flow`, `bytes` long, reaches the switch.
     SwitchIn { flow: usize, bytes: u64 },
     /// An egress port may be able to transmit.
     EgressTx(usize),
@@ -213,7 +213,7 @@ struct Sender {
 }
 
 struct Port {
-    queue: VecDeque<(usize, u64, bool)>,
+    queue: VecDeque<(usize, u64)>,
     bytes: u64,
     busy_until: u64,
     scheduled: bool,
@@ -453,7 +453,7 @@ impl Sim {
         }
         self.buffer_used += bytes;
         let p = &mut self.ports[dst];
-        p.queue.push_back((f, bytes, false));
+        p.queue.push_back((f, bytes));
         p.bytes += bytes;
         if !p.scheduled {
             p.scheduled = true;
@@ -471,7 +471,7 @@ impl Sim {
             self.push(t, Ev::EgressTx(port));
             return;
         }
-        let Some((f, bytes, _)) = self.ports[port].queue.pop_front() else {
+        let Some((f, bytes)) = self.ports[port].queue.pop_front() else {
             return;
         };
         // Marked at dequeue on the bytes queued (as the HPCC simulator does).
@@ -567,12 +567,7 @@ impl Sim {
                     self.sync_rate(f);
                 }
                 Ev::Pfc { sender, quanta } => {
-                    let mut q = [0u16; 8];
-                    q[PRIO] = quanta;
-                    let frame = PauseFrame::Pfc {
-                        class_enable: 1 << PRIO,
-                        quanta: q,
-                    };
+                    let frame = PauseFrame::pfc_one(PRIO, quanta);
                     self.senders[sender].pause.handle_frame(self.now, &frame);
                     // Resumed (XON) or a new pause end: re-evaluate.
                     self.schedule_sender(sender, self.now);
