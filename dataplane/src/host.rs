@@ -900,6 +900,47 @@ impl<C: Channel> Client<C> {
         self.call(Command::RemoveArea { id }).map(|_| ())
     }
 
+    /// Pops up to `max` completions of `cq`, handing each to `f` with its index: no
+    /// intermediate array (the C libraries write them straight into the application's).
+    /// [`Verbs::poll_cq`] is this into a slice.
+    pub fn poll_cq_each(
+        &mut self,
+        cq: CqId,
+        max: usize,
+        mut f: impl FnMut(usize, Completion),
+    ) -> VerbsResult<usize> {
+        let ring = self
+            .cqs
+            .get_mut(cq.0 as usize)
+            .and_then(|r| r.as_mut())
+            .ok_or(VerbsError::NotFound("completion queue"))?;
+        let mut n = 0;
+        while n < max {
+            match ring.pop() {
+                Some(c) => {
+                    f(n, c.decode());
+                    n += 1;
+                }
+                None => break,
+            }
+        }
+        if n == 0 {
+            if !self.chan.alive() {
+                return Err(VerbsError::DeviceFatal);
+            }
+            // The RNIC is software on the same cores: an application spinning on an empty
+            // CQ must leave it CPU time, or on a busy machine every completion waits for a
+            // scheduler tick (measured: 3 ms per ping-pong round trip instead of tens of us).
+            self.empty_polls = self.empty_polls.saturating_add(1);
+            if self.empty_polls > 64 {
+                std::thread::yield_now();
+            }
+        } else {
+            self.empty_polls = 0;
+        }
+        Ok(n)
+    }
+
     /// Arms `cq`'s ring (the notification sequence read first, for `wait_cq`).
     fn arm_cq(&mut self, cq: CqId, solicited_only: bool) -> VerbsResult<()> {
         let ring = self
@@ -1256,36 +1297,7 @@ impl<C: Channel> Verbs for Client<C> {
 
     #[inline]
     fn poll_cq(&mut self, cq: CqId, out: &mut [Completion]) -> VerbsResult<usize> {
-        let ring = self
-            .cqs
-            .get_mut(cq.0 as usize)
-            .and_then(|r| r.as_mut())
-            .ok_or(VerbsError::NotFound("completion queue"))?;
-        let mut n = 0;
-        while n < out.len() {
-            match ring.pop() {
-                Some(c) => {
-                    out[n] = c.decode();
-                    n += 1;
-                }
-                None => break,
-            }
-        }
-        if n == 0 {
-            if !self.chan.alive() {
-                return Err(VerbsError::DeviceFatal);
-            }
-            // The RNIC is software on the same cores: an application spinning on an empty
-            // CQ must leave it CPU time, or on a busy machine every completion waits for a
-            // scheduler tick (measured: 3 ms per ping-pong round trip instead of tens of us).
-            self.empty_polls = self.empty_polls.saturating_add(1);
-            if self.empty_polls > 64 {
-                std::thread::yield_now();
-            }
-        } else {
-            self.empty_polls = 0;
-        }
-        Ok(n)
+        self.poll_cq_each(cq, out.len(), |i, c| out[i] = c)
     }
 
     fn create_qp(&mut self, init: &QpInit) -> VerbsResult<Qpn> {

@@ -89,6 +89,28 @@ pub enum QpType {
     Ud,
 }
 
+impl QpType {
+    /// From libibverbs' `enum ibv_qp_type` value (IBV_QPT_RC 2, UC 3, UD 4); None for the
+    /// types ferroce does not have.
+    pub fn from_ibv(v: u32) -> Option<QpType> {
+        match v {
+            2 => Some(QpType::Rc),
+            3 => Some(QpType::Uc),
+            4 => Some(QpType::Ud),
+            _ => None,
+        }
+    }
+
+    /// libibverbs' `enum ibv_qp_type` value.
+    pub fn to_ibv(self) -> u32 {
+        match self {
+            QpType::Rc => 2,
+            QpType::Uc => 3,
+            QpType::Ud => 4,
+        }
+    }
+}
+
 /// QP state (IBA 10.3.1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
@@ -714,5 +736,15 @@ mod tests {
             assert_eq!(QpState::from_ibv(v).unwrap().to_ibv(), v);
         }
         assert_eq!(QpState::from_ibv(7), None, "IBV_QPS_UNKNOWN");
+    }
+
+    #[test]
+    fn qp_types_number_as_libibverbs_does() {
+        // <infiniband/verbs.h>: IBV_QPT_RC 2, UC 3, UD 4; RAW_PACKET 8 and XRC are not ours.
+        for (t, v) in [(QpType::Rc, 2), (QpType::Uc, 3), (QpType::Ud, 4)] {
+            assert_eq!(t.to_ibv(), v);
+            assert_eq!(QpType::from_ibv(v), Some(t));
+        }
+        assert_eq!(QpType::from_ibv(8), None);
     }
 }

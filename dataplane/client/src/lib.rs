@@ -583,25 +583,18 @@ pub unsafe extern "C" fn ferroce_poll_cq(
                 return e;
             }
         }
-        let mut buf = [roce::verbs::Completion::default(); 32];
-        while count < n as usize {
-            let want = (n as usize - count).min(buf.len());
-            match c.ctx.poll_cq(CqId(cq), &mut buf[..want]) {
-                Ok(k) => {
-                    for (i, comp) in buf[..k].iter().enumerate() {
-                        // SAFETY: the caller's array of n entries; count + i < n.
-                        unsafe { wc.add(count + i).write(CqeSlot::encode(comp)) };
-                    }
-                    count += k;
-                    if k < want {
-                        break;
-                    }
-                }
-                Err(e) if count == 0 => return c.verbs(e),
-                Err(_) => break,
+        // Straight into the caller's array: no intermediate buffer on a poll.
+        let r = c.ctx.poll_cq_each(CqId(cq), n as usize, |i, comp| {
+            // SAFETY: the caller's array of n entries; i < n.
+            unsafe { wc.add(i).write(CqeSlot::encode(&comp)) };
+        });
+        match r {
+            Ok(k) => {
+                count = k;
+                0
             }
+            Err(e) => c.verbs(e),
         }
-        0
     });
     if r != 0 {
         -r
@@ -810,31 +803,6 @@ pub unsafe extern "C" fn ferroce_destroy_srq(ctx: *mut Context, srq: u32) -> c_i
     })
 }
 
-fn qp_type(v: u32) -> Option<QpType> {
-    match v {
-        2 => Some(QpType::Rc),
-        3 => Some(QpType::Uc),
-        4 => Some(QpType::Ud),
-        _ => None,
-    }
-}
-
-fn c_qp_type(t: QpType) -> u32 {
-    match t {
-        QpType::Rc => 2,
-        QpType::Uc => 3,
-        QpType::Ud => 4,
-    }
-}
-
-fn qp_state(v: u32) -> Option<QpState> {
-    QpState::from_ibv(v)
-}
-
-fn c_qp_state(s: QpState) -> u32 {
-    s.to_ibv()
-}
-
 #[no_mangle]
 pub unsafe extern "C" fn ferroce_create_qp(
     ctx: *mut Context,
@@ -847,7 +815,7 @@ pub unsafe extern "C" fn ferroce_create_qp(
         }
         // SAFETY: checked non-null.
         let i = unsafe { &*init };
-        let Some(t) = qp_type(i.qp_type) else {
+        let Some(t) = QpType::from_ibv(i.qp_type) else {
             return c.fail(
                 libc::EINVAL,
                 format!("QP type {} (RC 2, UC 3, UD 4)", i.qp_type),
@@ -896,13 +864,13 @@ pub unsafe extern "C" fn ferroce_modify_qp(
         let has = |bit: u32| m & bit != 0;
         let mut q = QpAttr::default();
         if has(1) {
-            match qp_state(a.qp_state) {
+            match QpState::from_ibv(a.qp_state) {
                 Some(s) => q.state = Some(s),
                 None => return c.fail(libc::EINVAL, format!("QP state {}", a.qp_state)),
             }
         }
         if has(2) {
-            match qp_state(a.cur_qp_state) {
+            match QpState::from_ibv(a.cur_qp_state) {
                 Some(s) => q.cur_state = Some(s),
                 None => return c.fail(libc::EINVAL, format!("QP state {}", a.cur_qp_state)),
             }
@@ -1004,8 +972,8 @@ pub unsafe extern "C" fn ferroce_query_qp(
             // SAFETY: checked non-null.
             unsafe {
                 attr.write(CQpAttr {
-                    qp_state: c_qp_state(i.state),
-                    cur_qp_state: c_qp_state(i.state),
+                    qp_state: i.state.to_ibv(),
+                    cur_qp_state: i.state.to_ibv(),
                     path_mtu: a.path_mtu.map_or(0, |m| m as u32),
                     qp_access_flags: a.access.map_or(0, |x| x.0),
                     qkey: a.qkey.map_or(0, |k| k.0),
@@ -1036,7 +1004,7 @@ pub unsafe extern "C" fn ferroce_query_qp(
                         recv_cq: 0,
                         srq: 0,
                         use_srq: 0,
-                        qp_type: c_qp_type(i.qp_type),
+                        qp_type: i.qp_type.to_ibv(),
                         cap: c_caps(&i.caps),
                         sq_sig_all: i.sq_sig_all as u32,
                     })

@@ -1527,44 +1527,34 @@ unsafe extern "C" fn poll_cq(cq: *mut sys::ibv_cq, n: c_int, wc: *mut sys::ibv_w
     let Some(ctx) = ctx_of((*cq).context) else {
         return -libc::EINVAL;
     };
-    let mut buf = [roce::verbs::Completion::default(); 32];
-    let mut total = 0usize;
-    let mut cl = client(ctx);
-    while total < n as usize {
-        let want = (n as usize - total).min(buf.len());
-        let k = match cl.poll_cq(CqId((*cq).handle), &mut buf[..want]) {
-            Ok(k) => k,
-            Err(e) if total == 0 => return -errno_of(&e),
-            Err(_) => break,
-        };
-        for (i, c) in buf[..k].iter().enumerate() {
-            let s = CqeSlot::encode(c);
-            // SAFETY: zero is a valid ibv_wc.
-            let mut w: sys::ibv_wc = std::mem::zeroed();
-            w.wr_id = s.wr_id;
-            w.status = s.status;
-            w.opcode = s.opcode;
-            w.vendor_err = s.vendor_err;
-            w.byte_len = s.byte_len;
-            // The immediate travels in network order in ibv_wc.
-            if s.wc_flags & sys::IBV_WC_WITH_INV != 0 {
-                w.__bindgen_anon_1.invalidated_rkey = s.invalidated_rkey;
-            } else {
-                w.__bindgen_anon_1.imm_data = s.imm_data.to_be();
-            }
-            w.qp_num = s.qp_num;
-            w.src_qp = s.src_qp;
-            w.wc_flags = s.wc_flags;
-            w.pkey_index = s.pkey_index;
-            w.sl = s.sl;
-            *wc.add(total + i) = w;
+    // Straight into the application's array: no intermediate buffer on a poll.
+    let r = client(ctx).poll_cq_each(CqId((*cq).handle), n as usize, |i, c| {
+        let s = CqeSlot::encode(&c);
+        // SAFETY: zero is a valid ibv_wc.
+        let mut w: sys::ibv_wc = std::mem::zeroed();
+        w.wr_id = s.wr_id;
+        w.status = s.status;
+        w.opcode = s.opcode;
+        w.vendor_err = s.vendor_err;
+        w.byte_len = s.byte_len;
+        // The immediate travels in network order in ibv_wc.
+        if s.wc_flags & sys::IBV_WC_WITH_INV != 0 {
+            w.__bindgen_anon_1.invalidated_rkey = s.invalidated_rkey;
+        } else {
+            w.__bindgen_anon_1.imm_data = s.imm_data.to_be();
         }
-        total += k;
-        if k < want {
-            break;
-        }
+        w.qp_num = s.qp_num;
+        w.src_qp = s.src_qp;
+        w.wc_flags = s.wc_flags;
+        w.pkey_index = s.pkey_index;
+        w.sl = s.sl;
+        // SAFETY: the caller's array of n entries; i < n.
+        *wc.add(i) = w;
+    });
+    match r {
+        Ok(k) => k as c_int,
+        Err(e) => -errno_of(&e),
     }
-    total as c_int
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1729,15 +1719,6 @@ struct Qp {
     async_events: Acks,
 }
 
-fn qp_type_of(t: c_uint) -> Option<QpType> {
-    match t {
-        sys::IBV_QPT_RC => Some(QpType::Rc),
-        sys::IBV_QPT_UC => Some(QpType::Uc),
-        sys::IBV_QPT_UD => Some(QpType::Ud),
-        _ => None,
-    }
-}
-
 #[no_mangle]
 pub unsafe extern "C" fn ibv_create_qp(
     pd: *mut sys::ibv_pd,
@@ -1753,7 +1734,7 @@ pub unsafe extern "C" fn ibv_create_qp(
             return std::ptr::null_mut();
         };
         let i = &mut *init;
-        let Some(t) = qp_type_of(i.qp_type) else {
+        let Some(t) = QpType::from_ibv(i.qp_type) else {
             set_errno(libc::EOPNOTSUPP);
             return std::ptr::null_mut();
         };
@@ -2185,6 +2166,8 @@ unsafe fn fail(qp: *mut sys::ibv_qp_ex, e: c_int) {
 /// Starts a WR: the operation, with the `wr_id` and `wr_flags` the application set in the
 /// `ibv_qp_ex` (verbs.h: they are read when the operation is called).
 unsafe fn begin(qp: *mut sys::ibv_qp_ex, need: u32, op: WrOp) {
+    // The batch is on the heap: not while registration moves pages (MOVING).
+    let _moving = moving_read();
     if !owns_batch(qp) {
         // Not between this thread's wr_start and wr_complete: nothing to add to (and
         // another thread's batch is not touched).
@@ -2364,8 +2347,6 @@ unsafe fn complete_batch(qp: *mut sys::ibv_qp_ex) -> c_int {
 }
 
 unsafe extern "C" fn wr_rdma_write(qp: *mut sys::ibv_qp_ex, rkey: u32, addr: u64) {
-    // The batch is on the heap: not while registration moves pages (MOVING).
-    let _moving = moving_read();
     let op = WrOp::Write {
         remote_addr: addr,
         rkey: Rkey(rkey),
@@ -2374,8 +2355,6 @@ unsafe extern "C" fn wr_rdma_write(qp: *mut sys::ibv_qp_ex, rkey: u32, addr: u64
 }
 
 unsafe extern "C" fn wr_rdma_write_imm(qp: *mut sys::ibv_qp_ex, rkey: u32, addr: u64, imm: u32) {
-    // The batch is on the heap: not while registration moves pages (MOVING).
-    let _moving = moving_read();
     let op = WrOp::WriteWithImm {
         remote_addr: addr,
         rkey: Rkey(rkey),
@@ -2385,14 +2364,10 @@ unsafe extern "C" fn wr_rdma_write_imm(qp: *mut sys::ibv_qp_ex, rkey: u32, addr:
 }
 
 unsafe extern "C" fn wr_send(qp: *mut sys::ibv_qp_ex) {
-    // The batch is on the heap: not while registration moves pages (MOVING).
-    let _moving = moving_read();
     begin(qp, sys::IBV_QP_EX_WITH_SEND, WrOp::Send);
 }
 
 unsafe extern "C" fn wr_send_imm(qp: *mut sys::ibv_qp_ex, imm: u32) {
-    // The batch is on the heap: not while registration moves pages (MOVING).
-    let _moving = moving_read();
     let op = WrOp::SendWithImm {
         imm: u32::from_be(imm),
     };
@@ -2400,15 +2375,11 @@ unsafe extern "C" fn wr_send_imm(qp: *mut sys::ibv_qp_ex, imm: u32) {
 }
 
 unsafe extern "C" fn wr_send_inv(qp: *mut sys::ibv_qp_ex, rkey: u32) {
-    // The batch is on the heap: not while registration moves pages (MOVING).
-    let _moving = moving_read();
     let op = WrOp::SendWithInv { rkey: Rkey(rkey) };
     begin(qp, sys::IBV_QP_EX_WITH_SEND_WITH_INV, op);
 }
 
 unsafe extern "C" fn wr_rdma_read(qp: *mut sys::ibv_qp_ex, rkey: u32, addr: u64) {
-    // The batch is on the heap: not while registration moves pages (MOVING).
-    let _moving = moving_read();
     let op = WrOp::Read {
         remote_addr: addr,
         rkey: Rkey(rkey),
@@ -2423,8 +2394,6 @@ unsafe extern "C" fn wr_atomic_cmp_swp(
     compare: u64,
     swap: u64,
 ) {
-    // The batch is on the heap: not while registration moves pages (MOVING).
-    let _moving = moving_read();
     let op = WrOp::CompareSwap {
         remote_addr: addr,
         rkey: Rkey(rkey),
@@ -2435,8 +2404,6 @@ unsafe extern "C" fn wr_atomic_cmp_swp(
 }
 
 unsafe extern "C" fn wr_atomic_fetch_add(qp: *mut sys::ibv_qp_ex, rkey: u32, addr: u64, add: u64) {
-    // The batch is on the heap: not while registration moves pages (MOVING).
-    let _moving = moving_read();
     let op = WrOp::FetchAdd {
         remote_addr: addr,
         rkey: Rkey(rkey),
@@ -2446,8 +2413,6 @@ unsafe extern "C" fn wr_atomic_fetch_add(qp: *mut sys::ibv_qp_ex, rkey: u32, add
 }
 
 unsafe extern "C" fn wr_local_inv(qp: *mut sys::ibv_qp_ex, rkey: u32) {
-    // The batch is on the heap: not while registration moves pages (MOVING).
-    let _moving = moving_read();
     let op = WrOp::LocalInv { rkey: Rkey(rkey) };
     begin(qp, sys::IBV_QP_EX_WITH_LOCAL_INV, op);
 }
