@@ -27,18 +27,9 @@ fn install() -> &'static Install {
     I.get_or_init(|| {
         // Also checks that the library is this build's and makes the stubs.
         common::ibverbs_libdir();
-        let bin = Path::new(env!("CARGO_BIN_EXE_rnicd")).parent().unwrap();
-        let profile = bin.file_name().unwrap().to_string_lossy().to_string();
         // Kept for the process: every test runs the installed ferroce-run.
         let prefix = common::process_temp_dir("ibverbs-install").join("prefix");
-        let o = Command::new("make")
-            .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join(".."))
-            .args(["-s", "install-files"])
-            .arg(format!("PREFIX={}", prefix.display()))
-            .arg(format!("PROFILE={profile}"))
-            .output()
-            .expect("make");
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        common::make("install-files", &[format!("PREFIX={}", prefix.display())]);
         for f in [
             "bin/ferroce-run",
             "lib/ferroce/libibverbs.so.1",

@@ -4,7 +4,7 @@
 //! `--verify`; a client killed mid-run is reclaimed and its peer ends with the right status;
 //! rnic-ctl shows devices, objects and counters; rnicd stopping fails its clients cleanly.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -86,6 +86,16 @@ fn spawn_quiet(mut cmd: Command) -> Child {
         .expect("spawn")
 }
 
+/// `test` with `args` as two rnic-perf processes through rnicd (server on ferroce0,
+/// client on ferroce1 a moment later), their output kept.
+fn spawn_pair(sock: &str, test: &str, args: &[&str]) -> (Child, Child) {
+    let port = free_port();
+    let srv = spawn_quiet(perf(sock, "ferroce0", test, port, args, true));
+    std::thread::sleep(Duration::from_millis(300));
+    let cli = spawn_quiet(perf(sock, "ferroce1", test, port, args, false));
+    (srv, cli)
+}
+
 fn wait_child(c: Child, limit: Duration) -> Output {
     let pid = c.id();
     let (tx, rx) = std::sync::mpsc::channel();
@@ -106,26 +116,9 @@ fn wait_child(c: Child, limit: Duration) -> Output {
 fn a_killed_client_is_reclaimed_and_its_peer_sees_retries_exhausted() {
     let _one = serial();
     let r = Rnicd::start("kill", &[]);
-    let port = free_port();
     // The WRITE receiver (server) is killed mid-run: its QP is torn down as a dying
     // process's is on a hardware RNIC, so the sender's WRITEs are never acknowledged.
-    let srv = spawn_quiet(perf(
-        r.sock(),
-        "ferroce0",
-        "write_bw",
-        port,
-        &["-D", "30"],
-        true,
-    ));
-    std::thread::sleep(Duration::from_millis(300));
-    let cli = spawn_quiet(perf(
-        r.sock(),
-        "ferroce1",
-        "write_bw",
-        port,
-        &["-D", "30"],
-        false,
-    ));
+    let (srv, cli) = spawn_pair(r.sock(), "write_bw", &["-D", "30"]);
     // Wait until traffic flows (rnicd shows both QPs in RTS or RTR).
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
@@ -192,24 +185,7 @@ fn rnic_ctl_shows_devices_objects_and_counters() {
     assert_eq!(d.as_array().unwrap().len(), 1);
     assert_eq!(d[0]["mac"], "02:00:00:99:00:02");
     // Objects of a running test, with their owner.
-    let port = free_port();
-    let srv = spawn_quiet(perf(
-        r.sock(),
-        "ferroce0",
-        "send_bw",
-        port,
-        &["-D", "3"],
-        true,
-    ));
-    std::thread::sleep(Duration::from_millis(300));
-    let cli = spawn_quiet(perf(
-        r.sock(),
-        "ferroce1",
-        "send_bw",
-        port,
-        &["-D", "3"],
-        false,
-    ));
+    let (srv, cli) = spawn_pair(r.sock(), "send_bw", &["-D", "3"]);
     let deadline = Instant::now() + Duration::from_secs(20);
     let res = loop {
         let v = ctl_json(r.sock(), &["res"]);
@@ -268,24 +244,7 @@ fn a_second_rnicd_on_the_same_socket_is_refused_and_a_stopping_rnicd_fails_its_c
     let e = String::from_utf8_lossy(&o.stderr);
     assert!(e.contains("another rnicd is running"), "{e}");
     // A client in the middle of a long run: rnicd stops; the client ends with an error.
-    let port = free_port();
-    let srv = spawn_quiet(perf(
-        r.sock(),
-        "ferroce0",
-        "write_bw",
-        port,
-        &["-D", "30"],
-        true,
-    ));
-    std::thread::sleep(Duration::from_millis(300));
-    let cli = spawn_quiet(perf(
-        r.sock(),
-        "ferroce1",
-        "write_bw",
-        port,
-        &["-D", "30"],
-        false,
-    ));
+    let (srv, cli) = spawn_pair(r.sock(), "write_bw", &["-D", "30"]);
     std::thread::sleep(Duration::from_secs(2));
     let t0 = Instant::now();
     assert!(r.stop().success());
@@ -301,75 +260,25 @@ fn a_second_rnicd_on_the_same_socket_is_refused_and_a_stopping_rnicd_fails_its_c
     assert!(!Path::new(&r.socket).exists());
 }
 
-/// libferroce_client.so as this build made it.
-fn client_lib_dir() -> PathBuf {
-    let bin = Path::new(env!("CARGO_BIN_EXE_rnicd"))
-        .parent()
-        .unwrap()
-        .to_path_buf();
-    // The newest copy: a dependency build leaves it in deps/, a direct build next to the
-    // binaries (possibly older).
-    [bin.clone(), bin.join("deps")]
-        .into_iter()
-        .filter_map(|d| {
-            let m = std::fs::metadata(d.join("libferroce_client.so")).ok()?;
-            Some((m.modified().ok()?, d))
-        })
-        .max()
-        .map(|(_, d)| d)
-        .unwrap_or_else(|| panic!("libferroce_client.so not found next to {}", bin.display()))
-}
-
 #[test]
 fn the_c_example_runs_both_roles_through_rnicd() {
     let _one = serial();
     let ws = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let root = ws.join("dataplane/client");
-    let lib = client_lib_dir();
     // The library must be this build's (make test builds it before the tests).
-    let built = std::fs::metadata(lib.join("libferroce_client.so"))
-        .and_then(|m| m.modified())
-        .unwrap();
-    for src in [
-        "dataplane/client/src/lib.rs",
-        "dataplane/src/host.rs",
-        "dataplane/src/ring.rs",
-    ] {
-        let m = std::fs::metadata(ws.join(src))
-            .and_then(|m| m.modified())
-            .unwrap();
-        assert!(
-            m <= built,
-            "libferroce_client.so is older than {src}: run `cargo build -p ferroce-client` \
-             (make test does)"
-        );
-    }
+    common::fresh_cdylib(
+        "libferroce_client.so",
+        "ferroce-client",
+        &[
+            "dataplane/client/src/lib.rs",
+            "dataplane/src/host.rs",
+            "dataplane/src/ring.rs",
+        ],
+    );
     // Installed as a user would (make install-files PREFIX=...), built with pkg-config.
     let dir = temp_dir("c-example");
     let prefix = dir.0.join("prefix");
-    let profile = Path::new(env!("CARGO_BIN_EXE_rnicd"))
-        .parent()
-        .and_then(|p| p.file_name())
-        .unwrap()
-        .to_string_lossy()
-        .to_string();
-    let target = Path::new(env!("CARGO_BIN_EXE_rnicd")).parent().unwrap();
-    if lib != target {
-        // A dependency build left the library in deps/ only: put it where install looks.
-        std::fs::copy(
-            lib.join("libferroce_client.so"),
-            target.join("libferroce_client.so"),
-        )
-        .unwrap();
-    }
-    let o = Command::new("make")
-        .current_dir(&ws)
-        .args(["-s", "install-files"])
-        .arg(format!("PREFIX={}", prefix.display()))
-        .arg(format!("PROFILE={profile}"))
-        .output()
-        .expect("make");
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    common::make("install-files", &[format!("PREFIX={}", prefix.display())]);
     let pc = Command::new("pkg-config")
         .args(["--cflags", "--libs", "ferroce"])
         .env("PKG_CONFIG_PATH", prefix.join("lib/pkgconfig"))

@@ -494,30 +494,18 @@ static void check_busy(void)
 
 /* ibv_destroy_cq waits until the events ibv_get_cq_event handed out are acknowledged
  * (rdma-core's rule: no thread may still hold an event of a freed CQ). */
+/* Destroys a QP (if set) or a CQ on another thread, so the test can see it wait. */
 struct destroyer {
+	struct ibv_qp *qp;
 	struct ibv_cq *cq;
 	volatile int done;
 	int rc;
 };
 
-static void *destroy_cq_thread(void *p)
+static void *destroy_thread(void *p)
 {
 	struct destroyer *d = p;
-	d->rc = ibv_destroy_cq(d->cq);
-	d->done = 1;
-	return NULL;
-}
-
-struct qp_destroyer {
-	struct ibv_qp *qp;
-	volatile int done;
-	int rc;
-};
-
-static void *destroy_qp_thread(void *p)
-{
-	struct qp_destroyer *d = p;
-	d->rc = ibv_destroy_qp(d->qp);
+	d->rc = d->qp ? ibv_destroy_qp(d->qp) : ibv_destroy_cq(d->cq);
 	d->done = 1;
 	return NULL;
 }
@@ -548,9 +536,9 @@ static void check_async_acks(void)
 	}
 	CHECK(got == 0, "IBV_EVENT_SQ_DRAINED with element.qp = the QP");
 	if (got == 0) {
-		struct qp_destroyer d = {.qp = a};
+		struct destroyer d = {.qp = a};
 		pthread_t th;
-		MUST(pthread_create(&th, NULL, destroy_qp_thread, &d) == 0, "pthread_create");
+		MUST(pthread_create(&th, NULL, destroy_thread, &d) == 0, "pthread_create");
 		usleep(300000);
 		CHECK(!d.done, "ibv_destroy_qp waits while its async event is not acknowledged");
 		/* Verbs on the context still work meanwhile (the destroy holds no lock). */
@@ -651,7 +639,7 @@ static void check_event_acks(void)
 	ibv_destroy_qp(b);
 	struct destroyer d = {.cq = cq};
 	pthread_t th;
-	MUST(pthread_create(&th, NULL, destroy_cq_thread, &d) == 0, "pthread_create");
+	MUST(pthread_create(&th, NULL, destroy_thread, &d) == 0, "pthread_create");
 	usleep(300000);
 	CHECK(!d.done, "ibv_destroy_cq waits while an event is not acknowledged");
 	ibv_ack_cq_events(cq, 1);
@@ -958,19 +946,16 @@ static void *batch_worker(void *p)
 {
 	struct batch_thread *t = p;
 	for (int i = 0; i < BATCHES; i++) {
-		ibv_wr_start(t->x);
-		t->x->wr_id = 5000 + i;
-		t->x->wr_flags = IBV_SEND_SIGNALED;
-		ibv_wr_rdma_write(t->x, t->mr->rkey, (uintptr_t)t->dst);
-		ibv_wr_set_sge(t->x, t->mr->lkey, (uintptr_t)t->src, 64);
 		int e;
-		/* The send queue may be full for a moment: try again. */
-		while ((e = ibv_wr_complete(t->x)) == ENOMEM) {
+		/* The send queue may be full for a moment: build the batch again and retry. */
+		for (;;) {
 			ibv_wr_start(t->x);
 			t->x->wr_id = 5000 + i;
 			t->x->wr_flags = IBV_SEND_SIGNALED;
 			ibv_wr_rdma_write(t->x, t->mr->rkey, (uintptr_t)t->dst);
 			ibv_wr_set_sge(t->x, t->mr->lkey, (uintptr_t)t->src, 64);
+			if ((e = ibv_wr_complete(t->x)) != ENOMEM)
+				break;
 			usleep(50);
 		}
 		if (e == 0)

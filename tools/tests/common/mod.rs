@@ -5,6 +5,7 @@
 pub mod rnicd;
 
 use std::io::Read;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -58,55 +59,79 @@ pub fn run_for(cmd: &mut Command, limit: Duration) -> (Output, bool) {
     (out, killed)
 }
 
-/// The directory `ferroce-run` puts first on the library path (ferroce's libibverbs.so.1
-/// and the libmlx5/libefa stubs), made by `make ibverbs-dir` from this build's cdylib, which
-/// must be fresh (`make test` builds it before the tests: cargo test does not build cdylibs).
-pub fn ibverbs_libdir() -> std::path::PathBuf {
-    use std::path::Path;
-    let bin = Path::new(env!("CARGO_BIN_EXE_rnicd")).parent().unwrap();
-    let ws = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let profile = bin.file_name().unwrap().to_string_lossy().to_string();
+/// The directory of this build's binaries (target/debug or target/release).
+fn bin_dir() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_rnicd")).parent().unwrap()
+}
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// This build's cdylib `file` of `package` (cargo test does not build cdylibs; `make test`
+/// builds them before the tests), next to the binaries, where `make install-files` and
+/// `make ibverbs-dir` look: the newest copy (a dependency build leaves it in deps/, a
+/// direct build next to the binaries), checked to be newer than `sources`.
+pub fn fresh_cdylib(file: &str, package: &str, sources: &[&str]) -> PathBuf {
+    let bin = bin_dir();
     let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
-    // The newest copy: a dependency build leaves it in deps/, a direct build next to the
-    // binaries.
-    let lib = [bin.join("libibverbs.so"), bin.join("deps/libibverbs.so")]
+    let lib = [bin.join(file), bin.join("deps").join(file)]
         .into_iter()
         .filter_map(|p| Some((modified(&p)?, p)))
         .max()
         .map(|(_, p)| p)
         .unwrap_or_else(|| {
             panic!(
-                "{}/libibverbs.so not found: run `cargo build -p ferroce-ibverbs` (make test does)",
+                "{}/{file} not found: run `cargo build -p {package}` (make test does)",
                 bin.display()
             )
         });
     let built = modified(&lib).unwrap();
-    for src in [
-        "dataplane/ibverbs/src/lib.rs",
-        "dataplane/src/host.rs",
-        "dataplane/src/shadow.rs",
-    ] {
+    for src in sources {
         assert!(
-            modified(&ws.join(src)).unwrap() <= built,
-            "{} is older than {src}: run `cargo build -p ferroce-ibverbs` (make test does)",
+            modified(&workspace().join(src)).unwrap() <= built,
+            "{} is older than {src}: run `cargo build -p {package}` (make test does)",
             lib.display()
         );
     }
-    if lib != bin.join("libibverbs.so") {
-        std::fs::copy(&lib, bin.join("libibverbs.so")).unwrap();
+    if lib != bin.join(file) {
+        std::fs::copy(&lib, bin.join(file)).unwrap();
     }
+    bin.join(file)
+}
+
+/// `make -s TARGET PROFILE=<this build's> ARGS...` in the workspace; panics with its error
+/// output if it fails.
+pub fn make(target: &str, args: &[String]) {
+    let profile = bin_dir().file_name().unwrap().to_string_lossy().to_string();
     let o = Command::new("make")
-        .current_dir(&ws)
-        .args(["-s", "ibverbs-dir"])
+        .current_dir(workspace())
+        .args(["-s", target])
         .arg(format!("PROFILE={profile}"))
+        .args(args)
         .output()
         .expect("make");
     assert!(
         o.status.success(),
-        "make ibverbs-dir: {}",
+        "make {target}: {}",
         String::from_utf8_lossy(&o.stderr)
     );
-    bin.join("ferroce")
+}
+
+/// The directory `ferroce-run` puts first on the library path (ferroce's libibverbs.so.1
+/// and the libmlx5/libefa stubs), made by `make ibverbs-dir` from this build's cdylib.
+pub fn ibverbs_libdir() -> PathBuf {
+    fresh_cdylib(
+        "libibverbs.so",
+        "ferroce-ibverbs",
+        &[
+            "dataplane/ibverbs/src/lib.rs",
+            "dataplane/src/host.rs",
+            "dataplane/src/shadow.rs",
+        ],
+    );
+    make("ibverbs-dir", &[]);
+    bin_dir().join("ferroce")
 }
 
 #[allow(unused_imports)] // not every test binary needs it
