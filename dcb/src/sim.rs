@@ -155,13 +155,7 @@ impl Outcome {
             .iter()
             .map(|f| sum[*f] / n[*f].max(1) as f64)
             .collect();
-        let s: f64 = x.iter().sum();
-        let s2: f64 = x.iter().map(|v| v * v).sum();
-        if s2 == 0.0 {
-            0.0
-        } else {
-            s * s / (x.len() as f64 * s2)
-        }
+        jain_index(&x)
     }
 
     /// Mean goodput of `flow` over samples from `from_us`, Gb/s.
@@ -173,6 +167,18 @@ impl Outcome {
             .map(|s| s.goodput_gbps)
             .collect();
         v.iter().sum::<f64>() / v.len().max(1) as f64
+    }
+}
+
+/// Jain's fairness index of `x`: (sum x)^2 / (n * sum x^2), 1 when all are equal; 0 when
+/// every value is 0.
+pub fn jain_index(x: &[f64]) -> f64 {
+    let s: f64 = x.iter().sum();
+    let s2: f64 = x.iter().map(|v| v * v).sum();
+    if s2 == 0.0 {
+        0.0
+    } else {
+        s * s / (x.len() as f64 * s2)
     }
 }
 

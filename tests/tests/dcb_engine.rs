@@ -271,12 +271,6 @@ fn real_engines(n: usize, params: RpParams, red: Red, cnp_interval: u64, duratio
     }
 }
 
-fn jain(x: &[f64]) -> f64 {
-    let s: f64 = x.iter().sum();
-    let s2: f64 = x.iter().map(|v| v * v).sum();
-    s * s / (x.len() as f64 * s2)
-}
-
 #[test]
 fn the_light_model_agrees_with_real_engines_at_small_n() {
     let n = 2;
@@ -322,14 +316,14 @@ fn the_light_model_agrees_with_real_engines_at_small_n() {
         "real engines: goodput {:?} Gb/s (Jain {:.3}), queue {:.1} KB, {} CNPs; light model: \
          goodput {lg:?} Gb/s (Jain {:.3}), queue {:.1} KB, {} CNPs",
         real.goodput_gbps,
-        jain(&real.goodput_gbps),
+        dcb::sim::jain_index(&real.goodput_gbps),
         real.mean_queue / 1000.0,
         real.cnps,
-        jain(&lg),
+        dcb::sim::jain_index(&lg),
         lq / 1000.0,
         light.cnps
     );
-    assert!(jain(&real.goodput_gbps) >= 0.95 && jain(&lg) >= 0.95);
+    assert!(dcb::sim::jain_index(&real.goodput_gbps) >= 0.95 && dcb::sim::jain_index(&lg) >= 0.95);
     assert!(
         (rsum - lsum).abs() / lsum < 0.10,
         "utilisation: {rsum} vs {lsum}"

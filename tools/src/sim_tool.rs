@@ -217,18 +217,29 @@ pub fn dcqcn(
     stagger_ns: u64,
 ) -> Outcome {
     let mut c = fabric(flows, 1, gbps, duration_ns);
-    c.flows = (0..flows)
+    c.flows = into_one(flows, stagger_ns);
+    with_dcqcn(&mut c, preset, gbps);
+    Sim::new(c).run(duration_ns)
+}
+
+/// `n` flows from senders 0..n into receiver 0, starting `stagger_ns` apart.
+fn into_one(n: usize, stagger_ns: u64) -> Vec<FlowSpec> {
+    (0..n)
         .map(|k| FlowSpec {
             src: k,
             dst: 0,
             start: k as u64 * stagger_ns,
         })
-        .collect();
+        .collect()
+}
+
+/// DCQCN at the senders with `preset`'s parameters, and the switch's ECN marking (below
+/// PFC's XOFF) and the receivers' CNP interval to match.
+fn with_dcqcn(c: &mut Config, preset: Preset, gbps: f64) {
     c.dcqcn = Some(preset.rp(gbps * 1000.0));
     let (red, cnp) = preset.marking(gbps);
-    mark_before_pause(&mut c, red);
+    mark_before_pause(c, red);
     c.cnp_interval = cnp;
-    Sim::new(c).run(duration_ns)
 }
 
 /// ECN marking on, with PFC's XOFF above Kmax: DCQCN reacts before PFC has to (the usual
@@ -273,22 +284,13 @@ pub fn dcqcn_figure(path: &Path, o: &Outcome, title: &str) -> Result<(), String>
 /// `incast`: `senders` senders into one receiver, all starting at once.
 pub fn incast(senders: usize, gbps: f64, dcqcn: bool, pfc: bool, duration_ns: u64) -> Outcome {
     let mut c = fabric(senders, 1, gbps, duration_ns);
-    c.flows = (0..senders)
-        .map(|k| FlowSpec {
-            src: k,
-            dst: 0,
-            start: 0,
-        })
-        .collect();
+    c.flows = into_one(senders, 0);
     c.pfc = pfc;
     // A shallow shared buffer, as on a switch port: 1 MB per 25 Gb/s.
     c.buffer = (gbps / 25.0 * 1_000_000.0) as u64;
     cap_xoff(&mut c);
     if dcqcn {
-        c.dcqcn = Some(Preset::Nvidia.rp(gbps * 1000.0));
-        let (red, cnp) = Preset::Nvidia.marking(gbps);
-        mark_before_pause(&mut c, red);
-        c.cnp_interval = cnp;
+        with_dcqcn(&mut c, Preset::Nvidia, gbps);
     }
     Sim::new(c).run(duration_ns)
 }
@@ -335,23 +337,14 @@ pub fn incast_figure(path: &Path, o: &Outcome, title: &str) -> Result<(), String
 /// victim's flow index.
 pub fn pfc_victim(senders: usize, gbps: f64, dcqcn: bool, duration_ns: u64) -> (Outcome, usize) {
     let mut c = fabric(senders, 2, gbps, duration_ns);
-    c.flows = (0..senders)
-        .map(|k| FlowSpec {
-            src: k,
-            dst: 0,
-            start: 0,
-        })
-        .collect();
+    c.flows = into_one(senders, 0);
     c.flows.push(FlowSpec {
         src: 0,
         dst: 1,
         start: 0,
     });
     if dcqcn {
-        c.dcqcn = Some(Preset::Nvidia.rp(gbps * 1000.0));
-        let (red, cnp) = Preset::Nvidia.marking(gbps);
-        mark_before_pause(&mut c, red);
-        c.cnp_interval = cnp;
+        with_dcqcn(&mut c, Preset::Nvidia, gbps);
     }
     let victim = c.flows.len() - 1;
     (Sim::new(c).run(duration_ns), victim)
