@@ -13,7 +13,7 @@
 //! do: all accesses go through raw-pointer copies and atomics, never through Rust references
 //! held across the other side's writes.
 
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 
@@ -23,10 +23,17 @@ use roce::memory::{Memory, MemoryError};
 pub const PAGE: usize = 4096;
 
 /// Page-aligned, zero-initialised shared memory.
+///
+/// The memfd is kept only while the area may still be sent to another process: an area mapped
+/// from another process's fd ([`Area::from_fd`]) closes it at once, and the creator of an area
+/// closes it ([`Area::close_fd`]) once it has sent it. A mapping outlives its fd, so rnicd holds
+/// no descriptor per client area and cannot run out of them however many areas clients add.
 pub struct Area {
     ptr: NonNull<u8>,
     len: usize,
-    fd: OwnedFd,
+    fd: std::sync::Mutex<Option<OwnedFd>>,
+    /// The memfd's inode (to recognise the mapping in /proc/self/smaps after the fd is gone).
+    ino: u64,
     /// Unmapped on drop (false for application memory moved onto a memfd in place, which
     /// stays mapped for the application: [`crate::shadow`]).
     owned: bool,
@@ -92,10 +99,28 @@ impl Area {
         Ok(fd)
     }
 
-    /// Maps an area another process sent: `fd` must be a memfd sealed at least against
-    /// shrinking (F_SEAL_SHRINK) and hold at least `len` bytes; anything else is refused, so
-    /// its sender can never make this mapping fault by truncating the file.
+    /// Maps an area another process sent: `fd` must be a memfd on shmem (not hugetlbfs or any
+    /// other file system, whose pages can fail to materialise on a later fault), sealed at
+    /// least against shrinking (F_SEAL_SHRINK), holding at least `len` bytes; anything else is
+    /// refused, so its sender can never make this mapping fault (SIGBUS) by truncating the
+    /// file or by the pages running out. The fd is closed once mapped.
     pub fn from_fd(fd: OwnedFd, len: usize) -> std::io::Result<Area> {
+        // SAFETY: fstatfs into a zeroed struct on an fd we hold.
+        let mut sfs: libc::statfs = unsafe { std::mem::zeroed() };
+        if unsafe { libc::fstatfs(fd.as_raw_fd(), &mut sfs) } < 0 {
+            return Err(last_err());
+        }
+        if sfs.f_type != libc::TMPFS_MAGIC {
+            let what = if sfs.f_type == libc::HUGETLBFS_MAGIC {
+                "a hugetlb memfd (its pages can run out and fault the RNIC)".to_string()
+            } else {
+                format!("on a file system of type {:#x}", sfs.f_type)
+            };
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("not a shmem memfd: {what}"),
+            ));
+        }
         // SAFETY: F_GET_SEALS on an fd we hold; fails with EINVAL for non-memfds.
         let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
         if seals < 0 {
@@ -123,10 +148,17 @@ impl Area {
                 format!("the memfd holds {size} bytes, {len} claimed"),
             ));
         }
-        Self::map(fd, len)
+        let area = Self::map(fd, len)?;
+        area.close_fd();
+        Ok(area)
     }
 
     fn map(fd: OwnedFd, len: usize) -> std::io::Result<Area> {
+        // SAFETY: fstat into a zeroed struct on our fd.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } < 0 {
+            return Err(last_err());
+        }
         // SAFETY: a shared mapping of our fd, length checked above; the result is checked.
         let p = unsafe {
             libc::mmap(
@@ -144,7 +176,8 @@ impl Area {
         Ok(Area {
             ptr: NonNull::new(p as *mut u8).expect("mmap returned non-null"),
             len,
-            fd,
+            fd: std::sync::Mutex::new(Some(fd)),
+            ino: st.st_ino,
             owned: true,
         })
     }
@@ -156,17 +189,46 @@ impl Area {
     /// `ptr..ptr+len` must be a MAP_SHARED mapping of `fd` from offset 0 that is never
     /// unmapped while the area or a copy of its pointer is in use.
     pub(crate) unsafe fn adopt(ptr: NonNull<u8>, len: usize, fd: OwnedFd) -> Area {
+        // SAFETY: fstat into a zeroed struct on the caller's fd.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        let ino = if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } == 0 {
+            st.st_ino
+        } else {
+            0
+        };
         Area {
             ptr,
             len,
-            fd,
+            fd: std::sync::Mutex::new(Some(fd)),
+            ino,
             owned: false,
         }
     }
 
-    /// The memfd behind the area (to send to another process).
-    pub fn fd(&self) -> BorrowedFd<'_> {
-        self.fd.as_fd()
+    /// A duplicate of the memfd behind the area (to send to another process); fails once the
+    /// fd was closed ([`Area::close_fd`], or an area mapped from another process's fd).
+    pub fn dup_fd(&self) -> std::io::Result<OwnedFd> {
+        let g = self.fd.lock().unwrap_or_else(|e| e.into_inner());
+        match g.as_ref() {
+            Some(fd) => fd.try_clone(),
+            None => Err(std::io::Error::from_raw_os_error(libc::EBADF)),
+        }
+    }
+
+    /// Closes the memfd (the mapping stays): nothing needs to send this area any more.
+    pub fn close_fd(&self) {
+        let mut g = self.fd.lock().unwrap_or_else(|e| e.into_inner());
+        g.take();
+    }
+
+    /// Whether the area still holds its memfd.
+    pub fn has_fd(&self) -> bool {
+        self.fd.lock().unwrap_or_else(|e| e.into_inner()).is_some()
+    }
+
+    /// The memfd's inode number.
+    pub fn inode(&self) -> u64 {
+        self.ino
     }
 
     /// Length in bytes.
@@ -314,13 +376,14 @@ mod tests {
     #[test]
     fn shared_mappings_and_untrusted_fds() {
         let a = Area::new(8192, "shared").unwrap();
-        let dup = a.fd().try_clone_to_owned().unwrap();
+        let dup = a.dup_fd().unwrap();
         let b = Area::from_fd(dup, 8192).unwrap();
+        assert!(!b.has_fd(), "a received area keeps no descriptor");
         a.write_at(5000, b"same bytes").unwrap();
         let mut got = [0u8; 10];
         b.read_at(5000, &mut got).unwrap();
         assert_eq!(&got, b"same bytes");
-        let dup = a.fd().try_clone_to_owned().unwrap();
+        let dup = a.dup_fd().unwrap();
         assert!(
             Area::from_fd(dup, 3 * 4096).is_err(),
             "smaller than claimed"
@@ -330,7 +393,40 @@ mod tests {
         let file = std::fs::File::open("/proc/self/status").unwrap();
         assert!(Area::from_fd(file.into(), 4096).is_err(), "not a memfd");
         // The sealed area cannot be truncated by anyone holding its fd.
-        let r = unsafe { libc::ftruncate(a.fd().as_raw_fd(), 0) };
+        let fd = a.dup_fd().unwrap();
+        let r = unsafe { libc::ftruncate(fd.as_raw_fd(), 0) };
         assert!(r < 0);
+        a.close_fd();
+        assert!(a.dup_fd().is_err());
+        a.write_at(0, b"still mapped").unwrap();
+    }
+
+    /// A hugetlb memfd - sealed, large enough - is refused: its pages can run out after the
+    /// mapping and fault the reader (SIGBUS). Skipped where the kernel has no hugetlb pages
+    /// to create one with.
+    #[test]
+    fn hugetlb_memfds_are_refused() {
+        let name = std::ffi::CString::new("huge").unwrap();
+        // SAFETY: valid name; the result is checked.
+        let raw = unsafe {
+            libc::memfd_create(
+                name.as_ptr(),
+                libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING | libc::MFD_HUGETLB,
+            )
+        };
+        if raw < 0 {
+            eprintln!("no hugetlb memfd here: {}", std::io::Error::last_os_error());
+            return;
+        }
+        // SAFETY: a fresh fd we own.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        // A hugetlb file's size is a multiple of the huge page size; 0 pages reserved is
+        // fine for the check (the refusal comes before the size).
+        unsafe {
+            libc::ftruncate(fd.as_raw_fd(), 2 << 20);
+            libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_SHRINK);
+        }
+        let e = Area::from_fd(fd, 4096).unwrap_err();
+        assert!(e.to_string().contains("hugetlb"), "{e}");
     }
 }

@@ -197,7 +197,15 @@ impl SocketChannel {
         if !self.alive() {
             return Err(VerbsError::DeviceFatal);
         }
-        let fds: Vec<BorrowedFd<'_>> = area.iter().map(|a| a.fd()).collect();
+        // The area's own fd stays where it is (its creator decides when to close it).
+        let dups = area
+            .iter()
+            .map(|a| a.dup_fd())
+            .collect::<std::io::Result<Vec<_>>>()
+            .map_err(|e| {
+                VerbsError::InvalidArgument(format!("the memory area cannot be sent: {e}"))
+            })?;
+        let fds: Vec<BorrowedFd<'_>> = dups.iter().map(|d| d.as_fd()).collect();
         let r = self.conn.request(Body::Call(cmd), &fds, deadline);
         match r {
             Ok((ReplyBody::Call(d), _)) => Ok(d),

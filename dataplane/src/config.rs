@@ -86,21 +86,26 @@ pub struct RawHost {
     pub group: Option<String>,
     /// The socket's permission bits, octal (default "0660").
     pub mode: Option<String>,
-    /// Clients attached at once (default 64).
+    /// Clients attached at once (default 64, at most 65534).
     pub max_clients: Option<u32>,
-    /// QPs per client (default: the device's).
+    /// QPs per client (default: a quarter of the device's).
     pub max_qps: Option<u32>,
-    /// CQs per client (default: the device's).
+    /// CQs per client (default: a quarter of the device's).
     pub max_cqs: Option<u32>,
-    /// MRs per client (default: the device's).
+    /// MRs per client (default: a quarter of the device's).
     pub max_mrs: Option<u32>,
-    /// PDs per client (default: the device's).
+    /// PDs per client (default: a quarter of the device's).
     pub max_pds: Option<u32>,
-    /// SRQs per client (default: the device's).
+    /// SRQs per client (default: a quarter of the device's).
     pub max_srqs: Option<u32>,
     /// Bytes of memory a client shares with the RNIC: buffers and registered memory
     /// (default 16 GiB).
     pub max_area_bytes: Option<u64>,
+    /// Memory areas (mappings) per client (default 1024).
+    pub max_areas: Option<u32>,
+    /// Bytes of queue memory the RNIC allocates for a client's QPs, SRQs and CQs (default
+    /// 256 MiB).
+    pub max_queue_bytes: Option<u64>,
 }
 
 /// `[eal]`
@@ -410,7 +415,7 @@ pub struct HostConfig {
     pub mode: u32,
     /// Clients at once.
     pub max_clients: u32,
-    /// QPs per client (None: the device's limit).
+    /// QPs per client (None: a quarter of the device's limit).
     pub max_qps: Option<u32>,
     /// CQs per client.
     pub max_cqs: Option<u32>,
@@ -422,18 +427,35 @@ pub struct HostConfig {
     pub max_srqs: Option<u32>,
     /// Shared bytes per client.
     pub max_area_bytes: u64,
+    /// Memory areas per client.
+    pub max_areas: u32,
+    /// Queue memory per client, bytes.
+    pub max_queue_bytes: u64,
 }
 
+/// The most clients rnicd can tell apart (`host.max_clients`).
+pub const MAX_CLIENTS: u32 = u16::MAX as u32 - 1;
+
+/// The share of a device's objects a client may hold unless configured otherwise: a quarter,
+/// so that no one client can take what every other needs (at least four clients can each
+/// reach their limit), while one client alone still gets far more than perftest,
+/// the rdma-core examples or an MPI rank use.
+pub const DEFAULT_CLIENT_SHARE: u32 = 4;
+
 impl HostConfig {
-    /// The per-client limits.
-    pub fn client_limits(&self) -> crate::host::ClientLimits {
+    /// The per-client limits on a device with `dev`'s limits: each configured value, or
+    /// `1 / DEFAULT_CLIENT_SHARE` of the device's.
+    pub fn client_limits(&self, dev: &roce::engine::DeviceLimits) -> crate::host::ClientLimits {
+        let share = |v: Option<u32>, d: u32| v.unwrap_or((d / DEFAULT_CLIENT_SHARE).max(1));
         crate::host::ClientLimits {
-            max_qps: self.max_qps.unwrap_or(u32::MAX),
-            max_cqs: self.max_cqs.unwrap_or(u32::MAX),
-            max_mrs: self.max_mrs.unwrap_or(u32::MAX),
-            max_pds: self.max_pds.unwrap_or(u32::MAX),
-            max_srqs: self.max_srqs.unwrap_or(u32::MAX),
+            max_qps: share(self.max_qps, dev.max_qp),
+            max_cqs: share(self.max_cqs, dev.max_cq),
+            max_mrs: share(self.max_mrs, dev.max_mr),
+            max_pds: share(self.max_pds, dev.max_pd),
+            max_srqs: share(self.max_srqs, dev.max_srq),
             max_area_bytes: self.max_area_bytes,
+            max_areas: self.max_areas,
+            max_queue_bytes: self.max_queue_bytes,
         }
     }
 }
@@ -583,6 +605,8 @@ impl RawConfig {
             "host.max_pds" => self.host.max_pds = Some(small(value, u32::MAX as u64)? as u32),
             "host.max_srqs" => self.host.max_srqs = Some(small(value, u32::MAX as u64)? as u32),
             "host.max_area_bytes" => self.host.max_area_bytes = Some(num(value)?),
+            "host.max_areas" => self.host.max_areas = Some(small(value, u32::MAX as u64)? as u32),
+            "host.max_queue_bytes" => self.host.max_queue_bytes = Some(num(value)?),
             _ => return err(key, "unknown key"),
         }
         Ok(())
@@ -812,10 +836,22 @@ impl RawConfig {
             ("host.max_mrs", h.max_mrs),
             ("host.max_pds", h.max_pds),
             ("host.max_srqs", h.max_srqs),
+            ("host.max_areas", h.max_areas),
         ] {
             if v == Some(0) {
                 return err(key, "0 would refuse everything");
             }
+        }
+        // Clients are numbered by 16 bits on the worker (its owner tables), one value of
+        // which means "nobody": more could not be told apart.
+        if h.max_clients.is_some_and(|n| n > MAX_CLIENTS) {
+            return err(
+                "host.max_clients",
+                format!("at most {MAX_CLIENTS} clients can be told apart"),
+            );
+        }
+        if h.max_queue_bytes == Some(0) {
+            return err("host.max_queue_bytes", "0 would refuse every queue");
         }
         Ok(HostConfig {
             socket,
@@ -828,6 +864,8 @@ impl RawConfig {
             max_pds: h.max_pds,
             max_srqs: h.max_srqs,
             max_area_bytes: h.max_area_bytes.unwrap_or(16 << 30),
+            max_areas: h.max_areas.unwrap_or(1024),
+            max_queue_bytes: h.max_queue_bytes.unwrap_or(256 << 20),
         })
     }
 }
@@ -1090,10 +1128,14 @@ impl RnicConfig {
         ] {
             match v {
                 Some(v) => t.push_str(&format!("{k} = {v}\n")),
-                None => t.push_str(&format!("# {k} = \"(the device's limit)\"\n")),
+                None => t.push_str(&format!(
+                    "# {k} = \"(1/{DEFAULT_CLIENT_SHARE} of the device's limit)\"\n"
+                )),
             }
         }
         t.push_str(&format!("max_area_bytes = {}\n", h.max_area_bytes));
+        t.push_str(&format!("max_areas = {}\n", h.max_areas));
+        t.push_str(&format!("max_queue_bytes = {}\n", h.max_queue_bytes));
         out.push_str(&t);
         out
     }
@@ -1231,6 +1273,14 @@ mod tests {
             "fault.loss"
         );
         assert_eq!(bad("[port]\ndevice='x'\nmbufs=10").key, "port.mbufs");
+        // Client numbers are 16 bits on the worker: more clients could not be told apart.
+        let e = bad("[port]\ndevice='x'\n[host]\nmax_clients=70000");
+        assert_eq!(e.key, "host.max_clients");
+        assert!(e.problem.contains("65534"), "{e}");
+        assert_eq!(
+            bad("[port]\ndevice='x'\n[host]\nmax_areas=0").key,
+            "host.max_areas"
+        );
         // Unknown keys and type errors in the file are reported with their line.
         let e = bad("[port]\ndevice='x'\nbogus=1");
         assert!(e.key.starts_with("line"), "{e}");
@@ -1246,6 +1296,15 @@ mod tests {
         let c = r.validate().unwrap();
         assert_eq!(c.ipv4.len(), 2);
         assert!(c.ecn);
+        // Unset per-client limits are a quarter of the device's; set ones are kept.
+        r.set("host.max_qps", "3").unwrap();
+        let c = r.validate().unwrap();
+        let dev = roce::engine::DeviceLimits::default();
+        let l = c.host.client_limits(&dev);
+        assert_eq!(l.max_qps, 3);
+        assert_eq!(l.max_pds, dev.max_pd / DEFAULT_CLIENT_SHARE);
+        assert_eq!(l.max_mrs, dev.max_mr / DEFAULT_CLIENT_SHARE);
+        assert_eq!((l.max_areas, l.max_queue_bytes), (1024, 256 << 20));
         assert_eq!(r.set("port.nope", "1").unwrap_err().key, "port.nope");
         assert!(r.set("roce.ecn", "maybe").is_err());
         assert!(r.set("port.mtu", "lots").is_err());

@@ -10,7 +10,7 @@
 //! touches memory after its MR is gone), then the areas are unmapped.
 
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
@@ -65,7 +65,8 @@ struct Shared {
     names: Vec<String>,
     ports: Vec<String>,
     speeds: Vec<u32>,
-    client_limits: ClientLimits,
+    /// Per RNIC.
+    client_limits: Vec<ClientLimits>,
     max_clients: u32,
     clients: AtomicU32,
     /// Connections open (any role, hello or not).
@@ -82,6 +83,21 @@ pub struct Daemon {
     accept: Option<JoinHandle<()>>,
     conns: Arc<Mutex<Vec<JoinHandle<()>>>>,
     socket: PathBuf,
+}
+
+/// Raises the soft limit on open descriptors to the hard limit. rnicd holds one descriptor
+/// per connection (and briefly one per memfd in flight); the common soft default of 1024
+/// would cap the clients well below `host.max_clients` under a burst of connections.
+fn raise_fd_limit() {
+    // SAFETY: getrlimit/setrlimit on a struct we own.
+    let mut rl: libc::rlimit = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) } == 0 && rl.rlim_cur < rl.rlim_max {
+        let old = rl.rlim_cur;
+        rl.rlim_cur = rl.rlim_max;
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &rl) } == 0 {
+            tracing::debug!(from = old, to = rl.rlim_max, "raised the descriptor limit");
+        }
+    }
 }
 
 /// Looks up a group id by name.
@@ -165,14 +181,18 @@ impl Daemon {
     /// Serves `rt`'s RNICs (named `ferroce0`, `ferroce1`, ... in order) on the socket of
     /// `cfg`.
     pub fn start(rt: Runtime, cfg: &HostConfig) -> Result<Daemon, DaemonError> {
+        raise_fd_limit();
         let listener = listen(cfg)?;
         let n = rt.len();
+        let client_limits = (0..n)
+            .map(|i| cfg.client_limits(&rt.device_limits(i)))
+            .collect();
         let shared = Arc::new(Shared {
             names: (0..n).map(|i| format!("ferroce{i}")).collect(),
             ports: (0..n).map(|i| rt.config(i).device.clone()).collect(),
             speeds: (0..n).map(|i| rt.config(i).speed_gbps).collect(),
             rt,
-            client_limits: cfg.client_limits(),
+            client_limits,
             max_clients: cfg.max_clients,
             clients: AtomicU32::new(0),
             conns: AtomicU32::new(0),
@@ -399,7 +419,7 @@ fn serve(conn: SeqPacket, shared: &Shared) {
     );
     match hello.role {
         Role::Admin => {
-            let w = welcome(shared, 0);
+            let w = welcome(shared, 0, &shared.client_limits[0]);
             if conn
                 .send_json(&Reply::ok(id, ReplyBody::Welcome(w)), &[])
                 .is_ok()
@@ -412,14 +432,14 @@ fn serve(conn: SeqPacket, shared: &Shared) {
     tracing::info!(pid, comm = %comm, "client disconnected");
 }
 
-fn welcome(shared: &Shared, nic: usize) -> Welcome {
+fn welcome(shared: &Shared, nic: usize, client_limits: &ClientLimits) -> Welcome {
     let limits = shared.rt.host_limits(nic);
     Welcome {
         version: VERSION,
         device: shared.names[nic].clone(),
         devices: shared.names.clone(),
         limits,
-        client_limits: shared.client_limits,
+        client_limits: *client_limits,
         ring_bytes: [
             ring_bytes::<PostSlot>(crate::host::POST_RING) as u64,
             ring_bytes::<EventSlot>(crate::host::EVENT_RING) as u64,
@@ -469,13 +489,10 @@ fn verbs_client(
         let _ = conn.send_json(&Reply::err(id, e), &[]);
         return;
     }
-    let attached = shared.rt.attach_host(
-        nic,
-        shared.client_limits,
-        pid,
-        cred.map_or(u32::MAX, |c| c.uid),
-        comm,
-    );
+    let limits = shared.client_limits[nic];
+    let attached = shared
+        .rt
+        .attach_host(nic, limits, pid, cred.map_or(u32::MAX, |c| c.uid), comm);
     let (rings, mut chan) = match attached {
         Ok(x) => x,
         Err(e) => {
@@ -484,18 +501,31 @@ fn verbs_client(
             return;
         }
     };
-    let fds = [rings.posts.fd(), rings.events.fd(), rings.index.fd()];
-    let ok = conn
-        .send_json(
-            &Reply::ok(id, ReplyBody::Welcome(welcome(shared, nic))),
-            &fds,
-        )
-        .is_ok();
+    let areas = [&rings.posts, &rings.events, &rings.index];
+    let ok = match areas
+        .iter()
+        .map(|a| a.dup_fd())
+        .collect::<io::Result<Vec<_>>>()
+    {
+        Ok(dups) => {
+            let fds: Vec<_> = dups.iter().map(|d| d.as_fd()).collect();
+            conn.send_json(
+                &Reply::ok(id, ReplyBody::Welcome(welcome(shared, nic, &limits))),
+                &fds,
+            )
+            .is_ok()
+        }
+        Err(_) => false,
+    };
+    // Sent: rnicd keeps the mappings only, no descriptor per client ring.
+    for a in areas {
+        a.close_fd();
+    }
     drop(rings);
     if ok {
         while let Some(req) = next(&conn, shared, buf, None) {
             let (reply, close) = match req {
-                Ok((r, fds)) => handle(shared, &mut chan, r, fds, cred),
+                Ok((r, fds)) => handle(shared, &mut chan, &limits, r, fds, cred),
                 Err((id, e)) => (Reply::err(id, e), false),
             };
             if send_reply(&conn, reply).is_err() || close {
@@ -552,6 +582,7 @@ fn take_area(fds: Vec<OwnedFd>, limits: &ClientLimits, min: usize) -> Result<Arc
 fn handle(
     shared: &Shared,
     chan: &mut LocalChannel,
+    limits: &ClientLimits,
     r: Request,
     fds: Vec<OwnedFd>,
     cred: Option<PeerCred>,
@@ -572,7 +603,7 @@ fn handle(
         Body::Admin(a) => (admin(shared, id, a, cred), false),
         Body::Call(cmd) => {
             let area = match &cmd {
-                Command::AddArea { .. } => match take_area(fds, &shared.client_limits, 1) {
+                Command::AddArea { .. } => match take_area(fds, limits, 1) {
                     Ok(a) => Some(a),
                     Err(e) => return (Reply::err(id, e), false),
                 },
@@ -589,7 +620,7 @@ fn handle(
                         );
                     }
                     let min = ring_bytes::<CqeSlot>(*capacity as usize);
-                    match take_area(fds, &shared.client_limits, min) {
+                    match take_area(fds, limits, min) {
                         Ok(a) => Some(a),
                         Err(e) => return (Reply::err(id, e), false),
                     }
@@ -721,11 +752,19 @@ fn admin(shared: &Shared, id: u64, req: AdminRequest, cred: Option<PeerCred>) ->
             )
         }),
         AdminRequest::Resources => inspect(shared, false).map(|reps| {
+            // Keys and PSNs are what a peer needs to reach a client's memory or hijack its
+            // connection: shown for a client only to the same user, root and rnicd's user.
+            // SAFETY: geteuid has no preconditions.
+            let me = unsafe { libc::geteuid() };
+            let asker = cred.map(|c| c.uid);
+            let privileged = asker.is_some_and(|u| u == 0 || u == me);
             let mut res = Resources::default();
             for (i, r) in reps.into_iter().enumerate() {
                 let dev = &shared.names[i];
                 for c in r.clients {
                     let (pid, comm) = who(c.pid, &c.comm);
+                    let owner = if c.pid == 0 { me } else { c.uid };
+                    let visible = privileged || asker == Some(owner);
                     res.clients.push(ClientRes {
                         device: dev.clone(),
                         pid,
@@ -746,26 +785,32 @@ fn admin(shared: &Shared, id: u64, req: AdminRequest, cred: Option<PeerCred>) ->
                             qpn: q.qpn.value(),
                             qp_type: q.qp_type,
                             state: q.state,
-                            sq_psn: q.attr.sq_psn.map_or(0, |p| p.value()),
-                            rq_psn: q.attr.rq_psn.map_or(0, |p| p.value()),
+                            sq_psn: visible.then(|| q.attr.sq_psn.map_or(0, |p| p.value())),
+                            rq_psn: visible.then(|| q.attr.rq_psn.map_or(0, |p| p.value())),
                             dest_qp: q.attr.dest_qp.map(|d| d.value()),
                             path_mtu: q.attr.path_mtu.map(|m| m.bytes()),
                         });
                     }
-                    let obj = |kind: &str, id: u32, size: u64| ObjRes {
+                    let obj = |kind: &str, id: u32, size: u64, key: Option<u32>| ObjRes {
                         device: dev.clone(),
                         pid,
                         comm: comm.clone(),
                         kind: kind.into(),
                         id,
                         size,
+                        key,
                     };
-                    res.objects.extend(c.pds.iter().map(|p| obj("pd", p.0, 0)));
-                    res.objects.extend(c.cqs.iter().map(|q| obj("cq", q.0, 0)));
                     res.objects
-                        .extend(c.srqs.iter().map(|s| obj("srq", s.0, 0)));
+                        .extend(c.pds.iter().map(|p| obj("pd", p.0, 0, None)));
                     res.objects
-                        .extend(c.mrs.iter().map(|(k, len)| obj("mr", k.0, *len)));
+                        .extend(c.cqs.iter().map(|q| obj("cq", q.0, 0, None)));
+                    res.objects
+                        .extend(c.srqs.iter().map(|s| obj("srq", s.0, 0, None)));
+                    res.objects.extend(
+                        c.mrs
+                            .iter()
+                            .map(|(k, len)| obj("mr", k.index(), *len, visible.then_some(k.0))),
+                    );
                 }
             }
             ReplyBody::Resources(res)

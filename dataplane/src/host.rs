@@ -70,6 +70,14 @@ pub struct HostLimits {
     pub max_cq: u32,
     /// The device's `max_srq`.
     pub max_srq: u32,
+    /// The port's MTU in bytes (the largest UD message), for the send checks an application
+    /// makes before posting.
+    #[serde(default = "default_port_mtu")]
+    pub port_mtu: u32,
+}
+
+fn default_port_mtu() -> u32 {
+    4096
 }
 
 impl HostLimits {
@@ -79,6 +87,7 @@ impl HostLimits {
             max_qp: cfg.limits.max_qp,
             max_cq: cfg.limits.max_cq,
             max_srq: cfg.limits.max_srq,
+            port_mtu: cfg.port_mtu.bytes(),
         }
     }
 
@@ -109,6 +118,12 @@ pub struct ClientLimits {
     /// Bytes of memory shared with the RNIC: buffers, registered memory and CQ rings,
     /// counted until the worker unmaps them.
     pub max_area_bytes: u64,
+    /// Shared memory areas mapped on the worker (buffers, moved pages, CQ rings): each is a
+    /// mapping in rnicd, a resource of its own besides the bytes.
+    pub max_areas: u32,
+    /// Bytes of queue memory the RNIC allocates for the client's QPs, SRQs and CQs (their
+    /// work queue entries, SGE arrays, inline buffers and completions).
+    pub max_queue_bytes: u64,
 }
 
 impl Default for ClientLimits {
@@ -120,6 +135,8 @@ impl Default for ClientLimits {
             max_pds: u32::MAX,
             max_srqs: u32::MAX,
             max_area_bytes: u64::MAX,
+            max_areas: u32::MAX,
+            max_queue_bytes: u64::MAX,
         }
     }
 }
@@ -1061,30 +1078,17 @@ impl<C: Channel> Client<C> {
         if sq_posted.wrapping_sub(sq_retired) >= caps.max_send_wr as u64 {
             return Err(VerbsError::QueueFull);
         }
-        if wr.sg_list.len() > caps.max_send_sge as usize {
-            return Err(VerbsError::InvalidArgument(format!(
-                "{} SGEs exceed max_send_sge {}",
-                wr.sg_list.len(),
-                caps.max_send_sge
-            )));
-        }
-        if qp_type == QpType::Ud && wr.ud.is_none() {
-            return Err(VerbsError::InvalidArgument(
-                "UD sends need an address handle".into(),
-            ));
-        }
+        // The engine's own checks, made here so a bad WR is refused at once (rdma-core's
+        // EINVAL with bad_wr) instead of taking a place in the send queue.
+        roce::engine::check_send(
+            qp_type,
+            &caps,
+            self.limits.port_mtu,
+            wr,
+            inline.map(|d| d.len()),
+        )?;
         let is_inline = wr.flags.contains(SendFlags::INLINE) && !wr.op.is_read_or_atomic();
         let slot = if is_inline {
-            let n: u64 = match inline {
-                Some(d) => d.len() as u64,
-                None => wr.sg_list.iter().map(|s| s.length as u64).sum(),
-            };
-            if n > caps.max_inline_data as u64 {
-                return Err(VerbsError::InvalidArgument(format!(
-                    "{n} inline bytes exceed max_inline_data {}",
-                    caps.max_inline_data
-                )));
-            }
             let mut bytes = [0u8; MAX_INLINE];
             let data: &[u8] = match inline {
                 Some(d) => d,
@@ -1148,6 +1152,10 @@ impl<C: Channel> Verbs for Client<C> {
             VerbsError::InvalidArgument(format!("cannot allocate {len} bytes: {e}"))
         })?);
         let id = self.add_area(area.clone())?;
+        // A buffer belongs to this context only: once sent, its fd is not needed (the
+        // process keeps one descriptor per shared range only where another context may
+        // have to map it too: moved pages, `crate::shadow`).
+        area.close_fd();
         self.buffers.retain(|_, w| w.strong_count() > 0);
         self.buffers.insert(area.addr(), Arc::downgrade(&area));
         Ok(Buffer {
@@ -1268,8 +1276,10 @@ impl<C: Channel> Verbs for Client<C> {
                 cqe,
                 capacity: capacity as u32,
             },
-            Some(area),
+            Some(area.clone()),
         );
+        // Sent (or refused): the ring is never sent again, so its fd can go.
+        area.close_fd();
         let cq = expect_reply!(r, ReplyData::Cq(cq) => cq)?;
         match self.cqs.get_mut(cq.0 as usize) {
             Some(slot) => {
@@ -1563,6 +1573,8 @@ pub struct Owners {
 
 /// No owner.
 const NOBODY: u16 = u16::MAX;
+/// How many clients one RNIC can number (every u16 but [`NOBODY`]).
+pub const MAX_HOST_IDS: usize = NOBODY as usize;
 
 impl Owners {
     /// Empty tables for a device with `limits`.
@@ -1621,6 +1633,14 @@ pub struct HostObjects {
     pub area_bytes: u64,
 }
 
+/// The kinds of object whose queue memory is charged to a client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum QueueKind {
+    Qp,
+    Srq,
+    Cq,
+}
+
 /// The worker's end of a client.
 pub struct HostEnd {
     /// Identifies this client to the worker's control calls.
@@ -1648,6 +1668,10 @@ pub struct HostEnd {
     retired: Vec<Arc<Area>>,
     /// Bytes of the client's areas and CQ rings mapped on the worker.
     area_bytes: u64,
+    /// Bytes of queue memory the engine holds for the client's QPs, SRQs and CQs.
+    queue_bytes: u64,
+    /// What each of those objects was charged, by kind and id.
+    queue_charges: HashMap<(QueueKind, u32), u64>,
     qps: Vec<Qpn>,
     srqs: Vec<SrqId>,
     mrs: Vec<Lkey>,
@@ -1684,6 +1708,8 @@ impl HostEnd {
             areas: HashMap::new(),
             retired: Vec::new(),
             area_bytes: 0,
+            queue_bytes: 0,
+            queue_charges: HashMap::new(),
             qps: Vec::new(),
             srqs: Vec::new(),
             mrs: Vec::new(),
@@ -1773,7 +1799,9 @@ impl HostEnd {
                 if r.is_err() {
                     self.counters.failed_posts += 1;
                     if own {
-                        dev.fail_posted_wr(qpn, wr.wr_id, wr.op.wc_opcode(), false);
+                        // Completed in order with LOC_QP_OP_ERR, its send queue place freed
+                        // when it retires (the application counted it as posted).
+                        dev.reject_posted_send(qpn, &wr.as_wr());
                     }
                 }
             }
@@ -1866,6 +1894,46 @@ impl HostEnd {
         self.area_bytes -= freed;
     }
 
+    /// Mappings the client has on the worker: its areas (live or retired) and CQ rings.
+    fn area_count(&self) -> usize {
+        self.areas.len() + self.retired.len() + self.cqs.iter().flatten().count()
+    }
+
+    /// Refuses one more mapping past `host.max_areas`.
+    fn check_area_count(&self) -> VerbsResult<()> {
+        if self.area_count() >= self.client_limits.max_areas as usize {
+            return Err(VerbsError::NoResources("memory areas (host.max_areas)"));
+        }
+        Ok(())
+    }
+
+    /// Refuses `bytes` more of queue memory past `host.max_queue_bytes` (checked before the
+    /// engine allocates anything).
+    fn check_queue(&self, bytes: u64) -> VerbsResult<()> {
+        if self.queue_bytes.saturating_add(bytes) > self.client_limits.max_queue_bytes {
+            return Err(VerbsError::NoResources(
+                "queue memory (host.max_queue_bytes)",
+            ));
+        }
+        Ok(())
+    }
+
+    fn charge_queue(&mut self, kind: QueueKind, id: u32, bytes: u64) {
+        self.queue_bytes += bytes;
+        self.queue_charges.insert((kind, id), bytes);
+    }
+
+    fn uncharge_queue(&mut self, kind: QueueKind, id: u32) {
+        if let Some(b) = self.queue_charges.remove(&(kind, id)) {
+            self.queue_bytes -= b;
+        }
+    }
+
+    /// Bytes of queue memory charged to the client.
+    pub fn queue_bytes(&self) -> u64 {
+        self.queue_bytes
+    }
+
     /// Counts `bytes` more of shared memory against the client's limit.
     fn charge(&mut self, bytes: u64) -> VerbsResult<()> {
         if self.area_bytes.saturating_add(bytes) > self.client_limits.max_area_bytes {
@@ -1933,6 +2001,8 @@ impl HostEnd {
                         "area {id} already exists"
                     )));
                 }
+                self.reap_areas();
+                self.check_area_count()?;
                 self.charge(area.len() as u64)?;
                 self.areas.insert(id, area);
                 Ok(ReplyData::None)
@@ -2003,6 +2073,9 @@ impl HostEnd {
                 if owned >= self.client_limits.max_cqs {
                     return Err(VerbsError::NoResources("completion queues (host.max_cqs)"));
                 }
+                self.check_area_count()?;
+                let qbytes = roce::engine::cq_queue_bytes(cqe);
+                self.check_queue(qbytes)?;
                 let ring_len = ring.len() as u64;
                 self.charge(ring_len)?;
                 let cq = match dev.create_cq(cqe) {
@@ -2019,6 +2092,7 @@ impl HostEnd {
                 };
                 *slot = Some((Producer::attach(ring, capacity as usize), false));
                 Owners::set(&mut owners.cq, cq.0 as usize, self.id);
+                self.charge_queue(QueueKind::Cq, cq.0, qbytes);
                 Ok(ReplyData::Cq(cq))
             }
             Command::DestroyCq { cq } => {
@@ -2029,6 +2103,7 @@ impl HostEnd {
                 }
                 self.pending_cqs.retain(|c| *c != cq);
                 Owners::set(&mut owners.cq, cq.0 as usize, NOBODY);
+                self.uncharge_queue(QueueKind::Cq, cq.0);
                 Ok(ReplyData::None)
             }
             Command::CreateSrq { pd, attr } => {
@@ -2043,11 +2118,14 @@ impl HostEnd {
                         "at most {MAX_HOST_SGE} SGEs per WR"
                     )));
                 }
+                let qbytes = roce::engine::srq_queue_bytes(&attr);
+                self.check_queue(qbytes)?;
                 let s = dev.create_srq(pd, &attr)?;
                 if s.0 >= self.limits.max_srq {
                     let _ = dev.destroy_srq(s);
                     return Err(VerbsError::NoResources("shared receive queues"));
                 }
+                self.charge_queue(QueueKind::Srq, s.0, qbytes);
                 self.srqs.push(s);
                 Owners::set(&mut owners.srq, s.0 as usize, self.id);
                 self.publish_srq(dev, s);
@@ -2066,6 +2144,7 @@ impl HostEnd {
                 dev.destroy_srq(srq)?;
                 self.srqs.retain(|s| *s != srq);
                 Owners::set(&mut owners.srq, srq.0 as usize, NOBODY);
+                self.uncharge_queue(QueueKind::Srq, srq.0);
                 Ok(ReplyData::None)
             }
             Command::CreateQp { init } => {
@@ -2091,12 +2170,15 @@ impl HostEnd {
                         "at most {MAX_HOST_SGE} SGEs per WR"
                     )));
                 }
+                let qbytes = roce::engine::qp_queue_bytes(&init.caps, init.srq.is_some());
+                self.check_queue(qbytes)?;
                 let q = dev.create_qp(&init)?;
                 let slot = dev.qp_index(q).expect("just created");
                 if slot >= self.limits.max_qp as usize {
                     let _ = dev.destroy_qp(q);
                     return Err(VerbsError::NoResources("queue pairs"));
                 }
+                self.charge_queue(QueueKind::Qp, q.value(), qbytes);
                 self.qps.push(q);
                 Owners::set(&mut owners.qp, slot, self.id);
                 self.publish_qp(dev, q);
@@ -2120,6 +2202,7 @@ impl HostEnd {
                 if let Some(s) = slot {
                     Owners::set(&mut owners.qp, s, NOBODY);
                 }
+                self.uncharge_queue(QueueKind::Qp, qpn.value());
                 Ok(ReplyData::None)
             }
             Command::Counters { qpn } => {
@@ -2191,6 +2274,8 @@ impl HostEnd {
         self.areas.clear();
         self.retired.clear();
         self.area_bytes = 0;
+        self.queue_charges.clear();
+        self.queue_bytes = 0;
         self.closed = true;
     }
 

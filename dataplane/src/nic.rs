@@ -322,16 +322,26 @@ impl Nic {
     }
 
     /// Attaches an application context.
-    pub fn add_host(&mut self, mut h: HostEnd) {
+    ///
+    /// Clients are numbered by 16 bits in the owner tables, `u16::MAX` meaning "nobody": past
+    /// 65 535 attached clients a new one is refused (dropped, so its calls fail with
+    /// `DeviceFatal`) rather than numbered like another and handed that one's objects.
+    /// Returns whether it was attached.
+    pub fn add_host(&mut self, mut h: HostEnd) -> bool {
         let id = match self.hosts.iter().position(|h| h.is_none()) {
             Some(i) => i,
-            None => {
+            None if self.hosts.len() < crate::host::MAX_HOST_IDS => {
                 self.hosts.push(None);
                 self.hosts.len() - 1
+            }
+            None => {
+                tracing::warn!(client = %h.label, "refused: every client number is in use");
+                return false;
             }
         };
         h.id = id as u16;
         self.hosts[id] = Some(h);
+        true
     }
 
     /// Executes a control call of the client `token`; a client that is no longer attached
@@ -465,6 +475,11 @@ impl Nic {
     /// The sizes host interfaces of this RNIC need.
     pub fn host_limits(&self) -> HostLimits {
         HostLimits::of(self.dev.config())
+    }
+
+    /// The device's limits.
+    pub fn device_limits(&self) -> roce::engine::DeviceLimits {
+        self.dev.config().limits
     }
 
     /// Attached application contexts.

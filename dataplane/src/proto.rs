@@ -183,6 +183,8 @@ const NAMES: &[&str] = &[
     "shared receive queues (host.max_srqs)",
     "shared memory (host.max_area_bytes)",
     "clients (host.max_clients)",
+    "memory areas (host.max_areas)",
+    "queue memory (host.max_queue_bytes)",
 ];
 
 fn intern(s: &str) -> &'static str {
@@ -293,10 +295,11 @@ pub struct QpRes {
     pub qp_type: roce::verbs::QpType,
     /// State.
     pub state: roce::verbs::QpState,
-    /// Next send PSN.
-    pub sq_psn: u32,
-    /// Expected receive PSN.
-    pub rq_psn: u32,
+    /// Next send PSN (`None` when hidden: another user's QP, shown to neither root nor
+    /// rnicd's own user).
+    pub sq_psn: Option<u32>,
+    /// Expected receive PSN (`None` when hidden, as `sq_psn`).
+    pub rq_psn: Option<u32>,
     /// Destination QP.
     pub dest_qp: Option<u32>,
     /// Path MTU, bytes.
@@ -314,11 +317,16 @@ pub struct ObjRes {
     pub comm: String,
     /// `pd`, `cq`, `mr` or `srq`.
     pub kind: String,
-    /// Its handle (PD/CQ/SRQ id; an MR's lkey).
+    /// Its handle (PD/CQ/SRQ id; an MR's index, `mrn`).
     pub id: u32,
     /// For an MR: its length in bytes (0 for other objects).
     #[serde(default)]
     pub size: u64,
+    /// For an MR: its lkey (= rkey), shown only to its owner's user, root and rnicd's user
+    /// (a key is what a peer needs to reach the memory, as `rdma resource` shows keys only
+    /// to CAP_NET_ADMIN).
+    #[serde(default)]
+    pub key: Option<u32>,
 }
 
 /// One attached context (an application process) as `rnic-ctl res` shows it.
@@ -768,7 +776,8 @@ mod tests {
         let (a, b) = SeqPacket::pair().unwrap();
         let area = crate::area::Area::new(4096, "t").unwrap();
         area.write_at(10, b"hello").unwrap();
-        a.send(b"{\"x\":1}", &[area.fd()]).unwrap();
+        let fd = area.dup_fd().unwrap();
+        a.send(b"{\"x\":1}", &[fd.as_fd()]).unwrap();
         let mut buf = [0u8; 64];
         let (n, fds) = b.recv(&mut buf).unwrap();
         assert_eq!(&buf[..n], b"{\"x\":1}");
@@ -781,11 +790,10 @@ mod tests {
         a.send(&[b'x'; 100], &[]).unwrap();
         assert!(b.recv(&mut buf).is_err());
         // More fds than allowed: refused by the sender; a closed peer reads as 0 bytes.
-        let many: Vec<_> = (0..5).map(|_| area.fd()).collect();
+        let many: Vec<_> = (0..5).map(|_| fd.as_fd()).collect();
         assert!(a.send(b"x", &many).is_err());
         drop(a);
         assert_eq!(b.recv(&mut buf).unwrap().0, 0);
-        let _ = area.fd().as_fd();
     }
 
     #[test]

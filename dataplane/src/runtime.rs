@@ -86,6 +86,7 @@ pub struct Runtime {
     configs: Vec<RnicConfig>,
     macs: Vec<[u8; 6]>,
     limits: Vec<HostLimits>,
+    dev_limits: Vec<roce::engine::DeviceLimits>,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
@@ -162,6 +163,7 @@ impl Runtime {
         let configs = nics.iter().map(|n| n.config().clone()).collect();
         let macs = nics.iter().map(|n| n.mac()).collect();
         let limits = nics.iter().map(|n| n.host_limits()).collect();
+        let dev_limits = nics.iter().map(|n| n.device_limits()).collect();
         let c = &nics[0].config();
         let backoff = Backoff {
             spin: c.idle_spin,
@@ -190,6 +192,7 @@ impl Runtime {
             configs,
             macs,
             limits,
+            dev_limits,
             thread: Mutex::new(Some(thread)),
         })
     }
@@ -239,6 +242,11 @@ impl Runtime {
     /// The sizes a client of RNIC `index` needs (its index area's layout).
     pub fn host_limits(&self, index: usize) -> HostLimits {
         self.limits[index]
+    }
+
+    /// The limits of RNIC `index`'s device (what per-client limits are a share of).
+    pub fn device_limits(&self, index: usize) -> roce::engine::DeviceLimits {
+        self.dev_limits[index]
     }
 
     /// How many RNICs run.

@@ -155,11 +155,7 @@ fn display_path(p: &str) -> &str {
 /// Whether `area`'s pages are still its memfd's mapping in this process (the application
 /// may have unmapped them - a large free, heap trimming - and mapped something else there).
 pub fn still_mapped(area: &Area) -> bool {
-    // SAFETY: fstat into a zeroed struct on the area's fd.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    if unsafe { libc::fstat(area.fd().as_raw_fd(), &mut st) } < 0 {
-        return false;
-    }
+    let ino = area.inode();
     let (start, end) = (area.addr(), area.addr() + area.len() as u64);
     let Ok(text) = std::fs::read_to_string("/proc/self/smaps") else {
         return false;
@@ -167,7 +163,7 @@ pub fn still_mapped(area: &Area) -> bool {
     let maps = parse_smaps(&text);
     let mut covered = start;
     for m in maps.iter().filter(|m| m.end > start && m.start < end) {
-        if m.start > covered || m.inode != st.st_ino || !m.path.contains(SHADOW_NAME) {
+        if m.start > covered || m.inode != ino || !m.path.contains(SHADOW_NAME) {
             return false;
         }
         covered = m.end;
@@ -322,7 +318,7 @@ KernelPageSize:        4 kB
             "contents kept"
         );
         // Another mapping of the memfd (what rnicd does) sees the same bytes both ways.
-        let fd = area.fd().try_clone_to_owned().unwrap();
+        let fd = area.dup_fd().unwrap();
         let other = Area::from_fd(fd, 2 * PAGE).unwrap();
         s[5000] = 0xab;
         let mut b = [0u8; 1];
@@ -348,7 +344,7 @@ KernelPageSize:        4 kB
             (1, 0xcd, 0xab, (100 * 7) as u8)
         );
         assert_eq!(s[3 * PAGE - 1], ((3 * PAGE - 1) * 7) as u8);
-        let fd = again.fd().try_clone_to_owned().unwrap();
+        let fd = again.dup_fd().unwrap();
         let other = Area::from_fd(fd, 3 * PAGE).unwrap();
         other.write_at(3 * PAGE - 1, &[0x5a]).unwrap();
         assert_eq!(

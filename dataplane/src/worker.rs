@@ -191,7 +191,7 @@ impl Worker {
                 match c {
                     Control::AddHost(i, h) => {
                         if let Some(n) = self.nics.get_mut(i) {
-                            n.add_host(*h);
+                            let _ = n.add_host(*h);
                         }
                     }
                     Control::SetCapture(i, on) => {

@@ -194,9 +194,27 @@ impl Memory for HeapMemory {
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct PdId(pub u32);
 
+/// A reference to one registration of a memory region: its key and the registration
+/// number the table gave it. State that outlives a single packet (a multi-packet WRITE being
+/// placed, a READ being answered, a payload segment waiting to be gathered) holds this rather
+/// than a bare key, and resolves it with [`MrTable::resolve`] at every use: a key whose index
+/// and key byte come back for a later registration (the slot reused after `dereg_mr`, or a
+/// fast-registration MR re-bound) has another registration number, so the old reference can
+/// never reach the new region's memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MrRef {
+    /// The local key at the time of the reference.
+    pub lkey: Lkey,
+    /// The registration number ([`MemoryRegion::reg`]).
+    pub reg: u64,
+}
+
 /// A registered memory region.
 #[derive(Clone)]
 pub struct MemoryRegion {
+    /// Registration number: unique among every registration the table ever held (never
+    /// reused; a fast-registration re-bind takes a new one).
+    pub reg: u64,
     /// Protection domain.
     pub pd: PdId,
     /// Local key.
@@ -234,6 +252,14 @@ impl std::fmt::Debug for MemoryRegion {
 }
 
 impl MemoryRegion {
+    /// A reference to this registration.
+    pub fn as_ref(&self) -> MrRef {
+        MrRef {
+            lkey: self.lkey,
+            reg: self.reg,
+        }
+    }
+
     /// Offset into the backing memory of `addr..addr+len`, if the range lies in the region.
     pub fn offset_of(&self, addr: u64, len: u64) -> Option<usize> {
         let end = addr.checked_add(len)?;
@@ -264,14 +290,24 @@ struct Slot {
 }
 
 /// Memory regions by key. The upper 24 bits of a key index the table; the low 8 bits change on
-/// every registration so a stale key never matches (the rxe/mlx5 scheme). Indices are handed
-/// out cyclically (rxe's pools allocate cyclically too): a freed index is reused only after
-/// every other one was, so an old key comes back only after 256 passes over the table.
+/// every registration of that index (the rxe/mlx5 key layout; rxe draws the byte at random,
+/// mlx5 from a per-device counter, ferroce counts per index so a key comes back only after
+/// 256 registrations of its index). Indices are handed out least recently freed first (a FIFO
+/// of free indices, after every index was used once), so a freed index waits behind every
+/// other free one before it is reused.
+///
+/// Keys alone are not identities: a key can come back. Every registration also gets a
+/// registration number that is never reused, and anything that refers to a region beyond one
+/// packet holds an [`MrRef`] (key and number) resolved with [`MrTable::resolve`], which also
+/// checks the protection domain and validity: a stale reference fails instead of reaching
+/// whichever region now has the key.
 #[derive(Default)]
 pub struct MrTable {
     slots: Vec<Slot>,
-    /// The index the next registration tries first.
-    next: u32,
+    /// Freed indices, oldest first.
+    free: std::collections::VecDeque<u32>,
+    /// The registration number the next registration gets.
+    next_reg: u64,
     count: usize,
     max: usize,
 }
@@ -281,7 +317,8 @@ impl MrTable {
     pub fn new(max: usize) -> MrTable {
         MrTable {
             slots: Vec::new(),
-            next: 1,
+            free: std::collections::VecDeque::new(),
+            next_reg: 1,
             count: 0,
             max,
         }
@@ -302,26 +339,46 @@ impl MrTable {
         if self.count >= self.max {
             return None;
         }
-        // Index 0 is never used, so that key 0 is always invalid. Indices run 1..=max.
-        let idx = loop {
-            let i = self.next;
-            self.next = if i as usize >= self.max { 1 } else { i + 1 };
-            match self.slots.get(i as usize) {
-                Some(slot) if slot.mr.is_some() => continue,
-                Some(_) => break i,
-                None => {
-                    self.slots
-                        .resize_with(i as usize + 1, || Slot { key: 0, mr: None });
-                    break i;
-                }
-            }
+        // Index 0 is never used, so that key 0 is always invalid. Indices run 1..=max (at
+        // most 2^24 - 1: the index is the key's upper 24 bits). Every index is used once
+        // before a freed one is taken again.
+        let fresh = self.slots.len().max(1);
+        let idx = if fresh <= self.max && fresh < 1 << 24 {
+            self.slots
+                .resize_with(fresh + 1, || Slot { key: 0, mr: None });
+            fresh as u32
+        } else {
+            self.free.pop_front()?
         };
+        let reg = self.take_reg();
         let slot = &mut self.slots[idx as usize];
         slot.key = slot.key.wrapping_add(1);
         let lkey = Lkey((idx << 8) | slot.key as u32);
-        slot.mr = Some(make(lkey));
+        let mut mr = make(lkey);
+        mr.reg = reg;
+        slot.mr = Some(mr);
         self.count += 1;
         Some(lkey)
+    }
+
+    /// A new registration number (for a fast-registration re-bind).
+    pub fn take_reg(&mut self) -> u64 {
+        let r = self.next_reg;
+        self.next_reg += 1;
+        r
+    }
+
+    /// The region `r` refers to, if that very registration is still there, valid and in
+    /// `pd`: the check of every use of a reference held across packets.
+    pub fn resolve(&self, r: MrRef, pd: PdId) -> Option<&MemoryRegion> {
+        self.get(r.lkey)
+            .filter(|m| m.valid && m.reg == r.reg && m.pd == pd)
+    }
+
+    /// The memory of the registration `r` refers to, valid or not (the transmit path: a
+    /// payload segment is gathered in the same worker step that checked it).
+    pub fn memory_of(&self, r: MrRef) -> Option<&Arc<dyn Memory>> {
+        self.get(r.lkey).filter(|m| m.reg == r.reg).map(|m| &m.mem)
     }
 
     /// Removes the region with this exact lkey.
@@ -331,6 +388,7 @@ impl MrTable {
         match &slot.mr {
             Some(mr) if mr.lkey == lkey => {
                 self.count -= 1;
+                self.free.push_back(idx as u32);
                 slot.mr.take()
             }
             _ => None,
@@ -451,6 +509,7 @@ mod tests {
 
     fn region(pd: u32, lkey: Lkey, access: Access) -> MemoryRegion {
         MemoryRegion {
+            reg: 0,
             pd: PdId(pd),
             lkey,
             rkey: access.any_remote().then_some(Rkey(lkey.0)),

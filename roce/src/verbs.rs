@@ -67,11 +67,14 @@ impl fmt::Debug for Access {
 pub mod vendor_err {
     /// The QP went to error because its peer's MAC could not be resolved (no ARP/ND reply).
     pub const PEER_UNREACHABLE: u32 = 0x101;
+    /// A work request the RNIC took from the application's ring but could not post.
+    pub const REJECTED_AT_POST: u32 = 0x102;
 
     /// What a code means, for messages.
     pub fn describe(code: u32) -> Option<&'static str> {
         match code {
             PEER_UNREACHABLE => Some("the peer's address could not be resolved (no ARP/ND reply)"),
+            REJECTED_AT_POST => Some("the work request could not be posted (refused by the RNIC)"),
             _ => None,
         }
     }

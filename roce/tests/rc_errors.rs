@@ -1331,3 +1331,56 @@ fn sends_beyond_advertised_credits_wait_except_one_probe() {
         ]
     );
 }
+
+// ---- a WR the host interface took but the engine refused ----
+
+/// A send WR refused after the application counted it as posted still takes its place in
+/// the send queue: it completes LOC_QP_OP_ERR in order (after the WR before it), the QP goes
+/// to ERR as for a WQE the RNIC cannot execute, and the queue position advances past it, so
+/// the application's count of free places stays right.
+#[test]
+fn a_rejected_post_completes_in_order_and_frees_its_place() {
+    let (mut p, a, b) = setup(ConnectOpts {
+        depth: 4,
+        ..Default::default()
+    });
+    post(
+        &mut p,
+        0,
+        &a,
+        1,
+        WrOp::Write {
+            remote_addr: b.addr,
+            rkey: b.rkey,
+        },
+        &[sge(&a, 0, 64)],
+    );
+    p.run_until_idle(SEC);
+    let before = p.a.dev.queue_positions(a.qpn).unwrap().0;
+    for i in 0..10 {
+        let wr = SendWr {
+            wr_id: 10 + i,
+            op: WrOp::Send,
+            sg_list: &[],
+            flags: SendFlags::SIGNALED,
+            ud: None,
+        };
+        p.a.dev.reject_posted_send(a.qpn, &wr);
+        p.run_until_idle(SEC);
+    }
+    let c = cqes(&mut p, 0, &a);
+    assert_eq!((c[0].wr_id, c[0].status), (1, WcStatus::Success), "{c:?}");
+    assert_eq!((c[1].wr_id, c[1].status), (10, WcStatus::LocQpOpErr));
+    assert_eq!(c[1].vendor_err, roce::verbs::vendor_err::REJECTED_AT_POST);
+    assert!(
+        c[2..].iter().all(|c| c.status == WcStatus::WrFlushErr),
+        "{c:?}"
+    );
+    assert_eq!(c.len(), 11, "every rejected WR completes: {c:?}");
+    assert_eq!(state(&p, 0, &a), QpState::Err);
+    assert_eq!(
+        p.a.dev.queue_positions(a.qpn).unwrap().0,
+        before + 10,
+        "ten rejected WRs on a queue of four: every place came back"
+    );
+}

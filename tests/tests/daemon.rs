@@ -36,6 +36,8 @@ fn host_config(name: &str) -> HostConfig {
         max_pds: None,
         max_srqs: None,
         max_area_bytes: 1 << 30,
+        max_areas: 1024,
+        max_queue_bytes: 256 << 20,
     }
 }
 
@@ -551,11 +553,12 @@ fn a_vanished_client_is_reclaimed() {
         let r = raw(&s, 2, Body::Call(dataplane::host::Command::AllocPd), &[]).0;
         assert_eq!(r.status, 0);
         let area = Area::new(1 << 16, "vanish").unwrap();
+        let fd = area.dup_fd().unwrap();
         let r = raw(
             &s,
             3,
             Body::Call(dataplane::host::Command::AddArea { id: 1 }),
-            &[area.fd()],
+            &[fd.as_fd()],
         )
         .0;
         assert_eq!(r.status, 0);
@@ -948,5 +951,161 @@ fn a_completion_wakes_a_blocked_waiter() {
         "a new CQ woke its waiter without a completion"
     );
     drop((a, b));
+    d.stop();
+}
+
+/// Descriptors open in this process (the daemon and its clients share it here).
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+/// Unset per-client limits are a share of the device, not all of it: one client that takes
+/// every PD (or queue memory) it may still leaves room for another.
+#[test]
+fn default_limits_leave_room_for_other_clients() {
+    let mut cfg = host_config("shares");
+    cfg.max_queue_bytes = 8 << 20;
+    let d = daemon(&cfg, 31, 32);
+    let dev = d.runtime().device_limits(0);
+    let mut greedy = remote(&cfg.socket, "ferroce0");
+    let mut pds = Vec::new();
+    let err = loop {
+        match greedy.alloc_pd() {
+            Ok(p) => pds.push(p),
+            Err(e) => break e,
+        }
+        assert!(pds.len() <= dev.max_pd as usize, "no per-client PD limit");
+    };
+    assert_eq!(
+        err,
+        VerbsError::NoResources("protection domains (host.max_pds)")
+    );
+    assert_eq!(
+        pds.len() as u32,
+        dev.max_pd / dataplane::config::DEFAULT_CLIENT_SHARE
+    );
+    // Queue memory: large queues until the client's budget is spent.
+    let cq = greedy.create_cq(64).unwrap();
+    let init = roce::engine::QpInit {
+        pd: pds[0],
+        qp_type: QpType::Rc,
+        send_cq: cq,
+        recv_cq: cq,
+        srq: None,
+        caps: QpCaps {
+            max_send_wr: 4096,
+            max_recv_wr: 4096,
+            max_send_sge: 16,
+            max_recv_sge: 16,
+            max_inline_data: 256,
+        },
+        sq_sig_all: false,
+    };
+    let mut qps = 0;
+    let err = loop {
+        match greedy.create_qp(&init) {
+            Ok(_) => qps += 1,
+            Err(e) => break e,
+        }
+        assert!(qps < 64, "queue memory not counted");
+    };
+    assert_eq!(
+        err,
+        VerbsError::NoResources("queue memory (host.max_queue_bytes)")
+    );
+    let big_cq = greedy.create_cq(dev.max_cqe).unwrap_err();
+    assert_eq!(
+        big_cq,
+        VerbsError::NoResources("queue memory (host.max_queue_bytes)")
+    );
+    // Another client still gets everything it needs and moves verified data.
+    let (mut a, b) = rc_pair(&cfg.socket);
+    verified_write(&mut a, &b, 7, 10_000);
+    drop((a, b, greedy));
+    d.stop();
+}
+
+/// rnicd keeps no descriptor per client area (the mapping outlives the fd), and a client's
+/// areas are bounded by host.max_areas: one client adding areas as fast as it can neither
+/// exhausts rnicd's descriptors nor stops another client from connecting and working.
+#[test]
+fn client_areas_cost_no_descriptors_and_are_bounded() {
+    let mut cfg = host_config("areas");
+    cfg.max_areas = 200;
+    let d = daemon(&cfg, 33, 34);
+    let mut hog = remote(&cfg.socket, "ferroce0");
+    let before = open_fds();
+    let mut bufs = Vec::new();
+    let err = loop {
+        match hog.alloc_buffer(4096) {
+            Ok(b) => bufs.push(b),
+            Err(e) => break e,
+        }
+        assert!(bufs.len() <= 200, "no area limit");
+    };
+    assert_eq!(
+        err,
+        VerbsError::NoResources("memory areas (host.max_areas)")
+    );
+    assert_eq!(bufs.len(), 200);
+    let grown = open_fds().saturating_sub(before);
+    assert!(
+        grown < 10,
+        "{grown} more descriptors open for {} areas (daemon and client in this process)",
+        bufs.len()
+    );
+    // The areas are real: an MR on the last one works.
+    let pd = hog.alloc_pd().unwrap();
+    hog.reg_mr(pd, bufs.last().unwrap(), 0, 4096, Access::LOCAL_WRITE)
+        .unwrap();
+    // Another client connects and moves verified data meanwhile.
+    let (mut a, b) = rc_pair(&cfg.socket);
+    verified_write(&mut a, &b, 9, 8192);
+    drop((a, b));
+    // Freed areas make room again.
+    bufs.truncate(100);
+    hog.alloc_buffer(4096).unwrap();
+    drop((bufs, hog));
+    d.stop();
+}
+
+/// A hugetlb memfd (sealed, large enough) is refused: its pages can run out after rnicd
+/// mapped it, and a fault in the worker would take rnicd down for every client.
+#[test]
+fn a_hugetlb_memfd_is_refused() {
+    let name = std::ffi::CString::new("huge").unwrap();
+    // SAFETY: valid name; checked.
+    let raw_fd = unsafe {
+        libc::memfd_create(
+            name.as_ptr(),
+            libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING | libc::MFD_HUGETLB,
+        )
+    };
+    if raw_fd < 0 {
+        eprintln!(
+            "skipped: no hugetlb memfd here ({})",
+            std::io::Error::last_os_error()
+        );
+        return;
+    }
+    // SAFETY: a fresh fd.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw_fd) };
+    // SAFETY: our fd (either call may fail without hugepages; the refusal comes first).
+    unsafe {
+        libc::ftruncate(fd.as_raw_fd(), 2 << 20);
+        libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_SHRINK);
+    }
+    let cfg = host_config("hugetlb");
+    let d = daemon(&cfg, 35, 36);
+    let s = SeqPacket::connect(&cfg.socket).unwrap();
+    assert_eq!(raw(&s, 1, hello("ferroce0"), &[]).0.status, 0);
+    let (r, _) = raw(
+        &s,
+        2,
+        Body::Call(dataplane::host::Command::AddArea { id: 1 }),
+        &[fd.as_fd()],
+    );
+    assert_eq!(r.status, libc::EINVAL, "{r:?}");
+    assert!(format!("{:?}", r.error).contains("hugetlb"), "{r:?}");
     d.stop();
 }

@@ -343,3 +343,66 @@ fn a_dead_worker_fails_calls_instead_of_hanging() {
     drop((a, b));
     drop(rt); // joins the dead worker without hanging
 }
+
+/// A WR the RNIC would refuse is refused by `post_send` itself (EINVAL, as rdma-core's
+/// providers do) and takes no place in the send queue: many more such posts than the queue
+/// holds leave it as empty as before, and good WRs go on.
+#[test]
+fn refused_posts_take_no_send_queue_room() {
+    let (rt, mut a, mut b) = rc_pair();
+    let rkey = b.mr.rkey.unwrap();
+    let bad = [
+        // An ATOMIC needs an 8-byte local buffer.
+        SendWr {
+            wr_id: 1,
+            op: WrOp::FetchAdd {
+                remote_addr: b.mr.addr,
+                rkey,
+                add: 1,
+            },
+            sg_list: &[a.mr.sge(0, 4)],
+            flags: SendFlags::SIGNALED,
+            ud: None,
+        },
+        // More inline bytes than the QP takes.
+        SendWr {
+            wr_id: 2,
+            op: WrOp::Send,
+            sg_list: &[a.mr.sge(0, 4096)],
+            flags: SendFlags::SIGNALED | SendFlags::INLINE,
+            ud: None,
+        },
+    ];
+    for i in 0..3 * 256 {
+        let e = a.ctx.post_send(a.qpn, &bad[i % 2]).unwrap_err();
+        assert!(matches!(e, VerbsError::InvalidArgument(_)), "{e}");
+    }
+    assert_eq!(a.ctx.sq_room(a.qpn).unwrap(), 256, "no room taken");
+    for i in 0..300u64 {
+        b.ctx
+            .post_recv(
+                b.qpn,
+                &RecvWr {
+                    wr_id: i,
+                    sg_list: &[b.mr.sge(0, 64)],
+                },
+            )
+            .unwrap();
+        a.ctx
+            .post_send(
+                a.qpn,
+                &SendWr {
+                    wr_id: 100 + i,
+                    op: WrOp::Send,
+                    sg_list: &[a.mr.sge(0, 64)],
+                    flags: SendFlags::SIGNALED,
+                    ud: None,
+                },
+            )
+            .unwrap_or_else(|e| panic!("good post {i}: {e}"));
+        let c = wait_cq(&mut a, 1, 10);
+        assert_eq!(c[0].status, WcStatus::Success);
+    }
+    drop((a, b));
+    drop(rt);
+}

@@ -341,3 +341,78 @@ fn the_c_example_runs_both_roles_through_rnicd() {
     assert!(e.contains("mlx5_0") && e.contains("ferroce0"), "{e}");
     wait_idle(r.sock());
 }
+
+/// `rnic-ctl res` shows a client's PSNs and memory keys (what a peer needs to reach its
+/// memory or take over its connection) only to the client's own user, root and rnicd's user;
+/// another user sees the objects without them. Needs root (to run rnic-ctl as nobody).
+#[test]
+fn other_users_see_no_keys_or_psns() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 || which("setpriv").is_none() {
+        eprintln!("skipped: needs root and setpriv");
+        return;
+    }
+    let _one = serial();
+    let r = Rnicd::start("hide", &["--set", "host.mode=0666"]);
+    // The socket's directory must let nobody through.
+    use std::os::unix::fs::PermissionsExt;
+    let dir = r.socket.parent().unwrap();
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let (srv, cli) = spawn_pair(r.sock(), "send_bw", &["-D", "3"]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mine = loop {
+        let v = ctl_json(r.sock(), &["res"]);
+        let mrs = v["objects"]
+            .as_array()
+            .map_or(0, |o| o.iter().filter(|o| o["kind"] == "mr").count());
+        if v["qps"].as_array().is_some_and(|q| q.len() == 2) && mrs == 2 {
+            break v;
+        }
+        assert!(Instant::now() < deadline, "{v}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    for q in mine["qps"].as_array().unwrap() {
+        assert!(
+            q["sq_psn"].is_u64() && q["rq_psn"].is_u64(),
+            "root sees PSNs: {q}"
+        );
+    }
+    for o in mine["objects"].as_array().unwrap() {
+        if o["kind"] == "mr" {
+            assert!(o["key"].is_u64(), "root sees keys: {o}");
+        }
+    }
+    let mut c = Command::new("setpriv");
+    c.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(env!("CARGO_BIN_EXE_rnic-ctl"))
+        .args(["--socket", r.sock(), "--json", "res"]);
+    let (o, _) = common::run_for(&mut c, Duration::from_secs(30));
+    let theirs = json(&o, "rnic-ctl res as nobody");
+    assert_eq!(theirs["qps"].as_array().unwrap().len(), 2, "{theirs}");
+    for q in theirs["qps"].as_array().unwrap() {
+        assert!(
+            q["sq_psn"].is_null() && q["rq_psn"].is_null(),
+            "nobody sees another user's PSNs: {q}"
+        );
+    }
+    for o in theirs["objects"].as_array().unwrap() {
+        assert!(o["key"].is_null(), "nobody sees another user's keys: {o}");
+    }
+    let mut c = Command::new("setpriv");
+    c.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(env!("CARGO_BIN_EXE_rnic-ctl"))
+        .args(["--socket", r.sock(), "res", "mr"]);
+    let (o, _) = common::run_for(&mut c, Duration::from_secs(30));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains("mrn") && !text.contains("lkey"), "{text}");
+    wait_child(srv, Duration::from_secs(60));
+    wait_child(cli, Duration::from_secs(60));
+}
+
+fn which(prog: &str) -> Option<std::path::PathBuf> {
+    std::env::var_os("PATH").and_then(|p| {
+        std::env::split_paths(&p)
+            .map(|d| d.join(prog))
+            .find(|f| f.is_file())
+    })
+}

@@ -1742,6 +1742,29 @@ pub unsafe extern "C" fn ibv_create_qp(
             set_errno(libc::EINVAL);
             return std::ptr::null_mut();
         }
+        // The CQs and the SRQ must be this context's own objects (as the kernel resolves
+        // handles per ucontext): a CQ of another context - another device, or another
+        // ibv_open_device of this one - would otherwise be taken by its number, which names
+        // some other CQ here.
+        {
+            let o = objects(ctx);
+            let ours = |t: &HashMap<u32, usize>, h: u32, p: usize| t.get(&h) == Some(&p);
+            let cqs_ok = [i.send_cq, i.recv_cq]
+                .iter()
+                .all(|&c| (*c).context == (*pd).context && ours(&o.cqs, (*c).handle, c as usize));
+            let srq_ok = i.srq.is_null()
+                || ((*i.srq).context == (*pd).context
+                    && ours(&o.srqs, (*i.srq).handle, i.srq as usize));
+            if !cqs_ok || !srq_ok {
+                drop(o);
+                explain(&VerbsError::InvalidArgument(format!(
+                    "ibv_create_qp: the {} belongs to another context",
+                    if cqs_ok { "SRQ" } else { "CQ" }
+                )));
+                set_errno(libc::EINVAL);
+                return std::ptr::null_mut();
+            }
+        }
         let caps = QpCaps {
             max_send_wr: i.cap.max_send_wr.max(1),
             max_recv_wr: if i.srq.is_null() {

@@ -23,7 +23,7 @@ pub use counters::{DeviceCounters, QpCounters};
 pub use qp::ModifyError;
 pub use transmit::{Path, Payload, PayloadSeg, Transmit, MAX_INLINE, MAX_PAYLOAD_SEGS};
 
-use crate::memory::{KeyError, Memory, MemoryError, MemoryRegion, MrTable, PdId};
+use crate::memory::{KeyError, Memory, MemoryError, MemoryRegion, MrRef, MrTable, PdId};
 use crate::types::{Gid, Lkey, Qpn, Rkey};
 use crate::verbs::{
     Access, AsyncEvent, Completion, Mtu, QpAttr, QpCaps, QpInfo, QpState, QpType, RecvWr,
@@ -278,6 +278,107 @@ pub(crate) struct Srq {
     pub moved_noted: bool,
 }
 
+/// The checks of a send work request that need only the QP's type and capabilities (not its
+/// state or queue): SGE count, operation allowed on the QP type, address handle for UD,
+/// message length (2^31, the port MTU for UD, 8 bytes for an ATOMIC), inline length. One
+/// function, so that a host interface refusing a post synchronously (`ibv_post_send`'s EINVAL
+/// with `bad_wr`) and the engine agree exactly. `inline_len` is the length of inline data
+/// already copied (`post_send_inline`); otherwise the SGEs' lengths count. Returns the
+/// message length.
+pub fn check_send(
+    qp_type: QpType,
+    caps: &QpCaps,
+    port_mtu: u32,
+    wr: &SendWr<'_>,
+    inline_len: Option<usize>,
+) -> VerbsResult<u64> {
+    if wr.sg_list.len() > caps.max_send_sge as usize {
+        return Err(VerbsError::InvalidArgument(format!(
+            "{} SGEs exceed max_send_sge {}",
+            wr.sg_list.len(),
+            caps.max_send_sge
+        )));
+    }
+    let allowed = match qp_type {
+        QpType::Rc => true,
+        QpType::Uc => matches!(
+            wr.op,
+            WrOp::Send
+                | WrOp::SendWithImm { .. }
+                | WrOp::Write { .. }
+                | WrOp::WriteWithImm { .. }
+                | WrOp::LocalInv { .. }
+                | WrOp::RegMr { .. }
+        ),
+        QpType::Ud => matches!(wr.op, WrOp::Send | WrOp::SendWithImm { .. }),
+    };
+    if !allowed {
+        return Err(VerbsError::InvalidArgument(format!(
+            "{:?} is not available on a {:?} QP",
+            wr.op, qp_type
+        )));
+    }
+    if qp_type == QpType::Ud && wr.ud.is_none() {
+        return Err(VerbsError::InvalidArgument(
+            "UD sends need an address handle".into(),
+        ));
+    }
+    let length: u64 = match inline_len {
+        Some(n) => n as u64,
+        None => wr.sg_list.iter().map(|s| s.length as u64).sum(),
+    };
+    if length > 1 << 31 {
+        return Err(VerbsError::InvalidArgument(format!(
+            "message of {length} bytes exceeds 2^31"
+        )));
+    }
+    if qp_type == QpType::Ud && length > port_mtu as u64 {
+        return Err(VerbsError::InvalidArgument(format!(
+            "UD message of {length} bytes exceeds the port MTU {port_mtu}"
+        )));
+    }
+    if matches!(wr.op, WrOp::CompareSwap { .. } | WrOp::FetchAdd { .. }) && length != 8 {
+        return Err(VerbsError::InvalidArgument(
+            "an ATOMIC needs an 8-byte local buffer".into(),
+        ));
+    }
+    let inline = wr.flags.contains(SendFlags::INLINE) && !wr.op.is_read_or_atomic();
+    if inline && length > caps.max_inline_data as u64 {
+        return Err(VerbsError::InvalidArgument(format!(
+            "{length} inline bytes exceed max_inline_data {}",
+            caps.max_inline_data
+        )));
+    }
+    Ok(length)
+}
+
+/// Bytes of queue memory the engine allocates for a QP created with `caps` (its send queue,
+/// and its receive queue unless it uses an SRQ), so a host interface can count them against
+/// the client that asks (rnicd's `host.max_queue_bytes`) before creating it.
+pub fn qp_queue_bytes(caps: &QpCaps, srq: bool) -> u64 {
+    let sq = queues::send_queue_bytes(
+        caps.max_send_wr as usize,
+        caps.max_send_sge.max(1) as usize,
+        caps.max_inline_data as usize,
+    );
+    let rq = if srq {
+        0
+    } else {
+        queues::recv_queue_bytes(caps.max_recv_wr as usize, caps.max_recv_sge.max(1) as usize)
+    };
+    sq + rq + std::mem::size_of::<Qp>() as u64
+}
+
+/// Bytes of queue memory of a CQ of `cqe` entries.
+pub fn cq_queue_bytes(cqe: u32) -> u64 {
+    queues::completion_queue_bytes(cqe as usize)
+}
+
+/// Bytes of queue memory of an SRQ created with `attr`.
+pub fn srq_queue_bytes(attr: &SrqAttr) -> u64 {
+    queues::recv_queue_bytes(attr.max_wr as usize, attr.max_sge.max(1) as usize)
+}
+
 /// State shared by every QP: the parts a role needs besides its own QP.
 pub(crate) struct Shared {
     pub cfg: DeviceConfig,
@@ -369,6 +470,7 @@ impl Shared {
         access: Access,
         pd: PdId,
     ) -> WcStatus {
+        let reg = self.mrs.take_reg();
         let Some(mr) = self.mrs.get_mut_by_index(lkey.index()) else {
             return WcStatus::LocProtErr;
         };
@@ -388,6 +490,8 @@ impl Shared {
             return WcStatus::LocQpOpErr;
         }
         let new = (lkey.index() << 8) | key as u32;
+        // A new binding is a new registration: references to the old one stay dead.
+        mr.reg = reg;
         mr.lkey = Lkey(new);
         mr.rkey = access.any_remote().then_some(Rkey(new));
         mr.addr = addr;
@@ -685,6 +789,7 @@ impl Device {
             .sh
             .mrs
             .insert(|lkey| MemoryRegion {
+                reg: 0,
                 pd,
                 lkey,
                 rkey: access.any_remote().then_some(Rkey(lkey.0)),
@@ -709,6 +814,7 @@ impl Device {
         self.sh
             .mrs
             .insert(|lkey| MemoryRegion {
+                reg: 0,
                 pd,
                 lkey,
                 rkey: None,
@@ -741,9 +847,10 @@ impl Device {
         self.sh.mrs.get(lkey)
     }
 
-    /// The memory behind an lkey (to resolve a `PayloadSeg`).
-    pub fn memory(&self, lkey: Lkey) -> Option<&Arc<dyn Memory>> {
-        self.sh.mrs.get(lkey).map(|m| &m.mem)
+    /// The memory behind a payload segment's registration (`PayloadSeg::mr`), if that very
+    /// registration still exists.
+    pub fn memory(&self, mr: MrRef) -> Option<&Arc<dyn Memory>> {
+        self.sh.mrs.memory_of(mr)
     }
 
     /// Creates a CQ of at least `cqe` entries.
@@ -1151,83 +1258,42 @@ impl Device {
         if qp.sq.is_full() {
             return Err(VerbsError::QueueFull);
         }
-        if wr.sg_list.len() > qp.caps.max_send_sge as usize {
-            return Err(VerbsError::InvalidArgument(format!(
-                "{} SGEs exceed max_send_sge {}",
-                wr.sg_list.len(),
-                qp.caps.max_send_sge
-            )));
-        }
-        let allowed = match qp.qp_type {
-            QpType::Rc => true,
-            QpType::Uc => matches!(
-                wr.op,
-                WrOp::Send
-                    | WrOp::SendWithImm { .. }
-                    | WrOp::Write { .. }
-                    | WrOp::WriteWithImm { .. }
-                    | WrOp::LocalInv { .. }
-                    | WrOp::RegMr { .. }
-            ),
-            QpType::Ud => matches!(wr.op, WrOp::Send | WrOp::SendWithImm { .. }),
-        };
-        if !allowed {
-            return Err(VerbsError::InvalidArgument(format!(
-                "{:?} is not available on a {:?} QP",
-                wr.op, qp.qp_type
-            )));
-        }
-        if qp.qp_type == QpType::Ud && wr.ud.is_none() {
-            return Err(VerbsError::InvalidArgument(
-                "UD sends need an address handle".into(),
-            ));
-        }
-        let length: u64 = match inline_data {
-            Some(d) => d.len() as u64,
-            None => wr.sg_list.iter().map(|s| s.length as u64).sum(),
-        };
-        if length > 1 << 31 {
-            return Err(VerbsError::InvalidArgument(format!(
-                "message of {length} bytes exceeds 2^31"
-            )));
-        }
-        if qp.qp_type == QpType::Ud && length > port_mtu as u64 {
-            return Err(VerbsError::InvalidArgument(format!(
-                "UD message of {length} bytes exceeds the port MTU {port_mtu}"
-            )));
-        }
-        if matches!(wr.op, WrOp::CompareSwap { .. } | WrOp::FetchAdd { .. }) && length != 8 {
-            return Err(VerbsError::InvalidArgument(
-                "an ATOMIC needs an 8-byte local buffer".into(),
-            ));
-        }
+        let length = check_send(
+            qp.qp_type,
+            &qp.caps,
+            port_mtu,
+            wr,
+            inline_data.map(|d| d.len()),
+        )?;
         let mut inline_buf = [0u8; MAX_INLINE];
         let mut inline_len = 0;
         let inline = wr.flags.contains(SendFlags::INLINE) && !wr.op.is_read_or_atomic();
         if inline {
-            if length > qp.caps.max_inline_data as u64 {
-                return Err(VerbsError::InvalidArgument(format!(
-                    "{length} inline bytes exceed max_inline_data {}",
-                    qp.caps.max_inline_data
-                )));
-            }
+            // (check_send bounded the length by max_inline_data <= MAX_INLINE.)
             if let Some(d) = inline_data {
                 inline_buf[..d.len()].copy_from_slice(d);
                 inline_len = d.len();
             }
             // Inline data is copied now; the SGEs need not stay valid (verbs semantics).
+            // The same check as any local access (key, the QP's PD, bounds): an inline SGE
+            // naming another PD's MR must not copy that memory into a packet.
             for sge in wr.sg_list {
-                let mr = self
+                let (mr, off) = self
                     .sh
                     .mrs
-                    .get(sge.lkey)
-                    .filter(|m| m.valid)
-                    .ok_or_else(|| {
-                        VerbsError::InvalidArgument("inline SGE with an unknown lkey".into())
+                    .check_local(sge.lkey, qp.pd, sge.addr, sge.length as u64, Access(0))
+                    .map_err(|e| {
+                        VerbsError::InvalidArgument(format!(
+                            "inline SGE (lkey {:#x}): {}",
+                            sge.lkey.0,
+                            match e {
+                                KeyError::BadKey => "no such MR",
+                                KeyError::WrongPd => "MR of another protection domain",
+                                KeyError::Access => "access not granted",
+                                KeyError::Bounds => "outside its MR",
+                            }
+                        ))
                     })?;
-                let off = mr.offset_of(sge.addr, sge.length as u64).ok_or_else(|| {
-                    VerbsError::InvalidArgument("inline SGE outside its MR".into())
-                })?;
                 mr.mem
                     .read(
                         off,
@@ -1569,6 +1635,39 @@ impl Device {
             .map(|s| s.rq.head)
     }
 
+    /// A send WR a host interface took from an application but the engine refused
+    /// (`post_send` failed: a check the application side could not make, or a dishonest
+    /// client). It still takes its place in the send queue - so the queue position the
+    /// application counts on advances when it retires - and completes with LOC_QP_OP_ERR in
+    /// order, moving the QP to the error state as a WQE the RNIC cannot execute does. Where
+    /// it cannot be queued (the send queue is full or the QP is not ready to send: the
+    /// application did not count or order its posts) it completes at once, out of order.
+    pub fn reject_posted_send(&mut self, qpn: Qpn, wr: &SendWr<'_>) {
+        let Some(slot) = self.slot_of(qpn) else {
+            return;
+        };
+        let Some(qp) = self.qps.get_mut(slot).and_then(|q| q.as_deref_mut()) else {
+            return;
+        };
+        if qp.sq.is_full() || matches!(qp.state, QpState::Reset | QpState::Init | QpState::Rtr) {
+            self.fail_posted_wr(qpn, wr.wr_id, wr.op.wc_opcode(), false);
+            return;
+        }
+        let mut wqe = SendWqe::EMPTY;
+        wqe.wr_id = wr.wr_id;
+        wqe.op = wr.op;
+        wqe.signaled = true;
+        wqe.rejected = true;
+        qp.sq.push(wqe, &[], &[]);
+        match qp.state {
+            QpState::Err => qp.flush(&mut self.sh),
+            QpState::Sqe => qp.flush_sq(&mut self.sh),
+            _ => {}
+        }
+        self.mark_ready(slot as u32);
+        self.note_moved(slot);
+    }
+
     /// Completes a work request the host interface could not post (e.g. it arrived for a QP
     /// that was meanwhile destroyed or reset) with LOC_QP_OP_ERR on the QP's send CQ, so the
     /// application learns about it in order.
@@ -1696,7 +1795,7 @@ impl Device {
         }
         let mut at = 0;
         for seg in tx.payload.segs() {
-            let mem = self.memory(seg.lkey).ok_or(MemoryError::OutOfBounds)?;
+            let mem = self.memory(seg.mr).ok_or(MemoryError::OutOfBounds)?;
             mem.read(seg.offset, &mut out[at..at + seg.len as usize])?;
             at += seg.len as usize;
         }

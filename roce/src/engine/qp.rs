@@ -279,7 +279,7 @@ pub(crate) struct RdAtomicRes {
     /// READ: the reply being sent - the MR, the memory offset of the next byte, bytes left,
     /// the PSN of the next packet, and whether the next packet starts the reply
     /// (FIRST/ONLY) or continues it (MIDDLE/LAST, as rxe replays from inside a READ).
-    pub lkey: crate::types::Lkey,
+    pub mr: crate::memory::MrRef,
     pub mem_offset: usize,
     pub resid: u32,
     pub cur_psn: Psn,
@@ -346,8 +346,9 @@ pub(crate) struct RespState {
     pub recv_offset: u32,
     /// The receive WQE is held across the packets of a message.
     pub have_recv: bool,
-    /// WRITE in progress: MR, offset in its memory, bytes left of the RETH length.
-    pub write_lkey: crate::types::Lkey,
+    /// WRITE in progress: the registration (re-resolved with the QP's PD for every packet),
+    /// offset in its memory, bytes left of the RETH length.
+    pub write_mr: crate::memory::MrRef,
     pub write_mem_offset: usize,
     pub write_left: u32,
     pub write_total: u32,
@@ -469,7 +470,7 @@ impl Qp {
                 recv_sges: Vec::with_capacity(caps.max_recv_sge as usize),
                 recv_offset: 0,
                 have_recv: false,
-                write_lkey: crate::types::Lkey(0),
+                write_mr: crate::memory::MrRef::default(),
                 write_mem_offset: 0,
                 write_left: 0,
                 write_total: 0,

@@ -52,6 +52,9 @@ pub(crate) struct SendWqe {
     /// once, so an ACK at or after `last_psn` completes the WQE even if a rewind has put it
     /// back to be sent again.
     pub last_sent: bool,
+    /// Refused when posted (`Device::reject_posted_send`): completes with LOC_QP_OP_ERR when
+    /// the requester reaches it, in order, taking its place in the queue like any WQE.
+    pub rejected: bool,
 }
 
 impl SendWqe {
@@ -72,7 +75,26 @@ impl SendWqe {
         ssn: 0,
         started: false,
         last_sent: false,
+        rejected: false,
     };
+}
+
+/// Bytes a send queue of `depth` WQEs with `max_sge` SGEs and `max_inline` inline bytes each
+/// holds (what [`SendQueue::new`] allocates).
+pub(crate) fn send_queue_bytes(depth: usize, max_sge: usize, max_inline: usize) -> u64 {
+    (depth as u64)
+        * (std::mem::size_of::<SendWqe>() + max_sge * std::mem::size_of::<Sge>() + max_inline)
+            as u64
+}
+
+/// Bytes a receive queue of `depth` WQEs with `max_sge` SGEs each holds.
+pub(crate) fn recv_queue_bytes(depth: usize, max_sge: usize) -> u64 {
+    (depth as u64) * (std::mem::size_of::<RecvSlot>() + max_sge * std::mem::size_of::<Sge>()) as u64
+}
+
+/// Bytes a completion queue of `capacity` entries holds once full.
+pub(crate) fn completion_queue_bytes(capacity: usize) -> u64 {
+    capacity as u64 * std::mem::size_of::<Completion>() as u64
 }
 
 /// The send queue: a ring of WQEs with monotonically increasing indices.

@@ -89,6 +89,15 @@ impl Qp {
                 }
                 WqeState::Posted | WqeState::Sending => {}
             }
+            if w.rejected {
+                // A WR the host interface could not post: a local QP operation error in its
+                // turn (what an RNIC reports for a WQE it cannot execute).
+                self.error_cause = crate::verbs::vendor_err::REJECTED_AT_POST;
+                self.sq.get_mut(idx).state = WqeState::Done(WcStatus::LocQpOpErr);
+                self.req.next += 1;
+                self.send_queue_error(sh);
+                return ReqStep::Idle;
+            }
             if !w.op.is_remote() {
                 if w.state == WqeState::Posted && self.state == QpState::Sqd {
                     return ReqStep::Idle;
@@ -435,12 +444,12 @@ impl Qp {
             let take = (l - skip).min(left);
             // Checked when the WQE started; it fails only if the MR was deregistered while
             // the WQE was in flight, which completes it with a protection error.
-            let (_, offset) = sh
+            let (mr, offset) = sh
                 .mrs
                 .check_local(sge.lkey, self.pd, sge.addr + skip, take, Access(0))
                 .map_err(|_| WcStatus::LocProtErr)?;
             tx.payload.push_seg(super::transmit::PayloadSeg {
-                lkey: sge.lkey,
+                mr: mr.as_ref(),
                 offset,
                 len: take as u32,
             });

@@ -17,6 +17,7 @@ use super::qp::{InMsg, Qp, RdAtomicRes, ResKind, RespItem, RespState};
 use super::req::read_pkts;
 use super::transmit::{PayloadSeg, Transmit};
 use super::{scatter, scatter_bytes, CreditMode, Pkt, Shared};
+use crate::memory::MrRef;
 use crate::types::Psn;
 use crate::verbs::{Access, AsyncEvent, Completion, QpType, WcFlags, WcOpcode, WcStatus};
 use crate::wire::aeth::{credits_to_code, AethRepr, NakCode, CREDITS_INVALID};
@@ -364,7 +365,7 @@ impl Qp {
                 Access::REMOTE_WRITE,
             ) {
                 Ok((mr, off)) => {
-                    self.resp.write_lkey = mr.lkey;
+                    self.resp.write_mr = mr.as_ref();
                     self.resp.write_mem_offset = off;
                 }
                 Err(_) => return false,
@@ -375,14 +376,17 @@ impl Qp {
         true
     }
 
-    /// Places a WRITE packet's payload after what the message wrote so far. False: the MR was
-    /// invalidated meanwhile or the range is outside it.
+    /// Places a WRITE packet's payload after what the message wrote so far. False: the
+    /// registration the FIRST packet was checked against is gone (deregistered, invalidated,
+    /// re-bound), whatever now holds its key, or the range is outside it. Every packet
+    /// resolves the registration again, with the QP's PD: a key that came back for another
+    /// MR - of this or any other protection domain - never receives the rest of a message.
     fn place_write(&self, sh: &Shared, pkt: &Pkt<'_>) -> bool {
         if pkt.payload_len == 0 {
             return true;
         }
         let done = self.resp.write_total - self.resp.write_left;
-        match sh.mrs.get(self.resp.write_lkey).filter(|m| m.valid) {
+        match sh.mrs.resolve(self.resp.write_mr, self.pd) {
             Some(mr) => pkt
                 .write_payload(&*mr.mem, self.resp.write_mem_offset + done as usize)
                 .is_ok(),
@@ -477,7 +481,7 @@ impl Qp {
             self.reject(sh, psn, INVALID);
             return;
         }
-        let Some((lkey, off)) = self.check_read(sh, reth) else {
+        let Some((mr, off)) = self.check_read(sh, reth) else {
             self.reject(sh, psn, ACCESS);
             return;
         };
@@ -491,7 +495,7 @@ impl Qp {
         r.rkey = reth.rkey;
         r.va_org = reth.va;
         r.len_org = reth.len;
-        r.lkey = lkey;
+        r.mr = mr;
         r.mem_offset = off;
         r.resid = reth.len;
         r.cur_psn = psn;
@@ -500,10 +504,10 @@ impl Qp {
     }
 
     /// The R_Key check of a READ over its whole range (a zero-length READ is not checked,
-    /// IBA 9.4.3). Returns the MR's lkey and the memory offset of the first byte.
-    fn check_read(&self, sh: &Shared, reth: RethRepr) -> Option<(crate::types::Lkey, usize)> {
+    /// IBA 9.4.3). Returns the registration and the memory offset of the first byte.
+    fn check_read(&self, sh: &Shared, reth: RethRepr) -> Option<(MrRef, usize)> {
         if reth.len == 0 {
-            return Some((crate::types::Lkey(0), 0));
+            return Some((MrRef::default(), 0));
         }
         sh.mrs
             .check_remote(
@@ -514,7 +518,7 @@ impl Qp {
                 Access::REMOTE_READ,
             )
             .ok()
-            .map(|(mr, off)| (mr.lkey, off))
+            .map(|(mr, off)| (mr.as_ref(), off))
     }
 
     fn rc_atomic(&mut self, sh: &mut Shared, pkt: &Pkt<'_>) {
@@ -625,13 +629,13 @@ impl Qp {
         }
         // The MR may have been deregistered or invalidated since (rxe re-checks the R_Key:
         // RESPST_ERR_RKEY_VIOLATION).
-        let Some((lkey, off)) = self.check_read(sh, reth) else {
+        let Some((mr, off)) = self.check_read(sh, reth) else {
             self.reject(sh, psn, ACCESS);
             return;
         };
         let gen = r.gen;
         let r = &mut self.resp.resources[slot];
-        r.lkey = lkey;
+        r.mr = mr;
         r.mem_offset = off;
         r.resid = reth.len;
         r.cur_psn = psn;
@@ -795,6 +799,7 @@ impl Qp {
     pub(crate) fn next_response(&mut self, sh: &mut Shared, tx: &mut Transmit) -> bool {
         let mtu = self.attr.path_mtu.map(|m| m.bytes()).unwrap_or(1024);
         let dest = self.attr.dest_qp.unwrap_or(crate::types::Qpn::new(0));
+        let pd = self.pd;
         let t = loop {
             let Some(&item) = self.resp.out.front() else {
                 return false;
@@ -839,6 +844,17 @@ impl Qp {
                     // One packet of the READ reply, from where the resource stands.
                     let n = r.resid.min(mtu);
                     let last = r.resid <= mtu;
+                    // The registration the request was checked against must still be there,
+                    // in this QP's PD (rxe re-checks the R_Key for every reply packet after
+                    // the first: rxe_recheck_mr). If it went - deregistered, invalidated,
+                    // its key reused - the reply stops with a remote access NAK (class C).
+                    if n > 0 && sh.mrs.resolve(r.mr, pd).is_none() {
+                        let psn = r.cur_psn;
+                        r.queued = false;
+                        self.resp.out.pop_front();
+                        self.reject(sh, psn, ACCESS);
+                        continue;
+                    }
                     let op = match (r.starts, last) {
                         (true, true) => 0x10,
                         (true, false) => 0x0d,
@@ -853,7 +869,7 @@ impl Qp {
                         });
                     }
                     tx.payload.push_seg(PayloadSeg {
-                        lkey: r.lkey,
+                        mr: r.mr,
                         offset: r.mem_offset,
                         len: n,
                     });

@@ -2,7 +2,8 @@
 //! into registered memory (or inline bytes), so the dataplane can gather it into an mbuf or
 //! attach it as an external buffer without an intermediate copy.
 
-use crate::types::{Gid, Lkey, Qpn};
+use crate::memory::MrRef;
+use crate::types::{Gid, Qpn};
 use crate::wire::bth::BthRepr;
 use crate::wire::ethernet::{EthernetRepr, VlanTag};
 use crate::wire::frame::{FrameRepr, IpRepr, TransportRepr};
@@ -15,11 +16,12 @@ pub const MAX_PAYLOAD_SEGS: usize = 32;
 /// Most inline bytes a send WR may carry (reported as `max_inline_data`).
 pub const MAX_INLINE: usize = 256;
 
-/// `len` bytes at `offset` in the memory of the MR whose lkey is `lkey`.
+/// `len` bytes at `offset` in the memory of one registration of an MR.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct PayloadSeg {
-    /// The MR (resolve with `Device::memory`).
-    pub lkey: Lkey,
+    /// The registration (resolve with `Device::memory`, which refuses a later registration
+    /// that reuses the key).
+    pub mr: MrRef,
     /// Offset within the MR's backing memory.
     pub offset: usize,
     /// Bytes.
@@ -91,7 +93,7 @@ impl Payload {
         }
         // Merge with the previous segment when contiguous in the same MR.
         if let Some(last) = self.segs[..self.nsegs as usize].last_mut() {
-            if last.lkey == seg.lkey && last.offset + last.len as usize == seg.offset {
+            if last.mr == seg.mr && last.offset + last.len as usize == seg.offset {
                 last.len += seg.len;
                 self.len += seg.len;
                 return;
@@ -268,22 +270,34 @@ mod tests {
     fn payload_merges_contiguous_segments() {
         let mut p = Payload::default();
         p.push_seg(PayloadSeg {
-            lkey: Lkey(1),
+            mr: MrRef {
+                lkey: crate::types::Lkey(1),
+                reg: 1,
+            },
             offset: 0,
             len: 10,
         });
         p.push_seg(PayloadSeg {
-            lkey: Lkey(1),
+            mr: MrRef {
+                lkey: crate::types::Lkey(1),
+                reg: 1,
+            },
             offset: 10,
             len: 5,
         });
         p.push_seg(PayloadSeg {
-            lkey: Lkey(2),
+            mr: MrRef {
+                lkey: crate::types::Lkey(2),
+                reg: 2,
+            },
             offset: 15,
             len: 5,
         });
         p.push_seg(PayloadSeg {
-            lkey: Lkey(2),
+            mr: MrRef {
+                lkey: crate::types::Lkey(2),
+                reg: 2,
+            },
             offset: 15,
             len: 0,
         });

@@ -209,11 +209,13 @@ fn print_res(r: &Resources, kind: Option<ResKind>) {
                 line += &format!(" rqpn {d}");
             }
             line += &format!(
-                " type {t} state {} rq-psn {} sq-psn {}",
+                " type {t} state {}",
                 format!("{:?}", q.state).to_uppercase(),
-                q.rq_psn,
-                q.sq_psn
             );
+            // PSNs of another user's QP are not shown (rnicd sends none).
+            if let (Some(r), Some(s)) = (q.rq_psn, q.sq_psn) {
+                line += &format!(" rq-psn {r} sq-psn {s}");
+            }
             if let Some(m) = q.path_mtu {
                 line += &format!(" path-mtu {m}");
             }
@@ -223,7 +225,7 @@ fn print_res(r: &Resources, kind: Option<ResKind>) {
     }
     for (k, name, id) in [
         (ResKind::Cq, "cq", "cqn"),
-        (ResKind::Mr, "mr", "lkey"),
+        (ResKind::Mr, "mr", "mrn"),
         (ResKind::Pd, "pd", "pdn"),
         (ResKind::Srq, "srq", "srqn"),
     ] {
@@ -231,19 +233,15 @@ fn print_res(r: &Resources, kind: Option<ResKind>) {
             continue;
         }
         for o in r.objects.iter().filter(|o| o.kind == name) {
-            let extra = if name == "mr" {
-                format!(" mrlen {}", o.size)
-            } else {
-                String::new()
-            };
-            let idv = if name == "mr" {
-                format!("{:#x}", o.id)
-            } else {
-                o.id.to_string()
+            // As `rdma resource show mr`: keys only where rnicd shows them (owner, root).
+            let extra = match (name, o.key) {
+                ("mr", Some(k)) => format!(" lkey {k:#x} rkey {k:#x} mrlen {}", o.size),
+                ("mr", None) => format!(" mrlen {}", o.size),
+                _ => String::new(),
             };
             println!(
-                "dev {} {id} {idv}{extra} pid {} comm {}",
-                o.device, o.pid, o.comm
+                "dev {} {id} {}{extra} pid {} comm {}",
+                o.device, o.id, o.pid, o.comm
             );
         }
     }

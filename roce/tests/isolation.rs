@@ -1,0 +1,297 @@
+//! Tenant isolation in the transport: state that outlives one packet (a multi-packet WRITE
+//! being placed, a READ being answered, an inline SGE) never reaches memory outside the
+//! registration and protection domain it was checked against, even when the key comes back
+//! for another MR after `dereg_mr`.
+
+use std::sync::Arc;
+
+use roce::engine::{DeviceConfig, DeviceLimits, Transmit};
+use roce::memory::{HeapMemory, Memory, PdId};
+use roce::sim::{connect, ConnectOpts, Endpoint, LinkConfig, Pair};
+use roce::types::{Lkey, Rkey};
+use roce::verbs::*;
+use roce::wire::bth::BthRepr;
+use roce::wire::frame::TransportRepr;
+use roce::wire::opcode::Opcode;
+use roce::wire::reth::RethRepr;
+
+const SEC: u64 = 1_000_000_000;
+const MTU: usize = 1024;
+/// The NAK syndrome of a remote access error.
+const NAK_REMOTE_ACCESS: u8 = 0x62;
+
+/// A pair whose responder (B) has room for exactly one MR, so that every registration after
+/// a deregistration takes the same table index and the key byte cycles through 256 values.
+fn setup() -> (Pair, Endpoint, Endpoint) {
+    let a = DeviceConfig {
+        port_mtu: Mtu::M4096,
+        ..Default::default()
+    };
+    let b = DeviceConfig {
+        port_mtu: Mtu::M4096,
+        limits: DeviceLimits {
+            max_mr: 1,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let mut p = Pair::new(a, b, LinkConfig::default(), 3);
+    p.record = true;
+    let o = ConnectOpts {
+        mtu: Mtu::M1024,
+        ..Default::default()
+    };
+    let (ea, eb) = connect(&mut p, &o);
+    (p, ea, eb)
+}
+
+/// Deregisters B's MR, then registers and deregisters in B's own PD until the next
+/// registration will get the old key back, and registers `victim` there in `pd`: returns the
+/// victim's keys, which equal the old ones.
+fn recycle_key_to(
+    p: &mut Pair,
+    b: &Endpoint,
+    pd: PdId,
+    victim: Arc<HeapMemory>,
+) -> (Lkey, Option<Rkey>) {
+    let dev = &mut p.node(1).dev;
+    dev.dereg_mr(b.lkey).unwrap();
+    for _ in 0..255 {
+        let (l, _) = dev
+            .reg_mr(
+                b.pd,
+                HeapMemory::shared(64),
+                0,
+                0x9000,
+                64,
+                Access::LOCAL_WRITE,
+            )
+            .unwrap();
+        dev.dereg_mr(l).unwrap();
+    }
+    let len = victim.len() as u64;
+    let keys = dev
+        .reg_mr(
+            pd,
+            victim,
+            0,
+            b.addr,
+            len,
+            Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ,
+        )
+        .unwrap();
+    assert_eq!(keys.0, b.lkey, "the old key came back for the victim's MR");
+    keys
+}
+
+fn write_packet(
+    p: &Pair,
+    op: u8,
+    a: &Endpoint,
+    b: &Endpoint,
+    psn_off: u32,
+    reth: Option<RethRepr>,
+) -> Vec<u8> {
+    let mut t = TransportRepr::new(BthRepr::new(Opcode(op), b.qpn, a.sq_psn.add(psn_off)));
+    t.bth.ack_req = op == 0x08;
+    t.ext.reth = reth;
+    p.craft(0, t, &[0x5a; MTU])
+}
+
+/// A WRITE FIRST is accepted; the MR goes and its key is re-issued to `victim_pd`'s MR; the
+/// WRITE MIDDLE and LAST that follow must not land anywhere.
+fn stale_write(victim_in_other_pd: bool) {
+    let (mut p, a, b) = setup();
+    let first = write_packet(
+        &p,
+        0x06,
+        &a,
+        &b,
+        0,
+        Some(RethRepr {
+            va: b.addr,
+            rkey: b.rkey,
+            len: 3 * MTU as u32,
+        }),
+    );
+    p.inject(1, &first);
+    p.run_until_idle(SEC);
+    assert_eq!(
+        b.mem.to_vec(0, MTU),
+        vec![0x5a; MTU],
+        "the FIRST was placed"
+    );
+
+    let pd = if victim_in_other_pd {
+        p.node(1).dev.alloc_pd().unwrap()
+    } else {
+        b.pd
+    };
+    let victim = HeapMemory::shared(4 * MTU);
+    recycle_key_to(&mut p, &b, pd, victim.clone());
+
+    for (op, off) in [(0x07, 1), (0x08, 2)] {
+        let f = write_packet(&p, op, &a, &b, off, None);
+        p.inject(1, &f);
+        p.run_until_idle(SEC);
+    }
+    assert_eq!(
+        victim.to_vec(0, 4 * MTU),
+        vec![0; 4 * MTU],
+        "no byte of the stale WRITE reached the MR that now has its key"
+    );
+    assert_eq!(
+        p.naks(1),
+        vec![(a.sq_psn.add(1), NAK_REMOTE_ACCESS)],
+        "the MIDDLE is refused with a remote access NAK"
+    );
+    assert_eq!(p.qp_state(1, &b), QpState::Err);
+    assert_eq!(
+        p.node(1).dev.poll_event(),
+        Some(AsyncEvent::QpAccessError(b.qpn))
+    );
+}
+
+#[test]
+fn stale_write_never_reaches_another_pds_mr_with_the_same_key() {
+    stale_write(true);
+}
+
+#[test]
+fn stale_write_never_reaches_a_later_registration_in_the_same_pd() {
+    stale_write(false);
+}
+
+/// Fills B's MR with 0x11 and delivers a READ of `len` bytes of it from A, unanswered yet.
+fn read_from_b(p: &mut Pair, a: &Endpoint, b: &Endpoint, len: u32) {
+    b.mem.fill(0x11);
+    let mut t = TransportRepr::new(BthRepr::new(Opcode(0x0c), b.qpn, a.sq_psn));
+    t.ext.reth = Some(RethRepr {
+        va: b.addr,
+        rkey: b.rkey,
+        len,
+    });
+    let f = p.craft(0, t, &[]);
+    p.inject(1, &f);
+}
+
+/// A READ is being answered packet by packet; between two reply packets the MR goes and its
+/// key is re-issued to another PD's MR full of secrets: the reply must stop with a NAK, never
+/// carry the victim's bytes.
+#[test]
+fn stale_read_reply_never_carries_another_pds_memory() {
+    let (mut p, a, b) = setup();
+    read_from_b(&mut p, &a, &b, 3 * MTU as u32);
+
+    // The first reply packet comes from B's MR.
+    let mut tx = Transmit::default();
+    let dev = &mut p.node(1).dev;
+    assert!(dev.poll_transmit(0, &mut tx));
+    assert_eq!(tx.transport.bth.opcode, Opcode(0x0d), "READ RESPONSE FIRST");
+    let mut buf = vec![0u8; tx.payload.len()];
+    dev.gather(&tx, &mut buf).unwrap();
+    assert_eq!(buf, vec![0x11; MTU]);
+
+    let pd = dev.alloc_pd().unwrap();
+    let victim = HeapMemory::shared(4 * MTU);
+    victim.fill(0xee);
+    recycle_key_to(&mut p, &b, pd, victim);
+
+    let dev = &mut p.node(1).dev;
+    let mut sent = Vec::new();
+    while dev.poll_transmit(0, &mut tx) {
+        let mut buf = vec![0u8; tx.payload.len()];
+        // A payload segment that no longer resolves fails to gather; one that resolves must
+        // not be the victim's.
+        if dev.gather(&tx, &mut buf).is_ok() {
+            assert!(
+                !buf.contains(&0xee),
+                "a READ reply carried the victim's memory"
+            );
+        }
+        sent.push((tx.transport.bth.opcode, tx.transport.ext.aeth));
+    }
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    assert_eq!(sent[0].0, Opcode::RC_ACK);
+    assert_eq!(
+        sent[0].1.map(|a| a.syndrome),
+        Some(NAK_REMOTE_ACCESS),
+        "the reply ends with a remote access NAK"
+    );
+    assert_eq!(p.qp_state(1, &b), QpState::Err);
+}
+
+/// A payload segment refers to one registration: once the key is re-issued, gathering it
+/// fails instead of reading the new MR.
+#[test]
+fn payload_segments_do_not_follow_a_reused_key() {
+    let (mut p, a, b) = setup();
+    read_from_b(&mut p, &a, &b, MTU as u32);
+    let mut tx = Transmit::default();
+    assert!(p.node(1).dev.poll_transmit(0, &mut tx));
+    let pd = p.node(1).dev.alloc_pd().unwrap();
+    let victim = HeapMemory::shared(4 * MTU);
+    victim.fill(0xee);
+    recycle_key_to(&mut p, &b, pd, victim);
+    let mut buf = vec![0u8; tx.payload.len()];
+    assert!(
+        p.node(1).dev.gather(&tx, &mut buf).is_err(),
+        "the segment's registration is gone"
+    );
+    assert!(!buf.contains(&0xee));
+}
+
+/// `post_send` with an inline SGE copies the bytes at post time: the lkey must be of the QP's
+/// own PD, like any local access.
+#[test]
+fn inline_sge_of_another_pd_is_refused() {
+    let mut p = Pair::lossless();
+    let o = ConnectOpts {
+        max_inline: 64,
+        ..Default::default()
+    };
+    let (a, _b) = connect(&mut p, &o);
+    let dev = &mut p.node(0).dev;
+    let other_pd = dev.alloc_pd().unwrap();
+    let secret = HeapMemory::shared(64);
+    secret.fill(0xee);
+    let (lkey, _) = dev
+        .reg_mr(other_pd, secret, 0, 0x7000, 64, Access::LOCAL_WRITE)
+        .unwrap();
+    let sge = Sge {
+        addr: 0x7000,
+        length: 16,
+        lkey,
+    };
+    let r = dev.post_send(
+        a.qpn,
+        &SendWr {
+            wr_id: 1,
+            op: WrOp::Send,
+            sg_list: &[sge],
+            flags: SendFlags::SIGNALED | SendFlags::INLINE,
+            ud: None,
+        },
+    );
+    assert!(
+        matches!(r, Err(roce::engine::VerbsError::InvalidArgument(_))),
+        "{r:?}"
+    );
+    // The own PD's MR works.
+    let own = Sge {
+        addr: a.addr,
+        length: 16,
+        lkey: a.lkey,
+    };
+    dev.post_send(
+        a.qpn,
+        &SendWr {
+            wr_id: 2,
+            op: WrOp::Send,
+            sg_list: &[own],
+            flags: SendFlags::SIGNALED | SendFlags::INLINE,
+            ud: None,
+        },
+    )
+    .unwrap();
+}
