@@ -14,7 +14,8 @@ VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 CC ?= cc
 # The directory ferroce-run puts first on the library path (libibverbs.so.1 and the stubs).
 IBV_DIR = target/$(PROFILE)/ferroce
-STUBS = dataplane/ibverbs/stubs
+# Where the system's provider libraries are, whose direct-verbs exports the stubs mirror.
+DV_LIBDIR ?= /usr/lib/$(shell $(CC) -print-multiarch)
 
 .PHONY: deps test-deps demo test lint bench fmt install install-files ibverbs ibverbs-dir
 
@@ -40,15 +41,21 @@ ibverbs:
 	$(CARGO) build $(if $(filter release,$(PROFILE)),--release) -p ferroce-ibverbs
 	$(MAKE) ibverbs-dir PROFILE=$(PROFILE)
 
-# libibverbs.so.1 (a link to the cdylib cargo built) and the direct-verbs stubs that Debian's
-# perftest links (their version nodes are the real libraries').
+# libibverbs.so.1 (a link to the cdylib cargo built) and stubs of the direct-verbs provider
+# libraries (libmlx5.so.1, libefa.so.1) that Debian's perftest and pyverbs link: generated
+# from the installed libraries, every function with the real symbol versions, each answering
+# "not this device" (scripts/gen-dv-stubs.py).
 ibverbs-dir:
-	install -d $(IBV_DIR)
+	install -d $(IBV_DIR)/stubs
 	ln -sf ../libibverbs.so $(IBV_DIR)/libibverbs.so.1
-	$(CC) -shared -fPIC -O2 -Wall -o $(IBV_DIR)/libmlx5.so.1 $(STUBS)/mlx5.c \
-		-Wl,--version-script=$(STUBS)/mlx5.map -Wl,-soname,libmlx5.so.1
-	$(CC) -shared -fPIC -O2 -Wall -o $(IBV_DIR)/libefa.so.1 $(STUBS)/efa.c \
-		-Wl,--version-script=$(STUBS)/efa.map -Wl,-soname,libefa.so.1
+	for l in mlx5 efa; do \
+		python3 scripts/gen-dv-stubs.py $(DV_LIBDIR)/lib$$l.so.1 infiniband/$${l}dv.h \
+			$(IBV_DIR)/stubs/$$l.c $(IBV_DIR)/stubs/$$l.map && \
+		$(CC) -shared -fPIC -O2 -Wall \
+			-o $(IBV_DIR)/lib$$l.so.1 $(IBV_DIR)/stubs/$$l.c \
+			-Wl,--version-script=$(IBV_DIR)/stubs/$$l.map -Wl,-soname,lib$$l.so.1 \
+			|| exit 1; \
+	done
 
 install-files:
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/include

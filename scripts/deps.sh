@@ -6,7 +6,7 @@
 set -euo pipefail
 
 APT_PKGS=(libdpdk-dev pkg-config libclang-dev tshark tcpdump python3-pip fonts-dejavu-core
-  libibverbs-dev perftest ibverbs-utils)
+  libibverbs-dev perftest ibverbs-utils python3-pyverbs infiniband-diags util-linux binutils)
 PIP_PKGS=(scapy)
 
 missing=()
@@ -22,6 +22,13 @@ command -v tcpdump >/dev/null || missing+=(tcpdump)
 [ -e /usr/include/infiniband/verbs.h ] || missing+=(libibverbs-dev)
 command -v ib_write_bw >/dev/null || missing+=(perftest)
 command -v ibv_rc_pingpong >/dev/null || missing+=(ibverbs-utils)
+# Programs beyond those: pyverbs (rdma-core's Python binding, which links the direct-verbs
+# libraries the stubs mirror, found with readelf), and ibstat (libibumad, which reads the
+# device view ferroce-run makes with unshare and mount).
+[ -d /usr/lib/python3/dist-packages/pyverbs ] || missing+=(python3-pyverbs)
+command -v ibstat >/dev/null || missing+=(infiniband-diags)
+command -v unshare >/dev/null || missing+=(util-linux)
+command -v readelf >/dev/null || missing+=(binutils)
 
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi

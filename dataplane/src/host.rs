@@ -141,6 +141,20 @@ impl Default for ClientLimits {
     }
 }
 
+/// A new translation for `rereg_mr`: `len` bytes at `offset` of the client's area `area`,
+/// seen at `iova`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Translation {
+    /// The client's area id.
+    pub area: u32,
+    /// Offset in the area.
+    pub offset: u64,
+    /// Bytes.
+    pub len: u64,
+    /// The address peers and SGEs use for the first byte.
+    pub iova: u64,
+}
+
 /// A control call, executed by the worker in [`HostEnd::execute`]. Plain data (rnicd's
 /// clients send it as JSON, docs/host-protocol.md); the memory area of `AddArea` and the ring
 /// of `CreateCq` travel beside it (in process as an `Arc<Area>`, over the socket as a file
@@ -174,6 +188,13 @@ pub enum Command {
         access: Access,
         iova: u64,
     },
+    /// `ibv_rereg_mr`: the MR keeps its keys; `null` fields keep what it has.
+    ReregMr {
+        lkey: Lkey,
+        pd: Option<PdId>,
+        translation: Option<Translation>,
+        access: Option<Access>,
+    },
     AllocMr {
         pd: PdId,
         area: u32,
@@ -188,6 +209,12 @@ pub enum Command {
     },
     DestroyCq {
         cq: CqId,
+    },
+    /// `ibv_resize_cq`: the engine's CQ holds `cqe` completions from now on (the ring keeps
+    /// its capacity: completions it has no room for wait in the engine's CQ).
+    ResizeCq {
+        cq: CqId,
+        cqe: u32,
     },
     CreateSrq {
         pd: PdId,
@@ -235,10 +262,12 @@ impl Command {
             Command::AddArea { .. } => "add_area",
             Command::RemoveArea { .. } => "remove_area",
             Command::RegMr { .. } => "reg_mr",
+            Command::ReregMr { .. } => "rereg_mr",
             Command::AllocMr { .. } => "alloc_mr",
             Command::DeregMr { .. } => "dereg_mr",
             Command::CreateCq { .. } => "create_cq",
             Command::DestroyCq { .. } => "destroy_cq",
+            Command::ResizeCq { .. } => "resize_cq",
             Command::CreateSrq { .. } => "create_srq",
             Command::ModifySrq { .. } => "modify_srq",
             Command::QuerySrq { .. } => "query_srq",
@@ -286,6 +315,8 @@ pub enum ReplyData {
     Port(PortAttrData),
     /// Counter values, in the order `counter_names` gives.
     Counters(Vec<u64>),
+    /// A CQ's new size.
+    Cqe(u32),
 }
 
 /// The names of the values a `Counters` reply carries: the QP (or port total) counters, the
@@ -567,13 +598,16 @@ pub trait Verbs {
     ) -> VerbsResult<Mr>;
     /// `ibv_reg_mr` on ordinary memory of this process (malloc'd, anonymous mmap), zero
     /// copy: the pages holding `[addr, addr + len)` move onto shared memory at the same
-    /// addresses, keeping their contents ([`crate::shadow`]), and stay there. Memory that
-    /// cannot move (file-backed, shared, hugetlbfs, the stack, pages moved for a range that
-    /// does not contain this one) is refused with `InvalidArgument` saying why.
+    /// addresses, keeping their contents ([`crate::shadow`]), while any registration in any
+    /// context of the process lies within them; when the last one is deregistered they become
+    /// private anonymous memory again. Memory that cannot move (file-backed, shared,
+    /// hugetlbfs, the stack, pages moved for a registered range that does not contain this
+    /// one) is refused with `InvalidArgument` saying why.
     ///
     /// # Safety
     /// `[addr, addr + len)` must be memory of this process that no other thread writes
-    /// during the call.
+    /// during the call, nor during the `dereg_mr` (or the context's close) that ends the last
+    /// registration within its pages.
     unsafe fn reg_mr_addr(
         &mut self,
         pd: PdId,
@@ -581,12 +615,31 @@ pub trait Verbs {
         len: usize,
         access: Access,
     ) -> VerbsResult<Mr>;
+    /// `ibv_rereg_mr`: gives `mr` a new protection domain, translation (`memory`: a range of
+    /// one of this client's buffers, or of ordinary memory, moved as for `reg_mr_addr`) and/or
+    /// access (`None` keeps each), keeping its keys as mlx5 does. It is a new registration
+    /// all the same: an RDMA operation of a peer in progress against the old translation
+    /// fails. On failure the MR is unchanged.
+    ///
+    /// # Safety
+    /// As [`Verbs::reg_mr_addr`], for the new range and (when this was the last
+    /// registration within them) the old range's pages.
+    unsafe fn rereg_mr(
+        &mut self,
+        mr: &Mr,
+        pd: Option<PdId>,
+        memory: Option<(u64, usize)>,
+        access: Option<Access>,
+    ) -> VerbsResult<Mr>;
     /// `ibv_dereg_mr`.
     fn dereg_mr(&mut self, mr: &Mr) -> VerbsResult<()>;
     /// `ibv_create_cq`.
     fn create_cq(&mut self, cqe: u32) -> VerbsResult<CqId>;
     /// `ibv_destroy_cq`.
     fn destroy_cq(&mut self, cq: CqId) -> VerbsResult<()>;
+    /// `ibv_resize_cq`: `cq` holds `cqe` completions from now on (not fewer than it holds
+    /// now); returns the new size.
+    fn resize_cq(&mut self, cq: CqId, cqe: u32) -> VerbsResult<u32>;
     /// `ibv_poll_cq`: fills `out`, returns how many.
     fn poll_cq(&mut self, cq: CqId, out: &mut [Completion]) -> VerbsResult<usize>;
     /// `ibv_create_qp`.
@@ -701,13 +754,15 @@ pub struct Client<C: Channel> {
     qps: Vec<Option<QpLocal>>,
     /// SRQs by id.
     srqs: Vec<Option<SrqLocal>>,
-    /// This client's buffers by address (for inline data).
-    buffers: BTreeMap<u64, Weak<Area>>,
-    /// Application memory moved onto memfds for `reg_mr_addr`, by start address (kept while
-    /// the pages stay mapped, so later registrations within the same pages reuse it).
-    shadows: BTreeMap<u64, Shadow>,
-    /// The shadow (start address) each MR of `reg_mr_addr` lies in, by lkey.
-    shadow_mrs: BTreeMap<u32, u64>,
+    /// This client's buffers and moved ranges by address (for inline data), with their area
+    /// ids.
+    buffers: BTreeMap<u64, (Weak<Area>, u32)>,
+    /// Moved ranges ([`crate::shadow`]) this context registers within, by the address of
+    /// their area (a process-wide move, shared with other contexts): this context's area id
+    /// for each, and its MRs in it.
+    shadows: HashMap<usize, Shadow>,
+    /// The moved range (`shadows` key) each MR of `reg_mr_addr` lies in, by lkey.
+    shadow_mrs: BTreeMap<u32, usize>,
     next_area: u32,
     released: Released,
     fatal_reported: bool,
@@ -719,13 +774,13 @@ pub struct Client<C: Channel> {
 /// An application's handle on an RNIC in the same process (the in-process backend).
 pub type Context = Client<LocalChannel>;
 
-/// Application pages moved onto a memfd ([`crate::shadow`]) for `reg_mr_addr`.
+/// A moved range of application pages ([`crate::shadow`]) as one context uses it: added to
+/// the worker as an area while the context has MRs within it.
 struct Shadow {
     area: Arc<Area>,
     /// The area's id on the worker.
     id: u32,
-    /// Live MRs in it: with none, its pages may move again as part of a different range
-    /// (memory freed and reused by the allocator for a larger buffer).
+    /// This context's live MRs in it (each also one user of the process-wide move).
     mrs: u32,
 }
 
@@ -809,7 +864,7 @@ impl<C: Channel> Client<C> {
             qps: (0..limits.max_qp).map(|_| None).collect(),
             srqs: (0..limits.max_srq).map(|_| None).collect(),
             buffers: BTreeMap::new(),
-            shadows: BTreeMap::new(),
+            shadows: HashMap::new(),
             shadow_mrs: BTreeMap::new(),
             next_area: 1,
             released: Arc::new(Mutex::new(Vec::new())),
@@ -970,16 +1025,73 @@ impl<C: Channel> Client<C> {
         Ok(())
     }
 
-    /// Forgets the shadow at `start` (area `id` on the worker); its pages stay mapped.
-    fn drop_shadow(&mut self, start: u64, id: u32) {
-        if let Some(sh) = self.shadows.remove(&start) {
-            for _ in 0..sh.mrs {
-                crate::shadow::release(start);
-            }
+    /// One more MR of this context within the moved range holding `[addr, addr + len)` (made
+    /// now if there is none): its `shadows` key, this context's area id for it, its start.
+    ///
+    /// # Safety
+    /// As [`Verbs::reg_mr_addr`].
+    unsafe fn use_shadow(&mut self, addr: u64, len: usize) -> VerbsResult<(usize, u32, u64)> {
+        let (start, end) = crate::shadow::page_range(addr, len).ok_or_else(|| {
+            VerbsError::InvalidArgument(format!("no memory at {addr:#x} (+{len})"))
+        })?;
+        // The process-wide move containing the range (made now if there is none): one more
+        // user of it.
+        // SAFETY: the caller guarantees no other thread writes the range now.
+        let (base, area) = unsafe { crate::shadow::acquire(start, end) }
+            .map_err(|e| VerbsError::InvalidArgument(e.to_string()))?;
+        let key = Arc::as_ptr(&area) as usize;
+        let id = match self.shadows.get(&key) {
+            Some(sh) => sh.id,
+            None => match self.add_area(area.clone()) {
+                Ok(id) => {
+                    self.buffers.insert(base, (Arc::downgrade(&area), id));
+                    self.shadows.insert(
+                        key,
+                        Shadow {
+                            area: area.clone(),
+                            id,
+                            mrs: 0,
+                        },
+                    );
+                    id
+                }
+                Err(e) => {
+                    // SAFETY: as above.
+                    unsafe { crate::shadow::release(&area) };
+                    return Err(e);
+                }
+            },
+        };
+        if let Some(sh) = self.shadows.get_mut(&key) {
+            sh.mrs += 1;
         }
-        self.buffers.remove(&start);
-        self.shadow_mrs.retain(|_, b| *b != start);
-        let _ = self.remove_area(id);
+        Ok((key, id, base))
+    }
+
+    /// One MR of this context within the moved range `key` is gone: with its last one the
+    /// context forgets the area; the process-wide move loses a user (and with its last one the
+    /// pages become private again).
+    fn unuse_shadow(&mut self, key: usize) {
+        let Some(sh) = self.shadows.get_mut(&key) else {
+            return;
+        };
+        sh.mrs = sh.mrs.saturating_sub(1);
+        let area = sh.area.clone();
+        if sh.mrs == 0 {
+            let id = sh.id;
+            self.shadows.remove(&key);
+            if self
+                .buffers
+                .get(&area.addr())
+                .is_some_and(|(w, _)| w.as_ptr() == Arc::as_ptr(&area))
+            {
+                self.buffers.remove(&area.addr());
+            }
+            let _ = self.remove_area(id);
+        }
+        // SAFETY: `reg_mr_addr`'s contract: the application does not write memory it
+        // registers or deregisters while the call runs.
+        unsafe { crate::shadow::release(&area) };
     }
 
     /// A handle that waits for `cq`'s notifications from another thread (a completion
@@ -1010,10 +1122,11 @@ impl<C: Channel> Client<C> {
             return;
         }
         self.closed = true;
-        // The context's MRs go with it: their moved pages are free to move again.
-        for (start, sh) in std::mem::take(&mut self.shadows) {
+        // The context's MRs go with it: each was a user of its moved range.
+        for (_, sh) in std::mem::take(&mut self.shadows) {
             for _ in 0..sh.mrs {
-                crate::shadow::release(start);
+                // SAFETY: as in `unuse_shadow`.
+                unsafe { crate::shadow::release(&sh.area) };
             }
         }
         self.shadow_mrs.clear();
@@ -1042,7 +1155,7 @@ impl<C: Channel> Client<C> {
                 .buffers
                 .range(..=sge.addr)
                 .next_back()
-                .and_then(|(_, w)| w.upgrade())
+                .and_then(|(_, (w, _))| w.upgrade())
                 .filter(|a| sge.addr + len as u64 <= a.addr() + a.len() as u64)
                 .ok_or_else(|| {
                     VerbsError::InvalidArgument(format!(
@@ -1156,8 +1269,9 @@ impl<C: Channel> Verbs for Client<C> {
         // process keeps one descriptor per shared range only where another context may
         // have to map it too: moved pages, `crate::shadow`).
         area.close_fd();
-        self.buffers.retain(|_, w| w.strong_count() > 0);
-        self.buffers.insert(area.addr(), Arc::downgrade(&area));
+        self.buffers.retain(|_, (w, _)| w.strong_count() > 0);
+        self.buffers
+            .insert(area.addr(), (Arc::downgrade(&area), id));
         Ok(Buffer {
             inner: Arc::new(BufferInner {
                 area,
@@ -1197,70 +1311,100 @@ impl<C: Channel> Verbs for Client<C> {
         len: usize,
         access: Access,
     ) -> VerbsResult<Mr> {
-        let (start, end) = crate::shadow::page_range(addr, len).ok_or_else(|| {
-            VerbsError::InvalidArgument(format!("no memory at {addr:#x} (+{len})"))
-        })?;
-        // Pages already moved for an earlier registration that contains this one: reuse.
-        let mut found = self
-            .shadows
-            .range(..=start)
-            .next_back()
-            .filter(|(s, sh)| **s + sh.area.len() as u64 >= end)
-            .map(|(s, sh)| (*s, sh.id));
-        if let Some((s, id)) = found {
-            // The application may have unmapped those pages since (and mapped others
-            // there): then the old memfd is not its memory any more.
-            if !self
-                .shadows
-                .get(&s)
-                .is_some_and(|sh| crate::shadow::still_mapped(&sh.area))
-            {
-                self.drop_shadow(s, id);
-                found = None;
+        let (key, id, base) = self.use_shadow(addr, len)?;
+        match self.reg_area(pd, id, addr - base, len as u64, addr, access) {
+            Ok(mr) => {
+                self.shadow_mrs.insert(mr.lkey.0, key);
+                Ok(mr)
+            }
+            Err(e) => {
+                self.unuse_shadow(key);
+                Err(e)
             }
         }
-        let (base, id) = match found {
-            Some(x) => x,
-            None => {
-                // Earlier moves of this context that overlap this range without containing
-                // it and have no MR left: forgotten, their pages move again. With an MR left
-                // (in any context of the process), move_range refuses: that MR would lose
-                // the application's writes.
-                let idle: Vec<(u64, u32)> = self
-                    .shadows
-                    .range(..end)
-                    .filter(|(s, sh)| **s + sh.area.len() as u64 > start && sh.mrs == 0)
-                    .map(|(s, sh)| (*s, sh.id))
-                    .collect();
-                for (s, id) in idle {
-                    self.drop_shadow(s, id);
-                }
-                // SAFETY: the caller guarantees no other thread writes the range now.
-                let area = unsafe { crate::shadow::move_range(start, end) }
-                    .map_err(|e| VerbsError::InvalidArgument(e.to_string()))?;
-                let area = Arc::new(area);
-                let id = self.add_area(area.clone())?;
-                self.buffers.insert(start, Arc::downgrade(&area));
-                self.shadows.insert(start, Shadow { area, id, mrs: 0 });
-                (start, id)
+    }
+
+    unsafe fn rereg_mr(
+        &mut self,
+        mr: &Mr,
+        pd: Option<PdId>,
+        memory: Option<(u64, usize)>,
+        access: Option<Access>,
+    ) -> VerbsResult<Mr> {
+        let mut new_shadow = None;
+        let translation = match memory {
+            None => None,
+            Some((addr, len)) => {
+                let end = addr.checked_add(len as u64);
+                // Within one of this client's buffers: that area. Otherwise ordinary memory,
+                // moved as for reg_mr_addr (one more user of its move).
+                let buffer = self
+                    .buffers
+                    .range(..=addr)
+                    .next_back()
+                    .and_then(|(_, (w, id))| Some((w.upgrade()?, *id)))
+                    .filter(|(a, _)| {
+                        !self.shadows.contains_key(&(Arc::as_ptr(a) as usize))
+                            && end.is_some_and(|e| e <= a.addr() + a.len() as u64)
+                    });
+                let (id, base) = match buffer {
+                    Some((a, id)) => (id, a.addr()),
+                    None => {
+                        let (key, id, base) = self.use_shadow(addr, len)?;
+                        new_shadow = Some(key);
+                        (id, base)
+                    }
+                };
+                Some(Translation {
+                    area: id,
+                    offset: addr - base,
+                    len: len as u64,
+                    iova: addr,
+                })
             }
         };
-        let mr = self.reg_area(pd, id, addr - base, len as u64, addr, access)?;
-        if let Some(sh) = self.shadows.get_mut(&base) {
-            sh.mrs += 1;
-            crate::shadow::hold(base, base + sh.area.len() as u64);
-            self.shadow_mrs.insert(mr.lkey.0, base);
+        let r = self.call(Command::ReregMr {
+            lkey: mr.lkey,
+            pd,
+            translation,
+            access,
+        });
+        match r {
+            Ok(ReplyData::Keys { lkey, rkey }) => {
+                if memory.is_some() {
+                    if let Some(old) = self.shadow_mrs.remove(&mr.lkey.0) {
+                        self.unuse_shadow(old);
+                    }
+                    if let Some(k) = new_shadow {
+                        self.shadow_mrs.insert(lkey.0, k);
+                    }
+                }
+                let (addr, len) = memory.map_or((mr.addr, mr.len), |(a, l)| (a, l as u64));
+                Ok(Mr {
+                    lkey,
+                    rkey,
+                    addr,
+                    len,
+                })
+            }
+            other => {
+                if let Some(k) = new_shadow {
+                    self.unuse_shadow(k);
+                }
+                match other {
+                    Err(e) => Err(e),
+                    Ok(o) => Err(VerbsError::InvalidArgument(format!(
+                        "unexpected reply {o:?}"
+                    ))),
+                }
+            }
         }
-        Ok(mr)
     }
 
     fn dereg_mr(&mut self, mr: &Mr) -> VerbsResult<()> {
         self.call(Command::DeregMr { lkey: mr.lkey })?;
-        if let Some(base) = self.shadow_mrs.remove(&mr.lkey.0) {
-            if let Some(sh) = self.shadows.get_mut(&base) {
-                sh.mrs = sh.mrs.saturating_sub(1);
-                crate::shadow::release(base);
-            }
+        if let Some(key) = self.shadow_mrs.remove(&mr.lkey.0) {
+            self.unuse_shadow(key);
         }
         Ok(())
     }
@@ -1295,6 +1439,10 @@ impl<C: Channel> Verbs for Client<C> {
                 Err(VerbsError::NoResources("completion queues"))
             }
         }
+    }
+
+    fn resize_cq(&mut self, cq: CqId, cqe: u32) -> VerbsResult<u32> {
+        expect_reply!(self.call(Command::ResizeCq { cq, cqe }), ReplyData::Cqe(n) => n)
     }
 
     fn destroy_cq(&mut self, cq: CqId) -> VerbsResult<()> {
@@ -2039,6 +2187,39 @@ impl HostEnd {
                 self.mrs.push(lkey);
                 Ok(ReplyData::Keys { lkey, rkey })
             }
+            Command::ReregMr {
+                lkey,
+                pd,
+                translation,
+                access,
+            } => {
+                let owned = self.mrs.contains(&lkey);
+                self.check_owned(owned, "memory region")?;
+                if let Some(pd) = pd {
+                    self.check_owned(self.pds.contains(&pd), "protection domain")?;
+                }
+                let translation = match translation {
+                    None => None,
+                    Some(t) => Some(roce::engine::MrTranslation {
+                        mem: self
+                            .areas
+                            .get(&t.area)
+                            .cloned()
+                            .ok_or(VerbsError::NotFound("memory area"))?,
+                        mem_offset: usize::try_from(t.offset)
+                            .map_err(|_| VerbsError::InvalidArgument("offset too large".into()))?,
+                        addr: t.iova,
+                        length: t.len,
+                    }),
+                };
+                let change = roce::engine::MrChange {
+                    pd,
+                    translation,
+                    access,
+                };
+                let (lkey, rkey) = dev.rereg_mr(lkey, change)?;
+                Ok(ReplyData::Keys { lkey, rkey })
+            }
             Command::AllocMr { pd, area } => {
                 self.check_owned(self.pds.contains(&pd), "protection domain")?;
                 if self.mrs.len() as u32 >= self.client_limits.max_mrs {
@@ -2094,6 +2275,20 @@ impl HostEnd {
                 Owners::set(&mut owners.cq, cq.0 as usize, self.id);
                 self.charge_queue(QueueKind::Cq, cq.0, qbytes);
                 Ok(ReplyData::Cq(cq))
+            }
+            Command::ResizeCq { cq, cqe } => {
+                self.check_owned(self.owns_cq(cq), "completion queue")?;
+                let old = self
+                    .queue_charges
+                    .get(&(QueueKind::Cq, cq.0))
+                    .copied()
+                    .unwrap_or(0);
+                let new = roce::engine::cq_queue_bytes(cqe);
+                self.check_queue(new.saturating_sub(old))?;
+                let size = dev.resize_cq(cq, cqe)?;
+                self.uncharge_queue(QueueKind::Cq, cq.0);
+                self.charge_queue(QueueKind::Cq, cq.0, new);
+                Ok(ReplyData::Cqe(size))
             }
             Command::DestroyCq { cq } => {
                 self.check_owned(self.owns_cq(cq), "completion queue")?;

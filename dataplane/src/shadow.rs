@@ -8,13 +8,26 @@
 //! hugetlbfs pages, the stack, and pages already moved as part of a different range are
 //! refused with a clear error (the application can use `alloc_buffer` instead).
 //!
-//! Caveats, as with FreeFlow: a thread that writes the range while it moves may lose that
-//! write (the copy and the remap are not atomic with respect to other threads), and after a
-//! `fork` the moved pages are shared with the child instead of copied on write.
+//! Moved ranges are process-wide ([`acquire`], [`release`]): every context of the process
+//! (a second device, a second `ibv_open_device`) that registers within a moved range shares
+//! its memfd, as multi-rail programs (UCX, MPI) register one buffer on two RNICs. When the
+//! last registration within a range goes, the range becomes private anonymous memory again
+//! with its contents, so `fork`, `MADV_DONTNEED`, `mremap` and `realloc` behave as the program
+//! expects; and a `fork` child gets private copies of every moved range (a `pthread_atfork`
+//! child handler), as it would of ordinary memory.
+//!
+//! Caveats, as with FreeFlow: a thread that writes the range while it moves (at the first
+//! registration, and back at the last deregistration) may lose that write, since the copy
+//! and the remap are not atomic with respect to other threads; and while a range is
+//! registered its pages are a shared mapping (`MADV_DONTNEED` keeps their contents, `mremap`
+//! growing them faults past the memfd's end).
 
+use std::cell::UnsafeCell;
+use std::collections::BTreeMap;
 use std::io;
 use std::os::fd::AsRawFd;
 use std::ptr::NonNull;
+use std::sync::Arc;
 
 use crate::area::{Area, PAGE};
 
@@ -63,34 +76,183 @@ fn parse_smaps(text: &str) -> Vec<Mapping> {
 /// The memfd name moved ranges get (it shows in /proc/PID/maps).
 pub const SHADOW_NAME: &str = "ferroce-mr";
 
-/// Moved ranges that registrations use now, across every context of this process: start
-/// -> (end, registrations). Pages of a move outside all of them may move again (memory
-/// freed after its MRs were deregistered, then reused by the allocator for a larger buffer).
-static IN_USE: std::sync::Mutex<std::collections::BTreeMap<u64, (u64, u32)>> =
-    std::sync::Mutex::new(std::collections::BTreeMap::new());
-
-fn in_use() -> std::sync::MutexGuard<'static, std::collections::BTreeMap<u64, (u64, u32)>> {
-    IN_USE.lock().unwrap_or_else(|p| p.into_inner())
+/// One moved range: its memfd area (mapped at the range's addresses) and how many
+/// registrations, in any context of the process, lie within it.
+struct Moved {
+    end: u64,
+    area: Arc<Area>,
+    users: u32,
 }
 
-/// A registration now uses the moved range `[start, end)`.
-pub fn hold(start: u64, end: u64) {
-    in_use().entry(start).or_insert((end, 0)).1 += 1;
+/// The moved ranges of this process by start address, behind a pthread mutex (not a std
+/// one) so that the `pthread_atfork` handlers can hold it across `fork` and the child can
+/// use it.
+struct Registry {
+    lock: UnsafeCell<libc::pthread_mutex_t>,
+    map: UnsafeCell<BTreeMap<u64, Moved>>,
 }
 
-/// A registration of the moved range starting at `start` is gone.
-pub fn release(start: u64) {
-    let mut m = in_use();
-    if let Some(e) = m.get_mut(&start) {
-        e.1 = e.1.saturating_sub(1);
-        if e.1 == 0 {
-            m.remove(&start);
-        }
+// SAFETY: `map` is only touched with `lock` held (`with_registry`, the fork handlers).
+unsafe impl Sync for Registry {}
+
+static REGISTRY: Registry = Registry {
+    lock: UnsafeCell::new(libc::PTHREAD_MUTEX_INITIALIZER),
+    map: UnsafeCell::new(BTreeMap::new()),
+};
+
+struct Unlock;
+
+impl Drop for Unlock {
+    fn drop(&mut self) {
+        // SAFETY: locked by `with_registry`, on this thread.
+        unsafe { libc::pthread_mutex_unlock(REGISTRY.lock.get()) };
     }
 }
 
-fn used_ranges() -> Vec<(u64, u64)> {
-    in_use().iter().map(|(s, (e, _))| (*s, *e)).collect()
+fn with_registry<R>(f: impl FnOnce(&mut BTreeMap<u64, Moved>) -> R) -> R {
+    install_fork_handlers();
+    // SAFETY: a statically initialised mutex; unlocked by the guard, also on unwind.
+    unsafe { libc::pthread_mutex_lock(REGISTRY.lock.get()) };
+    let _unlock = Unlock;
+    // SAFETY: the lock is held; no reference escapes the closure.
+    f(unsafe { &mut *REGISTRY.map.get() })
+}
+
+fn install_fork_handlers() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        extern "C" fn prepare() {
+            // SAFETY: held across fork, released by `parent` or `child`.
+            unsafe { libc::pthread_mutex_lock(REGISTRY.lock.get()) };
+        }
+        extern "C" fn parent() {
+            // SAFETY: locked by `prepare` on this thread.
+            unsafe { libc::pthread_mutex_unlock(REGISTRY.lock.get()) };
+        }
+        extern "C" fn child() {
+            // The child's only thread; the parent's contexts are not the child's, so the
+            // child keeps none of the moves: each range becomes a private copy.
+            // SAFETY: `prepare` holds the lock (inherited); the map is ours alone here.
+            unsafe {
+                let map = std::mem::take(&mut *REGISTRY.map.get());
+                for (start, m) in &map {
+                    let _ = make_private(*start, m.end);
+                }
+                // The areas' other resources (fds, locks) may have been in use by threads
+                // that do not exist here: leaked rather than dropped.
+                std::mem::forget(map);
+                libc::pthread_mutex_unlock(REGISTRY.lock.get());
+            }
+        }
+        // SAFETY: plain function pointers with C ABI.
+        unsafe { libc::pthread_atfork(Some(prepare), Some(parent), Some(child)) };
+    });
+}
+
+/// Turns the pages `[start, end)` into private anonymous memory with the same contents: a
+/// fresh anonymous mapping gets a copy, then replaces the range (`mremap` moves its pages
+/// there in one step).
+///
+/// # Safety
+/// The range must be mapped and readable; no other thread may write it meanwhile.
+unsafe fn make_private(start: u64, end: u64) -> io::Result<()> {
+    let len = (end - start) as usize;
+    let tmp = libc::mmap(
+        std::ptr::null_mut(),
+        len,
+        libc::PROT_READ | libc::PROT_WRITE,
+        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+        -1,
+        0,
+    );
+    if tmp == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    std::ptr::copy_nonoverlapping(start as *const u8, tmp as *mut u8, len);
+    let p = libc::mremap(
+        tmp,
+        len,
+        len,
+        libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+        start as *mut libc::c_void,
+    );
+    if p == libc::MAP_FAILED {
+        let e = io::Error::last_os_error();
+        libc::munmap(tmp, len);
+        return Err(e);
+    }
+    Ok(())
+}
+
+/// One more registration within `[start, end)` (page aligned): returns the moved range that
+/// contains it - an existing one of any context of this process, or the range itself, whose
+/// pages are moved now. A moved range that overlaps without containing it is refused while
+/// registrations use it (they would lose the application's writes).
+///
+/// # Safety
+/// As [`move_range`] when the pages move: no other thread may write the range meanwhile.
+pub unsafe fn acquire(start: u64, end: u64) -> io::Result<(u64, Arc<Area>)> {
+    with_registry(|map| {
+        // Moves whose pages the application unmapped meanwhile (and maybe mapped something
+        // else there) are not its memory any more: forgotten, without touching the pages.
+        let near: Vec<u64> = map
+            .range(..end)
+            .filter(|(_, m)| m.end > start)
+            .map(|(s, _)| *s)
+            .collect();
+        for s in near {
+            if !still_mapped(&map[&s].area) {
+                map.remove(&s);
+            }
+        }
+        if let Some((s, m)) = map.range_mut(..=start).next_back() {
+            if m.end >= end {
+                m.users += 1;
+                return Ok((*s, m.area.clone()));
+            }
+        }
+        let used: Vec<(u64, u64)> = map.iter().map(|(s, m)| (*s, m.end)).collect();
+        let area = Arc::new(move_range_outside(start, end, &used)?);
+        map.insert(
+            start,
+            Moved {
+                end,
+                area: area.clone(),
+                users: 1,
+            },
+        );
+        Ok((start, area))
+    })
+}
+
+/// A registration within the moved range `area` is gone. With the last one, the range
+/// becomes private anonymous memory again, contents kept (unless the application unmapped
+/// it meanwhile).
+///
+/// # Safety
+/// No other thread may write the range during the call (its pages may move back).
+pub unsafe fn release(area: &Arc<Area>) {
+    with_registry(|map| {
+        let start = area.addr();
+        let Some(m) = map.get_mut(&start).filter(|m| Arc::ptr_eq(&m.area, area)) else {
+            return; // forgotten already (its pages were unmapped)
+        };
+        m.users = m.users.saturating_sub(1);
+        if m.users > 0 {
+            return;
+        }
+        let m = map.remove(&start).expect("present");
+        if still_mapped(&m.area) {
+            if let Err(e) = make_private(start, m.end) {
+                tracing::warn!(error = %e, "registered pages could not become private again");
+            }
+        }
+    })
+}
+
+/// How many registrations use the moved range starting at `start` (0: none, not moved).
+pub fn users(start: u64) -> u32 {
+    with_registry(|map| map.get(&start).map_or(0, |m| m.users))
 }
 
 /// Why `[start, end)` cannot move, if it cannot. Pages of earlier moves may move again
@@ -183,15 +345,22 @@ pub fn page_range(addr: u64, len: usize) -> Option<(u64, u64)> {
 /// Moves the pages `[start, end)` (page aligned) of this process onto a new sealed memfd
 /// mapped at the same addresses, keeping their contents; returns the area over them (which
 /// leaves them mapped when dropped). Pages of earlier moves are refused while a registration
-/// uses them ([`hold`]).
+/// uses them ([`acquire`]). Registrations go through [`acquire`], which shares moves between
+/// contexts and counts their users; this is the bare move.
 ///
 /// # Safety
 /// No other thread may write the range during the call, and nothing may rely on the pages'
 /// previous private mapping (e.g. other references obtained from `mremap`).
 pub unsafe fn move_range(start: u64, end: u64) -> io::Result<Area> {
+    let used: Vec<(u64, u64)> = with_registry(|map| map.iter().map(|(s, m)| (*s, m.end)).collect());
+    move_range_outside(start, end, &used)
+}
+
+/// [`move_range`], refusing pages of the registered moves `used`.
+unsafe fn move_range_outside(start: u64, end: u64, used: &[(u64, u64)]) -> io::Result<Area> {
     let len = (end - start) as usize;
     let smaps = std::fs::read_to_string("/proc/self/smaps")?;
-    if let Some(why) = refusal(&parse_smaps(&smaps), start, end, &used_ranges()) {
+    if let Some(why) = refusal(&parse_smaps(&smaps), start, end, used) {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, why));
     }
     let fd = Area::memfd(len, SHADOW_NAME)?;
@@ -311,8 +480,8 @@ KernelPageSize:        4 kB
         let (start, end) = page_range(p as u64 + 100, PAGE).unwrap();
         assert_eq!((start, end), (p as u64, p as u64 + 2 * PAGE as u64));
         // SAFETY: nothing else touches the range.
-        let area = unsafe { move_range(start, end) }.unwrap();
-        hold(start, end);
+        let (base, area) = unsafe { acquire(start, end) }.unwrap();
+        assert_eq!(base, start);
         assert!(
             s.iter().enumerate().all(|(i, b)| *b == (i * 7) as u8),
             "contents kept"
@@ -327,21 +496,37 @@ KernelPageSize:        4 kB
         other.write_at(17, &[0xcd]).unwrap();
         assert_eq!(s[17], 0xcd);
         drop(other);
-        drop(area);
-        // Still mapped for the application after the areas are gone.
-        s[0] = 1;
-        assert_eq!(s[17], 0xcd);
+        // A registration within it (another context) shares the move.
+        // SAFETY: as above.
+        let (base2, area2) = unsafe { acquire(start + PAGE as u64, end) }.unwrap();
+        assert_eq!(base2, start);
+        assert!(Arc::ptr_eq(&area, &area2));
+        assert_eq!(users(start), 2);
         // While a registration uses them, moving the pages again as part of a larger range
         // is refused.
-        let again = unsafe { move_range(start, start + 3 * PAGE as u64) };
+        let again = unsafe { acquire(start, start + 3 * PAGE as u64) };
         assert!(again.unwrap_err().to_string().contains("already moved"));
-        // Once released, they move again, contents kept, onto a new memfd.
-        release(start);
-        let again = unsafe { move_range(start, start + 3 * PAGE as u64) };
-        let again = again.expect("a released move moves again");
+        // SAFETY: nothing else touches the range.
+        unsafe { release(&area2) };
+        assert!(still_mapped(&area), "one registration left");
+        // The last one: the pages are private anonymous memory again, contents kept.
+        unsafe { release(&area) };
+        assert_eq!(users(start), 0);
+        assert!(!still_mapped(&area));
+        assert_eq!((s[0], s[17], s[5000]), (0, 0xcd, 0xab));
+        drop((area, area2));
+        // MADV_DONTNEED on private anonymous pages gives zeroes (on a memfd it would not).
+        // SAFETY: our pages.
+        assert_eq!(unsafe { libc::madvise(p, PAGE, libc::MADV_DONTNEED) }, 0);
+        assert_eq!(s[17], 0, "private again");
+        // They move again, as part of a larger range, contents kept, onto a new memfd.
+        s[17] = 0xcd;
+        let (_, again) = unsafe { acquire(start, start + 3 * PAGE as u64) }
+            .expect("a released move moves again");
         assert_eq!(
-            (s[0], s[17], s[5000], s[100]),
-            (1, 0xcd, 0xab, (100 * 7) as u8)
+            (s[17], s[5000], s[100]),
+            (0xcd, 0xab, 0),
+            "page 0 was dropped"
         );
         assert_eq!(s[3 * PAGE - 1], ((3 * PAGE - 1) * 7) as u8);
         let fd = again.dup_fd().unwrap();
@@ -353,7 +538,8 @@ KernelPageSize:        4 kB
             "the new memfd is the application's memory"
         );
         drop(other);
-        drop(again);
+        // SAFETY: nothing else touches the range.
+        unsafe { release(&again) };
         // SAFETY: our mapping.
         unsafe { libc::munmap(p, len) };
     }

@@ -1016,7 +1016,8 @@ fn device_and_port_attributes_are_the_enforced_limits() {
     let port = dev.port_attr();
     assert_eq!(
         (port.active_mtu, port.gid_tbl_len, port.link_layer),
-        (Mtu::M1024, 2, "Ethernet")
+        (Mtu::M1024, roce::engine::GID_TABLE_LEN, "Ethernet"),
+        "a table with room beyond its two populated GIDs"
     );
     let pd = dev.alloc_pd().unwrap();
     assert!(dev.alloc_pd().is_err());

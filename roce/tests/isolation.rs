@@ -295,3 +295,119 @@ fn inline_sge_of_another_pd_is_refused() {
     )
     .unwrap();
 }
+
+/// `rereg_mr` keeps the keys (as mlx5 does) but is a new registration: a WRITE in progress
+/// against the old translation is cut off, and later WRITEs with the same rkey land in the
+/// new memory.
+#[test]
+fn rereg_keeps_the_keys_and_cuts_off_the_old_translation() {
+    use roce::engine::{MrChange, MrTranslation};
+    let (mut p, a, b) = setup();
+    let first = write_packet(
+        &p,
+        0x06,
+        &a,
+        &b,
+        0,
+        Some(RethRepr {
+            va: b.addr,
+            rkey: b.rkey,
+            len: 3 * MTU as u32,
+        }),
+    );
+    p.inject(1, &first);
+    p.run_until_idle(SEC);
+    let fresh = HeapMemory::shared(4 * MTU);
+    let keys = p
+        .node(1)
+        .dev
+        .rereg_mr(
+            b.lkey,
+            MrChange {
+                translation: Some(MrTranslation {
+                    mem: fresh.clone(),
+                    mem_offset: 0,
+                    addr: b.addr,
+                    length: 4 * MTU as u64,
+                }),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    assert_eq!(keys, (b.lkey, Some(b.rkey)), "the keys stay");
+    let middle = write_packet(&p, 0x07, &a, &b, 1, None);
+    p.inject(1, &middle);
+    p.run_until_idle(SEC);
+    assert_eq!(
+        fresh.to_vec(0, 4 * MTU),
+        vec![0; 4 * MTU],
+        "not the new memory"
+    );
+    assert_eq!(b.mem.to_vec(MTU, MTU), vec![0; MTU], "nor the old one");
+    assert_eq!(p.naks(1), vec![(a.sq_psn.add(1), NAK_REMOTE_ACCESS)]);
+
+    // A new connection: WRITEs with the same rkey reach the new translation.
+    let (mut p, a, b) = setup();
+    let fresh = HeapMemory::shared(4 * MTU);
+    let dev = &mut p.node(1).dev;
+    let pd2 = dev.alloc_pd().unwrap();
+    // Another PD: the QP's accesses fail; back to its own PD with new access: they work.
+    dev.rereg_mr(
+        b.lkey,
+        MrChange {
+            pd: Some(pd2),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    a.mem.write(0, &[0x77; 64]).unwrap();
+    p.post(
+        0,
+        &a,
+        1,
+        WrOp::Write {
+            remote_addr: b.addr,
+            rkey: b.rkey,
+        },
+        &[a.sge(0, 64)],
+    );
+    p.run_until_idle(SEC);
+    let c = p.cqes(0, &a);
+    assert_eq!(
+        c[0].status,
+        WcStatus::RemAccessErr,
+        "the MR left the QP's PD"
+    );
+    let (mut p, a, b) = setup();
+    p.node(1)
+        .dev
+        .rereg_mr(
+            b.lkey,
+            MrChange {
+                translation: Some(MrTranslation {
+                    mem: fresh.clone(),
+                    mem_offset: MTU,
+                    addr: b.addr,
+                    length: MTU as u64,
+                }),
+                access: Some(Access::LOCAL_WRITE | Access::REMOTE_WRITE),
+                pd: None,
+            },
+        )
+        .unwrap();
+    a.mem.write(0, &[0x77; 64]).unwrap();
+    p.post(
+        0,
+        &a,
+        1,
+        WrOp::Write {
+            remote_addr: b.addr + 8,
+            rkey: b.rkey,
+        },
+        &[a.sge(0, 64)],
+    );
+    p.run_until_idle(SEC);
+    assert_eq!(p.cqes(0, &a)[0].status, WcStatus::Success);
+    assert_eq!(fresh.to_vec(MTU + 8, 64), vec![0x77; 64]);
+    assert_eq!(b.mem.to_vec(8, 64), vec![0; 64]);
+}

@@ -1109,3 +1109,120 @@ fn a_hugetlb_memfd_is_refused() {
     assert!(format!("{:?}", r.error).contains("hugetlb"), "{r:?}");
     d.stop();
 }
+
+/// Whether the page at `addr` is one of ferroce's moved (memfd) mappings.
+fn is_moved(addr: u64) -> bool {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    maps.lines().any(|l| {
+        let Some((range, rest)) = l.split_once(' ') else {
+            return false;
+        };
+        let Some((s, e)) = range.split_once('-') else {
+            return false;
+        };
+        let (s, e) = (
+            u64::from_str_radix(s, 16).unwrap(),
+            u64::from_str_radix(e, 16).unwrap(),
+        );
+        s <= addr && addr < e && rest.contains(dataplane::shadow::SHADOW_NAME)
+    })
+}
+
+/// Multi-rail: one ordinary buffer registered on two RNICs (two contexts of one process)
+/// is one memory for both; when the last registration goes, the pages are private
+/// anonymous memory again (MADV_DONTNEED zeroes them, mremap grows them); and a forked
+/// child gets a private copy of registered pages instead of sharing them with the parent.
+#[test]
+fn one_buffer_on_two_rnics_then_private_again() {
+    let cfg = host_config("multirail");
+    let d = daemon(&cfg, 37, 38);
+    let (mut a, mut b) = rc_pair(&cfg.socket);
+    let mem = Anon::new(4);
+    let m = mem.bytes();
+    m.fill(0x31);
+    let base = mem.addr();
+    // SAFETY: no other thread touches `mem`.
+    let mr_a = unsafe { a.ctx.reg_mr_addr(a.pd, base, 4 * 4096, Access::ALL) }.unwrap();
+    let mr_b = unsafe { b.ctx.reg_mr_addr(b.pd, base + 4096, 4096, Access::ALL) }
+        .expect("the same buffer on a second RNIC");
+    assert!(is_moved(base));
+    // Through RNIC 1: b's peer (a) WRITEs into the buffer via b's MR ...
+    a.buf.write(0, &[0x5a; 64]);
+    let sge = a.mr.sge(0, 64);
+    let c = post_one(
+        &mut a,
+        WrOp::Write {
+            remote_addr: base + 4096,
+            rkey: mr_b.rkey.unwrap(),
+        },
+        sge,
+    );
+    assert_eq!(c.status, WcStatus::Success);
+    assert_eq!(m[4096..4160], [0x5a; 64]);
+    // ... and through RNIC 0 the same bytes are READ via a's MR.
+    let sge = b.mr.sge(0, 64);
+    let c = post_one(
+        &mut b,
+        WrOp::Read {
+            remote_addr: base + 4096,
+            rkey: mr_a.rkey.unwrap(),
+        },
+        sge,
+    );
+    assert_eq!(c.status, WcStatus::Success);
+    assert_eq!(b.buf.to_vec(0, 64), [0x5a; 64]);
+    // A forked child writes its copy; the parent's memory (and the RNICs') is untouched.
+    // SAFETY: the child only writes memory and exits.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        m[4096] = 0xee;
+        let private = !is_moved(base);
+        // SAFETY: leaving the child without running the parent's destructors.
+        unsafe { libc::_exit(if private { 0 } else { 3 }) };
+    }
+    let mut status = 0;
+    // SAFETY: our child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert_eq!(
+        libc::WEXITSTATUS(status),
+        0,
+        "the child's pages are private"
+    );
+    assert_eq!(m[4096], 0x5a, "the child's write stayed in the child");
+    assert!(is_moved(base), "the parent's are still registered");
+    // The first deregistration leaves the move (b's MR still uses it) ...
+    a.ctx.dereg_mr(&mr_a).unwrap();
+    assert!(is_moved(base));
+    assert_eq!(dataplane::shadow::users(base), 1);
+    // ... the last makes the pages private again, contents kept.
+    b.ctx.dereg_mr(&mr_b).unwrap();
+    assert!(!is_moved(base) && !is_moved(base + 4096));
+    assert_eq!((m[0], m[4096], m[4160]), (0x31, 0x5a, 0x31));
+    // SAFETY: our pages; private anonymous memory reads back zero after MADV_DONTNEED.
+    assert_eq!(
+        unsafe { libc::madvise(mem.0 as *mut libc::c_void, 4096, libc::MADV_DONTNEED) },
+        0
+    );
+    assert_eq!(m[0], 0, "MADV_DONTNEED behaves as on ordinary memory");
+    // realloc of a large block grows it with mremap: fine on private memory (on the memfd
+    // the pages past its end would fault).
+    // SAFETY: mremap of our mapping; the result replaces `mem`'s.
+    let grown = unsafe {
+        libc::mremap(
+            mem.0 as *mut libc::c_void,
+            4 * 4096,
+            16 * 4096,
+            libc::MREMAP_MAYMOVE,
+        )
+    };
+    assert_ne!(grown, libc::MAP_FAILED);
+    // SAFETY: the grown mapping is ours, 16 pages.
+    let g = unsafe { std::slice::from_raw_parts_mut(grown as *mut u8, 16 * 4096) };
+    g[16 * 4096 - 1] = 1;
+    assert_eq!(g[4096], 0x5a);
+    // SAFETY: ours; `mem` must not unmap the old address again.
+    unsafe { libc::munmap(grown, 16 * 4096) };
+    std::mem::forget(mem);
+    drop((a, b));
+    d.stop();
+}

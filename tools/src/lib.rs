@@ -8,3 +8,4 @@ pub mod perf;
 pub mod plot;
 pub mod rnic_opts;
 pub mod sim_tool;
+pub mod sysfs;

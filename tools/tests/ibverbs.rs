@@ -361,3 +361,143 @@ fn a_c_program_sees_the_verbs_errors_rdma_core_documents() {
     }
     common::rnicd::wait_idle(r.sock());
 }
+
+/// The functions (with their symbol versions) an ELF library defines.
+fn exports(lib: &Path) -> std::collections::BTreeSet<String> {
+    let o = Command::new("readelf")
+        .args(["--dyn-syms", "-W"])
+        .arg(lib)
+        .output()
+        .expect("readelf");
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.len() >= 8 && f[3] == "FUNC" && f[6] != "UND").then(|| f[7].to_string())
+        })
+        .collect()
+}
+
+/// The stub libmlx5.so.1 and libefa.so.1 export every function of the installed libraries,
+/// with the same symbol versions (default and older ones), so any program linked against
+/// them loads under ferroce-run.
+#[test]
+fn the_direct_verbs_stubs_export_what_the_real_libraries_do() {
+    let multiarch = Command::new("cc").arg("-print-multiarch").output().unwrap();
+    let sysdir = PathBuf::from("/usr/lib").join(String::from_utf8_lossy(&multiarch.stdout).trim());
+    for lib in ["libmlx5.so.1", "libefa.so.1"] {
+        let real = exports(&sysdir.join(lib));
+        assert!(real.len() > 3, "{lib}: {real:?}");
+        let ours = exports(&install().prefix.join("lib/ferroce").join(lib));
+        let missing: Vec<_> = real.difference(&ours).collect();
+        assert!(missing.is_empty(), "{lib} stub lacks {missing:?}");
+    }
+}
+
+/// Programs that look for the device before using it find it: `/dev/infiniband/<dev_name>`
+/// a readable and writable character device, `/sys/class/infiniband/<name>` with the values
+/// the verbs report, `ibstat` (libibumad) listing the RNICs, pyverbs importing and using one;
+/// as root (a mount namespace) and as an unprivileged user (a user namespace too), each
+/// keeping its own uid; nothing on the host; and `--no-ns` without the view.
+#[test]
+fn devices_are_visible_where_programs_look() {
+    let _one = serial();
+    let r = Rnicd::start("ibv-visible", &["--set", "host.mode=0666"]);
+    let check =
+        "set -e; d=/dev/infiniband/uverbs_ferroce0; test -c $d && test -r $d && test -w $d; \
+                 c=/sys/class/infiniband; cat $c/ferroce0/node_guid $c/ferroce0/node_type \
+                 $c/ferroce0/ports/1/gids/1 $c/ferroce0/ports/1/gid_attrs/types/1 \
+                 /sys/class/infiniband_verbs/uverbs_ferroce1/ibdev; test -d /sys/class/net; \
+                 echo x > /dev/null; echo uid=$(id -u)";
+    let (o, _) = common::run_for(
+        &mut run(r.sock(), &["sh", "-c", check]),
+        Duration::from_secs(30),
+    );
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    for want in [
+        "0000:00ff:fe99:0001",
+        "1: CA",
+        "0000:0000:0000:0000:0000:ffff:0a63:0001",
+        "RoCE v2",
+        "ferroce1",
+        "uid=0",
+    ] {
+        assert!(t.contains(want), "{want:?} missing:\n{t}");
+    }
+    assert!(
+        !Path::new("/dev/infiniband/uverbs_ferroce0").exists(),
+        "nothing is left on the host"
+    );
+    let (o, _) = common::run_for(
+        &mut run(
+            r.sock(),
+            &[
+                "--no-ns",
+                "sh",
+                "-c",
+                "test -e /dev/infiniband/uverbs_ferroce0",
+            ],
+        ),
+        Duration::from_secs(30),
+    );
+    assert!(!o.status.success(), "--no-ns shows no device files");
+    if Path::new("/usr/sbin/ibstat").exists() || Path::new("/usr/bin/ibstat").exists() {
+        let (o, _) = common::run_for(&mut run(r.sock(), &["ibstat"]), Duration::from_secs(30));
+        let t = text(&o);
+        assert!(o.status.success(), "{t}");
+        assert!(
+            t.contains("CA 'ferroce0'") && t.contains("CA 'ferroce1'"),
+            "{t}"
+        );
+        assert!(
+            t.contains("State: Active") && t.contains("Link layer: Ethernet"),
+            "{t}"
+        );
+    }
+    if Path::new("/usr/lib/python3/dist-packages/pyverbs").exists() {
+        let script = "import pyverbs.device as d\n\
+            import pyverbs.providers.mlx5.mlx5dv, pyverbs.providers.efa.efadv\n\
+            import pyverbs.enums as e\n\
+            from pyverbs.pd import PD\nfrom pyverbs.mr import MR\nfrom pyverbs.cq import CQ\n\
+            from pyverbs.qp import QP, QPInitAttr, QPCap\n\
+            print(sorted(x.name.decode() for x in d.get_device_list()))\n\
+            ctx = d.Context(name='ferroce1')\n\
+            print('gid', ctx.query_gid(1, 1))\n\
+            pd = PD(ctx)\n\
+            mr = MR(pd, 4096, e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE)\n\
+            cq = CQ(ctx, 16)\n\
+            qp = QP(pd, QPInitAttr(qp_type=e.IBV_QPT_RC, scq=cq, rcq=cq, cap=QPCap(4, 4)))\n\
+            print('qp', qp.qp_num, 'mr', mr.lkey == mr.rkey)\n";
+        let (o, _) = common::run_for(
+            &mut run(r.sock(), &["/usr/bin/python3", "-c", script]),
+            Duration::from_secs(60),
+        );
+        let t = text(&o);
+        assert!(o.status.success(), "pyverbs: {t}");
+        assert!(t.contains("['ferroce0', 'ferroce1']"), "{t}");
+        assert!(
+            t.contains("gid 0000:0000:0000:0000:0000:ffff:0a63:0002"),
+            "{t}"
+        );
+        assert!(t.contains("mr True"), "{t}");
+    }
+    // An unprivileged user: a user namespace as well, and the program keeps its uid.
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 && Path::new("/usr/bin/setpriv").exists() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = r.socket.parent().unwrap();
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let mut c = Command::new("setpriv");
+        c.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(install().prefix.join("bin/ferroce-run"))
+            .args(["--socket", r.sock(), "sh", "-c", check])
+            .env_remove("LD_LIBRARY_PATH")
+            .env_remove("FERROCE_LIBDIR")
+            .env("TMPDIR", "/tmp");
+        let (o, _) = common::run_for(&mut c, Duration::from_secs(30));
+        let t = text(&o);
+        assert!(o.status.success(), "as nobody: {t}");
+        assert!(t.contains("uid=65534") && t.contains("RoCE v2"), "{t}");
+    }
+}

@@ -169,10 +169,20 @@ fn discover() -> Vec<&'static Device> {
                 ibv.node_type = sys::IBV_NODE_CA;
                 ibv.transport_type = sys::IBV_TRANSPORT_IB;
                 copy_str(&mut ibv.name, &name);
-                copy_str(&mut ibv.dev_name, &format!("uverbs_{name}"));
+                // As rdma-core fills them, under ibv_get_sysfs_path() (SYSFS_PATH): where
+                // `ferroce-run` shows the device (`rnic-ctl sysfs`), and the character file
+                // /dev/infiniband/<dev_name> beside it.
+                // SAFETY: a static NUL-terminated string.
+                let sysfs = unsafe { CStr::from_ptr(ibv_get_sysfs_path()) }.to_string_lossy();
+                let dev_name = format!("uverbs_{name}");
+                copy_str(&mut ibv.dev_name, &dev_name);
+                copy_str(
+                    &mut ibv.dev_path,
+                    &format!("{sysfs}/class/infiniband_verbs/{dev_name}"),
+                );
                 copy_str(
                     &mut ibv.ibdev_path,
-                    &format!("/sys/class/infiniband/{name}"),
+                    &format!("{sysfs}/class/infiniband/{name}"),
                 );
                 let d: &'static Device = Box::leak(Box::new(Device { ibv, name, guid }));
                 list.push(d);
@@ -256,6 +266,11 @@ struct Ctx {
     /// `context->async_fd`: an eventfd (semaphore mode) counting the events in `events`, so
     /// an application may poll(2) it as it would the kernel's.
     async_fd: OwnedFd,
+    /// `context->cmd_fd`: a real descriptor, as programs expect of a context (they dup it,
+    /// pass it to another process, fstat it). It is the device's character file where the
+    /// device is visible (`ferroce-run --ns`), else /dev/null; nothing is read or written on
+    /// it: commands travel on the rnicd connection.
+    cmd_fd: OwnedFd,
     limits: roce::engine::DeviceAttr,
     /// Asynchronous events taken from rnicd, waiting for `ibv_get_async_event`.
     events: Mutex<VecDeque<EventSlot>>,
@@ -263,6 +278,25 @@ struct Ctx {
     objects: Mutex<Objects>,
     /// The thread that moves events from rnicd's ring to `events` and the async fd.
     event_thread: Mutex<Option<(Arc<AtomicBool>, std::thread::JoinHandle<()>)>>,
+}
+
+/// Opens the descriptor a context shows as `cmd_fd`: the device's character file
+/// (`ibv_device.dev_path`'s `/dev/infiniband/<dev_name>`) where one exists, else /dev/null.
+unsafe fn open_cmd_fd(dev: *mut sys::ibv_device) -> std::io::Result<OwnedFd> {
+    let name = CStr::from_ptr((*dev).dev_name.as_ptr()).to_string_lossy();
+    let candidates = [
+        format!("/dev/infiniband/{name}\0"),
+        "/dev/null\0".to_string(),
+    ];
+    let mut last = std::io::Error::from_raw_os_error(libc::ENOENT);
+    for p in &candidates {
+        let fd = libc::open(p.as_ptr() as *const c_char, libc::O_RDWR | libc::O_CLOEXEC);
+        if fd >= 0 {
+            return Ok(OwnedFd::from_raw_fd(fd));
+        }
+        last = std::io::Error::last_os_error();
+    }
+    Err(last)
 }
 
 /// The application's QPs, CQs and SRQs of a context, by number (their addresses).
@@ -375,6 +409,13 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut sys::ibv_device) -> *mut sys:
             set_errno(libc::EMFILE);
             return std::ptr::null_mut();
         };
+        let cmd_fd = match open_cmd_fd(dev) {
+            Ok(f) => f,
+            Err(e) => {
+                set_errno(e.raw_os_error().unwrap_or(libc::EMFILE));
+                return std::ptr::null_mut();
+            }
+        };
         // SAFETY: zero is a valid verbs_context (C data; NULL ops).
         let mut vctx: sys::verbs_context = std::mem::zeroed();
         vctx.sz = std::mem::size_of::<sys::verbs_context>();
@@ -384,7 +425,7 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut sys::ibv_device) -> *mut sys:
         vctx.create_qp_ex = Some(create_qp_ex);
         let c = &mut vctx.context;
         c.device = dev;
-        c.cmd_fd = -1;
+        c.cmd_fd = cmd_fd.as_raw_fd();
         c.async_fd = async_fd.as_raw_fd();
         c.num_comp_vectors = 1;
         // verbs_get_ctx() recognises an extended context by this marker.
@@ -399,6 +440,7 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut sys::ibv_device) -> *mut sys:
             client: Mutex::new(rc),
             dev: d,
             async_fd,
+            cmd_fd,
             limits,
             events: Mutex::new(VecDeque::new()),
             objects: Mutex::new(Objects::default()),
@@ -450,7 +492,10 @@ pub unsafe extern "C" fn ibv_close_device(c: *mut sys::ibv_context) -> c_int {
         }
     }
     let ctx = Box::from_raw(p);
+    // Closing ends the context's registrations: pages may move back to private memory.
+    let moving = MOVING.write().unwrap_or_else(|p| p.into_inner());
     client(&ctx).close();
+    drop(moving);
     0
 }
 version!(ibv_close_device, "IBVERBS_1.1");
@@ -494,6 +539,7 @@ unsafe extern "C" fn query_device_ex(
     let mut ex: sys::ibv_device_attr_ex = std::mem::zeroed();
     ex.orig_attr = device_attr(ctx);
     ex.device_cap_flags_ex = ex.orig_attr.device_cap_flags as u64;
+    ex.phys_port_cnt_ex = 1;
     let n = size.min(std::mem::size_of::<sys::ibv_device_attr_ex>());
     std::ptr::copy_nonoverlapping(&ex as *const _ as *const u8, attr as *mut u8, n);
     0
@@ -625,9 +671,17 @@ pub unsafe extern "C" fn ibv_query_gid(
         set_errno(libc::EINVAL);
         return -1;
     }
-    match client(ctx).query_gid(index as u8) {
+    // (The result first: the client's lock must not be held into gid_table_len.)
+    let r = client(ctx).query_gid(index as u8);
+    match r {
         Ok(g) => {
             (*gid).raw = g.0;
+            0
+        }
+        // An empty entry of the table reads as the zero GID (the kernel's sysfs file of an
+        // empty entry); past the table, an error.
+        Err(_) if (index as u32) < gid_table_len(ctx) => {
+            (*gid).raw = [0; 16];
             0
         }
         Err(_) => {
@@ -638,7 +692,15 @@ pub unsafe extern "C" fn ibv_query_gid(
 }
 version!(ibv_query_gid, "IBVERBS_1.1");
 
-/// `enum ibv_gid_type_sysfs`: every ferroce GID is a RoCEv2 GID.
+/// The port's GID table length (populated entries first, then empty ones).
+fn gid_table_len(ctx: &Ctx) -> u32 {
+    client(ctx).query_port().map_or(0, |p| p.gid_tbl_len)
+}
+
+/// `ibv_query_gid_type` (libibverbs' private ABI, which librdmacm and pyverbs use): the type
+/// of a GID table entry in the sysfs numbering (0: IB or RoCE v1, 1: RoCE v2). Every
+/// populated entry of a ferroce port is RoCE v2; an empty one reads as type 0, as rdma-core
+/// answers for an empty entry; past the table, -1 with errno EINVAL.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_query_gid_type(
     c: *mut sys::ibv_context,
@@ -646,13 +708,25 @@ pub unsafe extern "C" fn ibv_query_gid_type(
     index: c_uint,
     ty: *mut c_int,
 ) -> c_int {
-    let mut g: sys::ibv_gid = std::mem::zeroed();
-    if ibv_query_gid(c, port, index as c_int, &mut g) != 0 || ty.is_null() {
+    if ty.is_null() {
         set_errno(libc::EINVAL);
         return -1;
     }
-    *ty = 1; // IBV_GID_TYPE_SYSFS_ROCE_V2
-    0
+    let mut e: sys::ibv_gid_entry = std::mem::zeroed();
+    match _ibv_query_gid_ex(c, port as u32, index, &mut e, 0, std::mem::size_of_val(&e)) {
+        0 => {
+            *ty = 1;
+            0
+        }
+        libc::ENODATA => {
+            *ty = 0;
+            0
+        }
+        err => {
+            set_errno(err);
+            -1
+        }
+    }
 }
 version!(ibv_query_gid_type, "IBVERBS_PRIVATE_34");
 
@@ -668,10 +742,20 @@ pub unsafe extern "C" fn _ibv_query_gid_ex(
     if flags != 0 || entry.is_null() || len < std::mem::size_of::<sys::ibv_gid_entry>() {
         return libc::EINVAL;
     }
-    let mut g: sys::ibv_gid = std::mem::zeroed();
-    if ibv_query_gid(c, port as u8, index as c_int, &mut g) != 0 {
-        return libc::ENODATA;
+    let Some(ctx) = ctx_of(c) else {
+        return libc::EINVAL;
+    };
+    if port != 1 || index > 255 {
+        return libc::EINVAL;
     }
+    // An empty entry: ENODATA (as the kernel answers); past the table: EINVAL.
+    // (The result first: the client's lock must not be held into gid_table_len.)
+    let r = client(ctx).query_gid(index as u8);
+    let g = match r {
+        Ok(g) => sys::ibv_gid { raw: g.0 },
+        Err(_) if index < gid_table_len(ctx) => return libc::ENODATA,
+        Err(_) => return libc::EINVAL,
+    };
     *entry = sys::ibv_gid_entry {
         gid: g,
         gid_index: index,
@@ -703,8 +787,10 @@ pub unsafe extern "C" fn _ibv_query_gid_table(
     let mut n = 0usize;
     for index in 0..=255u32 {
         let mut g: sys::ibv_gid_entry = std::mem::zeroed();
-        if _ibv_query_gid_ex(c, 1, index, &mut g, 0, std::mem::size_of_val(&g)) != 0 {
-            break;
+        match _ibv_query_gid_ex(c, 1, index, &mut g, 0, std::mem::size_of_val(&g)) {
+            0 => {}
+            libc::ENODATA => continue, // an empty entry: not listed
+            _ => break,                // past the table
         }
         if n == max {
             return -(libc::EINVAL as isize);
@@ -829,6 +915,19 @@ pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut sys::ibv_pd) -> c_int {
 }
 version!(ibv_dealloc_pd, "IBVERBS_1.1");
 
+/// The access an `ibv_reg_mr` flag word asks for, or `Err` for flags ferroce does not
+/// implement (zero-based, on-demand paging...). Bits 20-29 (IBV_ACCESS_OPTIONAL_RANGE:
+/// relaxed ordering and later hints) are optional: a device without them ignores them, as
+/// rdma-core's providers do.
+fn mr_access(access: c_int) -> Result<Access, ()> {
+    let optional =
+        ((sys::IBV_ACCESS_OPTIONAL_FIRST << 10) - 1) & !(sys::IBV_ACCESS_OPTIONAL_FIRST - 1);
+    if access as u32 & !(0xf | optional) != 0 {
+        return Err(());
+    }
+    Ok(Access(access as u32 & 0xf))
+}
+
 unsafe fn reg(
     pd: *mut sys::ibv_pd,
     addr: *mut c_void,
@@ -844,15 +943,10 @@ unsafe fn reg(
         set_errno(libc::EINVAL);
         return std::ptr::null_mut();
     };
-    // Bits 20-29 (IBV_ACCESS_OPTIONAL_RANGE: relaxed ordering and later hints) are optional:
-    // a device without them ignores them, as rdma-core's providers do. Other bits beyond the
-    // four ferroce implements are unsupported (MW bind, zero-based, on-demand paging).
-    let optional =
-        ((sys::IBV_ACCESS_OPTIONAL_FIRST << 10) - 1) & !(sys::IBV_ACCESS_OPTIONAL_FIRST - 1);
-    if access as u32 & !(0xf | optional) != 0 {
+    let Ok(acc) = mr_access(access) else {
         set_errno(libc::EOPNOTSUPP);
         return std::ptr::null_mut();
-    }
+    };
     if iova != addr as u64 {
         set_errno(libc::EOPNOTSUPP);
         return std::ptr::null_mut();
@@ -862,7 +956,7 @@ unsafe fn reg(
     // application's threads must not write to the pages being registered meanwhile
     // (docs/ibverbs.md).
     let moving = MOVING.write().unwrap_or_else(|p| p.into_inner());
-    let r = client(ctx).reg_mr_addr((*p).id, addr as u64, len, Access(access as u32 & 0xf));
+    let r = client(ctx).reg_mr_addr((*p).id, addr as u64, len, acc);
     drop(moving);
     match r {
         Ok(m) => Box::into_raw(Box::new(Mr {
@@ -933,7 +1027,12 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut sys::ibv_mr) -> c_int {
         return libc::EINVAL;
     };
     let m = mr as *mut Mr;
-    match client(ctx).dereg_mr(&(*m).mr) {
+    // The last registration within its pages moves them back to private memory: the
+    // library's threads stay off the heap meanwhile (MOVING), as for registration.
+    let moving = MOVING.write().unwrap_or_else(|p| p.into_inner());
+    let r = client(ctx).dereg_mr(&(*m).mr);
+    drop(moving);
+    match r {
         Ok(()) => {
             drop(Box::from_raw(m));
             0
@@ -943,9 +1042,11 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut sys::ibv_mr) -> c_int {
 }
 version!(ibv_dereg_mr, "IBVERBS_1.1");
 
-/// `ibv_rereg_mr`: a new registration with what changes (translation, PD, access) is made
-/// first and the old one released after, so on failure the MR is as it was
-/// (`IBV_REREG_MR_ERR_CMD`). The keys change, which the verbs allow.
+/// `ibv_rereg_mr`: changes an MR's translation, PD and/or access in place, keeping its lkey
+/// and rkey (as mlx5 does: programs and test suites written for hardware rely on it). It is
+/// a new registration for the engine, so a peer's operation in progress against the old
+/// translation fails rather than reaching it. On failure the MR is as it was
+/// (`IBV_REREG_MR_ERR_CMD`, or `_ERR_INPUT` for bad arguments; errno set with each).
 #[no_mangle]
 pub unsafe extern "C" fn ibv_rereg_mr(
     mr: *mut sys::ibv_mr,
@@ -957,48 +1058,69 @@ pub unsafe extern "C" fn ibv_rereg_mr(
 ) -> c_int {
     guard(sys::IBV_REREG_MR_ERR_CMD, || {
         // rdma-core sets errno with each error code it returns.
+        let input = |e| {
+            set_errno(e);
+            sys::IBV_REREG_MR_ERR_INPUT
+        };
         if mr.is_null() || flags == 0 || flags as u32 & !sys::IBV_REREG_MR_FLAGS_SUPPORTED != 0 {
-            set_errno(libc::EINVAL);
-            return sys::IBV_REREG_MR_ERR_INPUT;
+            return input(libc::EINVAL);
         }
+        let Some(ctx) = ctx_of((*mr).context) else {
+            return input(libc::EINVAL);
+        };
         let m = &mut *(mr as *mut Mr);
         let f = flags as u32;
         let new_pd = if f & sys::IBV_REREG_MR_CHANGE_PD != 0 {
-            pd
+            if pd.is_null() || (*pd).context != m.ibv.context {
+                return input(libc::EINVAL);
+            }
+            Some(pd)
         } else {
-            m.ibv.pd
+            None
         };
-        let (a, l) = if f & sys::IBV_REREG_MR_CHANGE_TRANSLATION != 0 {
-            (addr, length)
+        let memory = if f & sys::IBV_REREG_MR_CHANGE_TRANSLATION != 0 {
+            if addr.is_null() || length == 0 {
+                return input(libc::EINVAL);
+            }
+            Some((addr as u64, length))
         } else {
-            (m.ibv.addr, m.ibv.length)
+            None
         };
         let acc = if f & sys::IBV_REREG_MR_CHANGE_ACCESS != 0 {
-            access
+            match mr_access(access) {
+                Ok(a) => Some(a),
+                Err(()) => return input(libc::EOPNOTSUPP),
+            }
         } else {
-            m.access
+            None
         };
-        if new_pd.is_null()
-            || ctx_of((*new_pd).context).is_none()
-            || (*new_pd).context != m.ibv.context
-        {
-            set_errno(libc::EINVAL);
-            return sys::IBV_REREG_MR_ERR_INPUT;
+        // Pages may move (the new range onto a memfd, the old one back): MOVING, as reg.
+        let moving = MOVING.write().unwrap_or_else(|p| p.into_inner());
+        let r = client(ctx).rereg_mr(&m.mr, new_pd.map(|p| (*(p as *mut Pd)).id), memory, acc);
+        drop(moving);
+        match r {
+            Ok(new) => {
+                m.mr = new;
+                if let Some(p) = new_pd {
+                    m.ibv.pd = p;
+                }
+                if let Some((a, l)) = memory {
+                    m.ibv.addr = a as *mut c_void;
+                    m.ibv.length = l;
+                }
+                if acc.is_some() {
+                    m.access = access;
+                }
+                m.ibv.lkey = new.lkey.0;
+                m.ibv.rkey = new.rkey.map_or(new.lkey.0, |k| k.0);
+                0
+            }
+            Err(e) => {
+                explain(&e);
+                set_errno(errno_of(&e));
+                sys::IBV_REREG_MR_ERR_CMD
+            }
         }
-        let fresh = reg(new_pd, a, l, a as u64, acc);
-        if fresh.is_null() {
-            return sys::IBV_REREG_MR_ERR_CMD;
-        }
-        let fresh = Box::from_raw(fresh as *mut Mr);
-        let ctx = ctx_of(m.ibv.context).expect("checked above");
-        if client(ctx).dereg_mr(&m.mr).is_err() {
-            let _ = client(ctx).dereg_mr(&fresh.mr);
-            return sys::IBV_REREG_MR_ERR_CMD;
-        }
-        m.ibv = fresh.ibv;
-        m.mr = fresh.mr;
-        m.access = acc;
-        0
     })
 }
 version!(ibv_rereg_mr, "IBVERBS_1.1");
@@ -1025,10 +1147,11 @@ static FORK_INIT: AtomicBool = AtomicBool::new(false);
 /// copy-on-write cannot take the physical pages the HCA writes to away from the parent.
 /// ferroce has no pinned pages: registration moves the pages onto a sealed memfd mapped
 /// MAP_SHARED at the same address (the engine in rnicd maps the same file), so the parent's
-/// RDMA keeps working after fork with or without this call. The difference a program may see:
-/// the child shares those pages with the parent (writes on either side are visible to the
-/// other) instead of losing them (DONTFORK) or getting a private copy. The call is remembered
-/// for `ibv_is_fork_initialized`; see docs/ibverbs.md.
+/// RDMA keeps working after fork with or without this call, and a `pthread_atfork` child
+/// handler turns every moved range into a private copy in the child (`dataplane::shadow`), as
+/// ordinary memory would be. The difference a program may see: the child has its copy of
+/// registered pages where DONTFORK would leave them unmapped. The call is remembered for
+/// `ibv_is_fork_initialized`; see docs/ibverbs.md.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_fork_init() -> c_int {
     FORK_INIT.store(true, Ordering::Relaxed);
@@ -1179,9 +1302,9 @@ pub unsafe extern "C" fn ibv_create_cq(
     cqe: c_int,
     cq_context: *mut c_void,
     channel: *mut sys::ibv_comp_channel,
-    _comp_vector: c_int,
+    comp_vector: c_int,
 ) -> *mut sys::ibv_cq {
-    create_cq(c, cqe, cq_context, channel) as *mut sys::ibv_cq
+    create_cq(c, cqe, cq_context, channel, comp_vector) as *mut sys::ibv_cq
 }
 version!(ibv_create_cq, "IBVERBS_1.1");
 
@@ -1192,13 +1315,26 @@ unsafe fn create_cq(
     cqe: c_int,
     cq_context: *mut c_void,
     channel: *mut sys::ibv_comp_channel,
+    comp_vector: c_int,
 ) -> *mut Cq {
     guard(std::ptr::null_mut(), || {
         let Some(ctx) = ctx_of(c) else {
             set_errno(libc::EINVAL);
             return std::ptr::null_mut();
         };
-        if cqe < 1 {
+        // As the kernel checks: a completion vector the context has (`num_comp_vectors`,
+        // 1 here) and no more entries than the device's max_cqe.
+        let max_cqe = ctx.limits.limits.max_cqe;
+        if cqe < 1
+            || cqe as u32 > max_cqe
+            || comp_vector < 0
+            || comp_vector >= (*c).num_comp_vectors
+        {
+            explain(&VerbsError::InvalidArgument(format!(
+                "ibv_create_cq: cqe {cqe} (1..={max_cqe}), comp_vector {comp_vector} \
+                 (below {})",
+                (*c).num_comp_vectors
+            )));
             set_errno(libc::EINVAL);
             return std::ptr::null_mut();
         }
@@ -1326,7 +1462,11 @@ unsafe extern "C" fn create_cq_ex(
         set_errno(libc::EINVAL);
         return std::ptr::null_mut();
     };
-    create_cq(c, cqe, a.cq_context, a.channel) as *mut sys::ibv_cq_ex
+    let Ok(vector) = c_int::try_from(a.comp_vector) else {
+        set_errno(libc::EINVAL);
+        return std::ptr::null_mut();
+    };
+    create_cq(c, cqe, a.cq_context, a.channel, vector) as *mut sys::ibv_cq_ex
 }
 
 /// Polls one completion into the CQ's current entry: 0, ENOENT when empty, or an errno.
@@ -1439,11 +1579,27 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut sys::ibv_cq) -> c_int {
 }
 version!(ibv_destroy_cq, "IBVERBS_1.1");
 
-/// A CQ keeps the size it was created with: EOPNOTSUPP, as libibverbs answers for a
-/// provider without resize.
+/// `ibv_resize_cq`: the CQ holds `cqe` completions from now on, keeping those it holds;
+/// EINVAL for a size past the device's `max_cqe` or below what it holds.
 #[no_mangle]
-pub unsafe extern "C" fn ibv_resize_cq(_cq: *mut sys::ibv_cq, _cqe: c_int) -> c_int {
-    libc::EOPNOTSUPP
+pub unsafe extern "C" fn ibv_resize_cq(cq: *mut sys::ibv_cq, cqe: c_int) -> c_int {
+    if cq.is_null() || cqe < 1 {
+        return libc::EINVAL;
+    }
+    let Some(ctx) = ctx_of((*cq).context) else {
+        return libc::EINVAL;
+    };
+    let q = cq as *mut Cq;
+    match client(ctx).resize_cq(CqId((*cq).handle), cqe as u32) {
+        Ok(n) => {
+            (*q).ex.cqe = n as c_int;
+            0
+        }
+        Err(e) => {
+            explain(&e);
+            errno_of(&e)
+        }
+    }
 }
 version!(ibv_resize_cq, "IBVERBS_1.1");
 
@@ -2835,6 +2991,7 @@ pub unsafe extern "C" fn ibv_create_ah(
     if ctx_of((*pd).context).is_none()
         || (*attr).port_num != 1
         || ibv_query_gid((*pd).context, 1, (*attr).grh.sgid_index as c_int, &mut g) != 0
+        || g.raw == [0; 16]
     {
         set_errno(libc::EINVAL);
         return std::ptr::null_mut();
@@ -3419,7 +3576,18 @@ version!(ibv_query_qp_data_in_order, "IBVERBS_1.14");
 // in rnicd, not behind a uverbs fd, so importing is not supported (NULL, EOPNOTSUPP).
 
 #[no_mangle]
-pub unsafe extern "C" fn ibv_import_device(_fd: c_int) -> *mut sys::ibv_context {
+pub unsafe extern "C" fn ibv_import_device(fd: c_int) -> *mut sys::ibv_context {
+    // rdma-core answers EOPNOTSUPP for a device without import (its ioctl fails so); a
+    // descriptor that is not open at all is EBADF.
+    if libc::fcntl(fd, libc::F_GETFD) < 0 {
+        set_errno(libc::EBADF);
+        return std::ptr::null_mut();
+    }
+    explain(&VerbsError::InvalidArgument(
+        "ibv_import_device: ferroce's contexts live in rnicd and cannot be imported from a \
+         descriptor; open the device in each process (ibv_open_device)"
+            .into(),
+    ));
     set_errno(libc::EOPNOTSUPP);
     std::ptr::null_mut()
 }

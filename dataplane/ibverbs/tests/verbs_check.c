@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -204,8 +205,41 @@ static void check_device(void)
 	CHECK(n >= 2 && v4 >= 0, "ibv_query_gid_table: %zd entries, IPv4-mapped RoCEv2 at %d", n,
 	      v4);
 	struct ibv_gid_entry one;
-	CHECK(ibv_query_gid_ex(ctx, 1, 200, &one, 0) == ENODATA,
-	      "ibv_query_gid_ex past the table: ENODATA");
+	CHECK(pa.gid_tbl_len > n, "the GID table (%d entries) is larger than its populated %zd",
+	      pa.gid_tbl_len, n);
+	CHECK(ibv_query_gid_ex(ctx, 1, n, &one, 0) == ENODATA,
+	      "ibv_query_gid_ex of an empty entry: ENODATA");
+	union ibv_gid zero;
+	memset(&zero, 0xee, sizeof(zero));
+	CHECK(ibv_query_gid(ctx, 1, n, &zero) == 0 && zero.global.subnet_prefix == 0 &&
+		      zero.global.interface_id == 0,
+	      "ibv_query_gid of an empty entry: the zero GID");
+	CHECK(ibv_query_gid_ex(ctx, 1, 200, &one, 0) == EINVAL,
+	      "ibv_query_gid_ex past the table: EINVAL");
+	CHECK(dx.phys_port_cnt_ex == 1, "ibv_query_device_ex: phys_port_cnt_ex %u",
+	      dx.phys_port_cnt_ex);
+	/* cmd_fd is a real descriptor (programs dup it); importing a context is not supported. */
+	int dupfd = dup(ctx->cmd_fd);
+	CHECK(ctx->cmd_fd >= 0 && dupfd >= 0, "context->cmd_fd %d is a descriptor", ctx->cmd_fd);
+	errno = 0;
+	CHECK(ibv_import_device(dupfd) == NULL && errno == EOPNOTSUPP,
+	      "ibv_import_device: NULL, EOPNOTSUPP");
+	close(dupfd);
+	errno = 0;
+	CHECK(ibv_import_device(-1) == NULL && errno == EBADF, "ibv_import_device(-1): EBADF");
+	/* CQ limits: a completion vector the context has, no more than max_cqe entries. */
+	errno = 0;
+	CHECK(ibv_create_cq(ctx, 4, NULL, NULL, ctx->num_comp_vectors) == NULL && errno == EINVAL,
+	      "ibv_create_cq on comp_vector %d (of %d): EINVAL", ctx->num_comp_vectors,
+	      ctx->num_comp_vectors);
+	errno = 0;
+	CHECK(ibv_create_cq(ctx, dx.orig_attr.max_cqe + 1, NULL, NULL, 0) == NULL &&
+		      errno == EINVAL,
+	      "ibv_create_cq past max_cqe: EINVAL");
+	struct ibv_cq_init_attr_ex cx = {.cqe = 4, .comp_vector = 7};
+	errno = 0;
+	CHECK(ibv_create_cq_ex(ctx, &cx) == NULL && errno == EINVAL,
+	      "ibv_create_cq_ex on comp_vector 7: EINVAL");
 	uint16_t pkey = 0;
 	CHECK(ibv_query_pkey(ctx, 1, 0, &pkey) == 0 && pkey == htobe16(0xffff),
 	      "ibv_query_pkey: default P_Key");
@@ -252,7 +286,11 @@ static void check_unsupported(void)
 	      "ibv_create_cq_ex with completion timestamps: NULL, EOPNOTSUPP");
 	struct ibv_cq *cq = ibv_create_cq(ctx, 4, NULL, NULL, 0);
 	MUST(cq, "ibv_create_cq");
-	CHECK(ibv_resize_cq(cq, 64) == EOPNOTSUPP, "ibv_resize_cq: EOPNOTSUPP");
+	CHECK(ibv_resize_cq(cq, 64) == 0 && cq->cqe >= 64, "ibv_resize_cq to 64: cqe %d", cq->cqe);
+	struct ibv_device_attr da;
+	MUST(ibv_query_device(ctx, &da) == 0, "ibv_query_device");
+	CHECK(ibv_resize_cq(cq, da.max_cqe + 1) == EINVAL && cq->cqe >= 64,
+	      "ibv_resize_cq past max_cqe: EINVAL, size kept");
 	struct ibv_qp_init_attr_ex qa = {
 		.send_cq = cq,
 		.recv_cq = cq,
@@ -1184,6 +1222,157 @@ static void check_fork(void)
 	      "a forked child lists the devices through the library");
 }
 
+/* ibv_resize_cq: a CQ made for 2 completions, grown to 64, takes 16 at once without
+ * overflowing (its ring stays small: the rest waits in the engine's CQ); shrinking below
+ * what it holds fails. */
+static void check_resize_cq(void)
+{
+	struct ibv_cq *cq = ibv_create_cq(ctx, 2, NULL, NULL, 0);
+	MUST(cq, "ibv_create_cq");
+	char *buf = alloc_buf(8192);
+	struct ibv_mr *mr = ibv_reg_mr(pd, buf, 8192,
+				       IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+	MUST(mr, "ibv_reg_mr");
+	struct ibv_qp *a = make_qp(cq, cq, NULL), *b = make_qp(cq, cq, NULL);
+	MUST(a && b, "ibv_create_qp");
+	MUST(connect_qp(a, b->qp_num, 7) == 0 && connect_qp(b, a->qp_num, 7) == 0, "connect");
+	CHECK(ibv_resize_cq(cq, 64) == 0 && cq->cqe >= 64, "resized to %d", cq->cqe);
+	struct ibv_sge sge = {.addr = (uintptr_t)buf, .length = 8, .lkey = mr->lkey};
+	struct ibv_send_wr wr = {.sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE,
+				 .send_flags = IBV_SEND_SIGNALED,
+				 .wr.rdma = {.remote_addr = (uintptr_t)buf + 4096, .rkey = mr->rkey}},
+			   *bad;
+	int posted = 0;
+	for (int i = 0; i < 16; i++) {
+		wr.wr_id = i;
+		posted += ibv_post_send(a, &wr, &bad) == 0;
+	}
+	usleep(100000);
+	CHECK(ibv_resize_cq(cq, 4) == EINVAL, "shrinking below the completions it holds: EINVAL");
+	struct ibv_wc wc[16];
+	int n = poll_n(cq, wc, 16), good = 0;
+	for (int i = 0; i < n; i++)
+		good += wc[i].status == IBV_WC_SUCCESS && wc[i].wr_id == (uint64_t)i;
+	CHECK(posted == 16 && n == 16 && good == 16 && qp_state(a) == IBV_QPS_RTS,
+	      "16 completions in order on the grown CQ, no overflow (%d of %d)", good, n);
+	ibv_destroy_qp(a);
+	ibv_destroy_qp(b);
+	ibv_dereg_mr(mr);
+	free(buf);
+	CHECK(ibv_destroy_cq(cq) == 0, "destroy the resized CQ");
+}
+
+/* ibv_rereg_mr keeps the lkey and rkey (as mlx5 does), for a new translation, access or PD,
+ * and the old translation is not reachable through them afterwards. */
+static void check_rereg_keeps_keys(void)
+{
+	struct ibv_cq *cq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
+	MUST(cq, "ibv_create_cq");
+	char *src = alloc_buf(4096), *one = alloc_buf(8192), *two = alloc_buf(8192);
+	struct ibv_mr *smr = ibv_reg_mr(pd, src, 4096, IBV_ACCESS_LOCAL_WRITE);
+	struct ibv_mr *mr = ibv_reg_mr(pd, one, 8192,
+				       IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+	MUST(smr && mr, "ibv_reg_mr");
+	uint32_t lkey = mr->lkey, rkey = mr->rkey;
+	struct ibv_qp *a = make_qp(cq, cq, NULL), *b = make_qp(cq, cq, NULL);
+	MUST(a && b, "ibv_create_qp");
+	MUST(connect_qp(a, b->qp_num, 7) == 0 && connect_qp(b, a->qp_num, 7) == 0, "connect");
+	memset(src, 0x3c, 64);
+	struct ibv_sge sge = {.addr = (uintptr_t)src, .length = 64, .lkey = smr->lkey};
+	struct ibv_send_wr wr = {.wr_id = 1, .sg_list = &sge, .num_sge = 1,
+				 .opcode = IBV_WR_RDMA_WRITE, .send_flags = IBV_SEND_SIGNALED,
+				 .wr.rdma = {.remote_addr = (uintptr_t)two + 100, .rkey = rkey}},
+			   *bad;
+	struct ibv_wc wc;
+	CHECK(ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_TRANSLATION, NULL, two, 8192, 0) == 0,
+	      "ibv_rereg_mr(CHANGE_TRANSLATION)");
+	CHECK(mr->lkey == lkey && mr->rkey == rkey && mr->addr == two && mr->length == 8192,
+	      "the MR keeps its keys (lkey %#x -> %#x, rkey %#x -> %#x) and shows its new range",
+	      lkey, mr->lkey, rkey, mr->rkey);
+	CHECK(ibv_post_send(a, &wr, &bad) == 0 && poll_n(cq, &wc, 1) == 1 &&
+		      wc.status == IBV_WC_SUCCESS,
+	      "a WRITE with the same rkey to the new range");
+	CHECK(two[100] == 0x3c && two[163] == 0x3c && one[100] == 0,
+	      "it lands in the new memory, not the old");
+	wr.wr.rdma.remote_addr = (uintptr_t)one + 100;
+	wr.wr_id = 2;
+	CHECK(ibv_post_send(a, &wr, &bad) == 0 && poll_n(cq, &wc, 1) == 1 &&
+		      wc.status == IBV_WC_REM_ACCESS_ERR && one[100] == 0,
+	      "the old range is out of reach: IBV_WC_REM_ACCESS_ERR");
+	ibv_destroy_qp(a);
+	ibv_destroy_qp(b);
+	CHECK(ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_ACCESS, NULL, NULL, 0,
+			   IBV_ACCESS_LOCAL_WRITE) == 0 &&
+		      mr->lkey == lkey,
+	      "ibv_rereg_mr(CHANGE_ACCESS) keeps the lkey");
+	struct ibv_pd *pd2 = ibv_alloc_pd(ctx);
+	MUST(pd2, "ibv_alloc_pd");
+	CHECK(ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_PD, pd2, NULL, 0, 0) == 0 && mr->pd == pd2 &&
+		      mr->lkey == lkey,
+	      "ibv_rereg_mr(CHANGE_PD) keeps the lkey");
+	CHECK(ibv_dealloc_pd(pd2) == EBUSY, "the MR now holds the new PD");
+	CHECK(ibv_dereg_mr(mr) == 0 && ibv_dealloc_pd(pd2) == 0, "dereg, then the PD goes");
+	ibv_dereg_mr(smr);
+	ibv_destroy_cq(cq);
+	free(src);
+	free(one);
+	free(two);
+}
+
+/* Registration of ordinary memory across contexts and after it: one buffer on two contexts
+ * (multi-rail programs register it on each RNIC), objects of another context refused, and
+ * once the last MR is gone the memory is ordinary again (realloc grows it with mremap,
+ * MADV_DONTNEED drops its pages). */
+static void check_registration_lifecycle(struct ibv_device *dev)
+{
+	struct ibv_context *ctx2 = ibv_open_device(dev);
+	MUST(ctx2, "second ibv_open_device");
+	struct ibv_pd *pd2 = ibv_alloc_pd(ctx2);
+	MUST(pd2, "ibv_alloc_pd on the second context");
+	size_t len = 1 << 20;
+	char *buf = malloc(len); /* above the mmap threshold: its own mapping */
+	MUST(buf, "malloc");
+	memset(buf, 0x5a, len);
+	struct ibv_mr *m1 = ibv_reg_mr(pd, buf, len, IBV_ACCESS_LOCAL_WRITE);
+	struct ibv_mr *m2 = ibv_reg_mr(pd2, buf + 4096, 8192, IBV_ACCESS_LOCAL_WRITE);
+	CHECK(m1 && m2, "one buffer registered on two contexts (%s)", m2 ? "both" : strerror(errno));
+	struct ibv_cq *cq2 = ibv_create_cq(ctx2, 4, NULL, NULL, 0);
+	struct ibv_cq *cq1 = ibv_create_cq(ctx, 4, NULL, NULL, 0);
+	MUST(cq1 && cq2, "ibv_create_cq on both contexts");
+	struct ibv_qp_init_attr qa = {
+		.send_cq = cq2,
+		.recv_cq = cq1,
+		.qp_type = IBV_QPT_RC,
+		.cap = {.max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1, .max_recv_sge = 1},
+	};
+	errno = 0;
+	CHECK(ibv_create_qp(pd, &qa) == NULL && errno == EINVAL,
+	      "ibv_create_qp with a CQ of another context: EINVAL");
+	CHECK(ibv_destroy_cq(cq1) == 0 && ibv_destroy_cq(cq2) == 0, "CQs destroyed");
+	if (m2)
+		CHECK(ibv_dereg_mr(m2) == 0, "dereg on the second context");
+	if (m1)
+		CHECK(ibv_dereg_mr(m1) == 0, "dereg on the first");
+	CHECK(buf[0] == 0x5a && buf[len - 1] == 0x5a, "contents kept after the last dereg");
+	/* Ordinary memory again: realloc moves or grows the block with mremap, and the grown
+	 * part is usable (on the shared mapping it would fault past the memfd's end). */
+	char *big = realloc(buf, 4 * len);
+	MUST(big, "realloc");
+	memset(big + len, 0x11, 3 * len);
+	CHECK(big[len - 1] == 0x5a && big[4 * len - 1] == 0x11,
+	      "realloc of a once-registered buffer grows it, contents kept");
+	struct ibv_mr *m3 = ibv_reg_mr(pd, big, 4 * len, IBV_ACCESS_LOCAL_WRITE);
+	CHECK(m3 != NULL, "the grown buffer registers again");
+	if (m3)
+		ibv_dereg_mr(m3);
+	/* MADV_DONTNEED on private anonymous memory reads back zeroes. */
+	char *page = (char *)(((uintptr_t)big + len + 4095) & ~(uintptr_t)4095);
+	CHECK(madvise(page, 4096, MADV_DONTNEED) == 0 && page[0] == 0,
+	      "MADV_DONTNEED after the last dereg drops the page, as on ordinary memory");
+	free(big);
+	CHECK(ibv_dealloc_pd(pd2) == 0 && ibv_close_device(ctx2) == 0, "second context closed");
+}
+
 int main(int argc, char **argv)
 {
 	const char *name = NULL;
@@ -1211,7 +1400,6 @@ int main(int argc, char **argv)
 	MUST(!name || !strcmp(ibv_get_device_name(dev), name), "no such device");
 	ctx = ibv_open_device(dev);
 	MUST(ctx, "ibv_open_device");
-	ibv_free_device_list(list);
 	MUST(ibv_query_gid(ctx, 1, gid_index, &gid) == 0, "ibv_query_gid");
 	pd = ibv_alloc_pd(ctx);
 	MUST(pd, "ibv_alloc_pd");
@@ -1231,6 +1419,10 @@ int main(int argc, char **argv)
 	check_ud_reply();
 	check_compat_query_port();
 	check_wr_threads();
+	check_resize_cq();
+	check_rereg_keeps_keys();
+	check_registration_lifecycle(dev);
+	ibv_free_device_list(list);
 
 	CHECK(ibv_dealloc_pd(pd) == 0, "ibv_dealloc_pd");
 	CHECK(ibv_close_device(ctx) == 0, "ibv_close_device");

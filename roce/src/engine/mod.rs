@@ -99,6 +99,36 @@ impl Default for DeviceLimits {
     }
 }
 
+/// Entries of a port's GID table. Like rxe's (and a ConnectX's), the table is larger than
+/// what a port's addresses populate: the populated entries come first, the rest are empty
+/// (`ibv_query_gid_ex` answers ENODATA for them), and an address added later has room.
+pub const GID_TABLE_LEN: u32 = 16;
+
+/// What [`Device::rereg_mr`] changes; `None` keeps the MR's own.
+#[derive(Clone, Default)]
+pub struct MrChange {
+    /// A new protection domain.
+    pub pd: Option<PdId>,
+    /// A new translation.
+    pub translation: Option<MrTranslation>,
+    /// New access flags.
+    pub access: Option<Access>,
+}
+
+/// The memory an MR translates to: `length` bytes of `mem` from `mem_offset`, seen at
+/// `addr`.
+#[derive(Clone)]
+pub struct MrTranslation {
+    /// The memory.
+    pub mem: Arc<dyn Memory>,
+    /// Offset of `addr` in it.
+    pub mem_offset: usize,
+    /// The first address.
+    pub addr: u64,
+    /// Length in bytes.
+    pub length: u64,
+}
+
 /// Device configuration.
 #[derive(Debug, Clone)]
 pub struct DeviceConfig {
@@ -703,7 +733,7 @@ impl Device {
             active: self.port_active,
             max_mtu: Mtu::M4096,
             active_mtu: self.sh.cfg.port_mtu,
-            gid_tbl_len: self.sh.cfg.gids.len() as u32,
+            gid_tbl_len: (self.sh.cfg.gids.len() as u32).max(GID_TABLE_LEN),
             pkey_tbl_len: 1,
             link_layer: "Ethernet",
         }
@@ -829,6 +859,72 @@ impl Device {
             .ok_or(VerbsError::NoResources("memory regions"))
     }
 
+    /// Re-registers the MR `lkey` (`ibv_rereg_mr`): a new protection domain, translation
+    /// (memory, offset, address, length) and/or access, keeping its keys, as mlx5 does (test
+    /// suites and programs written for hardware keep using the keys they sent their peers).
+    /// It is a new registration all the same: references held across packets to the old one
+    /// (a WRITE or READ in progress) fail from now on, so the old translation and access are
+    /// never reachable afterwards. Nothing changes if a check fails. An MR allocated for fast
+    /// registration is re-bound by REG_MR work requests instead (`InvalidArgument`).
+    pub fn rereg_mr(&mut self, lkey: Lkey, change: MrChange) -> VerbsResult<(Lkey, Option<Rkey>)> {
+        match self.sh.mrs.get(lkey) {
+            Some(mr) if mr.fast_reg => {
+                return Err(VerbsError::InvalidArgument(
+                    "an MR for fast registration is re-bound by REG_MR work requests".into(),
+                ))
+            }
+            Some(_) => {}
+            None => return Err(VerbsError::NotFound("memory region")),
+        }
+        if let Some(pd) = change.pd {
+            if !self.pd_ok(pd) {
+                return Err(VerbsError::NotFound("protection domain"));
+            }
+        }
+        if let Some(access) = change.access {
+            if !access_is_valid(access) {
+                return Err(VerbsError::InvalidArgument(format!(
+                    "access {:#x}: unknown flags, or REMOTE_WRITE/REMOTE_ATOMIC without \
+                     LOCAL_WRITE",
+                    access.0
+                )));
+            }
+        }
+        if let Some(t) = &change.translation {
+            let end = (t.mem_offset as u64).checked_add(t.length);
+            if end.is_none_or(|e| e > t.mem.len() as u64) || t.addr.checked_add(t.length).is_none()
+            {
+                return Err(VerbsError::InvalidArgument(format!(
+                    "region of {} bytes at offset {} exceeds its memory ({} bytes)",
+                    t.length,
+                    t.mem_offset,
+                    t.mem.len()
+                )));
+            }
+        }
+        let reg = self.sh.mrs.take_reg();
+        let mr = self
+            .sh
+            .mrs
+            .get_mut_by_index(lkey.index())
+            .expect("checked above");
+        mr.reg = reg;
+        if let Some(pd) = change.pd {
+            mr.pd = pd;
+        }
+        if let Some(access) = change.access {
+            mr.access = access;
+            mr.rkey = access.any_remote().then_some(Rkey(lkey.0));
+        }
+        if let Some(t) = change.translation {
+            mr.mem = t.mem;
+            mr.mem_offset = t.mem_offset;
+            mr.addr = t.addr;
+            mr.length = t.length;
+        }
+        Ok((mr.lkey, mr.rkey))
+    }
+
     /// Deregisters an MR (by its current lkey, or for fast-registration MRs any key of it).
     pub fn dereg_mr(&mut self, lkey: Lkey) -> VerbsResult<()> {
         let key = match self.sh.mrs.get_mut_by_index(lkey.index()) {
@@ -879,6 +975,38 @@ impl Device {
         Ok(CqId(id as u32))
     }
 
+    fn cq_mut(&mut self, cq: CqId) -> VerbsResult<&mut CompletionQueue> {
+        self.sh
+            .cqs
+            .get_mut(cq.0 as usize)
+            .and_then(|c| c.as_mut())
+            .ok_or(VerbsError::NotFound("completion queue"))
+    }
+
+    /// Resizes a CQ (`ibv_resize_cq`) to hold `cqe` completions, keeping those it holds;
+    /// fewer than it holds now is refused (as verbs specify). Returns the new size.
+    pub fn resize_cq(&mut self, cq: CqId, cqe: u32) -> VerbsResult<u32> {
+        let max = self.sh.cfg.limits.max_cqe;
+        let q = self.cq_mut(cq)?;
+        if cqe == 0 || cqe > max {
+            return Err(VerbsError::InvalidArgument(format!(
+                "cqe {cqe} not in 1..={max}"
+            )));
+        }
+        if (cqe as usize) < q.entries.len() {
+            return Err(VerbsError::InvalidArgument(format!(
+                "the CQ holds {} completions, more than {cqe}",
+                q.entries.len()
+            )));
+        }
+        q.capacity = cqe as usize;
+        // Grown storage now, so pushing completions still never allocates.
+        let more = q.capacity.saturating_sub(q.entries.len());
+        q.entries.reserve_exact(more);
+        q.entries.shrink_to(q.capacity);
+        Ok(cqe)
+    }
+
     /// Destroys a CQ no QP uses.
     pub fn destroy_cq(&mut self, cq: CqId) -> VerbsResult<()> {
         match self.sh.cqs.get(cq.0 as usize) {
@@ -893,12 +1021,7 @@ impl Device {
 
     /// Takes up to `out.len()` completions; returns how many.
     pub fn poll_cq(&mut self, cq: CqId, out: &mut [Completion]) -> VerbsResult<usize> {
-        let q = self
-            .sh
-            .cqs
-            .get_mut(cq.0 as usize)
-            .and_then(|c| c.as_mut())
-            .ok_or(VerbsError::NotFound("completion queue"))?;
+        let q = self.cq_mut(cq)?;
         let mut n = 0;
         while n < out.len() {
             match q.entries.pop_front() {

@@ -6,7 +6,9 @@
 //!   owner's pid and command name, QP states and PSNs;
 //! - `rnic-ctl stat [--qp] [--watch SECS]` - port (and per-QP) counters by the names
 //!   `rdma statistic` and mlx5 use;
-//! - `rnic-ctl capture DEVICE on|off` - switch an RNIC's pcap capture.
+//! - `rnic-ctl capture DEVICE on|off` - switch an RNIC's pcap capture;
+//! - `rnic-ctl sysfs DIR` - write a sysfs-style description of every RNIC under DIR
+//!   (`class/infiniband`, `class/infiniband_verbs`), what `ferroce-run` shows programs.
 //!
 //! `--json` prints every answer as JSON; `--socket` (or FERROCE_SOCKET) names rnicd's socket.
 
@@ -66,6 +68,12 @@ enum Cmd {
         /// on or off.
         #[arg(value_enum)]
         state: OnOff,
+    },
+    /// Write a sysfs-style description of every RNIC under DIR (DIR stands for /sys:
+    /// class/infiniband/<name>, class/infiniband_verbs/...), as ferroce-run shows it.
+    Sysfs {
+        /// The directory (created if missing).
+        dir: PathBuf,
     },
 }
 
@@ -343,6 +351,16 @@ fn run(cli: &Cli) -> Result<(), String> {
                 if !cli.json {
                     println!();
                 }
+            }
+        }
+        Cmd::Sysfs { dir } => {
+            let ReplyBody::Devices(devs) = ask(AdminRequest::Devices)? else {
+                return Err("unexpected reply".into());
+            };
+            ferroce_tools::sysfs::write_tree(dir, &devs)
+                .map_err(|e| format!("{}: {e}", dir.display()))?;
+            if cli.json {
+                println!("{{}}");
             }
         }
         Cmd::Capture { device, state } => {
