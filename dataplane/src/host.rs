@@ -199,6 +199,15 @@ pub enum Command {
         pd: PdId,
         area: u32,
     },
+    /// `ibv_alloc_mw`.
+    AllocMw {
+        pd: PdId,
+        ty: roce::memory::MwType,
+    },
+    /// `ibv_dealloc_mw` (by the window's key; its index names it).
+    DeallocMw {
+        rkey: Rkey,
+    },
     DeregMr {
         lkey: Lkey,
     },
@@ -263,6 +272,8 @@ impl Command {
             Command::RemoveArea { .. } => "remove_area",
             Command::RegMr { .. } => "reg_mr",
             Command::ReregMr { .. } => "rereg_mr",
+            Command::AllocMw { .. } => "alloc_mw",
+            Command::DeallocMw { .. } => "dealloc_mw",
             Command::AllocMr { .. } => "alloc_mr",
             Command::DeregMr { .. } => "dereg_mr",
             Command::CreateCq { .. } => "create_cq",
@@ -315,6 +326,8 @@ pub enum ReplyData {
     Port(PortAttrData),
     /// Counter values, in the order `counter_names` gives.
     Counters(Vec<u64>),
+    /// A new memory window's key.
+    Mw(Rkey),
     /// A CQ's new size.
     Cqe(u32),
 }
@@ -633,6 +646,13 @@ pub trait Verbs {
     ) -> VerbsResult<Mr>;
     /// `ibv_dereg_mr`.
     fn dereg_mr(&mut self, mr: &Mr) -> VerbsResult<()>;
+    /// `ibv_alloc_mw`: a memory window of type `ty` in `pd`; returns its key. A window is
+    /// bound with a `WrOp::BindMw` work request on a send queue (type 2; type 1 too, as
+    /// `ibv_bind_mw` does) and counts against `host.max_mrs`.
+    fn alloc_mw(&mut self, pd: PdId, ty: roce::memory::MwType) -> VerbsResult<Rkey>;
+    /// `ibv_dealloc_mw` (any key the window had: its index names it); a bound window is
+    /// unbound.
+    fn dealloc_mw(&mut self, mw: Rkey) -> VerbsResult<()>;
     /// `ibv_create_cq`.
     fn create_cq(&mut self, cqe: u32) -> VerbsResult<CqId>;
     /// `ibv_destroy_cq`.
@@ -1401,6 +1421,14 @@ impl<C: Channel> Verbs for Client<C> {
         }
     }
 
+    fn alloc_mw(&mut self, pd: PdId, ty: roce::memory::MwType) -> VerbsResult<Rkey> {
+        expect_reply!(self.call(Command::AllocMw { pd, ty }), ReplyData::Mw(k) => k)
+    }
+
+    fn dealloc_mw(&mut self, mw: Rkey) -> VerbsResult<()> {
+        self.call(Command::DeallocMw { rkey: mw }).map(|_| ())
+    }
+
     fn dereg_mr(&mut self, mr: &Mr) -> VerbsResult<()> {
         self.call(Command::DeregMr { lkey: mr.lkey })?;
         if let Some(key) = self.shadow_mrs.remove(&mr.lkey.0) {
@@ -1823,6 +1851,8 @@ pub struct HostEnd {
     qps: Vec<Qpn>,
     srqs: Vec<SrqId>,
     mrs: Vec<Lkey>,
+    /// Memory windows, by their key at allocation (the index names them).
+    mws: Vec<Rkey>,
     pds: Vec<PdId>,
     scratch: Vec<Completion>,
     /// Counters.
@@ -1861,6 +1891,7 @@ impl HostEnd {
             qps: Vec::new(),
             srqs: Vec::new(),
             mrs: Vec::new(),
+            mws: Vec::new(),
             pds: Vec::new(),
             scratch: Vec::with_capacity(64),
             counters: HostCounters::default(),
@@ -2173,7 +2204,7 @@ impl HostEnd {
                 iova,
             } => {
                 self.check_owned(self.pds.contains(&pd), "protection domain")?;
-                if self.mrs.len() as u32 >= self.client_limits.max_mrs {
+                if (self.mrs.len() + self.mws.len()) as u32 >= self.client_limits.max_mrs {
                     return Err(VerbsError::NoResources("memory regions (host.max_mrs)"));
                 }
                 let mem = self
@@ -2220,9 +2251,25 @@ impl HostEnd {
                 let (lkey, rkey) = dev.rereg_mr(lkey, change)?;
                 Ok(ReplyData::Keys { lkey, rkey })
             }
+            Command::AllocMw { pd, ty } => {
+                self.check_owned(self.pds.contains(&pd), "protection domain")?;
+                if (self.mrs.len() + self.mws.len()) as u32 >= self.client_limits.max_mrs {
+                    return Err(VerbsError::NoResources("memory regions (host.max_mrs)"));
+                }
+                let k = dev.alloc_mw(pd, ty)?;
+                self.mws.push(k);
+                Ok(ReplyData::Mw(k))
+            }
+            Command::DeallocMw { rkey } => {
+                let owned = self.mws.iter().any(|k| k.index() == rkey.index());
+                self.check_owned(owned, "memory window")?;
+                dev.dealloc_mw(rkey)?;
+                self.mws.retain(|k| k.index() != rkey.index());
+                Ok(ReplyData::None)
+            }
             Command::AllocMr { pd, area } => {
                 self.check_owned(self.pds.contains(&pd), "protection domain")?;
-                if self.mrs.len() as u32 >= self.client_limits.max_mrs {
+                if (self.mrs.len() + self.mws.len()) as u32 >= self.client_limits.max_mrs {
                     return Err(VerbsError::NoResources("memory regions (host.max_mrs)"));
                 }
                 let mem = self
@@ -2460,6 +2507,10 @@ impl HostEnd {
             }
         }
         self.pending_cqs.clear();
+        // Windows before MRs: a bound window holds its MR.
+        for k in std::mem::take(&mut self.mws) {
+            let _ = dev.dealloc_mw(k);
+        }
         for k in std::mem::take(&mut self.mrs) {
             let _ = dev.dereg_mr(k);
         }

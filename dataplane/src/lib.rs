@@ -19,4 +19,5 @@ pub mod slots;
 pub mod worker;
 
 pub use host::{Buffer, Context, Mr, Verbs};
+pub use roce::memory::MwType;
 pub use runtime::{Runtime, StartError};

@@ -168,6 +168,8 @@ const NAMES: &[&str] = &[
     "completion queue",
     "memory area",
     "memory region",
+    "memory window",
+    "memory windows",
     "context",
     "context (closed)",
     "device",

@@ -48,6 +48,8 @@ pub mod wr_opcode {
     pub const FETCH_AND_ADD: u32 = 6;
     /// Local invalidate.
     pub const LOCAL_INV: u32 = 7;
+    /// Memory window bind.
+    pub const BIND_MW: u32 = 8;
     /// SEND with invalidate.
     pub const SEND_WITH_INV: u32 = 9;
     /// Fast registration (ferroce's own code; `ibv_wr_opcode` has no REG_MR for verbs).
@@ -361,6 +363,23 @@ impl PostSlot {
                 s.opcode = wr_opcode::LOCAL_INV;
                 s.rkey = rkey.0;
             }
+            WrOp::BindMw {
+                mw,
+                rkey,
+                mr,
+                addr,
+                length,
+                access,
+            } => {
+                s.opcode = wr_opcode::BIND_MW;
+                (s.rkey, s.swap, s.remote_addr, s.compare_add, s.imm) = (
+                    mw.0,
+                    rkey.0 as u64 | (mr.0 as u64) << 32,
+                    addr,
+                    length,
+                    access.0,
+                );
+            }
             WrOp::RegMr {
                 lkey,
                 key,
@@ -480,6 +499,19 @@ impl PostSlot {
                 add: self.compare_add,
             },
             wr_opcode::LOCAL_INV => WrOp::LocalInv { rkey },
+            wr_opcode::BIND_MW => {
+                if imm & !Access::MW_ALLOWED.0 != 0 {
+                    return Err(SlotError::Access(imm));
+                }
+                WrOp::BindMw {
+                    mw: rkey,
+                    rkey: Rkey(self.swap as u32),
+                    mr: Lkey((self.swap >> 32) as u32),
+                    addr,
+                    length: self.compare_add,
+                    access: Access(imm),
+                }
+            }
             wr_opcode::REG_MR => {
                 if imm & !Access::ALL.0 != 0 {
                     return Err(SlotError::Access(imm));
@@ -749,6 +781,14 @@ mod tests {
                 add: 18,
             },
             WrOp::LocalInv { rkey: Rkey(19) },
+            WrOp::BindMw {
+                mw: Rkey(0x80301),
+                rkey: Rkey(0x80302),
+                mr: Lkey(0x1ff),
+                addr: 0x9000,
+                length: 512,
+                access: Access::REMOTE_READ | Access::ZERO_BASED,
+            },
             WrOp::RegMr {
                 lkey: Lkey(0x2001),
                 key: 0x42,

@@ -209,6 +209,32 @@ pub struct MrRef {
     pub reg: u64,
 }
 
+/// The two kinds of memory window (IBA 10.6.7): type 1 is bound with `ibv_bind_mw` and used
+/// by any QP of its PD; type 2 is bound by a work request and only the QP that bound it may
+/// be addressed through it (type 2B: rxe's and ferroce's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub enum MwType {
+    /// Type 1.
+    One,
+    /// Type 2 (2B).
+    Two,
+}
+
+/// What makes a table entry a memory window rather than an MR. A window shares the MRs' key
+/// space (one rkey lookup for both); its entry's `pd` is the window's, and while it is bound
+/// (`valid`) its `access`, `addr`, `length`, `mem` and `mem_offset` describe the window's
+/// range of the MR it is bound to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Window {
+    /// Type.
+    pub ty: MwType,
+    /// Type 2: the QP it is bound to.
+    pub qp: Option<crate::types::Qpn>,
+    /// The MR it is bound to (while bound with a length).
+    pub mr: Option<MrRef>,
+}
+
 /// A registered memory region.
 #[derive(Clone)]
 pub struct MemoryRegion {
@@ -233,8 +259,14 @@ pub struct MemoryRegion {
     pub mem_offset: usize,
     /// Allocated for fast registration (re-bound by REG_MR work requests).
     pub fast_reg: bool,
-    /// False after invalidation (LOCAL_INV / SEND with invalidate) until re-registered.
+    /// False after invalidation (LOCAL_INV / SEND with invalidate) until re-registered; for a
+    /// window, false while it is not bound (a type 2 window's FREE state).
     pub valid: bool,
+    /// `Some` for a memory window (IBA 10.6.7), `None` for an MR.
+    pub window: Option<Window>,
+    /// An MR: how many windows are bound to it (it cannot be deregistered or re-registered
+    /// meanwhile, IBA 10.6.7.2.6).
+    pub windows: u32,
 }
 
 impl std::fmt::Debug for MemoryRegion {
@@ -417,7 +449,11 @@ impl MrTable {
         len: u64,
         need: Access,
     ) -> Result<(&MemoryRegion, usize), KeyError> {
-        let mr = self.get(lkey).filter(|m| m.valid).ok_or(KeyError::BadKey)?;
+        // A window has no local key: its key names it only for remote access.
+        let mr = self
+            .get(lkey)
+            .filter(|m| m.valid && m.window.is_none())
+            .ok_or(KeyError::BadKey)?;
         if mr.pd != pd {
             return Err(KeyError::WrongPd);
         }
@@ -428,12 +464,17 @@ impl MrTable {
         Ok((mr, off))
     }
 
-    /// Checks a remote access (RETH / AtomicETH): the rkey must name a valid MR in the QP's
-    /// PD (rxe's lookup rule: the tenant-isolation boundary) that grants `need` over the range.
+    /// Checks a remote access (RETH / AtomicETH) of the QP `qpn`: the rkey must name a valid
+    /// MR or bound memory window in the QP's PD (rxe's lookup rule: the tenant-isolation
+    /// boundary) that grants `need` over the range. A window's own access and range count
+    /// (not its MR's), a type 2 window only serves the QP it is bound to, and the MR under a
+    /// window must still be valid (rxe_lookup_mw; the range is checked against the window,
+    /// which rxe does not).
     pub fn check_remote(
         &self,
         rkey: Rkey,
         pd: PdId,
+        qpn: crate::types::Qpn,
         va: u64,
         len: u64,
         need: Access,
@@ -447,11 +488,34 @@ impl MrTable {
         if mr.pd != pd {
             return Err(KeyError::WrongPd);
         }
+        if let Some(w) = &mr.window {
+            if w.ty == MwType::Two && w.qp != Some(qpn) {
+                return Err(KeyError::BadKey);
+            }
+            let under =
+                w.mr.and_then(|r| self.get(r.lkey).filter(|m| m.reg == r.reg));
+            if !under.is_some_and(|m| m.valid) {
+                return Err(KeyError::BadKey);
+            }
+        }
         if !mr.access.contains(need) {
             return Err(KeyError::Access);
         }
         let off = mr.offset_of(va, len).ok_or(KeyError::Bounds)?;
         Ok((mr, off))
+    }
+
+    /// The entry at `index`, whatever its key byte.
+    pub fn by_index(&self, index: u32) -> Option<&MemoryRegion> {
+        self.slots.get(index as usize)?.mr.as_ref()
+    }
+
+    /// The type 2 windows bound to the QP `qpn`.
+    pub fn windows_of(&self, qpn: crate::types::Qpn) -> impl Iterator<Item = &MemoryRegion> {
+        self.slots.iter().filter_map(move |s| {
+            s.mr.as_ref()
+                .filter(|m| m.window.is_some_and(|w| w.qp == Some(qpn)))
+        })
     }
 
     /// Number of regions in a PD.
@@ -507,6 +571,8 @@ mod tests {
         assert_eq!(m.fetch_add(0, 0).unwrap(), 40_000);
     }
 
+    const Q: crate::types::Qpn = crate::types::Qpn::new(0x11);
+
     fn region(pd: u32, lkey: Lkey, access: Access) -> MemoryRegion {
         MemoryRegion {
             reg: 0,
@@ -520,6 +586,8 @@ mod tests {
             mem_offset: 0,
             fast_reg: false,
             valid: true,
+            window: None,
+            windows: 0,
         }
     }
 
@@ -532,25 +600,25 @@ mod tests {
         assert_eq!(a.index(), 1);
         let ra = Rkey(a.0);
         assert!(t
-            .check_remote(ra, PdId(1), 0x1000, 0x100, Access::REMOTE_WRITE)
+            .check_remote(ra, PdId(1), Q, 0x1000, 0x100, Access::REMOTE_WRITE)
             .is_ok());
         assert_eq!(
-            t.check_remote(ra, PdId(2), 0x1000, 1, Access::REMOTE_WRITE)
+            t.check_remote(ra, PdId(2), Q, 0x1000, 1, Access::REMOTE_WRITE)
                 .unwrap_err(),
             KeyError::WrongPd
         );
         assert_eq!(
-            t.check_remote(ra, PdId(1), 0x1000, 1, Access::REMOTE_READ)
+            t.check_remote(ra, PdId(1), Q, 0x1000, 1, Access::REMOTE_READ)
                 .unwrap_err(),
             KeyError::Access
         );
         assert_eq!(
-            t.check_remote(ra, PdId(1), 0x10ff, 2, Access::REMOTE_WRITE)
+            t.check_remote(ra, PdId(1), Q, 0x10ff, 2, Access::REMOTE_WRITE)
                 .unwrap_err(),
             KeyError::Bounds
         );
         assert_eq!(
-            t.check_remote(ra, PdId(1), u64::MAX, 2, Access::REMOTE_WRITE)
+            t.check_remote(ra, PdId(1), Q, u64::MAX, 2, Access::REMOTE_WRITE)
                 .unwrap_err(),
             KeyError::Bounds
         );
@@ -558,7 +626,7 @@ mod tests {
         let b = t.insert(|k| region(1, k, Access::REMOTE_WRITE)).unwrap();
         assert_ne!(b.index(), a.index(), "a freed index waits for its turn");
         assert_eq!(
-            t.check_remote(ra, PdId(1), 0x1000, 1, Access::REMOTE_WRITE)
+            t.check_remote(ra, PdId(1), Q, 0x1000, 1, Access::REMOTE_WRITE)
                 .unwrap_err(),
             KeyError::BadKey,
             "the stale key fails"
@@ -579,7 +647,7 @@ mod tests {
         let l = t.insert(|k| region(1, k, Access::LOCAL_WRITE)).unwrap();
         assert!(t.get(l).unwrap().rkey.is_none());
         assert_eq!(
-            t.check_remote(Rkey(l.0), PdId(1), 0x1000, 1, Access(0))
+            t.check_remote(Rkey(l.0), PdId(1), Q, 0x1000, 1, Access(0))
                 .unwrap_err(),
             KeyError::BadKey,
             "no rkey without remote access"

@@ -19,8 +19,15 @@ impl Access {
     pub const REMOTE_READ: Access = Access(4);
     /// Remote ATOMIC.
     pub const REMOTE_ATOMIC: Access = Access(8);
-    /// Every flag ferroce implements.
-    pub const ALL: Access = Access(0xf);
+    /// Memory windows may be bound to the MR (`IBV_ACCESS_MW_BIND`).
+    pub const MW_BIND: Access = Access(0x10);
+    /// A memory window addressed from 0 (`IBV_ACCESS_ZERO_BASED`; in a bind only).
+    pub const ZERO_BASED: Access = Access(0x20);
+    /// Every flag an MR may have.
+    pub const ALL: Access = Access(0x1f);
+    /// The flags a memory window may be bound with: remote access and zero-based
+    /// addressing (LOCAL_WRITE is accepted and has no meaning for a window, as rxe does).
+    pub const MW_ALLOWED: Access = Access(0x2f);
 
     /// Whether every flag of `other` is set.
     pub const fn contains(self, other: Access) -> bool {
@@ -53,6 +60,8 @@ impl fmt::Debug for Access {
             (2, "REMOTE_WRITE"),
             (4, "REMOTE_READ"),
             (8, "REMOTE_ATOMIC"),
+            (0x10, "MW_BIND"),
+            (0x20, "ZERO_BASED"),
         ] {
             if self.0 & bit != 0 {
                 parts.push(name);
@@ -327,6 +336,24 @@ pub enum WrOp {
         /// The key to invalidate.
         rkey: Rkey,
     },
+    /// Bind a memory window (`IBV_WR_BIND_MW`, and `ibv_bind_mw` for type 1): the window
+    /// whose current key is `mw` gets the key byte of `rkey`, the range `addr..addr+length`
+    /// of the MR `mr` and the remote access `access` (with ZERO_BASED, peers address it from
+    /// 0). A type 1 window with `length` 0 is unbound. IBA 10.6.7.
+    BindMw {
+        /// The window's current key.
+        mw: Rkey,
+        /// Its new key (only the low 8 bits count: the index stays the window's).
+        rkey: Rkey,
+        /// The MR it is bound to.
+        mr: Lkey,
+        /// First address (a virtual address of the MR).
+        addr: u64,
+        /// Length (0: unbind, type 1).
+        length: u64,
+        /// Remote access through the window (REMOTE_*, ZERO_BASED).
+        access: Access,
+    },
     /// Fast registration: rebind an MR (allocated for fast registration) to a new range,
     /// access and key byte.
     RegMr {
@@ -353,6 +380,7 @@ impl WrOp {
             WrOp::CompareSwap { .. } => WcOpcode::CompSwap,
             WrOp::FetchAdd { .. } => WcOpcode::FetchAdd,
             WrOp::LocalInv { .. } => WcOpcode::LocalInv,
+            WrOp::BindMw { .. } => WcOpcode::BindMw,
             WrOp::RegMr { .. } => WcOpcode::RegMr,
         }
     }
@@ -367,7 +395,10 @@ impl WrOp {
 
     /// Carried on the wire (as opposed to a local operation).
     pub const fn is_remote(&self) -> bool {
-        !matches!(self, WrOp::LocalInv { .. } | WrOp::RegMr { .. })
+        !matches!(
+            self,
+            WrOp::LocalInv { .. } | WrOp::RegMr { .. } | WrOp::BindMw { .. }
+        )
     }
 }
 

@@ -31,6 +31,7 @@ fn setup() -> (Pair, Endpoint, Endpoint) {
         port_mtu: Mtu::M4096,
         limits: DeviceLimits {
             max_mr: 1,
+            max_mw: 0,
             ..Default::default()
         },
         ..Default::default()

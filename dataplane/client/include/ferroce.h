@@ -32,6 +32,8 @@ extern "C" {
 #define FERROCE_ACCESS_REMOTE_WRITE 2
 #define FERROCE_ACCESS_REMOTE_READ 4
 #define FERROCE_ACCESS_REMOTE_ATOMIC 8
+#define FERROCE_ACCESS_MW_BIND 16
+#define FERROCE_ACCESS_ZERO_BASED 32 /* memory window binds only */
 
 /* QP types (ibv_qp_type). */
 #define FERROCE_QPT_RC 2
@@ -76,6 +78,7 @@ extern "C" {
 #define FERROCE_WR_ATOMIC_CMP_AND_SWP 5
 #define FERROCE_WR_ATOMIC_FETCH_AND_ADD 6
 #define FERROCE_WR_LOCAL_INV 7
+#define FERROCE_WR_BIND_MW 8
 #define FERROCE_WR_SEND_WITH_INV 9
 
 /* Send flags (ibv_send_flags). */
@@ -234,12 +237,13 @@ struct ferroce_send_wr {
 	uint32_t num_sge;
 	uint32_t opcode;     /* FERROCE_WR_* */
 	uint32_t send_flags; /* FERROCE_SEND_* */
-	uint32_t imm_data;   /* host order; for SEND_WITH_INV and LOCAL_INV: the rkey */
-	uint64_t remote_addr;
-	uint32_t rkey;
-	uint32_t reserved;
-	uint64_t compare_add;
-	uint64_t swap;
+	uint32_t imm_data;   /* host order; for SEND_WITH_INV and LOCAL_INV: the rkey;
+			      * for BIND_MW: the window's new key (its low byte counts) */
+	uint64_t remote_addr; /* BIND_MW: the window's first address (in the MR) */
+	uint32_t rkey;        /* BIND_MW: the window's current key */
+	uint32_t bind_lkey;   /* BIND_MW: the lkey of the MR it is bound to */
+	uint64_t compare_add; /* BIND_MW: the window's length (0 unbinds a type 1 window) */
+	uint64_t swap;        /* BIND_MW: its access (FERROCE_ACCESS_REMOTE_*, ZERO_BASED) */
 	/* UD */
 	const struct ferroce_ah_attr *ah;
 	uint32_t remote_qpn;
@@ -302,6 +306,12 @@ int ferroce_free_buf(struct ferroce_context *ctx, void *buf);
 int ferroce_reg_mr(struct ferroce_context *ctx, uint32_t pd, void *addr, size_t len, int access,
 		   struct ferroce_mr *mr);
 int ferroce_dereg_mr(struct ferroce_context *ctx, const struct ferroce_mr *mr);
+/* Memory windows (IBA 10.6.7): `type` 1 or 2; `rkey` receives the window's key. A window
+ * is bound by posting FERROCE_WR_BIND_MW on a send queue (RC or UC); type 2 windows serve
+ * only the QP that bound them. An MR needs FERROCE_ACCESS_MW_BIND for windows to be bound
+ * to it, and cannot be deregistered while one is (EINVAL). Deallocating unbinds. */
+int ferroce_alloc_mw(struct ferroce_context *ctx, uint32_t pd, int type, uint32_t *rkey);
+int ferroce_dealloc_mw(struct ferroce_context *ctx, uint32_t rkey);
 
 int ferroce_create_cq(struct ferroce_context *ctx, uint32_t cqe, uint32_t *cq);
 int ferroce_destroy_cq(struct ferroce_context *ctx, uint32_t cq);

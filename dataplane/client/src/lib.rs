@@ -172,7 +172,7 @@ pub struct CSendWr {
     pub imm_data: u32,
     pub remote_addr: u64,
     pub rkey: u32,
-    pub reserved: u32,
+    pub bind_lkey: u32,
     pub compare_add: u64,
     pub swap: u64,
     pub ah: *const CAh,
@@ -542,6 +542,36 @@ pub unsafe extern "C" fn ferroce_dereg_mr(ctx: *mut Context, mr: *const CMr) -> 
         c.done(r, |c, _| {
             c.mrs.remove(&lkey);
         })
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ferroce_alloc_mw(
+    ctx: *mut Context,
+    pd: u32,
+    ty: c_int,
+    rkey: *mut u32,
+) -> c_int {
+    with_ctx(ctx, |c| {
+        if let Err(e) = nonnull(rkey, "rkey", c) {
+            return e;
+        }
+        let ty = match ty {
+            1 => dataplane::MwType::One,
+            2 => dataplane::MwType::Two,
+            t => return c.fail(libc::EINVAL, format!("memory window type {t} (1 or 2)")),
+        };
+        let r = c.ctx.alloc_mw(PdId(pd), ty);
+        // SAFETY: checked non-null.
+        c.done(r, |_, k| unsafe { rkey.write(k.0) })
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ferroce_dealloc_mw(ctx: *mut Context, rkey: u32) -> c_int {
+    with_ctx(ctx, |c| {
+        let r = c.ctx.dealloc_mw(Rkey(rkey));
+        c.done(r, |_, _| {})
     })
 }
 
@@ -1093,6 +1123,14 @@ pub unsafe extern "C" fn ferroce_post_send(
             },
             9 => WrOp::SendWithInv {
                 rkey: Rkey(w.imm_data),
+            },
+            8 => WrOp::BindMw {
+                mw: rkey,
+                rkey: Rkey(w.imm_data),
+                mr: roce::types::Lkey(w.bind_lkey),
+                addr: w.remote_addr,
+                length: w.compare_add,
+                access: roce::verbs::Access(w.swap as u32),
             },
             o => return c.fail(libc::EINVAL, format!("send opcode {o}")),
         };

@@ -431,6 +431,9 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut sys::ibv_device) -> *mut sys:
         // verbs_get_ctx() recognises an extended context by this marker.
         c.abi_compat = usize::MAX as *mut c_void;
         c.ops.poll_cq = Some(poll_cq);
+        c.ops.alloc_mw = Some(alloc_mw);
+        c.ops.dealloc_mw = Some(dealloc_mw);
+        c.ops.bind_mw = Some(bind_mw);
         c.ops.req_notify_cq = Some(req_notify_cq);
         c.ops.post_send = Some(post_send);
         c.ops.post_recv = Some(post_recv);
@@ -564,7 +567,11 @@ unsafe fn device_attr(ctx: &Ctx) -> sys::ibv_device_attr {
     o.device_cap_flags = sys::IBV_DEVICE_RC_RNR_NAK_GEN
         | sys::IBV_DEVICE_PORT_ACTIVE_EVENT
         | sys::IBV_DEVICE_CURR_QP_STATE_MOD
-        | sys::IBV_DEVICE_SYS_IMAGE_GUID;
+        | sys::IBV_DEVICE_SYS_IMAGE_GUID
+        // Memory windows of type 1 and 2B, as rxe advertises.
+        | sys::IBV_DEVICE_MEM_WINDOW
+        | sys::IBV_DEVICE_MEM_WINDOW_TYPE_2B;
+    o.max_mw = l.max_mw as c_int;
     o.max_sge = l.max_sge as c_int;
     o.max_sge_rd = l.max_sge as c_int;
     o.max_cq = l.max_cq as c_int;
@@ -922,10 +929,10 @@ version!(ibv_dealloc_pd, "IBVERBS_1.1");
 fn mr_access(access: c_int) -> Result<Access, ()> {
     let optional =
         ((sys::IBV_ACCESS_OPTIONAL_FIRST << 10) - 1) & !(sys::IBV_ACCESS_OPTIONAL_FIRST - 1);
-    if access as u32 & !(0xf | optional) != 0 {
+    if access as u32 & !(Access::ALL.0 | optional) != 0 {
         return Err(());
     }
-    Ok(Access(access as u32 & 0xf))
+    Ok(Access(access as u32 & Access::ALL.0))
 }
 
 unsafe fn reg(
@@ -2220,8 +2227,8 @@ pub unsafe extern "C" fn ibv_qp_to_qp_ex(qp: *mut sys::ibv_qp) -> *mut sys::ibv_
 }
 version!(ibv_qp_to_qp_ex, "IBVERBS_1.6");
 
-/// The `send_ops_flags` the `ibv_wr_*` API implements (no memory windows, TSO, atomic
-/// write or flush: ferroce's engine has none of them).
+/// The `send_ops_flags` the `ibv_wr_*` API implements (no TSO, atomic write or flush:
+/// ferroce's engine has none of them).
 const SEND_OPS: u64 = (sys::IBV_QP_EX_WITH_RDMA_WRITE
     | sys::IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM
     | sys::IBV_QP_EX_WITH_SEND
@@ -2230,6 +2237,7 @@ const SEND_OPS: u64 = (sys::IBV_QP_EX_WITH_RDMA_WRITE
     | sys::IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP
     | sys::IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD
     | sys::IBV_QP_EX_WITH_LOCAL_INV
+    | sys::IBV_QP_EX_WITH_BIND_MW
     | sys::IBV_QP_EX_WITH_SEND_WITH_INV) as u64;
 
 /// `verbs_context.create_qp_ex` (`ibv_create_qp_ex`): a PD is required; XRC, TSO, RSS,
@@ -2700,15 +2708,142 @@ unsafe extern "C" fn wr_set_ud_addr(
     }
 }
 
+/// `ibv_wr_bind_mw`: binds a type 2 window (`rkey` is its new key) in the batch.
 unsafe extern "C" fn wr_bind_mw(
     qp: *mut sys::ibv_qp_ex,
-    _mw: *mut sys::ibv_mw,
-    _rkey: u32,
-    _info: *const sys::ibv_mw_bind_info,
+    mw: *mut sys::ibv_mw,
+    rkey: u32,
+    info: *const sys::ibv_mw_bind_info,
 ) {
-    // The batch is on the heap: not while registration moves pages (MOVING).
-    let _moving = moving_read();
-    fail(qp, libc::EOPNOTSUPP);
+    match bind_op(mw, rkey, info) {
+        Some(op) => begin(qp, sys::IBV_QP_EX_WITH_BIND_MW, op),
+        None => {
+            // The batch is on the heap: not while registration moves pages (MOVING).
+            let _moving = moving_read();
+            fail(qp, libc::EINVAL);
+        }
+    }
+}
+
+/// The bind of window `mw` to `info` with new key `rkey`, or `None` for NULL arguments or an
+/// MR missing where a length needs one.
+unsafe fn bind_op(
+    mw: *mut sys::ibv_mw,
+    rkey: u32,
+    info: *const sys::ibv_mw_bind_info,
+) -> Option<WrOp> {
+    if mw.is_null() || info.is_null() {
+        return None;
+    }
+    let i = &*info;
+    let mr = if i.mr.is_null() {
+        if i.length != 0 {
+            return None;
+        }
+        Lkey(0)
+    } else {
+        Lkey((*i.mr).lkey)
+    };
+    Some(WrOp::BindMw {
+        mw: Rkey((*mw).rkey),
+        rkey: Rkey(rkey),
+        mr,
+        addr: i.addr,
+        length: i.length,
+        access: Access(i.mw_access_flags),
+    })
+}
+
+/// `context->ops.alloc_mw` (`ibv_alloc_mw`): type 1 or 2, else EINVAL (as uverbs answers).
+unsafe extern "C" fn alloc_mw(pd: *mut sys::ibv_pd, ty: sys::ibv_mw_type) -> *mut sys::ibv_mw {
+    guard(std::ptr::null_mut(), || {
+        if pd.is_null() {
+            set_errno(libc::EINVAL);
+            return std::ptr::null_mut();
+        }
+        let Some(ctx) = ctx_of((*pd).context) else {
+            set_errno(libc::EINVAL);
+            return std::ptr::null_mut();
+        };
+        let t = match ty {
+            sys::IBV_MW_TYPE_1 => dataplane::MwType::One,
+            sys::IBV_MW_TYPE_2 => dataplane::MwType::Two,
+            _ => {
+                set_errno(libc::EINVAL);
+                return std::ptr::null_mut();
+            }
+        };
+        let r = client(ctx).alloc_mw((*(pd as *mut Pd)).id, t);
+        match r {
+            Ok(k) => Box::into_raw(Box::new(sys::ibv_mw {
+                context: (*pd).context,
+                pd,
+                rkey: k.0,
+                handle: k.0 >> 8,
+                type_: ty,
+            })),
+            Err(e) => {
+                explain(&e);
+                set_errno(errno_of(&e));
+                std::ptr::null_mut()
+            }
+        }
+    })
+}
+
+/// `context->ops.dealloc_mw` (`ibv_dealloc_mw`): unbinds a bound window.
+unsafe extern "C" fn dealloc_mw(mw: *mut sys::ibv_mw) -> c_int {
+    if mw.is_null() {
+        return libc::EINVAL;
+    }
+    let Some(ctx) = ctx_of((*mw).context) else {
+        return libc::EINVAL;
+    };
+    let r = client(ctx).dealloc_mw(Rkey((*mw).rkey));
+    match r {
+        Ok(()) => {
+            drop(Box::from_raw(mw));
+            0
+        }
+        Err(e) => errno_of(&e),
+    }
+}
+
+/// `context->ops.bind_mw` (`ibv_bind_mw`, type 1; libibverbs' inline checked the type, the
+/// MR and the PD): posts the bind as a work request on `qp`'s send queue with the window's
+/// next key (`ibv_inc_rkey`) and sets `mw->rkey` to it at once, as rdma-core's rxe
+/// provider does: if the bind's completion is an error, the application restores the old
+/// key (ibv_bind_mw(3)). A zero-based type 1 window is EINVAL.
+unsafe extern "C" fn bind_mw(
+    qp: *mut sys::ibv_qp,
+    mw: *mut sys::ibv_mw,
+    mw_bind: *mut sys::ibv_mw_bind,
+) -> c_int {
+    guard(libc::EINVAL, || {
+        if qp.is_null() || mw.is_null() || mw_bind.is_null() {
+            return libc::EINVAL;
+        }
+        let b = &*mw_bind;
+        if b.bind_info.mw_access_flags & sys::IBV_ACCESS_ZERO_BASED != 0 {
+            return libc::EINVAL;
+        }
+        let Some(ctx) = ctx_of((*qp).context) else {
+            return libc::EINVAL;
+        };
+        let old = (*mw).rkey;
+        let new = (old & !0xff) | (old.wrapping_add(1) & 0xff);
+        let Some(op) = bind_op(mw, new, &b.bind_info) else {
+            return libc::EINVAL;
+        };
+        let qpn = (*(qp as *mut Qp)).qpn;
+        let mut cl = client(ctx);
+        let flags = SendFlags(b.send_flags & 0xf);
+        let e = submit(&mut cl, qpn, b.wr_id, op, &[], flags, None, None);
+        if e == 0 {
+            (*mw).rkey = new;
+        }
+        e
+    })
 }
 
 unsafe extern "C" fn wr_send_tso(qp: *mut sys::ibv_qp_ex, _hdr: *mut c_void, _sz: u16, _mss: u16) {
@@ -2796,6 +2931,13 @@ unsafe fn one_send(cl: &mut RemoteContext, qpn: Qpn, ud_qp: bool, w: &sys::ibv_s
         sys::IBV_WR_SEND_WITH_INV => WrOp::SendWithInv {
             rkey: Rkey(w.__bindgen_anon_1.invalidate_rkey),
         },
+        sys::IBV_WR_BIND_MW => {
+            let b = w.__bindgen_anon_2.bind_mw;
+            match bind_op(b.mw, b.rkey, &b.bind_info) {
+                Some(op) => op,
+                None => return libc::EINVAL,
+            }
+        }
         _ => return libc::EINVAL,
     };
     let ud = if !ud_qp || w.wr.ud.ah.is_null() {

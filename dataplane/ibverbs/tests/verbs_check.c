@@ -185,8 +185,11 @@ static void check_device(void)
 	CHECK(dx.odp_caps.general_caps == 0 && dx.tso_caps.max_tso == 0 &&
 		      dx.completion_timestamp_mask == 0,
 	      "ibv_query_device_ex: no ODP, TSO or timestamps advertised");
-	CHECK(!(dx.orig_attr.device_cap_flags & (IBV_DEVICE_MEM_WINDOW | IBV_DEVICE_XRC)),
-	      "no memory windows or XRC advertised");
+	CHECK(!(dx.orig_attr.device_cap_flags & IBV_DEVICE_XRC), "no XRC advertised");
+	CHECK((dx.orig_attr.device_cap_flags & IBV_DEVICE_MEM_WINDOW) &&
+		      (dx.orig_attr.device_cap_flags & IBV_DEVICE_MEM_WINDOW_TYPE_2B) &&
+		      dx.orig_attr.max_mw > 0,
+	      "memory windows (type 1 and 2B) advertised, max_mw %d", dx.orig_attr.max_mw);
 
 	struct ibv_port_attr pa;
 	CHECK(ibv_query_port(ctx, 1, &pa) == 0 && pa.state == IBV_PORT_ACTIVE &&
@@ -267,9 +270,6 @@ static void check_device(void)
 
 static void check_unsupported(void)
 {
-	errno = 0;
-	CHECK(ibv_alloc_mw(pd, IBV_MW_TYPE_1) == NULL && errno == EOPNOTSUPP,
-	      "ibv_alloc_mw: NULL, EOPNOTSUPP");
 	struct ibv_xrcd_init_attr xa = {.comp_mask = IBV_XRCD_INIT_ATTR_FD |
 						     IBV_XRCD_INIT_ATTR_OFLAGS,
 					.fd = -1,
@@ -298,11 +298,11 @@ static void check_unsupported(void)
 		.qp_type = IBV_QPT_RC,
 		.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
 		.pd = pd,
-		.send_ops_flags = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_BIND_MW,
+		.send_ops_flags = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_TSO,
 	};
 	errno = 0;
 	CHECK(ibv_create_qp_ex(ctx, &qa) == NULL && errno == EOPNOTSUPP,
-	      "ibv_create_qp_ex with BIND_MW: NULL, EOPNOTSUPP");
+	      "ibv_create_qp_ex with TSO: NULL, EOPNOTSUPP");
 	qa.qp_type = IBV_QPT_XRC_SEND;
 	qa.send_ops_flags = IBV_QP_EX_WITH_SEND;
 	errno = 0;
@@ -1222,6 +1222,198 @@ static void check_fork(void)
 	      "a forked child lists the devices through the library");
 }
 
+/* A connected pair of RC QPs on `cq` (one device: internal loopback). */
+static void rc_pair(struct ibv_cq *cq, struct ibv_qp **a, struct ibv_qp **b)
+{
+	*a = make_qp(cq, cq, NULL);
+	*b = make_qp(cq, cq, NULL);
+	MUST(*a && *b, "ibv_create_qp");
+	MUST(connect_qp(*a, (*b)->qp_num, 7) == 0 && connect_qp(*b, (*a)->qp_num, 7) == 0,
+	     "connect");
+}
+
+/* A signaled WRITE of 8 bytes from `src` (lkey `lkey`) to `raddr` with `rkey` on `qp`; its
+ * completion status. */
+static enum ibv_wc_status write8(struct ibv_qp *qp, struct ibv_cq *cq, void *src, uint32_t lkey,
+				 uint64_t raddr, uint32_t rkey)
+{
+	struct ibv_sge sge = {.addr = (uintptr_t)src, .length = 8, .lkey = lkey};
+	struct ibv_send_wr wr = {.wr_id = 0x77, .sg_list = &sge, .num_sge = 1,
+				 .opcode = IBV_WR_RDMA_WRITE, .send_flags = IBV_SEND_SIGNALED,
+				 .wr.rdma = {.remote_addr = raddr, .rkey = rkey}},
+			   *bad;
+	struct ibv_wc wc;
+	if (ibv_post_send(qp, &wr, &bad) || poll_n(cq, &wc, 1) != 1)
+		return IBV_WC_GENERAL_ERR;
+	return wc.status;
+}
+
+/* Memory windows as rdma-core's pyverbs tests (tests/test_mr.py MWTest, test_qpex.py) use
+ * them, on the wire through internal loopback. */
+static void check_memory_windows(void)
+{
+	struct ibv_cq *cq = ibv_create_cq(ctx, 32, NULL, NULL, 0);
+	MUST(cq, "ibv_create_cq");
+	char *src = alloc_buf(4096), *dst = alloc_buf(16384);
+	memset(src, 0x6b, 64);
+	struct ibv_mr *smr = ibv_reg_mr(pd, src, 4096, IBV_ACCESS_LOCAL_WRITE);
+	struct ibv_mr *mr = ibv_reg_mr(pd, dst, 16384, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND);
+	MUST(smr && mr, "ibv_reg_mr with IBV_ACCESS_MW_BIND");
+	struct ibv_qp *a, *b;
+	struct ibv_wc wc;
+	uint64_t d = (uintptr_t)dst;
+
+	errno = 0;
+	CHECK(ibv_alloc_mw(pd, 3) == NULL && errno == EINVAL, "ibv_alloc_mw of type 3: EINVAL");
+	/* Type 1: ibv_bind_mw, the peer writes with mw->rkey; unbinding (length 0) revokes. */
+	rc_pair(cq, &a, &b);
+	struct ibv_mw *mw1 = ibv_alloc_mw(pd, IBV_MW_TYPE_1);
+	MUST(mw1, "ibv_alloc_mw(IBV_MW_TYPE_1)");
+	uint32_t before = mw1->rkey;
+	struct ibv_mw_bind mb = {.wr_id = 5, .send_flags = IBV_SEND_SIGNALED,
+				 .bind_info = {.mr = mr, .addr = d, .length = 4096,
+					       .mw_access_flags = IBV_ACCESS_REMOTE_WRITE}};
+	CHECK(ibv_bind_mw(b, mw1, &mb) == 0 && mw1->rkey != before &&
+		      (mw1->rkey >> 8) == (before >> 8),
+	      "ibv_bind_mw (type 1): a new key byte at once (%#x -> %#x)", before, mw1->rkey);
+	CHECK(poll_n(cq, &wc, 1) == 1 && wc.status == IBV_WC_SUCCESS &&
+		      wc.opcode == IBV_WC_BIND_MW && wc.wr_id == 5,
+	      "the bind completes: IBV_WC_BIND_MW");
+	CHECK(write8(a, cq, src, smr->lkey, d + 16, mw1->rkey) == IBV_WC_SUCCESS &&
+		      dst[16] == 0x6b,
+	      "a WRITE through the type 1 window");
+	CHECK(ibv_dereg_mr(mr) == EINVAL, "ibv_dereg_mr with a window bound: EINVAL");
+	mb.bind_info.length = 0;
+	mb.bind_info.mw_access_flags = 0;
+	CHECK(ibv_bind_mw(b, mw1, &mb) == 0 && poll_n(cq, &wc, 1) == 1 &&
+		      wc.status == IBV_WC_SUCCESS,
+	      "unbinding (length 0)");
+	CHECK(write8(a, cq, src, smr->lkey, d + 32, mw1->rkey) == IBV_WC_REM_ACCESS_ERR &&
+		      dst[32] == 0,
+	      "after the unbind: IBV_WC_REM_ACCESS_ERR");
+	CHECK(ibv_dealloc_mw(mw1) == 0, "ibv_dealloc_mw (type 1)");
+	ibv_destroy_qp(a);
+	ibv_destroy_qp(b);
+
+	/* Type 2: IBV_WR_BIND_MW with ibv_inc_rkey; local invalidation revokes. */
+	rc_pair(cq, &a, &b);
+	struct ibv_mw *mw2 = ibv_alloc_mw(pd, IBV_MW_TYPE_2);
+	MUST(mw2, "ibv_alloc_mw(IBV_MW_TYPE_2)");
+	uint32_t k2 = ibv_inc_rkey(mw2->rkey);
+	struct ibv_send_wr bw = {.wr_id = 6, .opcode = IBV_WR_BIND_MW,
+				 .send_flags = IBV_SEND_SIGNALED,
+				 .bind_mw = {.mw = mw2, .rkey = k2,
+					     .bind_info = {.mr = mr, .addr = d + 4096, .length = 4096,
+							   .mw_access_flags = IBV_ACCESS_REMOTE_WRITE}}},
+			   *bad;
+	CHECK(ibv_post_send(b, &bw, &bad) == 0 && poll_n(cq, &wc, 1) == 1 &&
+		      wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_BIND_MW,
+	      "IBV_WR_BIND_MW (type 2)");
+	CHECK(write8(a, cq, src, smr->lkey, d + 4096 + 8, k2) == IBV_WC_SUCCESS &&
+		      dst[4096 + 8] == 0x6b,
+	      "a WRITE through the type 2 window with its new key");
+	struct ibv_send_wr inv = {.wr_id = 7, .opcode = IBV_WR_LOCAL_INV,
+				  .send_flags = IBV_SEND_SIGNALED, .invalidate_rkey = k2};
+	CHECK(ibv_post_send(b, &inv, &bad) == 0 && poll_n(cq, &wc, 1) == 1 &&
+		      wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_LOCAL_INV,
+	      "IBV_WR_LOCAL_INV of the type 2 window");
+	CHECK(write8(a, cq, src, smr->lkey, d + 4096 + 64, k2) == IBV_WC_REM_ACCESS_ERR &&
+		      dst[4096 + 64] == 0,
+	      "after the invalidation: IBV_WC_REM_ACCESS_ERR");
+	ibv_destroy_qp(a);
+	ibv_destroy_qp(b);
+
+	/* Type 2, invalidated by the peer's SEND with invalidate. */
+	/* The application tracks a type 2 window's key (the library leaves mw->rkey as it was
+	 * allocated, as rdma-core does): the FREE window, still keyed k2, binds with the next. */
+	rc_pair(cq, &a, &b);
+	mw2->rkey = k2;
+	k2 = ibv_inc_rkey(k2);
+	bw.bind_mw.rkey = k2;
+	bw.bind_mw.mw = mw2;
+	CHECK(ibv_post_send(b, &bw, &bad) == 0 && poll_n(cq, &wc, 1) == 1 &&
+		      wc.status == IBV_WC_SUCCESS,
+	      "a FREE type 2 window binds again");
+	char *rx = alloc_buf(4096);
+	struct ibv_mr *rmr = ibv_reg_mr(pd, rx, 4096, IBV_ACCESS_LOCAL_WRITE);
+	MUST(rmr, "ibv_reg_mr");
+	struct ibv_sge rsge = {.addr = (uintptr_t)rx, .length = 64, .lkey = rmr->lkey};
+	struct ibv_recv_wr rwr = {.wr_id = 8, .sg_list = &rsge, .num_sge = 1}, *rbad;
+	MUST(ibv_post_recv(b, &rwr, &rbad) == 0, "ibv_post_recv");
+	struct ibv_sge ssge = {.addr = (uintptr_t)src, .length = 8, .lkey = smr->lkey};
+	struct ibv_send_wr sinv = {.wr_id = 9, .sg_list = &ssge, .num_sge = 1,
+				   .opcode = IBV_WR_SEND_WITH_INV, .send_flags = IBV_SEND_SIGNALED,
+				   .invalidate_rkey = k2};
+	struct ibv_wc w2[2];
+	CHECK(ibv_post_send(a, &sinv, &bad) == 0 && poll_n(cq, w2, 2) == 2,
+	      "IBV_WR_SEND_WITH_INV of the window: two completions");
+	int recv_i = w2[0].opcode == IBV_WC_RECV ? 0 : 1;
+	CHECK(w2[recv_i].status == IBV_WC_SUCCESS && (w2[recv_i].wc_flags & IBV_WC_WITH_INV) &&
+		      w2[recv_i].invalidated_rkey == k2,
+	      "the receive has IBV_WC_WITH_INV and the invalidated rkey %#x", k2);
+	CHECK(write8(a, cq, src, smr->lkey, d + 4096 + 128, k2) == IBV_WC_REM_ACCESS_ERR,
+	      "after the remote invalidation: IBV_WC_REM_ACCESS_ERR");
+	ibv_destroy_qp(a);
+	ibv_destroy_qp(b);
+
+	/* The window's access counts, not the MR's (test_qp_ex_rc_bind_mw): the wr API binds a
+	 * window with local write only, and a WRITE through it fails. Deallocating a bound
+	 * window revokes it too. */
+	struct ibv_qp_init_attr_ex xa = {
+		.send_cq = cq,
+		.recv_cq = cq,
+		.cap = {.max_send_wr = 8, .max_recv_wr = 8, .max_send_sge = 1, .max_recv_sge = 1},
+		.qp_type = IBV_QPT_RC,
+		.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
+		.pd = pd,
+		.send_ops_flags = IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_BIND_MW,
+	};
+	struct ibv_qp *bx = ibv_create_qp_ex(ctx, &xa);
+	a = make_qp(cq, cq, NULL);
+	MUST(a && bx, "ibv_create_qp_ex with IBV_QP_EX_WITH_BIND_MW");
+	MUST(connect_qp(a, bx->qp_num, 7) == 0 && connect_qp(bx, a->qp_num, 7) == 0, "connect");
+	struct ibv_mw *mw3 = ibv_alloc_mw(pd, IBV_MW_TYPE_2);
+	MUST(mw3, "ibv_alloc_mw");
+	uint32_t k3 = ibv_inc_rkey(mw3->rkey);
+	struct ibv_qp_ex *x = ibv_qp_to_qp_ex(bx);
+	struct ibv_mw_bind_info bi = {.mr = mr, .addr = d + 8192, .length = 4096,
+				      .mw_access_flags = IBV_ACCESS_LOCAL_WRITE};
+	ibv_wr_start(x);
+	x->wr_id = 10;
+	x->wr_flags = IBV_SEND_SIGNALED;
+	ibv_wr_bind_mw(x, mw3, k3, &bi);
+	CHECK(ibv_wr_complete(x) == 0 && poll_n(cq, &wc, 1) == 1 && wc.status == IBV_WC_SUCCESS &&
+		      wc.opcode == IBV_WC_BIND_MW,
+	      "ibv_wr_bind_mw");
+	CHECK(write8(a, cq, src, smr->lkey, d + 8192, k3) == IBV_WC_REM_ACCESS_ERR &&
+		      dst[8192] == 0,
+	      "a window bound with local write only: a WRITE through it, IBV_WC_REM_ACCESS_ERR");
+	ibv_destroy_qp(a);
+	ibv_destroy_qp(bx);
+	rc_pair(cq, &a, &b);
+	struct ibv_mw *mw4 = ibv_alloc_mw(pd, IBV_MW_TYPE_2);
+	MUST(mw4, "ibv_alloc_mw");
+	uint32_t k4 = ibv_inc_rkey(mw4->rkey);
+	bw.bind_mw.mw = mw4;
+	bw.bind_mw.rkey = k4;
+	CHECK(ibv_post_send(b, &bw, &bad) == 0 && poll_n(cq, &wc, 1) == 1 &&
+		      wc.status == IBV_WC_SUCCESS,
+	      "bind another type 2 window");
+	CHECK(ibv_dealloc_mw(mw4) == 0, "ibv_dealloc_mw of the bound window");
+	CHECK(write8(a, cq, src, smr->lkey, d + 4096, k4) == IBV_WC_REM_ACCESS_ERR,
+	      "after ibv_dealloc_mw: IBV_WC_REM_ACCESS_ERR");
+	ibv_destroy_qp(a);
+	ibv_destroy_qp(b);
+	CHECK(ibv_dealloc_mw(mw2) == 0 && ibv_dealloc_mw(mw3) == 0, "the windows go");
+	CHECK(ibv_dereg_mr(mr) == 0, "the MR goes once no window is bound");
+	ibv_dereg_mr(smr);
+	ibv_dereg_mr(rmr);
+	ibv_destroy_cq(cq);
+	free(src);
+	free(dst);
+	free(rx);
+}
+
 /* ibv_resize_cq: a CQ made for 2 completions, grown to 64, takes 16 at once without
  * overflowing (its ring stays small: the rest waits in the engine's CQ); shrinking below
  * what it holds fails. */
@@ -1419,6 +1611,7 @@ int main(int argc, char **argv)
 	check_ud_reply();
 	check_compat_query_port();
 	check_wr_threads();
+	check_memory_windows();
 	check_resize_cq();
 	check_rereg_keeps_keys();
 	check_registration_lifecycle(dev);

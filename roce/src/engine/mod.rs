@@ -23,7 +23,9 @@ pub use counters::{DeviceCounters, QpCounters};
 pub use qp::ModifyError;
 pub use transmit::{Path, Payload, PayloadSeg, Transmit, MAX_INLINE, MAX_PAYLOAD_SEGS};
 
-use crate::memory::{KeyError, Memory, MemoryError, MemoryRegion, MrRef, MrTable, PdId};
+use crate::memory::{
+    KeyError, Memory, MemoryError, MemoryRegion, MrRef, MrTable, MwType, PdId, Window,
+};
 use crate::types::{Gid, Lkey, Qpn, Rkey};
 use crate::verbs::{
     Access, AsyncEvent, Completion, Mtu, QpAttr, QpCaps, QpInfo, QpState, QpType, RecvWr,
@@ -75,12 +77,19 @@ pub struct DeviceLimits {
     pub max_cqe: u32,
     /// Maximum MRs.
     pub max_mr: u32,
+    /// Maximum memory windows (`max_mw`; they share the MRs' key space).
+    #[cfg_attr(feature = "serde", serde(default = "default_max_mw"))]
+    pub max_mw: u32,
     /// Maximum PDs.
     pub max_pd: u32,
     /// Maximum outstanding READ/ATOMIC per QP, both directions.
     pub max_qp_rd_atom: u8,
     /// Maximum SRQs.
     pub max_srq: u32,
+}
+
+fn default_max_mw() -> u32 {
+    4096
 }
 
 impl Default for DeviceLimits {
@@ -92,6 +101,7 @@ impl Default for DeviceLimits {
             max_cq: 1024,
             max_cqe: 65536,
             max_mr: 4096,
+            max_mw: default_max_mw(),
             max_pd: 256,
             max_qp_rd_atom: 128,
             max_srq: 256,
@@ -339,6 +349,7 @@ pub fn check_send(
                 | WrOp::WriteWithImm { .. }
                 | WrOp::LocalInv { .. }
                 | WrOp::RegMr { .. }
+                | WrOp::BindMw { .. }
         ),
         QpType::Ud => matches!(wr.op, WrOp::Send | WrOp::SendWithImm { .. }),
     };
@@ -351,6 +362,12 @@ pub fn check_send(
     if qp_type == QpType::Ud && wr.ud.is_none() {
         return Err(VerbsError::InvalidArgument(
             "UD sends need an address handle".into(),
+        ));
+    }
+    // A bind carries no data (rxe's provider refuses SGEs on it at post).
+    if matches!(wr.op, WrOp::BindMw { .. }) && (!wr.sg_list.is_empty() || inline_len.is_some()) {
+        return Err(VerbsError::InvalidArgument(
+            "a memory window bind carries no data".into(),
         ));
     }
     let length: u64 = match inline_len {
@@ -466,27 +483,170 @@ impl Shared {
         Some(id)
     }
 
-    /// Invalidates the MR whose rkey (or lkey) is `key`, if it belongs to `pd` (LOCAL_INV, or
-    /// SEND with Invalidate from the peer). Only a fast-registration MR (`alloc_mr`) can be
-    /// invalidated, as rxe's `rxe_invalidate_mr` refuses any MR that is not of type
-    /// IB_MR_TYPE_MEM_REG: an MR from `reg_mr` is revoked only by deregistering it, so a peer
-    /// cannot take it away with SEND with Invalidate.
-    pub fn invalidate(&mut self, key: u32, pd: PdId) -> WcStatus {
+    /// Invalidates the MR or memory window whose rkey (or lkey) is `key`, if it belongs to
+    /// `pd` (LOCAL_INV; or SEND with Invalidate from the peer, received on the QP `remote`).
+    /// Only a fast-registration MR (`alloc_mr`) can be invalidated, as rxe's
+    /// `rxe_invalidate_mr` refuses any MR that is not of type IB_MR_TYPE_MEM_REG: an MR from
+    /// `reg_mr` is revoked only by deregistering it, so a peer cannot take it away with SEND
+    /// with Invalidate; nor can an MR with windows bound to it. Of windows, only a bound type
+    /// 2 window can be invalidated (a type 1 window is unbound by binding it with length 0,
+    /// IBA o10-37.2.26), remotely only through the QP it is bound to; it becomes FREE and
+    /// keeps its key. The status: Success, or the one the caller reports
+    /// (LOC_QP_OP_ERR locally, the receive's REM_INV_REQ_ERR remotely).
+    pub fn invalidate(&mut self, key: u32, pd: PdId, remote: Option<Qpn>) -> WcStatus {
         let idx = key >> 8;
-        match self.mrs.get_mut_by_index(idx) {
-            Some(mr)
-                if mr.pd == pd
-                    && mr.fast_reg
-                    && (mr.lkey.0 == key || mr.rkey.map(|r| r.0) == Some(key)) =>
-            {
-                if !mr.valid {
-                    return WcStatus::LocProtErr;
-                }
-                mr.valid = false;
-                WcStatus::Success
+        let reg = self.mrs.take_reg();
+        let Some(mr) = self.mrs.get_mut_by_index(idx) else {
+            return WcStatus::LocProtErr;
+        };
+        let keyed = mr.lkey.0 == key || mr.rkey.map(|r| r.0) == Some(key);
+        if let Some(w) = mr.window {
+            let ok = keyed
+                && mr.pd == pd
+                && mr.valid
+                && w.ty == MwType::Two
+                && remote.is_none_or(|q| w.qp == Some(q));
+            if !ok {
+                return WcStatus::LocProtErr;
             }
-            _ => WcStatus::LocProtErr,
+            mr.valid = false;
+            mr.reg = reg;
+            mr.length = 0;
+            mr.access = Access(0);
+            mr.window = Some(Window {
+                qp: None,
+                mr: None,
+                ..w
+            });
+            if let Some(under) = w.mr {
+                self.unbound_from(under.lkey);
+            }
+            return WcStatus::Success;
         }
+        if mr.pd == pd && mr.fast_reg && keyed && mr.windows == 0 {
+            if !mr.valid {
+                return WcStatus::LocProtErr;
+            }
+            mr.valid = false;
+            return WcStatus::Success;
+        }
+        WcStatus::LocProtErr
+    }
+
+    /// A window bound to the MR `lkey` let go of it.
+    fn unbound_from(&mut self, lkey: Lkey) {
+        if let Some(m) = self.mrs.get_mut_by_index(lkey.index()) {
+            m.windows = m.windows.saturating_sub(1);
+        }
+    }
+
+    /// Executes a memory window bind (IBA 10.6.7.2; rxe_check_bind_mw, rxe_do_bind_mw) from
+    /// the QP `qpn` of protection domain `pd`: MW_BIND_ERR for any rule broken, and then the
+    /// caller moves the QP to the error state.
+    #[allow(clippy::too_many_arguments)]
+    pub fn bind_mw(
+        &mut self,
+        qpn: Qpn,
+        pd: PdId,
+        mw: Rkey,
+        new_key: Rkey,
+        mr_lkey: Lkey,
+        addr: u64,
+        length: u64,
+        access: Access,
+    ) -> WcStatus {
+        const ERR: WcStatus = WcStatus::MwBindErr;
+        // The window, by its exact current key (a stale key fails).
+        let Some(win) = self
+            .mrs
+            .get_mut_by_index(mw.index())
+            .filter(|m| m.rkey == Some(mw))
+            .map(|m| (m.window, m.valid, m.pd))
+        else {
+            return ERR;
+        };
+        let (Some(w), valid, mw_pd) = win else {
+            return ERR;
+        };
+        if access.0 & !Access::MW_ALLOWED.0 != 0 {
+            return ERR;
+        }
+        let zero_based = access.contains(Access::ZERO_BASED);
+        match w.ty {
+            // A type 1 window is VALID from allocation on; it cannot be zero-based.
+            MwType::One if !valid || zero_based => return ERR,
+            // A type 2 window must be FREE, bound from a QP of its own PD, with an MR and a
+            // length (o10-37.2.30, C10-72, o10-37.2.40).
+            MwType::Two if valid || pd != mw_pd || length == 0 => return ERR,
+            _ => {}
+        }
+        // The MR (when binding, not unbinding a type 1 window).
+        let target = if length == 0 {
+            None
+        } else {
+            let Some(mr) = self.mrs.get(mr_lkey) else {
+                return ERR;
+            };
+            // The window is the MR's range addr..addr+length, zero-based or not (with
+            // ZERO_BASED only the addresses peers use start at 0; rxe checks just the length
+            // then, ferroce the range).
+            let range_ok = mr.offset_of(addr, length).is_some();
+            let needs_local =
+                access.contains(Access::REMOTE_WRITE) || access.contains(Access::REMOTE_ATOMIC);
+            if !mr.valid
+                || mr.window.is_some()
+                || mr.pd != mw_pd
+                || !mr.access.contains(Access::MW_BIND)
+                || (needs_local && !mr.access.contains(Access::LOCAL_WRITE))
+                || !range_ok
+            {
+                return ERR;
+            }
+            let off = mr.offset_of(addr, length).expect("checked");
+            Some((mr.as_ref(), mr.mem.clone(), off))
+        };
+        let reg = self.mrs.take_reg();
+        if let Some(old) = w.mr {
+            self.unbound_from(old.lkey);
+        }
+        if let Some((r, _, _)) = &target {
+            if let Some(m) = self.mrs.get_mut_by_index(r.lkey.index()) {
+                m.windows += 1;
+            }
+        }
+        let m = self
+            .mrs
+            .get_mut_by_index(mw.index())
+            .expect("looked up above");
+        // Only the key byte comes from the work request (rxe_do_bind_mw).
+        let key = Rkey((mw.0 & !0xff) | (new_key.0 & 0xff));
+        m.lkey = Lkey(key.0);
+        m.rkey = Some(key);
+        m.reg = reg;
+        m.valid = true;
+        m.access = Access(access.0 & !(Access::ZERO_BASED.0 | Access::LOCAL_WRITE.0));
+        m.length = length;
+        // Zero-based: peers address the window from 0.
+        m.addr = if zero_based { 0 } else { addr };
+        match target {
+            Some((r, mem, off)) => {
+                m.mem = mem;
+                m.mem_offset = off;
+                m.window = Some(Window {
+                    ty: w.ty,
+                    qp: (w.ty == MwType::Two).then_some(qpn),
+                    mr: Some(r),
+                });
+            }
+            None => {
+                m.window = Some(Window {
+                    ty: w.ty,
+                    qp: None,
+                    mr: None,
+                });
+            }
+        }
+        WcStatus::Success
     }
 
     /// Fast registration (IBA 10.6.3.6): re-binds an MR allocated for it to a new range,
@@ -650,6 +810,8 @@ pub struct Device {
     /// The counters of QPs already destroyed, summed (part of the port totals).
     destroyed_qp_counters: QpCounters,
     pds: Vec<bool>,
+    /// Memory windows allocated (they share the MR table).
+    mws: usize,
     ready: VecDeque<u32>,
     port_active: bool,
 }
@@ -667,7 +829,7 @@ impl std::fmt::Debug for Device {
 impl Device {
     /// A device with the given configuration.
     pub fn new(cfg: DeviceConfig) -> Device {
-        let max_mr = cfg.limits.max_mr as usize;
+        let max_mr = cfg.limits.max_mr as usize + cfg.limits.max_mw as usize;
         Device {
             sh: Shared {
                 cfg,
@@ -686,6 +848,7 @@ impl Device {
             next_qpn_seq: 0,
             destroyed_qp_counters: QpCounters::default(),
             pds: Vec::new(),
+            mws: 0,
             ready: VecDeque::new(),
             port_active: true,
         }
@@ -808,6 +971,9 @@ impl Device {
                 "REMOTE_WRITE and REMOTE_ATOMIC require LOCAL_WRITE".into(),
             ));
         }
+        if self.sh.mrs.len() - self.mws >= self.sh.cfg.limits.max_mr as usize {
+            return Err(VerbsError::NoResources("memory regions"));
+        }
         let end = (mem_offset as u64).checked_add(length);
         if end.is_none_or(|e| e > mem.len() as u64) || addr.checked_add(length).is_none() {
             return Err(VerbsError::InvalidArgument(format!(
@@ -830,6 +996,8 @@ impl Device {
                 mem_offset,
                 fast_reg: false,
                 valid: true,
+                window: None,
+                windows: 0,
             })
             .ok_or(VerbsError::NoResources("memory regions"))?;
         Ok((lkey, self.sh.mrs.get(lkey).and_then(|m| m.rkey)))
@@ -840,6 +1008,9 @@ impl Device {
     pub fn alloc_mr(&mut self, pd: PdId, mem: Arc<dyn Memory>) -> VerbsResult<Lkey> {
         if !self.pd_ok(pd) {
             return Err(VerbsError::NotFound("protection domain"));
+        }
+        if self.sh.mrs.len() - self.mws >= self.sh.cfg.limits.max_mr as usize {
+            return Err(VerbsError::NoResources("memory regions"));
         }
         self.sh
             .mrs
@@ -855,6 +1026,8 @@ impl Device {
                 mem_offset: 0,
                 fast_reg: true,
                 valid: false,
+                window: None,
+                windows: 0,
             })
             .ok_or(VerbsError::NoResources("memory regions"))
     }
@@ -873,8 +1046,13 @@ impl Device {
                     "an MR for fast registration is re-bound by REG_MR work requests".into(),
                 ))
             }
-            Some(_) => {}
-            None => return Err(VerbsError::NotFound("memory region")),
+            Some(mr) if mr.windows > 0 => {
+                return Err(VerbsError::InvalidArgument(
+                    "memory windows are bound to the MR".into(),
+                ))
+            }
+            Some(mr) if mr.window.is_none() => {}
+            _ => return Err(VerbsError::NotFound("memory region")),
         }
         if let Some(pd) = change.pd {
             if !self.pd_ok(pd) {
@@ -925,9 +1103,79 @@ impl Device {
         Ok((mr.lkey, mr.rkey))
     }
 
+    /// Allocates a memory window of type `ty` in `pd` (`ibv_alloc_mw`); returns its key. A
+    /// type 1 window starts valid with nothing bound (length 0, so unusable), a type 2
+    /// window FREE (rxe_alloc_mw). They count against `max_mw`.
+    pub fn alloc_mw(&mut self, pd: PdId, ty: MwType) -> VerbsResult<Rkey> {
+        if !self.pd_ok(pd) {
+            return Err(VerbsError::NotFound("protection domain"));
+        }
+        if self.mws >= self.sh.cfg.limits.max_mw as usize {
+            return Err(VerbsError::NoResources("memory windows"));
+        }
+        let mem: Arc<dyn Memory> = Arc::new(crate::memory::HeapMemory::new(0));
+        let key = self
+            .sh
+            .mrs
+            .insert(|lkey| MemoryRegion {
+                reg: 0,
+                pd,
+                lkey,
+                rkey: Some(Rkey(lkey.0)),
+                access: Access(0),
+                addr: 0,
+                length: 0,
+                mem,
+                mem_offset: 0,
+                fast_reg: false,
+                valid: ty == MwType::One,
+                window: Some(Window {
+                    ty,
+                    qp: None,
+                    mr: None,
+                }),
+                windows: 0,
+            })
+            .ok_or(VerbsError::NoResources("memory windows"))?;
+        self.mws += 1;
+        Ok(Rkey(key.0))
+    }
+
+    /// Deallocates a memory window (`ibv_dealloc_mw`) by its index (any key byte: its key
+    /// changes with each bind); a bound window is unbound first (IBA 10.6.7.1).
+    pub fn dealloc_mw(&mut self, mw: Rkey) -> VerbsResult<()> {
+        let (key, under) = match self.sh.mrs.get_mut_by_index(mw.index()) {
+            Some(m) if m.window.is_some() => (m.lkey, m.window.and_then(|w| w.mr)),
+            _ => return Err(VerbsError::NotFound("memory window")),
+        };
+        if let Some(u) = under {
+            self.sh.unbound_from(u.lkey);
+        }
+        self.sh.mrs.remove(key);
+        self.mws -= 1;
+        Ok(())
+    }
+
+    /// The window with index `mw.index()`: its current key and whether it is bound.
+    pub fn mw_key(&self, mw: Rkey) -> Option<(Rkey, bool)> {
+        self.sh
+            .mrs
+            .by_index(mw.index())
+            .filter(|m| m.window.is_some())
+            .map(|m| (Rkey(m.lkey.0), m.valid))
+    }
+
     /// Deregisters an MR (by its current lkey, or for fast-registration MRs any key of it).
+    /// An MR with memory windows bound to it cannot go (IBA 10.6.7.2.6; rxe answers EINVAL).
     pub fn dereg_mr(&mut self, lkey: Lkey) -> VerbsResult<()> {
         let key = match self.sh.mrs.get_mut_by_index(lkey.index()) {
+            Some(mr) if mr.window.is_some() => return Err(VerbsError::NotFound("memory region")),
+            Some(mr) if mr.windows > 0 => {
+                return Err(VerbsError::InvalidArgument(format!(
+                    "{} memory window(s) bound to the MR",
+                    mr.windows
+                )))
+            }
             Some(mr) if mr.lkey == lkey || mr.fast_reg => mr.lkey,
             _ => return Err(VerbsError::NotFound("memory region")),
         };
@@ -1228,6 +1476,17 @@ impl Device {
             .and_then(|q| q.take())
             .ok_or(VerbsError::NotFound("queue pair"))?;
         self.destroyed_qp_counters.add(&qp.counters);
+        // Type 2 windows bound to the QP are invalidated with it: none may keep serving a
+        // QP number that could come back for another QP.
+        let bound: Vec<u32> = self
+            .sh
+            .mrs
+            .windows_of(qpn)
+            .map(|m| m.rkey.map_or(0, |k| k.0))
+            .collect();
+        for k in bound {
+            let _ = self.sh.invalidate(k, qp.pd, None);
+        }
         for cq in [qp.send_cq, qp.recv_cq] {
             if let Some(Some(c)) = self.sh.cqs.get_mut(cq as usize) {
                 c.users = c.users.saturating_sub(1);

@@ -466,7 +466,19 @@ impl Qp {
     fn execute_local(&mut self, sh: &mut Shared, idx: u64) {
         let w = self.sq.get(idx).clone();
         let status = match w.op {
-            WrOp::LocalInv { rkey } => sh.invalidate(rkey.0, self.pd),
+            // A key that cannot be invalidated is a local QP operation error (rxe).
+            WrOp::LocalInv { rkey } => match sh.invalidate(rkey.0, self.pd, None) {
+                WcStatus::Success => WcStatus::Success,
+                _ => WcStatus::LocQpOpErr,
+            },
+            WrOp::BindMw {
+                mw,
+                rkey,
+                mr,
+                addr,
+                length,
+                access,
+            } => sh.bind_mw(self.qpn, self.pd, mw, rkey, mr, addr, length, access),
             WrOp::RegMr {
                 lkey,
                 key,

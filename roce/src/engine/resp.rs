@@ -289,7 +289,9 @@ impl Qp {
         self.resp.epsn = psn.next();
         if info.last {
             let invalidated = match pkt.ext.ieth {
-                Some(ieth) if sh.invalidate(ieth.rkey.0, self.pd) != WcStatus::Success => {
+                Some(ieth)
+                    if sh.invalidate(ieth.rkey.0, self.pd, Some(self.qpn)) != WcStatus::Success =>
+                {
                     // rxe: RESPST_ERR_INVALIDATE_RKEY (class J).
                     self.reject(sh, psn, INVALID);
                     return;
@@ -360,6 +362,7 @@ impl Qp {
             match sh.mrs.check_remote(
                 reth.rkey,
                 self.pd,
+                self.qpn,
                 reth.va,
                 reth.len as u64,
                 Access::REMOTE_WRITE,
@@ -513,6 +516,7 @@ impl Qp {
             .check_remote(
                 reth.rkey,
                 self.pd,
+                self.qpn,
                 reth.va,
                 reth.len as u64,
                 Access::REMOTE_READ,
@@ -535,16 +539,17 @@ impl Qp {
             self.reject(sh, psn, INVALID);
             return;
         }
-        let (mem, off) = match sh
-            .mrs
-            .check_remote(a.rkey, self.pd, a.va, 8, Access::REMOTE_ATOMIC)
-        {
-            Ok((mr, off)) => (mr.mem.clone(), off),
-            Err(_) => {
-                self.reject(sh, psn, ACCESS);
-                return;
-            }
-        };
+        let (mem, off) =
+            match sh
+                .mrs
+                .check_remote(a.rkey, self.pd, self.qpn, a.va, 8, Access::REMOTE_ATOMIC)
+            {
+                Ok((mr, off)) => (mr.mem.clone(), off),
+                Err(_) => {
+                    self.reject(sh, psn, ACCESS);
+                    return;
+                }
+            };
         // Take the resource before executing: an ATOMIC that cannot be remembered must not
         // change memory (its duplicate could not be answered without executing it again).
         if self.resp.resources[self.resp.res_head].queued {
