@@ -3,7 +3,8 @@
 #   make test   - install what is missing, run every test (unit, integration, interop)
 #   make install PREFIX=/usr/local - rnicd, rnic-perf, rnic-ctl, rnic-pcap, the C client
 #                 (libferroce_client.so, ferroce.h, ferroce.pc), ferroce-run and the drop-in
-#                 libibverbs.so.1 (with stub libmlx5.so.1, libefa.so.1) in lib/ferroce
+#                 libibverbs.so.1 (with stub libmlx5.so.1, libefa.so.1, librdmacm.so.1) in
+#                 lib/ferroce
 #   make ibverbs  - the drop-in libibverbs in target/$(PROFILE)/ferroce, for scripts/ferroce-run
 CARGO ?= cargo
 PREFIX ?= /usr/local
@@ -56,6 +57,14 @@ ibverbs-dir:
 			-Wl,--version-script=$(IBV_DIR)/stubs/$$l.map -Wl,-soname,lib$$l.so.1 \
 			|| exit 1; \
 	done
+	# librdmacm.so.1 until ferroce has a connection manager: every rdma_cm call fails
+	# (ENOSYS) and the first one says why, instead of libibverbs' bare failures.
+	python3 scripts/gen-dv-stubs.py --errno ENOSYS --int-error minus-one \
+		--note "ferroce has no RDMA connection manager (rdma_cm) yet: connect without it (perftest: drop -R)" \
+		$(DV_LIBDIR)/librdmacm.so.1 rdma/rdma_cma.h,rdma/rdma_verbs.h,rdma/rsocket.h \
+		$(IBV_DIR)/stubs/rdmacm.c $(IBV_DIR)/stubs/rdmacm.map
+	$(CC) -shared -fPIC -O2 -Wall -o $(IBV_DIR)/librdmacm.so.1 $(IBV_DIR)/stubs/rdmacm.c \
+		-Wl,--version-script=$(IBV_DIR)/stubs/rdmacm.map -Wl,-soname,librdmacm.so.1
 
 install-files:
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/include
@@ -70,7 +79,7 @@ install-files:
 	if [ -e target/$(PROFILE)/libibverbs.so ]; then \
 		$(MAKE) -s ibverbs-dir PROFILE=$(PROFILE) && \
 		install -d $(DESTDIR)$(PREFIX)/lib/ferroce && \
-		for l in libibverbs.so.1 libmlx5.so.1 libefa.so.1; do \
+		for l in libibverbs.so.1 libmlx5.so.1 libefa.so.1 librdmacm.so.1; do \
 			install -m 0755 $(IBV_DIR)/$$l $(DESTDIR)$(PREFIX)/lib/ferroce/; \
 		done; \
 	fi

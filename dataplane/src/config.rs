@@ -212,9 +212,19 @@ pub enum Check {
     Ok(String),
     /// Checked and wrong: the RNIC would not work.
     Fail(String),
+    /// The configuration is right, but this machine lacks something it names (an interface
+    /// that does not exist yet): rnicd could not start here now.
+    NotReady(String),
     /// Cannot be known without starting the port.
     NeedsPort(String),
 }
+
+/// The device name of `rnicd --loopback`'s (and the tests') internal ring link between two
+/// RNICs of one process: not a DPDK driver, made by the runtime itself.
+pub const LOOPBACK_DEVICE: &str = "net_ring_loopback";
+
+/// Drivers that create the kernel interface their `iface=` names (so it need not exist).
+const CREATES_IFACE: &[&str] = &["net_tap", "net_tun"];
 
 /// Virtual device drivers of DPDK 22.11 that carry Ethernet frames (`net_...` devargs).
 pub const KNOWN_VDEV_DRIVERS: &[&str] = &[
@@ -243,6 +253,9 @@ fn vdev_driver(device: &str) -> Option<&str> {
 /// Why a port probably cannot be opened, when that can be told without DPDK: an unknown
 /// vdev driver, or a vdev bound to a kernel interface that does not exist.
 pub fn port_problem(device: &str) -> Option<String> {
+    if device == LOOPBACK_DEVICE {
+        return None;
+    }
     if let Some(d) = vdev_driver(device) {
         if !KNOWN_VDEV_DRIVERS.contains(&d) {
             return Some(format!(
@@ -250,6 +263,9 @@ pub fn port_problem(device: &str) -> Option<String> {
                 KNOWN_VDEV_DRIVERS.join(", ")
             ));
         }
+    }
+    if vdev_driver(device).is_some_and(|d| CREATES_IFACE.contains(&d)) {
+        return None;
     }
     let iface = device_iface(device)?;
     (!Path::new("/sys/class/net").join(&iface).exists())
@@ -926,11 +942,27 @@ impl RnicConfig {
                 )),
             });
         }
-        if let Some(p) = port_problem(&self.device) {
-            out.push(Check::Fail(p));
+        if self.device == LOOPBACK_DEVICE {
+            out.push(Check::Ok(
+                "port.device net_ring_loopback: rnicd's internal ring link between its two RNICs"
+                    .into(),
+            ));
             return out;
         }
-        match device_iface(&self.device) {
+        // An unknown driver is an error of the configuration; a missing interface is this
+        // machine's (the configuration may be right for where it will run).
+        if let Some(p) = port_problem(&self.device) {
+            out.push(if p.contains("no network interface") {
+                Check::NotReady(format!(
+                    "{p} (create it, or give the port of this machine, before starting rnicd)"
+                ))
+            } else {
+                Check::Fail(p)
+            });
+            return out;
+        }
+        let driver_creates = vdev_driver(&self.device).is_some_and(|d| CREATES_IFACE.contains(&d));
+        match device_iface(&self.device).filter(|_| !driver_creates) {
             Some(iface) => {
                 let sys = Path::new("/sys/class/net").join(&iface);
                 match std::fs::read_to_string(sys.join("mtu")) {
@@ -945,12 +977,16 @@ impl RnicConfig {
                         ))),
                         Err(_) => out.push(Check::NeedsPort(format!("{iface}'s MTU"))),
                     },
-                    Err(_) => out.push(Check::Fail(format!(
+                    Err(_) => out.push(Check::NotReady(format!(
                         "port.device {}: no network interface {iface} here",
                         self.device
                     ))),
                 }
             }
+            None if driver_creates => out.push(Check::Ok(format!(
+                "port.device {}: the driver creates its interface",
+                self.device
+            ))),
             None => out.push(Check::NeedsPort(format!(
                 "that {} exists and takes MTU {} (checked when the port starts)",
                 self.device, self.mtu

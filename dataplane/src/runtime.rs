@@ -334,7 +334,8 @@ impl Drop for Runtime {
 /// fits it.
 pub fn loopback_raw_config(host: u8, path_mtu: u32) -> RawConfig {
     let mut r = RawConfig::default();
-    r.set("port.device", "net_ring_loopback").expect("key");
+    r.set("port.device", crate::config::LOOPBACK_DEVICE)
+        .expect("key");
     r.set("address.mac", &format!("02:00:00:99:00:{host:02x}"))
         .expect("key");
     r.set("address.ipv4", &format!("10.99.0.{host}/24"))

@@ -6,7 +6,7 @@
 //!
 //! Only private anonymous read-write memory can move. File-backed mappings, shared mappings,
 //! hugetlbfs pages, the stack, and pages already moved as part of a different range are
-//! refused with a clear error (the application can use `alloc_buffer` instead).
+//! refused with a clear error naming what to register instead.
 //!
 //! Moved ranges are process-wide ([`acquire`], [`release`]): every context of the process
 //! (a second device, a second `ibv_open_device`) that registers within a moved range shares
@@ -297,7 +297,9 @@ fn refusal(maps: &[Mapping], start: u64, end: u64, used: &[(u64, u64)]) -> Optio
         };
         if let Some(w) = what {
             return Some(format!(
-                "memory at {:#x}..{:#x} cannot be registered in place: {w}; use alloc_buffer",
+                "memory at {:#x}..{:#x} cannot be registered in place: {w}; register memory \
+                 from malloc or a private anonymous mmap (or the RNIC's own buffers: \
+                 ferroce_alloc_buf in C, Verbs::alloc_buffer in Rust)",
                 m.start.max(start),
                 m.end.min(end)
             ));

@@ -153,6 +153,10 @@ pub struct Worker {
     control: Arc<SegQueue<Control>>,
     stats: Vec<Arc<Mutex<NicSnapshot>>>,
     last_stats: u64,
+    /// One span per RNIC (`rnic{dev=ferroce0}`), entered while its engine runs, so the
+    /// engine's logs (QP state changes, retransmissions, NAKs) name the device: QPN 0x11
+    /// exists on each. Debug level: nothing to pay at the default log level.
+    spans: Vec<tracing::Span>,
 }
 
 impl Worker {
@@ -163,7 +167,11 @@ impl Worker {
         control: Arc<SegQueue<Control>>,
         stats: Vec<Arc<Mutex<NicSnapshot>>>,
     ) -> Worker {
+        let spans = (0..nics.len())
+            .map(|i| tracing::debug_span!(target: "roce", "rnic", dev = %format!("ferroce{i}")))
+            .collect();
         Worker {
+            spans,
             nics,
             clock: Clock::new(),
             backoff,
@@ -183,7 +191,8 @@ impl Worker {
     pub fn poll_once(&mut self) -> usize {
         let now = self.clock.now();
         let mut work = 0;
-        for nic in self.nics.iter_mut() {
+        for (nic, span) in self.nics.iter_mut().zip(&self.spans) {
+            let _in = span.enter();
             work += nic.poll(now);
         }
         if !self.control.is_empty() {
@@ -206,6 +215,7 @@ impl Worker {
                         area,
                         reply,
                     } => {
+                        let _in = self.spans.get(nic).map(|s| s.enter());
                         let r = match self.nics.get_mut(nic) {
                             Some(n) => n.call(token, cmd, area),
                             None => Err(roce::engine::VerbsError::NotFound("device")),

@@ -35,6 +35,7 @@ fn install() -> &'static Install {
             "lib/ferroce/libibverbs.so.1",
             "lib/ferroce/libmlx5.so.1",
             "lib/ferroce/libefa.so.1",
+            "lib/ferroce/librdmacm.so.1",
         ] {
             assert!(
                 prefix.join(f).exists(),
@@ -348,16 +349,28 @@ fn a_c_program_sees_the_verbs_errors_rdma_core_documents() {
     assert!(o.status.success(), "{}", text(&o));
     let r = Rnicd::start("ibv-check", &[]);
     for dev in ["ferroce0", "ferroce1"] {
-        let (o, killed) = common::run_for(
-            &mut run(r.sock(), &[exe.to_str().unwrap(), "-d", dev]),
-            Duration::from_secs(120),
-        );
+        // On ferroce1 the library says why each verb failed (FERROCE_VERBOSE).
+        let mut cmd = run(r.sock(), &[exe.to_str().unwrap(), "-d", dev]);
+        if dev == "ferroce1" {
+            cmd.env("FERROCE_VERBOSE", "1");
+        }
+        let (o, killed) = common::run_for(&mut cmd, Duration::from_secs(120));
         let t = text(&o);
         assert!(!killed && o.status.success(), "verbs_check on {dev}:\n{t}");
         assert!(t.contains("0 failure(s)") && !t.contains("FAIL"), "{t}");
         // Every check ran (a program that stops early must not pass).
         let checks = t.lines().filter(|l| l.starts_with("ok ")).count();
-        assert!(checks >= 68, "only {checks} checks ran:\n{t}");
+        assert!(checks >= 150, "only {checks} checks ran:\n{t}");
+        if dev == "ferroce1" {
+            let why = String::from_utf8_lossy(&o.stderr);
+            for want in [
+                "ah_attr.is_global is 0, but RoCE addresses the peer by its GID",
+                "ibv_create_cq: cqe",
+                "memory window(s) bound to the MR",
+            ] {
+                assert!(why.contains(want), "FERROCE_VERBOSE lacks {want:?}:\n{why}");
+            }
+        }
     }
     common::rnicd::wait_idle(r.sock());
 }
@@ -378,20 +391,41 @@ fn exports(lib: &Path) -> std::collections::BTreeSet<String> {
         .collect()
 }
 
-/// The stub libmlx5.so.1 and libefa.so.1 export every function of the installed libraries,
-/// with the same symbol versions (default and older ones), so any program linked against
-/// them loads under ferroce-run.
+/// The stub libmlx5.so.1, libefa.so.1 and librdmacm.so.1 export every function of the
+/// installed libraries, with the same symbol versions (default and older ones), so any
+/// program linked against them loads under ferroce-run; and a program that uses rdma_cm
+/// (perftest's -R) is told why it cannot, instead of failing with libibverbs' bare error.
 #[test]
 fn the_direct_verbs_stubs_export_what_the_real_libraries_do() {
     let multiarch = Command::new("cc").arg("-print-multiarch").output().unwrap();
     let sysdir = PathBuf::from("/usr/lib").join(String::from_utf8_lossy(&multiarch.stdout).trim());
-    for lib in ["libmlx5.so.1", "libefa.so.1"] {
+    for lib in ["libmlx5.so.1", "libefa.so.1", "librdmacm.so.1"] {
         let real = exports(&sysdir.join(lib));
         assert!(real.len() > 3, "{lib}: {real:?}");
         let ours = exports(&install().prefix.join("lib/ferroce").join(lib));
         let missing: Vec<_> = real.difference(&ours).collect();
         assert!(missing.is_empty(), "{lib} stub lacks {missing:?}");
     }
+    let _one = serial();
+    let r = Rnicd::start("ibv-rdmacm", &[]);
+    let (o, _) = common::run_for(
+        &mut run(
+            r.sock(),
+            &[
+                "ib_write_bw",
+                "-R",
+                "-d",
+                "ferroce1",
+                "-x",
+                "1",
+                "127.0.0.1",
+            ],
+        ),
+        Duration::from_secs(30),
+    );
+    let t = text(&o);
+    assert!(!o.status.success(), "{t}");
+    assert!(t.contains("ferroce has no RDMA connection manager"), "{t}");
 }
 
 /// Programs that look for the device before using it find it: `/dev/infiniband/<dev_name>`

@@ -293,6 +293,40 @@ fn sigint_and_sigterm_stop_cleanly() {
     );
     let _ = std::fs::remove_file(&pcap);
 
+    // With --json, the document carries what was measured before the signal: the rows, the
+    // counters, and that it was interrupted.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rnic-perf"))
+        .args(["write_bw", "--loopback", "-D", "30", "-s", "4096", "--json"])
+        .env("RUST_LOG", "error")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    while !line.contains("#bytes") {
+        line.clear();
+        assert!(
+            std::io::BufRead::read_line(&mut err, &mut line).unwrap() > 0,
+            "no table header"
+        );
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(130));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["interrupted"], true, "{v}");
+    assert_eq!(v["error"], "stopped by SIGINT", "{v}");
+    let rows = rows(&v, "client");
+    assert_eq!(rows.len(), 1, "{v}");
+    assert!(rows[0]["iterations"].as_u64().unwrap() > 0, "{v}");
+    assert!(
+        v["counters"]["ferroce1"]["sent_pkts"].as_u64().unwrap() > 0,
+        "{v}"
+    );
+
     // A server waiting for its client, stopped by SIGTERM.
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = l.local_addr().unwrap().port().to_string();
@@ -400,6 +434,66 @@ fn headers_and_notices_say_what_happens() {
         text.contains("Max msg size in UD is MTU 4096") && text.contains("Changing to this MTU"),
         "{text}"
     );
+}
+
+/// Errors and logs that say why: a client without a server says it is waiting, then gives
+/// the error once; the engine's debug logs name the RNIC of each QP (QPN 0x11 is on both).
+#[test]
+fn errors_and_logs_say_which_and_why() {
+    let _one = serial();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let r = common::rnicd::Rnicd::start("perf-wait", &[]);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rnic-perf"))
+        .args([
+            "write_bw",
+            "--rnicd",
+            r.sock(),
+            "-d",
+            "ferroce1",
+            "-p",
+            &port.to_string(),
+            "127.0.0.1",
+        ])
+        .env("RUST_LOG", "error")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut first = String::new();
+    std::io::BufRead::read_line(&mut err, &mut first).unwrap();
+    assert!(
+        first.contains(&format!("no server at 127.0.0.1:{port} yet")) && first.contains("retrying"),
+        "{first}"
+    );
+    // Ctrl-C stops the wait at once; the error is said once.
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let t0 = Instant::now();
+    let st = child.wait().unwrap();
+    assert!(t0.elapsed() < Duration::from_secs(10));
+    assert!(!st.success());
+    let mut rest = String::new();
+    err.read_to_string(&mut rest).unwrap();
+    assert!(rest.contains("stopped by SIGINT"), "{rest}");
+    drop(r);
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_rnic-perf"));
+    cmd.args(["write_bw", "--loopback", "-n", "20", "-s", "4096"])
+        .env("RUST_LOG", "roce=debug");
+    let (out, _) = common::run_for(&mut cmd, Duration::from_secs(60));
+    let t = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(out.status.success(), "{t}");
+    for dev in ["ferroce0", "ferroce1"] {
+        assert!(
+            t.lines()
+                .any(|l| l.contains(&format!("rnic{{dev={dev}}}")) && l.contains("QP state")),
+            "no QP state log names {dev}:\n{t}"
+        );
+    }
 }
 
 /// perftest's other flags: -T/-S set the path's traffic class and service level (seen on

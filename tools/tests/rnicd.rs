@@ -50,15 +50,6 @@ fn check_finds_what_cannot_start() {
         (
             vec![
                 "--port",
-                "net_af_packet0,iface=ferroce-none0",
-                "--ip",
-                "10.99.0.3/24",
-            ],
-            "no network interface ferroce-none0",
-        ),
-        (
-            vec![
-                "--port",
                 "net_null0",
                 "--ip",
                 "10.99.0.3/24",
@@ -73,6 +64,64 @@ fn check_finds_what_cannot_start() {
         let o = rnicd(&a);
         let t = text(&o);
         assert_eq!(o.status.code(), Some(2), "{args:?}: {t}");
+        assert!(t.contains(want), "{args:?}: {t}");
+    }
+    // A right configuration naming an interface this machine lacks: "not here", exit 1.
+    let o = rnicd(&[
+        "--port",
+        "net_af_packet0,iface=ferroce-none0",
+        "--ip",
+        "10.99.0.3/24",
+        "--check",
+    ]);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{t}");
+    assert!(
+        t.contains("no network interface ferroce-none0") && t.contains("not here"),
+        "{t}"
+    );
+}
+
+/// Every configuration the README and the tests use checks as it should: the loopback pair
+/// and a tap port (whose driver creates the interface) are fine; the example configuration
+/// is valid, only its interface is not on this machine.
+#[test]
+fn check_accepts_the_configurations_in_use() {
+    let ws = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let example = ws.join("docs/rnic.example.toml");
+    for (args, code, want) in [
+        (vec!["--loopback"], 0, "internal ring link"),
+        (
+            vec!["--port", "net_tap0,iface=ferrotap0", "--ip", "10.99.0.5/24"],
+            0,
+            "the driver creates its interface",
+        ),
+        (
+            vec!["--port", "net_tun0,iface=ferrotun0", "--ip", "10.99.0.5/24"],
+            0,
+            "the driver creates its interface",
+        ),
+        (
+            vec!["--config", example.to_str().unwrap()],
+            1,
+            "no network interface veth-rnic here",
+        ),
+        (
+            vec![
+                "--config",
+                example.to_str().unwrap(),
+                "--set",
+                "port.device=net_af_packet0,iface=lo",
+            ],
+            0,
+            "configuration ok",
+        ),
+    ] {
+        let mut a = args.clone();
+        a.push("--check");
+        let o = rnicd(&a);
+        let t = text(&o);
+        assert_eq!(o.status.code(), Some(code), "{args:?}: {t}");
         assert!(t.contains(want), "{args:?}: {t}");
     }
 }

@@ -103,6 +103,12 @@ fn explain(e: &VerbsError) {
     }
 }
 
+/// EINVAL, saying why under `FERROCE_VERBOSE` (libibverbs itself only returns the errno).
+fn invalid(why: &str) -> c_int {
+    explain(&VerbsError::InvalidArgument(why.into()));
+    libc::EINVAL
+}
+
 /// Runs `f`, turning a panic into `fail`.
 fn guard<T>(fail: T, f: impl FnOnce() -> T) -> T {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|_| {
@@ -1044,7 +1050,10 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut sys::ibv_mr) -> c_int {
             drop(Box::from_raw(m));
             0
         }
-        Err(e) => errno_of(&e),
+        Err(e) => {
+            explain(&e);
+            errno_of(&e)
+        }
     }
 }
 version!(ibv_dereg_mr, "IBVERBS_1.1");
@@ -2029,13 +2038,16 @@ pub unsafe extern "C" fn ibv_modify_qp(
     let mut q = QpAttr::default();
     if has(sys::IBV_QP_STATE) {
         let Some(s) = QpState::from_ibv(a.qp_state) else {
-            return libc::EINVAL;
+            return invalid(&format!("ibv_modify_qp: unknown qp_state {}", a.qp_state));
         };
         q.state = Some(s);
     }
     if has(sys::IBV_QP_CUR_STATE) {
         let Some(s) = QpState::from_ibv(a.cur_qp_state) else {
-            return libc::EINVAL;
+            return invalid(&format!(
+                "ibv_modify_qp: unknown cur_qp_state {}",
+                a.cur_qp_state
+            ));
         };
         q.cur_state = Some(s);
     }
@@ -2057,13 +2069,17 @@ pub unsafe extern "C" fn ibv_modify_qp(
     if has(sys::IBV_QP_AV) {
         if a.ah_attr.is_global == 0 {
             // RoCE addresses by GID: a path without a GRH cannot be routed.
-            return libc::EINVAL;
+            return invalid(
+                "ibv_modify_qp: ah_attr.is_global is 0, but RoCE addresses the peer by its GID: \
+                 set is_global = 1 and ah_attr.grh.dgid (the peer's GID) and grh.sgid_index \
+                 (1 for this port's IPv4 address, as on rxe)",
+            );
         }
         q.av = Some(av_of(&a.ah_attr));
     }
     if has(sys::IBV_QP_PATH_MTU) {
         let Some(mtu) = Mtu::from_ibv(a.path_mtu) else {
-            return libc::EINVAL;
+            return invalid(&format!("ibv_modify_qp: unknown path_mtu {}", a.path_mtu));
         };
         q.path_mtu = Some(mtu);
     }
@@ -3125,7 +3141,10 @@ pub unsafe extern "C" fn ibv_create_ah(
     }
     if (*attr).is_global == 0 {
         // RoCE needs the GRH (the GID) to reach a peer.
-        set_errno(libc::EINVAL);
+        set_errno(invalid(
+            "ibv_create_ah: is_global is 0, but RoCE addresses the peer by its GID: set \
+             is_global = 1, grh.dgid and grh.sgid_index",
+        ));
         return std::ptr::null_mut();
     }
     // One port, and a source GID the port has.

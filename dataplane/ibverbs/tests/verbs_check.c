@@ -350,6 +350,21 @@ static void check_state_errors(void)
 	struct ibv_recv_wr *rbad = NULL;
 	CHECK(ibv_post_recv(qp, &rwr, &rbad) == 0, "ibv_post_recv on an INIT QP: allowed");
 	struct ibv_qp_attr a = {.qp_state = IBV_QPS_RTS};
+	struct ibv_qp_attr nogrh = {
+		.qp_state = IBV_QPS_RTR,
+		.path_mtu = IBV_MTU_1024,
+		.dest_qp_num = qp->qp_num,
+		.rq_psn = 1,
+		.max_dest_rd_atomic = 1,
+		.min_rnr_timer = 1,
+		.ah_attr = {.is_global = 0, .port_num = 1, .dlid = 1},
+	};
+	CHECK(ibv_modify_qp(qp, &nogrh,
+			    IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+				    IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER) ==
+			      EINVAL &&
+		      qp_state(qp) == IBV_QPS_INIT,
+	      "INIT -> RTR without a GRH (is_global 0, a LID as on InfiniBand): EINVAL");
 	CHECK(ibv_modify_qp(qp, &a, IBV_QP_STATE) == EINVAL && qp_state(qp) == IBV_QPS_INIT,
 	      "INIT -> RTS (skipping RTR): EINVAL, state kept");
 	struct ibv_qp_attr r = {.qp_state = IBV_QPS_RTR};

@@ -178,8 +178,28 @@ fn main() -> ExitCode {
                 None => e.clone(),
             };
             if json_out {
-                // A failed run still gives one JSON document, with the error.
-                let v = serde_json::json!({"error": msg, "interrupted": stopped.is_some()});
+                // A failed run still gives one JSON document, with the error and whatever it
+                // measured before (rows, verified messages, counters): a run of one side
+                // has its document's fields at the top, as a successful run.
+                let mut v = serde_json::json!({"error": msg, "interrupted": stopped.is_some()});
+                let mut partial = ferroce_tools::perf::take_partial();
+                let sides = ["client", "server"]
+                    .iter()
+                    .filter(|k| partial.contains_key(**k))
+                    .count();
+                let obj = v.as_object_mut().expect("an object");
+                if sides == 1 && !rnic.loopback {
+                    for k in ["client", "server"] {
+                        if let Some(serde_json::Value::Object(d)) = partial.remove(k) {
+                            for (f, x) in d {
+                                obj.entry(f).or_insert(x);
+                            }
+                        }
+                    }
+                }
+                for (k, x) in partial {
+                    obj.insert(k, x);
+                }
                 println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
             }
             eprintln!("rnic-perf: {msg}");

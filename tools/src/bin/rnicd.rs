@@ -123,8 +123,10 @@ fn configs(cli: &Cli) -> Result<Vec<RnicConfig>, String> {
     Ok(out)
 }
 
+/// `--check`: exit 0 when rnicd could start here, 1 when the configuration is right but this
+/// machine lacks something it names (an interface), 2 when the configuration has errors.
 fn check(cfgs: &[RnicConfig]) -> ExitCode {
-    let mut failed = false;
+    let (mut failed, mut not_ready) = (false, false);
     for (i, cfg) in cfgs.iter().enumerate() {
         println!("rnicd: ferroce{i}: configuration: {}", cfg.describe(None));
         for c in cfg.preflight() {
@@ -134,23 +136,24 @@ fn check(cfgs: &[RnicConfig]) -> ExitCode {
                     failed = true;
                     println!("rnicd: error: {m}");
                 }
+                Check::NotReady(m) => {
+                    not_ready = true;
+                    println!("rnicd: not here: {m}");
+                }
                 Check::NeedsPort(m) => println!("rnicd: needs the port (not checked): {m}"),
             }
         }
     }
-    println!(
-        "rnicd: {}",
-        if failed {
-            "configuration has errors"
-        } else {
-            "configuration ok"
-        }
-    );
-    if failed {
-        ExitCode::from(2)
-    } else {
-        ExitCode::SUCCESS
-    }
+    let (verdict, code) = match (failed, not_ready) {
+        (true, _) => ("configuration has errors", 2),
+        (false, true) => (
+            "configuration ok, but this machine lacks what it names (rnicd would not start here now)",
+            1,
+        ),
+        (false, false) => ("configuration ok", 0),
+    };
+    println!("rnicd: {verdict}");
+    ExitCode::from(code)
 }
 
 fn main() -> ExitCode {

@@ -195,13 +195,16 @@ pub fn loopback(
     if !job.quiet() {
         let _ = writeln!(out, "{}", lines.join("\n"));
     }
+    let counters =
+        json!({"ferroce0": counters_json(&snaps[0]), "ferroce1": counters_json(&snaps[1])});
     match (cli_res, srv) {
         (Ok(c), Ok(s)) => Ok(json!({
             "client": c,
             "server": s,
-            "counters": {"ferroce0": counters_json(&snaps[0]), "ferroce1": counters_json(&snaps[1])},
+            "counters": counters,
         })),
         (c, s) => {
+            super::keep_partial("counters", counters);
             let mut msg = String::new();
             if let Err(e) = c {
                 msg += &format!("client side: {e}\n");
@@ -285,6 +288,9 @@ pub fn on_port(job: &Job, opts: &RnicOpts, out: &mut dyn Write) -> Result<Value,
     let snaps = rt.stop();
     if !job.quiet() {
         let _ = writeln!(out, "{}", counters_line("ferroce0", &cfg, &snaps[0]));
+    }
+    if r.is_err() {
+        super::keep_partial("counters", json!({"ferroce0": counters_json(&snaps[0])}));
     }
     r
 }

@@ -25,6 +25,26 @@ pub fn vendor_text(code: u32) -> String {
     }
 }
 
+/// What a run measured before it ended early (SIGINT/SIGTERM, or an error after some rows):
+/// each side's document (`client`/`server`, as a successful run returns them) and the
+/// counters, so that `--json` reports them with the error instead of losing them.
+static PARTIAL: std::sync::Mutex<Option<serde_json::Map<String, serde_json::Value>>> =
+    std::sync::Mutex::new(None);
+
+/// Keeps `doc` as what `key` (`client`, `server` or `counters`) measured of a run that ends
+/// with an error.
+pub fn keep_partial(key: &str, doc: serde_json::Value) {
+    let mut g = PARTIAL.lock().unwrap_or_else(|e| e.into_inner());
+    g.get_or_insert_with(serde_json::Map::new)
+        .insert(key.to_string(), doc);
+}
+
+/// Takes what [`keep_partial`] kept.
+pub fn take_partial() -> serde_json::Map<String, serde_json::Value> {
+    let mut g = PARTIAL.lock().unwrap_or_else(|e| e.into_inner());
+    g.take().unwrap_or_default()
+}
+
 /// Whether the user asked to stop (SIGINT/SIGTERM): loops end and report what they have.
 pub fn interrupted() -> bool {
     crate::rnic_opts::stop_requested()

@@ -161,10 +161,14 @@ impl Oob {
         }
     }
 
-    /// Connects to the server, retrying for up to `patience` while it is not listening yet.
+    /// Connects to the server, retrying for up to `patience` while it is not listening yet
+    /// (the two ends are often started together), and saying so on stderr once the first
+    /// attempt failed; Ctrl-C (SIGINT/SIGTERM) stops the wait. The error is the last
+    /// attempt's (the caller names the address).
     pub fn connect(host: &str, port: u16, patience: Duration) -> io::Result<Oob> {
         let addrs: Vec<SocketAddr> = (host, port).to_socket_addrs()?.collect();
         let deadline = Instant::now() + patience;
+        let mut said = false;
         loop {
             let mut last = None;
             for a in &addrs {
@@ -174,11 +178,16 @@ impl Oob {
                 }
             }
             let err = last.unwrap_or_else(|| io::Error::other("no address"));
-            if Instant::now() >= deadline {
-                return Err(io::Error::new(
-                    err.kind(),
-                    format!("couldn't connect to {host}:{port}: {err}"),
-                ));
+            if Instant::now() >= deadline || crate::rnic_opts::stop_requested() {
+                return Err(err);
+            }
+            if !said {
+                said = true;
+                eprintln!(
+                    "rnic-perf: no server at {host}:{port} yet ({err}); retrying for {} s \
+                     (Ctrl-C to stop)",
+                    patience.as_secs()
+                );
             }
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -473,6 +482,24 @@ impl PpDest {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// No server: the error is the connection's own (the caller names the address once),
+    /// after `patience`.
+    #[test]
+    fn connect_without_a_server_fails_after_its_patience() {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let t = Instant::now();
+        let Err(e) = Oob::connect("127.0.0.1", port, Duration::from_millis(300)) else {
+            panic!("connected to nobody")
+        };
+        assert!(t.elapsed() >= Duration::from_millis(300));
+        assert_eq!(e.kind(), io::ErrorKind::ConnectionRefused);
+        assert!(!e.to_string().contains("connect to"), "{e}");
+    }
 
     #[test]
     fn key_message_matches_the_capture() {

@@ -382,7 +382,28 @@ pub fn run<V: Verbs>(
             (rows, s.verified, s.lost, s.res)
         }
         Ok(Some(())) => s.close()?,
-        Err(e) => return Err(e),
+        Err(e) => {
+            // What was measured before the end goes out with the error (--json).
+            if !s.rows.is_empty() || e == super::INTERRUPTED {
+                let role = if p.role == Role::Server {
+                    "server"
+                } else {
+                    "client"
+                };
+                super::keep_partial(
+                    role,
+                    json!({
+                        "test": p.name(),
+                        "role": role,
+                        "results": std::mem::take(&mut s.rows),
+                        "verified_messages": s.verified,
+                        "lost_messages": s.lost,
+                        "interrupted": e == super::INTERRUPTED,
+                    }),
+                );
+            }
+            return Err(e);
+        }
     };
     let mine = res.my_keys.clone();
     res.destroy();
