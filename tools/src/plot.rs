@@ -69,6 +69,19 @@ fn colour(i: usize) -> RGBColor {
     C[i % C.len()]
 }
 
+/// A tick label: whole numbers without a fraction (2000, not 2000.0), others with as few
+/// decimals as their size needs.
+pub fn tick(v: f64) -> String {
+    if (v - v.round()).abs() < 1e-9 * v.abs().max(1.0) {
+        format!("{:.0}", v)
+    } else if v.abs() >= 10.0 {
+        format!("{v:.1}")
+    } else {
+        let s = format!("{v:.3}");
+        s.trim_end_matches('0').trim_end_matches('.').to_string()
+    }
+}
+
 /// Draws `panels` stacked vertically into a `width` x (`panel_height` x n) PNG.
 pub fn draw(path: &Path, panels: &[Panel], width: u32, panel_height: u32) -> Result<(), String> {
     register_font()?;
@@ -89,7 +102,10 @@ pub fn draw(path: &Path, panels: &[Panel], width: u32, panel_height: u32) -> Res
         let y1 = ys.fold(0.0f64, f64::max);
         let (x0, x1) = if x0 < x1 { (x0, x1) } else { (0.0, 1.0) };
         let y1 = if y1 > 0.0 { y1 * 1.08 } else { 1.0 };
-        let mut chart = ChartBuilder::on(area)
+        // The legend goes beside the plot, never over a line.
+        let legend_w = if panel.series.len() > 1 { 130 } else { 0 };
+        let (plot_area, legend_area) = area.split_horizontally(width.saturating_sub(legend_w));
+        let mut chart = ChartBuilder::on(&plot_area)
             .caption(&panel.title, ("sans-serif", 18))
             .margin(10)
             .x_label_area_size(36)
@@ -101,6 +117,8 @@ pub fn draw(path: &Path, panels: &[Panel], width: u32, panel_height: u32) -> Res
             .x_desc(panel.x_label.as_str())
             .y_desc(panel.y_label.as_str())
             .label_style(("sans-serif", 13))
+            .x_label_formatter(&|v| tick(*v))
+            .y_label_formatter(&|v| tick(*v))
             .draw()
             .map_err(|e| e.to_string())?;
         for (i, s) in panel.series.iter().enumerate() {
@@ -108,23 +126,39 @@ pub fn draw(path: &Path, panels: &[Panel], width: u32, panel_height: u32) -> Res
             chart
                 // Width 1: plotters' wide strokes misdraw segments that collapse to one pixel.
                 .draw_series(LineSeries::new(s.points.iter().copied(), c.stroke_width(1)))
-                .map_err(|e| e.to_string())?
-                .label(s.name.clone())
-                .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2))
-                });
+                .map_err(|e| e.to_string())?;
         }
         if panel.series.len() > 1 {
-            chart
-                .configure_series_labels()
-                .background_style(WHITE.mix(0.85))
-                .border_style(BLACK)
-                .label_font(("sans-serif", 13))
-                .position(SeriesLabelPosition::UpperRight)
-                .draw()
-                .map_err(|e| e.to_string())?;
+            for (i, s) in panel.series.iter().enumerate() {
+                let y = 40 + 18 * i as i32;
+                let c = colour(i);
+                legend_area
+                    .draw(&PathElement::new(vec![(6, y), (26, y)], c.stroke_width(2)))
+                    .map_err(|e| e.to_string())?;
+                legend_area
+                    .draw(&Text::new(
+                        s.name.clone(),
+                        (32, y - 7),
+                        ("sans-serif", 13).into_font(),
+                    ))
+                    .map_err(|e| e.to_string())?;
+            }
         }
     }
     root.present().map_err(|e| e.to_string())?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::tick;
+
+    #[test]
+    fn ticks_read_as_numbers_are_written() {
+        assert_eq!(tick(2000.0), "2000");
+        assert_eq!(tick(0.0), "0");
+        assert_eq!(tick(12.5), "12.5");
+        assert_eq!(tick(0.25), "0.25");
+        assert_eq!(tick(1.0 / 3.0), "0.333");
+    }
 }

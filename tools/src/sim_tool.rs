@@ -389,24 +389,29 @@ pub fn pfc_figure(path: &Path, o: &Outcome, victim: usize, title: &str) -> Resul
 }
 
 /// The figure comparing the two presets on the same scenario.
-pub fn compare_figure(path: &Path, paper: &Outcome, nvidia: &Outcome) -> Result<(), String> {
+pub fn compare_figure(
+    path: &Path,
+    paper: &Outcome,
+    nvidia: &Outcome,
+    what: &str,
+) -> Result<(), String> {
     draw(
         path,
         &[
             Panel {
-                title: "paper (SIGCOMM'15): DCQCN rate per flow".into(),
+                title: format!("paper (SIGCOMM'15): DCQCN rate per flow ({what})"),
                 x_label: "time (us)".into(),
                 y_label: "rate (Gb/s)".into(),
                 series: per_flow(paper, |s| s.rate_gbps, "flow"),
             },
             Panel {
-                title: "NVIDIA firmware: DCQCN rate per flow".into(),
+                title: format!("NVIDIA firmware: DCQCN rate per flow ({what})"),
                 x_label: "time (us)".into(),
                 y_label: "rate (Gb/s)".into(),
                 series: per_flow(nvidia, |s| s.rate_gbps, "flow"),
             },
             Panel {
-                title: "bottleneck queue".into(),
+                title: format!("bottleneck queue ({what})"),
                 x_label: "time (us)".into(),
                 y_label: "queue (KB)".into(),
                 series: vec![queue_series(paper, "paper"), queue_series(nvidia, "nvidia")],
