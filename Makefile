@@ -1,7 +1,8 @@
 # ferroce: the two commands of the README, and helpers.
 #   make demo   - install what is missing, build, run the main job on the embedded default
 #   make test   - install what is missing, run every test (unit, integration, interop)
-#   make install PREFIX=/usr/local - rnicd, rnic-perf, rnic-ctl, rnic-pcap, the C client
+#   make install PREFIX=/usr/local - rnicd, rnic-perf, rnic-ctl, rnic-pcap, rnic-sim (with
+#                 man pages, bash/zsh/fish completions, a systemd unit for rnicd), the C client
 #                 (libferroce_client.so, ferroce.h, ferroce.pc), ferroce-run and the drop-in
 #                 libibverbs.so.1 (with stub libmlx5.so.1, libefa.so.1, librdmacm.so.1) in
 #                 lib/ferroce
@@ -66,11 +67,25 @@ ibverbs-dir:
 	$(CC) -shared -fPIC -O2 -Wall -o $(IBV_DIR)/librdmacm.so.1 $(IBV_DIR)/stubs/rdmacm.c \
 		-Wl,--version-script=$(IBV_DIR)/stubs/rdmacm.map -Wl,-soname,librdmacm.so.1
 
+TOOLS = rnicd rnic-perf rnic-ctl rnic-pcap rnic-sim
+
 install-files:
-	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/include
-	for b in rnicd rnic-perf rnic-ctl rnic-pcap; do \
-		if [ -e target/$(PROFILE)/$$b ]; then install -m 0755 target/$(PROFILE)/$$b $(DESTDIR)$(PREFIX)/bin/; fi; \
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/include \
+		$(DESTDIR)$(PREFIX)/share/man/man1 $(DESTDIR)$(PREFIX)/share/bash-completion/completions \
+		$(DESTDIR)$(PREFIX)/share/zsh/site-functions $(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d \
+		$(DESTDIR)$(PREFIX)/lib/systemd/system
+	# Each tool, its man page and its completions (generated from its own argument parser).
+	for b in $(TOOLS); do \
+		if [ -e target/$(PROFILE)/$$b ]; then \
+			install -m 0755 target/$(PROFILE)/$$b $(DESTDIR)$(PREFIX)/bin/ && \
+			target/$(PROFILE)/$$b --generate-man > $(DESTDIR)$(PREFIX)/share/man/man1/$$b.1 && \
+			target/$(PROFILE)/$$b --generate-completions bash > $(DESTDIR)$(PREFIX)/share/bash-completion/completions/$$b && \
+			target/$(PROFILE)/$$b --generate-completions zsh > $(DESTDIR)$(PREFIX)/share/zsh/site-functions/_$$b && \
+			target/$(PROFILE)/$$b --generate-completions fish > $(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d/$$b.fish \
+			|| exit 1; \
+		fi; \
 	done
+	sed -e 's|@PREFIX@|$(PREFIX)|g' tools/dist/rnicd.service.in > $(DESTDIR)$(PREFIX)/lib/systemd/system/rnicd.service
 	install -m 0755 target/$(PROFILE)/libferroce_client.so $(DESTDIR)$(PREFIX)/lib/
 	install -m 0644 dataplane/client/include/ferroce.h $(DESTDIR)$(PREFIX)/include/
 	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(VERSION)|' dataplane/client/ferroce.pc.in \

@@ -3,6 +3,7 @@
 
 #![warn(missing_docs)]
 
+pub mod docgen;
 pub mod pcap_tool;
 pub mod perf;
 pub mod plot;

@@ -36,11 +36,39 @@ fn install() -> &'static Install {
             "lib/ferroce/libmlx5.so.1",
             "lib/ferroce/libefa.so.1",
             "lib/ferroce/librdmacm.so.1",
+            "bin/rnic-sim",
+            "share/man/man1/rnicd.1",
+            "share/man/man1/rnic-sim.1",
+            "share/bash-completion/completions/rnic-ctl",
+            "share/zsh/site-functions/_rnic-perf",
+            "share/fish/vendor_completions.d/rnic-pcap.fish",
+            "lib/systemd/system/rnicd.service",
         ] {
             assert!(
                 prefix.join(f).exists(),
                 "make install-files did not install {f}"
             );
+        }
+        // The man pages are the tools' own options; the unit is one systemd accepts.
+        let man = std::fs::read_to_string(prefix.join("share/man/man1/rnic-ctl.1")).unwrap();
+        assert!(
+            man.contains(".TH rnic-ctl 1") && man.contains("socket"),
+            "{man}"
+        );
+        let unit =
+            std::fs::read_to_string(prefix.join("lib/systemd/system/rnicd.service")).unwrap();
+        assert!(
+            unit.contains(&format!("ExecStart={}/bin/rnicd", prefix.display())),
+            "{unit}"
+        );
+        if Path::new("/usr/bin/systemd-analyze").exists() {
+            let o = Command::new("systemd-analyze")
+                .arg("verify")
+                .arg(prefix.join("lib/systemd/system/rnicd.service"))
+                .env("MANPATH", prefix.join("share/man"))
+                .output()
+                .unwrap();
+            assert!(o.status.success(), "systemd-analyze verify: {}", text(&o));
         }
         Install { prefix }
     })

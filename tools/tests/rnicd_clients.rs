@@ -153,13 +153,7 @@ fn a_killed_client_is_reclaimed_and_its_peer_sees_retries_exhausted() {
         .find(|d| d["device"] == "ferroce1")
         .unwrap()
         .clone();
-    let retries = ferroce1["port"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|kv| kv[0] == "retry_exceeded_err")
-        .map(|kv| kv[1].as_u64().unwrap())
-        .unwrap_or(0);
+    let retries = ferroce1["port"]["retry_exceeded_err"].as_u64().unwrap_or(0);
     assert!(retries >= 1, "{ferroce1}");
 }
 
@@ -230,6 +224,51 @@ fn rnic_ctl_shows_devices_objects_and_counters() {
     assert!(!sock.exists(), "socket removed at exit");
     let o = ctl(sock.to_str().unwrap(), &["dev"]);
     assert!(String::from_utf8_lossy(&o.stderr).contains("is rnicd running?"));
+}
+
+/// rnic-ctl behaves as a command-line tool: quiet when its reader goes (`| head`), says so
+/// when rnicd holds nothing, refuses `--watch 0`, prints counters as a table with rates in
+/// human units, and its JSON has counters as objects and GIDs as text.
+#[test]
+fn rnic_ctl_is_a_well_behaved_cli() {
+    let _one = serial();
+    let r = Rnicd::start("ctl-cli", &[]);
+    let t = String::from_utf8_lossy(&ctl(r.sock(), &["res"]).stdout).to_string();
+    assert!(t.contains("no clients"), "{t}");
+    let o = ctl(r.sock(), &["stat", "--watch", "0"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("more than 0"));
+    // `rnic-ctl --json stat --watch 1 | head -c 100`: the reader goes; no panic.
+    let mut c = Command::new(env!("CARGO_BIN_EXE_rnic-ctl"))
+        .args(["--socket", r.sock(), "--json", "stat", "--watch", "1"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = [0u8; 100];
+    std::io::Read::read_exact(c.stdout.as_mut().unwrap(), &mut first).unwrap();
+    drop(c.stdout.take());
+    let o = c.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!err.contains("panicked") && err.is_empty(), "{err}");
+    let v = ctl_json(r.sock(), &["stat"]);
+    assert!(v[0]["port"]["tx_frames"].is_u64(), "counters by name: {v}");
+    let d = ctl_json(r.sock(), &["dev"]);
+    assert_eq!(
+        d[0]["gids"][1], "0000:0000:0000:0000:0000:ffff:0a63:0001",
+        "{d}"
+    );
+    // Traffic, watched: one counter a line, rates in units.
+    let (srv, cli) = spawn_pair(r.sock(), "write_bw", &["-D", "4", "-s", "65536"]);
+    std::thread::sleep(Duration::from_secs(2));
+    let mut c = Command::new(env!("CARGO_BIN_EXE_rnic-ctl"));
+    c.args(["--socket", r.sock(), "stat", "--watch", "0.5"]);
+    let (o, _) = common::run_for(&mut c, Duration::from_secs(2));
+    let t = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(t.lines().all(|l| l.len() < 100), "{t}");
+    assert!(t.contains("b/s") && t.contains("pps"), "{t}");
+    wait_child(srv, Duration::from_secs(60));
+    wait_child(cli, Duration::from_secs(60));
 }
 
 #[test]

@@ -57,8 +57,8 @@ enum Cmd {
         /// Per-QP counters too.
         #[arg(long)]
         qp: bool,
-        /// Print again every SECS seconds, with rates, until Ctrl-C.
-        #[arg(long, value_name = "SECS")]
+        /// Print again every SECS seconds (more than 0), with rates, until Ctrl-C.
+        #[arg(long, value_name = "SECS", value_parser = positive_secs)]
         watch: Option<f64>,
     },
     /// Switch an RNIC's capture (its capture.pcap) on or off.
@@ -173,8 +173,22 @@ fn print_dev(d: &DeviceInfo) {
     println!();
 }
 
+/// `--watch`: a positive number of seconds.
+fn positive_secs(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
+        Ok(_) => Err("must be more than 0 seconds".into()),
+        Err(_) => Err(format!("{s:?} is not a number of seconds")),
+    }
+}
+
 fn print_res(r: &Resources, kind: Option<ResKind>) {
     let want = |k: ResKind| kind.is_none_or(|x| x == k);
+    if r.clients.is_empty() && r.qps.is_empty() && r.objects.is_empty() {
+        // Say so: an empty answer looks like a tool that did not work.
+        println!("no clients: rnicd holds no objects");
+        return;
+    }
     if kind.is_none() {
         // `rdma resource show`: a count per device and kind.
         let mut devs: Vec<&String> = r.clients.iter().map(|c| &c.device).collect();
@@ -255,6 +269,44 @@ fn print_res(r: &Resources, kind: Option<ResKind>) {
     }
 }
 
+/// A count with thousands separators.
+fn grouped(v: u64) -> String {
+    let s = v.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// A counter's rate in the unit it reads best in: bytes as bits per second, frames and
+/// packets as packets per second, the rest as events per second.
+fn human_rate(name: &str, per_sec: f64) -> String {
+    let scaled = |v: f64, unit: &str| -> String {
+        if v >= 1e9 {
+            format!("{:.2} G{unit}", v / 1e9)
+        } else if v >= 1e6 {
+            format!("{:.2} M{unit}", v / 1e6)
+        } else if v >= 1e3 {
+            format!("{:.2} k{unit}", v / 1e3)
+        } else {
+            format!("{v:.0} {unit}")
+        }
+    };
+    if name.ends_with("_bytes") {
+        scaled(per_sec * 8.0, "b/s")
+    } else if name.contains("frames") || name.contains("pkts") || name.contains("packets") {
+        scaled(per_sec, "pps")
+    } else {
+        scaled(per_sec, "/s")
+    }
+}
+
+/// One table per RNIC (`link ferroce0/1`) and per QP (`link ferroce0/1 lqpn N`): a line per
+/// non-zero counter, its value and, when watching, its rate in human units.
 fn print_stats(s: &[DeviceStats], prev: Option<(&[DeviceStats], f64)>) {
     let rate = |dev: &str, qp: Option<u32>, k: &str, v: u64| -> String {
         let Some((p, secs)) = prev else {
@@ -269,27 +321,68 @@ fn print_stats(s: &[DeviceStats], prev: Option<(&[DeviceStats], f64)>) {
                 .and_then(|(_, c)| c.iter().find(|(n, _)| n == k).map(|x| x.1)),
         });
         match old {
-            Some(o) if v > o && secs > 0.0 => format!(" ({:.0}/s)", (v - o) as f64 / secs),
+            Some(o) if v >= o && secs > 0.0 => human_rate(k, (v - o) as f64 / secs),
             _ => String::new(),
         }
     };
+    let table = |title: String, rows: &[(String, u64)], dev: &str, qp: Option<u32>| {
+        println!("{title}");
+        let nonzero: Vec<&(String, u64)> = rows.iter().filter(|(_, v)| *v != 0).collect();
+        if nonzero.is_empty() {
+            println!("  (every counter is 0)");
+        }
+        for (k, v) in nonzero {
+            let r = rate(dev, qp, k, *v);
+            let line = format!("  {k:<30} {:>22} {r:>14}", grouped(*v));
+            println!("{}", line.trim_end());
+        }
+    };
     for d in s {
-        let parts: Vec<String> = d
-            .port
-            .iter()
-            .filter(|(_, v)| *v != 0)
-            .map(|(k, v)| format!("{k} {v}{}", rate(&d.device, None, k, *v)))
-            .collect();
-        println!("link {}/1 {}", d.device, parts.join(" "));
+        table(format!("link {}/1", d.device), &d.port, &d.device, None);
         for (q, c) in &d.qps {
-            let parts: Vec<String> = c
-                .iter()
-                .filter(|(_, v)| *v != 0)
-                .map(|(k, v)| format!("{k} {v}{}", rate(&d.device, Some(*q), k, *v)))
-                .collect();
-            println!("link {}/1 lqpn {q} {}", d.device, parts.join(" "));
+            table(
+                format!("link {}/1 lqpn {q}", d.device),
+                c,
+                &d.device,
+                Some(*q),
+            );
         }
     }
+}
+
+/// Counters as JSON objects (name: value), not the protocol's pairs.
+fn stats_json(s: &[DeviceStats]) -> serde_json::Value {
+    let obj = |rows: &[(String, u64)]| -> serde_json::Value {
+        serde_json::Value::Object(
+            rows.iter()
+                .map(|(k, v)| (k.clone(), serde_json::Value::from(*v)))
+                .collect(),
+        )
+    };
+    serde_json::Value::Array(
+        s.iter()
+            .map(|d| {
+                serde_json::json!({
+                    "device": d.device,
+                    "port": obj(&d.port),
+                    "qps": serde_json::Value::Object(
+                        d.qps.iter().map(|(q, c)| (q.to_string(), obj(c))).collect()
+                    ),
+                })
+            })
+            .collect(),
+    )
+}
+
+/// Devices as JSON, their GIDs in text form.
+fn devices_json(devs: &[DeviceInfo]) -> serde_json::Value {
+    let mut v = serde_json::to_value(devs).unwrap_or_default();
+    if let Some(arr) = v.as_array_mut() {
+        for (j, d) in arr.iter_mut().zip(devs) {
+            j["gids"] = d.gids.iter().map(gid_text).collect();
+        }
+    }
+    v
 }
 
 fn run(cli: &Cli) -> Result<(), String> {
@@ -309,7 +402,7 @@ fn run(cli: &Cli) -> Result<(), String> {
             if cli.json {
                 println!(
                     "{}",
-                    serde_json::to_string_pretty(&devs).unwrap_or_default()
+                    serde_json::to_string_pretty(&devices_json(&devs)).unwrap_or_default()
                 );
             } else {
                 devs.iter().for_each(print_dev);
@@ -332,7 +425,10 @@ fn run(cli: &Cli) -> Result<(), String> {
                     return Err("unexpected reply".into());
                 };
                 if cli.json {
-                    println!("{}", serde_json::to_string(&s).unwrap_or_default());
+                    println!(
+                        "{}",
+                        serde_json::to_string(&stats_json(&s)).unwrap_or_default()
+                    );
                 } else {
                     let p = prev
                         .as_ref()
@@ -382,6 +478,11 @@ fn run(cli: &Cli) -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
+    // Output piped into `head` and the like: end quietly when the reader goes (SIGPIPE's
+    // default action), as command-line tools do, instead of a panic on EPIPE.
+    // SAFETY: resetting a signal's disposition before any thread starts.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    ferroce_tools::docgen::maybe_generate::<Cli>("rnic-ctl");
     let cli = Cli::parse();
     install_signal_handlers();
     match run(&cli) {

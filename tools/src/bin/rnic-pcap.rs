@@ -102,6 +102,10 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
 }
 
 fn main() -> ExitCode {
+    // Output piped into `head` and the like: end quietly when the reader goes.
+    // SAFETY: resetting a signal's disposition before any thread starts.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    ferroce_tools::docgen::maybe_generate::<Cli>("rnic-pcap");
     match run(Cli::parse()) {
         Ok(c) => c,
         Err(e) => {

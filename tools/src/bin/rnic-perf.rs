@@ -90,7 +90,54 @@ enum Cmd {
     ud_pingpong(PpCmd),
 }
 
+/// `--baseline`: each result row of the run as a fraction of this machine's memcpy of the
+/// same message size, printed after the tables and added to the JSON as `baseline`.
+fn with_baseline(v: &mut serde_json::Value, out: &mut dyn std::io::Write) {
+    let rows = ["client", "server"]
+        .iter()
+        .map(|k| v[k]["results"].clone())
+        .chain(std::iter::once(v["results"].clone()))
+        .find(|r| r.as_array().is_some_and(|a| !a.is_empty()))
+        .unwrap_or_default();
+    let mut list = Vec::new();
+    let _ = writeln!(
+        out,
+        " Baseline: memcpy of the message size on this machine, now (best, median and slowest of 7):"
+    );
+    let _ = writeln!(
+        out,
+        " #bytes     memcpy best[Gb/s]   median    slowest   this run avg[Gb/s]   fraction of best"
+    );
+    for row in rows.as_array().into_iter().flatten() {
+        let (Some(bytes), Some(avg)) = (row["bytes"].as_u64(), row["bw_avg_Gbps"].as_f64()) else {
+            continue;
+        };
+        let b = ferroce_tools::perf::baseline::memcpy(bytes as usize, 7);
+        let g = |bps: f64| bps / 1e9;
+        let frac = avg / g(b.best_bps);
+        let _ = writeln!(
+            out,
+            " {bytes:<10} {:>17.1} {:>8.1} {:>10.1} {avg:>20.2} {frac:>18.4}",
+            g(b.best_bps),
+            g(b.median_bps),
+            g(b.worst_bps)
+        );
+        list.push(serde_json::json!({
+            "bytes": bytes,
+            "memcpy_best_Gbps": g(b.best_bps),
+            "memcpy_median_Gbps": g(b.median_bps),
+            "memcpy_worst_Gbps": g(b.worst_bps),
+            "bw_avg_Gbps": avg,
+            "fraction_of_memcpy": frac,
+        }));
+    }
+    if let Some(o) = v.as_object_mut() {
+        o.insert("baseline".into(), serde_json::Value::Array(list));
+    }
+}
+
 fn main() -> ExitCode {
+    ferroce_tools::docgen::maybe_generate::<Cli>("rnic-perf");
     let cli = Cli::parse();
     init_logging("warn");
     // SIGINT/SIGTERM end the test cleanly: what was measured is printed, the capture is
@@ -164,8 +211,12 @@ fn main() -> ExitCode {
     } else {
         driver::on_port(&job, &rnic.opts, &mut *out)
     };
+    let baseline = matches!(&job, Job::Perf(_, Kind::Bw, a) if a.baseline);
     match r {
-        Ok(v) => {
+        Ok(mut v) => {
+            if baseline {
+                with_baseline(&mut v, &mut *out);
+            }
             if json_out {
                 println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
             }

@@ -241,10 +241,16 @@ fn run(cli: Cli) -> Result<(), String> {
             let p = st::dcqcn(n, rate, Preset::Paper, d, stagger);
             let f = st::dcqcn(n, rate, Preset::Nvidia, d, stagger);
             let all: Vec<usize> = (0..n).collect();
-            st::print_summary("paper", &st::summarise(&p, &all), &mut out);
-            st::print_summary("nvidia", &st::summarise(&f, &all), &mut out);
+            let what = |preset: &str| {
+                format!(
+                    "compare, {preset}: {n} flows into one {rate} Gb/s port, DCQCN on, {} ms",
+                    d / 1_000_000
+                )
+            };
+            st::print_summary(&what("paper"), &st::summarise(&p, &all), &mut out);
+            st::print_summary(&what("nvidia"), &st::summarise(&f, &all), &mut out);
             if let Some(path) = png {
-                st::compare_figure(&path, &p, &f)?;
+                st::compare_figure(&path, &p, &f, &format!("{n} flows, {rate} Gb/s"))?;
             }
         }
     }
@@ -252,6 +258,7 @@ fn run(cli: Cli) -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
+    ferroce_tools::docgen::maybe_generate::<Cli>("rnic-sim");
     match run(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

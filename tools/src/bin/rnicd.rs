@@ -157,6 +157,7 @@ fn check(cfgs: &[RnicConfig]) -> ExitCode {
 }
 
 fn main() -> ExitCode {
+    ferroce_tools::docgen::maybe_generate::<Cli>("rnicd");
     let cli = Cli::parse();
     init_logging("warn,dataplane=info");
     let cfgs = match configs(&cli) {

@@ -2,6 +2,7 @@
 //! ferroce's verbs API, speaking their TCP exchanges so that either end may be the unmodified
 //! tool (docs/perftest-protocol.md is the specification followed here).
 
+pub mod baseline;
 pub mod bw;
 pub mod driver;
 pub mod lat;
@@ -188,6 +189,10 @@ pub struct PerfArgs {
     /// Print one JSON document with the results on stdout (tables go to stderr).
     #[arg(long)]
     pub json: bool,
+    /// Bandwidth tests: also measure this machine's memcpy of the message size (the same
+    /// working set) and print each result as a fraction of it (an extension).
+    #[arg(long)]
+    pub baseline: bool,
     /// Type of service: the traffic class (DSCP and ECN bits) of the RoCE packets.
     #[arg(short = 'T', long = "tos", value_name = "TOS")]
     pub tos: Option<u8>,

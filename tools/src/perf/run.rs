@@ -682,6 +682,7 @@ mod tests {
             inline: None,
             verify: false,
             json: false,
+            baseline: false,
             tos: None,
             sl: 0,
             no_peak: false,
