@@ -461,9 +461,12 @@ pub const DEFAULT_CLIENT_SHARE: u32 = 4;
 impl HostConfig {
     /// The per-client limits on a device with `dev`'s limits: each configured value, or
     /// `1 / DEFAULT_CLIENT_SHARE` of the device's.
-    pub fn client_limits(&self, dev: &roce::engine::DeviceLimits) -> crate::host::ClientLimits {
+    pub fn client_limits(
+        &self,
+        dev: &roce::engine::DeviceLimits,
+    ) -> ferroce_host::abi::ClientLimits {
         let share = |v: Option<u32>, d: u32| v.unwrap_or((d / DEFAULT_CLIENT_SHARE).max(1));
-        crate::host::ClientLimits {
+        ferroce_host::abi::ClientLimits {
             max_qps: share(self.max_qps, dev.max_qp),
             max_cqs: share(self.max_cqs, dev.max_cq),
             max_mrs: share(self.max_mrs, dev.max_mr),
@@ -838,7 +841,11 @@ impl RawConfig {
                 }
             },
         };
-        let socket = PathBuf::from(h.socket.as_deref().unwrap_or(crate::proto::DEFAULT_SOCKET));
+        let socket = PathBuf::from(
+            h.socket
+                .as_deref()
+                .unwrap_or(ferroce_host::abi::proto::DEFAULT_SOCKET),
+        );
         if socket.as_os_str().len() > 107 {
             return err(
                 "host.socket",

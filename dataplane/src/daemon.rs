@@ -17,21 +17,21 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use roce::engine::VerbsError;
-
-use crate::area::Area;
 use crate::config::HostConfig;
-use crate::host::{Channel, ClientLimits, Command, HostLimits, LocalChannel};
+use crate::local::LocalChannel;
 use crate::nic::NicReport;
-use crate::proto::{
+use crate::runtime::Runtime;
+use crate::worker::{Control, NicSnapshot};
+use ferroce_host::abi::area::Area;
+use ferroce_host::abi::proto::{
     AdminRequest, Body, ClientRes, DeviceInfo, DeviceStats, Hello, Listener, ObjRes, PeerCred,
     QpRes, Reply, ReplyBody, Request, Resources, Role, SeqPacket, Welcome, WireError, MAX_MESSAGE,
     VERSION,
 };
-use crate::ring::ring_bytes;
-use crate::runtime::Runtime;
-use crate::slots::{CqeSlot, EventSlot, PostSlot};
-use crate::worker::{Control, NicSnapshot};
+use ferroce_host::abi::ring::ring_bytes;
+use ferroce_host::abi::slots::{CqeSlot, EventSlot, PostSlot};
+use ferroce_host::abi::{ClientLimits, Command};
+use ferroce_host::Channel;
 
 /// How long a new connection has to say hello.
 const HELLO_PATIENCE: Duration = Duration::from_secs(5);
@@ -341,7 +341,7 @@ fn next(
         if patience.is_some_and(|p| start.elapsed() > p) {
             return None;
         }
-        match crate::proto::wait_readable(conn.raw(), Some(TICK)) {
+        match ferroce_host::abi::proto::wait_readable(conn.raw(), Some(TICK)) {
             Ok(true) => break,
             Ok(false) => continue,
             Err(_) => return None,
@@ -441,8 +441,8 @@ fn welcome(shared: &Shared, nic: usize, client_limits: &ClientLimits) -> Welcome
         limits,
         client_limits: *client_limits,
         ring_bytes: [
-            ring_bytes::<PostSlot>(crate::host::POST_RING) as u64,
-            ring_bytes::<EventSlot>(crate::host::EVENT_RING) as u64,
+            ring_bytes::<PostSlot>(ferroce_host::abi::POST_RING) as u64,
+            ring_bytes::<EventSlot>(ferroce_host::abi::EVENT_RING) as u64,
             limits.index_bytes() as u64,
         ],
         daemon_pid: std::process::id(),
@@ -876,14 +876,4 @@ fn admin(shared: &Shared, id: u64, req: AdminRequest, cred: Option<PeerCred>) ->
         Ok(b) => Reply::ok(id, b),
         Err(e) => Reply::err(id, e),
     }
-}
-
-/// The RNIC limits of a welcome, checked before a client trusts them for its tables.
-pub fn sane_limits(l: &HostLimits) -> Result<(), VerbsError> {
-    if l.max_qp == 0 || l.max_qp > 1 << 24 || l.max_cq > 1 << 24 || l.max_srq > 1 << 24 {
-        return Err(VerbsError::InvalidArgument(format!(
-            "rnicd announced implausible limits {l:?}"
-        )));
-    }
-    Ok(())
 }

@@ -26,8 +26,9 @@ use roce::wire::ethernet::{self, ethertype, VlanTag};
 use roce::wire::frame::{classify, FrameKind};
 
 use crate::config::{FaultConfig, RnicConfig};
-use crate::host::{Command, HostEnd, HostLimits, Owners, ReplyData};
+use crate::host::{HostEnd, Owners};
 use crate::neighbor::{Neighbors, Resolve};
+use ferroce_host::abi::{Command, HostLimits, ReplyData};
 use roce::engine::{VerbsError, VerbsResult};
 
 /// The group address of MAC control frames (PAUSE, PFC; IEEE 802.3 Annex 31B).
@@ -350,7 +351,7 @@ impl Nic {
         &mut self,
         token: u64,
         cmd: Command,
-        area: Option<Arc<crate::area::Area>>,
+        area: Option<Arc<ferroce_host::abi::area::Area>>,
     ) -> VerbsResult<ReplyData> {
         let Some(h) = self.hosts.iter_mut().flatten().find(|h| h.token == token) else {
             // Closed (by the client, or by the RNIC for breaking the protocol): the context
@@ -424,11 +425,16 @@ impl Nic {
         let mut attr = self.dev.attr();
         // As `query_device` reports it to applications: work requests cross the host rings
         // with at most MAX_HOST_SGE SGEs.
-        attr.limits.max_sge = attr.limits.max_sge.min(crate::host::MAX_HOST_SGE as u32);
-        attr.max_srq_sge = attr.max_srq_sge.min(crate::host::MAX_HOST_SGE as u32);
+        attr.limits.max_sge = attr
+            .limits
+            .max_sge
+            .min(ferroce_host::abi::slots::MAX_HOST_SGE as u32);
+        attr.max_srq_sge = attr
+            .max_srq_sge
+            .min(ferroce_host::abi::slots::MAX_HOST_SGE as u32);
         NicReport {
             attr,
-            port: crate::host::PortAttrData {
+            port: ferroce_host::abi::PortAttrData {
                 active: p.active,
                 max_mtu: p.max_mtu,
                 active_mtu: p.active_mtu,
@@ -449,7 +455,11 @@ impl Nic {
             // Work requests already in the post ring were posted before the stop: they
             // complete (flushed) like the rest.
             // One ring's worth: a client refilling its ring cannot delay the stop.
-            h.process(&mut self.dev, &mut self.owners, crate::host::POST_RING);
+            h.process(
+                &mut self.dev,
+                &mut self.owners,
+                ferroce_host::abi::POST_RING,
+            );
             h.fail_all(&mut self.dev);
         }
         self.publish();
@@ -1126,7 +1136,7 @@ pub struct ClientReport {
     /// Bytes of memory shared with the RNIC.
     pub area_bytes: u64,
     /// The client's host-interface counters.
-    pub counters: crate::host::HostCounters,
+    pub counters: ferroce_host::abi::HostCounters,
 }
 
 /// What an RNIC holds, for management tools ([`Nic::report`]).
@@ -1135,7 +1145,7 @@ pub struct NicReport {
     /// Device attributes.
     pub attr: roce::engine::DeviceAttr,
     /// Port attributes.
-    pub port: crate::host::PortAttrData,
+    pub port: ferroce_host::abi::PortAttrData,
     /// GID table.
     pub gids: Vec<roce::types::Gid>,
     /// MAC in use.

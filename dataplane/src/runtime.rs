@@ -9,11 +9,12 @@ use pmd_bindings::mempool::ROCE_4K_DATA_ROOM;
 use pmd_bindings::{ring_pair, Eal, EalBuilder, Mempool, Port, PortConfig};
 
 use crate::config::{RawConfig, RnicConfig};
-use crate::host::{
-    context, host_end, ClientLimits, ClientRings, Context, HostLimits, LocalChannel,
-};
+use crate::host::host_end;
+use crate::local::{context, Context, LocalChannel};
 use crate::nic::Nic;
 use crate::worker::{Backoff, Control, NicSnapshot, Worker};
+use ferroce_host::abi::{ClientLimits, HostLimits};
+use ferroce_host::app::ClientRings;
 
 /// Why the runtime could not start.
 #[derive(Debug, thiserror::Error)]

@@ -67,11 +67,11 @@ pub enum Control {
         /// The calling host end's token.
         token: u64,
         /// The call.
-        cmd: crate::host::Command,
+        cmd: ferroce_host::abi::Command,
         /// The memory area or ring the call names (`AddArea`, `CreateCq`).
-        area: Option<Arc<crate::area::Area>>,
+        area: Option<Arc<ferroce_host::abi::area::Area>>,
         /// Where the result goes (a dropped receiver is ignored).
-        reply: std::sync::mpsc::SyncSender<roce::engine::VerbsResult<crate::host::ReplyData>>,
+        reply: std::sync::mpsc::SyncSender<roce::engine::VerbsResult<ferroce_host::abi::ReplyData>>,
     },
     /// Report every RNIC's objects ([`crate::nic::Nic::report`]), with per-QP counters if
     /// asked.

@@ -10,15 +10,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dataplane::area::Area;
-use dataplane::client::{connect, Admin, ConnectError, RemoteContext};
 use dataplane::config::HostConfig;
 use dataplane::daemon::Daemon;
-use dataplane::proto::{
-    AdminRequest, Body, Hello, Reply, ReplyBody, Request, Role, SeqPacket, WireError, VERSION,
-};
 use dataplane::runtime::{test_config, Runtime};
 use dataplane::Verbs;
+use ferroce_host::abi::area::Area;
+use ferroce_host::abi::proto::{
+    AdminRequest, Body, Hello, Reply, ReplyBody, Request, Role, SeqPacket, WireError, VERSION,
+};
+use ferroce_host::app::remote::{connect, Admin, ConnectError, RemoteContext};
 use ferroce_tests::{connect as bring_up, side, wait_cq, Side};
 use roce::engine::VerbsError;
 use roce::verbs::*;
@@ -189,7 +189,9 @@ fn raw(
 
 fn raw_reply(sock: &SeqPacket) -> (Reply, Vec<OwnedFd>) {
     let mut buf = vec![0u8; 65536];
-    assert!(dataplane::proto::wait_readable(sock.raw(), Some(Duration::from_secs(10))).unwrap());
+    assert!(
+        ferroce_host::abi::proto::wait_readable(sock.raw(), Some(Duration::from_secs(10))).unwrap()
+    );
     let (n, fds) = sock.recv(&mut buf).unwrap();
     assert!(n > 0, "rnicd closed the connection");
     (serde_json::from_slice(&buf[..n]).unwrap(), fds)
@@ -247,7 +249,12 @@ fn hello_errors_are_clear() {
     assert_eq!(raw(&s, 1, hello("ferroce0"), &[]).0.status, 0);
     s.send(b"", &[]).unwrap();
     assert_eq!(raw_reply(&s).0.status, libc::EPROTO);
-    let (r, _) = raw(&s, 2, Body::Call(dataplane::host::Command::QueryPort), &[]);
+    let (r, _) = raw(
+        &s,
+        2,
+        Body::Call(ferroce_host::abi::Command::QueryPort),
+        &[],
+    );
     assert_eq!(r.status, 0, "{r:?}");
     // fds with an admin request: refused, the connection goes on.
     let (r, _) = raw(
@@ -281,7 +288,7 @@ fn a_live_socket_is_not_taken_over_and_a_stale_one_is_replaced() {
     }
     d.stop();
     // A socket file nobody listens on (an rnicd that was killed) is replaced.
-    drop(dataplane::proto::Listener::bind(&cfg.socket).unwrap());
+    drop(ferroce_host::abi::proto::Listener::bind(&cfg.socket).unwrap());
     assert!(cfg.socket.exists());
     let d = daemon(&cfg, 15, 16);
     assert!(remote(&cfg.socket, "ferroce0").query_port().is_ok());
@@ -345,7 +352,9 @@ fn a_hostile_client_harms_neither_rnicd_nor_another_client() {
             if s.send(&junk, &[]).is_err() {
                 break;
             }
-            if dataplane::proto::wait_readable(s.raw(), Some(Duration::from_secs(5))).unwrap() {
+            if ferroce_host::abi::proto::wait_readable(s.raw(), Some(Duration::from_secs(5)))
+                .unwrap()
+            {
                 let mut buf = vec![0u8; 65536];
                 if s.recv(&mut buf).map(|x| x.0).unwrap_or(0) == 0 {
                     break; // closed (before the hello, garbage ends the connection)
@@ -382,7 +391,7 @@ fn a_hostile_client_harms_neither_rnicd_nor_another_client() {
         assert_eq!(r.status, libc::ENOENT, "{cmd}: {r:?}");
     }
     let pd = call(serde_json::json!({"call": "alloc_pd"}), &[]);
-    let Some(ReplyBody::Call(dataplane::host::ReplyData::Pd(pd))) = pd.data else {
+    let Some(ReplyBody::Call(ferroce_host::abi::ReplyData::Pd(pd))) = pd.data else {
         panic!("{pd:?}")
     };
     // Registering another client's area id (ids are per client): not found.
@@ -471,7 +480,12 @@ fn a_hostile_client_harms_neither_rnicd_nor_another_client() {
     let posts2 = Area::from_fd(fds2.into_iter().next().unwrap(), 4096).unwrap();
     posts2.write_at(64, &u64::MAX.to_le_bytes()).unwrap();
     std::thread::sleep(Duration::from_millis(100));
-    let (r, _) = raw(&s2, 2, Body::Call(dataplane::host::Command::QueryPort), &[]);
+    let (r, _) = raw(
+        &s2,
+        2,
+        Body::Call(ferroce_host::abi::Command::QueryPort),
+        &[],
+    );
     assert_eq!(r.status, libc::EIO, "{r:?}");
     stop.store(true, Ordering::Relaxed);
     let n = victim.join().expect("the victim's traffic failed");
@@ -550,14 +564,14 @@ fn a_vanished_client_is_reclaimed() {
         // A client that creates objects and disappears without a word (as when killed).
         let s = SeqPacket::connect(&cfg.socket).unwrap();
         assert_eq!(raw(&s, 1, hello("ferroce0"), &[]).0.status, 0);
-        let r = raw(&s, 2, Body::Call(dataplane::host::Command::AllocPd), &[]).0;
+        let r = raw(&s, 2, Body::Call(ferroce_host::abi::Command::AllocPd), &[]).0;
         assert_eq!(r.status, 0);
         let area = Area::new(1 << 16, "vanish").unwrap();
         let fd = area.dup_fd().unwrap();
         let r = raw(
             &s,
             3,
-            Body::Call(dataplane::host::Command::AddArea { id: 1 }),
+            Body::Call(ferroce_host::abi::Command::AddArea { id: 1 }),
             &[fd.as_fd()],
         )
         .0;
@@ -565,7 +579,7 @@ fn a_vanished_client_is_reclaimed() {
         let r = raw(
             &s,
             4,
-            Body::Call(dataplane::host::Command::RegMr {
+            Body::Call(ferroce_host::abi::Command::RegMr {
                 pd: roce::memory::PdId(1),
                 area: 1,
                 offset: 0,
@@ -1102,7 +1116,7 @@ fn a_hugetlb_memfd_is_refused() {
     let (r, _) = raw(
         &s,
         2,
-        Body::Call(dataplane::host::Command::AddArea { id: 1 }),
+        Body::Call(ferroce_host::abi::Command::AddArea { id: 1 }),
         &[fd.as_fd()],
     );
     assert_eq!(r.status, libc::EINVAL, "{r:?}");
@@ -1124,7 +1138,7 @@ fn is_moved(addr: u64) -> bool {
             u64::from_str_radix(s, 16).unwrap(),
             u64::from_str_radix(e, 16).unwrap(),
         );
-        s <= addr && addr < e && rest.contains(dataplane::shadow::SHADOW_NAME)
+        s <= addr && addr < e && rest.contains(ferroce_host::app::shadow::SHADOW_NAME)
     })
 }
 
@@ -1193,7 +1207,7 @@ fn one_buffer_on_two_rnics_then_private_again() {
     // The first deregistration leaves the move (b's MR still uses it) ...
     a.ctx.dereg_mr(&mr_a).unwrap();
     assert!(is_moved(base));
-    assert_eq!(dataplane::shadow::users(base), 1);
+    assert_eq!(ferroce_host::app::shadow::users(base), 1);
     // ... the last makes the pages private again, contents kept.
     b.ctx.dereg_mr(&mr_b).unwrap();
     assert!(!is_moved(base) && !is_moved(base + 4096));

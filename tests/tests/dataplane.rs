@@ -754,7 +754,7 @@ fn replay(corpus: &Path, case: &str) {
     let port = Port::probe(&devargs, &Runtime::port_config(&cfg), pool.clone()).unwrap();
     let mut nic = Nic::new(cfg, port, pool).unwrap();
     // The server's QP and MR, set up before the worker reads the first frame.
-    let mem = std::sync::Arc::new(dataplane::area::Area::new(16 << 20, "replay").unwrap());
+    let mem = std::sync::Arc::new(ferroce_host::abi::area::Area::new(16 << 20, "replay").unwrap());
     let dev = &mut nic.dev;
     let pd = dev.alloc_pd().unwrap();
     let cq = dev.create_cq(4096).unwrap();
@@ -853,7 +853,11 @@ fn replay(corpus: &Path, case: &str) {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-fn prefill(parsed: &[(frame::ParsedFrame, &Vec<u8>)], mem: &dataplane::area::Area, base: u64) {
+fn prefill(
+    parsed: &[(frame::ParsedFrame, &Vec<u8>)],
+    mem: &ferroce_host::abi::area::Area,
+    base: u64,
+) {
     use roce::wire::opcode::Operation;
     // READ responses: the data at the request's address; ATOMIC ACKs: the original value.
     let mut reads = std::collections::HashMap::new();

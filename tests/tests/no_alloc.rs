@@ -6,7 +6,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use dataplane::host::context;
+use dataplane::local::context;
 use dataplane::nic::Nic;
 use dataplane::runtime::{test_config, Runtime};
 use dataplane::worker::{Backoff, Worker};

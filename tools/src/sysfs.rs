@@ -13,7 +13,7 @@
 use std::io;
 use std::path::Path;
 
-use dataplane::proto::DeviceInfo;
+use ferroce_host::abi::proto::DeviceInfo;
 
 /// The GID table length the library reports (`roce::engine::GID_TABLE_LEN`).
 const GID_TABLE_LEN: usize = roce::engine::GID_TABLE_LEN as usize;

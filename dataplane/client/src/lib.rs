@@ -1,5 +1,5 @@
 //! libferroce_client: the C API of `include/ferroce.h` over rnicd's host interface
-//! ([`dataplane::client`]). Every function checks its pointers and handles, returns an errno
+//! ([`ferroce_host::app::remote`]). Every function checks its pointers and handles, returns an errno
 //! instead of panicking, and keeps a description of the last failure per context.
 //!
 //! The `repr(C)` structs here are the header's; `tests/abi.rs` compiles a C program against
@@ -16,9 +16,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use dataplane::client::{connect, RemoteContext};
-use dataplane::slots::{CqeSlot, EventSlot};
-use dataplane::{Buffer, Mr, Verbs};
+use ferroce_host::abi::slots::{CqeSlot, EventSlot};
+use ferroce_host::app::remote::{connect, RemoteContext};
+use ferroce_host::{Buffer, Mr, Verbs};
 use roce::engine::{CqId, QpInit, SrqAttr, SrqId, VerbsError};
 use roce::memory::PdId;
 use roce::types::{Gid, Lkey, Psn, Qkey, Qpn, Rkey};
@@ -196,7 +196,7 @@ pub type CWc = CqeSlot;
 pub type CEvent = EventSlot;
 
 /// Most SGEs one WR carries through this API.
-const MAX_SGE: usize = dataplane::slots::MAX_HOST_SGE;
+const MAX_SGE: usize = ferroce_host::abi::slots::MAX_HOST_SGE;
 
 /// A completion channel: an eventfd written once per CQ notification by a thread that
 /// sleeps on the CQ ring's futex.
@@ -235,7 +235,7 @@ fn set_errno(e: c_int) {
 
 fn errno_of(e: &VerbsError) -> c_int {
     // The same mapping rnicd's replies use.
-    dataplane::proto::WireError::from(e).errno()
+    ferroce_host::abi::proto::WireError::from(e).errno()
 }
 
 impl Context {
@@ -312,11 +312,11 @@ pub unsafe extern "C" fn ferroce_open(
         }
         Ok(Err(e)) => {
             let errno = match &e {
-                dataplane::client::ConnectError::Unreachable(_, io) => {
+                ferroce_host::app::remote::ConnectError::Unreachable(_, io) => {
                     io.raw_os_error().unwrap_or(libc::ECONNREFUSED)
                 }
-                dataplane::client::ConnectError::Refused(w) => w.errno(),
-                dataplane::client::ConnectError::Protocol(_) => libc::EPROTO,
+                ferroce_host::app::remote::ConnectError::Refused(w) => w.errno(),
+                ferroce_host::app::remote::ConnectError::Protocol(_) => libc::EPROTO,
             };
             set_errno(errno);
             e.to_string()
@@ -557,8 +557,8 @@ pub unsafe extern "C" fn ferroce_alloc_mw(
             return e;
         }
         let ty = match ty {
-            1 => dataplane::MwType::One,
-            2 => dataplane::MwType::Two,
+            1 => ferroce_host::MwType::One,
+            2 => ferroce_host::MwType::Two,
             t => return c.fail(libc::EINVAL, format!("memory window type {t} (1 or 2)")),
         };
         let r = c.ctx.alloc_mw(PdId(pd), ty);

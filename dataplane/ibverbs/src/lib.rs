@@ -8,7 +8,7 @@
 //! leads to ours. The static-inline verbs of `<infiniband/verbs.h>` (post, poll, notify) call
 //! through `context->ops`, which point here; the rest are exported with libibverbs' symbol
 //! versions (`.symver`, nodes in libibverbs.map). Everything runs over the Rust client of
-//! rnicd ([`dataplane::client`]): posts and polls touch only shared memory.
+//! rnicd ([`ferroce_host::app::remote`]): posts and polls touch only shared memory.
 //!
 //! Errors follow libibverbs: functions returning int return an errno value, functions
 //! returning pointers return NULL and set errno; nothing panics across the C boundary.
@@ -35,10 +35,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use dataplane::client::{connect, Admin, RemoteContext};
-use dataplane::proto::{AdminRequest, ReplyBody};
-use dataplane::slots::{CqeSlot, EventSlot};
-use dataplane::Verbs;
+use ferroce_host::abi::proto::{AdminRequest, ReplyBody};
+use ferroce_host::abi::slots::{CqeSlot, EventSlot};
+use ferroce_host::app::remote::{connect, Admin, RemoteContext};
+use ferroce_host::Verbs;
 use roce::engine::{CqId, QpInit, SrqAttr, SrqId, VerbsError};
 use roce::memory::PdId;
 use roce::types::{Gid, Lkey, Psn, Qkey, Qpn, Rkey};
@@ -50,7 +50,7 @@ use roce::verbs::{
 /// The library's own allocations (its objects, the client's state, event queues, wr
 /// batches) come from dlmalloc's own anonymous mappings, never from the application's malloc
 /// heap. Registration moves whole pages of application memory onto a memfd
-/// (`dataplane::shadow`), and a write to a page in the middle of its move is lost; with its
+/// (`ferroce_host::app::shadow`), and a write to a page in the middle of its move is lost; with its
 /// own mappings no page of the library's state can be among those moved, whichever thread or
 /// context writes it. (The library's threads also keep off the heap during a move:
 /// [`MOVING`].) Private mappings, so a forked child gets a copy, as with malloc.
@@ -90,7 +90,7 @@ fn set_errno(e: c_int) {
 
 fn errno_of(e: &VerbsError) -> c_int {
     explain(e);
-    dataplane::proto::WireError::from(e).errno()
+    ferroce_host::abi::proto::WireError::from(e).errno()
 }
 
 /// With `FERROCE_VERBOSE` set, the reason of each failed verb goes to stderr (libibverbs
@@ -329,7 +329,7 @@ fn unlist(table: &mut HashMap<u32, usize>, id: u32, obj: usize) -> bool {
 }
 
 /// Held for writing while registration moves application pages onto a memfd
-/// (`dataplane::shadow`): a write to those pages between the copy and the remap would be
+/// (`ferroce_host::app::shadow`): a write to those pages between the copy and the remap would be
 /// lost, and they may hold this library's own heap objects. The library's background threads
 /// (event pump, completion-channel threads) write only while holding it for reading.
 static MOVING: std::sync::RwLock<()> = std::sync::RwLock::new(());
@@ -875,7 +875,7 @@ struct Pd {
 #[repr(C)]
 struct Mr {
     ibv: sys::ibv_mr,
-    mr: dataplane::Mr,
+    mr: ferroce_host::Mr,
     /// The access flags registered (for `ibv_rereg_mr` without CHANGE_ACCESS).
     access: c_int,
 }
@@ -1164,7 +1164,7 @@ static FORK_INIT: AtomicBool = AtomicBool::new(false);
 /// ferroce has no pinned pages: registration moves the pages onto a sealed memfd mapped
 /// MAP_SHARED at the same address (the engine in rnicd maps the same file), so the parent's
 /// RDMA keeps working after fork with or without this call, and a `pthread_atfork` child
-/// handler turns every moved range into a private copy in the child (`dataplane::shadow`), as
+/// handler turns every moved range into a private copy in the child (`ferroce_host::app::shadow`), as
 /// ordinary memory would be. The difference a program may see: the child has its copy of
 /// registered pages where DONTFORK would leave them unmapped. The call is remembered for
 /// `ibv_is_fork_initialized`; see docs/ibverbs.md.
@@ -2782,8 +2782,8 @@ unsafe extern "C" fn alloc_mw(pd: *mut sys::ibv_pd, ty: sys::ibv_mw_type) -> *mu
             return std::ptr::null_mut();
         };
         let t = match ty {
-            sys::IBV_MW_TYPE_1 => dataplane::MwType::One,
-            sys::IBV_MW_TYPE_2 => dataplane::MwType::Two,
+            sys::IBV_MW_TYPE_1 => ferroce_host::MwType::One,
+            sys::IBV_MW_TYPE_2 => ferroce_host::MwType::Two,
             _ => {
                 set_errno(libc::EINVAL);
                 return std::ptr::null_mut();
@@ -2885,7 +2885,7 @@ unsafe extern "C" fn wr_atomic_write(
     fail(qp, libc::EOPNOTSUPP);
 }
 
-const MAX_SGE: usize = dataplane::slots::MAX_HOST_SGE;
+const MAX_SGE: usize = ferroce_host::abi::slots::MAX_HOST_SGE;
 
 unsafe fn sges(list: *const sys::ibv_sge, n: c_int, out: &mut [Sge; MAX_SGE]) -> Option<usize> {
     let n = usize::try_from(n).ok()?;
@@ -3860,6 +3860,6 @@ version!(mult_to_ibv_rate, "IBVERBS_1.0");
 /// The socket path this library uses (for `ferroce-run` and diagnostics).
 pub fn socket() -> std::path::PathBuf {
     static S: OnceLock<std::path::PathBuf> = OnceLock::new();
-    S.get_or_init(|| dataplane::proto::socket_path(None))
+    S.get_or_init(|| ferroce_host::abi::proto::socket_path(None))
         .clone()
 }

@@ -17,8 +17,8 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand, ValueEnum};
-use dataplane::client::Admin;
-use dataplane::proto::{AdminRequest, DeviceInfo, DeviceStats, ReplyBody, Resources};
+use ferroce_host::abi::proto::{AdminRequest, DeviceInfo, DeviceStats, ReplyBody, Resources};
+use ferroce_host::app::remote::Admin;
 use ferroce_tools::rnic_opts::{install_signal_handlers, stop_requested};
 
 #[derive(Parser)]

@@ -230,7 +230,7 @@ pub fn via_rnicd(
     out: &mut dyn Write,
 ) -> Result<Value, String> {
     job.validate()?;
-    let ctx = dataplane::client::connect(socket, device).map_err(|e| e.to_string())?;
+    let ctx = ferroce_host::app::remote::connect(socket, device).map_err(|e| e.to_string())?;
     let name = device.unwrap_or("ferroce0").to_string();
     let port = job.tcp_port();
     let ep = match job.server_addr() {
@@ -247,9 +247,9 @@ pub fn via_rnicd(
     if !job.quiet() {
         // The RNIC's counters as rnicd reports them (the RNIC is shared: they count every
         // client's traffic).
-        if let Ok(mut a) = dataplane::client::Admin::connect(socket) {
-            if let Ok(dataplane::proto::ReplyBody::Stats(s)) =
-                a.request(dataplane::proto::AdminRequest::Stats { qps: false })
+        if let Ok(mut a) = ferroce_host::app::remote::Admin::connect(socket) {
+            if let Ok(ferroce_host::abi::proto::ReplyBody::Stats(s)) =
+                a.request(ferroce_host::abi::proto::AdminRequest::Stats { qps: false })
             {
                 if let Some(d) = s.iter().find(|d| d.device == name) {
                     let nonzero: Vec<String> = d

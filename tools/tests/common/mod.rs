@@ -68,10 +68,23 @@ fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
+/// The newest modification time of a file, or of the files under a directory.
+fn newest(p: &Path) -> std::time::SystemTime {
+    let meta = std::fs::metadata(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    if !meta.is_dir() {
+        return meta.modified().unwrap();
+    }
+    std::fs::read_dir(p)
+        .unwrap()
+        .map(|e| newest(&e.unwrap().path()))
+        .max()
+        .unwrap_or(std::time::SystemTime::UNIX_EPOCH)
+}
+
 /// This build's cdylib `file` of `package` (cargo test does not build cdylibs; `make test`
 /// builds them before the tests), next to the binaries, where `make install-files` and
 /// `make ibverbs-dir` look: the newest copy (a dependency build leaves it in deps/, a
-/// direct build next to the binaries), checked to be newer than `sources`.
+/// direct build next to the binaries), checked to be newer than `sources` (files, or directories of them).
 pub fn fresh_cdylib(file: &str, package: &str, sources: &[&str]) -> PathBuf {
     let bin = bin_dir();
     let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
@@ -89,7 +102,7 @@ pub fn fresh_cdylib(file: &str, package: &str, sources: &[&str]) -> PathBuf {
     let built = modified(&lib).unwrap();
     for src in sources {
         assert!(
-            modified(&workspace().join(src)).unwrap() <= built,
+            newest(&workspace().join(src)) <= built,
             "{} is older than {src}: run `cargo build -p {package}` (make test does)",
             lib.display()
         );
@@ -124,11 +137,7 @@ pub fn ibverbs_libdir() -> PathBuf {
     fresh_cdylib(
         "libibverbs.so",
         "ferroce-ibverbs",
-        &[
-            "dataplane/ibverbs/src/lib.rs",
-            "dataplane/src/host.rs",
-            "dataplane/src/shadow.rs",
-        ],
+        &["dataplane/ibverbs/src", "dataplane/host/src"],
     );
     make("ibverbs-dir", &[]);
     bin_dir().join("ferroce")

@@ -16,7 +16,7 @@ use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use crate::area::Area;
+use crate::abi::area::Area;
 
 /// Types that may live in a ring slot: plain data, `Copy`, no pointers or references, so a
 /// slot's bytes mean the same in any address space - and valid for every bit pattern, since

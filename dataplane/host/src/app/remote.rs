@@ -1,6 +1,6 @@
 //! The client side of rnicd's socket: [`connect`] attaches this process to an RNIC of a
-//! running rnicd and returns a [`RemoteContext`], which implements [`crate::Verbs`] exactly as
-//! the in-process [`crate::Context`] does: posts and completions go through shared-memory
+//! running rnicd and returns a [`RemoteContext`], which implements [`crate::app::Verbs`] exactly as
+//! an in-process context (`dataplane::Context`) does: posts and completions go through shared-memory
 //! rings with no system call; control calls (create, modify, register...) are messages on the
 //! socket. [`Admin`] is the management connection `rnic-ctl` uses.
 //!
@@ -17,12 +17,13 @@ use std::time::Instant;
 
 use roce::engine::{VerbsError, VerbsResult};
 
-use crate::area::Area;
-use crate::host::{Channel, Client, ClientRings, Command, ReplyData};
-use crate::proto::{
+use crate::abi::area::Area;
+use crate::abi::proto::{
     socket_path, AdminRequest, Body, Hello, Reply, ReplyBody, Request, Role, SeqPacket, Welcome,
     WireError, MAX_MESSAGE, VERSION,
 };
+use crate::abi::{Command, ReplyData};
+use crate::app::{Channel, Client, ClientRings};
 
 /// Why attaching to rnicd failed.
 #[derive(Debug, thiserror::Error)]
@@ -91,7 +92,7 @@ impl Conn {
             if wait.is_some_and(|w| w.is_zero()) {
                 return Err(WireError::DeviceFatal);
             }
-            match crate::proto::wait_readable(self.sock.raw(), wait) {
+            match crate::abi::proto::wait_readable(self.sock.raw(), wait) {
                 Ok(true) => {}
                 Ok(false) => continue,
                 Err(_) => return Err(WireError::DeviceFatal),
@@ -274,7 +275,9 @@ pub fn connect(socket: Option<&Path>, device: Option<&str>) -> Result<RemoteCont
         program: program(),
     };
     let (conn, w, fds) = Conn::open(&path, hello)?;
-    crate::daemon::sane_limits(&w.limits).map_err(|e| ConnectError::Protocol(e.to_string()))?;
+    w.limits
+        .check_sane()
+        .map_err(|e| ConnectError::Protocol(e.to_string()))?;
     let [posts, events, index]: [OwnedFd; 3] = fds.try_into().map_err(|v: Vec<OwnedFd>| {
         ConnectError::Protocol(format!("welcome carried {} fds, not 3", v.len()))
     })?;
@@ -289,8 +292,8 @@ pub fn connect(socket: Option<&Path>, device: Option<&str>) -> Result<RemoteCont
         index: map(index, w.ring_bytes[2], "index area")?,
     };
     let expect = [
-        crate::ring::ring_bytes::<crate::slots::PostSlot>(crate::host::POST_RING),
-        crate::ring::ring_bytes::<crate::slots::EventSlot>(crate::host::EVENT_RING),
+        crate::abi::ring::ring_bytes::<crate::abi::slots::PostSlot>(crate::abi::POST_RING),
+        crate::abi::ring::ring_bytes::<crate::abi::slots::EventSlot>(crate::abi::EVENT_RING),
         w.limits.index_bytes(),
     ];
     if expect

@@ -35,7 +35,7 @@ pub struct Area {
     /// The memfd's inode (to recognise the mapping in /proc/self/smaps after the fd is gone).
     ino: u64,
     /// Unmapped on drop (false for application memory moved onto a memfd in place, which
-    /// stays mapped for the application: [`crate::shadow`]).
+    /// stays mapped for the application: [`crate::app::shadow`]).
     owned: bool,
 }
 

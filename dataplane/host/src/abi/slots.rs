@@ -12,7 +12,7 @@ use roce::verbs::{
     WcStatus, WrOp,
 };
 
-use crate::ring::Plain;
+use crate::abi::ring::Plain;
 
 /// Most SGEs a work request can carry through the host interface.
 pub const MAX_HOST_SGE: usize = 16;

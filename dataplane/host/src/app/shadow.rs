@@ -29,7 +29,7 @@ use std::os::fd::AsRawFd;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use crate::area::{Area, PAGE};
+use crate::abi::area::{Area, PAGE};
 
 /// One mapping of /proc/self/smaps.
 #[derive(Debug, Clone, PartialEq, Eq)]

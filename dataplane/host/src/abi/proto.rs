@@ -18,7 +18,7 @@ use roce::engine::VerbsError;
 use roce::types::Gid;
 use serde::{Deserialize, Serialize};
 
-use crate::host::{ClientLimits, Command, HostLimits, ReplyData};
+use crate::abi::{ClientLimits, Command, HostLimits, ReplyData};
 
 /// The protocol version this build speaks (the hello carries it; a mismatch is refused with
 /// EPROTONOSUPPORT).
@@ -776,7 +776,7 @@ mod tests {
     #[test]
     fn messages_and_fds_cross_a_pair() {
         let (a, b) = SeqPacket::pair().unwrap();
-        let area = crate::area::Area::new(4096, "t").unwrap();
+        let area = crate::abi::area::Area::new(4096, "t").unwrap();
         area.write_at(10, b"hello").unwrap();
         let fd = area.dup_fd().unwrap();
         a.send(b"{\"x\":1}", &[fd.as_fd()]).unwrap();
@@ -784,7 +784,7 @@ mod tests {
         let (n, fds) = b.recv(&mut buf).unwrap();
         assert_eq!(&buf[..n], b"{\"x\":1}");
         assert_eq!(fds.len(), 1);
-        let other = crate::area::Area::from_fd(fds.into_iter().next().unwrap(), 4096).unwrap();
+        let other = crate::abi::area::Area::from_fd(fds.into_iter().next().unwrap(), 4096).unwrap();
         let mut got = [0u8; 5];
         other.read_at(10, &mut got).unwrap();
         assert_eq!(&got, b"hello", "the same bytes on both mappings");

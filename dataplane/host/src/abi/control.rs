@@ -1,0 +1,345 @@
+//! The control protocol's types and the sizes both ends agree on: ring depths, the index
+//! area's layout, the limits a device announces and a client is held to, and the
+//! [`Command`]s an application sends to the worker with their [`ReplyData`].
+
+use roce::engine::{CqId, DeviceAttr, DeviceConfig, QpInit, SrqAttr, SrqId};
+use roce::memory::PdId;
+use roce::types::{Gid, Lkey, Qpn, Rkey};
+use roce::verbs::{Access, QpAttr, QpInfo};
+
+/// Post ring depth.
+pub const POST_RING: usize = 4096;
+/// Event ring depth.
+pub const EVENT_RING: usize = 1024;
+/// Per-QP published indices: (send WQEs retired, receive WQEs retired).
+pub const QP_INDEX_BYTES: usize = 16;
+/// Per-SRQ published index: receive WQEs handed out.
+pub const SRQ_INDEX_BYTES: usize = 8;
+
+/// The sizes a host interface needs from its device: its per-object tables are indexed by
+/// QP slot, CQ id and SRQ id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct HostLimits {
+    /// The device's `max_qp` (QP slots).
+    pub max_qp: u32,
+    /// The device's `max_cq`.
+    pub max_cq: u32,
+    /// The device's `max_srq`.
+    pub max_srq: u32,
+    /// The port's MTU in bytes (the largest UD message), for the send checks an application
+    /// makes before posting.
+    #[serde(default = "default_port_mtu")]
+    pub port_mtu: u32,
+}
+
+fn default_port_mtu() -> u32 {
+    4096
+}
+
+impl HostLimits {
+    /// The limits of a device with this configuration.
+    pub fn of(cfg: &DeviceConfig) -> HostLimits {
+        HostLimits {
+            max_qp: cfg.limits.max_qp,
+            max_cq: cfg.limits.max_cq,
+            max_srq: cfg.limits.max_srq,
+            port_mtu: cfg.port_mtu.bytes(),
+        }
+    }
+
+    /// Bytes of the index area.
+    pub fn index_bytes(&self) -> usize {
+        self.max_qp as usize * QP_INDEX_BYTES + self.max_srq as usize * SRQ_INDEX_BYTES
+    }
+
+    /// Whether limits announced by the other end are plausible (a client checks rnicd's
+    /// before sizing its tables by them).
+    pub fn check_sane(&self) -> Result<(), roce::engine::VerbsError> {
+        if self.max_qp == 0
+            || self.max_qp > 1 << 24
+            || self.max_cq > 1 << 24
+            || self.max_srq > 1 << 24
+        {
+            return Err(roce::engine::VerbsError::InvalidArgument(format!(
+                "rnicd announced implausible limits {self:?}"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Offset in the index area of a QP's published positions (send retired, then receive
+    /// retired; `slot` is `roce::engine::qp_slot`).
+    pub fn qp_index_off(slot: usize) -> usize {
+        slot * QP_INDEX_BYTES
+    }
+
+    /// Offset in the index area of an SRQ's published position.
+    pub fn srq_index_off(&self, srq: usize) -> usize {
+        self.max_qp as usize * QP_INDEX_BYTES + srq * SRQ_INDEX_BYTES
+    }
+}
+
+/// Limits on what one client may hold (rnicd's `host.*` keys); a request past one fails
+/// with `NoResources` naming it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ClientLimits {
+    /// QPs.
+    pub max_qps: u32,
+    /// CQs.
+    pub max_cqs: u32,
+    /// MRs.
+    pub max_mrs: u32,
+    /// PDs.
+    pub max_pds: u32,
+    /// SRQs.
+    pub max_srqs: u32,
+    /// Bytes of memory shared with the RNIC: buffers, registered memory and CQ rings,
+    /// counted until the worker unmaps them.
+    pub max_area_bytes: u64,
+    /// Shared memory areas mapped on the worker (buffers, moved pages, CQ rings): each is a
+    /// mapping in rnicd, a resource of its own besides the bytes.
+    pub max_areas: u32,
+    /// Bytes of queue memory the RNIC allocates for the client's QPs, SRQs and CQs (their
+    /// work queue entries, SGE arrays, inline buffers and completions).
+    pub max_queue_bytes: u64,
+}
+
+impl Default for ClientLimits {
+    fn default() -> Self {
+        ClientLimits {
+            max_qps: u32::MAX,
+            max_cqs: u32::MAX,
+            max_mrs: u32::MAX,
+            max_pds: u32::MAX,
+            max_srqs: u32::MAX,
+            max_area_bytes: u64::MAX,
+            max_areas: u32::MAX,
+            max_queue_bytes: u64::MAX,
+        }
+    }
+}
+
+/// A new translation for `rereg_mr`: `len` bytes at `offset` of the client's area `area`,
+/// seen at `iova`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Translation {
+    /// The client's area id.
+    pub area: u32,
+    /// Offset in the area.
+    pub offset: u64,
+    /// Bytes.
+    pub len: u64,
+    /// The address peers and SGEs use for the first byte.
+    pub iova: u64,
+}
+
+/// A control call, executed by the worker (`dataplane::host::HostEnd`). Plain data (rnicd's
+/// clients send it as JSON, docs/host-protocol.md); the memory area of `AddArea` and the ring
+/// of `CreateCq` travel beside it (in process as an `Arc<Area>`, over the socket as a file
+/// descriptor).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[allow(missing_docs)]
+pub enum Command {
+    QueryDevice,
+    QueryPort,
+    QueryGid {
+        index: u8,
+    },
+    AllocPd,
+    DeallocPd {
+        pd: PdId,
+    },
+    /// Makes the area sent with the call known to the worker as this client's area `id`.
+    AddArea {
+        id: u32,
+    },
+    /// Forgets area `id` (MRs on it keep it mapped until deregistered).
+    RemoveArea {
+        id: u32,
+    },
+    RegMr {
+        pd: PdId,
+        area: u32,
+        offset: u64,
+        len: u64,
+        access: Access,
+        iova: u64,
+    },
+    /// `ibv_rereg_mr`: the MR keeps its keys; `null` fields keep what it has.
+    ReregMr {
+        lkey: Lkey,
+        pd: Option<PdId>,
+        translation: Option<Translation>,
+        access: Option<Access>,
+    },
+    AllocMr {
+        pd: PdId,
+        area: u32,
+    },
+    /// `ibv_alloc_mw`.
+    AllocMw {
+        pd: PdId,
+        ty: roce::memory::MwType,
+    },
+    /// `ibv_dealloc_mw` (by the window's key; its index names it).
+    DeallocMw {
+        rkey: Rkey,
+    },
+    DeregMr {
+        lkey: Lkey,
+    },
+    /// A CQ whose completions go to the ring sent with the call (`capacity` slots).
+    CreateCq {
+        cqe: u32,
+        capacity: u32,
+    },
+    DestroyCq {
+        cq: CqId,
+    },
+    /// `ibv_resize_cq`: the engine's CQ holds `cqe` completions from now on (the ring keeps
+    /// its capacity: completions it has no room for wait in the engine's CQ).
+    ResizeCq {
+        cq: CqId,
+        cqe: u32,
+    },
+    CreateSrq {
+        pd: PdId,
+        attr: SrqAttr,
+    },
+    ModifySrq {
+        srq: SrqId,
+        limit: u32,
+    },
+    QuerySrq {
+        srq: SrqId,
+    },
+    DestroySrq {
+        srq: SrqId,
+    },
+    CreateQp {
+        init: QpInit,
+    },
+    ModifyQp {
+        qpn: Qpn,
+        attr: QpAttr,
+    },
+    QueryQp {
+        qpn: Qpn,
+    },
+    DestroyQp {
+        qpn: Qpn,
+    },
+    Counters {
+        qpn: Option<Qpn>,
+    },
+    /// The application is going away: release everything it created.
+    Close,
+}
+
+impl Command {
+    /// A short name (logs, rnic-ctl).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Command::QueryDevice => "query_device",
+            Command::QueryPort => "query_port",
+            Command::QueryGid { .. } => "query_gid",
+            Command::AllocPd => "alloc_pd",
+            Command::DeallocPd { .. } => "dealloc_pd",
+            Command::AddArea { .. } => "add_area",
+            Command::RemoveArea { .. } => "remove_area",
+            Command::RegMr { .. } => "reg_mr",
+            Command::ReregMr { .. } => "rereg_mr",
+            Command::AllocMw { .. } => "alloc_mw",
+            Command::DeallocMw { .. } => "dealloc_mw",
+            Command::AllocMr { .. } => "alloc_mr",
+            Command::DeregMr { .. } => "dereg_mr",
+            Command::CreateCq { .. } => "create_cq",
+            Command::DestroyCq { .. } => "destroy_cq",
+            Command::ResizeCq { .. } => "resize_cq",
+            Command::CreateSrq { .. } => "create_srq",
+            Command::ModifySrq { .. } => "modify_srq",
+            Command::QuerySrq { .. } => "query_srq",
+            Command::DestroySrq { .. } => "destroy_srq",
+            Command::CreateQp { .. } => "create_qp",
+            Command::ModifyQp { .. } => "modify_qp",
+            Command::QueryQp { .. } => "query_qp",
+            Command::DestroyQp { .. } => "destroy_qp",
+            Command::Counters { .. } => "counters",
+            Command::Close => "close",
+        }
+    }
+}
+
+/// `PortAttr` as plain data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[allow(missing_docs)]
+pub struct PortAttrData {
+    pub active: bool,
+    pub max_mtu: roce::verbs::Mtu,
+    pub active_mtu: roce::verbs::Mtu,
+    pub gid_tbl_len: u32,
+    pub pkey_tbl_len: u32,
+}
+
+/// What a control call returns.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[allow(missing_docs)]
+pub enum ReplyData {
+    None,
+    Pd(PdId),
+    Keys {
+        lkey: Lkey,
+        rkey: Option<Rkey>,
+    },
+    Cq(CqId),
+    Srq(SrqId),
+    SrqAttr(SrqAttr),
+    /// A new QP and its slot in the index area.
+    Qp(Qpn, u32),
+    QpInfo(QpInfo),
+    Gid(Gid),
+    Device(DeviceAttr),
+    Port(PortAttrData),
+    /// Counter values, in the order `counter_names` gives.
+    Counters(Vec<u64>),
+    /// A new memory window's key.
+    Mw(Rkey),
+    /// A CQ's new size.
+    Cqe(u32),
+}
+
+/// The names of the values a `Counters` reply carries: the QP (or port total) counters, the
+/// device counters, then the client's own.
+pub fn counter_names() -> impl Iterator<Item = &'static str> {
+    roce::engine::QpCounters::NAMES
+        .iter()
+        .chain(roce::engine::DeviceCounters::NAMES)
+        .chain(HostCounters::NAMES.iter())
+        .copied()
+}
+
+/// Counters of one host interface (one application context), reported with the device's
+/// counters as `host_*`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HostCounters {
+    /// Posts that failed on the worker (a WQE for a QP completes with LOC_QP_OP_ERR; an SRQ
+    /// WQE is dropped).
+    pub failed_posts: u64,
+    /// Asynchronous events dropped because the application's event ring was full.
+    pub events_dropped: u64,
+    /// Post slots that did not decode (the client then loses its context).
+    pub bad_slots: u64,
+}
+
+impl HostCounters {
+    /// Counter names, in the order of `values`.
+    pub const NAMES: [&'static str; 3] =
+        ["host_failed_posts", "host_events_dropped", "host_bad_slots"];
+
+    /// Values, in the order of `NAMES`.
+    pub fn values(&self) -> [u64; 3] {
+        [self.failed_posts, self.events_dropped, self.bad_slots]
+    }
+}
