@@ -1,0 +1,249 @@
+//! Contexts: opening a device (one rnicd connection each), the async event pump, closing.
+
+use super::*;
+
+/// An open device: the application's `verbs_context` (and `ibv_context` at its end) first.
+#[repr(C)]
+pub(crate) struct Ctx {
+    pub(crate) vctx: sys::verbs_context,
+    pub(crate) client: Mutex<RemoteContext>,
+    pub(crate) dev: &'static Device,
+    /// `context->async_fd`: an eventfd (semaphore mode) counting the events in `events`, so
+    /// an application may poll(2) it as it would the kernel's.
+    pub(crate) async_fd: OwnedFd,
+    /// `context->cmd_fd`: a real descriptor, as programs expect of a context (they dup it,
+    /// pass it to another process, fstat it). It is the device's character file where the
+    /// device is visible (`ferroce-run --ns`), else /dev/null; nothing is read or written on
+    /// it: commands travel on the rnicd connection.
+    pub(crate) cmd_fd: OwnedFd,
+    pub(crate) limits: roce::engine::DeviceAttr,
+    /// Asynchronous events taken from rnicd, waiting for `ibv_get_async_event`.
+    pub(crate) events: Mutex<VecDeque<EventSlot>>,
+    /// The application's objects by number: async events name their QP, CQ or SRQ.
+    pub(crate) objects: Mutex<Objects>,
+    /// The thread that moves events from rnicd's ring to `events` and the async fd.
+    pub(crate) event_thread: Mutex<Option<(Arc<AtomicBool>, std::thread::JoinHandle<()>)>>,
+}
+
+/// Opens the descriptor a context shows as `cmd_fd`: the device's character file
+/// (`ibv_device.dev_path`'s `/dev/infiniband/<dev_name>`) where one exists, else /dev/null.
+pub(crate) unsafe fn open_cmd_fd(dev: *mut sys::ibv_device) -> std::io::Result<OwnedFd> {
+    let name = CStr::from_ptr((*dev).dev_name.as_ptr()).to_string_lossy();
+    let candidates = [
+        format!("/dev/infiniband/{name}\0"),
+        "/dev/null\0".to_string(),
+    ];
+    let mut last = std::io::Error::from_raw_os_error(libc::ENOENT);
+    for p in &candidates {
+        let fd = libc::open(p.as_ptr() as *const c_char, libc::O_RDWR | libc::O_CLOEXEC);
+        if fd >= 0 {
+            return Ok(OwnedFd::from_raw_fd(fd));
+        }
+        last = std::io::Error::last_os_error();
+    }
+    Err(last)
+}
+
+/// The application's QPs, CQs and SRQs of a context, by number (their addresses).
+#[derive(Default)]
+pub(crate) struct Objects {
+    pub(crate) qps: HashMap<u32, usize>,
+    pub(crate) cqs: HashMap<u32, usize>,
+    pub(crate) srqs: HashMap<u32, usize>,
+}
+
+pub(crate) fn objects(c: &Ctx) -> std::sync::MutexGuard<'_, Objects> {
+    c.objects.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Removes `id` from an object table if it is still `obj` (not a newer object that reused
+/// the id); whether it did.
+pub(crate) fn unlist(table: &mut HashMap<u32, usize>, id: u32, obj: usize) -> bool {
+    if table.get(&id) == Some(&obj) {
+        table.remove(&id);
+        true
+    } else {
+        false
+    }
+}
+
+/// Held for writing while registration moves application pages onto a memfd
+/// (`ferroce_host::app::shadow`): a write to those pages between the copy and the remap would be
+/// lost, and they may hold this library's own heap objects. The library's background threads
+/// (event pump, completion-channel threads) write only while holding it for reading.
+pub(crate) static MOVING: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+pub(crate) fn moving_read() -> std::sync::RwLockReadGuard<'static, ()> {
+    MOVING.read().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Moves rnicd's events into the context's queue, one count on the async fd for each.
+/// Sleeps between looks (events are rare), longer while nothing comes.
+pub(crate) fn event_pump(ctx: usize, stop: Arc<AtomicBool>) {
+    let mut idle = 0u32;
+    while !stop.load(Ordering::Acquire) {
+        // SAFETY: the context outlives this thread (close joins it before freeing).
+        let c = unsafe { &*(ctx as *const Ctx) };
+        // Not while pages move (MOVING); taken before the client's lock, as reg does.
+        let moving = moving_read();
+        let got = client(c).poll_event();
+        match got {
+            Some(e) => {
+                idle = 0;
+                c.events
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push_back(EventSlot::encode(&e));
+                let one = 1u64;
+                // SAFETY: an 8-byte write to the context's eventfd.
+                unsafe {
+                    libc::write(
+                        c.async_fd.as_raw_fd(),
+                        &one as *const u64 as *const c_void,
+                        8,
+                    )
+                };
+            }
+            None => {
+                drop(moving);
+                idle = idle.saturating_add(1);
+                std::thread::sleep(Duration::from_millis(if idle < 100 { 2 } else { 20 }));
+            }
+        }
+    }
+}
+
+pub(crate) unsafe fn ctx_of<'a>(c: *mut sys::ibv_context) -> Option<&'a Ctx> {
+    if c.is_null() {
+        return None;
+    }
+    let p = (c as *mut u8).sub(offset_of!(sys::verbs_context, context)) as *const Ctx;
+    Some(&*p)
+}
+
+pub(crate) fn client(c: &Ctx) -> std::sync::MutexGuard<'_, RemoteContext> {
+    c.client.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+pub(crate) fn eventfd(flags: c_int) -> Option<OwnedFd> {
+    // SAFETY: eventfd(2); the result is checked and owned.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | flags) };
+    (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_open_device(dev: *mut sys::ibv_device) -> *mut sys::ibv_context {
+    guard(std::ptr::null_mut(), || {
+        let Some(d) = device_of(dev) else {
+            set_errno(libc::ENODEV);
+            return std::ptr::null_mut();
+        };
+        let mut rc = match connect(None, Some(&d.name)) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("libibverbs (ferroce): {e}");
+                set_errno(libc::ENODEV);
+                return std::ptr::null_mut();
+            }
+        };
+        let Ok(limits) = rc.query_device() else {
+            set_errno(libc::EIO);
+            return std::ptr::null_mut();
+        };
+        let Some(async_fd) = eventfd(libc::EFD_SEMAPHORE) else {
+            set_errno(libc::EMFILE);
+            return std::ptr::null_mut();
+        };
+        let cmd_fd = match open_cmd_fd(dev) {
+            Ok(f) => f,
+            Err(e) => {
+                set_errno(e.raw_os_error().unwrap_or(libc::EMFILE));
+                return std::ptr::null_mut();
+            }
+        };
+        // SAFETY: zero is a valid verbs_context (C data; NULL ops).
+        let mut vctx: sys::verbs_context = std::mem::zeroed();
+        vctx.sz = std::mem::size_of::<sys::verbs_context>();
+        vctx.query_port = Some(query_port_ex);
+        vctx.query_device_ex = Some(query_device_ex);
+        vctx.create_cq_ex = Some(create_cq_ex);
+        vctx.create_qp_ex = Some(create_qp_ex);
+        let c = &mut vctx.context;
+        c.device = dev;
+        c.cmd_fd = cmd_fd.as_raw_fd();
+        c.async_fd = async_fd.as_raw_fd();
+        c.num_comp_vectors = 1;
+        // verbs_get_ctx() recognises an extended context by this marker.
+        c.abi_compat = usize::MAX as *mut c_void;
+        c.ops.poll_cq = Some(poll_cq);
+        c.ops.alloc_mw = Some(alloc_mw);
+        c.ops.dealloc_mw = Some(dealloc_mw);
+        c.ops.bind_mw = Some(bind_mw);
+        c.ops.req_notify_cq = Some(req_notify_cq);
+        c.ops.post_send = Some(post_send);
+        c.ops.post_recv = Some(post_recv);
+        c.ops.post_srq_recv = Some(post_srq_recv);
+        let ctx = Box::new(Ctx {
+            vctx,
+            client: Mutex::new(rc),
+            dev: d,
+            async_fd,
+            cmd_fd,
+            limits,
+            events: Mutex::new(VecDeque::new()),
+            objects: Mutex::new(Objects::default()),
+            event_thread: Mutex::new(None),
+        });
+        let p = Box::into_raw(ctx);
+        let stop = Arc::new(AtomicBool::new(false));
+        let st = stop.clone();
+        let addr = p as usize;
+        match std::thread::Builder::new()
+            .name("ibv-async".into())
+            .spawn(move || event_pump(addr, st))
+        {
+            Ok(h) => *(*p).event_thread.lock().unwrap_or_else(|e| e.into_inner()) = Some((stop, h)),
+            Err(_) => {
+                let ctx = Box::from_raw(p);
+                client(&ctx).close();
+                set_errno(libc::EAGAIN);
+                return std::ptr::null_mut();
+            }
+        }
+        &mut (*p).vctx.context
+    })
+}
+version!(ibv_open_device, "IBVERBS_1.1");
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_close_device(c: *mut sys::ibv_context) -> c_int {
+    if ctx_of(c).is_none() {
+        return libc::EINVAL;
+    }
+    let p = (c as *mut u8).sub(offset_of!(sys::verbs_context, context)) as *mut Ctx;
+    let t = (*p)
+        .event_thread
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .take();
+    if let Some((stop, h)) = t {
+        stop.store(true, Ordering::Release);
+        let _ = h.join();
+    }
+    // CQs the application did not destroy stay allocated (as with libibverbs, closing does
+    // not free a context's objects), but their channel threads end with the context.
+    let cqs: Vec<usize> = objects(&*p).cqs.values().copied().collect();
+    for q in cqs {
+        if let Some((stop, h)) = (*(q as *mut Cq)).watcher.take() {
+            stop.store(true, Ordering::Release);
+            let _ = h.join();
+        }
+    }
+    let ctx = Box::from_raw(p);
+    // Closing ends the context's registrations: pages may move back to private memory.
+    let moving = MOVING.write().unwrap_or_else(|p| p.into_inner());
+    client(&ctx).close();
+    drop(moving);
+    0
+}
+version!(ibv_close_device, "IBVERBS_1.1");

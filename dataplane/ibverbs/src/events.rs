@@ -1,0 +1,114 @@
+//! Asynchronous events: `ibv_get_async_event` / `ibv_ack_async_event`.
+
+use super::*;
+
+/// The `ibv_event_type`s whose element is a QP (a pattern).
+macro_rules! QP_EVENTS {
+    () => {
+        sys::IBV_EVENT_COMM_EST
+            | sys::IBV_EVENT_SQ_DRAINED
+            | sys::IBV_EVENT_PATH_MIG
+            | sys::IBV_EVENT_PATH_MIG_ERR
+            | sys::IBV_EVENT_QP_FATAL
+            | sys::IBV_EVENT_QP_REQ_ERR
+            | sys::IBV_EVENT_QP_ACCESS_ERR
+            | sys::IBV_EVENT_QP_LAST_WQE_REACHED
+    };
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_async_event(
+    c: *mut sys::ibv_context,
+    ev: *mut sys::ibv_async_event,
+) -> c_int {
+    let Some(ctx) = ctx_of(c) else {
+        set_errno(libc::EINVAL);
+        return -1;
+    };
+    if ev.is_null() {
+        set_errno(libc::EINVAL);
+        return -1;
+    }
+    loop {
+        let mut v = 0u64;
+        // Blocks unless the application made the fd non-blocking (then EAGAIN, as libibverbs).
+        let n = libc::read(
+            ctx.async_fd.as_raw_fd(),
+            &mut v as *mut u64 as *mut c_void,
+            8,
+        );
+        if n != 8 {
+            return -1;
+        }
+        // Heap writes follow (see ibv_get_cq_event).
+        let _moving = moving_read();
+        let Some(e) = ctx
+            .events
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .pop_front()
+        else {
+            continue;
+        };
+        // SAFETY: zero is a valid ibv_async_event.
+        let mut o: sys::ibv_async_event = std::mem::zeroed();
+        o.event_type = e.kind;
+        // Counted on the object while the objects are held: a destroy removes the object
+        // under this lock and then waits for the count to be acknowledged.
+        let objs = objects(ctx);
+        let element = match e.kind {
+            sys::IBV_EVENT_CQ_ERR => objs.cqs.get(&e.object).map(|&p| {
+                (*(p as *const Cq)).async_events.report();
+                o.element.cq = p as _
+            }),
+            sys::IBV_EVENT_SRQ_LIMIT_REACHED | sys::IBV_EVENT_SRQ_ERR => {
+                objs.srqs.get(&e.object).map(|&p| {
+                    (*(p as *const Srq)).async_events.report();
+                    o.element.srq = p as _
+                })
+            }
+            sys::IBV_EVENT_PORT_ACTIVE | sys::IBV_EVENT_PORT_ERR => {
+                o.element.port_num = 1;
+                Some(())
+            }
+            sys::IBV_EVENT_DEVICE_FATAL => Some(()),
+            QP_EVENTS!() => objs.qps.get(&e.object).map(|&p| {
+                (*(p as *const Qp)).async_events.report();
+                o.element.qp = p as _
+            }),
+            _ => None,
+        };
+        drop(objs);
+        // An event of an object destroyed meanwhile is not delivered.
+        if element.is_some() {
+            *ev = o;
+            return 0;
+        }
+    }
+}
+version!(ibv_get_async_event, "IBVERBS_1.1");
+
+/// Acknowledges an event of `ibv_get_async_event`: a destroy of its QP, CQ or SRQ waits for
+/// this (rdma-core's rule).
+#[no_mangle]
+pub unsafe extern "C" fn ibv_ack_async_event(ev: *mut sys::ibv_async_event) {
+    if ev.is_null() {
+        return;
+    }
+    let _moving = moving_read();
+    let e = &*ev;
+    match e.event_type {
+        sys::IBV_EVENT_CQ_ERR if !e.element.cq.is_null() => {
+            (*(e.element.cq as *const Cq)).async_events.ack(1, |_| ());
+        }
+        sys::IBV_EVENT_SRQ_LIMIT_REACHED | sys::IBV_EVENT_SRQ_ERR if !e.element.srq.is_null() => {
+            (*(e.element.srq as *const Srq)).async_events.ack(1, |_| ());
+        }
+        QP_EVENTS!() if !e.element.qp.is_null() => {
+            (*(e.element.qp as *const Qp)).async_events.ack(1, |_| ());
+        }
+        // Port and device events name no object.
+        _ => {}
+    }
+}
+version!(ibv_ack_async_event, "IBVERBS_1.1");

@@ -1,0 +1,139 @@
+//! Shared receive queues.
+
+use super::*;
+
+#[repr(C)]
+pub(crate) struct Srq {
+    pub(crate) ibv: sys::ibv_srq,
+    pub(crate) id: SrqId,
+    /// Its asynchronous events (SRQ limit, SRQ error) not yet acknowledged hold its memory.
+    pub(crate) async_events: Acks,
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_srq(
+    pd: *mut sys::ibv_pd,
+    init: *mut sys::ibv_srq_init_attr,
+) -> *mut sys::ibv_srq {
+    if pd.is_null() || init.is_null() {
+        set_errno(libc::EINVAL);
+        return std::ptr::null_mut();
+    }
+    let Some(ctx) = ctx_of((*pd).context) else {
+        set_errno(libc::EINVAL);
+        return std::ptr::null_mut();
+    };
+    let a = (*init).attr;
+    let attr = SrqAttr {
+        max_wr: a.max_wr,
+        max_sge: a.max_sge.max(1),
+        srq_limit: a.srq_limit,
+    };
+    let mut cl = client(ctx);
+    match cl.create_srq((*(pd as *mut Pd)).id, &attr) {
+        Ok(id) => {
+            if let Ok(got) = cl.query_srq(id) {
+                (*init).attr.max_wr = got.max_wr;
+                (*init).attr.max_sge = got.max_sge;
+            }
+            // SAFETY: zero is a valid ibv_srq.
+            let mut ibv: sys::ibv_srq = std::mem::zeroed();
+            ibv.context = (*pd).context;
+            ibv.srq_context = (*init).srq_context;
+            ibv.pd = pd;
+            ibv.handle = id.0;
+            let p = Box::into_raw(Box::new(Srq {
+                ibv,
+                id,
+                async_events: Default::default(),
+            }));
+            drop(cl);
+            objects(ctx).srqs.insert(id.0, p as usize);
+            p as *mut sys::ibv_srq
+        }
+        Err(e) => {
+            set_errno(errno_of(&e));
+            std::ptr::null_mut()
+        }
+    }
+}
+version!(ibv_create_srq, "IBVERBS_1.1");
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_modify_srq(
+    srq: *mut sys::ibv_srq,
+    attr: *mut sys::ibv_srq_attr,
+    mask: c_int,
+) -> c_int {
+    if srq.is_null() || attr.is_null() {
+        return libc::EINVAL;
+    }
+    let Some(ctx) = ctx_of((*srq).context) else {
+        return libc::EINVAL;
+    };
+    // IBV_SRQ_MAX_WR (resize) is not supported; IBV_SRQ_LIMIT arms the limit event.
+    if mask & 1 != 0 {
+        return libc::EOPNOTSUPP;
+    }
+    if mask & 2 == 0 {
+        return 0;
+    }
+    match client(ctx).modify_srq((*(srq as *mut Srq)).id, (*attr).srq_limit) {
+        Ok(()) => 0,
+        Err(e) => errno_of(&e),
+    }
+}
+version!(ibv_modify_srq, "IBVERBS_1.1");
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_srq(
+    srq: *mut sys::ibv_srq,
+    attr: *mut sys::ibv_srq_attr,
+) -> c_int {
+    if srq.is_null() || attr.is_null() {
+        return libc::EINVAL;
+    }
+    let Some(ctx) = ctx_of((*srq).context) else {
+        return libc::EINVAL;
+    };
+    match client(ctx).query_srq((*(srq as *mut Srq)).id) {
+        Ok(a) => {
+            *attr = sys::ibv_srq_attr {
+                max_wr: a.max_wr,
+                max_sge: a.max_sge,
+                srq_limit: a.srq_limit,
+            };
+            0
+        }
+        Err(e) => errno_of(&e),
+    }
+}
+version!(ibv_query_srq, "IBVERBS_1.1");
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut sys::ibv_srq) -> c_int {
+    if srq.is_null() {
+        return libc::EINVAL;
+    }
+    let Some(ctx) = ctx_of((*srq).context) else {
+        return libc::EINVAL;
+    };
+    let s = srq as *mut Srq;
+    let n = (*s).id.0;
+    let took = unlist(&mut objects(ctx).srqs, n, s as usize);
+    let r = client(ctx).destroy_srq((*s).id);
+    match r {
+        Ok(()) => {
+            (*s).async_events.wait();
+            drop(Box::from_raw(s));
+            0
+        }
+        Err(e) => {
+            if took {
+                objects(ctx).srqs.insert(n, s as usize);
+            }
+            errno_of(&e)
+        }
+    }
+}
+version!(ibv_destroy_srq, "IBVERBS_1.1");

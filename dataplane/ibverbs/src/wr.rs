@@ -1,0 +1,470 @@
+//! The `ibv_wr_*` posting API (IBVERBS_1.6): work requests are built between `wr_start` and
+//! `wr_complete` and posted together; an error while building fails the whole batch at
+//! `wr_complete`, which posts nothing unless every WR is valid and the send queue has room for
+//! all of them.
+
+use super::*;
+
+/// One WR being built.
+#[derive(Clone, Copy)]
+pub(crate) struct Building {
+    pub(crate) wr_id: u64,
+    pub(crate) flags: SendFlags,
+    pub(crate) op: WrOp,
+    pub(crate) sges: [Sge; MAX_SGE],
+    pub(crate) nsge: usize,
+    pub(crate) ud: Option<UdDest>,
+    pub(crate) inline_len: Option<usize>,
+    pub(crate) inline: [u8; roce::engine::MAX_INLINE],
+}
+
+/// The WRs between `ibv_wr_start` and `ibv_wr_complete`/`ibv_wr_abort`.
+#[derive(Default)]
+pub(crate) struct Batch {
+    pub(crate) open: bool,
+    /// The first error met while building (reported by `wr_complete`).
+    pub(crate) err: c_int,
+    pub(crate) wrs: Vec<Building>,
+}
+
+/// The batch of a QP. Between `wr_start` and `wr_complete`/`wr_abort` it belongs to the
+/// thread that started it (`Qp::batch_owner`); the setters in between are that thread's.
+pub(crate) unsafe fn batch<'a>(qp: *mut sys::ibv_qp_ex) -> &'a mut Batch {
+    &mut *(*(qp as *mut Qp)).batch.get()
+}
+
+pub(crate) unsafe fn fail(qp: *mut sys::ibv_qp_ex, e: c_int) {
+    if !owns_batch(qp) {
+        return;
+    }
+    let b = batch(qp);
+    if b.err == 0 {
+        b.err = e;
+    }
+}
+
+/// Starts a WR: the operation, with the `wr_id` and `wr_flags` the application set in the
+/// `ibv_qp_ex` (verbs.h: they are read when the operation is called).
+pub(crate) unsafe fn begin(qp: *mut sys::ibv_qp_ex, need: u32, op: WrOp) {
+    // The batch is on the heap: not while registration moves pages (MOVING).
+    let _moving = moving_read();
+    if !owns_batch(qp) {
+        // Not between this thread's wr_start and wr_complete: nothing to add to (and
+        // another thread's batch is not touched).
+        return;
+    }
+    let q = &*(qp as *mut Qp);
+    let b = batch(qp);
+    if !b.open {
+        fail(qp, libc::EINVAL);
+        return;
+    }
+    if q.send_ops & need as u64 == 0 {
+        // An operation not declared in send_ops_flags.
+        fail(qp, libc::EOPNOTSUPP);
+        return;
+    }
+    if b.wrs.len() >= q.max_send_wr as usize {
+        // More than the send queue could ever hold: ENOMEM, as a full queue.
+        fail(qp, libc::ENOMEM);
+        return;
+    }
+    b.wrs.push(Building {
+        wr_id: (*qp).wr_id,
+        flags: SendFlags((*qp).wr_flags & 0xf),
+        op,
+        sges: [Sge::default(); MAX_SGE],
+        nsge: 0,
+        ud: None,
+        inline_len: None,
+        inline: [0; roce::engine::MAX_INLINE],
+    });
+}
+
+/// The WR a setter applies to (the last one started), or a batch error.
+pub(crate) unsafe fn current<'a>(qp: *mut sys::ibv_qp_ex) -> Option<&'a mut Building> {
+    if !owns_batch(qp) {
+        return None;
+    }
+    let b = batch(qp);
+    let w = b.wrs.last_mut();
+    if w.is_none() {
+        fail(qp, libc::EINVAL);
+    }
+    w
+}
+
+/// A nonzero number for the calling thread.
+pub(crate) fn thread_token() -> u64 {
+    thread_local!(static TOKEN: u8 = const { 0 });
+    TOKEN.with(|t| t as *const u8 as u64)
+}
+
+/// Whether the calling thread has the QP's batch open.
+pub(crate) unsafe fn owns_batch(qp: *mut sys::ibv_qp_ex) -> bool {
+    (*(qp as *mut Qp)).batch_owner.load(Ordering::Acquire) == thread_token()
+}
+
+/// Ends the calling thread's batch, letting another thread start one.
+pub(crate) unsafe fn release_batch(qp: *mut sys::ibv_qp_ex) {
+    let me = thread_token();
+    let _ = (*(qp as *mut Qp)).batch_owner.compare_exchange(
+        me,
+        0,
+        Ordering::Release,
+        Ordering::Relaxed,
+    );
+}
+
+pub(crate) unsafe extern "C" fn wr_start(qp: *mut sys::ibv_qp_ex) {
+    if qp.is_null() {
+        return;
+    }
+    // Wait for another thread's batch on this QP to end (ibv_wr_post(3), CONCURRENCY); a
+    // second wr_start by the owner restarts its batch.
+    // The QP and its batch are on the heap: written only under MOVING (not while
+    // registration moves pages), which is let go between attempts, never held while waiting
+    // (the batch's owner needs it to finish, and a waiting writer holds back new readers).
+    let me = thread_token();
+    let owner = &(*(qp as *mut Qp)).batch_owner;
+    let _moving = loop {
+        let m = moving_read();
+        match owner.compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed) {
+            Ok(_) => break m,
+            Err(cur) if cur == me => break m,
+            Err(_) => {
+                drop(m);
+                std::thread::yield_now();
+            }
+        }
+    };
+    let b = batch(qp);
+    b.open = true;
+    b.err = 0;
+    b.wrs.clear();
+}
+
+pub(crate) unsafe extern "C" fn wr_abort(qp: *mut sys::ibv_qp_ex) {
+    // The batch is on the heap: not while registration moves pages (MOVING).
+    let _moving = moving_read();
+    if qp.is_null() || !owns_batch(qp) {
+        return;
+    }
+    let b = batch(qp);
+    b.open = false;
+    b.err = 0;
+    b.wrs.clear();
+    release_batch(qp);
+}
+
+pub(crate) unsafe extern "C" fn wr_complete(qp: *mut sys::ibv_qp_ex) -> c_int {
+    // The batch is on the heap: not while registration moves pages (MOVING).
+    let _moving = moving_read();
+    if qp.is_null() || !owns_batch(qp) {
+        // No batch of this thread's is open.
+        return libc::EINVAL;
+    }
+    let r = complete_batch(qp);
+    release_batch(qp);
+    r
+}
+
+/// Posts the open batch whole, or nothing if it is invalid or does not fit.
+pub(crate) unsafe fn complete_batch(qp: *mut sys::ibv_qp_ex) -> c_int {
+    let q = &*(qp as *mut Qp);
+    let b = batch(qp);
+    if !b.open {
+        return libc::EINVAL;
+    }
+    b.open = false;
+    let err = std::mem::take(&mut b.err);
+    if err != 0 {
+        b.wrs.clear();
+        return err;
+    }
+    let Some(ctx) = ctx_of(q.ex.qp_base.context) else {
+        b.wrs.clear();
+        return libc::EINVAL;
+    };
+    let ud_qp = q.ex.qp_base.qp_type == sys::IBV_QPT_UD;
+    if b.wrs.iter().any(|w| ud_qp && w.ud.is_none()) {
+        b.wrs.clear();
+        return libc::EINVAL;
+    }
+    let mut cl = client(ctx);
+    let room = match cl.sq_room(q.qpn) {
+        Ok(r) => r as usize,
+        Err(e) => {
+            b.wrs.clear();
+            return errno_of(&e);
+        }
+    };
+    if b.wrs.len() > room {
+        b.wrs.clear();
+        return libc::ENOMEM;
+    }
+    let mut r = 0;
+    for w in b.wrs.iter() {
+        let inline = w.inline_len.map(|n| &w.inline[..n]);
+        r = submit(
+            &mut cl,
+            q.qpn,
+            w.wr_id,
+            w.op,
+            &w.sges[..w.nsge],
+            w.flags,
+            w.ud,
+            inline,
+        );
+        if r != 0 {
+            // A failure the checks above could not see (the QP left RTS meanwhile):
+            // the WRs before it are posted, as with ibv_post_send's bad_wr.
+            break;
+        }
+    }
+    b.wrs.clear();
+    r
+}
+
+pub(crate) unsafe extern "C" fn wr_rdma_write(qp: *mut sys::ibv_qp_ex, rkey: u32, addr: u64) {
+    let op = WrOp::Write {
+        remote_addr: addr,
+        rkey: Rkey(rkey),
+    };
+    begin(qp, sys::IBV_QP_EX_WITH_RDMA_WRITE, op);
+}
+
+pub(crate) unsafe extern "C" fn wr_rdma_write_imm(
+    qp: *mut sys::ibv_qp_ex,
+    rkey: u32,
+    addr: u64,
+    imm: u32,
+) {
+    let op = WrOp::WriteWithImm {
+        remote_addr: addr,
+        rkey: Rkey(rkey),
+        imm: u32::from_be(imm),
+    };
+    begin(qp, sys::IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM, op);
+}
+
+pub(crate) unsafe extern "C" fn wr_send(qp: *mut sys::ibv_qp_ex) {
+    begin(qp, sys::IBV_QP_EX_WITH_SEND, WrOp::Send);
+}
+
+pub(crate) unsafe extern "C" fn wr_send_imm(qp: *mut sys::ibv_qp_ex, imm: u32) {
+    let op = WrOp::SendWithImm {
+        imm: u32::from_be(imm),
+    };
+    begin(qp, sys::IBV_QP_EX_WITH_SEND_WITH_IMM, op);
+}
+
+pub(crate) unsafe extern "C" fn wr_send_inv(qp: *mut sys::ibv_qp_ex, rkey: u32) {
+    let op = WrOp::SendWithInv { rkey: Rkey(rkey) };
+    begin(qp, sys::IBV_QP_EX_WITH_SEND_WITH_INV, op);
+}
+
+pub(crate) unsafe extern "C" fn wr_rdma_read(qp: *mut sys::ibv_qp_ex, rkey: u32, addr: u64) {
+    let op = WrOp::Read {
+        remote_addr: addr,
+        rkey: Rkey(rkey),
+    };
+    begin(qp, sys::IBV_QP_EX_WITH_RDMA_READ, op);
+}
+
+pub(crate) unsafe extern "C" fn wr_atomic_cmp_swp(
+    qp: *mut sys::ibv_qp_ex,
+    rkey: u32,
+    addr: u64,
+    compare: u64,
+    swap: u64,
+) {
+    let op = WrOp::CompareSwap {
+        remote_addr: addr,
+        rkey: Rkey(rkey),
+        compare,
+        swap,
+    };
+    begin(qp, sys::IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP, op);
+}
+
+pub(crate) unsafe extern "C" fn wr_atomic_fetch_add(
+    qp: *mut sys::ibv_qp_ex,
+    rkey: u32,
+    addr: u64,
+    add: u64,
+) {
+    let op = WrOp::FetchAdd {
+        remote_addr: addr,
+        rkey: Rkey(rkey),
+        add,
+    };
+    begin(qp, sys::IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD, op);
+}
+
+pub(crate) unsafe extern "C" fn wr_local_inv(qp: *mut sys::ibv_qp_ex, rkey: u32) {
+    let op = WrOp::LocalInv { rkey: Rkey(rkey) };
+    begin(qp, sys::IBV_QP_EX_WITH_LOCAL_INV, op);
+}
+
+pub(crate) unsafe extern "C" fn wr_set_sge(
+    qp: *mut sys::ibv_qp_ex,
+    lkey: u32,
+    addr: u64,
+    length: u32,
+) {
+    // The batch is on the heap: not while registration moves pages (MOVING).
+    let _moving = moving_read();
+    if let Some(w) = current(qp) {
+        w.sges[0] = Sge {
+            addr,
+            length,
+            lkey: Lkey(lkey),
+        };
+        w.nsge = 1;
+        w.inline_len = None;
+    }
+}
+
+pub(crate) unsafe extern "C" fn wr_set_sge_list(
+    qp: *mut sys::ibv_qp_ex,
+    n: usize,
+    list: *const sys::ibv_sge,
+) {
+    // The batch is on the heap: not while registration moves pages (MOVING).
+    let _moving = moving_read();
+    if let Some(w) = current(qp) {
+        let mut out = [Sge::default(); MAX_SGE];
+        match c_int::try_from(n)
+            .ok()
+            .and_then(|n| sges(list, n, &mut out))
+        {
+            Some(k) => {
+                w.sges = out;
+                w.nsge = k;
+                w.inline_len = None;
+            }
+            None => fail(qp, libc::EINVAL),
+        }
+    }
+}
+
+/// Copies inline bytes into the current WR (now: the buffers may be reused after the call).
+pub(crate) unsafe fn set_inline(qp: *mut sys::ibv_qp_ex, bufs: &[(*const u8, usize)]) {
+    let Some(w) = current(qp) else {
+        return;
+    };
+    let total = bufs.iter().fold(0usize, |t, b| t.saturating_add(b.1));
+    if total > roce::engine::MAX_INLINE || w.op.is_read_or_atomic() {
+        fail(qp, libc::EINVAL);
+        return;
+    }
+    let mut k = 0;
+    for &(p, n) in bufs {
+        if n > 0 {
+            if p.is_null() {
+                fail(qp, libc::EINVAL);
+                return;
+            }
+            std::ptr::copy_nonoverlapping(p, w.inline.as_mut_ptr().add(k), n);
+            k += n;
+        }
+    }
+    w.nsge = 0;
+    w.inline_len = Some(k);
+}
+
+pub(crate) unsafe extern "C" fn wr_set_inline_data(
+    qp: *mut sys::ibv_qp_ex,
+    addr: *mut c_void,
+    len: usize,
+) {
+    // The batch is on the heap: not while registration moves pages (MOVING).
+    let _moving = moving_read();
+    set_inline(qp, &[(addr as *const u8, len)]);
+}
+
+pub(crate) unsafe extern "C" fn wr_set_inline_data_list(
+    qp: *mut sys::ibv_qp_ex,
+    n: usize,
+    list: *const sys::ibv_data_buf,
+) {
+    // The batch is on the heap: not while registration moves pages (MOVING).
+    let _moving = moving_read();
+    if n > MAX_SGE || (n > 0 && list.is_null()) {
+        fail(qp, libc::EINVAL);
+        return;
+    }
+    let mut bufs = [(std::ptr::null::<u8>(), 0usize); MAX_SGE];
+    for (i, b) in bufs.iter_mut().enumerate().take(n) {
+        let d = *list.add(i);
+        *b = (d.addr as *const u8, d.length);
+    }
+    set_inline(qp, &bufs[..n]);
+}
+
+pub(crate) unsafe extern "C" fn wr_set_ud_addr(
+    qp: *mut sys::ibv_qp_ex,
+    ah: *mut sys::ibv_ah,
+    remote_qpn: u32,
+    remote_qkey: u32,
+) {
+    // The batch is on the heap: not while registration moves pages (MOVING).
+    let _moving = moving_read();
+    if ah.is_null() {
+        fail(qp, libc::EINVAL);
+        return;
+    }
+    if let Some(w) = current(qp) {
+        w.ud = Some(UdDest {
+            ah: (*(ah as *mut Ah)).av,
+            remote_qpn: Qpn::new(remote_qpn),
+            remote_qkey: Qkey(remote_qkey),
+        });
+    }
+}
+
+/// `ibv_wr_bind_mw`: binds a type 2 window (`rkey` is its new key) in the batch.
+pub(crate) unsafe extern "C" fn wr_bind_mw(
+    qp: *mut sys::ibv_qp_ex,
+    mw: *mut sys::ibv_mw,
+    rkey: u32,
+    info: *const sys::ibv_mw_bind_info,
+) {
+    match bind_op(mw, rkey, info) {
+        Some(op) => begin(qp, sys::IBV_QP_EX_WITH_BIND_MW, op),
+        None => {
+            // The batch is on the heap: not while registration moves pages (MOVING).
+            let _moving = moving_read();
+            fail(qp, libc::EINVAL);
+        }
+    }
+}
+
+pub(crate) unsafe extern "C" fn wr_send_tso(
+    qp: *mut sys::ibv_qp_ex,
+    _hdr: *mut c_void,
+    _sz: u16,
+    _mss: u16,
+) {
+    // The batch is on the heap: not while registration moves pages (MOVING).
+    let _moving = moving_read();
+    fail(qp, libc::EOPNOTSUPP);
+}
+
+pub(crate) unsafe extern "C" fn wr_set_xrc_srqn(qp: *mut sys::ibv_qp_ex, _srqn: u32) {
+    // The batch is on the heap: not while registration moves pages (MOVING).
+    let _moving = moving_read();
+    fail(qp, libc::EOPNOTSUPP);
+}
+
+pub(crate) unsafe extern "C" fn wr_atomic_write(
+    qp: *mut sys::ibv_qp_ex,
+    _rkey: u32,
+    _addr: u64,
+    _wr: *const c_void,
+) {
+    // The batch is on the heap: not while registration moves pages (MOVING).
+    let _moving = moving_read();
+    fail(qp, libc::EOPNOTSUPP);
+}
