@@ -21,10 +21,10 @@ use ferroce_host::app::remote::{connect, RemoteContext};
 use ferroce_host::{Buffer, Mr, Verbs};
 use roce::engine::{CqId, QpInit, SrqAttr, SrqId, VerbsError};
 use roce::memory::PdId;
-use roce::types::{Gid, Lkey, Psn, Qkey, Qpn, Rkey};
+use roce::types::{Gid, Lkey, Qkey, Qpn, Rkey};
 use roce::verbs::{
-    Access, AddressVector, Mtu, QpAttr, QpCaps, QpState, QpType, RecvWr, SendFlags, SendWr, Sge,
-    UdDest, WrOp,
+    ibv, Access, AddressVector, QpAttr, QpCaps, QpType, RecvWr, SendFlags, SendWr, Sge, UdDest,
+    WrOp,
 };
 
 /// `struct ferroce_device_attr`.
@@ -614,9 +614,10 @@ pub unsafe extern "C" fn ferroce_poll_cq(
             }
         }
         // Straight into the caller's array: no intermediate buffer on a poll.
-        let r = c.ctx.poll_cq_each(CqId(cq), n as usize, |i, comp| {
+        // `struct ferroce_wc` is the ring's slot: copied as read, after its check.
+        let r = c.ctx.poll_cq_slots(CqId(cq), n as usize, |i, slot| {
             // SAFETY: the caller's array of n entries; i < n.
-            unsafe { wc.add(i).write(CqeSlot::encode(&comp)) };
+            unsafe { wc.add(i).write(*slot) };
         });
         match r {
             Ok(k) => {
@@ -890,72 +891,33 @@ pub unsafe extern "C" fn ferroce_modify_qp(
         }
         // SAFETY: checked non-null.
         let a = unsafe { &*attr };
-        let m = mask as u32;
-        let has = |bit: u32| m & bit != 0;
-        let mut q = QpAttr::default();
-        if has(1) {
-            match QpState::from_ibv(a.qp_state) {
-                Some(s) => q.state = Some(s),
-                None => return c.fail(libc::EINVAL, format!("QP state {}", a.qp_state)),
-            }
-        }
-        if has(2) {
-            match QpState::from_ibv(a.cur_qp_state) {
-                Some(s) => q.cur_state = Some(s),
-                None => return c.fail(libc::EINVAL, format!("QP state {}", a.cur_qp_state)),
-            }
-        }
-        if has(4) {
-            q.en_sqd_async_notify = Some(a.en_sqd_async_notify != 0);
-        }
-        if has(8) {
-            q.access = Some(Access(a.qp_access_flags));
-        }
-        if has(16) {
-            q.pkey_index = Some(a.pkey_index);
-        }
-        if has(32) {
-            q.port = Some(a.port_num);
-        }
-        if has(64) {
-            q.qkey = Some(Qkey(a.qkey));
-        }
-        if has(128) {
-            q.av = Some(av(&a.ah_attr));
-        }
-        if has(256) {
-            match Mtu::from_ibv(a.path_mtu) {
-                Some(v) => q.path_mtu = Some(v),
-                None => return c.fail(libc::EINVAL, format!("path MTU code {}", a.path_mtu)),
-            }
-        }
-        if has(512) {
-            q.timeout = Some(a.timeout);
-        }
-        if has(1024) {
-            q.retry_cnt = Some(a.retry_cnt);
-        }
-        if has(2048) {
-            q.rnr_retry = Some(a.rnr_retry);
-        }
-        if has(4096) {
-            q.rq_psn = Some(Psn::new(a.rq_psn));
-        }
-        if has(8192) {
-            q.max_rd_atomic = Some(a.max_rd_atomic);
-        }
-        if has(32768) {
-            q.min_rnr_timer = Some(a.min_rnr_timer);
-        }
-        if has(65536) {
-            q.sq_psn = Some(Psn::new(a.sq_psn));
-        }
-        if has(131072) {
-            q.max_dest_rd_atomic = Some(a.max_dest_rd_atomic);
-        }
-        if has(1 << 20) {
-            q.dest_qp = Some(Qpn::new(a.dest_qp_num));
-        }
+        // ferroce.h's address handle is always global (RoCE addresses by GID).
+        let fields = ibv::IbvQpAttr {
+            qp_state: a.qp_state,
+            cur_qp_state: a.cur_qp_state,
+            en_sqd_async_notify: a.en_sqd_async_notify,
+            qp_access_flags: a.qp_access_flags,
+            pkey_index: a.pkey_index,
+            port_num: a.port_num,
+            qkey: a.qkey,
+            ah_is_global: true,
+            av: av(&a.ah_attr),
+            path_mtu: a.path_mtu,
+            timeout: a.timeout,
+            retry_cnt: a.retry_cnt,
+            rnr_retry: a.rnr_retry,
+            rq_psn: a.rq_psn,
+            max_rd_atomic: a.max_rd_atomic,
+            min_rnr_timer: a.min_rnr_timer,
+            sq_psn: a.sq_psn,
+            max_dest_rd_atomic: a.max_dest_rd_atomic,
+            dest_qp_num: a.dest_qp_num,
+        };
+        let q = match QpAttr::from_ibv(mask as u32, &fields) {
+            Ok(q) => q,
+            Err(e) if e.is_unsupported() => return c.fail(libc::EOPNOTSUPP, e.to_string()),
+            Err(e) => return c.fail(libc::EINVAL, e.to_string()),
+        };
         let r = c.ctx.modify_qp(Qpn::new(qpn), &q);
         c.done(r, |_, _| {})
     })
@@ -1090,49 +1052,29 @@ pub unsafe extern "C" fn ferroce_post_send(
             Ok(n) => n,
             Err(m) => return c.fail(libc::EINVAL, m),
         };
-        let rkey = Rkey(w.rkey);
-        let op = match w.opcode {
-            0 => WrOp::Write {
-                remote_addr: w.remote_addr,
-                rkey,
-            },
-            1 => WrOp::WriteWithImm {
-                remote_addr: w.remote_addr,
-                rkey,
-                imm: w.imm_data,
-            },
-            2 => WrOp::Send,
-            3 => WrOp::SendWithImm { imm: w.imm_data },
-            4 => WrOp::Read {
-                remote_addr: w.remote_addr,
-                rkey,
-            },
-            5 => WrOp::CompareSwap {
-                remote_addr: w.remote_addr,
-                rkey,
-                compare: w.compare_add,
-                swap: w.swap,
-            },
-            6 => WrOp::FetchAdd {
-                remote_addr: w.remote_addr,
-                rkey,
-                add: w.compare_add,
-            },
-            7 => WrOp::LocalInv {
-                rkey: Rkey(w.imm_data),
-            },
-            9 => WrOp::SendWithInv {
-                rkey: Rkey(w.imm_data),
-            },
-            8 => WrOp::BindMw {
-                mw: rkey,
-                rkey: Rkey(w.imm_data),
-                mr: roce::types::Lkey(w.bind_lkey),
+        // ferroce.h's send WR carries the ibv_send_wr fields flat; BIND_MW puts the window's
+        // key in rkey, its new key in imm_data, the MR in bind_lkey, the range in
+        // remote_addr/compare_add and the access in swap.
+        let f = ibv::IbvSendFields {
+            remote_addr: w.remote_addr,
+            rkey: w.rkey,
+            imm: w.imm_data,
+            invalidate_rkey: w.imm_data,
+            compare_add: w.compare_add,
+            swap: w.swap,
+            bind: ibv::IbvBind {
+                mw: w.rkey,
+                rkey: w.imm_data,
+                mr: w.bind_lkey,
                 addr: w.remote_addr,
                 length: w.compare_add,
-                access: roce::verbs::Access(w.swap as u32),
+                access: w.swap as u32,
             },
-            o => return c.fail(libc::EINVAL, format!("send opcode {o}")),
+        };
+        let op = match WrOp::from_ibv(w.opcode, &f) {
+            Ok(op) => op,
+            Err(e) if e.is_unsupported() => return c.fail(libc::EOPNOTSUPP, e.to_string()),
+            Err(e) => return c.fail(libc::EINVAL, e.to_string()),
         };
         let ud = if w.ah.is_null() {
             None
@@ -1144,7 +1086,7 @@ pub unsafe extern "C" fn ferroce_post_send(
                 remote_qkey: Qkey(w.remote_qkey),
             })
         };
-        let flags = SendFlags(w.send_flags);
+        let flags = SendFlags::from_ibv(w.send_flags);
         let inline = flags.contains(SendFlags::INLINE) && !op.is_read_or_atomic();
         let r = if inline {
             // Inline data is copied now from wherever the SGEs point (verbs: no key check).

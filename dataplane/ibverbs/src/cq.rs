@@ -507,8 +507,7 @@ pub(crate) unsafe extern "C" fn poll_cq(
         return -libc::EINVAL;
     };
     // Straight into the application's array: no intermediate buffer on a poll.
-    let r = client(ctx).poll_cq_each(CqId((*cq).handle), n as usize, |i, c| {
-        let s = CqeSlot::encode(&c);
+    let r = client(ctx).poll_cq_slots(CqId((*cq).handle), n as usize, |i, s| {
         // SAFETY: zero is a valid ibv_wc.
         let mut w: sys::ibv_wc = std::mem::zeroed();
         w.wr_id = s.wr_id;

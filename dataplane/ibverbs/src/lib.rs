@@ -44,15 +44,15 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use ferroce_host::abi::proto::{AdminRequest, ReplyBody};
-use ferroce_host::abi::slots::{CqeSlot, EventSlot};
+use ferroce_host::abi::slots::EventSlot;
 use ferroce_host::app::remote::{connect, Admin, RemoteContext};
 use ferroce_host::Verbs;
 use roce::engine::{CqId, QpInit, SrqAttr, SrqId, VerbsError};
 use roce::memory::PdId;
-use roce::types::{Gid, Lkey, Psn, Qkey, Qpn, Rkey};
+use roce::types::{Gid, Lkey, Qkey, Qpn, Rkey};
 use roce::verbs::{
-    Access, AddressVector, Mtu, QpAttr, QpCaps, QpState, QpType, RecvWr, SendFlags, SendWr, Sge,
-    UdDest, WrOp,
+    ibv, Access, AddressVector, QpAttr, QpCaps, QpType, RecvWr, SendFlags, SendWr, Sge, UdDest,
+    WrOp,
 };
 
 /// The library's own allocations (its objects, the client's state, event queues, wr

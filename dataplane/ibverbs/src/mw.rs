@@ -22,14 +22,18 @@ pub(crate) unsafe fn bind_op(
     } else {
         Lkey((*i.mr).lkey)
     };
-    Some(WrOp::BindMw {
-        mw: Rkey((*mw).rkey),
-        rkey: Rkey(rkey),
-        mr,
-        addr: i.addr,
-        length: i.length,
-        access: Access(i.mw_access_flags),
-    })
+    let f = ibv::IbvSendFields {
+        bind: ibv::IbvBind {
+            mw: (*mw).rkey,
+            rkey,
+            mr: mr.0,
+            addr: i.addr,
+            length: i.length,
+            access: i.mw_access_flags,
+        },
+        ..Default::default()
+    };
+    WrOp::from_ibv(ibv::wr_opcode::BIND_MW, &f).ok()
 }
 
 /// `context->ops.alloc_mw` (`ibv_alloc_mw`): type 1 or 2, else EINVAL (as uverbs answers).

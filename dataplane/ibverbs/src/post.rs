@@ -37,51 +37,44 @@ pub(crate) unsafe fn one_send(
     let Some(n) = sges(w.sg_list, w.num_sge, &mut list) else {
         return libc::EINVAL;
     };
-    let rdma = w.wr.rdma;
-    let atomic = w.wr.atomic;
-    let op = match w.opcode {
-        sys::IBV_WR_RDMA_WRITE => WrOp::Write {
-            remote_addr: rdma.remote_addr,
-            rkey: Rkey(rdma.rkey),
-        },
-        sys::IBV_WR_RDMA_WRITE_WITH_IMM => WrOp::WriteWithImm {
-            remote_addr: rdma.remote_addr,
-            rkey: Rkey(rdma.rkey),
+    let op = if w.opcode == ibv::wr_opcode::BIND_MW {
+        let b = w.__bindgen_anon_2.bind_mw;
+        match bind_op(b.mw, b.rkey, &b.bind_info) {
+            Some(op) => op,
+            None => return libc::EINVAL,
+        }
+    } else {
+        // The union members by opcode: wr.rdma for WRITE/READ, wr.atomic for ATOMICs (the
+        // same leading fields), imm_data (network order) or invalidate_rkey.
+        let (rdma, atomic) = (w.wr.rdma, w.wr.atomic);
+        let atomic_op = matches!(
+            w.opcode,
+            ibv::wr_opcode::ATOMIC_CMP_AND_SWP | ibv::wr_opcode::ATOMIC_FETCH_AND_ADD
+        );
+        let f = ibv::IbvSendFields {
+            remote_addr: if atomic_op {
+                atomic.remote_addr
+            } else {
+                rdma.remote_addr
+            },
+            rkey: if atomic_op { atomic.rkey } else { rdma.rkey },
             imm: u32::from_be(w.__bindgen_anon_1.imm_data),
-        },
-        sys::IBV_WR_SEND => WrOp::Send,
-        sys::IBV_WR_SEND_WITH_IMM => WrOp::SendWithImm {
-            imm: u32::from_be(w.__bindgen_anon_1.imm_data),
-        },
-        sys::IBV_WR_RDMA_READ => WrOp::Read {
-            remote_addr: rdma.remote_addr,
-            rkey: Rkey(rdma.rkey),
-        },
-        sys::IBV_WR_ATOMIC_CMP_AND_SWP => WrOp::CompareSwap {
-            remote_addr: atomic.remote_addr,
-            rkey: Rkey(atomic.rkey),
-            compare: atomic.compare_add,
+            invalidate_rkey: w.__bindgen_anon_1.invalidate_rkey,
+            compare_add: atomic.compare_add,
             swap: atomic.swap,
-        },
-        sys::IBV_WR_ATOMIC_FETCH_AND_ADD => WrOp::FetchAdd {
-            remote_addr: atomic.remote_addr,
-            rkey: Rkey(atomic.rkey),
-            add: atomic.compare_add,
-        },
-        sys::IBV_WR_LOCAL_INV => WrOp::LocalInv {
-            rkey: Rkey(w.__bindgen_anon_1.invalidate_rkey),
-        },
-        sys::IBV_WR_SEND_WITH_INV => WrOp::SendWithInv {
-            rkey: Rkey(w.__bindgen_anon_1.invalidate_rkey),
-        },
-        sys::IBV_WR_BIND_MW => {
-            let b = w.__bindgen_anon_2.bind_mw;
-            match bind_op(b.mw, b.rkey, &b.bind_info) {
-                Some(op) => op,
-                None => return libc::EINVAL,
+            bind: ibv::IbvBind::default(),
+        };
+        match WrOp::from_ibv(w.opcode, &f) {
+            Ok(op) => op,
+            Err(e) => {
+                return if e.is_unsupported() {
+                    explain(&VerbsError::InvalidArgument(e.to_string()));
+                    libc::EOPNOTSUPP
+                } else {
+                    invalid(&format!("ibv_post_send: {e}"))
+                }
             }
         }
-        _ => return libc::EINVAL,
     };
     let ud = if !ud_qp || w.wr.ud.ah.is_null() {
         None
@@ -93,7 +86,7 @@ pub(crate) unsafe fn one_send(
             remote_qkey: Qkey(u.remote_qkey),
         })
     };
-    let flags = SendFlags(w.send_flags & 0xf);
+    let flags = SendFlags::from_ibv(w.send_flags);
     submit(cl, qpn, w.wr_id, op, &list[..n], flags, ud, None)
 }
 

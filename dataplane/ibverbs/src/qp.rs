@@ -164,91 +164,35 @@ pub unsafe extern "C" fn ibv_modify_qp(
         return libc::EINVAL;
     };
     let a = &*attr;
-    let m = mask as u32;
-    let has = |bit: u32| m & bit != 0;
-    let mut q = QpAttr::default();
-    if has(sys::IBV_QP_STATE) {
-        let Some(s) = QpState::from_ibv(a.qp_state) else {
-            return invalid(&format!("ibv_modify_qp: unknown qp_state {}", a.qp_state));
-        };
-        q.state = Some(s);
-    }
-    if has(sys::IBV_QP_CUR_STATE) {
-        let Some(s) = QpState::from_ibv(a.cur_qp_state) else {
-            return invalid(&format!(
-                "ibv_modify_qp: unknown cur_qp_state {}",
-                a.cur_qp_state
-            ));
-        };
-        q.cur_state = Some(s);
-    }
-    if has(sys::IBV_QP_EN_SQD_ASYNC_NOTIFY) {
-        q.en_sqd_async_notify = Some(a.en_sqd_async_notify != 0);
-    }
-    if has(sys::IBV_QP_ACCESS_FLAGS) {
-        q.access = Some(Access(a.qp_access_flags & 0xf));
-    }
-    if has(sys::IBV_QP_PKEY_INDEX) {
-        q.pkey_index = Some(a.pkey_index);
-    }
-    if has(sys::IBV_QP_PORT) {
-        q.port = Some(a.port_num);
-    }
-    if has(sys::IBV_QP_QKEY) {
-        q.qkey = Some(Qkey(a.qkey));
-    }
-    if has(sys::IBV_QP_AV) {
-        if a.ah_attr.is_global == 0 {
-            // RoCE addresses by GID: a path without a GRH cannot be routed.
-            return invalid(
-                "ibv_modify_qp: ah_attr.is_global is 0, but RoCE addresses the peer by its GID: \
-                 set is_global = 1 and ah_attr.grh.dgid (the peer's GID) and grh.sgid_index \
-                 (1 for this port's IPv4 address, as on rxe)",
-            );
+    let fields = ibv::IbvQpAttr {
+        qp_state: a.qp_state,
+        cur_qp_state: a.cur_qp_state,
+        en_sqd_async_notify: a.en_sqd_async_notify,
+        qp_access_flags: a.qp_access_flags,
+        pkey_index: a.pkey_index,
+        port_num: a.port_num,
+        qkey: a.qkey,
+        ah_is_global: a.ah_attr.is_global != 0,
+        av: av_of(&a.ah_attr),
+        path_mtu: a.path_mtu,
+        timeout: a.timeout,
+        retry_cnt: a.retry_cnt,
+        rnr_retry: a.rnr_retry,
+        rq_psn: a.rq_psn,
+        max_rd_atomic: a.max_rd_atomic,
+        min_rnr_timer: a.min_rnr_timer,
+        sq_psn: a.sq_psn,
+        max_dest_rd_atomic: a.max_dest_rd_atomic,
+        dest_qp_num: a.dest_qp_num,
+    };
+    let q = match QpAttr::from_ibv(mask as u32, &fields) {
+        Ok(q) => q,
+        Err(e) if e.is_unsupported() => {
+            explain(&VerbsError::InvalidArgument(format!("ibv_modify_qp: {e}")));
+            return libc::EOPNOTSUPP;
         }
-        q.av = Some(av_of(&a.ah_attr));
-    }
-    if has(sys::IBV_QP_PATH_MTU) {
-        let Some(mtu) = Mtu::from_ibv(a.path_mtu) else {
-            return invalid(&format!("ibv_modify_qp: unknown path_mtu {}", a.path_mtu));
-        };
-        q.path_mtu = Some(mtu);
-    }
-    if has(sys::IBV_QP_TIMEOUT) {
-        q.timeout = Some(a.timeout);
-    }
-    if has(sys::IBV_QP_RETRY_CNT) {
-        q.retry_cnt = Some(a.retry_cnt);
-    }
-    if has(sys::IBV_QP_RNR_RETRY) {
-        q.rnr_retry = Some(a.rnr_retry);
-    }
-    if has(sys::IBV_QP_RQ_PSN) {
-        q.rq_psn = Some(Psn::new(a.rq_psn));
-    }
-    if has(sys::IBV_QP_MAX_QP_RD_ATOMIC) {
-        q.max_rd_atomic = Some(a.max_rd_atomic);
-    }
-    if has(sys::IBV_QP_MIN_RNR_TIMER) {
-        q.min_rnr_timer = Some(a.min_rnr_timer);
-    }
-    if has(sys::IBV_QP_SQ_PSN) {
-        q.sq_psn = Some(Psn::new(a.sq_psn));
-    }
-    if has(sys::IBV_QP_MAX_DEST_RD_ATOMIC) {
-        q.max_dest_rd_atomic = Some(a.max_dest_rd_atomic);
-    }
-    if has(sys::IBV_QP_DEST_QPN) {
-        q.dest_qp = Some(Qpn::new(a.dest_qp_num));
-    }
-    // Alternate paths, path migration, capabilities and rate limits are not supported.
-    let unsupported = sys::IBV_QP_ALT_PATH
-        | sys::IBV_QP_PATH_MIG_STATE
-        | sys::IBV_QP_CAP
-        | sys::IBV_QP_RATE_LIMIT;
-    if m & unsupported != 0 {
-        return libc::EOPNOTSUPP;
-    }
+        Err(e) => return invalid(&format!("ibv_modify_qp: {e}")),
+    };
     match client(ctx).modify_qp((*(qp as *mut Qp)).qpn, &q) {
         Ok(()) => {
             if let Some(s) = q.state {

@@ -1419,6 +1419,22 @@ static void check_memory_windows(void)
 	      "after ibv_dealloc_mw: IBV_WC_REM_ACCESS_ERR");
 	ibv_destroy_qp(a);
 	ibv_destroy_qp(b);
+	/* Access bits a window may not have (MW_BIND): the bind's completion says so, as rxe
+	 * answers, and the context goes on working (the post is not a protocol error). */
+	rc_pair(cq, &a, &b);
+	struct ibv_mw *mw5 = ibv_alloc_mw(pd, IBV_MW_TYPE_2);
+	MUST(mw5, "ibv_alloc_mw");
+	bw.bind_mw.mw = mw5;
+	bw.bind_mw.rkey = ibv_inc_rkey(mw5->rkey);
+	bw.bind_mw.bind_info.mw_access_flags = IBV_ACCESS_MW_BIND;
+	CHECK(ibv_post_send(b, &bw, &bad) == 0 && poll_n(cq, &wc, 1) == 1 &&
+		      wc.status == IBV_WC_MW_BIND_ERR,
+	      "a bind with IBV_ACCESS_MW_BIND: IBV_WC_MW_BIND_ERR");
+	struct ibv_pd *pd5 = ibv_alloc_pd(ctx);
+	CHECK(pd5 && ibv_dealloc_pd(pd5) == 0, "the context works after a refused bind");
+	ibv_destroy_qp(a);
+	ibv_destroy_qp(b);
+	CHECK(ibv_dealloc_mw(mw5) == 0, "the unbound window goes");
 	CHECK(ibv_dealloc_mw(mw2) == 0 && ibv_dealloc_mw(mw3) == 0, "the windows go");
 	CHECK(ibv_dereg_mr(mr) == 0, "the MR goes once no window is bound");
 	ibv_dereg_mr(smr);

@@ -306,6 +306,39 @@ impl<T: Plain> Consumer<T> {
         idx(&self.area, HEAD).store(self.head, Ordering::Release);
         Some(v)
     }
+
+    /// Pops up to `max` slots, handing each to `f` with its index as it is read from the ring,
+    /// and publishes the new consumer index once at the end (one release store per batch,
+    /// not per slot); returns how many.
+    pub fn pop_each(&mut self, max: usize, mut f: impl FnMut(usize, &T)) -> usize {
+        let tail = idx(&self.area, TAIL).load(Ordering::Acquire);
+        let avail = tail.wrapping_sub(self.head);
+        if avail > self.cap {
+            // The producer index is not plausible: do not read garbage slots.
+            self.rejected += 1;
+            return 0;
+        }
+        let n = (avail as usize).min(max);
+        for i in 0..n {
+            let slot = (self.head.wrapping_add(i as u64) & (self.cap - 1)) as usize;
+            // SAFETY: the producer published these slots (acquire above) and does not touch
+            // them until HEAD moves past them; in bounds; plain data.
+            let v = unsafe {
+                let p = self
+                    .area
+                    .as_ptr()
+                    .add(SLOTS + slot * std::mem::size_of::<T>())
+                    as *const T;
+                std::ptr::read_unaligned(p)
+            };
+            f(i, &v);
+        }
+        if n > 0 {
+            self.head = self.head.wrapping_add(n as u64);
+            idx(&self.area, HEAD).store(self.head, Ordering::Release);
+        }
+        n
+    }
 }
 
 #[cfg(test)]

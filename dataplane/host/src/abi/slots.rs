@@ -6,9 +6,9 @@
 //! checked ([`PostSlot::decode`]); a slot that does not decode is a protocol error of the
 //! writer, reported as a [`SlotError`] - never trusted, never a panic.
 
-use roce::types::{Gid, Lkey, Qkey, Qpn, Rkey};
+use roce::types::{Gid, Lkey, Qkey, Qpn};
 use roce::verbs::{
-    Access, AddressVector, AsyncEvent, Completion, SendFlags, Sge, UdDest, WcFlags, WcOpcode,
+    ibv, Access, AddressVector, AsyncEvent, Completion, SendFlags, Sge, UdDest, WcFlags, WcOpcode,
     WcStatus, WrOp,
 };
 
@@ -30,31 +30,10 @@ pub mod post_kind {
     pub const SRQ_RECV: u32 = 3;
 }
 
-/// Send operation codes in `PostSlot::opcode` (libibverbs' `ibv_wr_opcode` values).
-pub mod wr_opcode {
-    /// RDMA WRITE.
-    pub const WRITE: u32 = 0;
-    /// RDMA WRITE with immediate.
-    pub const WRITE_WITH_IMM: u32 = 1;
-    /// SEND.
-    pub const SEND: u32 = 2;
-    /// SEND with immediate.
-    pub const SEND_WITH_IMM: u32 = 3;
-    /// RDMA READ.
-    pub const READ: u32 = 4;
-    /// ATOMIC compare and swap.
-    pub const CMP_AND_SWP: u32 = 5;
-    /// ATOMIC fetch and add.
-    pub const FETCH_AND_ADD: u32 = 6;
-    /// Local invalidate.
-    pub const LOCAL_INV: u32 = 7;
-    /// Memory window bind.
-    pub const BIND_MW: u32 = 8;
-    /// SEND with invalidate.
-    pub const SEND_WITH_INV: u32 = 9;
-    /// Fast registration (ferroce's own code; `ibv_wr_opcode` has no REG_MR for verbs).
-    pub const REG_MR: u32 = 0x80;
-}
+/// ferroce's own send operation code in `PostSlot::opcode`, beside libibverbs'
+/// `ibv_wr_opcode` values (`roce::verbs::ibv::wr_opcode`), which every other operation uses:
+/// fast registration, which `ibv_wr_opcode` has no code for (verbs registers with a call).
+pub const WR_REG_MR: u32 = 0x80;
 
 /// `PostSlot::ud_flags`: the WR carries a UD destination.
 const UD_PRESENT: u8 = 1;
@@ -315,79 +294,40 @@ impl PostSlot {
             flags: wr.flags.0,
             ..PostSlot::default()
         };
-        match wr.op {
-            WrOp::Send => s.opcode = wr_opcode::SEND,
-            WrOp::SendWithImm { imm } => {
-                s.opcode = wr_opcode::SEND_WITH_IMM;
-                s.imm = imm;
+        match wr.op.to_ibv() {
+            Some((opcode, f)) => {
+                s.opcode = opcode;
+                (s.remote_addr, s.rkey, s.imm, s.compare_add, s.swap) =
+                    (f.remote_addr, f.rkey, f.imm, f.compare_add, f.swap);
+                match opcode {
+                    ibv::wr_opcode::LOCAL_INV | ibv::wr_opcode::SEND_WITH_INV => {
+                        s.rkey = f.invalidate_rkey
+                    }
+                    ibv::wr_opcode::BIND_MW => {
+                        let b = f.bind;
+                        (s.rkey, s.swap, s.remote_addr, s.compare_add, s.imm) = (
+                            b.mw,
+                            b.rkey as u64 | (b.mr as u64) << 32,
+                            b.addr,
+                            b.length,
+                            b.access,
+                        );
+                    }
+                    _ => {}
+                }
             }
-            WrOp::SendWithInv { rkey } => {
-                s.opcode = wr_opcode::SEND_WITH_INV;
-                s.rkey = rkey.0;
-            }
-            WrOp::Write { remote_addr, rkey } => {
-                s.opcode = wr_opcode::WRITE;
-                (s.remote_addr, s.rkey) = (remote_addr, rkey.0);
-            }
-            WrOp::WriteWithImm {
-                remote_addr,
-                rkey,
-                imm,
-            } => {
-                s.opcode = wr_opcode::WRITE_WITH_IMM;
-                (s.remote_addr, s.rkey, s.imm) = (remote_addr, rkey.0, imm);
-            }
-            WrOp::Read { remote_addr, rkey } => {
-                s.opcode = wr_opcode::READ;
-                (s.remote_addr, s.rkey) = (remote_addr, rkey.0);
-            }
-            WrOp::CompareSwap {
-                remote_addr,
-                rkey,
-                compare,
-                swap,
-            } => {
-                s.opcode = wr_opcode::CMP_AND_SWP;
-                (s.remote_addr, s.rkey, s.compare_add, s.swap) =
-                    (remote_addr, rkey.0, compare, swap);
-            }
-            WrOp::FetchAdd {
-                remote_addr,
-                rkey,
-                add,
-            } => {
-                s.opcode = wr_opcode::FETCH_AND_ADD;
-                (s.remote_addr, s.rkey, s.compare_add) = (remote_addr, rkey.0, add);
-            }
-            WrOp::LocalInv { rkey } => {
-                s.opcode = wr_opcode::LOCAL_INV;
-                s.rkey = rkey.0;
-            }
-            WrOp::BindMw {
-                mw,
-                rkey,
-                mr,
-                addr,
-                length,
-                access,
-            } => {
-                s.opcode = wr_opcode::BIND_MW;
-                (s.rkey, s.swap, s.remote_addr, s.compare_add, s.imm) = (
-                    mw.0,
-                    rkey.0 as u64 | (mr.0 as u64) << 32,
+            None => {
+                let WrOp::RegMr {
+                    lkey,
+                    key,
                     addr,
                     length,
-                    access.0,
-                );
-            }
-            WrOp::RegMr {
-                lkey,
-                key,
-                addr,
-                length,
-                access,
-            } => {
-                s.opcode = wr_opcode::REG_MR;
+                    access,
+                } = wr.op
+                else {
+                    unreachable!("only fast registration has no ibv_wr_opcode")
+                };
+                s.opcode = WR_REG_MR;
                 (s.rkey, s.swap, s.remote_addr, s.compare_add, s.imm) =
                     (lkey.0, key as u64, addr, length, access.0);
             }
@@ -468,63 +408,35 @@ impl PostSlot {
             return Err(SlotError::Flags(self.flags));
         }
         let flags = SendFlags(self.flags);
-        let rkey = Rkey(self.rkey);
-        let (addr, imm) = (self.remote_addr, self.imm);
-        let op = match self.opcode {
-            wr_opcode::SEND => WrOp::Send,
-            wr_opcode::SEND_WITH_IMM => WrOp::SendWithImm { imm },
-            wr_opcode::SEND_WITH_INV => WrOp::SendWithInv { rkey },
-            wr_opcode::WRITE => WrOp::Write {
-                remote_addr: addr,
-                rkey,
-            },
-            wr_opcode::WRITE_WITH_IMM => WrOp::WriteWithImm {
-                remote_addr: addr,
-                rkey,
-                imm,
-            },
-            wr_opcode::READ => WrOp::Read {
-                remote_addr: addr,
-                rkey,
-            },
-            wr_opcode::CMP_AND_SWP => WrOp::CompareSwap {
-                remote_addr: addr,
-                rkey,
-                compare: self.compare_add,
+        let op = if self.opcode == WR_REG_MR {
+            if self.imm & !Access::ALL.0 != 0 {
+                return Err(SlotError::Access(self.imm));
+            }
+            WrOp::RegMr {
+                lkey: Lkey(self.rkey),
+                key: self.swap as u8,
+                addr: self.remote_addr,
+                length: self.compare_add,
+                access: Access(self.imm),
+            }
+        } else {
+            let f = ibv::IbvSendFields {
+                remote_addr: self.remote_addr,
+                rkey: self.rkey,
+                imm: self.imm,
+                invalidate_rkey: self.rkey,
+                compare_add: self.compare_add,
                 swap: self.swap,
-            },
-            wr_opcode::FETCH_AND_ADD => WrOp::FetchAdd {
-                remote_addr: addr,
-                rkey,
-                add: self.compare_add,
-            },
-            wr_opcode::LOCAL_INV => WrOp::LocalInv { rkey },
-            wr_opcode::BIND_MW => {
-                if imm & !Access::MW_ALLOWED.0 != 0 {
-                    return Err(SlotError::Access(imm));
-                }
-                WrOp::BindMw {
-                    mw: rkey,
-                    rkey: Rkey(self.swap as u32),
-                    mr: Lkey((self.swap >> 32) as u32),
-                    addr,
+                bind: ibv::IbvBind {
+                    mw: self.rkey,
+                    rkey: self.swap as u32,
+                    mr: (self.swap >> 32) as u32,
+                    addr: self.remote_addr,
                     length: self.compare_add,
-                    access: Access(imm),
-                }
-            }
-            wr_opcode::REG_MR => {
-                if imm & !Access::ALL.0 != 0 {
-                    return Err(SlotError::Access(imm));
-                }
-                WrOp::RegMr {
-                    lkey: Lkey(self.rkey),
-                    key: self.swap as u8,
-                    addr,
-                    length: self.compare_add,
-                    access: Access(imm),
-                }
-            }
-            o => return Err(SlotError::Opcode(o)),
+                    access: self.imm,
+                },
+            };
+            WrOp::from_ibv(self.opcode, &f).map_err(|_| SlotError::Opcode(self.opcode))?
         };
         let inline = flags.contains(SendFlags::INLINE) && !op.is_read_or_atomic();
         if self.inline_len as usize > roce::engine::MAX_INLINE {
@@ -594,58 +506,13 @@ pub struct CqeSlot {
 // SAFETY: repr(C) of integers: no pointers, every bit pattern valid.
 unsafe impl Plain for CqeSlot {}
 
-fn wc_status(v: u32) -> WcStatus {
-    use WcStatus::*;
-    const ALL: [WcStatus; 22] = [
-        Success,
-        LocLenErr,
-        LocQpOpErr,
-        LocEecOpErr,
-        LocProtErr,
-        WrFlushErr,
-        MwBindErr,
-        BadRespErr,
-        LocAccessErr,
-        RemInvReqErr,
-        RemAccessErr,
-        RemOpErr,
-        RetryExcErr,
-        RnrRetryExcErr,
-        LocRddViolErr,
-        RemInvRdReqErr,
-        RemAbortErr,
-        InvEecnErr,
-        InvEecStateErr,
-        FatalErr,
-        RespTimeoutErr,
-        GeneralErr,
-    ];
-    ALL.get(v as usize).copied().unwrap_or(GeneralErr)
-}
-
-fn wc_opcode(v: u32) -> WcOpcode {
-    use WcOpcode::*;
-    match v {
-        0 => Send,
-        1 => RdmaWrite,
-        2 => RdmaRead,
-        3 => CompSwap,
-        4 => FetchAdd,
-        5 => BindMw,
-        6 => LocalInv,
-        8 => RegMr,
-        128 => Recv,
-        _ => RecvRdmaWithImm,
-    }
-}
-
 impl CqeSlot {
     /// The slot for a completion.
     pub fn encode(c: &Completion) -> CqeSlot {
         CqeSlot {
             wr_id: c.wr_id,
-            status: c.status as u32,
-            opcode: c.opcode as u32,
+            status: c.status.to_ibv(),
+            opcode: c.opcode.to_ibv(),
             vendor_err: c.vendor_err,
             byte_len: c.byte_len,
             imm_data: c.imm_data,
@@ -659,22 +526,48 @@ impl CqeSlot {
         }
     }
 
-    /// The completion a slot holds (an unknown status reads as GENERAL_ERR).
+    /// The slot with every field in its range, as an application may read it (`ibv_wc`'s
+    /// values): an unknown status reads as GENERAL_ERR, an unknown opcode as the last one,
+    /// QP numbers are 24 bits, flags only those `ibv_wc_flags` defines and ferroce sets. The
+    /// one place a completion read from a ring is checked; every client reads through it.
+    pub fn sanitized(&self) -> CqeSlot {
+        CqeSlot {
+            status: WcStatus::from_ibv(self.status).to_ibv(),
+            opcode: WcOpcode::from_ibv(self.opcode)
+                .unwrap_or(WcOpcode::RecvRdmaWithImm)
+                .to_ibv(),
+            qp_num: self.qp_num & 0xff_ffff,
+            src_qp: self.src_qp & 0xff_ffff,
+            wc_flags: self.wc_flags & (WcFlags::GRH.0 | WcFlags::WITH_IMM.0 | WcFlags::WITH_INV.0),
+            sl: self.sl & 0xf,
+            solicited: (self.solicited != 0) as u8,
+            ..*self
+        }
+    }
+
+    /// The completion a slot holds (read through [`CqeSlot::sanitized`]).
     pub fn decode(&self) -> Completion {
+        self.sanitized().completion()
+    }
+
+    /// The completion of a slot [`CqeSlot::sanitized`] returned (for any other, use
+    /// [`CqeSlot::decode`]).
+    pub fn completion(&self) -> Completion {
+        let s = self;
         Completion {
-            wr_id: self.wr_id,
-            status: wc_status(self.status),
-            opcode: wc_opcode(self.opcode),
-            vendor_err: self.vendor_err,
-            byte_len: self.byte_len,
-            imm_data: self.imm_data,
-            invalidated_rkey: self.invalidated_rkey,
-            qp_num: Qpn::new(self.qp_num & 0xff_ffff),
-            src_qp: Qpn::new(self.src_qp & 0xff_ffff),
-            wc_flags: WcFlags(self.wc_flags),
-            pkey_index: self.pkey_index,
-            sl: self.sl,
-            solicited: self.solicited != 0,
+            wr_id: s.wr_id,
+            status: WcStatus::from_ibv(s.status),
+            opcode: WcOpcode::from_ibv(s.opcode).unwrap_or(WcOpcode::RecvRdmaWithImm),
+            vendor_err: s.vendor_err,
+            byte_len: s.byte_len,
+            imm_data: s.imm_data,
+            invalidated_rkey: s.invalidated_rkey,
+            qp_num: Qpn::new(s.qp_num),
+            src_qp: Qpn::new(s.src_qp),
+            wc_flags: WcFlags(s.wc_flags),
+            pkey_index: s.pkey_index,
+            sl: s.sl,
+            solicited: s.solicited != 0,
         }
     }
 }
@@ -696,46 +589,20 @@ unsafe impl Plain for EventSlot {}
 impl EventSlot {
     /// The slot for an event.
     pub fn encode(e: &AsyncEvent) -> EventSlot {
-        // ibv_event_type: CQ_ERR 0, QP_FATAL 1, QP_REQ_ERR 2, QP_ACCESS_ERR 3, SQ_DRAINED 5 (rdma-core verbs.h),
-        // PORT_ACTIVE 9, PORT_ERR 10, DEVICE_FATAL 8, SRQ_LIMIT_REACHED 15,
-        // QP_LAST_WQE_REACHED 16.
-        let (kind, object) = match *e {
-            AsyncEvent::CqError(c) => (0, c),
-            AsyncEvent::QpFatal(q) => (1, q.value()),
-            AsyncEvent::QpRequestError(q) => (2, q.value()),
-            AsyncEvent::QpAccessError(q) => (3, q.value()),
-            AsyncEvent::SqDrained(q) => (5, q.value()),
-            AsyncEvent::DeviceFatal => (8, 0),
-            AsyncEvent::PortActive => (9, 0),
-            AsyncEvent::PortError => (10, 0),
-            AsyncEvent::SrqLimitReached(s) => (15, s),
-            AsyncEvent::QpLastWqeReached(q) => (16, q.value()),
-        };
+        let (kind, object) = e.to_ibv();
         EventSlot { kind, object }
     }
 
     /// The event a slot holds, if its kind is known.
     pub fn decode(&self) -> Option<AsyncEvent> {
-        let q = Qpn::new(self.object & 0xff_ffff);
-        Some(match self.kind {
-            0 => AsyncEvent::CqError(self.object),
-            1 => AsyncEvent::QpFatal(q),
-            2 => AsyncEvent::QpRequestError(q),
-            3 => AsyncEvent::QpAccessError(q),
-            5 => AsyncEvent::SqDrained(q),
-            8 => AsyncEvent::DeviceFatal,
-            9 => AsyncEvent::PortActive,
-            10 => AsyncEvent::PortError,
-            15 => AsyncEvent::SrqLimitReached(self.object),
-            16 => AsyncEvent::QpLastWqeReached(q),
-            _ => return None,
-        })
+        AsyncEvent::from_ibv(self.kind, self.object)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use roce::types::Rkey;
     use roce::verbs::SendWr;
 
     #[test]
@@ -889,6 +756,25 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(c.decode().status, WcStatus::GeneralErr);
+        // What the C libraries copy to the application is in range in every field.
+        let wild = CqeSlot {
+            wr_id: 5,
+            status: u32::MAX,
+            opcode: 7,
+            qp_num: u32::MAX,
+            src_qp: 0x0100_0011,
+            wc_flags: u32::MAX,
+            sl: 0xff,
+            solicited: 9,
+            ..Default::default()
+        }
+        .sanitized();
+        assert_eq!(wild.status, WcStatus::GeneralErr as u32);
+        assert_eq!(wild.opcode, WcOpcode::RecvRdmaWithImm as u32);
+        assert_eq!((wild.qp_num, wild.src_qp), (0xff_ffff, 0x11));
+        assert_eq!(wild.wc_flags, 0xb);
+        assert_eq!((wild.sl, wild.solicited, wild.wr_id), (0xf, 1, 5));
+        assert_eq!(wild.sanitized(), wild, "sanitizing twice changes nothing");
         assert_eq!(
             EventSlot {
                 kind: 999,

@@ -270,30 +270,23 @@ impl<C: Channel> Client<C> {
         self.call(Command::RemoveArea { id }).map(|_| ())
     }
 
-    /// Pops up to `max` completions of `cq`, handing each to `f` with its index: no
-    /// intermediate array (the C libraries write them straight into the application's).
-    /// [`Verbs::poll_cq`] is this into a slice.
-    pub fn poll_cq_each(
+    /// Pops up to `max` completions of `cq`, handing each to `f` with its index as the
+    /// ring's slot, checked ([`CqeSlot::sanitized`]) and otherwise as the worker wrote it:
+    /// the C libraries fill `ibv_wc` / `ferroce_wc` straight from it, with no intermediate
+    /// form (as liburing hands out the ring's CQE). [`Verbs::poll_cq`] decodes the same
+    /// slots into [`Completion`]s.
+    pub fn poll_cq_slots(
         &mut self,
         cq: CqId,
         max: usize,
-        mut f: impl FnMut(usize, Completion),
+        mut f: impl FnMut(usize, &CqeSlot),
     ) -> VerbsResult<usize> {
         let ring = self
             .cqs
             .get_mut(cq.0 as usize)
             .and_then(|r| r.as_mut())
             .ok_or(VerbsError::NotFound("completion queue"))?;
-        let mut n = 0;
-        while n < max {
-            match ring.pop() {
-                Some(c) => {
-                    f(n, c.decode());
-                    n += 1;
-                }
-                None => break,
-            }
-        }
+        let n = ring.pop_each(max, |i, slot| f(i, &slot.sanitized()));
         if n == 0 {
             if !self.chan.alive() {
                 return Err(VerbsError::DeviceFatal);
@@ -761,7 +754,7 @@ impl<C: Channel> Verbs for Client<C> {
 
     #[inline]
     fn poll_cq(&mut self, cq: CqId, out: &mut [Completion]) -> VerbsResult<usize> {
-        self.poll_cq_each(cq, out.len(), |i, c| out[i] = c)
+        self.poll_cq_slots(cq, out.len(), |i, s| out[i] = s.completion())
     }
 
     fn create_qp(&mut self, init: &QpInit) -> VerbsResult<Qpn> {

@@ -1,6 +1,9 @@
 //! Verbs-level types: what applications post and poll, and the QP attributes they modify. The
-//! names and numeric values follow libibverbs (`ibv_wc_status`, `ibv_wc_opcode`,
-//! `ibv_access_flags`, `ibv_mtu`...) so tools and the host interface can map them 1:1.
+//! names follow libibverbs; its numbering (`ibv_wc_status`, `ibv_wr_opcode`, QP attribute
+//! masks, `ibv_event_type`...) is converted in one place, [`ibv`], for every API that speaks
+//! it (the drop-in libibverbs, the C client, the host interface's slots).
+
+pub mod ibv;
 
 use crate::types::{Gid, Lkey, Psn, Qkey, Qpn, Rkey};
 use core::fmt;
@@ -101,28 +104,6 @@ pub enum QpType {
     Ud,
 }
 
-impl QpType {
-    /// From libibverbs' `enum ibv_qp_type` value (IBV_QPT_RC 2, UC 3, UD 4); None for the
-    /// types ferroce does not have.
-    pub fn from_ibv(v: u32) -> Option<QpType> {
-        match v {
-            2 => Some(QpType::Rc),
-            3 => Some(QpType::Uc),
-            4 => Some(QpType::Ud),
-            _ => None,
-        }
-    }
-
-    /// libibverbs' `enum ibv_qp_type` value.
-    pub fn to_ibv(self) -> u32 {
-        match self {
-            QpType::Rc => 2,
-            QpType::Uc => 3,
-            QpType::Ud => 4,
-        }
-    }
-}
-
 /// QP state (IBA 10.3.1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
@@ -141,29 +122,6 @@ pub enum QpState {
     Sqe,
     /// Error.
     Err,
-}
-
-impl QpState {
-    /// The states in `enum ibv_qp_state` order (IBV_QPS_RESET = 0 ... IBV_QPS_ERR = 6).
-    const IBV: [QpState; 7] = [
-        QpState::Reset,
-        QpState::Init,
-        QpState::Rtr,
-        QpState::Rts,
-        QpState::Sqd,
-        QpState::Sqe,
-        QpState::Err,
-    ];
-
-    /// From libibverbs' `enum ibv_qp_state` value; None for values it does not define.
-    pub fn from_ibv(v: u32) -> Option<QpState> {
-        Self::IBV.get(v as usize).copied()
-    }
-
-    /// libibverbs' `enum ibv_qp_state` value.
-    pub fn to_ibv(self) -> u32 {
-        Self::IBV.iter().position(|x| *x == self).unwrap_or(6) as u32
-    }
 }
 
 /// Path MTU (`ibv_mtu`: 1 = 256 ... 5 = 4096).
@@ -186,18 +144,6 @@ impl Mtu {
     /// Payload bytes per packet.
     pub const fn bytes(self) -> u32 {
         128 << (self as u32)
-    }
-
-    /// From the `ibv_mtu` enum value.
-    pub const fn from_ibv(v: u32) -> Option<Mtu> {
-        match v {
-            1 => Some(Mtu::M256),
-            2 => Some(Mtu::M512),
-            3 => Some(Mtu::M1024),
-            4 => Some(Mtu::M2048),
-            5 => Some(Mtu::M4096),
-            _ => None,
-        }
     }
 
     /// From a byte count (exactly 256, 512, 1024, 2048 or 4096).
@@ -608,7 +554,7 @@ impl Default for Completion {
 }
 
 /// A path to a remote port (an address handle / the QP's primary path).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct AddressVector {
     /// Destination GID.
