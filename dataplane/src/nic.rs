@@ -23,7 +23,8 @@ use roce::pcap;
 use roce::sim::Rng;
 use roce::types::Gid;
 use roce::wire::ethernet::{self, ethertype, VlanTag};
-use roce::wire::frame::{classify, FrameKind};
+use roce::wire::frame::{classify, parse_segments, FrameKind, ParsedFrame};
+use roce::wire::opcode::Opcode;
 
 use crate::config::{FaultConfig, RnicConfig};
 use crate::host::{HostEnd, Owners};
@@ -185,6 +186,14 @@ struct Fault {
     held: Option<Mbuf>,
 }
 
+/// A UD message waiting for a receive WQE ([`Nic`]'s `wants_hold`), parsed when it arrived.
+struct HeldUd {
+    since: u64,
+    qpn: roce::types::Qpn,
+    parsed: ParsedFrame,
+    mbuf: Mbuf,
+}
+
 /// A software RNIC on one port.
 pub struct Nic {
     /// Port name.
@@ -214,7 +223,7 @@ pub struct Nic {
     /// Packets to our own GIDs, received at the start of the next receive phase.
     loopback: VecDeque<Mbuf>,
     /// UD messages waiting for a receive WQE: (arrival time, QP, frame), in arrival order.
-    held_rx: VecDeque<(u64, roce::types::Qpn, Mbuf)>,
+    held_rx: VecDeque<HeldUd>,
     rxbuf: Vec<Mbuf>,
     txbuf: Vec<Mbuf>,
     tx: Transmit,
@@ -589,8 +598,8 @@ impl Nic {
         // Internal loopback first: what this port sent to itself last iteration.
         while let Some(m) = self.loopback.pop_front() {
             work += 1;
-            if self.rx_frame(now, &m) {
-                self.hold_ud(now, m);
+            if let Some(p) = self.rx_frame(now, &m) {
+                self.hold_ud(now, p, m);
             }
         }
         for _ in 0..RX_BURSTS {
@@ -605,8 +614,8 @@ impl Nic {
             work += rx.len();
             let full = rx.len() == BURST;
             for m in rx.drain(..) {
-                if self.rx_frame(now, &m) {
-                    self.hold_ud(now, m);
+                if let Some(p) = self.rx_frame(now, &m) {
+                    self.hold_ud(now, p, m);
                 }
             }
             self.rxbuf = rx;
@@ -648,39 +657,42 @@ impl Nic {
         work
     }
 
-    /// Whether a RoCE frame is a UD message to hold: its QP has no receive WQE right now, or
-    /// an earlier message for the QP is already waiting (order is kept per QP). Why hold at
-    /// all: a software RNIC shares the CPUs with its applications, and an application that
-    /// loses its time slice for a few milliseconds cannot repost receives meanwhile, while a
-    /// hardware NIC keeps delivering whatever the application is doing; without a short
-    /// wait, UD traffic between processes on a loaded host was dropped whenever the receiver
-    /// was descheduled. The wait is bounded in time (`roce.ud_rx_hold_us`) and number
-    /// (`roce.ud_rx_hold_frames`); 0 drops at once, as a NIC does.
-    fn wants_hold(&self, frame: &[u8]) -> bool {
+    /// Whether a parsed RoCE frame is a UD message to hold: its QP has no receive WQE right
+    /// now, or an earlier message for the QP is already waiting (order is kept per QP). Why
+    /// hold at all: a software RNIC shares the CPUs with its applications, and an application
+    /// that loses its time slice for a few milliseconds cannot repost receives meanwhile,
+    /// while a hardware NIC keeps delivering whatever the application is doing; without a
+    /// short wait, UD traffic between processes on a loaded host was dropped whenever the
+    /// receiver was descheduled. The wait is bounded in time (`roce.ud_rx_hold_us`) and
+    /// number (`roce.ud_rx_hold_frames`); 0 drops at once, as a NIC does.
+    fn wants_hold(&self, p: &ParsedFrame) -> bool {
         if self.cfg.ud_rx_hold_us == 0 {
             return false;
         }
-        let Some((op, qpn)) = roce::wire::frame::peek_bth(frame) else {
-            return false;
-        };
-        matches!(op.0, 0x64 | 0x65)
-            && (self.held_rx.iter().any(|(_, q, _)| *q == qpn) || self.dev.ud_lacks_recv_wqe(qpn))
+        let bth = &p.repr.transport.bth;
+        let qpn = bth.dest_qp;
+        matches!(
+            bth.opcode,
+            Opcode::UD_SEND_ONLY | Opcode::UD_SEND_ONLY_WITH_IMM
+        ) && (self.held_rx.iter().any(|h| h.qpn == qpn) || self.dev.ud_lacks_recv_wqe(qpn))
     }
 
-    /// Holds a UD message (see `wants_hold`); when the wait list is full the oldest goes to
-    /// the engine at once (which drops it, counted).
-    fn hold_ud(&mut self, now: u64, m: Mbuf) {
-        let Some((_, qpn)) = roce::wire::frame::peek_bth(m.data()) else {
-            return;
-        };
+    /// Holds a UD message (see `wants_hold`) with its parsed headers; when the wait list is
+    /// full the oldest goes to the engine at once (which drops it, counted).
+    fn hold_ud(&mut self, now: u64, parsed: ParsedFrame, m: Mbuf) {
         if self.held_rx.len() >= self.cfg.ud_rx_hold_frames.max(1) as usize {
-            if let Some((_, _, old)) = self.held_rx.pop_front() {
+            if let Some(old) = self.held_rx.pop_front() {
                 self.counters.rx_ud_hold_expired += 1;
-                self.dev.handle_frame(now, old.data());
+                self.dev.handle_parsed(now, &old.parsed, &[old.mbuf.data()]);
             }
         }
         self.counters.rx_ud_held += 1;
-        self.held_rx.push_back((now, qpn, m));
+        self.held_rx.push_back(HeldUd {
+            since: now,
+            qpn: parsed.repr.transport.bth.dest_qp,
+            parsed,
+            mbuf: m,
+        });
     }
 
     /// Delivers held UD messages whose QP has a receive WQE or whose wait ran out; returns
@@ -692,11 +704,11 @@ impl Nic {
         let mut nblocked = 0;
         let mut i = 0;
         while i < self.held_rx.len() {
-            let (t, qpn) = (self.held_rx[i].0, self.held_rx[i].1);
+            let (t, qpn) = (self.held_rx[i].since, self.held_rx[i].qpn);
             let is_blocked = blocked[..nblocked].contains(&Some(qpn));
             let expired = now.saturating_sub(t) > limit;
             if !is_blocked && (expired || !self.dev.ud_lacks_recv_wqe(qpn)) {
-                let (_, _, m) = self.held_rx.remove(i).expect("in range");
+                let h = self.held_rx.remove(i).expect("in range");
                 if expired {
                     self.counters.rx_ud_hold_expired += 1;
                     tracing::debug!(
@@ -704,8 +716,8 @@ impl Nic {
                         "UD message waited too long for a receive WQE: dropped"
                     );
                 }
-                // Filtered, counted and captured when it arrived.
-                self.dev.handle_frame(now, m.data());
+                // Filtered, counted, captured and parsed when it arrived.
+                self.dev.handle_parsed(now, &h.parsed, &[h.mbuf.data()]);
                 done += 1;
                 continue;
             }
@@ -740,9 +752,11 @@ impl Nic {
         }
     }
 
-    /// Takes one received frame; true when it is a UD message to hold (see `wants_hold`),
-    /// which the caller then keeps.
-    fn rx_frame(&mut self, now: u64, m: &Mbuf) -> bool {
+    /// Takes one received frame: filters it at layer 2, classifies it, and parses a RoCE
+    /// frame once (every header and the ICRC, `frame::parse_segments`), handing the engine
+    /// the parsed headers. Returns them for a UD message to hold (see `wants_hold`), which
+    /// the caller then keeps with its mbuf.
+    fn rx_frame(&mut self, now: u64, m: &Mbuf) -> Option<ParsedFrame> {
         self.counters.rx_frames += 1;
         // Segments in place (no copy) for the engine. A frame in more segments than we keep
         // references for, or whose first segment is too short to classify, is linearised.
@@ -778,16 +792,18 @@ impl Nic {
         let first = segs.first().copied().unwrap_or(&[]);
         if !self.l2_accept(first) {
             self.scratch = scratch;
-            return false;
+            return None;
         }
-        let mut hold = false;
+        let mut hold = None;
         match classify(first) {
             FrameKind::Roce | FrameKind::Cnp => {
                 self.counters.rx_roce += 1;
-                if segs.len() == 1 && m.nb_segs() == 1 && self.wants_hold(first) {
-                    hold = true;
-                } else {
-                    self.dev.handle_frame_segments(now, segs);
+                match parse_segments(segs) {
+                    Err(e) => self.dev.reject_frame(&e),
+                    Ok(p) if segs.len() == 1 && m.nb_segs() == 1 && self.wants_hold(&p) => {
+                        hold = Some(p)
+                    }
+                    Ok(p) => self.dev.handle_parsed(now, &p, segs),
                 }
             }
             FrameKind::Pfc => self.counters.rx_pfc += 1,

@@ -1823,22 +1823,31 @@ impl Device {
 
     /// Takes a frame held in several segments (an mbuf chain).
     pub fn handle_frame_segments(&mut self, now: u64, segs: &[&[u8]]) {
-        self.sh.counters.rx_engine_frames += 1;
         match frame::parse_segments(segs) {
             Ok(p) => self.handle_parsed(now, &p, segs),
-            Err(crate::wire::Error::BadIcrc { .. }) => {
-                self.sh.counters.rx_icrc_encapsulated += 1;
-                tracing::trace!("frame dropped: bad ICRC");
-            }
-            Err(e) => {
-                self.sh.counters.rx_malformed += 1;
-                tracing::trace!(error = %e, "frame dropped: malformed");
-            }
+            Err(e) => self.reject_frame(&e),
         }
     }
 
-    /// Takes a frame the caller already parsed and verified.
+    /// Counts a RoCE frame that did not parse (`frame::parse_segments` failed where the
+    /// caller parsed it): it has no effect beyond the counter (IBA: a packet with a bad
+    /// ICRC is dropped silently).
+    pub fn reject_frame(&mut self, e: &crate::wire::Error) {
+        self.sh.counters.rx_engine_frames += 1;
+        if let crate::wire::Error::BadIcrc { .. } = e {
+            self.sh.counters.rx_icrc_encapsulated += 1;
+            tracing::trace!("frame dropped: bad ICRC");
+        } else {
+            self.sh.counters.rx_malformed += 1;
+            tracing::trace!(error = %e, "frame dropped: malformed");
+        }
+    }
+
+    /// Takes a frame the caller already parsed and verified (`frame::parse_segments`, with
+    /// `segs` the segments it parsed): the dataplane parses each frame once and hands over
+    /// the headers.
     pub fn handle_parsed(&mut self, now: u64, p: &ParsedFrame, segs: &[&[u8]]) {
+        self.sh.counters.rx_engine_frames += 1;
         let t = &p.repr.transport;
         let (src_gid, dst_gid) = p.repr.ip.gids();
         if !self.is_our_gid(&dst_gid) {

@@ -220,7 +220,7 @@ impl Qp {
                 // PSNs it covers are the ones the original request assigned to that part.
                 let done = w.recv_bytes;
                 let len = w.length - done;
-                t.bth.opcode = Opcode(0x0c);
+                t.bth.opcode = Opcode::RC_READ_REQUEST;
                 t.ext.reth = Some(RethRepr {
                     va: remote_addr + done as u64,
                     rkey,
@@ -246,7 +246,7 @@ impl Qp {
                 compare,
                 swap,
             } => {
-                t.bth.opcode = Opcode(0x13);
+                t.bth.opcode = Opcode::RC_COMPARE_SWAP;
                 t.ext.atomic_eth = Some(AtomicEthRepr {
                     va: remote_addr,
                     rkey,
@@ -261,7 +261,7 @@ impl Qp {
                 rkey,
                 add,
             } => {
-                t.bth.opcode = Opcode(0x14);
+                t.bth.opcode = Opcode::RC_FETCH_ADD;
                 t.ext.atomic_eth = Some(AtomicEthRepr {
                     va: remote_addr,
                     rkey,

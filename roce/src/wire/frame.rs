@@ -675,15 +675,6 @@ fn bth_offset(frame: &[u8]) -> Option<usize> {
     }
 }
 
-/// The opcode and destination QP of a RoCEv2 frame, read from its BTH without validating the
-/// frame (the engine validates it when it takes the frame).
-pub fn peek_bth(frame: &[u8]) -> Option<(Opcode, crate::types::Qpn)> {
-    let o = bth_offset(frame)?;
-    let b = frame.get(o..o + 8)?;
-    let qpn = u32::from_be_bytes([0, b[5], b[6], b[7]]);
-    Some((Opcode(b[0]), crate::types::Qpn::new(qpn)))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -466,6 +466,16 @@ impl Opcode {
     pub const RC_ATOMIC_ACK: Opcode = Opcode(0x12);
     /// RoCEv2 CNP.
     pub const CNP: Opcode = Opcode(0x81);
+    /// RC RDMA READ Request.
+    pub const RC_READ_REQUEST: Opcode = Opcode(0x0c);
+    /// RC CmpSwap.
+    pub const RC_COMPARE_SWAP: Opcode = Opcode(0x13);
+    /// RC FetchAdd.
+    pub const RC_FETCH_ADD: Opcode = Opcode(0x14);
+    /// UD SEND Only.
+    pub const UD_SEND_ONLY: Opcode = Opcode(0x64);
+    /// UD SEND Only with Immediate.
+    pub const UD_SEND_ONLY_WITH_IMM: Opcode = Opcode(0x65);
 
     /// The table entry, or `None` for an opcode RoCEv2 does not define (or RD, which
     /// ferroce does not implement).
