@@ -14,8 +14,8 @@ use super::qp::Qp;
 use super::queues::WqeState;
 use super::{scatter, Pkt, Shared};
 use crate::types::Psn;
-use crate::verbs::{Completion, QpState, QpType, WcFlags, WcOpcode, WcStatus, WrOp};
-use crate::wire::aeth::{AethKind, NakCode, CREDITS_INVALID, CREDIT_TABLE, RNR_TIMER_NS};
+use crate::verbs::{Completion, QpState, WcFlags, WcStatus, WrOp};
+use crate::wire::aeth::{AethKind, AethRepr, NakCode, CREDITS_INVALID, CREDIT_TABLE, RNR_TIMER_NS};
 use crate::wire::opcode::Operation;
 
 impl Qp {
@@ -35,7 +35,7 @@ impl Qp {
             return;
         }
         if let Some(aeth) = pkt.ext.aeth {
-            self.update_credits(aeth.syndrome, aeth.msn.value());
+            self.update_credits(aeth);
         }
         match pkt.info.op {
             Operation::Acknowledge => {
@@ -61,11 +61,11 @@ impl Qp {
 
     /// End-to-end credits from an AETH (IBA 9.7.7.2): the responder has receive WQEs for
     /// `credits` more messages after MSN, so SENDs with SSN up to MSN + credits may go.
-    fn update_credits(&mut self, syndrome: u8, msn: u32) {
-        if syndrome & 0x60 != 0 {
+    fn update_credits(&mut self, aeth: AethRepr) {
+        let AethKind::Ack { credits: code } = aeth.kind() else {
             return; // NAKs carry no credits
-        }
-        let code = syndrome & 0x1f;
+        };
+        let msn = aeth.msn.value();
         self.comp.lsn = if code == CREDITS_INVALID || self.srq_peer_unlimited() {
             None
         } else {
@@ -123,7 +123,7 @@ impl Qp {
     fn on_progress(&mut self, sh: &mut Shared, now: u64) {
         if self.comp.psn.after(self.req.psn) {
             // ACKs for packets sent before a rewind: do not send again what they covered.
-            self.resume_partial();
+            self.ev.resume = true;
         }
         if self.comp.retry_from.is_some_and(|p| self.comp.psn.after(p)) {
             self.comp.retry_from = None;
@@ -131,10 +131,9 @@ impl Qp {
         self.comp.retry_left = self.attr.retry_cnt.unwrap_or(7);
         self.comp.rnr_left = self.attr.rnr_retry.unwrap_or(7);
         if self.comp.psn == self.req.psn {
-            self.comp.ack_deadline = None;
-        } else if let Some(to) = self.ack_timeout_ns() {
-            self.comp.ack_deadline = Some(now + to);
-            self.arm_timer(sh, now + to);
+            self.stop_ack_timer();
+        } else {
+            self.restart_ack_timer(sh, now);
         }
     }
 
@@ -360,11 +359,11 @@ impl Qp {
             }
             self.comp.rnr_left -= 1;
         }
-        self.rewind();
+        self.ev.rewind = true;
         // Wait the RNR timer the responder asked for, then resend (IBA 9.7.5.2.8).
         let delay = RNR_TIMER_NS[(timer & 0x1f) as usize];
         self.comp.rnr_deadline = Some(now + delay);
-        self.comp.ack_deadline = None;
+        self.stop_ack_timer();
         self.arm_timer(sh, now + delay);
     }
 
@@ -389,12 +388,8 @@ impl Qp {
             retries_left = self.comp.retry_left,
             "go-back-N retransmission"
         );
-        self.rewind();
-        self.comp.ack_deadline = None;
-        if let Some(to) = self.ack_timeout_ns() {
-            self.comp.ack_deadline = Some(now + to);
-            self.arm_timer(sh, now + to);
-        }
+        self.ev.rewind = true;
+        self.restart_ack_timer(sh, now);
     }
 
     /// A heap entry for this QP fired at `now` (`fired` = the entry's time): handles the due
@@ -413,15 +408,12 @@ impl Qp {
         if let Some(t) = self.comp.rnr_deadline {
             if now >= t {
                 self.comp.rnr_deadline = None;
-                if let Some(to) = self.ack_timeout_ns() {
-                    self.comp.ack_deadline = Some(now + to);
-                    self.arm_timer(sh, now + to);
-                }
+                self.restart_ack_timer(sh, now);
             }
         }
         if let Some(t) = self.comp.ack_deadline {
             if now >= t {
-                self.comp.ack_deadline = None;
+                self.stop_ack_timer();
                 if self.comp.psn == self.req.psn
                     || !matches!(self.state, QpState::Rts | QpState::Sqd)
                 {
@@ -431,10 +423,7 @@ impl Qp {
                     // Nothing left: the packets wait for the next hop's address. Wait again
                     // rather than spend a retry on packets the peer never saw.
                     self.counters.ack_timeouts_held += 1;
-                    if let Some(to) = self.ack_timeout_ns() {
-                        self.comp.ack_deadline = Some(now + to);
-                        self.arm_timer(sh, now + to);
-                    }
+                    self.restart_ack_timer(sh, now);
                     return;
                 }
                 self.counters.local_ack_timeout_err += 1;
@@ -457,6 +446,14 @@ impl Qp {
     pub(crate) fn fail_wqe(&mut self, sh: &mut Shared, idx: u64, status: WcStatus) {
         self.sq.get_mut(idx).state = WqeState::Done(status);
         self.enter_error(sh);
+    }
+
+    /// Runs the completer for what the requester asked since it last ran: retiring WQEs
+    /// that finished without a response ([`super::qp::RoleEvents::retire`]).
+    pub(crate) fn take_completer_events(&mut self, sh: &mut Shared) {
+        if std::mem::take(&mut self.ev.retire) {
+            self.retire(sh);
+        }
     }
 
     /// Retires completed WQEs from the head of the send queue in order, generating their
@@ -494,131 +491,7 @@ impl Qp {
             if self.comp.next < self.sq.head {
                 self.comp.next = self.sq.head;
             }
-            if self.req.next < self.sq.head {
-                self.req.next = self.sq.head;
-            }
         }
         self.check_sq_drained(sh);
-    }
-
-    /// In SQD, once every WQE started before the drain has completed (at once if none was
-    /// outstanding), raises SQ_DRAINED when the application asked for it (IBA 10.3.1,
-    /// en_sqd_async_notify) - once per drain.
-    pub(crate) fn check_sq_drained(&mut self, sh: &mut Shared) {
-        if self.state == QpState::Sqd && self.sq.head == self.req.next && !self.sqd_notified {
-            if self.attr.en_sqd_async_notify == Some(true) {
-                sh.events
-                    .push_back(crate::verbs::AsyncEvent::SqDrained(self.qpn));
-            }
-            self.sqd_notified = true;
-        }
-    }
-
-    /// A local error of a send WR (bad SGE, refused local operation). RC: the QP goes to ERR.
-    /// UC and UD go to SQE instead (IBA 10.3.1, Send Queue Error): the failed WR has its
-    /// error completion, the rest of the send queue is flushed, and the receive queue keeps
-    /// working until the application returns the QP to RTS. (rxe moves UC/UD QPs to ERR.)
-    pub(crate) fn send_queue_error(&mut self, sh: &mut Shared) {
-        if self.qp_type == QpType::Rc || self.state == QpState::Err {
-            self.enter_error(sh);
-            return;
-        }
-        tracing::debug!(qpn = ?self.qpn, "QP to SQE (send error)");
-        self.state = QpState::Sqe;
-        self.attr.state = Some(QpState::Sqe);
-        self.flush_sq(sh);
-    }
-
-    /// Moves the QP to ERR (IBA 10.3.1): every outstanding send and receive WR completes with
-    /// WR_FLUSH_ERR. Responses already queued (a final NAK) are still sent.
-    pub(crate) fn enter_error(&mut self, sh: &mut Shared) {
-        if self.state == QpState::Err {
-            self.flush(sh);
-            return;
-        }
-        tracing::debug!(qpn = ?self.qpn, from = ?self.state, cause = self.error_cause, "QP to ERR");
-        self.state = QpState::Err;
-        self.comp.ack_deadline = None;
-        self.comp.rnr_deadline = None;
-        self.flush(sh);
-        if self.srq.is_some() {
-            // IBA 11.6.3: a QP on an SRQ reports that it will consume no more WQEs.
-            sh.events
-                .push_back(crate::verbs::AsyncEvent::QpLastWqeReached(self.qpn));
-        }
-    }
-
-    /// Completes every outstanding WR with WR_FLUSH_ERR.
-    pub(crate) fn flush(&mut self, sh: &mut Shared) {
-        self.flush_sq(sh);
-        self.flush_rq(sh);
-    }
-
-    /// Completes every outstanding send WR with WR_FLUSH_ERR.
-    pub(crate) fn flush_sq(&mut self, sh: &mut Shared) {
-        for idx in self.sq.head..self.sq.tail {
-            let w = self.sq.get_mut(idx);
-            if !matches!(w.state, WqeState::Done(_)) {
-                w.state = WqeState::Done(WcStatus::WrFlushErr);
-            }
-        }
-        self.req.next = self.sq.tail;
-        self.comp.next = self.sq.tail;
-        self.retire(sh);
-    }
-
-    /// Completes every outstanding receive WR with WR_FLUSH_ERR.
-    fn flush_rq(&mut self, sh: &mut Shared) {
-        // A receive WQE held by a message in progress is flushed too.
-        if self.resp.have_recv {
-            self.resp.have_recv = false;
-            let c = self.recv_completion(
-                self.resp.recv_wr_id,
-                WcStatus::WrFlushErr,
-                WcOpcode::Recv,
-                0,
-            );
-            sh.complete(self.recv_cq, c);
-        }
-        if self.srq.is_none() {
-            let mut sges = std::mem::take(&mut self.resp.recv_sges);
-            while let Some(wr_id) = self.rq.pop_into(&mut sges) {
-                let c = self.recv_completion(wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, 0);
-                sh.complete(self.recv_cq, c);
-            }
-            self.resp.recv_sges = sges;
-        }
-        if self.qp_type == QpType::Rc {
-            self.resp.in_msg = super::qp::InMsg::None;
-        }
-    }
-
-    /// A receive completion skeleton.
-    pub(crate) fn recv_completion(
-        &self,
-        wr_id: u64,
-        status: WcStatus,
-        opcode: WcOpcode,
-        len: u32,
-    ) -> Completion {
-        Completion {
-            wr_id,
-            status,
-            opcode,
-            vendor_err: if status == WcStatus::Success {
-                0
-            } else {
-                self.error_cause
-            },
-            byte_len: len,
-            imm_data: 0,
-            invalidated_rkey: 0,
-            qp_num: self.qpn,
-            src_qp: self.dest_qp(),
-            wc_flags: WcFlags::default(),
-            pkey_index: 0,
-            sl: 0,
-            solicited: false,
-        }
     }
 }

@@ -1938,6 +1938,8 @@ impl Device {
             let qp: &mut Qp = qp;
             let sent = qp.next_response(&mut self.sh, tx)
                 || qp.next_request(&mut self.sh, now, tx) == req::ReqStep::Sent;
+            // What the requester finished without a response completes now, in order.
+            qp.take_completer_events(&mut self.sh);
             if sent {
                 self.ready.push_back(slot);
                 self.note_moved(slot as usize);
@@ -2114,10 +2116,7 @@ impl Device {
             if to_peer {
                 qp.path_held = false;
                 if qp.comp.ack_deadline.is_some() {
-                    if let Some(to) = qp.ack_timeout_ns() {
-                        qp.comp.ack_deadline = Some(now + to);
-                        qp.arm_timer(&mut self.sh, now + to);
-                    }
+                    qp.restart_ack_timer(&mut self.sh, now);
                 }
             }
         }

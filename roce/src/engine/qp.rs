@@ -4,11 +4,15 @@
 use std::collections::VecDeque;
 
 use super::counters::QpCounters;
-use super::queues::{RecvQueue, SendQueue};
+use super::queues::{RecvQueue, SendQueue, WqeState};
 use super::transmit::{udp_sport_connected, udp_sport_ud};
+use super::Shared;
 use crate::memory::PdId;
 use crate::types::{Msn, Psn, Qkey, Qpn};
-use crate::verbs::{Access, Mtu, QpAttr, QpCaps, QpState, QpType, Sge};
+use crate::verbs::{
+    Access, Completion, Mtu, QpAttr, QpCaps, QpState, QpType, Sge, WcFlags, WcOpcode, WcStatus,
+};
+use crate::wire::aeth::AethRepr;
 
 /// Why `modify_qp` refused (the QP is left unchanged).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -235,8 +239,8 @@ pub(crate) enum InMsg {
 /// READ or however often the peer repeats it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum RespItem {
-    /// ACK, NAK or RNR NAK with this AETH syndrome, for `psn`, with `msn`.
-    Ack { psn: Psn, syndrome: u8, msn: Msn },
+    /// ACK, NAK or RNR NAK (`aeth`) for `psn`.
+    Ack { psn: Psn, aeth: AethRepr },
     /// The READ reply of resource `slot` (while its generation is `gen`).
     Read { slot: u16, gen: u32 },
     /// The ATOMIC acknowledge of resource `slot` (while its generation is `gen`).
@@ -370,6 +374,22 @@ impl RespState {
     pub const OUT_LIMIT: usize = 64;
 }
 
+/// What one role of a QP asks another to do, consumed by that role when it next runs (as
+/// rxe's completer sets `req.need_retry` and lets the requester act): roles keep their own
+/// state and never call each other's methods.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct RoleEvents {
+    /// Completer -> requester: go back N from the oldest unacknowledged PSN (a NAK, an
+    /// implied NAK, an ACK timeout or the end of an RNR back-off).
+    pub rewind: bool,
+    /// Completer -> requester: ACKs for packets sent before a rewind moved the oldest
+    /// unacknowledged PSN past the send point: resume from there.
+    pub resume: bool,
+    /// Requester -> completer: WQEs finished without a response (local operations, UC/UD
+    /// sends, errors) wait to be retired in order.
+    pub retire: bool,
+}
+
 /// A queue pair.
 pub(crate) struct Qp {
     pub qpn: Qpn,
@@ -388,6 +408,8 @@ pub(crate) struct Qp {
     pub req: ReqState,
     pub comp: CompState,
     pub resp: RespState,
+    /// Requests between roles, consumed when the addressed role next runs.
+    pub ev: RoleEvents,
     pub counters: QpCounters,
     /// In the device's ready list.
     pub queued: bool,
@@ -479,6 +501,7 @@ impl Qp {
                 resources: Vec::new(),
                 res_head: 0,
             },
+            ev: RoleEvents::default(),
             counters: QpCounters::default(),
             queued: false,
             sqd_notified: false,
@@ -727,6 +750,167 @@ impl Qp {
         // Positions go back to 0: hosts must see that (and the moved list may hold us).
         self.positions_taken = taken;
         self.moved_noted = noted;
+    }
+}
+
+/// QP-wide work shared by the roles: the ACK timer, the error transitions and flushes, and
+/// receive completions (IBA 10.3.1). Roles call these; they never call each other.
+impl Qp {
+    /// (Re)starts the local ACK timer from `now` (IBA 9.7.6.1.3); with an infinite timeout
+    /// (`timeout` 0) none runs. The one place the ACK deadline is set.
+    pub fn restart_ack_timer(&mut self, sh: &mut super::Shared, now: u64) {
+        self.comp.ack_deadline = self.ack_timeout_ns().map(|to| now + to);
+        if let Some(d) = self.comp.ack_deadline {
+            self.arm_timer(sh, d);
+        }
+    }
+
+    /// Path of this QP (RC/UC: its primary path).
+    pub fn connected_path(&self, sh: &Shared) -> super::transmit::Path {
+        let av = self
+            .attr
+            .av
+            .unwrap_or(crate::verbs::AddressVector::new(Default::default(), 0));
+        super::transmit::Path {
+            sgid: sh.gid(av.sgid_index),
+            dgid: av.dgid,
+            udp_sport: self.udp_sport,
+            traffic_class: av.traffic_class,
+            flow_label: if av.flow_label == 0 {
+                super::transmit::calc_flow_label(self.qpn.value(), self.dest_qp().value())
+            } else {
+                av.flow_label
+            },
+            hop_limit: av.hop_limit,
+            sl: av.sl,
+            dmac: av.dmac,
+        }
+    }
+
+    /// Stops the local ACK timer (nothing outstanding, an RNR back-off, or the QP left RTS).
+    pub fn stop_ack_timer(&mut self) {
+        self.comp.ack_deadline = None;
+    }
+
+    /// In SQD, once every WQE started before the drain has completed (at once if none was
+    /// outstanding), raises SQ_DRAINED when the application asked for it (IBA 10.3.1,
+    /// en_sqd_async_notify) - once per drain.
+    pub(crate) fn check_sq_drained(&mut self, sh: &mut Shared) {
+        if self.state == QpState::Sqd && self.req.next <= self.sq.head && !self.sqd_notified {
+            if self.attr.en_sqd_async_notify == Some(true) {
+                sh.events
+                    .push_back(crate::verbs::AsyncEvent::SqDrained(self.qpn));
+            }
+            self.sqd_notified = true;
+        }
+    }
+
+    /// A local error of a send WR (bad SGE, refused local operation). RC: the QP goes to ERR.
+    /// UC and UD go to SQE instead (IBA 10.3.1, Send Queue Error): the failed WR has its
+    /// error completion, the rest of the send queue is flushed, and the receive queue keeps
+    /// working until the application returns the QP to RTS. (rxe moves UC/UD QPs to ERR.)
+    pub(crate) fn send_queue_error(&mut self, sh: &mut Shared) {
+        if self.qp_type == QpType::Rc || self.state == QpState::Err {
+            self.enter_error(sh);
+            return;
+        }
+        tracing::debug!(qpn = ?self.qpn, "QP to SQE (send error)");
+        self.state = QpState::Sqe;
+        self.attr.state = Some(QpState::Sqe);
+        self.flush_sq(sh);
+    }
+
+    /// Moves the QP to ERR (IBA 10.3.1): every outstanding send and receive WR completes with
+    /// WR_FLUSH_ERR. Responses already queued (a final NAK) are still sent.
+    pub(crate) fn enter_error(&mut self, sh: &mut Shared) {
+        if self.state == QpState::Err {
+            self.flush(sh);
+            return;
+        }
+        tracing::debug!(qpn = ?self.qpn, from = ?self.state, cause = self.error_cause, "QP to ERR");
+        self.state = QpState::Err;
+        self.stop_ack_timer();
+        self.comp.rnr_deadline = None;
+        self.flush(sh);
+        if self.srq.is_some() {
+            // IBA 11.6.3: a QP on an SRQ reports that it will consume no more WQEs.
+            sh.events
+                .push_back(crate::verbs::AsyncEvent::QpLastWqeReached(self.qpn));
+        }
+    }
+
+    /// Completes every outstanding WR with WR_FLUSH_ERR.
+    pub(crate) fn flush(&mut self, sh: &mut Shared) {
+        self.flush_sq(sh);
+        self.flush_rq(sh);
+    }
+
+    /// Completes every outstanding send WR with WR_FLUSH_ERR.
+    pub(crate) fn flush_sq(&mut self, sh: &mut Shared) {
+        for idx in self.sq.head..self.sq.tail {
+            let w = self.sq.get_mut(idx);
+            if !matches!(w.state, WqeState::Done(_)) {
+                w.state = WqeState::Done(WcStatus::WrFlushErr);
+            }
+        }
+        self.req.next = self.sq.tail;
+        self.comp.next = self.sq.tail;
+        self.retire(sh);
+    }
+
+    /// Completes every outstanding receive WR with WR_FLUSH_ERR.
+    fn flush_rq(&mut self, sh: &mut Shared) {
+        // A receive WQE held by a message in progress is flushed too.
+        if self.resp.have_recv {
+            self.resp.have_recv = false;
+            let c = self.recv_completion(
+                self.resp.recv_wr_id,
+                WcStatus::WrFlushErr,
+                WcOpcode::Recv,
+                0,
+            );
+            sh.complete(self.recv_cq, c);
+        }
+        if self.srq.is_none() {
+            let mut sges = std::mem::take(&mut self.resp.recv_sges);
+            while let Some(wr_id) = self.rq.pop_into(&mut sges) {
+                let c = self.recv_completion(wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, 0);
+                sh.complete(self.recv_cq, c);
+            }
+            self.resp.recv_sges = sges;
+        }
+        if self.qp_type == QpType::Rc {
+            self.resp.in_msg = InMsg::None;
+        }
+    }
+
+    /// A receive completion skeleton.
+    pub(crate) fn recv_completion(
+        &self,
+        wr_id: u64,
+        status: WcStatus,
+        opcode: WcOpcode,
+        len: u32,
+    ) -> Completion {
+        Completion {
+            wr_id,
+            status,
+            opcode,
+            vendor_err: if status == WcStatus::Success {
+                0
+            } else {
+                self.error_cause
+            },
+            byte_len: len,
+            imm_data: 0,
+            invalidated_rkey: 0,
+            qp_num: self.qpn,
+            src_qp: self.dest_qp(),
+            wc_flags: WcFlags::default(),
+            pkey_index: 0,
+            sl: 0,
+            solicited: false,
+        }
     }
 }
 

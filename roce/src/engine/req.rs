@@ -44,30 +44,9 @@ pub(crate) enum ReqStep {
 }
 
 impl Qp {
-    /// Path of this QP (RC/UC: its primary path).
-    pub(crate) fn connected_path(&self, sh: &Shared) -> Path {
-        let av = self
-            .attr
-            .av
-            .unwrap_or(crate::verbs::AddressVector::new(Default::default(), 0));
-        Path {
-            sgid: sh.gid(av.sgid_index),
-            dgid: av.dgid,
-            udp_sport: self.udp_sport,
-            traffic_class: av.traffic_class,
-            flow_label: if av.flow_label == 0 {
-                super::transmit::calc_flow_label(self.qpn.value(), self.dest_qp().value())
-            } else {
-                av.flow_label
-            },
-            hop_limit: av.hop_limit,
-            sl: av.sl,
-            dmac: av.dmac,
-        }
-    }
-
     /// Produces the next request packet, if any may be sent now.
     pub(crate) fn next_request(&mut self, sh: &mut Shared, now: u64, tx: &mut Transmit) -> ReqStep {
+        self.take_requester_events();
         loop {
             if self.req.next == self.sq.tail || !self.can_send() {
                 return ReqStep::Idle;
@@ -104,7 +83,7 @@ impl Qp {
                 }
                 self.execute_local(sh, idx);
                 self.req.next += 1;
-                self.retire(sh);
+                self.ev.retire = true;
                 continue;
             }
             if w.state == WqeState::Posted {
@@ -377,10 +356,7 @@ impl Qp {
         match self.qp_type {
             QpType::Rc => {
                 if self.comp.ack_deadline.is_none() {
-                    if let Some(to) = self.ack_timeout_ns() {
-                        self.comp.ack_deadline = Some(now + to);
-                        self.arm_timer(sh, now + to);
-                    }
+                    self.restart_ack_timer(sh, now);
                 }
             }
             QpType::Uc | QpType::Ud => {
@@ -395,8 +371,8 @@ impl Qp {
             self.req.next = idx + 1;
         }
         if self.qp_type != QpType::Rc {
-            self.comp.next = self.req.next;
-            self.retire(sh);
+            // Unreliable: nothing comes back, so the completer retires what left.
+            self.ev.retire = true;
         }
         true
     }
@@ -494,11 +470,26 @@ impl Qp {
         }
     }
 
+    /// Acts on what the completer asked for since the requester last ran (a go-back-N
+    /// rewind, or a resume after ACKs overtook the send point), and skips WQEs the completer
+    /// retired meanwhile.
+    fn take_requester_events(&mut self) {
+        if std::mem::take(&mut self.ev.rewind) {
+            self.ev.resume = false;
+            self.rewind();
+        } else if std::mem::take(&mut self.ev.resume) {
+            self.resume_partial();
+        }
+        if self.req.next < self.sq.head {
+            self.req.next = self.sq.head;
+        }
+    }
+
     /// Go-back-N: resend from the oldest unacknowledged PSN (IBA 9.7.6.1). WQEs after it are
     /// sent again from scratch; a partially acknowledged SEND/WRITE resumes at the first
     /// unacknowledged packet; a partially answered READ re-requests only what is missing.
     /// Resent packets are counted as they go out (`retransmitted_pkts`).
-    pub(crate) fn rewind(&mut self) {
+    fn rewind(&mut self) {
         let from = self.comp.next;
         // Everything from the oldest incomplete WQE up to the last one with packets out
         // (including one only partly sent) goes again; the first WQE never started ends the
@@ -531,7 +522,7 @@ impl Qp {
     /// SEND/WRITE acknowledged part way (a coalesced ACK inside the message) resumes at its
     /// first unacknowledged packet. PSNs are re-derived in order from there, so every packet
     /// gets the PSN it had the first time.
-    pub(crate) fn resume_partial(&mut self) {
+    fn resume_partial(&mut self) {
         let mtu = self.mtu();
         self.req.next = self.comp.next;
         self.req.psn = self.comp.psn;

@@ -78,39 +78,29 @@ impl Qp {
 
     /// Queues an ACK for `psn`, merging it with an ACK already waiting (coalescing).
     fn queue_ack(&mut self, sh: &Shared, psn: Psn) {
-        let syndrome = self.credit_code(sh);
-        let msn = self.resp.msn;
-        if let Some(RespItem::Ack {
-            psn: p,
-            syndrome: s,
-            msn: m,
-        }) = self.resp.out.back_mut()
-        {
-            if *s & 0x60 == 0 && sh.cfg.coalesce_acks {
-                *p = psn;
-                *s = syndrome;
-                *m = msn;
+        let aeth = AethRepr::ack(self.credit_code(sh), self.resp.msn);
+        if let Some(RespItem::Ack { psn: p, aeth: a }) = self.resp.out.back_mut() {
+            if a.is_ack() && sh.cfg.coalesce_acks {
+                (*p, *a) = (psn, aeth);
                 return;
             }
         }
-        self.push_ack(RespItem::Ack { psn, syndrome, msn });
+        self.push_ack(RespItem::Ack { psn, aeth });
     }
 
     fn queue_nak(&mut self, psn: Psn, code: NakCode) {
         self.counters.naks_sent += 1;
         tracing::debug!(qpn = ?self.qpn, ?psn, ?code, "NAK sent");
-        let syndrome = AethRepr::nak(code, self.resp.msn).syndrome;
-        let msn = self.resp.msn;
-        self.push_ack(RespItem::Ack { psn, syndrome, msn });
+        let aeth = AethRepr::nak(code, self.resp.msn);
+        self.push_ack(RespItem::Ack { psn, aeth });
     }
 
     fn queue_rnr_nak(&mut self, psn: Psn) {
         self.counters.send_rnr_err += 1;
         tracing::debug!(qpn = ?self.qpn, ?psn, "RNR NAK sent: no receive WQE");
         let timer = self.attr.min_rnr_timer.unwrap_or(0);
-        let msn = self.resp.msn;
-        let syndrome = AethRepr::rnr_nak(timer, msn).syndrome;
-        self.push_ack(RespItem::Ack { psn, syndrome, msn });
+        let aeth = AethRepr::rnr_nak(timer, self.resp.msn);
+        self.push_ack(RespItem::Ack { psn, aeth });
     }
 
     /// Queues an ACK/NAK item unless the same one is already last in line (a repeated
@@ -811,13 +801,13 @@ impl Qp {
             };
             tx.payload.clear();
             match item {
-                RespItem::Ack { psn, syndrome, msn } => {
+                RespItem::Ack { psn, aeth } => {
                     self.resp.out.pop_front();
                     let mut t = TransportRepr::new(BthRepr::new(Opcode::RC_ACK, dest, psn));
-                    t.ext.aeth = Some(AethRepr { syndrome, msn });
-                    if syndrome & 0x60 == 0 {
+                    if aeth.is_ack() {
                         self.counters.acks_sent += 1;
                     }
+                    t.ext.aeth = Some(aeth);
                     break t;
                 }
                 RespItem::Atomic { slot, gen } | RespItem::Read { slot, gen } => {
@@ -839,10 +829,7 @@ impl Qp {
                             dest,
                             r.first_psn,
                         ));
-                        t.ext.aeth = Some(AethRepr {
-                            syndrome: CREDITS_INVALID,
-                            msn: r.msn,
-                        });
+                        t.ext.aeth = Some(AethRepr::ack(CREDITS_INVALID, r.msn));
                         t.ext.atomic_ack = Some(AtomicAckEthRepr { orig: r.orig });
                         break t;
                     }
@@ -868,10 +855,7 @@ impl Qp {
                     };
                     let mut t = TransportRepr::new(BthRepr::new(Opcode(op), dest, r.cur_psn));
                     if r.starts || last {
-                        t.ext.aeth = Some(AethRepr {
-                            syndrome: CREDITS_INVALID,
-                            msn: r.msn,
-                        });
+                        t.ext.aeth = Some(AethRepr::ack(CREDITS_INVALID, r.msn));
                     }
                     tx.payload.push_seg(PayloadSeg {
                         mr: r.mr,
@@ -893,8 +877,8 @@ impl Qp {
         let mut t = t;
         // Responses carry the credit field like ACKs do (except NAKs).
         if let Some(aeth) = t.ext.aeth.as_mut() {
-            if aeth.syndrome & 0x60 == 0 {
-                aeth.syndrome = self.credit_code(sh);
+            if aeth.is_ack() {
+                *aeth = AethRepr::ack(self.credit_code(sh), aeth.msn);
             }
         }
         tx.qpn = self.qpn;

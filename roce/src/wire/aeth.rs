@@ -196,6 +196,12 @@ impl AethRepr {
         }
     }
 
+    /// Whether this is a positive acknowledgement (which carries credits), not an RNR NAK,
+    /// a NAK or a reserved syndrome.
+    pub const fn is_ack(&self) -> bool {
+        matches!(self.kind(), AethKind::Ack { .. })
+    }
+
     /// Decodes the syndrome.
     pub const fn kind(&self) -> AethKind {
         let low = self.syndrome & 0x1f;
