@@ -21,10 +21,12 @@ use ferroce_host::abi::{
     POST_RING, QP_INDEX_BYTES,
 };
 use ferroce_host::app::ClientRings;
-use roce::engine::{CqId, Device, DeviceAttr, PortAttr, SrqId, VerbsError, VerbsResult};
+use roce::engine::{
+    CqId, Device, DeviceAttr, DeviceEvent, PortAttr, SrqId, VerbsError, VerbsResult,
+};
 use roce::memory::PdId;
 use roce::types::{Lkey, Qpn, Rkey};
-use roce::verbs::{AsyncEvent, Completion, QpAttr, QpState, RecvWr, SendWr, WcOpcode};
+use roce::verbs::{AsyncEvent, Completion, QpAttr, QpState, RecvWr, SendWr};
 
 static TOKENS: AtomicU64 = AtomicU64::new(1);
 
@@ -291,7 +293,10 @@ impl HostEnd {
                     if own {
                         // Completed in order with LOC_QP_OP_ERR, its send queue place freed
                         // when it retires (the application counted it as posted).
-                        dev.reject_posted_send(qpn, &wr.as_wr());
+                        dev.handle_event(DeviceEvent::SendRejected {
+                            qpn,
+                            wr: &wr.as_wr(),
+                        });
                     }
                 }
             }
@@ -316,7 +321,7 @@ impl HostEnd {
                 if r.is_err() {
                     self.counters.failed_posts += 1;
                     if own {
-                        dev.fail_posted_wr(qpn, wr_id, WcOpcode::Recv, true);
+                        dev.handle_event(DeviceEvent::RecvRejected { qpn, wr_id });
                     }
                 }
             }

@@ -18,7 +18,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use pmd_bindings::{Mbuf, Mempool, Port, RxQueue, TxQueue};
-use roce::engine::{CreditMode, Device, DeviceConfig, Transmit};
+use roce::engine::{CreditMode, Device, DeviceConfig, DeviceEvent, Transmit};
 use roce::pcap;
 use roce::sim::Rng;
 use roce::types::Gid;
@@ -969,7 +969,8 @@ impl Nic {
             }
             self.counters.tx_held += 1;
             self.pending.push_back((ip, dgid, m));
-            self.dev.hold_path(self.tx.qpn);
+            self.dev
+                .handle_event(DeviceEvent::PathHeld { qpn: self.tx.qpn });
             return;
         }
         if let Some(t) = self.tap.as_mut() {
@@ -1001,7 +1002,7 @@ impl Nic {
 
     fn unreachable(&mut self, dgid: Gid, ip: IpAddr) {
         self.counters.tx_unresolved += 1;
-        let n = self.dev.fail_qps_to(&dgid);
+        let n = self.dev.handle_event(DeviceEvent::PathUnreachable { dgid });
         if n > 0 {
             self.counters.qps_failed_unresolved += n as u64;
             tracing::warn!(
@@ -1021,7 +1022,8 @@ impl Nic {
                 Resolve::Mac(mac) => {
                     if released != Some(gid) {
                         released = Some(gid);
-                        self.dev.release_paths_to(&gid, now);
+                        self.dev
+                            .handle_event(DeviceEvent::PathResolved { dgid: gid, now });
                     }
                     // The destination MAC is not covered by the ICRC: patch it in place.
                     m.data_mut()[..6].copy_from_slice(&mac);

@@ -1,7 +1,7 @@
 //! One named test per RC error path: the exact NAK on the wire and the exact completion status
 //! on both sides (IBA 9.7.5, 9.9; rxe's responder error classes).
 
-use roce::engine::{CreditMode, DeviceConfig, QpInit};
+use roce::engine::{CreditMode, DeviceConfig, DeviceEvent, QpInit};
 use roce::memory::{HeapMemory, Memory};
 use roce::sim::{connect, ConnectOpts, Endpoint, LinkConfig, Pair};
 use roce::types::{Lkey, Msn, Psn, Rkey};
@@ -1365,7 +1365,10 @@ fn a_rejected_post_completes_in_order_and_frees_its_place() {
             flags: SendFlags::SIGNALED,
             ud: None,
         };
-        p.a.dev.reject_posted_send(a.qpn, &wr);
+        p.a.dev.handle_event(DeviceEvent::SendRejected {
+            qpn: a.qpn,
+            wr: &wr,
+        });
         p.run_until_idle(SEC);
     }
     let c = cqes(&mut p, 0, &a);

@@ -801,6 +801,53 @@ fn scatter_iter<'b>(
     Ok(())
 }
 
+/// What the driver of a [`Device`] tells it about conditions of its own (next hops, posts
+/// it took from an application but could not hand over): [`Device::handle_event`].
+#[derive(Debug, Clone, Copy)]
+pub enum DeviceEvent<'a> {
+    /// The driver holds `qpn`'s packets while it resolves the next hop: until
+    /// `PathResolved`, the QP's ACK timeouts cost no retry (the packets have not left).
+    PathHeld {
+        /// The QP.
+        qpn: Qpn,
+    },
+    /// The next hop towards `dgid` is resolved and the held packets left at `now`: QPs
+    /// holding for it count their ACK timeout from then.
+    PathResolved {
+        /// The destination.
+        dgid: Gid,
+        /// When the held packets left.
+        now: u64,
+    },
+    /// The next hop towards `dgid` cannot be resolved: every connected QP on that path goes
+    /// to ERR with a QP_FATAL event (vendor_err PEER_UNREACHABLE), so applications get a
+    /// clear error instead of waiting for the retry counter.
+    PathUnreachable {
+        /// The destination.
+        dgid: Gid,
+    },
+    /// A send WR the driver took from an application but `post_send` refused (a check the
+    /// application side could not make, or a dishonest client). It still takes its place in
+    /// the send queue - so the position the application counts on advances when it retires -
+    /// and completes with LOC_QP_OP_ERR in order, moving the QP to the error state as a WQE
+    /// the RNIC cannot execute does. Where it cannot be queued (the send queue is full or
+    /// the QP not ready to send) it completes at once, out of order.
+    SendRejected {
+        /// The QP.
+        qpn: Qpn,
+        /// The work request as posted.
+        wr: &'a SendWr<'a>,
+    },
+    /// A receive WR the driver took but `post_recv` refused: completes with LOC_QP_OP_ERR
+    /// on the QP's receive CQ.
+    RecvRejected {
+        /// The QP.
+        qpn: Qpn,
+        /// The work request's id.
+        wr_id: u64,
+    },
+}
+
 /// The RDMA engine of one device (see the module documentation).
 pub struct Device {
     sh: Shared,
@@ -2028,6 +2075,28 @@ impl Device {
             .map(|s| s.rq.head)
     }
 
+    /// Takes something the driver tells the device besides frames, posts and verbs calls
+    /// (one input for the dataplane's own conditions, as quinn-proto's `handle_event`);
+    /// returns how many QPs it affected.
+    pub fn handle_event(&mut self, ev: DeviceEvent<'_>) -> usize {
+        match ev {
+            DeviceEvent::PathHeld { qpn } => {
+                self.hold_path(qpn);
+                1
+            }
+            DeviceEvent::PathResolved { dgid, now } => self.release_paths_to(&dgid, now),
+            DeviceEvent::PathUnreachable { dgid } => self.fail_qps_to(&dgid),
+            DeviceEvent::SendRejected { qpn, wr } => {
+                self.reject_posted_send(qpn, wr);
+                1
+            }
+            DeviceEvent::RecvRejected { qpn, wr_id } => {
+                self.fail_posted_wr(qpn, wr_id, crate::verbs::WcOpcode::Recv, true);
+                1
+            }
+        }
+    }
+
     /// A send WR a host interface took from an application but the engine refused
     /// (`post_send` failed: a check the application side could not make, or a dishonest
     /// client). It still takes its place in the send queue - so the queue position the
@@ -2035,7 +2104,7 @@ impl Device {
     /// order, moving the QP to the error state as a WQE the RNIC cannot execute does. Where
     /// it cannot be queued (the send queue is full or the QP is not ready to send: the
     /// application did not count or order its posts) it completes at once, out of order.
-    pub fn reject_posted_send(&mut self, qpn: Qpn, wr: &SendWr<'_>) {
+    fn reject_posted_send(&mut self, qpn: Qpn, wr: &SendWr<'_>) {
         let Some(slot) = self.slot_of(qpn) else {
             return;
         };
@@ -2064,13 +2133,7 @@ impl Device {
     /// Completes a work request the host interface could not post (e.g. it arrived for a QP
     /// that was meanwhile destroyed or reset) with LOC_QP_OP_ERR on the QP's send CQ, so the
     /// application learns about it in order.
-    pub fn fail_posted_wr(
-        &mut self,
-        qpn: Qpn,
-        wr_id: u64,
-        opcode: crate::verbs::WcOpcode,
-        recv: bool,
-    ) {
+    fn fail_posted_wr(&mut self, qpn: Qpn, wr_id: u64, opcode: crate::verbs::WcOpcode, recv: bool) {
         let Ok(qp) = self.qp_ref(qpn) else { return };
         let cq = if recv { qp.recv_cq } else { qp.send_cq };
         let mut c = qp.recv_completion(wr_id, WcStatus::LocQpOpErr, opcode, 0);
@@ -2097,7 +2160,7 @@ impl Device {
 
     /// The dataplane holds `qpn`'s packets until the next hop's MAC is resolved: until
     /// `release_paths_to`, the QP's ACK timeouts cost no retries (the packets have not left).
-    pub fn hold_path(&mut self, qpn: Qpn) {
+    fn hold_path(&mut self, qpn: Qpn) {
         if let Some(slot) = self.slot_of(qpn) {
             if let Some(Some(qp)) = self.qps.get_mut(slot) {
                 qp.path_held = qp.qp_type == QpType::Rc;
@@ -2107,7 +2170,8 @@ impl Device {
 
     /// The next hop towards `dgid` is resolved and the held packets left at `now`: QPs
     /// holding for it count their ACK timeout from now.
-    pub fn release_paths_to(&mut self, dgid: &Gid, now: u64) {
+    fn release_paths_to(&mut self, dgid: &Gid, now: u64) -> usize {
+        let mut n = 0;
         for qp in self.qps.iter_mut().flatten() {
             if !qp.path_held {
                 continue;
@@ -2115,17 +2179,19 @@ impl Device {
             let to_peer = qp.attr.av.is_some_and(|av| av.dgid == *dgid);
             if to_peer {
                 qp.path_held = false;
+                n += 1;
                 if qp.comp.ack_deadline.is_some() {
                     qp.restart_ack_timer(&mut self.sh, now);
                 }
             }
         }
+        n
     }
 
     /// Moves every connected QP whose path leads to `dgid` to ERR with a QP_FATAL event: the
     /// dataplane calls this when the peer's MAC cannot be resolved, so applications get a clear
     /// error instead of waiting for the retry counter. Returns how many QPs it failed.
-    pub fn fail_qps_to(&mut self, dgid: &Gid) -> usize {
+    fn fail_qps_to(&mut self, dgid: &Gid) -> usize {
         let mut n = 0;
         for slot in 0..self.qps.len() {
             let Some(qp) = self.qps[slot].as_deref_mut() else {

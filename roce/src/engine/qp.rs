@@ -425,7 +425,7 @@ pub(crate) struct Qp {
     pub positions_taken: (u64, u64),
     pub moved_noted: bool,
     /// The dataplane holds this QP's packets while it resolves the next hop: they have not
-    /// left, so an ACK timeout then costs no retry (`Device::hold_path`).
+    /// left, so an ACK timeout then costs no retry (`DeviceEvent::PathHeld`).
     pub path_held: bool,
     /// Why the QP went to error when the cause is not in the completion status (a
     /// `verbs::vendor_err` code carried by its error completions; 0: none).

@@ -52,7 +52,7 @@ pub(crate) struct SendWqe {
     /// once, so an ACK at or after `last_psn` completes the WQE even if a rewind has put it
     /// back to be sent again.
     pub last_sent: bool,
-    /// Refused when posted (`Device::reject_posted_send`): completes with LOC_QP_OP_ERR when
+    /// Refused when posted (`DeviceEvent::SendRejected`): completes with LOC_QP_OP_ERR when
     /// the requester reaches it, in order, taking its place in the queue like any WQE.
     pub rejected: bool,
 }
