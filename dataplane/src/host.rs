@@ -25,6 +25,7 @@ use roce::engine::{
     CqId, Device, DeviceAttr, DeviceEvent, PortAttr, SrqId, VerbsError, VerbsResult,
 };
 use roce::memory::PdId;
+use roce::table::Table;
 use roce::types::{Lkey, Qpn, Rkey};
 use roce::verbs::{AsyncEvent, Completion, QpAttr, QpState, RecvWr, SendWr};
 
@@ -147,7 +148,8 @@ pub struct HostEnd {
     posts: Consumer<PostSlot>,
     events: Producer<EventSlot>,
     /// CQ rings by CQ id; `true` while the CQ has completions the ring had no room for.
-    cqs: Vec<Option<(Producer<CqeSlot>, bool)>>,
+    /// Its CQs' rings by CQ id (a mirror of the device's ids), with whether completions wait.
+    cqs: Table<(Producer<CqeSlot>, bool)>,
     pending_cqs: Vec<CqId>,
     index: Arc<Area>,
     limits: HostLimits,
@@ -191,7 +193,7 @@ impl HostEnd {
             comm: String::new(),
             posts,
             events,
-            cqs: (0..limits.max_cq).map(|_| None).collect(),
+            cqs: Table::new(limits.max_cq as usize),
             pending_cqs: Vec::new(),
             index,
             limits,
@@ -227,10 +229,7 @@ impl HostEnd {
         HostObjects {
             pds: self.pds.clone(),
             mrs: self.mrs.clone(),
-            cqs: (0..self.cqs.len())
-                .filter(|&i| self.cqs[i].is_some())
-                .map(|i| CqId(i as u32))
-                .collect(),
+            cqs: self.cqs.iter().map(|(i, _)| CqId(i as u32)).collect(),
             qps: self.qps.clone(),
             srqs: self.srqs.clone(),
             area_bytes: self.area_bytes,
@@ -391,7 +390,7 @@ impl HostEnd {
 
     /// Mappings the client has on the worker: its areas (live or retired) and CQ rings.
     fn area_count(&self) -> usize {
-        self.areas.len() + self.retired.len() + self.cqs.iter().flatten().count()
+        self.areas.len() + self.retired.len() + self.cqs.len()
     }
 
     /// Refuses one more mapping past `host.max_areas`.
@@ -613,7 +612,7 @@ impl HostEnd {
                 {
                     return Err(VerbsError::InvalidArgument("CQ ring too small".into()));
                 }
-                let owned = self.cqs.iter().flatten().count() as u32;
+                let owned = self.cqs.len() as u32;
                 if owned >= self.client_limits.max_cqs {
                     return Err(VerbsError::NoResources("completion queues (host.max_cqs)"));
                 }
@@ -629,12 +628,12 @@ impl HostEnd {
                         return Err(e);
                     }
                 };
-                let Some(slot) = self.cqs.get_mut(cq.0 as usize) else {
+                let entry = (Producer::attach(ring, capacity as usize), false);
+                if self.cqs.insert_at(cq.0 as usize, entry).is_err() {
                     let _ = dev.destroy_cq(cq);
                     self.area_bytes -= ring_len;
                     return Err(VerbsError::NoResources("completion queues"));
-                };
-                *slot = Some((Producer::attach(ring, capacity as usize), false));
+                }
                 Owners::set(&mut owners.cq, cq.0 as usize, self.id);
                 self.charge_queue(QueueKind::Cq, cq.0, qbytes);
                 Ok(ReplyData::Cq(cq))
@@ -656,7 +655,7 @@ impl HostEnd {
             Command::DestroyCq { cq } => {
                 self.check_owned(self.owns_cq(cq), "completion queue")?;
                 dev.destroy_cq(cq)?;
-                if let Some((p, _)) = self.cqs[cq.0 as usize].take() {
+                if let Some((p, _)) = self.cqs.remove(cq.0 as usize) {
                     self.area_bytes -= p.area().len() as u64;
                 }
                 self.pending_cqs.retain(|c| *c != cq);
@@ -799,7 +798,7 @@ impl HostEnd {
     }
 
     fn owns_cq(&self, cq: CqId) -> bool {
-        matches!(self.cqs.get(cq.0 as usize), Some(Some(_)))
+        self.cqs.contains(cq.0 as usize)
     }
 
     /// Releases everything the client created, in dependency order (QPs, SRQs, CQs, MRs,
@@ -816,12 +815,11 @@ impl HostEnd {
             Owners::set(&mut owners.srq, s.0 as usize, NOBODY);
             let _ = dev.destroy_srq(s);
         }
-        for (i, c) in self.cqs.iter_mut().enumerate() {
-            if c.take().is_some() {
-                Owners::set(&mut owners.cq, i, NOBODY);
-                let _ = dev.destroy_cq(CqId(i as u32));
-            }
-        }
+        self.cqs.retain(|i, _| {
+            Owners::set(&mut owners.cq, i, NOBODY);
+            let _ = dev.destroy_cq(CqId(i as u32));
+            false
+        });
         self.pending_cqs.clear();
         // Windows before MRs: a bound window holds its MR.
         for k in std::mem::take(&mut self.mws) {
@@ -881,7 +879,7 @@ impl HostEnd {
     /// stays in the engine's CQ (which reports an overflow if it fills) and is retried.
     /// Returns how many were moved.
     pub fn move_completions(&mut self, dev: &mut Device, cq: CqId) -> usize {
-        let Some(Some((ring, pending))) = self.cqs.get_mut(cq.0 as usize) else {
+        let Some((ring, pending)) = self.cqs.get_mut(cq.0 as usize) else {
             return 0;
         };
         let mut moved = 0;

@@ -21,6 +21,7 @@ use pmd_bindings::{Mbuf, Mempool, Port, RxQueue, TxQueue};
 use roce::engine::{CreditMode, Device, DeviceConfig, DeviceEvent, Transmit};
 use roce::pcap;
 use roce::sim::Rng;
+use roce::table::Table;
 use roce::types::Gid;
 use roce::wire::ethernet::{self, ethertype, VlanTag};
 use roce::wire::frame::{classify, parse_segments, FrameKind, ParsedFrame};
@@ -210,7 +211,7 @@ pub struct Nic {
     mac: [u8; 6],
     vlan: Option<VlanTag>,
     /// Attached application contexts (by host id; `None` once closed).
-    hosts: Vec<Option<HostEnd>>,
+    hosts: Table<HostEnd>,
     /// Which host owns each QP, CQ and SRQ.
     owners: Owners,
     /// What moved in the engine this iteration (reused, no allocation).
@@ -301,7 +302,7 @@ impl Nic {
             cfg,
             mac,
             vlan,
-            hosts: Vec::new(),
+            hosts: Table::dense(crate::host::MAX_HOST_IDS),
             owners: Owners::new(limits),
             moved_qps: Vec::with_capacity(64),
             moved_srqs: Vec::with_capacity(16),
@@ -338,19 +339,14 @@ impl Nic {
     /// `DeviceFatal`) rather than numbered like another and handed that one's objects.
     /// Returns whether it was attached.
     pub fn add_host(&mut self, mut h: HostEnd) -> bool {
-        let id = match self.hosts.iter().position(|h| h.is_none()) {
-            Some(i) => i,
-            None if self.hosts.len() < crate::host::MAX_HOST_IDS => {
-                self.hosts.push(None);
-                self.hosts.len() - 1
-            }
-            None => {
-                tracing::warn!(client = %h.label, "refused: every client number is in use");
-                return false;
-            }
-        };
-        h.id = id as u16;
-        self.hosts[id] = Some(h);
+        if self.hosts.is_full() {
+            tracing::warn!(client = %h.label, "refused: every client number is in use");
+            return false;
+        }
+        self.hosts.insert_with(|id| {
+            h.id = id as u16;
+            h
+        });
         true
     }
 
@@ -362,7 +358,7 @@ impl Nic {
         cmd: Command,
         area: Option<Arc<ferroce_host::abi::area::Area>>,
     ) -> VerbsResult<ReplyData> {
-        let Some(h) = self.hosts.iter_mut().flatten().find(|h| h.token == token) else {
+        let Some(h) = self.hosts.values_mut().find(|h| h.token == token) else {
             // Closed (by the client, or by the RNIC for breaking the protocol): the context
             // is dead to its client, as after a device-fatal error.
             return Err(VerbsError::DeviceFatal);
@@ -376,14 +372,13 @@ impl Nic {
 
     /// Closes the client `token`, releasing everything it holds (as when its process dies).
     pub fn close_host(&mut self, token: u64) {
-        for slot in self.hosts.iter_mut() {
-            if let Some(h) = slot {
-                if h.token == token {
-                    h.close(&mut self.dev, &mut self.owners);
-                    *slot = None;
-                }
+        let (dev, owners) = (&mut self.dev, &mut self.owners);
+        self.hosts.retain(|_, h| {
+            if h.token == token {
+                h.close(dev, owners);
             }
-        }
+            h.token != token
+        });
         self.publish();
     }
 
@@ -394,8 +389,7 @@ impl Nic {
         let p = self.dev.port_attr();
         let clients = self
             .hosts
-            .iter()
-            .flatten()
+            .values()
             .map(|h| {
                 let o = h.objects();
                 let qps: Vec<_> = o
@@ -460,7 +454,7 @@ impl Nic {
     /// flush to the completion rings) and every client gets the device-fatal event, so
     /// applications see an error rather than a silent stop.
     pub fn shutdown_hosts(&mut self) {
-        for h in self.hosts.iter_mut().flatten() {
+        for h in self.hosts.values_mut() {
             // Work requests already in the post ring were posted before the stop: they
             // complete (flushed) like the rest.
             // One ring's worth: a client refilling its ring cannot delay the stop.
@@ -472,21 +466,20 @@ impl Nic {
             h.fail_all(&mut self.dev);
         }
         self.publish();
-        for h in self.hosts.iter_mut().flatten() {
+        for h in self.hosts.values_mut() {
             h.deliver_event(&roce::verbs::AsyncEvent::DeviceFatal);
         }
     }
 
     /// Bytes of shared areas the attached clients hold.
     pub fn host_area_bytes(&self) -> u64 {
-        self.hosts.iter().flatten().map(|h| h.area_bytes()).sum()
+        self.hosts.values().map(|h| h.area_bytes()).sum()
     }
 
     /// What each attached client holds, with its label.
     pub fn host_objects(&self) -> Vec<(String, crate::host::HostObjects)> {
         self.hosts
-            .iter()
-            .flatten()
+            .values()
             .map(|h| (h.label.clone(), h.objects()))
             .collect()
     }
@@ -503,7 +496,7 @@ impl Nic {
 
     /// Attached application contexts.
     pub fn host_count(&self) -> usize {
-        self.hosts.iter().flatten().count()
+        self.hosts.len()
     }
 
     /// Routes queue positions, completions and events to the hosts owning their objects;
@@ -519,21 +512,21 @@ impl Nic {
         );
         for &q in &self.moved_qps {
             let owner = self.dev.qp_index(q).and_then(|s| self.owners.qp(s));
-            if let Some(Some(h)) = owner.and_then(|o| self.hosts.get(o)) {
+            if let Some(h) = owner.and_then(|o| self.hosts.get(o)) {
                 h.publish_qp(&self.dev, q);
             }
         }
         for &s in &self.moved_srqs {
-            if let Some(Some(h)) = self.owners.srq(s).and_then(|o| self.hosts.get(o)) {
+            if let Some(h) = self.owners.srq(s).and_then(|o| self.hosts.get(o)) {
                 h.publish_srq(&self.dev, s);
             }
         }
-        for h in self.hosts.iter_mut().flatten() {
+        for h in self.hosts.values_mut() {
             work += h.retry_pending(&mut self.dev);
         }
         for i in 0..self.ready_cqs.len() {
             let cq = self.ready_cqs[i];
-            if let Some(Some(h)) = self.owners.cq(cq).and_then(|o| self.hosts.get_mut(o)) {
+            if let Some(h) = self.owners.cq(cq).and_then(|o| self.hosts.get_mut(o)) {
                 work += h.move_completions(&mut self.dev, cq);
             }
         }
@@ -548,14 +541,14 @@ impl Nic {
                 E::SrqLimitReached(s) => self.owners.srq(roce::engine::SrqId(s)),
                 E::CqError(c) => self.owners.cq(roce::engine::CqId(c)),
                 E::PortActive | E::PortError | E::DeviceFatal => {
-                    for h in self.hosts.iter_mut().flatten() {
+                    for h in self.hosts.values_mut() {
                         h.deliver_event(&ev);
                     }
                     work += 1;
                     continue;
                 }
             };
-            if let Some(Some(h)) = owner.and_then(|o| self.hosts.get_mut(o)) {
+            if let Some(h) = owner.and_then(|o| self.hosts.get_mut(o)) {
                 h.deliver_event(&ev);
                 work += 1;
             }
@@ -575,14 +568,11 @@ impl Nic {
         // packets of this burst, as a doorbell is on a hardware NIC (processed after the
         // burst, an empty receive queue dropped UD messages whose WQEs were already
         // waiting in the ring). Contexts that closed are dropped.
-        for slot in self.hosts.iter_mut() {
-            if let Some(h) = slot {
-                work += h.process(&mut self.dev, &mut self.owners, 256);
-                if h.is_closed() {
-                    *slot = None;
-                }
-            }
-        }
+        let (dev, owners) = (&mut self.dev, &mut self.owners);
+        self.hosts.retain(|_, h| {
+            work += h.process(dev, owners, 256);
+            !h.is_closed()
+        });
         // UD messages that waited for a receive WQE: those that now have one (or whose
         // wait ran out) go to the engine, in arrival order per QP.
         if !self.held_rx.is_empty() {

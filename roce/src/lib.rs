@@ -9,6 +9,7 @@ pub mod engine;
 pub mod memory;
 pub mod pcap;
 pub mod sim;
+pub mod table;
 pub mod types;
 pub mod verbs;
 pub mod wire;

@@ -952,12 +952,20 @@ fn a_completion_wakes_a_blocked_waiter() {
     assert_eq!(b.ctx.poll_cq(b.cq, &mut wc).unwrap(), 1);
     assert_eq!((wc[0].wr_id, wc[0].byte_len), (5, 4));
     let a = sender.join().unwrap();
-    // A CQ created later in the same slot (ids are reused) starts with no notification: the
-    // old ring's sequence must not make a waiter (or a completion channel) wake at once.
+    // A CQ created later with the same id (ids come back once the others were handed out)
+    // starts with no notification: the old ring's sequence must not make a waiter (or a
+    // completion channel) wake at once.
     b.ctx.destroy_qp(b.qpn).unwrap();
     b.ctx.destroy_cq(b.cq).unwrap();
-    let fresh = b.ctx.create_cq(16).unwrap();
-    assert_eq!(fresh, b.cq, "the slot is reused (else this checks nothing)");
+    let mut fresh = b.ctx.create_cq(16).unwrap();
+    for _ in 0..4096 {
+        if fresh == b.cq {
+            break;
+        }
+        b.ctx.destroy_cq(fresh).unwrap();
+        fresh = b.ctx.create_cq(16).unwrap();
+    }
+    assert_eq!(fresh, b.cq, "the id is reused (else this checks nothing)");
     assert!(
         !b.ctx
             .wait_cq(fresh, Some(Duration::from_millis(200)))

@@ -26,6 +26,7 @@ pub use transmit::{Path, Payload, PayloadSeg, Transmit, MAX_INLINE, MAX_PAYLOAD_
 use crate::memory::{
     KeyError, Memory, MemoryError, MemoryRegion, MrRef, MrTable, MwType, PdId, Window,
 };
+use crate::table::Table;
 use crate::types::{Gid, Lkey, Qpn, Rkey};
 use crate::verbs::{
     Access, AsyncEvent, Completion, Mtu, QpAttr, QpCaps, QpInfo, QpState, QpType, RecvWr,
@@ -430,8 +431,8 @@ pub fn srq_queue_bytes(attr: &SrqAttr) -> u64 {
 pub(crate) struct Shared {
     pub cfg: DeviceConfig,
     pub mrs: MrTable,
-    pub cqs: Vec<Option<CompletionQueue>>,
-    pub srqs: Vec<Option<Srq>>,
+    pub cqs: Table<CompletionQueue>,
+    pub srqs: Table<Srq>,
     pub events: VecDeque<AsyncEvent>,
     pub counters: DeviceCounters,
     pub timers: BinaryHeap<Reverse<(u64, u32)>>,
@@ -452,7 +453,7 @@ impl Shared {
 
     /// Queues a completion; an overflowing CQ raises CQ_ERR once (IBA 11.4.2.1).
     pub fn complete(&mut self, cq: u32, c: Completion) {
-        if let Some(Some(q)) = self.cqs.get_mut(cq as usize) {
+        if let Some(q) = self.cqs.get_mut(cq as usize) {
             if !q.ready_noted {
                 q.ready_noted = true;
                 self.ready_cqs.push(CqId(cq));
@@ -469,7 +470,7 @@ impl Shared {
     }
 
     pub fn srq_pop(&mut self, srq: u32, out: &mut Vec<Sge>) -> Option<u64> {
-        let s = self.srqs.get_mut(srq as usize)?.as_mut()?;
+        let s = self.srqs.get_mut(srq as usize)?;
         let id = s.rq.pop_into(out)?;
         if !s.moved_noted {
             s.moved_noted = true;
@@ -856,7 +857,8 @@ pub struct Device {
     next_qpn_seq: u32,
     /// The counters of QPs already destroyed, summed (part of the port totals).
     destroyed_qp_counters: QpCounters,
-    pds: Vec<bool>,
+    /// PDs by id - 1 (PD ids start at 1).
+    pds: Table<()>,
     /// Memory windows allocated (they share the MR table).
     mws: usize,
     ready: VecDeque<u32>,
@@ -877,12 +879,13 @@ impl Device {
     /// A device with the given configuration.
     pub fn new(cfg: DeviceConfig) -> Device {
         let max_mr = cfg.limits.max_mr as usize + cfg.limits.max_mw as usize;
+        let l = cfg.limits;
         Device {
             sh: Shared {
                 cfg,
                 mrs: MrTable::new(max_mr),
-                cqs: Vec::new(),
-                srqs: Vec::new(),
+                cqs: Table::new(l.max_cq as usize),
+                srqs: Table::new(l.max_srq as usize),
                 events: VecDeque::new(),
                 counters: DeviceCounters::default(),
                 timers: BinaryHeap::new(),
@@ -894,7 +897,7 @@ impl Device {
             qps: Vec::new(),
             next_qpn_seq: 0,
             destroyed_qp_counters: QpCounters::default(),
-            pds: Vec::new(),
+            pds: Table::new(l.max_pd as usize),
             mws: 0,
             ready: VecDeque::new(),
             port_active: true,
@@ -963,19 +966,14 @@ impl Device {
 
     /// Allocates a protection domain.
     pub fn alloc_pd(&mut self) -> VerbsResult<PdId> {
-        if let Some(i) = self.pds.iter().position(|used| !used) {
-            self.pds[i] = true;
-            return Ok(PdId(i as u32 + 1));
+        match self.pds.insert(()) {
+            Some(i) => Ok(PdId(i as u32 + 1)),
+            None => Err(VerbsError::NoResources("protection domains")),
         }
-        if self.pds.len() >= self.sh.cfg.limits.max_pd as usize {
-            return Err(VerbsError::NoResources("protection domains"));
-        }
-        self.pds.push(true);
-        Ok(PdId(self.pds.len() as u32))
     }
 
     fn pd_ok(&self, pd: PdId) -> bool {
-        pd.0 >= 1 && self.pds.get(pd.0 as usize - 1).copied().unwrap_or(false)
+        pd.0 >= 1 && self.pds.contains(pd.0 as usize - 1)
     }
 
     /// Deallocates a PD; it must have no MRs, QPs or SRQs.
@@ -985,11 +983,11 @@ impl Device {
         }
         let in_use = self.sh.mrs.count_in_pd(pd) > 0
             || self.qps.iter().flatten().any(|q| q.pd == pd)
-            || self.sh.srqs.iter().flatten().any(|s| s.pd == pd);
+            || self.sh.srqs.values().any(|s| s.pd == pd);
         if in_use {
             return Err(VerbsError::Busy("protection domain"));
         }
-        self.pds[pd.0 as usize - 1] = false;
+        self.pds.remove(pd.0 as usize - 1);
         Ok(())
     }
 
@@ -1252,29 +1250,16 @@ impl Device {
                 self.sh.cfg.limits.max_cqe
             )));
         }
-        let slot = self.sh.cqs.iter().position(|c| c.is_none());
-        let cq = CompletionQueue::new(cqe as usize);
-        let id = match slot {
-            Some(i) => {
-                self.sh.cqs[i] = Some(cq);
-                i
-            }
-            None => {
-                if self.sh.cqs.len() >= self.sh.cfg.limits.max_cq as usize {
-                    return Err(VerbsError::NoResources("completion queues"));
-                }
-                self.sh.cqs.push(Some(cq));
-                self.sh.cqs.len() - 1
-            }
-        };
-        Ok(CqId(id as u32))
+        match self.sh.cqs.insert(CompletionQueue::new(cqe as usize)) {
+            Some(id) => Ok(CqId(id as u32)),
+            None => Err(VerbsError::NoResources("completion queues")),
+        }
     }
 
     fn cq_mut(&mut self, cq: CqId) -> VerbsResult<&mut CompletionQueue> {
         self.sh
             .cqs
             .get_mut(cq.0 as usize)
-            .and_then(|c| c.as_mut())
             .ok_or(VerbsError::NotFound("completion queue"))
     }
 
@@ -1305,12 +1290,12 @@ impl Device {
     /// Destroys a CQ no QP uses.
     pub fn destroy_cq(&mut self, cq: CqId) -> VerbsResult<()> {
         match self.sh.cqs.get(cq.0 as usize) {
-            Some(Some(c)) if c.users > 0 => Err(VerbsError::Busy("completion queue")),
-            Some(Some(_)) => {
-                self.sh.cqs[cq.0 as usize] = None;
+            Some(c) if c.users > 0 => Err(VerbsError::Busy("completion queue")),
+            Some(_) => {
+                self.sh.cqs.remove(cq.0 as usize);
                 Ok(())
             }
-            _ => Err(VerbsError::NotFound("completion queue")),
+            None => Err(VerbsError::NotFound("completion queue")),
         }
     }
 
@@ -1332,21 +1317,16 @@ impl Device {
 
     /// Takes one completion.
     pub fn poll_completion(&mut self, cq: CqId) -> Option<Completion> {
-        self.sh
-            .cqs
-            .get_mut(cq.0 as usize)?
-            .as_mut()?
-            .entries
-            .pop_front()
+        self.sh.cqs.get_mut(cq.0 as usize)?.entries.pop_front()
     }
 
     /// Whether a CQ has overflowed (it then stays in error).
     pub fn cq_overflowed(&self, cq: CqId) -> bool {
-        matches!(self.sh.cqs.get(cq.0 as usize), Some(Some(c)) if c.overflowed)
+        matches!(self.sh.cqs.get(cq.0 as usize), Some(c) if c.overflowed)
     }
 
     fn cq_ok(&self, cq: CqId) -> bool {
-        matches!(self.sh.cqs.get(cq.0 as usize), Some(Some(_)))
+        self.sh.cqs.contains(cq.0 as usize)
     }
 
     /// Creates a QP in RESET.
@@ -1385,8 +1365,8 @@ impl Device {
         }
         if let Some(s) = init.srq {
             match self.sh.srqs.get(s.0 as usize) {
-                Some(Some(srq)) if srq.pd == init.pd => {}
-                Some(Some(_)) => {
+                Some(srq) if srq.pd == init.pd => {}
+                Some(_) => {
                     return Err(VerbsError::InvalidArgument(
                         "SRQ belongs to another PD".into(),
                     ))
@@ -1421,12 +1401,12 @@ impl Device {
         let qp = Qp::new(qpn, &QpInit { caps, ..*init });
         self.qps[slot as usize] = Some(Box::new(qp));
         for cq in [init.send_cq, init.recv_cq] {
-            if let Some(Some(c)) = self.sh.cqs.get_mut(cq.0 as usize) {
+            if let Some(c) = self.sh.cqs.get_mut(cq.0 as usize) {
                 c.users += 1;
             }
         }
         if let Some(s) = init.srq {
-            if let Some(Some(srq)) = self.sh.srqs.get_mut(s.0 as usize) {
+            if let Some(srq) = self.sh.srqs.get_mut(s.0 as usize) {
                 srq.users += 1;
             }
         }
@@ -1535,12 +1515,12 @@ impl Device {
             let _ = self.sh.invalidate(k, qp.pd, None);
         }
         for cq in [qp.send_cq, qp.recv_cq] {
-            if let Some(Some(c)) = self.sh.cqs.get_mut(cq as usize) {
+            if let Some(c) = self.sh.cqs.get_mut(cq as usize) {
                 c.users = c.users.saturating_sub(1);
             }
         }
         if let Some(s) = qp.srq {
-            if let Some(Some(srq)) = self.sh.srqs.get_mut(s as usize) {
+            if let Some(srq) = self.sh.srqs.get_mut(s as usize) {
                 srq.users = srq.users.saturating_sub(1);
             }
         }
@@ -1574,27 +1554,16 @@ impl Device {
             users: 0,
             moved_noted: false,
         };
-        let id = match self.sh.srqs.iter().position(|s| s.is_none()) {
-            Some(i) => {
-                self.sh.srqs[i] = Some(srq);
-                i
-            }
-            None => {
-                if self.sh.srqs.len() >= self.sh.cfg.limits.max_srq as usize {
-                    return Err(VerbsError::NoResources("shared receive queues"));
-                }
-                self.sh.srqs.push(Some(srq));
-                self.sh.srqs.len() - 1
-            }
-        };
-        Ok(SrqId(id as u32))
+        match self.sh.srqs.insert(srq) {
+            Some(id) => Ok(SrqId(id as u32)),
+            None => Err(VerbsError::NoResources("shared receive queues")),
+        }
     }
 
     fn srq_mut(&mut self, srq: SrqId) -> VerbsResult<&mut Srq> {
         self.sh
             .srqs
             .get_mut(srq.0 as usize)
-            .and_then(|s| s.as_mut())
             .ok_or(VerbsError::NotFound("shared receive queue"))
     }
 
@@ -1625,7 +1594,7 @@ impl Device {
         if self.srq_mut(srq)?.users > 0 {
             return Err(VerbsError::Busy("shared receive queue"));
         }
-        self.sh.srqs[srq.0 as usize] = None;
+        self.sh.srqs.remove(srq.0 as usize);
         Ok(())
     }
 
@@ -1852,12 +1821,12 @@ impl Device {
             }
         }
         for s in srqs.iter() {
-            if let Some(Some(srq)) = self.sh.srqs.get_mut(s.0 as usize) {
+            if let Some(srq) = self.sh.srqs.get_mut(s.0 as usize) {
                 srq.moved_noted = false;
             }
         }
         for c in cqs.iter() {
-            if let Some(Some(cq)) = self.sh.cqs.get_mut(c.0 as usize) {
+            if let Some(cq) = self.sh.cqs.get_mut(c.0 as usize) {
                 cq.ready_noted = false;
             }
         }
@@ -2068,11 +2037,7 @@ impl Device {
 
     /// How many WQEs an SRQ has handed out.
     pub fn srq_position(&self, srq: SrqId) -> Option<u64> {
-        self.sh
-            .srqs
-            .get(srq.0 as usize)?
-            .as_ref()
-            .map(|s| s.rq.head)
+        self.sh.srqs.get(srq.0 as usize).map(|s| s.rq.head)
     }
 
     /// Takes something the driver tells the device besides frames, posts and verbs calls
@@ -2153,7 +2118,7 @@ impl Device {
             return false;
         }
         match qp.srq {
-            Some(s) => matches!(self.sh.srqs.get(s as usize), Some(Some(srq)) if srq.rq.is_empty()),
+            Some(s) => matches!(self.sh.srqs.get(s as usize), Some(srq) if srq.rq.is_empty()),
             None => qp.rq.is_empty(),
         }
     }
@@ -2211,18 +2176,18 @@ impl Device {
 
     /// Every CQ id that has completions waiting.
     pub fn cq_has_entries(&self, cq: CqId) -> bool {
-        matches!(self.sh.cqs.get(cq.0 as usize), Some(Some(c)) if !c.entries.is_empty())
+        matches!(self.sh.cqs.get(cq.0 as usize), Some(c) if !c.entries.is_empty())
     }
 
     /// How many objects of each kind exist (for tools, and to check that a departed
     /// application's objects were released).
     pub fn object_counts(&self) -> ObjectCounts {
         ObjectCounts {
-            pds: self.pds.iter().filter(|u| **u).count() as u32,
+            pds: self.pds.len() as u32,
             mrs: self.sh.mrs.len() as u32,
-            cqs: self.sh.cqs.iter().flatten().count() as u32,
+            cqs: self.sh.cqs.len() as u32,
             qps: self.qps.iter().flatten().count() as u32,
-            srqs: self.sh.srqs.iter().flatten().count() as u32,
+            srqs: self.sh.srqs.len() as u32,
         }
     }
 

@@ -10,6 +10,7 @@ use roce::engine::{
     qp_slot, CqId, DeviceAttr, QpInit, SrqAttr, SrqId, VerbsError, VerbsResult, MAX_INLINE,
 };
 use roce::memory::PdId;
+use roce::table::Table;
 use roce::types::{Gid, Qpn, Rkey};
 use roce::verbs::{
     Access, AsyncEvent, Completion, QpAttr, QpCaps, QpInfo, QpState, QpType, RecvWr, SendFlags,
@@ -33,6 +34,12 @@ struct QpLocal {
     srq: bool,
     sq_posted: u64,
     rq_posted: u64,
+}
+
+/// A CQ of this client: its ring and the notification sequence when it was last armed.
+struct CqLocal {
+    ring: Consumer<CqeSlot>,
+    seen: u32,
 }
 
 struct SrqLocal {
@@ -83,14 +90,12 @@ pub struct Client<C: Channel> {
     events: Consumer<EventSlot>,
     index: Arc<Area>,
     limits: HostLimits,
-    /// CQ rings by CQ id.
-    cqs: Vec<Option<Consumer<CqeSlot>>>,
-    /// The notification sequence of each CQ when it was last armed.
-    cq_seen: Vec<u32>,
+    /// CQ rings by CQ id (a mirror of the device's ids).
+    cqs: Table<CqLocal>,
     /// QPs by slot (`qp_slot`).
-    qps: Vec<Option<QpLocal>>,
+    qps: Table<QpLocal>,
     /// SRQs by id.
-    srqs: Vec<Option<SrqLocal>>,
+    srqs: Table<SrqLocal>,
     /// This client's buffers and moved ranges by address (for inline data), with their area
     /// ids.
     buffers: BTreeMap<u64, (Weak<Area>, u32)>,
@@ -157,10 +162,9 @@ impl<C: Channel> Client<C> {
             events: Consumer::attach(rings.events, EVENT_RING),
             index: rings.index,
             limits,
-            cqs: (0..limits.max_cq).map(|_| None).collect(),
-            cq_seen: vec![0; limits.max_cq as usize],
-            qps: (0..limits.max_qp).map(|_| None).collect(),
-            srqs: (0..limits.max_srq).map(|_| None).collect(),
+            cqs: Table::new(limits.max_cq as usize),
+            qps: Table::new(limits.max_qp as usize),
+            srqs: Table::new(limits.max_srq as usize),
             buffers: BTreeMap::new(),
             shadows: HashMap::new(),
             shadow_mrs: BTreeMap::new(),
@@ -281,11 +285,11 @@ impl<C: Channel> Client<C> {
         max: usize,
         mut f: impl FnMut(usize, &CqeSlot),
     ) -> VerbsResult<usize> {
-        let ring = self
+        let ring = &mut self
             .cqs
             .get_mut(cq.0 as usize)
-            .and_then(|r| r.as_mut())
-            .ok_or(VerbsError::NotFound("completion queue"))?;
+            .ok_or(VerbsError::NotFound("completion queue"))?
+            .ring;
         let n = ring.pop_each(max, |i, slot| f(i, &slot.sanitized()));
         if n == 0 {
             if !self.chan.alive() {
@@ -306,13 +310,12 @@ impl<C: Channel> Client<C> {
 
     /// Arms `cq`'s ring (the notification sequence read first, for `wait_cq`).
     fn arm_cq(&mut self, cq: CqId, solicited_only: bool) -> VerbsResult<()> {
-        let ring = self
+        let c = self
             .cqs
-            .get(cq.0 as usize)
-            .and_then(|r| r.as_ref())
+            .get_mut(cq.0 as usize)
             .ok_or(VerbsError::NotFound("completion queue"))?;
-        self.cq_seen[cq.0 as usize] = ring.notify_seq();
-        ring.arm(solicited_only);
+        c.seen = c.ring.notify_seq();
+        c.ring.arm(solicited_only);
         Ok(())
     }
 
@@ -388,13 +391,10 @@ impl<C: Channel> Client<C> {
     /// A handle that waits for `cq`'s notifications from another thread (a completion
     /// channel), independent of this client's borrow.
     pub fn cq_notifier(&self, cq: CqId) -> Option<CqNotifier> {
-        self.cqs
-            .get(cq.0 as usize)
-            .and_then(|r| r.as_ref())
-            .map(|r| CqNotifier {
-                ring: Consumer::attach(r.area().clone(), 1),
-                armed_at: self.cq_seen.get(cq.0 as usize).copied().unwrap_or(0),
-            })
+        self.cqs.get(cq.0 as usize).map(|c| CqNotifier {
+            ring: Consumer::attach(c.ring.area().clone(), 1),
+            armed_at: c.seen,
+        })
     }
 
     /// Waits until the worker has processed every command sent so far.
@@ -432,7 +432,6 @@ impl<C: Channel> Client<C> {
     fn qp_mut(&mut self, qpn: Qpn) -> VerbsResult<&mut QpLocal> {
         qp_slot(qpn, self.limits.max_qp)
             .and_then(|s| self.qps.get_mut(s))
-            .and_then(|q| q.as_mut())
             .filter(|q| q.qpn == qpn)
             .ok_or(VerbsError::NotFound("queue pair"))
     }
@@ -724,16 +723,16 @@ impl<C: Channel> Verbs for Client<C> {
         // Sent (or refused): the ring is never sent again, so its fd can go.
         area.close_fd();
         let cq = expect_reply!(r, ReplyData::Cq(cq) => cq)?;
-        match self.cqs.get_mut(cq.0 as usize) {
-            Some(slot) => {
-                // A new ring's notification sequence starts at 0; the slot may have held an
-                // earlier CQ's (ids are reused), and a waiter must not take that for a
-                // notification of this one.
-                self.cq_seen[cq.0 as usize] = cons.notify_seq();
-                *slot = Some(cons);
-                Ok(cq)
-            }
-            None => {
+        // A new ring's notification sequence starts at 0; the id may have named an earlier
+        // CQ (ids are reused), and a waiter must not take that one's for a notification of
+        // this one.
+        let seen = cons.notify_seq();
+        match self
+            .cqs
+            .insert_at(cq.0 as usize, CqLocal { ring: cons, seen })
+        {
+            Ok(_) => Ok(cq),
+            Err(_) => {
                 let _ = self.call(Command::DestroyCq { cq });
                 Err(VerbsError::NoResources("completion queues"))
             }
@@ -746,9 +745,7 @@ impl<C: Channel> Verbs for Client<C> {
 
     fn destroy_cq(&mut self, cq: CqId) -> VerbsResult<()> {
         self.call(Command::DestroyCq { cq })?;
-        if let Some(slot) = self.cqs.get_mut(cq.0 as usize) {
-            *slot = None;
-        }
+        self.cqs.remove(cq.0 as usize);
         Ok(())
     }
 
@@ -776,7 +773,7 @@ impl<C: Channel> Verbs for Client<C> {
             ReplyData::QpInfo(i) => i.caps,
             _ => init.caps,
         };
-        self.qps[slot as usize] = Some(QpLocal {
+        let local = QpLocal {
             qpn,
             caps,
             qp_type: init.qp_type,
@@ -784,7 +781,11 @@ impl<C: Channel> Verbs for Client<C> {
             srq: init.srq.is_some(),
             sq_posted: 0,
             rq_posted: 0,
-        });
+        };
+        if self.qps.insert_at(slot as usize, local).is_err() {
+            let _ = self.call(Command::DestroyQp { qpn });
+            return Err(VerbsError::NoResources("queue pairs"));
+        }
         Ok(qpn)
     }
 
@@ -812,8 +813,8 @@ impl<C: Channel> Verbs for Client<C> {
 
     fn destroy_qp(&mut self, qpn: Qpn) -> VerbsResult<()> {
         self.call(Command::DestroyQp { qpn })?;
-        if let Some(slot) = qp_slot(qpn, self.limits.max_qp).and_then(|s| self.qps.get_mut(s)) {
-            *slot = None;
+        if let Some(slot) = qp_slot(qpn, self.limits.max_qp) {
+            self.qps.remove(slot);
         }
         Ok(())
     }
@@ -878,16 +879,14 @@ impl<C: Channel> Verbs for Client<C> {
 
     fn create_srq(&mut self, pd: PdId, attr: &SrqAttr) -> VerbsResult<SrqId> {
         let s = expect_reply!(self.call(Command::CreateSrq { pd, attr: *attr }), ReplyData::Srq(s) => s)?;
-        match self.srqs.get_mut(s.0 as usize) {
-            Some(slot) => {
-                *slot = Some(SrqLocal {
-                    max_wr: attr.max_wr,
-                    max_sge: attr.max_sge,
-                    posted: 0,
-                });
-                Ok(s)
-            }
-            None => {
+        let local = SrqLocal {
+            max_wr: attr.max_wr,
+            max_sge: attr.max_sge,
+            posted: 0,
+        };
+        match self.srqs.insert_at(s.0 as usize, local) {
+            Ok(_) => Ok(s),
+            Err(_) => {
                 let _ = self.call(Command::DestroySrq { srq: s });
                 Err(VerbsError::NoResources("shared receive queues"))
             }
@@ -904,9 +903,7 @@ impl<C: Channel> Verbs for Client<C> {
 
     fn destroy_srq(&mut self, srq: SrqId) -> VerbsResult<()> {
         self.call(Command::DestroySrq { srq })?;
-        if let Some(slot) = self.srqs.get_mut(srq.0 as usize) {
-            *slot = None;
-        }
+        self.srqs.remove(srq.0 as usize);
         Ok(())
     }
 
@@ -919,7 +916,6 @@ impl<C: Channel> Verbs for Client<C> {
         let s = self
             .srqs
             .get_mut(srq.0 as usize)
-            .and_then(|s| s.as_mut())
             .ok_or(VerbsError::NotFound("shared receive queue"))?;
         if wr.sg_list.len() > s.max_sge as usize {
             return Err(VerbsError::InvalidArgument(format!(
@@ -936,7 +932,7 @@ impl<C: Channel> Verbs for Client<C> {
         let slot = PostSlot::recv(post_kind::SRQ_RECV, srq.0, wr.wr_id, wr.sg_list)
             .map_err(|e| VerbsError::InvalidArgument(e.to_string()))?;
         self.push(&slot)?;
-        if let Some(Some(s)) = self.srqs.get_mut(srq.0 as usize) {
+        if let Some(s) = self.srqs.get_mut(srq.0 as usize) {
             s.posted += 1;
         }
         Ok(())
@@ -971,15 +967,11 @@ impl<C: Channel> Verbs for Client<C> {
     }
 
     fn wait_cq(&mut self, cq: CqId, timeout: Option<Duration>) -> VerbsResult<bool> {
-        let seen = *self
-            .cq_seen
-            .get(cq.0 as usize)
-            .ok_or(VerbsError::NotFound("completion queue"))?;
-        let ring = self
+        let c = self
             .cqs
             .get(cq.0 as usize)
-            .and_then(|r| r.as_ref())
             .ok_or(VerbsError::NotFound("completion queue"))?;
+        let (ring, seen) = (&c.ring, c.seen);
         // Wait in slices, so a device that goes away ends the wait.
         let deadline = timeout.map(|t| Instant::now() + t);
         loop {
@@ -993,7 +985,10 @@ impl<C: Channel> Verbs for Client<C> {
                 None => Duration::from_millis(100),
             };
             if ring.wait_notify(seen, Some(slice)) {
-                self.cq_seen[cq.0 as usize] = ring.notify_seq();
+                let now_seq = ring.notify_seq();
+                if let Some(c) = self.cqs.get_mut(cq.0 as usize) {
+                    c.seen = now_seq;
+                }
                 return Ok(true);
             }
             if deadline.is_some_and(|d| Instant::now() >= d) {
