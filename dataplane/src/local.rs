@@ -1,6 +1,8 @@
 //! In-process clients: an application that runs the RNIC in its own process (rnic-perf
 //! without `--rnicd`, the tests) uses the same [`Client`] as a remote one, with its control
-//! calls carried to the worker by a [`LocalChannel`] over the runtime's control queue.
+//! calls carried to the worker by a [`LocalChannel`] over the runtime's control queue. Such
+//! a client also runs the worker itself while it waits (an empty CQ, a call's reply):
+//! run-to-completion, with no thread hop ([`WorkerCell`]).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
@@ -13,7 +15,7 @@ use ferroce_host::app::{Channel, Client};
 use roce::engine::{VerbsError, VerbsResult};
 
 use crate::host::{host_end, HostEnd};
-use crate::worker::Control;
+use crate::worker::{Control, WorkerCell};
 
 /// A client in the same process as the worker: control calls go through the runtime's
 /// control queue and wait for the worker's reply.
@@ -22,21 +24,27 @@ pub struct LocalChannel {
     nic: usize,
     token: u64,
     alive: Arc<AtomicBool>,
+    /// The worker, to run while waiting (None: only its own thread runs it, as for rnicd's
+    /// connection threads relaying remote clients' calls).
+    cell: Option<Arc<WorkerCell>>,
 }
 
 impl LocalChannel {
-    /// A channel to the host `token` of RNIC `nic`.
+    /// A channel to the host `token` of RNIC `nic`; with `cell`, the caller runs the worker
+    /// while it waits.
     pub fn new(
         control: Arc<SegQueue<Control>>,
         nic: usize,
         token: u64,
         alive: Arc<AtomicBool>,
+        cell: Option<Arc<WorkerCell>>,
     ) -> Self {
         LocalChannel {
             control,
             nic,
             token,
             alive,
+            cell,
         }
     }
 
@@ -62,8 +70,17 @@ impl LocalChannel {
             area,
             reply: tx,
         });
+        // Running the worker here answers the call in this thread when nobody else is
+        // running it; otherwise wait briefly and try again.
+        let slice = match self.cell {
+            Some(_) => Duration::from_micros(50),
+            None => Duration::from_millis(20),
+        };
         loop {
-            match rx.recv_timeout(Duration::from_millis(20)) {
+            if let Some(c) = &self.cell {
+                c.drive();
+            }
+            match rx.recv_timeout(slice) {
                 Ok(r) => return r,
                 Err(mpsc::RecvTimeoutError::Disconnected) => return Err(VerbsError::DeviceFatal),
                 Err(mpsc::RecvTimeoutError::Timeout) => {
@@ -88,20 +105,26 @@ impl Channel for LocalChannel {
     fn alive(&self) -> bool {
         self.alive.load(Ordering::Acquire)
     }
+
+    fn progress(&mut self) -> bool {
+        self.cell.as_ref().is_some_and(|c| c.drive())
+    }
 }
 
 /// An application's handle on an RNIC in the same process (the in-process backend).
 pub type Context = Client<LocalChannel>;
 
 /// Creates both ends of an in-process client on RNIC `nic` of a worker fed by `control`:
-/// the client and the host end to attach to the RNIC (`Nic::add_host`).
+/// the client and the host end to attach to the RNIC (`Nic::add_host`). With `cell`, the
+/// client runs the worker itself while it waits.
 pub fn context(
     control: Arc<SegQueue<Control>>,
     nic: usize,
     limits: HostLimits,
     alive: Arc<AtomicBool>,
+    cell: Option<Arc<WorkerCell>>,
 ) -> std::io::Result<(Context, HostEnd)> {
     let (rings, host) = host_end(limits, ClientLimits::default(), "ferroce")?;
-    let chan = LocalChannel::new(control, nic, host.token, alive);
+    let chan = LocalChannel::new(control, nic, host.token, alive, cell);
     Ok((Client::attach(chan, rings, limits), host))
 }

@@ -12,7 +12,7 @@ use crate::config::{RawConfig, RnicConfig};
 use crate::host::host_end;
 use crate::local::{context, Context, LocalChannel};
 use crate::nic::Nic;
-use crate::worker::{Backoff, Control, NicSnapshot, Worker};
+use crate::worker::{Backoff, Control, NicSnapshot, Worker, WorkerCell};
 use ferroce_host::abi::{ClientLimits, HostLimits};
 use ferroce_host::app::ClientRings;
 
@@ -89,6 +89,8 @@ pub struct Runtime {
     limits: Vec<HostLimits>,
     dev_limits: Vec<roce::engine::DeviceLimits>,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// The worker, which in-process contexts may run themselves while they wait.
+    cell: Arc<WorkerCell>,
 }
 
 impl Runtime {
@@ -171,7 +173,9 @@ impl Runtime {
             pause: c.idle_pause,
             sleep_us: c.idle_sleep_us,
         };
-        let (s2, a2, c2, st2) = (stop.clone(), alive.clone(), control.clone(), stats.clone());
+        let worker = Worker::new(nics, backoff, control.clone(), stats.clone());
+        let cell = Arc::new(WorkerCell::new(worker, stop.clone(), alive.clone()));
+        let (a2, cell2) = (alive.clone(), cell.clone());
         let thread = std::thread::Builder::new()
             .name("ferroce-worker".into())
             .spawn(move || {
@@ -180,9 +184,7 @@ impl Runtime {
                 let _alive = AliveGuard(a2);
                 // An EAL-registered thread gets an lcore id, hence mempool caches.
                 let _reg = Eal::get().and_then(|e| e.register_thread().ok());
-                let mut w = Worker::new(nics, backoff, c2, st2);
-                w.run(&s2);
-                drop(w);
+                cell2.run();
             })
             .map_err(|e| StartError::Other(format!("cannot start the worker: {e}")))?;
         Ok(Runtime {
@@ -195,6 +197,7 @@ impl Runtime {
             limits,
             dev_limits,
             thread: Mutex::new(Some(thread)),
+            cell,
         })
     }
 
@@ -208,6 +211,7 @@ impl Runtime {
             index,
             self.limits[index],
             self.alive.clone(),
+            Some(self.cell.clone()),
         )
         .map_err(|e| StartError::Other(e.to_string()))?;
         self.control.push(Control::AddHost(index, Box::new(host)));
@@ -235,7 +239,15 @@ impl Runtime {
         host.uid = uid;
         host.comm = comm.to_string();
         host.label = format!("pid {pid} ({comm})");
-        let chan = LocalChannel::new(self.control.clone(), index, host.token, self.alive.clone());
+        // rnicd's connection threads relay remote clients' calls: the worker's own thread
+        // answers them (the clients run in other processes and cannot run it).
+        let chan = LocalChannel::new(
+            self.control.clone(),
+            index,
+            host.token,
+            self.alive.clone(),
+            None,
+        );
         self.control.push(Control::AddHost(index, Box::new(host)));
         Ok((rings, chan))
     }

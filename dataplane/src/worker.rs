@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crossbeam_queue::SegQueue;
+use pmd_bindings::Eal;
 
 use crate::host::HostEnd;
 use crate::neighbor::NeighborCounters;
@@ -195,6 +196,19 @@ impl Worker {
             let _in = span.enter();
             work += nic.poll(now);
         }
+        work += self.process_control();
+        // Counters for tools, about every millisecond (off the per-packet path).
+        if now.wrapping_sub(self.last_stats) > 1_000_000 {
+            self.last_stats = now;
+            self.publish_stats();
+        }
+        work
+    }
+
+    /// Runs the control messages waiting (clients attached, calls, reports); returns how
+    /// many.
+    fn process_control(&mut self) -> usize {
+        let mut work = 0;
         if !self.control.is_empty() {
             while let Some(c) = self.control.pop() {
                 match c {
@@ -236,11 +250,6 @@ impl Worker {
                 work += 1;
             }
         }
-        // Counters for tools, about every millisecond (off the per-packet path).
-        if now.wrapping_sub(self.last_stats) > 1_000_000 {
-            self.last_stats = now;
-            self.publish_stats();
-        }
         work
     }
 
@@ -267,24 +276,31 @@ impl Worker {
     /// Backs off after an iteration that did `work`.
     #[inline]
     pub fn idle(&mut self, work: usize) {
+        self.idle_action(work).run();
+    }
+
+    /// What to do after an iteration that did `work` (the caller does it, e.g. after
+    /// letting go of a lock).
+    #[inline]
+    fn idle_action(&mut self, work: usize) -> Idle {
         if work > 0 {
             self.idle = 0;
-            return;
+            return Idle::Spin;
         }
         self.idle = self.idle.saturating_add(1);
         let b = self.backoff;
         if self.idle <= b.spin {
-            std::hint::spin_loop();
+            Idle::Spin
         } else if self.idle <= b.spin + b.pause {
             // Yield rather than pause: on these shared 2-core machines an application thread
             // (e.g. a latency test's ping-pong) may be waiting for this CPU, and a worker that
             // only pauses would hold it for its whole time slice (measured: ~240 us per
             // write_lat round trip instead of ~5 us). Alone on its CPU, a yield returns at once.
-            std::thread::yield_now();
+            Idle::Yield
         } else if b.sleep_us > 0 {
-            std::thread::sleep(std::time::Duration::from_micros(b.sleep_us as u64));
+            Idle::Sleep(b.sleep_us)
         } else {
-            std::thread::yield_now();
+            Idle::Yield
         }
     }
 
@@ -294,12 +310,136 @@ impl Worker {
             let w = self.poll_once();
             self.idle(w);
         }
+        self.finish();
+    }
+
+    /// The end of a run: every client's pending posts and a final flush (`shutdown_hosts`),
+    /// the last counters, the capture written out.
+    pub fn finish(&mut self) {
         for n in self.nics.iter_mut() {
             n.shutdown_hosts();
         }
         self.publish_stats();
         for n in self.nics.iter_mut() {
             n.flush_capture();
+        }
+    }
+}
+
+/// How a worker waits after an idle iteration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Idle {
+    Spin,
+    Yield,
+    Sleep(u32),
+}
+
+impl Idle {
+    fn run(self) {
+        match self {
+            Idle::Spin => std::hint::spin_loop(),
+            Idle::Yield => std::thread::yield_now(),
+            Idle::Sleep(us) => std::thread::sleep(std::time::Duration::from_micros(us as u64)),
+        }
+    }
+}
+
+/// How long after an application thread last ran the worker its own thread keeps out of
+/// the way (it then only sleeps): an application that polls its CQ in a loop runs the RNIC
+/// itself and needs no second busy thread on the machine's cores.
+const APP_DRIVE_WINDOW_NS: u64 = 200_000;
+
+/// How long the worker's thread sleeps while an application thread drives.
+const APP_DRIVE_SLEEP_US: u64 = 100;
+
+thread_local! {
+    /// This thread's EAL registration (an lcore id, hence mempool caches), made the first
+    /// time it runs a worker; `None` inside if registration failed (it then runs without).
+    static REGISTERED: std::cell::OnceCell<Option<pmd_bindings::eal::ThreadRegistration>> =
+        const { std::cell::OnceCell::new() };
+}
+
+/// A worker shared by its own thread and the in-process application threads that run it
+/// while they wait for it (run-to-completion, as DPDK's model and eRPC have it): a thread
+/// that polls an empty CQ or waits for a control call's reply takes the worker if no one
+/// else is running it and does one iteration itself, instead of yielding its CPU to the
+/// worker's thread and waiting for a context switch. The worker's thread keeps the RNICs
+/// going whenever no application thread has run them for [`APP_DRIVE_WINDOW_NS`] (an
+/// application blocked in `wait_cq`, one that only posts, rnicd's remote clients), and
+/// otherwise sleeps. Whoever runs the worker holds its lock for one iteration; nothing on
+/// the per-packet path takes another lock.
+pub struct WorkerCell {
+    worker: Mutex<Worker>,
+    /// When an application thread last ran the worker (the worker's clock), 0: never.
+    driven_at: std::sync::atomic::AtomicU64,
+    clock: Clock,
+    stop: Arc<AtomicBool>,
+    alive: Arc<AtomicBool>,
+}
+
+impl WorkerCell {
+    /// A cell for `worker`, stopped by `stop`; `alive` is cleared if a thread running the
+    /// worker panics.
+    pub fn new(worker: Worker, stop: Arc<AtomicBool>, alive: Arc<AtomicBool>) -> WorkerCell {
+        let clock = worker.clock;
+        WorkerCell {
+            worker: Mutex::new(worker),
+            driven_at: std::sync::atomic::AtomicU64::new(0),
+            clock,
+            stop,
+            alive,
+        }
+    }
+
+    /// Runs one iteration of the worker in the calling (application) thread if nobody else
+    /// is running it; returns whether it did any work. A panic in the engine is caught here
+    /// and turns the device fatal for everyone, as the worker's thread dying does.
+    pub fn drive(&self) -> bool {
+        if self.stop.load(Ordering::Relaxed) || !self.alive.load(Ordering::Acquire) {
+            return false;
+        }
+        let Ok(mut w) = self.worker.try_lock() else {
+            return false;
+        };
+        REGISTERED.with(|r| {
+            r.get_or_init(|| Eal::get().and_then(|e| e.register_thread().ok()));
+        });
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| w.poll_once()));
+        drop(w);
+        match r {
+            Ok(work) => {
+                self.driven_at
+                    .store(self.clock.now().max(1), Ordering::Relaxed);
+                work > 0
+            }
+            Err(_) => {
+                self.alive.store(false, Ordering::Release);
+                false
+            }
+        }
+    }
+
+    /// The worker's own thread: runs the worker until `stop`, keeping out of the way while
+    /// application threads drive it, then finishes it (`Worker::finish`). Returns at once if
+    /// a panic in another thread poisoned the worker.
+    pub fn run(&self) {
+        while !self.stop.load(Ordering::Relaxed) {
+            let driven = self.driven_at.load(Ordering::Relaxed);
+            if driven != 0 && self.clock.now().saturating_sub(driven) < APP_DRIVE_WINDOW_NS {
+                std::thread::sleep(std::time::Duration::from_micros(APP_DRIVE_SLEEP_US));
+                continue;
+            }
+            let action = {
+                let Ok(mut w) = self.worker.lock() else {
+                    return;
+                };
+                let work = w.poll_once();
+                w.idle_action(work)
+            };
+            action.run();
+        }
+        if let Ok(mut w) = self.worker.lock() {
+            w.finish();
         }
     }
 }

@@ -59,8 +59,8 @@ fn steady_state_rdma_write_traffic_allocates_nothing() {
     let control = dataplane::worker::control_queue();
     let alive = Arc::new(AtomicBool::new(true));
     let limits = nics[0].host_limits();
-    let (ctx_a, host_a) = context(control.clone(), 0, limits, alive.clone()).unwrap();
-    let (ctx_b, host_b) = context(control.clone(), 1, limits, alive).unwrap();
+    let (ctx_a, host_a) = context(control.clone(), 0, limits, alive.clone(), None).unwrap();
+    let (ctx_b, host_b) = context(control.clone(), 1, limits, alive, None).unwrap();
     assert!(nics[0].add_host(host_a));
     assert!(nics[1].add_host(host_b));
     let mut w = Worker::new(

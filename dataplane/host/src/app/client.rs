@@ -290,7 +290,21 @@ impl<C: Channel> Client<C> {
             .get_mut(cq.0 as usize)
             .ok_or(VerbsError::NotFound("completion queue"))?
             .ring;
-        let n = ring.pop_each(max, |i, slot| f(i, &slot.sanitized()));
+        let mut n = ring.pop_each(max, |i, slot| f(i, &slot.sanitized()));
+        if n == 0 && self.chan.progress() {
+            // This thread ran the RNIC (in process): what it completed is there now.
+            let ring = &mut self
+                .cqs
+                .get_mut(cq.0 as usize)
+                .expect("looked up above")
+                .ring;
+            n = ring.pop_each(max, |i, slot| f(i, &slot.sanitized()));
+            if n == 0 {
+                // It did work, so it was not idle: no reason to give up the CPU yet.
+                self.empty_polls = 0;
+                return Ok(0);
+            }
+        }
         if n == 0 {
             if !self.chan.alive() {
                 return Err(VerbsError::DeviceFatal);

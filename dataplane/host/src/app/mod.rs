@@ -56,6 +56,12 @@ pub trait Channel: Send {
     fn call_until(&mut self, cmd: Command, deadline: Instant) -> VerbsResult<ReplyData>;
     /// Whether the device is still there.
     fn alive(&self) -> bool;
+    /// Lets the device make progress in the calling thread, if this channel can (an
+    /// in-process worker the caller may run: run-to-completion); true if it did work. The
+    /// client calls it when a poll finds nothing, before it gives up its CPU.
+    fn progress(&mut self) -> bool {
+        false
+    }
 }
 
 /// Ids of buffers dropped by the application, for the client to forget on the worker.
