@@ -7,7 +7,10 @@
 //!   packet), and the half round trip of one frame;
 //! - the same link carrying a one-way stream whose frames are copied in at one end and out at
 //!   the other (the ring PMD passes pointers, so the echo alone never touches the bytes);
-//! - memcpy bandwidth over the same working set (one 64 KiB message).
+//! - memcpy bandwidth over the same working set (one 64 KiB message), best of seven runs with
+//!   the median and the slowest (`rnic-perf --baseline`'s measurement);
+//! - the half round trip of a token passed between two threads through one shared word (the
+//!   barest cross-thread handoff, what an application thread and a worker thread cost).
 //!
 //! Then ferroce itself, through rnic-perf's loopback driver (perftest's loops and formulas):
 //! RDMA WRITE bandwidth (64 KiB messages, MTU 4096), 64 B WRITE message rate, and 8 B WRITE
@@ -175,20 +178,41 @@ fn raw_half_rtt(pool: &std::sync::Arc<Mempool>, name: &str, n: usize) -> f64 {
     v[v.len() / 2]
 }
 
-/// memcpy bandwidth over a `len`-byte working set, GB/s (10^9 bytes).
-fn memcpy_gbs(len: usize, secs: f64) -> f64 {
-    let src = vec![0x5au8; len];
-    let mut dst = vec![0u8; len];
-    let mut n = 0u64;
-    let start = Instant::now();
-    while start.elapsed().as_secs_f64() < secs {
-        for _ in 0..64 {
-            dst.copy_from_slice(std::hint::black_box(&src));
-            std::hint::black_box(&mut dst);
+/// Two threads passing a token back and forth through one shared word (the barest
+/// cross-thread handoff: no ring, no frame): half the round trip in microseconds (median of
+/// `n`). The threads spin and yield as ferroce's do, so on a machine with fewer free cores
+/// than threads the figure includes the scheduler's handoff, as ferroce's latency does.
+fn spsc_half_rtt(n: usize) -> f64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let word = std::sync::Arc::new(AtomicU64::new(0));
+    let w2 = word.clone();
+    let wait_for = |w: &AtomicU64, v: u64| {
+        let mut spins = 0u32;
+        while w.load(Ordering::Acquire) != v {
+            spins += 1;
+            if spins > 64 {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
         }
-        n += 64;
+    };
+    let echo = std::thread::spawn(move || {
+        for i in 0..n as u64 {
+            wait_for(&w2, 2 * i + 1);
+            w2.store(2 * i + 2, Ordering::Release);
+        }
+    });
+    let mut v = Vec::with_capacity(n);
+    for i in 0..n as u64 {
+        let t = Instant::now();
+        word.store(2 * i + 1, Ordering::Release);
+        wait_for(&word, 2 * i + 2);
+        v.push(t.elapsed().as_nanos() as f64 / 2000.0);
     }
-    n as f64 * len as f64 / start.elapsed().as_secs_f64() / 1e9
+    echo.join().expect("echo thread");
+    v.sort_by(|x, y| x.total_cmp(y));
+    v[v.len() / 2]
 }
 
 fn ferroce(verb: Verb, kind: Kind, args: &[&str]) -> Value {
@@ -349,10 +373,16 @@ fn main() {
     let pool = Mempool::new("e2e_raw", 8191, 256, ROCE_4K_DATA_ROOM).expect("mempool");
 
     println!("baselines (same run, same machine)");
-    let mc = memcpy_gbs(65536, 2.0);
+    // The same measurement as rnic-perf --baseline: warm buffers, seven runs of at least
+    // 20 ms, the best with the median and the slowest beside it.
+    let b = ferroce_tools::perf::baseline::memcpy(65536, 7);
+    let mc = b.best_bps / 8e9;
     println!(
-        "  memcpy 64 KiB working set:           {mc:8.2} GB/s = {:8.2} Gb/s",
-        mc * 8.0
+        "  memcpy 64 KiB working set:           {mc:8.2} GB/s = {:8.2} Gb/s (best of {}; median {:.2}, slowest {:.2} GB/s)",
+        mc * 8.0,
+        b.runs,
+        b.median_bps / 8e9,
+        b.worst_bps / 8e9
     );
     let (f_small, _) = raw_echo(&pool, "e2e_s", 122, 3.0);
     println!(
@@ -376,6 +406,8 @@ fn main() {
     );
     let rtt = raw_half_rtt(&pool, "e2e_l", 20_000);
     println!("  DPDK ring, one 64 B frame a->b->a:    {rtt:8.3} us half round trip (median)");
+    let spsc = spsc_half_rtt(20_000);
+    println!("  two threads, one shared word:         {spsc:8.3} us half round trip (median)");
 
     println!("ferroce loopback (two RNICs, one worker, rnic-perf loops)");
     let bw = ferroce(
@@ -536,5 +568,9 @@ fn main() {
     println!(
         "  8 B WRITE half RTT / raw frame half RTT:      {:.1}x",
         t / rtt
+    );
+    println!(
+        "  8 B WRITE half RTT / cross-thread handoff:    {:.1}x",
+        t / spsc
     );
 }
