@@ -73,6 +73,10 @@ pub struct Producer<T: Plain> {
     area: Arc<Area>,
     cap: u64,
     tail: u64,
+    /// The consumer's index as last read: the shared one is read again only when this one
+    /// says the ring is full (rte_ring's and liburing's cached index), so a push does not
+    /// pull the consumer's cache line every time.
+    cached_head: u64,
     _t: PhantomData<*const T>,
 }
 
@@ -81,6 +85,9 @@ pub struct Consumer<T: Plain> {
     area: Arc<Area>,
     cap: u64,
     head: u64,
+    /// The producer's index as last read (and checked): read again only when this one says
+    /// the ring is empty.
+    cached_tail: u64,
     /// Times the producer's index was implausible (corruption).
     pub rejected: u64,
     _t: PhantomData<*const T>,
@@ -95,10 +102,12 @@ impl<T: Plain> Producer<T> {
     /// Attaches to a ring area as its producer.
     pub fn attach(area: Arc<Area>, capacity: usize) -> Producer<T> {
         let tail = idx(&area, TAIL).load(Ordering::Acquire);
+        let cached_head = idx(&area, HEAD).load(Ordering::Acquire);
         Producer {
             area,
             cap: capacity as u64,
             tail,
+            cached_head,
             _t: PhantomData,
         }
     }
@@ -160,9 +169,11 @@ impl<T: Plain> Producer<T> {
     /// Appends `v`; false when full.
     #[inline]
     pub fn push(&mut self, v: &T) -> bool {
-        let head = idx(&self.area, HEAD).load(Ordering::Acquire);
-        if self.tail.wrapping_sub(head) >= self.cap {
-            return false;
+        if self.tail.wrapping_sub(self.cached_head) >= self.cap {
+            self.cached_head = idx(&self.area, HEAD).load(Ordering::Acquire);
+            if self.tail.wrapping_sub(self.cached_head) >= self.cap {
+                return false;
+            }
         }
         let slot = (self.tail & (self.cap - 1)) as usize;
         // SAFETY: slot < cap and the area holds cap slots after SLOTS; T is plain data; the
@@ -188,6 +199,7 @@ impl<T: Plain> Consumer<T> {
             area,
             cap: capacity as u64,
             head,
+            cached_tail: head,
             rejected: 0,
             _t: PhantomData,
         }
@@ -283,14 +295,7 @@ impl<T: Plain> Consumer<T> {
     /// Takes the oldest entry.
     #[inline]
     pub fn pop(&mut self) -> Option<T> {
-        let tail = idx(&self.area, TAIL).load(Ordering::Acquire);
-        let n = tail.wrapping_sub(self.head);
-        if n == 0 {
-            return None;
-        }
-        if n > self.cap {
-            // The producer index is not plausible: do not read garbage slots.
-            self.rejected += 1;
+        if self.available() == 0 {
             return None;
         }
         let slot = (self.head & (self.cap - 1)) as usize;
@@ -307,18 +312,30 @@ impl<T: Plain> Consumer<T> {
         Some(v)
     }
 
+    /// Entries published and not yet taken: from the cached producer index, read again (with
+    /// acquire, and checked) only when that one says there are none. An implausible index
+    /// (more than the ring holds: a corrupted or hostile producer) is counted in `rejected`
+    /// and reads as none, so no garbage slot is ever read.
+    fn available(&mut self) -> u64 {
+        let n = self.cached_tail.wrapping_sub(self.head);
+        if n != 0 {
+            return n;
+        }
+        let tail = idx(&self.area, TAIL).load(Ordering::Acquire);
+        let n = tail.wrapping_sub(self.head);
+        if n > self.cap {
+            self.rejected += 1;
+            return 0;
+        }
+        self.cached_tail = tail;
+        n
+    }
+
     /// Pops up to `max` slots, handing each to `f` with its index as it is read from the ring,
     /// and publishes the new consumer index once at the end (one release store per batch,
     /// not per slot); returns how many.
     pub fn pop_each(&mut self, max: usize, mut f: impl FnMut(usize, &T)) -> usize {
-        let tail = idx(&self.area, TAIL).load(Ordering::Acquire);
-        let avail = tail.wrapping_sub(self.head);
-        if avail > self.cap {
-            // The producer index is not plausible: do not read garbage slots.
-            self.rejected += 1;
-            return 0;
-        }
-        let n = (avail as usize).min(max);
+        let n = (self.available() as usize).min(max);
         for i in 0..n {
             let slot = (self.head.wrapping_add(i as u64) & (self.cap - 1)) as usize;
             // SAFETY: the producer published these slots (acquire above) and does not touch
