@@ -46,6 +46,11 @@ fn err<T>(key: &str, problem: impl Into<String>) -> Result<T, ConfigError> {
     })
 }
 
+/// QPs per RNIC unless `roce.max_qp` says otherwise.
+pub const DEFAULT_MAX_QP: u32 = 16384;
+/// The most `roce.max_qp` may be.
+pub const MAX_QP_LIMIT: u32 = 262_144;
+
 /// The file as written (every field optional; defaults applied in [`RawConfig::validate`]).
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -179,6 +184,9 @@ pub struct RawRoce {
     pub ud_rx_hold_us: Option<u32>,
     /// How many such messages wait at most per port. Default 1024.
     pub ud_rx_hold_frames: Option<u32>,
+    /// Queue pairs per RNIC (default 16384, at most 262144): the size of the QP table, which
+    /// is indexed by QPN (no hashing), and of each client's index area (16 bytes a QP).
+    pub max_qp: Option<u32>,
 }
 
 /// `[worker]`
@@ -402,6 +410,8 @@ pub struct RnicConfig {
     pub ud_rx_hold_us: u32,
     /// How many such messages wait at most.
     pub ud_rx_hold_frames: u32,
+    /// Queue pairs the RNIC holds.
+    pub max_qp: u32,
     /// Idle spin iterations.
     pub idle_spin: u32,
     /// Idle iterations that yield the CPU.
@@ -587,6 +597,7 @@ impl RawConfig {
             "roce.ud_rx_hold_frames" => {
                 self.roce.ud_rx_hold_frames = Some(small(value, 65536)? as u32)
             }
+            "roce.max_qp" => self.roce.max_qp = Some(small(value, MAX_QP_LIMIT as u64)? as u32),
             "worker.idle_spin" => {
                 self.worker.idle_spin = Some(small(value, u32::MAX as u64)? as u32)
             }
@@ -765,6 +776,13 @@ impl RawConfig {
         if dscp > 63 {
             return err("roce.dscp", format!("{dscp} is not in 0..=63"));
         }
+        let max_qp = self.roce.max_qp.unwrap_or(DEFAULT_MAX_QP);
+        if !(1..=MAX_QP_LIMIT).contains(&max_qp) {
+            return err(
+                "roce.max_qp",
+                format!("{max_qp} is not in 1..={MAX_QP_LIMIT}"),
+            );
+        }
         let credits_from_rq = match self.roce.credits.as_deref() {
             None | Some("receive-queue") => true,
             Some("unlimited") => false,
@@ -816,6 +834,7 @@ impl RawConfig {
             ack_coalescing: self.roce.ack_coalescing.unwrap_or(true),
             ud_rx_hold_us: self.roce.ud_rx_hold_us.unwrap_or(50_000),
             ud_rx_hold_frames: self.roce.ud_rx_hold_frames.unwrap_or(1024),
+            max_qp,
             idle_spin: self.worker.idle_spin.unwrap_or(256),
             idle_pause: self.worker.idle_pause.unwrap_or(4096),
             idle_sleep_us: self.worker.idle_sleep_us.unwrap_or(100),
@@ -1118,6 +1137,7 @@ impl RnicConfig {
         line("ack_coalescing", self.ack_coalescing.to_string());
         line("ud_rx_hold_us", self.ud_rx_hold_us.to_string());
         line("ud_rx_hold_frames", self.ud_rx_hold_frames.to_string());
+        line("max_qp", self.max_qp.to_string());
         out.push_str(&std::mem::take(&mut t));
         out.push_str("\n[worker]\n");
         let mut line = |k: &str, v: String| {

@@ -260,6 +260,10 @@ impl Nic {
                 CreditMode::Unlimited
             },
             coalesce_acks: cfg.ack_coalescing,
+            limits: roce::engine::DeviceLimits {
+                max_qp: cfg.max_qp,
+                ..Default::default()
+            },
             ..Default::default()
         });
         let max_qp = dev.config().limits.max_qp as usize;

@@ -96,7 +96,7 @@ fn default_max_mw() -> u32 {
 impl Default for DeviceLimits {
     fn default() -> Self {
         DeviceLimits {
-            max_qp: 1024,
+            max_qp: 16384,
             max_qp_wr: 4096,
             max_sge: transmit::MAX_PAYLOAD_SEGS as u32,
             max_cq: 1024,

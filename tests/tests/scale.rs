@@ -1,0 +1,181 @@
+//! Many queue pairs on one RNIC: thousands of connected QPs each moving verified data, the
+//! QP table indexed by QPN at its default size (`roce.max_qp` = 16384), and the limit
+//! enforced where a configuration sets a smaller one.
+
+use dataplane::runtime::{test_config, Runtime};
+use dataplane::Verbs;
+use roce::engine::{qp_queue_bytes, CqId, QpInit, VerbsError};
+use roce::memory::PdId;
+use roce::types::{Gid, Psn, Qpn};
+use roce::verbs::*;
+
+const CAPS: QpCaps = QpCaps {
+    max_send_wr: 2,
+    max_recv_wr: 1,
+    max_send_sge: 1,
+    max_recv_sge: 1,
+    max_inline_data: 0,
+};
+
+fn create<V: Verbs>(ctx: &mut V, pd: PdId, cq: CqId) -> Result<Qpn, VerbsError> {
+    ctx.create_qp(&QpInit {
+        pd,
+        qp_type: QpType::Rc,
+        send_cq: cq,
+        recv_cq: cq,
+        srq: None,
+        caps: CAPS,
+        sq_sig_all: false,
+    })
+}
+
+fn to_rts<V: Verbs>(ctx: &mut V, qpn: Qpn, peer: Qpn, peer_gid: Gid) {
+    let init = QpAttr {
+        state: Some(QpState::Init),
+        pkey_index: Some(0),
+        port: Some(1),
+        access: Some(Access::ALL),
+        ..Default::default()
+    };
+    ctx.modify_qp(qpn, &init).expect("INIT");
+    let rtr = QpAttr {
+        state: Some(QpState::Rtr),
+        av: Some(AddressVector::new(peer_gid, 1)),
+        path_mtu: Some(Mtu::M1024),
+        dest_qp: Some(peer),
+        rq_psn: Some(Psn::new(7)),
+        max_dest_rd_atomic: Some(1),
+        min_rnr_timer: Some(1),
+        ..Default::default()
+    };
+    ctx.modify_qp(qpn, &rtr).expect("RTR");
+    let rts = QpAttr {
+        state: Some(QpState::Rts),
+        sq_psn: Some(Psn::new(7)),
+        timeout: Some(14),
+        retry_cnt: Some(7),
+        rnr_retry: Some(7),
+        max_rd_atomic: Some(1),
+        ..Default::default()
+    };
+    ctx.modify_qp(qpn, &rts).expect("RTS");
+}
+
+/// 8192 connected RC pairs between two RNICs (16384 QPs in all, the default table size of
+/// each RNIC is 16384): every pair moves its own 64-byte WRITE, all posted before any
+/// completes, and each lands where it should.
+#[test]
+fn thousands_of_qps_each_move_their_own_data() {
+    const N: usize = 8192;
+    const LEN: usize = 64;
+    let rt = Runtime::loopback(
+        "ferroce-scale",
+        test_config(41, 1024),
+        test_config(42, 1024),
+    )
+    .expect("loopback");
+    assert_eq!(rt.device_limits(0).max_qp, 16384, "the default table");
+    let mut a = rt.open(0).unwrap();
+    let mut b = rt.open(1).unwrap();
+    let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
+    let (ca, cb) = (a.create_cq(N as u32).unwrap(), b.create_cq(16).unwrap());
+    let (buf_a, buf_b) = (
+        a.alloc_buffer(N * LEN).unwrap(),
+        b.alloc_buffer(N * LEN).unwrap(),
+    );
+    let mr_a = a.reg_mr(pa, &buf_a, 0, N * LEN, Access::ALL).unwrap();
+    let mr_b = b.reg_mr(pb, &buf_b, 0, N * LEN, Access::ALL).unwrap();
+    let (ga, gb) = (a.query_gid(1).unwrap(), b.query_gid(1).unwrap());
+    let qa: Vec<Qpn> = (0..N).map(|_| create(&mut a, pa, ca).unwrap()).collect();
+    let qb: Vec<Qpn> = (0..N).map(|_| create(&mut b, pb, cb).unwrap()).collect();
+    let mut distinct = qa.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!(distinct.len(), N, "every QP has its own number");
+    for i in 0..N {
+        to_rts(&mut a, qa[i], qb[i], gb);
+        to_rts(&mut b, qb[i], qa[i], ga);
+    }
+    // Each pair writes its own pattern into its own 64 bytes of b's buffer.
+    for (i, &qpn) in qa.iter().enumerate() {
+        let data: Vec<u8> = (0..LEN)
+            .map(|k| (i * 7 + k) as u8 ^ (i >> 8) as u8)
+            .collect();
+        buf_a.write(i * LEN, &data);
+        a.post_send(
+            qpn,
+            &SendWr {
+                wr_id: i as u64,
+                op: WrOp::Write {
+                    remote_addr: mr_b.addr + (i * LEN) as u64,
+                    rkey: mr_b.rkey.unwrap(),
+                },
+                sg_list: &[mr_a.sge((i * LEN) as u64, LEN as u32)],
+                flags: SendFlags::SIGNALED,
+                ud: None,
+            },
+        )
+        .unwrap();
+    }
+    let mut seen = vec![false; N];
+    let mut wc = [Completion::default(); 64];
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let mut got = 0;
+    while got < N {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{got} of {N} completions"
+        );
+        let n = a.poll_cq(ca, &mut wc).unwrap();
+        for c in &wc[..n] {
+            assert_eq!(c.status, WcStatus::Success, "{c:?}");
+            assert!(!seen[c.wr_id as usize], "completed twice: {c:?}");
+            seen[c.wr_id as usize] = true;
+            assert_eq!(c.qp_num, qa[c.wr_id as usize], "on its own QP");
+        }
+        got += n;
+    }
+    let mut all = vec![0u8; N * LEN];
+    buf_b.read(0, &mut all);
+    for i in 0..N {
+        let want: Vec<u8> = (0..LEN)
+            .map(|k| (i * 7 + k) as u8 ^ (i >> 8) as u8)
+            .collect();
+        assert_eq!(&all[i * LEN..(i + 1) * LEN], &want[..], "pair {i}");
+    }
+    // What one of these QPs costs the RNIC: its state and queues.
+    eprintln!(
+        "{N} QP pairs moved their data; one QP with these queues holds {} bytes of engine memory",
+        qp_queue_bytes(&CAPS, false)
+    );
+    drop((a, b));
+    rt.stop();
+}
+
+/// `roce.max_qp` sizes the table: one QP past it is refused with a clear error, and a
+/// destroyed QP makes room again.
+#[test]
+fn roce_max_qp_bounds_the_qp_table() {
+    let mut cfg0 = test_config(43, 1024);
+    let mut cfg1 = test_config(44, 1024);
+    cfg0.max_qp = 8;
+    cfg1.max_qp = 8;
+    let rt = Runtime::loopback("ferroce-scale2", cfg0, cfg1).expect("loopback");
+    assert_eq!(rt.device_limits(0).max_qp, 8);
+    let mut a = rt.open(0).unwrap();
+    let pd = a.alloc_pd().unwrap();
+    let cq = a.create_cq(16).unwrap();
+    let qps: Vec<Qpn> = (0..8).map(|_| create(&mut a, pd, cq).unwrap()).collect();
+    assert_eq!(
+        create(&mut a, pd, cq),
+        Err(VerbsError::NoResources("queue pairs"))
+    );
+    a.destroy_qp(qps[3]).unwrap();
+    let again = create(&mut a, pd, cq).unwrap();
+    assert!(
+        !qps.contains(&again),
+        "a new number, not the destroyed QP's"
+    );
+    drop(a);
+    rt.stop();
+}
