@@ -213,15 +213,17 @@ pub struct Thresholds {
 
 impl Thresholds {
     /// mlx5's sizing rule for a `buffer`-byte priority buffer: headroom for what is in flight
-    /// once XOFF is sent = (301 + 2.16 x cable metres) x speed in Gb/s + 2.72 x MTU bytes;
-    /// XOFF = buffer - headroom; XON two MTUs below XOFF (ref. dcb.md "PFC"). `None` if the
-    /// buffer cannot hold the headroom.
+    /// once XOFF is sent = (301 + 2.16 x cable metres) x speed in Gb/s + 2.72 x MTU bytes,
+    /// with speeds below 40 Gb/s counted as 40 (the driver's floor); XOFF = buffer - headroom;
+    /// XON one MTU below XOFF, as the driver sets it (ref. dcb.md "PFC"). `None` if the buffer
+    /// cannot hold the headroom.
     pub fn mlx5(buffer: u64, cable_m: f64, speed_gbps: f64, mtu: u64) -> Option<Thresholds> {
-        let headroom = ((301.0 + 2.16 * cable_m) * speed_gbps + 2.72 * mtu as f64).ceil() as u64;
+        let speed = speed_gbps.max(40.0);
+        let headroom = ((301.0 + 2.16 * cable_m) * speed + 2.72 * mtu as f64).ceil() as u64;
         let xoff = buffer.checked_sub(headroom)?;
         Some(Thresholds {
             xoff,
-            xon: xoff.saturating_sub(2 * mtu),
+            xon: xoff.saturating_sub(mtu),
         })
     }
 }
@@ -298,6 +300,15 @@ impl Ingress {
         }
     }
 
+    /// The pause state priority `p` is judged in: PAUSE (802.3x) pauses the whole link, so
+    /// one state for every priority; PFC one per priority.
+    fn slot(&self, p: usize) -> usize {
+        match self.mode {
+            Mode::Pause => 0,
+            _ => p,
+        }
+    }
+
     /// The occupancy PAUSE mode judges (the sum of every priority) or priority `p`'s.
     fn level(&self, p: usize) -> u64 {
         match self.mode {
@@ -316,10 +327,11 @@ impl Ingress {
             return (false, None);
         }
         self.occupancy[p] += bytes;
-        if self.lossless(p) && self.xoff_at[p].is_none() && self.level(p) >= self.thresholds.xoff {
-            self.xoff_at[p] = Some(now);
-            self.counters.tx_xoff[p] += 1;
-            return (true, Some(self.frame(p, self.quanta)));
+        let k = self.slot(p);
+        if self.lossless(p) && self.xoff_at[k].is_none() && self.level(p) >= self.thresholds.xoff {
+            self.xoff_at[k] = Some(now);
+            self.counters.tx_xoff[k] += 1;
+            return (true, Some(self.frame(k, self.quanta)));
         }
         (true, None)
     }
@@ -328,10 +340,11 @@ impl Ingress {
     pub fn dequeue(&mut self, p: usize, bytes: u64) -> Option<Send> {
         let p = p % PRIORITIES;
         self.occupancy[p] = self.occupancy[p].saturating_sub(bytes);
-        if self.xoff_at[p].is_some() && self.level(p) <= self.thresholds.xon {
-            self.xoff_at[p] = None;
-            self.counters.tx_xon[p] += 1;
-            return Some(self.frame(p, 0));
+        let k = self.slot(p);
+        if self.xoff_at[k].is_some() && self.level(p) <= self.thresholds.xon {
+            self.xoff_at[k] = None;
+            self.counters.tx_xon[k] += 1;
+            return Some(self.frame(k, 0));
         }
         None
     }
@@ -364,9 +377,9 @@ impl Ingress {
         self.occupancy[p % PRIORITIES]
     }
 
-    /// Whether the peer is being paused for priority `p`.
+    /// Whether the peer is being paused for priority `p` (in PAUSE mode: the link).
     pub fn pausing(&self, p: usize) -> bool {
-        self.xoff_at[p % PRIORITIES].is_some()
+        self.xoff_at[self.slot(p % PRIORITIES)].is_some()
     }
 }
 
@@ -529,8 +542,46 @@ mod tests {
         // 4096 = 30 748 + 11 141.12 = 41 889.12 -> 41 890 bytes.
         let t = Thresholds::mlx5(262_144, 3.0, 100.0, 4096).unwrap();
         assert_eq!(t.xoff, 262_144 - 41_890);
-        assert_eq!(t.xon, t.xoff - 8192);
+        assert_eq!(
+            t.xon,
+            t.xoff - 4096,
+            "XON one MTU below XOFF, as the driver sets it"
+        );
         assert!(Thresholds::mlx5(10_000, 3.0, 100.0, 4096).is_none());
+        // Below 40 Gb/s the driver sizes for 40: 25 Gb/s gets 40 Gb/s's headroom,
+        // (301 + 6.48) x 40 + 11 141.12 = 23 440.32 -> 23 441 bytes.
+        let slow = Thresholds::mlx5(262_144, 3.0, 25.0, 4096).unwrap();
+        assert_eq!(slow, Thresholds::mlx5(262_144, 3.0, 40.0, 4096).unwrap());
+        assert_eq!(slow.xoff, 262_144 - 23_441);
+    }
+
+    /// 802.3x PAUSE stops the whole link: the summed occupancy of every priority sends one
+    /// XOFF, not one per priority, and one XON when the sum drains.
+    #[test]
+    fn pause_mode_has_one_state_for_the_link() {
+        let th = Thresholds {
+            xoff: 10_000,
+            xon: 5_000,
+        };
+        let mut g = Ingress::new(Mode::Pause, G100, 40_000, th, 0xffff);
+        assert_eq!(g.enqueue(0, 6_000, 0), (true, None));
+        let (ok, f) = g.enqueue(3, 6_000, 10);
+        assert!(ok);
+        assert_eq!(
+            f,
+            Some(Send::Pause { quanta: 0xffff }),
+            "the sum passed XOFF"
+        );
+        assert_eq!(
+            g.enqueue(5, 1_000, 20),
+            (true, None),
+            "the link is paused already"
+        );
+        assert!(g.pausing(0) && g.pausing(5));
+        assert_eq!(g.counters.tx_xoff.iter().sum::<u64>(), 1);
+        assert_eq!(g.dequeue(3, 6_000), None, "7 000 still held, above XON");
+        assert_eq!(g.dequeue(0, 6_000), Some(Send::Pause { quanta: 0 }));
+        assert!(!g.pausing(3));
     }
 
     #[test]

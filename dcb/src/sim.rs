@@ -196,6 +196,9 @@ enum Ev {
     Cnp(usize),
     /// A pause frame (quanta; 0 = XON) reaches sender `s`.
     Pfc { sender: usize, quanta: u16 },
+    /// Ingress port `port`'s XOFF refresh may be due (the switch refreshes a pause while its
+    /// buffer stays above XON, whether or not packets still arrive).
+    PfcRefresh(usize),
     /// Record a sample.
     Sample,
 }
@@ -235,6 +238,8 @@ pub struct Sim {
     senders: Vec<Sender>,
     ports: Vec<Port>,
     ingress: Vec<Ingress>,
+    /// The time of each ingress port's pending refresh event.
+    refresh_at: Vec<Option<u64>>,
     marker: Option<Marker>,
     buffer_used: u64,
     out: Outcome,
@@ -303,6 +308,7 @@ impl Sim {
             senders,
             ports,
             ingress,
+            refresh_at: vec![None; cfg.senders],
             marker,
             buffer_used: 0,
             out: Outcome {
@@ -431,6 +437,17 @@ impl Sim {
         self.push(t, Ev::Pfc { sender, quanta });
     }
 
+    /// Makes sure an event wakes ingress `port` when its next XOFF refresh is due (one
+    /// pending event per port).
+    fn schedule_refresh(&mut self, port: usize) {
+        if let Some(t) = self.ingress[port].poll_timeout() {
+            if self.refresh_at[port] != Some(t) {
+                self.refresh_at[port] = Some(t);
+                self.push(t, Ev::PfcRefresh(port));
+            }
+        }
+    }
+
     fn switch_in(&mut self, f: usize, bytes: u64) {
         let src = self.flows[f].spec.src;
         let dst = self.flows[f].spec.dst;
@@ -451,6 +468,7 @@ impl Sim {
         };
         if let Some(fr) = frame {
             self.send_pfc(src, fr);
+            self.schedule_refresh(src);
         }
         if !ok {
             self.out.drops += 1;
@@ -577,6 +595,19 @@ impl Sim {
                     self.senders[sender].pause.handle_frame(self.now, &frame);
                     // Resumed (XON) or a new pause end: re-evaluate.
                     self.schedule_sender(sender, self.now);
+                }
+                Ev::PfcRefresh(port) => {
+                    let mut refresh = Vec::new();
+                    if self.ingress[port]
+                        .poll_timeout()
+                        .is_some_and(|t| t <= self.now)
+                    {
+                        self.ingress[port].handle_timeout(self.now, &mut refresh);
+                    }
+                    for r in refresh {
+                        self.send_pfc(port, r);
+                    }
+                    self.schedule_refresh(port);
                 }
                 Ev::Sample => {
                     self.sample();

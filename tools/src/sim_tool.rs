@@ -288,11 +288,21 @@ pub fn incast(senders: usize, gbps: f64, dcqcn: bool, pfc: bool, duration_ns: u6
     c.pfc = pfc;
     // A shallow shared buffer, as on a switch port: 1 MB per 25 Gb/s.
     c.buffer = (gbps / 25.0 * 1_000_000.0) as u64;
-    cap_xoff(&mut c);
+    same_pause_thresholds(&mut c, gbps);
     if dcqcn {
         with_dcqcn(&mut c, Preset::Nvidia, gbps);
     }
     Sim::new(c).run(duration_ns)
+}
+
+/// The switch's PFC thresholds of a fabric deployed for DCQCN (XOFF above ECN's Kmax, within
+/// the buffer), set whether DCQCN runs or not: a comparison with and without DCQCN then
+/// changes one thing, the senders' reaction, not the pause thresholds too (with 3 BDPs
+/// without DCQCN and Kmax with it, XOFF differed sixfold and the pause counts said little).
+fn same_pause_thresholds(c: &mut Config, gbps: f64) {
+    let (red, _) = Preset::Nvidia.marking(gbps);
+    c.pfc_xoff = c.pfc_xoff.max(red.kmax);
+    cap_xoff(c);
 }
 
 /// The figure of an `incast` run.
@@ -343,6 +353,7 @@ pub fn pfc_victim(senders: usize, gbps: f64, dcqcn: bool, duration_ns: u64) -> (
         dst: 1,
         start: 0,
     });
+    same_pause_thresholds(&mut c, gbps);
     if dcqcn {
         with_dcqcn(&mut c, Preset::Nvidia, gbps);
     }
