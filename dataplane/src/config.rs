@@ -50,6 +50,12 @@ fn err<T>(key: &str, problem: impl Into<String>) -> Result<T, ConfigError> {
 pub const DEFAULT_MAX_QP: u32 = 16384;
 /// The most `roce.max_qp` may be.
 pub const MAX_QP_LIMIT: u32 = 262_144;
+/// Unacknowledged PSNs per QP unless `roce.send_window` says otherwise: rxe's 128, so interop
+/// behaves as with rxe.
+pub const DEFAULT_SEND_WINDOW: u32 = 128;
+/// The most `roce.send_window` may be: well inside half the 24-bit PSN space, where PSN
+/// comparisons stay unambiguous.
+pub const MAX_SEND_WINDOW: u32 = 1 << 22;
 
 /// The file as written (every field optional; defaults applied in [`RawConfig::validate`]).
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
@@ -187,6 +193,9 @@ pub struct RawRoce {
     /// Queue pairs per RNIC (default 16384, at most 262144): the size of the QP table, which
     /// is indexed by QPN (no hashing), and of each client's index area (16 bytes a QP).
     pub max_qp: Option<u32>,
+    /// PSNs a requester may have unacknowledged (default 128, rxe's; up to 2^22). A link whose
+    /// bandwidth-delay product exceeds 128 packets needs more to keep one QP busy.
+    pub send_window: Option<u32>,
 }
 
 /// `[worker]`
@@ -412,6 +421,8 @@ pub struct RnicConfig {
     pub ud_rx_hold_frames: u32,
     /// Queue pairs the RNIC holds.
     pub max_qp: u32,
+    /// Unacknowledged PSNs a requester may have outstanding.
+    pub send_window: u32,
     /// Idle spin iterations.
     pub idle_spin: u32,
     /// Idle iterations that yield the CPU.
@@ -598,6 +609,9 @@ impl RawConfig {
                 self.roce.ud_rx_hold_frames = Some(small(value, 65536)? as u32)
             }
             "roce.max_qp" => self.roce.max_qp = Some(small(value, MAX_QP_LIMIT as u64)? as u32),
+            "roce.send_window" => {
+                self.roce.send_window = Some(small(value, MAX_SEND_WINDOW as u64)? as u32)
+            }
             "worker.idle_spin" => {
                 self.worker.idle_spin = Some(small(value, u32::MAX as u64)? as u32)
             }
@@ -783,6 +797,13 @@ impl RawConfig {
                 format!("{max_qp} is not in 1..={MAX_QP_LIMIT}"),
             );
         }
+        let send_window = self.roce.send_window.unwrap_or(DEFAULT_SEND_WINDOW);
+        if !(1..=MAX_SEND_WINDOW).contains(&send_window) {
+            return err(
+                "roce.send_window",
+                format!("{send_window} is not in 1..={MAX_SEND_WINDOW}"),
+            );
+        }
         let credits_from_rq = match self.roce.credits.as_deref() {
             None | Some("receive-queue") => true,
             Some("unlimited") => false,
@@ -835,6 +856,7 @@ impl RawConfig {
             ud_rx_hold_us: self.roce.ud_rx_hold_us.unwrap_or(50_000),
             ud_rx_hold_frames: self.roce.ud_rx_hold_frames.unwrap_or(1024),
             max_qp,
+            send_window,
             idle_spin: self.worker.idle_spin.unwrap_or(256),
             idle_pause: self.worker.idle_pause.unwrap_or(4096),
             idle_sleep_us: self.worker.idle_sleep_us.unwrap_or(100),
@@ -1138,6 +1160,7 @@ impl RnicConfig {
         line("ud_rx_hold_us", self.ud_rx_hold_us.to_string());
         line("ud_rx_hold_frames", self.ud_rx_hold_frames.to_string());
         line("max_qp", self.max_qp.to_string());
+        line("send_window", self.send_window.to_string());
         out.push_str(&std::mem::take(&mut t));
         out.push_str("\n[worker]\n");
         let mut line = |k: &str, v: String| {
@@ -1331,6 +1354,22 @@ mod tests {
         );
         assert_eq!(bad("[port]\ndevice='x'\nmtu=100").key, "port.mtu");
         assert_eq!(bad("[port]\ndevice='x'\n[roce]\ndscp=64").key, "roce.dscp");
+        assert_eq!(
+            bad("[port]\ndevice='x'\n[roce]\nmax_qp=0").key,
+            "roce.max_qp"
+        );
+        assert_eq!(
+            bad("[port]\ndevice='x'\n[roce]\nmax_qp=262145").key,
+            "roce.max_qp"
+        );
+        assert_eq!(
+            bad("[port]\ndevice='x'\n[roce]\nsend_window=0").key,
+            "roce.send_window"
+        );
+        assert_eq!(
+            bad("[port]\ndevice='x'\n[roce]\nsend_window=4194305").key,
+            "roce.send_window"
+        );
         assert_eq!(
             bad("[port]\ndevice='x'\n[fault]\nloss=2.0").key,
             "fault.loss"

@@ -264,6 +264,7 @@ impl Nic {
                 max_qp: cfg.max_qp,
                 ..Default::default()
             },
+            max_unacked_psns: cfg.send_window,
             ..Default::default()
         });
         let max_qp = dev.config().limits.max_qp as usize;
