@@ -289,8 +289,17 @@ pub fn on_port(job: &Job, opts: &RnicOpts, out: &mut dyn Write) -> Result<Value,
     if !job.quiet() {
         let _ = writeln!(out, "{}", counters_line("ferroce0", &cfg, &snaps[0]));
     }
-    if r.is_err() {
-        super::keep_partial("counters", json!({"ferroce0": counters_json(&snaps[0])}));
+    let counters = json!({"ferroce0": counters_json(&snaps[0])});
+    match r {
+        // The RNIC's counters beside the results, as the loopback driver reports them.
+        Ok(Value::Object(mut m)) => {
+            m.insert("counters".into(), counters);
+            Ok(Value::Object(m))
+        }
+        Ok(v) => Ok(v),
+        Err(e) => {
+            super::keep_partial("counters", counters);
+            Err(e)
+        }
     }
-    r
 }
