@@ -311,6 +311,9 @@ pub struct RawFault {
     pub corrupt: Option<f64>,
     /// Probability a frame is held back behind the next one.
     pub reorder: Option<f64>,
+    /// Hold every frame this many microseconds before it leaves (a long link, where this
+    /// kernel has no netem). At most 10 s.
+    pub delay_us: Option<u32>,
     /// RNG seed.
     pub seed: Option<u64>,
 }
@@ -359,6 +362,8 @@ pub struct FaultConfig {
     pub corrupt: f64,
     /// Swap with the next frame.
     pub reorder: f64,
+    /// Hold every frame this long before it leaves (us).
+    pub delay_us: u32,
     /// Seed.
     pub seed: u64,
 }
@@ -366,7 +371,11 @@ pub struct FaultConfig {
 impl FaultConfig {
     /// Whether any fault is enabled.
     pub fn any(&self) -> bool {
-        self.loss > 0.0 || self.duplicate > 0.0 || self.corrupt > 0.0 || self.reorder > 0.0
+        self.loss > 0.0
+            || self.duplicate > 0.0
+            || self.corrupt > 0.0
+            || self.reorder > 0.0
+            || self.delay_us > 0
     }
 }
 
@@ -637,6 +646,7 @@ impl RawConfig {
                 }
             }
             "fault.seed" => self.fault.seed = Some(num(value)?),
+            "fault.delay_us" => self.fault.delay_us = Some(small(value, 10_000_000)? as u32),
             "host.socket" => self.host.socket = Some(value.into()),
             "host.group" => self.host.group = Some(value.into()),
             "host.mode" => self.host.mode = Some(value.into()),
@@ -829,6 +839,7 @@ impl RawConfig {
             duplicate: prob("fault.duplicate", self.fault.duplicate)?,
             corrupt: prob("fault.corrupt", self.fault.corrupt)?,
             reorder: prob("fault.reorder", self.fault.reorder)?,
+            delay_us: self.fault.delay_us.unwrap_or(0),
             seed: self.fault.seed.unwrap_or(1),
         };
         Ok(RnicConfig {
@@ -1191,6 +1202,7 @@ impl RnicConfig {
         ] {
             t.push_str(&format!("{k} = {v:?}\n"));
         }
+        t.push_str(&format!("delay_us = {}\n", f.delay_us));
         t.push_str(&format!("seed = {}\n", f.seed));
         out.push_str(&std::mem::take(&mut t));
         out.push_str("\n[host]\n");

@@ -117,8 +117,16 @@ roce::counters!(
         fault_corrupted,
         /// Faults injected: reordered.
         fault_reordered,
+        /// Faults injected: frames held `fault.delay_us` before they left.
+        fault_delayed,
+        /// Frames dropped because the delay line was full.
+        fault_delay_dropped,
     }
 );
+
+/// Most frames the fault injector's delay line holds at once (more are dropped, counted):
+/// a 1 ms delay at 10 Gb/s is about 300 full-size frames.
+const MAX_DELAYED: usize = 16_384;
 
 /// A QP's last resolved next hop, valid while the neighbour table's generation is `gen`.
 #[derive(Clone, Copy)]
@@ -185,6 +193,8 @@ struct Fault {
     cfg: FaultConfig,
     rng: Rng,
     held: Option<Mbuf>,
+    /// Frames waiting out `fault.delay_us`, with the time they may leave (in order).
+    delayed: VecDeque<(u64, Mbuf)>,
 }
 
 /// A UD message waiting for a receive WQE ([`Nic`]'s `wants_hold`), parsed when it arrived.
@@ -287,6 +297,7 @@ impl Nic {
         };
         let fault = cfg.fault.any().then(|| Fault {
             cfg: cfg.fault,
+            delayed: VecDeque::new(),
             rng: Rng::new(cfg.fault.seed),
             held: None,
         });
@@ -636,6 +647,7 @@ impl Nic {
         if !self.pending.is_empty() {
             self.retry_pending(now);
         }
+        work += self.release_delayed(now);
         // The engine produces packets only while the port takes them: with frames the port
         // refused still waiting, nothing new is built, so send WQEs do not complete (UD and
         // UC complete when their packet is built) and the sender is held back, as a NIC's
@@ -877,7 +889,7 @@ impl Nic {
             return;
         }
         self.tap(now, &[frame]);
-        self.push_tx(m);
+        self.push_tx(now, m);
     }
 
     /// Builds the engine's packet in `self.tx` into an mbuf and queues it.
@@ -971,7 +983,7 @@ impl Nic {
         if let Some(t) = self.tap.as_mut() {
             t.write_mbuf(now, &m);
         }
-        self.push_tx(m);
+        self.push_tx(now, m);
     }
 
     /// The MAC for the packet in `self.tx`: from its QP's cached next hop while the
@@ -1025,7 +1037,7 @@ impl Nic {
                     if let Some(t) = self.tap.as_mut() {
                         t.write_mbuf(now, &m);
                     }
-                    self.push_tx(m);
+                    self.push_tx(now, m);
                 }
                 Resolve::Pending => self.pending.push_back((ip, gid, m)),
                 Resolve::Unreachable => {
@@ -1036,7 +1048,10 @@ impl Nic {
         }
     }
 
-    fn push_tx(&mut self, m: Mbuf) {
+    /// Queues a frame for the port, through the fault injector when one is configured: the
+    /// faults are decided here, a delay holds the frame in the delay line until `now` +
+    /// `fault.delay_us` ([`Nic::release_delayed`]).
+    fn push_tx(&mut self, now: u64, m: Mbuf) {
         if let Some(f) = self.fault.as_mut() {
             let c = &mut self.counters;
             if f.rng.chance(f.cfg.loss) {
@@ -1062,8 +1077,21 @@ impl Nic {
                 f.held = Some(m);
                 return;
             }
+            let held = f.held.take();
+            if f.cfg.delay_us > 0 {
+                let at = now + f.cfg.delay_us as u64 * 1_000;
+                for m in std::iter::once(m).chain(held) {
+                    if f.delayed.len() >= MAX_DELAYED {
+                        c.fault_delay_dropped += 1;
+                    } else {
+                        c.fault_delayed += 1;
+                        f.delayed.push_back((at, m));
+                    }
+                }
+                return;
+            }
             self.txbuf.push(m);
-            if let Some(h) = f.held.take() {
+            if let Some(h) = held {
                 self.txbuf.push(h);
             }
         } else {
@@ -1072,6 +1100,29 @@ impl Nic {
         if self.txbuf.len() >= BURST {
             self.flush();
         }
+    }
+
+    /// Sends the frames whose `fault.delay_us` is over; returns how many. While frames wait,
+    /// the RNIC counts as busy (no idle sleep that would stretch the delay).
+    fn release_delayed(&mut self, now: u64) -> usize {
+        let Some(f) = self.fault.as_mut() else {
+            return 0;
+        };
+        let mut n = 0;
+        while f.delayed.front().is_some_and(|(t, _)| *t <= now) {
+            if let Some((_, m)) = f.delayed.pop_front() {
+                self.txbuf.push(m);
+                n += 1;
+            }
+            if self.txbuf.len() >= BURST {
+                break;
+            }
+        }
+        let waiting = !f.delayed.is_empty();
+        if n > 0 {
+            self.flush();
+        }
+        n + usize::from(waiting)
     }
 
     fn flush(&mut self) {

@@ -1070,9 +1070,11 @@ fn client_areas_cost_no_descriptors_and_are_bounded() {
         VerbsError::NoResources("memory areas (host.max_areas)")
     );
     assert_eq!(bufs.len(), 200);
+    // The count is process-wide and other tests run in parallel threads of this process, so a
+    // few descriptors come and go meanwhile; one kept per area would show as 200 or more.
     let grown = open_fds().saturating_sub(before);
     assert!(
-        grown < 10,
+        grown < bufs.len() / 4,
         "{grown} more descriptors open for {} areas (daemon and client in this process)",
         bufs.len()
     );

@@ -226,6 +226,48 @@ fn rc_recovers_over_a_faulty_link() {
     assert!(snaps[1].qps.duplicate_request + snaps[1].qps.out_of_sequence > 0);
 }
 
+/// `fault.delay_us` holds every frame an RNIC sends: an RC WRITE's completion waits for the
+/// delayed request and the peer's ACK, so it takes at least the delay; the data arrives
+/// intact; the frames are counted.
+#[test]
+fn a_delayed_port_stretches_the_round_trip() {
+    const DELAY_US: u32 = 3_000;
+    let mut slow = test_config(3, 1024);
+    slow.fault.delay_us = DELAY_US;
+    let (rt, mut a, b) = pair_with(slow, test_config(4, 1024), QpType::Rc);
+    for i in 0..3u64 {
+        let data = pattern(i as u32, 5000);
+        a.buf.write(0, &data);
+        let t = std::time::Instant::now();
+        post(
+            &mut a,
+            i,
+            WrOp::Write {
+                remote_addr: b.mr.addr,
+                rkey: b.mr.rkey.unwrap(),
+            },
+            0,
+            5000,
+        );
+        let c = wait_cq(&mut a, 1, 10);
+        assert!(c.len() == 1 && c[0].status == WcStatus::Success, "{c:?}");
+        // A lower bound only: the delay can only add time, whatever the machine's load.
+        assert!(
+            t.elapsed() >= std::time::Duration::from_micros(DELAY_US as u64),
+            "completed in {:?}, under the {DELAY_US} us delay",
+            t.elapsed()
+        );
+        assert_eq!(b.buf.to_vec(0, 5000), data);
+    }
+    let snaps = rt.stop();
+    assert!(snaps[0].nic.fault_delayed >= 3, "{:?}", snaps[0].nic);
+    assert_eq!(snaps[0].nic.fault_delay_dropped, 0);
+    assert_eq!(
+        snaps[1].nic.fault_delayed, 0,
+        "only the configured port delays"
+    );
+}
+
 /// One end of a ring pair for the RNIC, the other driven by hand.
 fn raw_pair(
     cfg: RnicConfig,
