@@ -24,6 +24,8 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 
+use dcb::dcqcn::RpParams;
+use roce::engine::cc::CongestionConfig;
 use roce::types::Gid;
 use roce::verbs::Mtu;
 use roce::wire::ethernet::{mac_to_string, parse_mac};
@@ -85,6 +87,62 @@ pub struct RawConfig {
     /// `[host]`: rnicd's socket and per-client limits.
     #[serde(default)]
     pub host: RawHost,
+    /// `[dcqcn]`: ECN congestion control.
+    #[serde(default)]
+    pub dcqcn: RawDcqcn,
+}
+
+/// `[dcqcn]`: DCQCN's notification point (CNPs for CE-marked packets) and reaction point
+/// (per-QP rate cut on CNPs, packets paced). Parameters carry the mlx5 names
+/// (drivers/infiniband/hw/mlx5/cong.c); unset ones take the variant's defaults (ref. dcb.md).
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RawDcqcn {
+    /// Reaction point on (mlx5 `roce_rp/enable`; default false).
+    pub rp: Option<bool>,
+    /// Notification point on (mlx5 `roce_np/enable`; default false).
+    pub np: Option<bool>,
+    /// `firmware` (NVIDIA ConnectX semantics, default) or `paper` (SIGCOMM'15).
+    pub variant: Option<String>,
+    /// Line rate a QP returns to, Mb/s (default: `port.speed_gbps`).
+    pub line_rate_mbps: Option<u32>,
+    /// Increase timer, us.
+    pub rp_time_reset: Option<u32>,
+    /// Byte counter, bytes (0: off).
+    pub rp_byte_reset: Option<u64>,
+    /// Stage threshold F.
+    pub rp_threshold: Option<u32>,
+    /// Additive increase, Mb/s.
+    pub rp_ai_rate: Option<f64>,
+    /// Hyper increase, Mb/s.
+    pub rp_hai_rate: Option<f64>,
+    /// Largest cut, percent.
+    pub rp_min_dec_fac: Option<u32>,
+    /// Minimum rate, Mb/s.
+    pub rp_min_rate: Option<f64>,
+    /// Rate set on the first CNP, Mb/s (0: keep).
+    pub rp_rate_to_set_on_first_cnp: Option<f64>,
+    /// Alpha gain, read as g = (1024 - value) / 1024 (docs/dcb.md says why).
+    pub rp_dce_tcp_g: Option<u32>,
+    /// Alpha period, us.
+    pub rp_dce_tcp_rtt: Option<u32>,
+    /// At most one cut per this period, us.
+    pub rp_rate_reduce_monitor_period: Option<u32>,
+    /// Alpha on the first CNP, 1024ths.
+    pub rp_initial_alpha_value: Option<u32>,
+    /// The cut is RC x alpha / 2^rp_gd (firmware).
+    pub rp_gd: Option<u32>,
+    /// Target rate = current rate on every cut.
+    pub rp_clamp_tgt_rate: Option<bool>,
+    /// Target rate = current rate on a cut after a timer increase.
+    pub rp_clamp_tgt_rate_ati: Option<bool>,
+    /// At most one CNP per QP per this many us (paper: 50; firmware: a few; 0: one per
+    /// CE-marked packet). Default 4.
+    pub np_min_time_between_cnps: Option<u32>,
+    /// DSCP of the CNPs sent (default 48).
+    pub np_cnp_dscp: Option<u8>,
+    /// 802.1p priority of the CNPs sent (default 6).
+    pub np_cnp_prio: Option<u8>,
 }
 
 /// `[host]`
@@ -311,6 +369,9 @@ pub struct RawFault {
     pub corrupt: Option<f64>,
     /// Probability a frame is held back behind the next one.
     pub reorder: Option<f64>,
+    /// Probability an ECN-capable frame leaves with CE set, as a congested switch would
+    /// mark it (drives the peer's DCQCN notification point without a switch).
+    pub ce: Option<f64>,
     /// Hold every frame this many microseconds before it leaves (a long link, where this
     /// kernel has no netem). At most 10 s.
     pub delay_us: Option<u32>,
@@ -362,6 +423,8 @@ pub struct FaultConfig {
     pub corrupt: f64,
     /// Swap with the next frame.
     pub reorder: f64,
+    /// Set CE on an ECN-capable frame.
+    pub ce: f64,
     /// Hold every frame this long before it leaves (us).
     pub delay_us: u32,
     /// Seed.
@@ -375,6 +438,7 @@ impl FaultConfig {
             || self.duplicate > 0.0
             || self.corrupt > 0.0
             || self.reorder > 0.0
+            || self.ce > 0.0
             || self.delay_us > 0
     }
 }
@@ -448,6 +512,8 @@ pub struct RnicConfig {
     pub fault: FaultConfig,
     /// rnicd's socket and client limits.
     pub host: HostConfig,
+    /// ECN congestion control (`[dcqcn]`).
+    pub dcqcn: CongestionConfig,
 }
 
 /// rnicd's socket and what each client may hold (`[host]`).
@@ -633,7 +699,7 @@ impl RawConfig {
             "capture.pcap" => self.capture.pcap = Some(value.into()),
             "capture.snaplen" => self.capture.snaplen = Some(small(value, u32::MAX as u64)? as u32),
             "capture.enabled" => self.capture.enabled = Some(boolean(value)?),
-            "fault.loss" | "fault.duplicate" | "fault.corrupt" | "fault.reorder" => {
+            "fault.loss" | "fault.duplicate" | "fault.corrupt" | "fault.reorder" | "fault.ce" => {
                 let p: f64 = value.parse().map_err(|_| ConfigError {
                     key: key.into(),
                     problem: format!("{value:?} is not a number"),
@@ -642,6 +708,7 @@ impl RawConfig {
                     "fault.loss" => self.fault.loss = Some(p),
                     "fault.duplicate" => self.fault.duplicate = Some(p),
                     "fault.corrupt" => self.fault.corrupt = Some(p),
+                    "fault.ce" => self.fault.ce = Some(p),
                     _ => self.fault.reorder = Some(p),
                 }
             }
@@ -661,6 +728,53 @@ impl RawConfig {
             "host.max_area_bytes" => self.host.max_area_bytes = Some(num(value)?),
             "host.max_areas" => self.host.max_areas = Some(small(value, u32::MAX as u64)? as u32),
             "host.max_queue_bytes" => self.host.max_queue_bytes = Some(num(value)?),
+            "dcqcn.rp" => self.dcqcn.rp = Some(boolean(value)?),
+            "dcqcn.np" => self.dcqcn.np = Some(boolean(value)?),
+            "dcqcn.variant" => self.dcqcn.variant = Some(value.into()),
+            "dcqcn.rp_byte_reset" => self.dcqcn.rp_byte_reset = Some(num(value)?),
+            "dcqcn.rp_clamp_tgt_rate" => self.dcqcn.rp_clamp_tgt_rate = Some(boolean(value)?),
+            "dcqcn.rp_clamp_tgt_rate_ati" => {
+                self.dcqcn.rp_clamp_tgt_rate_ati = Some(boolean(value)?)
+            }
+            "dcqcn.np_cnp_dscp" => self.dcqcn.np_cnp_dscp = Some(small(value, 63)? as u8),
+            "dcqcn.np_cnp_prio" => self.dcqcn.np_cnp_prio = Some(small(value, 7)? as u8),
+            "dcqcn.rp_ai_rate"
+            | "dcqcn.rp_hai_rate"
+            | "dcqcn.rp_min_rate"
+            | "dcqcn.rp_rate_to_set_on_first_cnp" => {
+                let v: f64 = value.parse().map_err(|_| ConfigError {
+                    key: key.into(),
+                    problem: format!("{value:?} is not a rate in Mb/s"),
+                })?;
+                if !(0.0..=1e7).contains(&v) {
+                    return err(key, format!("{v} Mb/s is not in 0..=10000000"));
+                }
+                let d = &mut self.dcqcn;
+                *match key {
+                    "dcqcn.rp_ai_rate" => &mut d.rp_ai_rate,
+                    "dcqcn.rp_hai_rate" => &mut d.rp_hai_rate,
+                    "dcqcn.rp_min_rate" => &mut d.rp_min_rate,
+                    _ => &mut d.rp_rate_to_set_on_first_cnp,
+                } = Some(v);
+            }
+            k if k.starts_with("dcqcn.") => {
+                let v = Some(small(value, u32::MAX as u64)? as u32);
+                let d = &mut self.dcqcn;
+                let slot = match &k["dcqcn.".len()..] {
+                    "line_rate_mbps" => &mut d.line_rate_mbps,
+                    "rp_time_reset" => &mut d.rp_time_reset,
+                    "rp_threshold" => &mut d.rp_threshold,
+                    "rp_min_dec_fac" => &mut d.rp_min_dec_fac,
+                    "rp_dce_tcp_g" => &mut d.rp_dce_tcp_g,
+                    "rp_dce_tcp_rtt" => &mut d.rp_dce_tcp_rtt,
+                    "rp_rate_reduce_monitor_period" => &mut d.rp_rate_reduce_monitor_period,
+                    "rp_initial_alpha_value" => &mut d.rp_initial_alpha_value,
+                    "rp_gd" => &mut d.rp_gd,
+                    "np_min_time_between_cnps" => &mut d.np_min_time_between_cnps,
+                    _ => return err(key, "unknown key"),
+                };
+                *slot = v;
+            }
             _ => return err(key, "unknown key"),
         }
         Ok(())
@@ -834,11 +948,13 @@ impl RawConfig {
             return err("capture.snaplen", "0 would keep nothing of a frame");
         }
         let host = self.host_config()?;
+        let dcqcn = self.dcqcn_config(self.port.speed_gbps.unwrap_or(100))?;
         let fault = FaultConfig {
             loss: prob("fault.loss", self.fault.loss)?,
             duplicate: prob("fault.duplicate", self.fault.duplicate)?,
             corrupt: prob("fault.corrupt", self.fault.corrupt)?,
             reorder: prob("fault.reorder", self.fault.reorder)?,
+            ce: prob("fault.ce", self.fault.ce)?,
             delay_us: self.fault.delay_us.unwrap_or(0),
             seed: self.fault.seed.unwrap_or(1),
         };
@@ -876,6 +992,108 @@ impl RawConfig {
             capture_enabled: self.capture.enabled.unwrap_or(true),
             fault,
             host,
+            dcqcn,
+        })
+    }
+
+    /// `[dcqcn]` as the engine's congestion configuration.
+    fn dcqcn_config(&self, speed_gbps: u32) -> Result<CongestionConfig, ConfigError> {
+        let d = &self.dcqcn;
+        let line = match d.line_rate_mbps {
+            Some(0) => return err("dcqcn.line_rate_mbps", "0 would stop every QP"),
+            Some(r) => r as f64,
+            None => speed_gbps.max(1) as f64 * 1000.0,
+        };
+        let mut p = match d.variant.as_deref().unwrap_or("firmware") {
+            "firmware" => RpParams::firmware(line),
+            "paper" => RpParams::paper(line),
+            v => return err("dcqcn.variant", format!("{v:?} is not firmware or paper")),
+        };
+        let us = |v: u32| v as u64 * 1000;
+        if let Some(v) = d.rp_time_reset {
+            p.timer = us(v.max(1));
+        }
+        if let Some(v) = d.rp_byte_reset {
+            p.byte_counter = v;
+        }
+        if let Some(v) = d.rp_threshold {
+            p.threshold = v;
+        }
+        for (key, v, slot) in [
+            ("dcqcn.rp_ai_rate", d.rp_ai_rate, &mut p.ai_rate),
+            ("dcqcn.rp_hai_rate", d.rp_hai_rate, &mut p.hai_rate),
+            ("dcqcn.rp_min_rate", d.rp_min_rate, &mut p.min_rate),
+            (
+                "dcqcn.rp_rate_to_set_on_first_cnp",
+                d.rp_rate_to_set_on_first_cnp,
+                &mut p.rate_on_first_cnp,
+            ),
+        ] {
+            if let Some(v) = v {
+                if !(0.0..=1e7).contains(&v) {
+                    return err(key, format!("{v} Mb/s is not in 0..=10000000"));
+                }
+                *slot = v;
+            }
+        }
+        p.min_rate = p.min_rate.max(0.001);
+        if let Some(v) = d.rp_min_dec_fac {
+            if v > 100 {
+                return err("dcqcn.rp_min_dec_fac", format!("{v} is not a percentage"));
+            }
+            p.min_dec_fac = v as f64 / 100.0;
+        }
+        if p.min_rate > line {
+            return err(
+                "dcqcn.rp_min_rate",
+                format!("{} Mb/s is above the line rate {line} Mb/s", p.min_rate),
+            );
+        }
+        if let Some(v) = d.rp_dce_tcp_g {
+            if !(1..=1023).contains(&v) {
+                return err("dcqcn.rp_dce_tcp_g", format!("{v} is not in 1..=1023"));
+            }
+            p.g = (1024 - v) as f64 / 1024.0;
+        }
+        if let Some(v) = d.rp_dce_tcp_rtt {
+            p.alpha_period = us(v.max(1));
+        }
+        if let Some(v) = d.rp_rate_reduce_monitor_period {
+            p.decrease_period = us(v.max(1));
+        }
+        if let Some(v) = d.rp_initial_alpha_value {
+            if v > 1024 {
+                return err("dcqcn.rp_initial_alpha_value", format!("{v} exceeds 1024"));
+            }
+            p.initial_alpha = v as f64 / 1024.0;
+        }
+        if let Some(v) = d.rp_gd {
+            if v > 40 {
+                return err("dcqcn.rp_gd", format!("{v} exceeds 40"));
+            }
+            p.gd = v;
+        }
+        if let Some(v) = d.rp_clamp_tgt_rate {
+            p.clamp_tgt_rate = v;
+        }
+        if let Some(v) = d.rp_clamp_tgt_rate_ati {
+            p.clamp_tgt_rate_after_time_inc = v;
+        }
+        let (cnp_dscp, cnp_prio) = (d.np_cnp_dscp.unwrap_or(48), d.np_cnp_prio.unwrap_or(6));
+        if cnp_dscp > 63 {
+            return err("dcqcn.np_cnp_dscp", format!("{cnp_dscp} is not in 0..=63"));
+        }
+        if cnp_prio > 7 {
+            return err("dcqcn.np_cnp_prio", format!("{cnp_prio} is not in 0..=7"));
+        }
+        Ok(CongestionConfig {
+            rp: d.rp.unwrap_or(false).then_some(p),
+            np_min_interval_ns: d
+                .np
+                .unwrap_or(false)
+                .then(|| us(d.np_min_time_between_cnps.unwrap_or(4))),
+            cnp_dscp,
+            cnp_prio,
         })
     }
 
@@ -1199,6 +1417,7 @@ impl RnicConfig {
             ("duplicate", f.duplicate),
             ("corrupt", f.corrupt),
             ("reorder", f.reorder),
+            ("ce", f.ce),
         ] {
             t.push_str(&format!("{k} = {v:?}\n"));
         }
@@ -1234,6 +1453,53 @@ impl RnicConfig {
         t.push_str(&format!("max_area_bytes = {}\n", h.max_area_bytes));
         t.push_str(&format!("max_areas = {}\n", h.max_areas));
         t.push_str(&format!("max_queue_bytes = {}\n", h.max_queue_bytes));
+        out.push_str(&std::mem::take(&mut t));
+        out.push_str("\n[dcqcn]\n");
+        let c = &self.dcqcn;
+        t.push_str(&format!("np = {}\n", c.np_min_interval_ns.is_some()));
+        if let Some(ns) = c.np_min_interval_ns {
+            t.push_str(&format!("np_min_time_between_cnps = {}\n", ns / 1000));
+        }
+        t.push_str(&format!("np_cnp_dscp = {}\n", c.cnp_dscp));
+        t.push_str(&format!("np_cnp_prio = {}\n", c.cnp_prio));
+        t.push_str(&format!("rp = {}\n", c.rp.is_some()));
+        if let Some(p) = &c.rp {
+            let variant = match p.variant {
+                dcb::dcqcn::Variant::Paper => "paper",
+                dcb::dcqcn::Variant::Firmware => "firmware",
+            };
+            t.push_str(&format!("variant = {}\n", q(variant)));
+            t.push_str(&format!("line_rate_mbps = {}\n", p.line_rate as u64));
+            for (k, v) in [
+                ("rp_time_reset", p.timer / 1000),
+                ("rp_byte_reset", p.byte_counter),
+                ("rp_threshold", p.threshold as u64),
+                ("rp_min_dec_fac", (p.min_dec_fac * 100.0).round() as u64),
+                ("rp_dce_tcp_g", 1024 - (p.g * 1024.0).round() as u64),
+                ("rp_dce_tcp_rtt", p.alpha_period / 1000),
+                ("rp_rate_reduce_monitor_period", p.decrease_period / 1000),
+                (
+                    "rp_initial_alpha_value",
+                    (p.initial_alpha * 1024.0).round() as u64,
+                ),
+                ("rp_gd", p.gd as u64),
+            ] {
+                t.push_str(&format!("{k} = {v}\n"));
+            }
+            for (k, v) in [
+                ("rp_ai_rate", p.ai_rate),
+                ("rp_hai_rate", p.hai_rate),
+                ("rp_min_rate", p.min_rate),
+                ("rp_rate_to_set_on_first_cnp", p.rate_on_first_cnp),
+            ] {
+                t.push_str(&format!("{k} = {v:?}\n"));
+            }
+            t.push_str(&format!("rp_clamp_tgt_rate = {}\n", p.clamp_tgt_rate));
+            t.push_str(&format!(
+                "rp_clamp_tgt_rate_ati = {}\n",
+                p.clamp_tgt_rate_after_time_inc
+            ));
+        }
         out.push_str(&t);
         out
     }
@@ -1274,6 +1540,54 @@ mod tests {
         assert_eq!(ok(&c.to_toml()), c);
         let d = ok("[port]\ndevice = \"net_null0\"");
         assert_eq!(ok(&d.to_toml()), d);
+        for variant in ["firmware", "paper"] {
+            let e = ok(&format!(
+                "[port]\ndevice = \"net_null0\"\nspeed_gbps = 25\n[dcqcn]\nrp = true\nnp = true\n\
+                 variant = \"{variant}\"\nrp_ai_rate = 7\nrp_min_rate = 0.5\nrp_dce_tcp_g = 1020\n\
+                 np_min_time_between_cnps = 50\nnp_cnp_prio = 3"
+            ));
+            assert_eq!(ok(&e.to_toml()), e, "{variant}");
+        }
+    }
+
+    #[test]
+    fn dcqcn_takes_mlx5_names_and_refuses_nonsense() {
+        let c = ok("[port]\ndevice = \"net_null0\"\nspeed_gbps = 25");
+        assert_eq!(c.dcqcn.rp, None, "off unless asked for");
+        assert_eq!(c.dcqcn.np_min_interval_ns, None);
+        assert_eq!((c.dcqcn.cnp_dscp, c.dcqcn.cnp_prio), (48, 6));
+        let mut r = RawConfig::parse("[port]\ndevice = \"net_null0\"\nspeed_gbps = 25").unwrap();
+        r.set("dcqcn.rp", "on").unwrap();
+        r.set("dcqcn.np", "on").unwrap();
+        r.set("dcqcn.rp_time_reset", "55").unwrap();
+        r.set("dcqcn.rp_hai_rate", "12.5").unwrap();
+        r.set("dcqcn.rp_dce_tcp_g", "1019").unwrap();
+        let c = r.validate().unwrap();
+        let p = c.dcqcn.rp.unwrap();
+        assert_eq!(p.line_rate, 25_000.0, "the line rate is the port's speed");
+        assert_eq!(p.timer, 55_000);
+        assert_eq!(p.hai_rate, 12.5);
+        assert_eq!(p.g, 5.0 / 1024.0);
+        assert_eq!(c.dcqcn.np_min_interval_ns, Some(4_000));
+        let bad = |k: &str, v: &str| {
+            let mut r = RawConfig::parse("[port]\ndevice = \"net_null0\"").unwrap();
+            match r.set(k, v) {
+                Err(e) => e,
+                Ok(()) => r.validate().unwrap_err(),
+            }
+        };
+        assert_eq!(bad("dcqcn.variant", "tcp").key, "dcqcn.variant");
+        assert_eq!(
+            bad("dcqcn.rp_min_dec_fac", "150").key,
+            "dcqcn.rp_min_dec_fac"
+        );
+        assert_eq!(bad("dcqcn.rp_dce_tcp_g", "0").key, "dcqcn.rp_dce_tcp_g");
+        assert_eq!(bad("dcqcn.np_cnp_dscp", "64").key, "dcqcn.np_cnp_dscp");
+        assert_eq!(bad("dcqcn.rp_ai_rate", "-1").key, "dcqcn.rp_ai_rate");
+        assert_eq!(bad("dcqcn.line_rate_mbps", "0").key, "dcqcn.line_rate_mbps");
+        assert_eq!(bad("dcqcn.rp_min_rate", "1e9").key, "dcqcn.rp_min_rate");
+        assert_eq!(bad("dcqcn.rp_bogus", "1").key, "dcqcn.rp_bogus");
+        assert_eq!(bad("fault.ce", "2").key, "fault.ce");
     }
 
     /// The example shipped in docs/rnic.example.toml parses, validates, and mentions every

@@ -789,6 +789,7 @@ fn admin(shared: &Shared, id: u64, req: AdminRequest, cred: Option<PeerCred>) ->
                             rq_psn: visible.then(|| q.attr.rq_psn.map_or(0, |p| p.value())),
                             dest_qp: q.attr.dest_qp.map(|d| d.value()),
                             path_mtu: q.attr.path_mtu.map(|m| m.bytes()),
+                            rate_kbps: q.rate_kbps,
                         });
                     }
                     let obj = |kind: &str, id: u32, size: u64, key: Option<u32>| ObjRes {

@@ -117,12 +117,18 @@ roce::counters!(
         fault_corrupted,
         /// Faults injected: reordered.
         fault_reordered,
+        /// Faults injected: ECN-capable frames sent with CE set.
+        fault_ce_marked,
         /// Faults injected: frames held `fault.delay_us` before they left.
         fault_delayed,
         /// Frames dropped because the delay line was full.
         fault_delay_dropped,
     }
 );
+
+/// How close an engine deadline must be for the worker to keep polling rather than back off
+/// (its idle sleep is 100 us by default).
+const DEADLINE_SPIN_NS: u64 = 100_000;
 
 /// Most frames the fault injector's delay line holds at once (more are dropped, counted):
 /// a 1 ms delay at 10 Gb/s is about 300 full-size frames.
@@ -275,6 +281,7 @@ impl Nic {
                 ..Default::default()
             },
             max_unacked_psns: cfg.send_window,
+            cc: cfg.dcqcn,
             ..Default::default()
         });
         let max_qp = dev.config().limits.max_qp as usize;
@@ -661,6 +668,17 @@ impl Nic {
         self.flush();
         // 5. Queue positions, completions and events.
         work += self.publish();
+        // A deadline close ahead (a paced packet's turn, a DCQCN rate step, an expiring ACK
+        // timer) counts as work, so the worker does not sleep through it: an idle sleep
+        // would stretch every paced gap to the sleep's length.
+        if work == 0
+            && self
+                .dev
+                .poll_timeout()
+                .is_some_and(|t| t <= now + DEADLINE_SPIN_NS)
+        {
+            work = 1;
+        }
         work
     }
 
@@ -912,20 +930,31 @@ impl Nic {
             return;
         }
         // DSCP and ECN: the path's traffic class, or the port's defaults (roce.dscp/ecn).
+        // ECT(0) goes on data only: ACKs and CNPs are not ECN-capable (a CNP never is; ref.
+        // dcb.md), so congestion marks land on the packets whose sender can slow down.
         let mut tc = self.tx.path.traffic_class;
         if tc >> 2 == 0 {
             tc |= self.cfg.dscp << 2;
         }
-        if self.cfg.ecn && tc & 3 == 0 {
+        if self.cfg.ecn && tc & 3 == 0 && self.tx.ecn_capable() {
             tc |= 2; // ECT(0)
         }
         self.tx.path.traffic_class = tc;
+        // 802.1p priority: the path's SL (the QP's, or the CNP priority), else roce.pcp.
+        let vlan = self.vlan.map(|v| VlanTag {
+            pcp: if self.tx.path.sl != 0 {
+                self.tx.path.sl & 7
+            } else {
+                v.pcp
+            },
+            ..v
+        });
         let dst = match resolved {
             Resolve::Mac(m) => m,
             _ => [0; 6],
         };
         self.ident = self.ident.wrapping_add(1);
-        let repr = self.tx.frame_repr(self.mac, dst, self.vlan, self.ident);
+        let repr = self.tx.frame_repr(self.mac, dst, vlan, self.ident);
         let plen = self.tx.payload.len();
         let Ok(total) = repr.frame_len(plen) else {
             return;
@@ -1063,6 +1092,13 @@ impl Nic {
                 let i = 14 + f.rng.below(m.data_len() as u64 - 14) as usize;
                 m.data_mut()[i] ^= 1 << f.rng.below(8);
                 c.fault_corrupted += 1;
+            }
+            if f.cfg.ce > 0.0
+                && m.is_exclusive()
+                && f.rng.chance(f.cfg.ce)
+                && roce::wire::frame::mark_ce(m.data_mut())
+            {
+                c.fault_ce_marked += 1;
             }
             if f.rng.chance(f.cfg.duplicate) {
                 if let Ok(mut d) = self.pool.alloc() {

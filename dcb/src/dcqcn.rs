@@ -394,6 +394,20 @@ impl Rp {
         }
     }
 
+    /// Firmware: the monitor period's end at which a CNP that arrived in it cuts the rate
+    /// (`None`: no cut pending; the paper's RP cuts in [`Rp::on_cnp`]).
+    pub fn next_cut(&self) -> Option<u64> {
+        (self.p.variant == Variant::Firmware && self.cnp_decrease).then_some(self.next_decrease)
+    }
+
+    /// The next time the rate can change without a CNP or sent bytes: the increase timer or
+    /// a pending cut. Alpha's own period is left out: its decay between two such events is
+    /// applied in closed form when [`Rp::handle_timeout`] next runs, so a driver that only
+    /// cares about the rate need not wake for it. `u64::MAX` before the first CNP.
+    pub fn next_rate_event(&self) -> u64 {
+        self.next_timer.min(self.next_cut().unwrap_or(u64::MAX))
+    }
+
     /// How many periods of `period` have come due by `now` from `next` (0 if none), and the
     /// deadline after them.
     fn due(next: u64, period: u64, now: u64) -> (u64, u64) {

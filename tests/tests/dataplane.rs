@@ -268,6 +268,57 @@ fn a_delayed_port_stretches_the_round_trip() {
     );
 }
 
+/// DCQCN through the dataplane: A's port marks its ECN-capable frames CE (`fault.ce`, as a
+/// congested switch would), B's notification point answers with CNPs, and A's reaction point
+/// cuts the QP's rate and paces it; the data still arrives intact, ACKs and CNPs are not
+/// ECN-capable so only data is marked.
+#[test]
+fn ce_marks_bring_cnps_and_the_sender_slows_down() {
+    let mut ca = test_config(3, 1024);
+    ca.ecn = true;
+    ca.fault.ce = 1.0;
+    ca.dcqcn.rp = Some(dcb::dcqcn::RpParams::paper(10_000.0));
+    let mut cb = test_config(4, 1024);
+    cb.ecn = true;
+    cb.dcqcn.np_min_interval_ns = Some(50_000);
+    let (rt, mut a, b) = pair_with(ca, cb, QpType::Rc);
+    let data = pattern(11, 64 * 1024);
+    a.buf.write(0, &data);
+    for i in 0..8u64 {
+        post(
+            &mut a,
+            i,
+            WrOp::Write {
+                remote_addr: b.mr.addr,
+                rkey: b.mr.rkey.unwrap(),
+            },
+            0,
+            64 * 1024,
+        );
+        let c = wait_cq(&mut a, 1, 20);
+        assert!(c.len() == 1 && c[0].status == WcStatus::Success, "{c:?}");
+        assert_eq!(b.buf.to_vec(0, 64 * 1024), data);
+    }
+    let rate = a.ctx.query_qp(a.qpn).unwrap().rate_kbps;
+    let snaps = rt.stop();
+    let (sa, sb) = (&snaps[0], &snaps[1]);
+    assert!(sa.nic.fault_ce_marked > 0, "{:?}", sa.nic);
+    assert!(sb.qps.np_ecn_marked_roce_packets > 0, "{:?}", sb.qps);
+    assert!(sb.qps.np_cnp_sent > 0, "{:?}", sb.qps);
+    // The last CNP may still be on the link when the worker stops.
+    assert!(
+        sa.qps.rp_cnp_handled > 0 && sa.qps.rp_cnp_handled <= sb.qps.np_cnp_sent,
+        "A's QP took B's CNPs: {} of {}",
+        sa.qps.rp_cnp_handled,
+        sb.qps.np_cnp_sent
+    );
+    assert_eq!(sb.nic.fault_ce_marked, 0);
+    assert!(
+        rate.is_some_and(|k| k < 10_000_000),
+        "A's QP runs below line rate: {rate:?} kb/s"
+    );
+}
+
 /// One end of a ring pair for the RNIC, the other driven by hand.
 fn raw_pair(
     cfg: RnicConfig,

@@ -393,10 +393,15 @@ impl Qp {
     }
 
     /// A heap entry for this QP fired at `now` (`fired` = the entry's time): handles the due
-    /// deadline (ACK timeout or end of an RNR back-off) and re-queues the next one.
+    /// deadline (ACK timeout, end of an RNR back-off, a paced packet's turn, a DCQCN rate
+    /// event) and re-queues the next one.
     pub(crate) fn on_timer(&mut self, sh: &mut Shared, now: u64, fired: u64) {
         if self.timer_queued == Some(fired) {
             self.timer_queued = None;
+        }
+        let mtu = self.mtu();
+        if let Some(cc) = self.cc.as_mut() {
+            cc.on_timer(now, mtu);
         }
         self.expire_timers(sh, now);
         if let Some(next) = self.next_deadline() {

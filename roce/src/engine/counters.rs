@@ -120,6 +120,14 @@ counters!(
         rx_dropped_pkey,
         /// UC/UD packets dropped (sequence gap, no receive WQE, too long).
         rx_dropped_unreliable,
+        /// Packets received with the IP ECN field set to CE (mlx5).
+        np_ecn_marked_roce_packets,
+        /// CNPs sent for CE-marked packets (mlx5).
+        np_cnp_sent,
+        /// CNPs received and acted on by the reaction point (mlx5).
+        rp_cnp_handled,
+        /// CNPs received while the reaction point is off (mlx5).
+        rp_cnp_ignored,
     }
 );
 

@@ -7,6 +7,7 @@
 //! Roles are split by file as in Linux rxe: `req.rs` (requester), `resp.rs` (responder),
 //! `comp.rs` (completer); `qp.rs` holds the QP state machine.
 
+pub mod cc;
 mod comp;
 pub mod counters;
 pub mod qp;
@@ -158,6 +159,9 @@ pub struct DeviceConfig {
     /// Merge ACKs generated in the same batch of received packets into the last one (an ACK
     /// acknowledges every earlier PSN). Off: one ACK per AckReq packet, as rxe sends them.
     pub coalesce_acks: bool,
+    /// ECN congestion control (DCQCN notification and reaction points; off by default, as
+    /// in rxe).
+    pub cc: cc::CongestionConfig,
 }
 
 impl Default for DeviceConfig {
@@ -170,6 +174,7 @@ impl Default for DeviceConfig {
             ack_every: 64,
             credits: CreditMode::FromReceiveQueue,
             coalesce_acks: true,
+            cc: cc::CongestionConfig::default(),
         }
     }
 }
@@ -1489,6 +1494,11 @@ impl Device {
             caps: qp.caps,
             attr,
             sq_sig_all: qp.sq_sig_all,
+            rate_kbps: qp
+                .cc
+                .as_ref()
+                .and_then(|c| c.rate())
+                .map(|r| (r * 1000.0) as u64),
         })
     }
 
@@ -1873,6 +1883,7 @@ impl Device {
         let info = p.info();
         if info.transport == Transport::Cnp {
             self.sh.counters.rx_cnp += 1;
+            self.handle_cnp(now, t.bth.dest_qp, &src_gid);
             return;
         }
         if t.bth.dest_qp == Qpn::GSI {
@@ -1932,7 +1943,9 @@ impl Device {
             l3,
             l3_len: n,
         };
-        let _ = Ecn::NotEct;
+        if p.repr.ip.ecn() == Ecn::Ce {
+            qp.on_ce(&self.sh, now);
+        }
         if info.is_request {
             qp.handle_request(&mut self.sh, now, &pkt);
         } else {
@@ -1944,16 +1957,43 @@ impl Device {
         }
     }
 
+    /// A CNP for `qpn` from `src` (a connected QP takes them only from its peer, so a third
+    /// party cannot slow it down).
+    fn handle_cnp(&mut self, now: u64, qpn: Qpn, src: &Gid) {
+        let Some(Some(qp)) = self.slot_of(qpn).and_then(|s| self.qps.get_mut(s)) else {
+            self.sh.counters.rx_dropped_no_qp += 1;
+            return;
+        };
+        let qp: &mut Qp = qp;
+        if qp.qp_type != QpType::Ud && qp.attr.av.is_none_or(|av| av.dgid != *src) {
+            qp.counters.rx_dropped_path += 1;
+            return;
+        }
+        qp.on_cnp(&mut self.sh, now);
+    }
+
     /// Produces the next packet to send into `tx`; false when there is nothing to send. QPs
-    /// are served round robin; within a QP, responses (ACKs, READ responses) go first.
+    /// are served round robin; within a QP, a CNP it owes goes first, then responses (ACKs,
+    /// READ responses), then requests. A QP that DCQCN throttled sends data (requests, READ
+    /// responses) only when its pacer allows, and its timer wakes it for the next packet.
     pub fn poll_transmit(&mut self, now: u64, tx: &mut Transmit) -> bool {
         while let Some(slot) = self.ready.pop_front() {
             let Some(Some(qp)) = self.qps.get_mut(slot as usize) else {
                 continue;
             };
             let qp: &mut Qp = qp;
-            let sent = qp.next_response(&mut self.sh, tx)
-                || qp.next_request(&mut self.sh, now, tx) == req::ReqStep::Sent;
+            let may_data = qp.cc.as_mut().is_none_or(|c| c.may_send(now));
+            let sent = qp.next_cnp(&self.sh, tx)
+                || qp.next_response(&mut self.sh, tx, may_data)
+                || (may_data && qp.next_request(&mut self.sh, now, tx) == req::ReqStep::Sent);
+            if let Some(cc) = qp.cc.as_mut() {
+                if sent && tx.is_paced() {
+                    cc.on_data_sent(now, tx.payload.len() as u64);
+                }
+                if let Some(d) = qp.next_deadline() {
+                    qp.arm_timer(&mut self.sh, d);
+                }
+            }
             // What the requester finished without a response completes now, in order.
             qp.take_completer_events(&mut self.sh);
             if sent {

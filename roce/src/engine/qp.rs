@@ -5,7 +5,7 @@ use std::collections::VecDeque;
 
 use super::counters::QpCounters;
 use super::queues::{RecvQueue, SendQueue, WqeState};
-use super::transmit::{udp_sport_connected, udp_sport_ud};
+use super::transmit::{udp_sport_connected, udp_sport_ud, Transmit};
 use super::Shared;
 use crate::memory::PdId;
 use crate::types::{Msn, Psn, Qkey, Qpn};
@@ -13,6 +13,10 @@ use crate::verbs::{
     Access, Completion, Mtu, QpAttr, QpCaps, QpState, QpType, Sge, WcFlags, WcOpcode, WcStatus,
 };
 use crate::wire::aeth::AethRepr;
+use crate::wire::bth::BthRepr;
+use crate::wire::cnp::CnpRepr;
+use crate::wire::frame::TransportRepr;
+use crate::wire::opcode::Opcode;
 
 /// Why `modify_qp` refused (the QP is left unchanged).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -430,6 +434,8 @@ pub(crate) struct Qp {
     /// Why the QP went to error when the cause is not in the completion status (a
     /// `verbs::vendor_err` code carried by its error completions; 0: none).
     pub error_cause: u32,
+    /// Congestion state (DCQCN), allocated at the QP's first CE mark or CNP.
+    pub cc: Option<Box<super::cc::QpCc>>,
 }
 
 impl Qp {
@@ -511,6 +517,7 @@ impl Qp {
             moved_noted: false,
             path_held: false,
             error_cause: 0,
+            cc: None,
         }
     }
 
@@ -527,12 +534,81 @@ impl Qp {
         }
     }
 
-    /// The earliest pending deadline (ACK timeout or end of an RNR back-off).
+    /// The earliest pending deadline (ACK timeout, end of an RNR back-off, a paced packet or
+    /// a DCQCN rate event).
     pub fn next_deadline(&self) -> Option<u64> {
-        [self.comp.ack_deadline, self.comp.rnr_deadline]
-            .into_iter()
-            .flatten()
-            .min()
+        [
+            self.comp.ack_deadline,
+            self.comp.rnr_deadline,
+            self.cc.as_ref().and_then(|c| c.next_deadline()),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
+
+    /// The QP's congestion state, allocated on first use.
+    pub fn cc_mut(&mut self) -> &mut super::cc::QpCc {
+        self.cc
+            .get_or_insert_with(|| Box::new(super::cc::QpCc::new()))
+    }
+
+    /// A CNP arrived for this QP (DCQCN's reaction point, ref. dcb.md): the rate is cut when
+    /// the reaction point is on, else the CNP is only counted.
+    pub fn on_cnp(&mut self, sh: &mut Shared, now: u64) {
+        let Some(params) = sh.cfg.cc.rp else {
+            self.counters.rp_cnp_ignored += 1;
+            return;
+        };
+        self.counters.rp_cnp_handled += 1;
+        let mtu = self.mtu();
+        self.cc_mut().on_cnp(params, now, mtu);
+        if let Some(d) = self.next_deadline() {
+            self.arm_timer(sh, d);
+        }
+    }
+
+    /// A packet for this QP arrived with CE set (DCQCN's notification point): a CNP is owed
+    /// to the sending QP unless one went within `np_min_time_between_cnps`. Connected QPs
+    /// only: a UD QP's CE marks are counted (its senders are many and unnamed by the path).
+    pub fn on_ce(&mut self, sh: &Shared, now: u64) {
+        self.counters.np_ecn_marked_roce_packets += 1;
+        let Some(interval) = sh.cfg.cc.np_min_interval_ns else {
+            return;
+        };
+        if self.qp_type == QpType::Ud || self.attr.av.is_none() {
+            return;
+        }
+        let cc = self.cc_mut();
+        if cc.np.on_ce(now, interval) {
+            cc.cnp_pending = true;
+        }
+    }
+
+    /// Produces the CNP this QP owes its peer, if any: BTH opcode 0x81 to the peer QP, BECN
+    /// set, PSN 0, 16 reserved bytes (ref. roce-wire.md "CNP"), on the CNP DSCP and priority,
+    /// never ECN-capable.
+    pub fn next_cnp(&mut self, sh: &Shared, tx: &mut Transmit) -> bool {
+        match self.cc.as_mut() {
+            Some(cc) if cc.cnp_pending => cc.cnp_pending = false,
+            _ => return false,
+        }
+        if !self.can_receive() {
+            return false;
+        }
+        tx.payload.clear();
+        tx.qpn = self.qpn;
+        let mut path = self.connected_path(sh);
+        path.traffic_class = sh.cfg.cc.cnp_dscp << 2;
+        path.sl = sh.cfg.cc.cnp_prio;
+        tx.path = path;
+        let mut bth = BthRepr::new(Opcode::CNP, self.dest_qp(), Psn::new(0));
+        bth.becn = true;
+        let mut t = TransportRepr::new(bth);
+        t.ext.cnp = Some(CnpRepr::default());
+        tx.transport = t;
+        self.counters.np_cnp_sent += 1;
+        true
     }
 
     /// Path MTU in bytes (UD: the port's active MTU, passed by the device).

@@ -790,8 +790,14 @@ impl Qp {
         sh.complete(self.recv_cq, c);
     }
 
-    /// Produces the next responder packet (ACK/NAK, READ response, ATOMIC ACK).
-    pub(crate) fn next_response(&mut self, sh: &mut Shared, tx: &mut Transmit) -> bool {
+    /// Produces the next responder packet (ACK/NAK, READ response, ATOMIC ACK); a READ
+    /// response waits while `may_data` is false (the QP's pacer holds its data back).
+    pub(crate) fn next_response(
+        &mut self,
+        sh: &mut Shared,
+        tx: &mut Transmit,
+        may_data: bool,
+    ) -> bool {
         let mtu = self.attr.path_mtu.map(|m| m.bytes()).unwrap_or(1024);
         let dest = self.attr.dest_qp.unwrap_or(crate::types::Qpn::new(0));
         let pd = self.pd;
@@ -832,6 +838,9 @@ impl Qp {
                         t.ext.aeth = Some(AethRepr::ack(CREDITS_INVALID, r.msn));
                         t.ext.atomic_ack = Some(AtomicAckEthRepr { orig: r.orig });
                         break t;
+                    }
+                    if !may_data {
+                        return false;
                     }
                     // One packet of the READ reply, from where the resource stands.
                     let n = r.resid.min(mtu);

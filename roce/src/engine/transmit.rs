@@ -9,7 +9,7 @@ use crate::wire::ethernet::{EthernetRepr, VlanTag};
 use crate::wire::frame::{FrameRepr, IpRepr, TransportRepr};
 use crate::wire::ipv4::{Ecn, Ipv4Repr, PROTO_UDP};
 use crate::wire::ipv6::Ipv6Repr;
-use crate::wire::opcode::Opcode;
+use crate::wire::opcode::{Opcode, Operation};
 
 /// Most payload segments one packet can reference (= the device's max SGEs per WR).
 pub const MAX_PAYLOAD_SEGS: usize = 32;
@@ -177,6 +177,23 @@ impl Default for Transmit {
 }
 
 impl Transmit {
+    /// Whether this packet carries data a throttled QP paces (requests and READ responses;
+    /// ACKs, NAKs, ATOMIC ACKs and CNPs pass).
+    pub fn is_paced(&self) -> bool {
+        self.transport
+            .bth
+            .opcode
+            .info()
+            .is_some_and(|i| i.is_request || i.op == Operation::ReadResponse)
+    }
+
+    /// Whether the packet may be marked ECN-capable: data, not ACKs, NAKs or CNPs (a CNP is
+    /// never ECN-capable, and congestion on the reverse path is the other QP's to signal).
+    pub fn ecn_capable(&self) -> bool {
+        let op = self.transport.bth.opcode;
+        op != Opcode::RC_ACK && op != Opcode::CNP
+    }
+
     /// The frame headers for this packet, given the link-layer addresses and the IPv4
     /// identification. IPv4 is used when both GIDs are IPv4-mapped, IPv6 otherwise.
     pub fn frame_repr(

@@ -157,6 +157,13 @@ pub struct Pair {
     /// Frames for which this returns true are dropped on the link (after recording).
     #[allow(clippy::type_complexity)]
     pub drop_if: Option<Box<dyn FnMut(usize, &crate::wire::frame::ParsedFrame) -> bool>>,
+    /// Mark packets that carry data ECN-capable (ECT(0)), as the dataplane's `roce.ecn`.
+    pub ect: bool,
+    /// ECN-capable frames for which this returns true (given the direction and the time)
+    /// get CE on the link, as a congested switch marks them (the ICRC does not cover the
+    /// ECN bits; the IPv4 checksum is updated).
+    #[allow(clippy::type_complexity)]
+    pub mark_ce_if: Option<Box<dyn FnMut(usize, u64, &crate::wire::frame::ParsedFrame) -> bool>>,
 }
 
 /// The GID of node `i` (0 = A: 10.99.0.3, 1 = B: 10.99.0.4, IPv4-mapped).
@@ -208,6 +215,8 @@ impl Pair {
             recorded: Vec::new(),
             record: false,
             drop_if: None,
+            ect: false,
+            mark_ce_if: None,
         }
     }
 
@@ -305,6 +314,9 @@ impl Pair {
                 return progress;
             }
             progress = true;
+            if self.ect && self.tx.ecn_capable() && self.tx.path.traffic_class & 3 == 0 {
+                self.tx.path.traffic_class |= 2;
+            }
             node.ip_ident = node.ip_ident.wrapping_add(1);
             let n = match node.dev.write_frame(
                 &self.tx,
@@ -342,6 +354,13 @@ impl Pair {
                 if f(side, &p) {
                     self.links[side].stats.lost += 1;
                     return;
+                }
+            }
+        }
+        if let Some(f) = self.mark_ce_if.as_mut() {
+            if let Ok(p) = crate::wire::frame::parse(&frame) {
+                if p.repr.ip.ecn() != crate::wire::ipv4::Ecn::NotEct && f(side, now, &p) {
+                    crate::wire::frame::mark_ce(&mut frame);
                 }
             }
         }

@@ -674,6 +674,10 @@ pub struct QpInfo {
     pub attr: QpAttr,
     /// Whether every send WR generates a completion.
     pub sq_sig_all: bool,
+    /// The QP's current DCQCN rate in kb/s while congestion control holds it below line
+    /// rate (`None`: not throttled).
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub rate_kbps: Option<u64>,
 }
 
 /// Asynchronous events (`ibv_event_type`).

@@ -675,6 +675,53 @@ fn bth_offset(frame: &[u8]) -> Option<usize> {
     }
 }
 
+/// Sets CE in the ECN field of an ECN-capable IPv4 or IPv6 frame (one 802.1Q tag allowed),
+/// as a congested switch marks it, updating the IPv4 header checksum (the ICRC masks the ECN
+/// bits, so it stays valid). Returns whether the frame was marked: Not-ECT frames and
+/// anything else are left alone.
+pub fn mark_ce(frame: &mut [u8]) -> bool {
+    let mut l3 = 14;
+    let mut ethertype = match frame.get(12..14) {
+        Some(t) => u16::from_be_bytes([t[0], t[1]]),
+        None => return false,
+    };
+    if ethertype == 0x8100 {
+        let Some(t) = frame.get(16..18) else {
+            return false;
+        };
+        ethertype = u16::from_be_bytes([t[0], t[1]]);
+        l3 = 18;
+    }
+    match ethertype {
+        0x0800 if frame.len() >= l3 + 20 => {
+            if frame[l3 + 1] & 3 == 0 {
+                return false;
+            }
+            frame[l3 + 1] |= 3;
+            frame[l3 + 10] = 0;
+            frame[l3 + 11] = 0;
+            let ihl = ((frame[l3] & 0xf) as usize * 4).clamp(20, frame.len() - l3);
+            let sum = frame[l3..l3 + ihl]
+                .chunks(2)
+                .map(|c| u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]) as u32)
+                .sum::<u32>();
+            let folded = (sum & 0xffff) + (sum >> 16);
+            let folded = (folded & 0xffff) + (folded >> 16);
+            frame[l3 + 10..l3 + 12].copy_from_slice(&(!(folded as u16)).to_be_bytes());
+            true
+        }
+        // The traffic class straddles bytes 0 and 1; its ECN bits are bits 5..4 of byte 1.
+        0x86dd if frame.len() >= l3 + 40 => {
+            if frame[l3 + 1] & 0x30 == 0 {
+                return false;
+            }
+            frame[l3 + 1] |= 0x30;
+            true
+        }
+        _ => false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -747,6 +794,25 @@ mod tests {
         let n = repr.emit(&mut buf, payload).unwrap();
         assert_eq!(n, buf.len());
         (repr, buf)
+    }
+
+    #[test]
+    fn marking_ce_keeps_the_frame_valid() {
+        // The ConnectX CNP is ECT(0): marked, its IPv4 checksum and ICRC still verify.
+        let mut f = hex(CX4_CNP);
+        assert!(mark_ce(&mut f));
+        let p = parse(&f).expect("checksum and ICRC still good");
+        assert_eq!(p.repr.ip.ecn(), Ecn::Ce);
+        assert_eq!(p.repr.ip.dscp(), 48);
+        // Not-ECT frames are left alone (a switch drops rather than marks them).
+        let mut g = hex(CX4_CNP);
+        g[15] &= !3;
+        g[24] = 0;
+        g[25] = 0;
+        let before = g.clone();
+        assert!(!mark_ce(&mut g));
+        assert_eq!(g, before);
+        assert!(!mark_ce(&mut [0u8; 10]), "too short");
     }
 
     #[test]

@@ -241,6 +241,10 @@ fn print_res(r: &Resources, kind: Option<ResKind>) {
             if let Some(m) = q.path_mtu {
                 line += &format!(" path-mtu {m}");
             }
+            if let Some(k) = q.rate_kbps {
+                // DCQCN holds the QP below line rate.
+                line += &format!(" rate {:.3}Mbps", k as f64 / 1000.0);
+            }
             line += &format!(" pid {} comm {}", q.pid, q.comm);
             println!("{line}");
         }

@@ -306,6 +306,9 @@ pub struct QpRes {
     pub dest_qp: Option<u32>,
     /// Path MTU, bytes.
     pub path_mtu: Option<u32>,
+    /// DCQCN's current rate for this QP, kb/s, while it holds the QP below line rate.
+    #[serde(default)]
+    pub rate_kbps: Option<u64>,
 }
 
 /// Objects other than QPs as `rnic-ctl res cq|mr|pd` shows them.
