@@ -25,7 +25,9 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 
 use dcb::dcqcn::RpParams;
+use dcb::pfc::{Mode, StormAction};
 use roce::engine::cc::CongestionConfig;
+use roce::engine::Trust;
 use roce::types::Gid;
 use roce::verbs::Mtu;
 use roce::wire::ethernet::{mac_to_string, parse_mac};
@@ -90,6 +92,29 @@ pub struct RawConfig {
     /// `[dcqcn]`: ECN congestion control.
     #[serde(default)]
     pub dcqcn: RawDcqcn,
+    /// `[pfc]`: honouring the link partner's PFC or PAUSE frames.
+    #[serde(default)]
+    pub pfc: RawPfc,
+}
+
+/// `[pfc]`: PFC (802.1Qbb) or PAUSE (802.3x) frames from the link partner hold the RNIC's
+/// packets of the paused priorities; a storm watchdog stops honouring a priority paused for
+/// too long (SONiC's PFC watchdog).
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RawPfc {
+    /// `off` (default: pause frames counted only), `pfc` or `pause`.
+    pub mode: Option<String>,
+    /// Priorities PFC is enabled on (default [3], the usual RoCE class).
+    pub priorities: Option<Vec<u8>>,
+    /// A priority paused without a break this long is a storm, ms (default 200; 0: no
+    /// watchdog).
+    pub watchdog_ms: Option<u32>,
+    /// A storm ends after this long without a pause frame for it, ms (default 200).
+    pub restore_ms: Option<u32>,
+    /// During a storm: `drop` (default: the priority's packets are discarded) or `forward`
+    /// (they are sent regardless of pauses).
+    pub watchdog_action: Option<String>,
 }
 
 /// `[dcqcn]`: DCQCN's notification point (CNPs for CE-marked packets) and reaction point
@@ -254,6 +279,9 @@ pub struct RawRoce {
     /// PSNs a requester may have unacknowledged (default 128, rxe's; up to 2^22). A link whose
     /// bandwidth-delay product exceeds 128 packets needs more to keep one QP busy.
     pub send_window: Option<u32>,
+    /// Which field gives a packet its priority (PFC class): `pcp` (the QP's SL, default) or
+    /// `dscp` (DSCP / 8), as mlx5's `trust`.
+    pub trust: Option<String>,
 }
 
 /// `[worker]`
@@ -514,6 +542,30 @@ pub struct RnicConfig {
     pub host: HostConfig,
     /// ECN congestion control (`[dcqcn]`).
     pub dcqcn: CongestionConfig,
+    /// Flow control from the link partner (`[pfc]`).
+    pub pfc: PfcConfig,
+    /// Which field gives a packet its priority (`roce.trust`).
+    pub trust: Trust,
+}
+
+/// `[pfc]`, validated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PfcConfig {
+    /// PFC on some priorities, PAUSE, or off.
+    pub mode: Mode,
+    /// The storm watchdog (None: off).
+    pub watchdog: Option<PfcWatchdog>,
+}
+
+/// The PFC storm watchdog's settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PfcWatchdog {
+    /// Paused without a break this long: a storm (ms).
+    pub detect_ms: u32,
+    /// No pause frame for this long: the storm is over (ms).
+    pub restore_ms: u32,
+    /// What happens to the stormed priority meanwhile.
+    pub action: StormAction,
 }
 
 /// rnicd's socket and what each client may hold (`[host]`).
@@ -684,6 +736,19 @@ impl RawConfig {
                 self.roce.ud_rx_hold_frames = Some(small(value, 65536)? as u32)
             }
             "roce.max_qp" => self.roce.max_qp = Some(small(value, MAX_QP_LIMIT as u64)? as u32),
+            "roce.trust" => self.roce.trust = Some(value.into()),
+            "pfc.mode" => self.pfc.mode = Some(value.into()),
+            "pfc.priorities" => {
+                let mut v = Vec::new();
+                for s in list(value) {
+                    let s: String = s;
+                    v.push(small(&s, 255)? as u8);
+                }
+                self.pfc.priorities = Some(v);
+            }
+            "pfc.watchdog_ms" => self.pfc.watchdog_ms = Some(small(value, 3_600_000)? as u32),
+            "pfc.restore_ms" => self.pfc.restore_ms = Some(small(value, 3_600_000)? as u32),
+            "pfc.watchdog_action" => self.pfc.watchdog_action = Some(value.into()),
             "roce.send_window" => {
                 self.roce.send_window = Some(small(value, MAX_SEND_WINDOW as u64)? as u32)
             }
@@ -949,6 +1014,12 @@ impl RawConfig {
         }
         let host = self.host_config()?;
         let dcqcn = self.dcqcn_config(self.port.speed_gbps.unwrap_or(100))?;
+        let pfc = self.pfc_config()?;
+        let trust = match self.roce.trust.as_deref() {
+            None | Some("pcp") => Trust::Pcp,
+            Some("dscp") => Trust::Dscp,
+            Some(t) => return err("roce.trust", format!("{t:?} is not pcp or dscp")),
+        };
         let fault = FaultConfig {
             loss: prob("fault.loss", self.fault.loss)?,
             duplicate: prob("fault.duplicate", self.fault.duplicate)?,
@@ -993,7 +1064,47 @@ impl RawConfig {
             fault,
             host,
             dcqcn,
+            pfc,
+            trust,
         })
+    }
+
+    /// `[pfc]` validated.
+    fn pfc_config(&self) -> Result<PfcConfig, ConfigError> {
+        let p = &self.pfc;
+        let mut enabled = 0u8;
+        for &prio in p.priorities.as_deref().unwrap_or(&[3]) {
+            if prio > 7 {
+                return err(
+                    "pfc.priorities",
+                    format!("{prio} is not a priority (0..=7)"),
+                );
+            }
+            enabled |= 1 << prio;
+        }
+        let mode = match p.mode.as_deref().unwrap_or("off") {
+            "off" => Mode::Off,
+            "pfc" => Mode::Pfc { enabled },
+            "pause" => Mode::Pause,
+            m => return err("pfc.mode", format!("{m:?} is not off, pfc or pause")),
+        };
+        let action = match p.watchdog_action.as_deref().unwrap_or("drop") {
+            "drop" => StormAction::Drop,
+            "forward" => StormAction::Forward,
+            a => {
+                return err(
+                    "pfc.watchdog_action",
+                    format!("{a:?} is not drop or forward"),
+                )
+            }
+        };
+        let detect = p.watchdog_ms.unwrap_or(200);
+        let watchdog = (detect > 0).then(|| PfcWatchdog {
+            detect_ms: detect,
+            restore_ms: p.restore_ms.unwrap_or(200).max(1),
+            action,
+        });
+        Ok(PfcConfig { mode, watchdog })
     }
 
     /// `[dcqcn]` as the engine's congestion configuration.
@@ -1390,6 +1501,13 @@ impl RnicConfig {
         line("ud_rx_hold_frames", self.ud_rx_hold_frames.to_string());
         line("max_qp", self.max_qp.to_string());
         line("send_window", self.send_window.to_string());
+        line(
+            "trust",
+            q(match self.trust {
+                Trust::Pcp => "pcp",
+                Trust::Dscp => "dscp",
+            }),
+        );
         out.push_str(&std::mem::take(&mut t));
         out.push_str("\n[worker]\n");
         let mut line = |k: &str, v: String| {
@@ -1453,6 +1571,31 @@ impl RnicConfig {
         t.push_str(&format!("max_area_bytes = {}\n", h.max_area_bytes));
         t.push_str(&format!("max_areas = {}\n", h.max_areas));
         t.push_str(&format!("max_queue_bytes = {}\n", h.max_queue_bytes));
+        out.push_str(&std::mem::take(&mut t));
+        out.push_str("\n[pfc]\n");
+        let (mode, prios) = match self.pfc.mode {
+            Mode::Off => ("off", 1u8 << 3),
+            Mode::Pause => ("pause", 1 << 3),
+            Mode::Pfc { enabled } => ("pfc", enabled),
+        };
+        t.push_str(&format!("mode = {}\n", q(mode)));
+        let list: Vec<String> = (0..8)
+            .filter(|p| prios & (1 << p) != 0)
+            .map(|p| p.to_string())
+            .collect();
+        t.push_str(&format!("priorities = [{}]\n", list.join(", ")));
+        match self.pfc.watchdog {
+            Some(w) => {
+                t.push_str(&format!("watchdog_ms = {}\n", w.detect_ms));
+                t.push_str(&format!("restore_ms = {}\n", w.restore_ms));
+                let a = match w.action {
+                    StormAction::Drop => "drop",
+                    StormAction::Forward => "forward",
+                };
+                t.push_str(&format!("watchdog_action = {}\n", q(a)));
+            }
+            None => t.push_str("watchdog_ms = 0\n"),
+        }
         out.push_str(&std::mem::take(&mut t));
         out.push_str("\n[dcqcn]\n");
         let c = &self.dcqcn;
@@ -1588,6 +1731,32 @@ mod tests {
         assert_eq!(bad("dcqcn.rp_min_rate", "1e9").key, "dcqcn.rp_min_rate");
         assert_eq!(bad("dcqcn.rp_bogus", "1").key, "dcqcn.rp_bogus");
         assert_eq!(bad("fault.ce", "2").key, "fault.ce");
+        assert_eq!(bad("pfc.mode", "on").key, "pfc.mode");
+        assert_eq!(bad("pfc.priorities", "3,8").key, "pfc.priorities");
+        assert_eq!(
+            bad("pfc.watchdog_action", "ignore").key,
+            "pfc.watchdog_action"
+        );
+        assert_eq!(bad("roce.trust", "vlan").key, "roce.trust");
+    }
+
+    #[test]
+    fn pfc_and_trust_read_back_the_same() {
+        let c = ok(
+            "[port]\ndevice = \"net_null0\"\n[roce]\ntrust = \"dscp\"\n[pfc]\nmode = \"pfc\"\n\
+                    priorities = [3, 4]\nwatchdog_ms = 50\nwatchdog_action = \"forward\"",
+        );
+        assert_eq!(c.trust, Trust::Dscp);
+        assert_eq!(c.pfc.mode, Mode::Pfc { enabled: 0b1_1000 });
+        let w = c.pfc.watchdog.unwrap();
+        assert_eq!(
+            (w.detect_ms, w.restore_ms, w.action),
+            (50, 200, StormAction::Forward)
+        );
+        assert_eq!(ok(&c.to_toml()), c);
+        let off = ok("[port]\ndevice = \"net_null0\"\n[pfc]\nmode = \"pause\"\nwatchdog_ms = 0");
+        assert_eq!((off.pfc.mode, off.pfc.watchdog), (Mode::Pause, None));
+        assert_eq!(ok(&off.to_toml()), off);
     }
 
     /// The example shipped in docs/rnic.example.toml parses, validates, and mentions every

@@ -30,6 +30,7 @@ use roce::wire::opcode::Opcode;
 use crate::config::{FaultConfig, RnicConfig};
 use crate::host::{HostEnd, Owners};
 use crate::neighbor::{Neighbors, Resolve};
+use dcb::pfc::{PauseFrame, PauseState, StormAction, StormEvent, Watchdog};
 use ferroce_host::abi::{Command, HostLimits, ReplyData};
 use roce::engine::{VerbsError, VerbsResult};
 
@@ -61,10 +62,20 @@ roce::counters!(
         rx_arp,
         /// ICMP / ICMPv6 (incl. ND) frames for the neighbour layer.
         rx_icmp,
-        /// PFC frames (counted; acted on by DCB).
+        /// PFC frames received.
         rx_pfc,
-        /// Link-level PAUSE frames.
+        /// Link-level PAUSE frames received.
         rx_pause,
+        /// PFC/PAUSE frames not honoured: flow control off, or the other kind than `pfc.mode`.
+        rx_pause_ignored,
+        /// MAC control frames that did not decode.
+        rx_pause_malformed,
+        /// PFC storms detected by the watchdog.
+        pfc_storms_detected,
+        /// PFC storms over.
+        pfc_storms_restored,
+        /// Frames discarded because their priority is stormed (`pfc.watchdog_action = drop`).
+        tx_storm_dropped,
         /// IPv4 fragments (never RoCE).
         rx_ipv4_fragments,
         /// Anything else, dropped.
@@ -247,6 +258,10 @@ pub struct Nic {
     ident: u16,
     tap: Option<Tap>,
     fault: Option<Fault>,
+    /// Flow control from the link partner: what it paused, and the storm watchdog.
+    pause: PauseState,
+    watchdog: Option<Watchdog>,
+    storm_events: Vec<StormEvent>,
     scratch: Vec<u8>,
     /// Counters.
     pub counters: NicCounters,
@@ -282,6 +297,11 @@ impl Nic {
             },
             max_unacked_psns: cfg.send_window,
             cc: cfg.dcqcn,
+            priorities: roce::engine::PriorityMap {
+                trust: cfg.trust,
+                default_pcp: cfg.pcp,
+                default_dscp: cfg.dscp,
+            },
             ..Default::default()
         });
         let max_qp = dev.config().limits.max_qp as usize;
@@ -313,6 +333,14 @@ impl Nic {
             dei: false,
             vid,
         });
+        let pause = PauseState::new(cfg.pfc.mode, cfg.speed_gbps.max(1) as u64 * 1000);
+        let watchdog = cfg.pfc.watchdog.map(|w| {
+            Watchdog::new(
+                w.detect_ms as u64 * 1_000_000,
+                w.restore_ms as u64 * 1_000_000,
+                w.action,
+            )
+        });
         tracing::info!("rnic {}", cfg.summary(mac));
         Ok(Nic {
             name: port.name().to_string(),
@@ -340,6 +368,9 @@ impl Nic {
             ident: 0,
             tap,
             fault,
+            pause,
+            watchdog,
+            storm_events: Vec::new(),
             scratch: Vec::with_capacity(16384),
             counters: NicCounters::default(),
         })
@@ -637,6 +668,7 @@ impl Nic {
             }
         }
         // 3. Timers.
+        let pausing = self.poll_pause(now);
         if self.dev.poll_timeout().is_some_and(|t| t <= now) {
             self.dev.handle_timeout(now);
             work += 1;
@@ -671,11 +703,13 @@ impl Nic {
         // A deadline close ahead (a paced packet's turn, a DCQCN rate step, an expiring ACK
         // timer) counts as work, so the worker does not sleep through it: an idle sleep
         // would stretch every paced gap to the sleep's length.
+        // A paused or stormed priority counts too: pause expiry and the watchdog are timed.
         if work == 0
-            && self
-                .dev
-                .poll_timeout()
-                .is_some_and(|t| t <= now + DEADLINE_SPIN_NS)
+            && (pausing
+                || self
+                    .dev
+                    .poll_timeout()
+                    .is_some_and(|t| t <= now + DEADLINE_SPIN_NS))
         {
             work = 1;
         }
@@ -831,8 +865,7 @@ impl Nic {
                     Ok(p) => self.dev.handle_parsed(now, &p, segs),
                 }
             }
-            FrameKind::Pfc => self.counters.rx_pfc += 1,
-            FrameKind::Pause => self.counters.rx_pause += 1,
+            FrameKind::Pfc | FrameKind::Pause => self.pause_frame(now, first),
             kind => {
                 if is_ipv4_fragment(first) {
                     self.counters.rx_ipv4_fragments += 1;
@@ -940,15 +973,17 @@ impl Nic {
             tc |= 2; // ECT(0)
         }
         self.tx.path.traffic_class = tc;
-        // 802.1p priority: the path's SL (the QP's, or the CNP priority), else roce.pcp.
-        let vlan = self.vlan.map(|v| VlanTag {
-            pcp: if self.tx.path.sl != 0 {
-                self.tx.path.sl & 7
-            } else {
-                v.pcp
-            },
-            ..v
-        });
+        // The priority (PFC class) as the engine maps it (`roce.trust`): the VLAN PCP.
+        let priority = self
+            .dev
+            .config()
+            .priorities
+            .priority(self.tx.path.traffic_class, self.tx.path.sl);
+        if self.storm_drops(priority) {
+            self.counters.tx_storm_dropped += 1;
+            return;
+        }
+        let vlan = self.vlan.map(|v| VlanTag { pcp: priority, ..v });
         let dst = match resolved {
             Resolve::Mac(m) => m,
             _ => [0; 6],
@@ -1136,6 +1171,100 @@ impl Nic {
         if self.txbuf.len() >= BURST {
             self.flush();
         }
+    }
+
+    /// A PFC or PAUSE frame from the link partner: counted, and honoured per priority as
+    /// `[pfc]` says (a priority the watchdog found stormed is not paused again until the
+    /// storm ends).
+    fn pause_frame(&mut self, now: u64, frame: &[u8]) {
+        let Some(f) = PauseFrame::parse(frame) else {
+            self.counters.rx_pause_malformed += 1;
+            return;
+        };
+        match f {
+            PauseFrame::Pfc { class_enable, .. } => {
+                self.counters.rx_pfc += 1;
+                if let Some(w) = self.watchdog.as_mut() {
+                    for p in (0..8).filter(|p| class_enable & (1 << p) != 0) {
+                        w.pause_received(p, now);
+                    }
+                }
+            }
+            PauseFrame::Pause { .. } => {
+                self.counters.rx_pause += 1;
+                if let Some(w) = self.watchdog.as_mut() {
+                    for p in 0..8 {
+                        w.pause_received(p, now);
+                    }
+                }
+            }
+        }
+        let before = self.pause.counters.rx_ignored;
+        self.pause.handle_frame(now, &f);
+        self.counters.rx_pause_ignored += self.pause.counters.rx_ignored - before;
+        self.apply_pause(now);
+    }
+
+    /// Tells the engine which priorities are paused now: the link partner's pauses, less
+    /// those the watchdog stopped honouring.
+    fn apply_pause(&mut self, now: u64) {
+        let mut mask = self.pause.paused_mask(now);
+        if let Some(w) = &self.watchdog {
+            for p in 0..8 {
+                if w.stormed(p) {
+                    mask &= !(1 << p);
+                }
+            }
+        }
+        if mask != self.dev.paused() {
+            self.dev.set_paused(mask);
+        }
+    }
+
+    /// Pause expiry and the storm watchdog; returns whether anything is paused or stormed
+    /// (the worker then keeps polling).
+    fn poll_pause(&mut self, now: u64) -> bool {
+        if self.pause.mode() == dcb::pfc::Mode::Off {
+            return false;
+        }
+        if self.pause.poll_timeout().is_some_and(|t| t <= now) {
+            self.pause.handle_timeout(now);
+        }
+        let mut active = self.pause.paused_mask(now) != 0;
+        if let Some(w) = self.watchdog.as_mut() {
+            let stormed = (0..8).any(|p| w.stormed(p));
+            if active || stormed {
+                w.poll(&self.pause, now, &mut self.storm_events);
+                active = true;
+            }
+        }
+        for e in self.storm_events.drain(..) {
+            match e {
+                StormEvent::Detected(p) => {
+                    self.counters.pfc_storms_detected += 1;
+                    tracing::warn!(
+                        port = %self.name,
+                        priority = p,
+                        "PFC storm: priority paused past the watchdog's detection time; \
+                         its pauses are no longer honoured"
+                    );
+                }
+                StormEvent::Restored(p) => {
+                    self.counters.pfc_storms_restored += 1;
+                    tracing::warn!(port = %self.name, priority = p, "PFC storm over");
+                }
+            }
+        }
+        self.apply_pause(now);
+        active
+    }
+
+    /// Whether the frame in `self.tx` belongs to a priority the watchdog stormed with the
+    /// drop action (it is then discarded rather than sent).
+    fn storm_drops(&self, priority: u8) -> bool {
+        self.watchdog
+            .as_ref()
+            .is_some_and(|w| w.action() == StormAction::Drop && w.stormed(priority as usize))
     }
 
     /// Sends the frames whose `fault.delay_us` is over; returns how many. While frames wait,

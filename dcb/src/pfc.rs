@@ -54,7 +54,66 @@ pub enum PauseFrame {
     },
 }
 
+/// The destination of MAC control frames (802.3 Annex 31B).
+pub const MAC_CONTROL_DST: [u8; 6] = [0x01, 0x80, 0xc2, 0x00, 0x00, 0x01];
+/// The MAC control EtherType.
+pub const MAC_CONTROL_ETHERTYPE: u16 = 0x8808;
+/// MAC control opcodes: PAUSE (802.3x) and PFC (802.1Qbb).
+const OPCODE_PAUSE: u16 = 0x0001;
+const OPCODE_PFC: u16 = 0x0101;
+
 impl PauseFrame {
+    /// Decodes a received Ethernet frame (untagged, as MAC control frames are): PFC is
+    /// opcode 0x0101 with a class-enable vector (its low byte) and eight times; PAUSE is
+    /// opcode 0x0001 with one time (802.1Qbb 36.1.3.1, 802.3 31B.2). The destination is
+    /// not checked here (ports also accept their own address).
+    pub fn parse(frame: &[u8]) -> Option<PauseFrame> {
+        let be = |i: usize| Some(u16::from_be_bytes([*frame.get(i)?, *frame.get(i + 1)?]));
+        if be(12)? != MAC_CONTROL_ETHERTYPE {
+            return None;
+        }
+        match be(14)? {
+            OPCODE_PAUSE => Some(PauseFrame::Pause { quanta: be(16)? }),
+            OPCODE_PFC => {
+                let class_enable = be(16)? as u8;
+                let mut quanta = [0u16; PRIORITIES];
+                for (p, q) in quanta.iter_mut().enumerate() {
+                    *q = be(18 + 2 * p)?;
+                }
+                Some(PauseFrame::Pfc {
+                    class_enable,
+                    quanta,
+                })
+            }
+            _ => None,
+        }
+    }
+
+    /// The frame on the wire from `src` (60 bytes before the FCS, zero padded).
+    pub fn emit(&self, src: [u8; 6]) -> [u8; 60] {
+        let mut f = [0u8; 60];
+        f[..6].copy_from_slice(&MAC_CONTROL_DST);
+        f[6..12].copy_from_slice(&src);
+        f[12..14].copy_from_slice(&MAC_CONTROL_ETHERTYPE.to_be_bytes());
+        match self {
+            PauseFrame::Pause { quanta } => {
+                f[14..16].copy_from_slice(&OPCODE_PAUSE.to_be_bytes());
+                f[16..18].copy_from_slice(&quanta.to_be_bytes());
+            }
+            PauseFrame::Pfc {
+                class_enable,
+                quanta,
+            } => {
+                f[14..16].copy_from_slice(&OPCODE_PFC.to_be_bytes());
+                f[17] = *class_enable;
+                for (p, q) in quanta.iter().enumerate() {
+                    f[18 + 2 * p..20 + 2 * p].copy_from_slice(&q.to_be_bytes());
+                }
+            }
+        }
+        f
+    }
+
     /// A PFC frame for priority `p` alone, with `quanta` (0 = XON).
     pub fn pfc_one(p: usize, quanta: u16) -> PauseFrame {
         let mut q = [0u16; PRIORITIES];
@@ -482,6 +541,39 @@ mod tests {
 
     fn pfc(p: usize, quanta: u16) -> PauseFrame {
         PauseFrame::pfc_one(p, quanta)
+    }
+
+    #[test]
+    fn frames_round_trip_through_the_wire_format() {
+        let src = [2, 0, 0, 0x99, 0, 3];
+        for f in [
+            pfc(3, 0xffff),
+            pfc(0, 0),
+            PauseFrame::Pfc {
+                class_enable: 0b1000_0001,
+                quanta: [1, 2, 3, 4, 5, 6, 7, 8],
+            },
+            PauseFrame::Pause { quanta: 77 },
+        ] {
+            let b = f.emit(src);
+            assert_eq!(&b[..6], &MAC_CONTROL_DST);
+            assert_eq!(PauseFrame::parse(&b), Some(f));
+        }
+        // A PFC frame as 802.1Qbb lays it out: priority 3 for 0x1234 quanta.
+        let mut raw = [0u8; 60];
+        raw[12..14].copy_from_slice(&[0x88, 0x08]);
+        raw[14..18].copy_from_slice(&[0x01, 0x01, 0x00, 0x08]);
+        raw[24..26].copy_from_slice(&[0x12, 0x34]);
+        match PauseFrame::parse(&raw) {
+            Some(PauseFrame::Pfc {
+                class_enable: 8,
+                quanta,
+            }) => assert_eq!(quanta[3], 0x1234),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(PauseFrame::parse(&raw[..20]), None, "truncated");
+        raw[15] = 0x02;
+        assert_eq!(PauseFrame::parse(&raw), None, "another MAC control opcode");
     }
 
     #[test]

@@ -1015,3 +1015,231 @@ fn arp_request(mac: [u8; 6], sip: [u8; 4], tip: [u8; 4]) -> Vec<u8> {
     .emit(&mut ArpPacket::new_unchecked(&mut f[14..42]));
     f
 }
+
+/// The PFC tests' RNIC: PFC on priority 3, a 1 Gb/s port (a pause of 0xffff quanta then
+/// lasts 33.5 ms), two UD QPs in two contexts, one sending on priority 3, one on 0, to a
+/// peer driven by hand (its MAC in the address handle: no ARP).
+struct PfcRig {
+    rt: Runtime,
+    rx: pmd_bindings::RxQueue,
+    tx: pmd_bindings::TxQueue,
+    pool: std::sync::Arc<pmd_bindings::Mempool>,
+    qps: [Side; 2],
+    sent: u64,
+}
+
+const PEER_MAC: [u8; 6] = [0x52, 0x54, 0, 0x99, 0, 2];
+
+impl PfcRig {
+    fn new(name: &str, watchdog: Option<dataplane::config::PfcWatchdog>) -> PfcRig {
+        let mut cfg = test_config(3, 1024);
+        cfg.speed_gbps = 1;
+        cfg.pfc = dataplane::config::PfcConfig {
+            mode: dcb::pfc::Mode::Pfc { enabled: 1 << 3 },
+            watchdog,
+        };
+        let (rt, rx, tx, pool) = raw_pair(cfg, name);
+        let mk = |rt: &Runtime| {
+            let mut s = side(rt.open(0).unwrap(), QpType::Ud, 1 << 16, 64);
+            let gid = s.gid;
+            connect(&mut s, Qpn::new(0x99), gid, Mtu::M1024, 1, 1, QpType::Ud);
+            s
+        };
+        let qps = [mk(&rt), mk(&rt)];
+        PfcRig {
+            rt,
+            rx,
+            tx,
+            pool,
+            qps,
+            sent: 0,
+        }
+    }
+
+    /// Posts a UD SEND on QP `i` (0: priority 3, 1: priority 0); returns its wr_id.
+    fn send(&mut self, i: usize) -> u64 {
+        self.sent += 1;
+        let mut ah = AddressVector::new(Gid::from_ipv4([10, 99, 0, 4]), 0);
+        ah.dmac = Some(PEER_MAC);
+        ah.sl = if i == 0 { 3 } else { 0 };
+        let s = &mut self.qps[i];
+        let sge = s.mr.sge(0, 64);
+        s.ctx
+            .post_send(
+                s.qpn,
+                &SendWr {
+                    wr_id: self.sent,
+                    op: WrOp::Send,
+                    sg_list: &[sge],
+                    flags: SendFlags::SIGNALED,
+                    ud: Some(UdDest {
+                        ah,
+                        remote_qpn: Qpn::new(0x99),
+                        remote_qkey: Qkey(0x1111_1111),
+                    }),
+                },
+            )
+            .unwrap();
+        self.sent
+    }
+
+    /// Sends a PFC frame for priority 3 from the peer and waits until the RNIC counted it.
+    fn pfc(&mut self, quanta: u16) {
+        let before = self.rt.stats(0).nic.rx_pfc;
+        let f = dcb::pfc::PauseFrame::pfc_one(3, quanta).emit(PEER_MAC);
+        let mut m = self.pool.alloc().unwrap();
+        assert!(m.extend_from_slice(&f));
+        let mut v = vec![m];
+        assert_eq!(self.tx.tx_burst(&mut v), 1);
+        let t = Instant::now();
+        while self.rt.stats(0).nic.rx_pfc == before {
+            assert!(
+                t.elapsed() < Duration::from_secs(5),
+                "the PFC frame was not taken"
+            );
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+
+    /// The source QPs of the UD frames the RNIC sent since the last call.
+    fn senders(&mut self) -> Vec<Qpn> {
+        let mut out = Vec::new();
+        let mut burst: Vec<Mbuf> = Vec::with_capacity(32);
+        self.rx.rx_burst(&mut burst);
+        for m in burst.drain(..) {
+            if let Ok(p) = frame::parse(&m.to_vec()) {
+                if let Some(d) = p.repr.transport.ext.deth {
+                    out.push(d.src_qp);
+                }
+            }
+        }
+        out
+    }
+
+    /// Waits up to `secs` for a frame from QP `i`.
+    fn wait_from(&mut self, i: usize, secs: u64) -> Option<Duration> {
+        let t = Instant::now();
+        let q = self.qps[i].qpn;
+        while t.elapsed() < Duration::from_secs(secs) {
+            if self.senders().contains(&q) {
+                return Some(t.elapsed());
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        None
+    }
+}
+
+/// A PFC XOFF for priority 3 holds the QP that sends on it (its send does not complete, no
+/// frame leaves) while the QP on priority 0 goes on; XON releases it at once, and a pause
+/// left to run out ends after its quanta.
+#[test]
+fn pfc_pauses_one_priority_while_another_flows() {
+    let mut r = PfcRig::new("pfc", None);
+    r.send(0);
+    r.send(1);
+    let (q0, q1) = (r.qps[0].qpn, r.qps[1].qpn);
+    let mut seen = Vec::new();
+    let t = Instant::now();
+    while !(seen.contains(&q0) && seen.contains(&q1)) {
+        assert!(t.elapsed() < Duration::from_secs(5), "unpaused: {seen:?}");
+        seen.extend(r.senders());
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    // XOFF, refreshed every 2 ms for 20 ms: priority 3 waits, priority 0 does not.
+    r.pfc(0xffff);
+    r.send(0);
+    r.send(1);
+    let t = Instant::now();
+    let mut seen = Vec::new();
+    while t.elapsed() < Duration::from_millis(20) {
+        seen.extend(r.senders());
+        r.pfc(0xffff);
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert!(seen.contains(&r.qps[1].qpn), "priority 0 flows");
+    assert!(
+        !seen.contains(&r.qps[0].qpn),
+        "priority 3 is paused: {seen:?}"
+    );
+    assert!(
+        wait_cq(&mut r.qps[0], 1, 0).is_empty(),
+        "its send waits too"
+    );
+    // XON: it goes at once (well within the 33 ms left of the last pause).
+    r.pfc(0);
+    let after = r.wait_from(0, 5).expect("released by XON");
+    assert!(after < Duration::from_millis(30), "{after:?}");
+    // A pause left alone ends after 0xffff quanta at 1 Gb/s (33.5 ms).
+    r.pfc(0xffff);
+    let t = Instant::now();
+    r.send(0);
+    r.wait_from(0, 5).expect("released when the pause ran out");
+    assert!(
+        t.elapsed() >= Duration::from_millis(30),
+        "{:?}",
+        t.elapsed()
+    );
+    let s = r.rt.stop();
+    assert!(s[0].nic.rx_pfc >= 4, "{:?}", s[0].nic);
+    assert_eq!(s[0].nic.pfc_storms_detected, 0);
+}
+
+/// A peer that pauses priority 3 forever trips the watchdog: after the detection time the
+/// RNIC stops honouring it (forward: the held send goes; drop: its frames are discarded,
+/// counted), the other priority keeps running throughout, and the storm ends once the
+/// pauses stop for the restoration time.
+#[test]
+fn the_pfc_watchdog_trips_on_a_peer_that_pauses_forever() {
+    for action in [dcb::pfc::StormAction::Forward, dcb::pfc::StormAction::Drop] {
+        let w = dataplane::config::PfcWatchdog {
+            detect_ms: 60,
+            restore_ms: 60,
+            action,
+        };
+        let mut r = PfcRig::new(&format!("pfcwd{}", action as u8), Some(w));
+        r.pfc(0xffff);
+        let start = Instant::now();
+        r.send(0);
+        let mut first = None;
+        let mut other = 0;
+        while start.elapsed() < Duration::from_millis(300) {
+            r.send(1);
+            for q in r.senders() {
+                if q == r.qps[0].qpn && first.is_none() {
+                    first = Some(start.elapsed());
+                }
+                if q == r.qps[1].qpn {
+                    other += 1;
+                }
+            }
+            r.pfc(0xffff);
+            std::thread::sleep(Duration::from_millis(2));
+            let _ = wait_cq(&mut r.qps[1], 1, 0);
+        }
+        assert!(other > 10, "priority 0 kept running: {other} frames");
+        let n = r.rt.stats(0).nic;
+        assert_eq!(n.pfc_storms_detected, 1, "{n:?}");
+        match action {
+            dcb::pfc::StormAction::Forward => {
+                let t = first.expect("forwarded once the storm was detected");
+                assert!(
+                    t >= Duration::from_millis(55),
+                    "held until detection: {t:?}"
+                );
+                assert_eq!(n.tx_storm_dropped, 0);
+            }
+            dcb::pfc::StormAction::Drop => {
+                assert_eq!(first, None, "a stormed priority's frames are dropped");
+                assert!(n.tx_storm_dropped >= 1, "{n:?}");
+            }
+        }
+        // No more pauses: restored after 60 ms.
+        let t = Instant::now();
+        while r.rt.stats(0).nic.pfc_storms_restored == 0 {
+            assert!(t.elapsed() < Duration::from_secs(5), "never restored");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        drop(r.rt.stop());
+    }
+}

@@ -22,7 +22,9 @@ use std::sync::Arc;
 
 pub use counters::{DeviceCounters, QpCounters};
 pub use qp::ModifyError;
-pub use transmit::{Path, Payload, PayloadSeg, Transmit, MAX_INLINE, MAX_PAYLOAD_SEGS};
+pub use transmit::{
+    Path, Payload, PayloadSeg, PriorityMap, Transmit, Trust, MAX_INLINE, MAX_PAYLOAD_SEGS,
+};
 
 use crate::memory::{
     KeyError, Memory, MemoryError, MemoryRegion, MrRef, MrTable, MwType, PdId, Window,
@@ -162,6 +164,8 @@ pub struct DeviceConfig {
     /// ECN congestion control (DCQCN notification and reaction points; off by default, as
     /// in rxe).
     pub cc: cc::CongestionConfig,
+    /// How a QP's packets get their priority (PFC class).
+    pub priorities: transmit::PriorityMap,
 }
 
 impl Default for DeviceConfig {
@@ -175,6 +179,7 @@ impl Default for DeviceConfig {
             credits: CreditMode::FromReceiveQueue,
             coalesce_acks: true,
             cc: cc::CongestionConfig::default(),
+            priorities: transmit::PriorityMap::default(),
         }
     }
 }
@@ -867,6 +872,9 @@ pub struct Device {
     /// Memory windows allocated (they share the MR table).
     mws: usize,
     ready: VecDeque<u32>,
+    /// Priorities the peer paused (PFC; bit n = priority n) and the QPs held for it.
+    paused: u8,
+    parked: Vec<u32>,
     port_active: bool,
 }
 
@@ -905,6 +913,8 @@ impl Device {
             pds: Table::new(l.max_pd as usize),
             mws: 0,
             ready: VecDeque::new(),
+            paused: 0,
+            parked: Vec::new(),
             port_active: true,
         }
     }
@@ -1535,6 +1545,7 @@ impl Device {
             }
         }
         self.ready.retain(|&s| s != slot as u32);
+        self.parked.retain(|&s| s != slot as u32);
         Ok(())
     }
 
@@ -1982,6 +1993,16 @@ impl Device {
                 continue;
             };
             let qp: &mut Qp = qp;
+            if self.paused != 0 && self.paused & (1 << qp.tx_priority(&self.sh)) != 0 {
+                // Its class is paused: every packet of the QP waits (ACKs and READ
+                // responses travel in their QP's class), the other classes go on.
+                qp.queued = false;
+                if !qp.parked {
+                    qp.parked = true;
+                    self.parked.push(slot);
+                }
+                continue;
+            }
             let may_data = qp.cc.as_mut().is_none_or(|c| c.may_send(now));
             let sent = qp.next_cnp(&self.sh, tx)
                 || qp.next_response(&mut self.sh, tx, may_data)
@@ -2010,6 +2031,30 @@ impl Device {
             self.handle_cq_overflows();
         }
         false
+    }
+
+    /// Sets the priorities the link partner has paused (PFC / PAUSE, bit n = priority n):
+    /// QPs whose packets go on a paused priority produce nothing until it is resumed, and
+    /// resumed QPs are ready again at once. The driver decides what is paused (received
+    /// frames, their expiry, the storm watchdog); the engine only holds QPs.
+    pub fn set_paused(&mut self, mask: u8) {
+        let resumed = self.paused & !mask;
+        self.paused = mask;
+        if resumed == 0 {
+            return;
+        }
+        for slot in std::mem::take(&mut self.parked) {
+            if let Some(Some(qp)) = self.qps.get_mut(slot as usize) {
+                qp.parked = false;
+            }
+            // Still-paused ones park again on their next turn.
+            self.mark_ready(slot);
+        }
+    }
+
+    /// The priorities currently paused ([`Device::set_paused`]).
+    pub fn paused(&self) -> u8 {
+        self.paused
     }
 
     /// The earliest deadline at which `handle_timeout` must be called.

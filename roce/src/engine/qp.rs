@@ -436,6 +436,8 @@ pub(crate) struct Qp {
     pub error_cause: u32,
     /// Congestion state (DCQCN), allocated at the QP's first CE mark or CNP.
     pub cc: Option<Box<super::cc::QpCc>>,
+    /// Held in the device's parked list while its priority is paused (PFC).
+    pub parked: bool,
 }
 
 impl Qp {
@@ -518,6 +520,7 @@ impl Qp {
             path_held: false,
             error_cause: 0,
             cc: None,
+            parked: false,
         }
     }
 
@@ -545,6 +548,24 @@ impl Qp {
         .into_iter()
         .flatten()
         .min()
+    }
+
+    /// The priority of the QP's next packets: its path's (a UD QP: the next WR's address
+    /// handle's), mapped as the device is configured.
+    pub fn tx_priority(&self, sh: &Shared) -> u8 {
+        let (tc, sl) = if self.qp_type == QpType::Ud {
+            if self.req.next == self.sq.tail {
+                (0, 0)
+            } else {
+                self.sq
+                    .get(self.req.next)
+                    .ud
+                    .map_or((0, 0), |u| (u.ah.traffic_class, u.ah.sl))
+            }
+        } else {
+            self.attr.av.map_or((0, 0), |av| (av.traffic_class, av.sl))
+        };
+        sh.cfg.priorities.priority(tc, sl)
     }
 
     /// The QP's congestion state, allocated on first use.

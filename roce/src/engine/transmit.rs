@@ -148,6 +148,51 @@ impl Default for Path {
     }
 }
 
+/// Which header field gives a packet its 802.1p priority, its PFC class (mlx5 `trust`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Trust {
+    /// The priority is the path's SL (the VLAN PCP it is tagged with).
+    #[default]
+    Pcp,
+    /// The priority is DSCP / 8 (the mapping mlx5 and Linux use by default).
+    Dscp,
+}
+
+/// How the priority of a packet follows from its path, with the port's defaults for a path
+/// that sets neither SL nor DSCP (`roce.pcp`, `roce.dscp`). The dataplane tags frames with
+/// this priority and the engine holds a QP whose priority is paused (PFC).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PriorityMap {
+    /// Which field counts.
+    pub trust: Trust,
+    /// Priority of a path with SL 0.
+    pub default_pcp: u8,
+    /// DSCP of a path whose traffic class has none.
+    pub default_dscp: u8,
+}
+
+impl PriorityMap {
+    /// The DSCP a packet with traffic class `tc` leaves with.
+    #[inline]
+    pub fn dscp(&self, tc: u8) -> u8 {
+        if tc >> 2 != 0 {
+            tc >> 2
+        } else {
+            self.default_dscp & 0x3f
+        }
+    }
+
+    /// The priority (0..=7) of a packet with traffic class `tc` and SL `sl`.
+    #[inline]
+    pub fn priority(&self, tc: u8, sl: u8) -> u8 {
+        match self.trust {
+            Trust::Pcp if sl != 0 => sl & 7,
+            Trust::Pcp => self.default_pcp & 7,
+            Trust::Dscp => self.dscp(tc) >> 3,
+        }
+    }
+}
+
 /// One packet to send.
 #[derive(Debug, Clone)]
 pub struct Transmit {
