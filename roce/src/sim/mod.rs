@@ -3,6 +3,8 @@
 //! and a peer that ACKs only every Nth time), on a virtual clock that jumps to the next event.
 //! Sessions can be dumped to pcap for tshark and `rnic-pcap`.
 
+pub mod fabric;
+
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 use std::sync::Arc;

@@ -1,0 +1,337 @@
+//! Several RNICs through one switch, on simulated time: every node is a real [`Device`] (the
+//! transport engine with its DCQCN reaction and notification points and its PFC hold), each
+//! joined to its own port of a [`dcb::switch::Switch`] (shared buffer, ETS classes, RED/ECN
+//! marking, PFC towards the nodes) by a link with a rate and a propagation delay. The switch
+//! forwards by destination GID (node `i` is [`node_gid`]`(i)`). Incast, fairness and the
+//! queue's behaviour can be measured with the RNIC's own transport, deterministically.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+use dcb::pfc::{Mode, PauseFrame, PauseState};
+use dcb::switch::{ser_ns, Frame, Switch, SwitchConfig};
+
+use super::{bring_up, endpoint, node_gid, ConnectOpts, Endpoint, Node};
+use crate::engine::{Device, DeviceConfig, Transmit};
+use crate::types::Psn;
+use crate::verbs::Completion;
+
+/// A fabric's shape.
+#[derive(Debug, Clone)]
+pub struct FabricConfig {
+    /// Every node's device (GIDs are filled in per node).
+    pub device: DeviceConfig,
+    /// Nodes (one switch port each).
+    pub nodes: usize,
+    /// Rate of every node's link (both directions), Mb/s; the switch's ports run at it.
+    pub link_mbps: f64,
+    /// Propagation delay of every link, ns.
+    pub link_delay: u64,
+    /// The switch (its `port_mbps` is set from `link_mbps`).
+    pub switch: SwitchConfig,
+    /// Nodes mark their data ECN-capable (ECT(0)), as `roce.ecn`.
+    pub ect: bool,
+    /// Nodes honour the switch's PFC on these priorities (as `[pfc]`); `Mode::Off`: not.
+    pub node_pfc: Mode,
+    /// Period of the switch queue samples, ns (0: none).
+    pub sample_ns: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+enum Ev {
+    /// A frame from node `from` reaches the switch.
+    ToSwitch {
+        from: usize,
+        priority: u8,
+        ecn: u8,
+        frame: Vec<u8>,
+    },
+    /// A frame reaches node `to`.
+    ToNode { to: usize, frame: Vec<u8> },
+    /// A pause frame from the switch reaches node `to` (encoded as on the wire).
+    Pause { to: usize, frame: Vec<u8> },
+}
+
+/// The fabric.
+pub struct Fabric {
+    /// The nodes.
+    pub nodes: Vec<Node>,
+    /// The switch (frames are their bytes).
+    pub switch: Switch<(Vec<u8>, usize)>,
+    /// Virtual time, ns.
+    pub now: u64,
+    /// The switch's queued bytes per port, sampled every `sample_ns`: (time, per port).
+    pub samples: Vec<(u64, Vec<u64>)>,
+    /// Frames the switch dropped.
+    pub drops: u64,
+    cfg: FabricConfig,
+    link_busy: Vec<u64>,
+    pause: Vec<PauseState>,
+    events: BinaryHeap<Reverse<(u64, u64, Ev)>>,
+    seq: u64,
+    next_sample: u64,
+    tx: Transmit,
+    buf: Vec<u8>,
+}
+
+impl Fabric {
+    /// A fabric as `cfg` says.
+    pub fn new(cfg: FabricConfig) -> Fabric {
+        let mut sw = cfg.switch.clone();
+        sw.port_mbps = vec![cfg.link_mbps; cfg.nodes];
+        let switch = Switch::new(sw).expect("switch configuration");
+        let nodes = (0..cfg.nodes)
+            .map(|i| {
+                let mut d = cfg.device.clone();
+                d.gids = vec![node_gid(i)];
+                Node {
+                    dev: Device::new(d),
+                    mac: [2, 0, 0, 0x99, 1, i as u8],
+                    ip_ident: 0,
+                }
+            })
+            .collect();
+        Fabric {
+            nodes,
+            switch,
+            now: 0,
+            samples: Vec::new(),
+            drops: 0,
+            link_busy: vec![0; cfg.nodes],
+            pause: (0..cfg.nodes)
+                .map(|_| PauseState::new(cfg.node_pfc, cfg.link_mbps as u64))
+                .collect(),
+            events: BinaryHeap::new(),
+            seq: 0,
+            next_sample: 0,
+            tx: Transmit::default(),
+            buf: vec![0; 9216],
+            cfg,
+        }
+    }
+
+    /// Connects a QP on node `a` with one on node `b` (RC or UC per `o`); returns the two
+    /// endpoints (each with its own MR).
+    pub fn connect(&mut self, a: usize, b: usize, o: &ConnectOpts) -> (Endpoint, Endpoint) {
+        let ea = endpoint(&mut self.nodes[a].dev, o, 0x10_0000_0000);
+        let eb = endpoint(&mut self.nodes[b].dev, o, 0x20_0000_0000);
+        let (pa, pb) = o.psns;
+        bring_up(&mut self.nodes[a].dev, &ea, eb.qpn, node_gid(b), o, pa, pb);
+        bring_up(&mut self.nodes[b].dev, &eb, ea.qpn, node_gid(a), o, pb, pa);
+        let mut ea = ea;
+        let mut eb = eb;
+        ea.sq_psn = Psn::new(pa);
+        eb.sq_psn = Psn::new(pb);
+        (ea, eb)
+    }
+
+    /// Every completion waiting on `ep`'s CQ of node `n`.
+    pub fn cqes(&mut self, n: usize, ep: &Endpoint) -> Vec<Completion> {
+        let mut v = Vec::new();
+        while let Some(c) = self.nodes[n].dev.poll_completion(ep.cq) {
+            v.push(c);
+        }
+        v
+    }
+
+    fn push(&mut self, t: u64, e: Ev) {
+        self.seq += 1;
+        self.events.push(Reverse((t, self.seq, e)));
+    }
+
+    /// The node whose GID is `gid`.
+    fn node_of(&self, frame: &[u8]) -> Option<usize> {
+        let p = crate::wire::frame::parse(frame).ok()?;
+        let (_, dst) = p.repr.ip.gids();
+        (0..self.nodes.len()).find(|i| node_gid(*i) == dst)
+    }
+
+    /// Node `i` puts frames on its link while the link is free.
+    fn send_node(&mut self, i: usize) -> bool {
+        let mut progress = false;
+        while self.link_busy[i] <= self.now {
+            let node = &mut self.nodes[i];
+            if !node.dev.poll_transmit(self.now, &mut self.tx) {
+                break;
+            }
+            progress = true;
+            if self.cfg.ect && self.tx.ecn_capable() && self.tx.path.traffic_class & 3 == 0 {
+                self.tx.path.traffic_class |= 2;
+            }
+            let priority = node
+                .dev
+                .config()
+                .priorities
+                .priority(self.tx.path.traffic_class, self.tx.path.sl);
+            node.ip_ident = node.ip_ident.wrapping_add(1);
+            let Ok(n) = node.dev.write_frame(
+                &self.tx,
+                node.mac,
+                [2, 0, 0, 0x99, 0xff, 0],
+                None,
+                node.ip_ident,
+                &mut self.buf,
+            ) else {
+                continue;
+            };
+            let frame = self.buf[..n].to_vec();
+            let done = self.now.max(self.link_busy[i]) + ser_ns(n as u64, self.cfg.link_mbps);
+            self.link_busy[i] = done;
+            let ecn = self.tx.path.traffic_class & 3;
+            self.push(
+                done + self.cfg.link_delay,
+                Ev::ToSwitch {
+                    from: i,
+                    priority,
+                    ecn,
+                    frame,
+                },
+            );
+        }
+        progress
+    }
+
+    fn deliver(&mut self) -> bool {
+        let mut progress = false;
+        while let Some(Reverse((t, _, _))) = self.events.peek() {
+            if *t > self.now {
+                break;
+            }
+            let Some(Reverse((_, _, ev))) = self.events.pop() else {
+                break;
+            };
+            progress = true;
+            match ev {
+                Ev::ToSwitch {
+                    from,
+                    priority,
+                    ecn,
+                    frame,
+                } => {
+                    let Some(to) = self.node_of(&frame) else {
+                        self.drops += 1;
+                        continue;
+                    };
+                    let bytes = frame.len() as u64;
+                    let f = Frame {
+                        data: (frame, to),
+                        bytes,
+                        priority,
+                        ecn,
+                    };
+                    if self.switch.receive(self.now, from, to, f).is_err() {
+                        self.drops += 1;
+                    }
+                }
+                Ev::ToNode { to, frame } => {
+                    let now = self.now;
+                    self.nodes[to].dev.handle_frame(now, &frame);
+                }
+                Ev::Pause { to, frame } => {
+                    if let Some(f) = PauseFrame::parse(&frame) {
+                        self.pause[to].handle_frame(self.now, &f);
+                        let mask = self.pause[to].paused_mask(self.now);
+                        self.nodes[to].dev.set_paused(mask);
+                    }
+                }
+            }
+        }
+        progress
+    }
+
+    fn run_switch(&mut self) -> bool {
+        let mut progress = false;
+        if self.switch.poll_timeout().is_some_and(|t| t <= self.now) {
+            self.switch.handle_timeout(self.now);
+        }
+        while let Some((port, f)) = self.switch.poll_control() {
+            // Ahead of data: a 64-byte frame on the port's link.
+            let t = self.now + ser_ns(64, self.cfg.link_mbps) + self.cfg.link_delay;
+            let frame = f.emit([2, 0, 0, 0x99, 0xff, 0]).to_vec();
+            self.push(t, Ev::Pause { to: port, frame });
+            progress = true;
+        }
+        while let Some(d) = self.switch.poll_transmit(self.now) {
+            let (mut frame, to) = d.data;
+            if d.ce {
+                crate::wire::frame::mark_ce(&mut frame);
+            }
+            self.push(d.done + self.cfg.link_delay, Ev::ToNode { to, frame });
+            progress = true;
+        }
+        progress
+    }
+
+    fn timers(&mut self) -> bool {
+        let mut progress = false;
+        for i in 0..self.nodes.len() {
+            if self.pause[i].poll_timeout().is_some_and(|t| t <= self.now) {
+                self.pause[i].handle_timeout(self.now);
+                let mask = self.pause[i].paused_mask(self.now);
+                self.nodes[i].dev.set_paused(mask);
+                progress = true;
+            }
+            let now = self.now;
+            let dev = &mut self.nodes[i].dev;
+            if dev.poll_timeout().is_some_and(|t| t <= now) {
+                dev.handle_timeout(now);
+                progress = true;
+            }
+        }
+        if self.cfg.sample_ns > 0 && self.now >= self.next_sample {
+            let q = (0..self.nodes.len())
+                .map(|p| self.switch.queued(p))
+                .collect();
+            self.samples.push((self.now, q));
+            self.next_sample = self.now - self.now % self.cfg.sample_ns + self.cfg.sample_ns;
+        }
+        progress
+    }
+
+    fn next_event(&mut self) -> Option<u64> {
+        let mut next = self.events.peek().map(|Reverse((t, _, _))| *t);
+        let mut consider = |t: Option<u64>| {
+            if let Some(t) = t {
+                next = Some(next.map_or(t, |n| n.min(t)));
+            }
+        };
+        consider(self.switch.poll_timeout());
+        for i in 0..self.nodes.len() {
+            consider(self.pause[i].poll_timeout());
+            consider(self.nodes[i].dev.poll_timeout());
+            // A node whose link is busy may have more to send when it frees.
+            if self.link_busy[i] > self.now {
+                consider(Some(self.link_busy[i]));
+            }
+        }
+        if self.cfg.sample_ns > 0 {
+            consider(Some(self.next_sample));
+        }
+        next
+    }
+
+    /// Runs until `done` returns true, nothing is left to do, or time would pass
+    /// `deadline`; returns whether `done` became true or the fabric went idle.
+    pub fn run(&mut self, deadline: u64, mut done: impl FnMut(&mut Fabric) -> bool) -> bool {
+        loop {
+            if done(self) {
+                return true;
+            }
+            let mut progress = false;
+            for i in 0..self.nodes.len() {
+                progress |= self.send_node(i);
+            }
+            progress |= self.deliver();
+            progress |= self.run_switch();
+            progress |= self.timers();
+            if progress {
+                continue;
+            }
+            match self.next_event() {
+                Some(t) if t <= deadline => self.now = self.now.max(t),
+                Some(_) => return false,
+                None => return true,
+            }
+        }
+    }
+}
