@@ -1,6 +1,8 @@
 # ferroce: the two commands of the README, and helpers.
 #   make demo   - install what is missing, build, run the main job on the embedded default
 #   make test   - install what is missing, run every test (unit, integration, interop)
+#   make demo-incast - 8:1 incast of ferroce RNICs through the switch model, with and
+#                 without DCQCN (simulated time), with a plot
 #   make install PREFIX=/usr/local - rnicd, rnic-perf, rnic-ctl, rnic-pcap, rnic-sim (with
 #                 man pages, bash/zsh/fish completions, a systemd unit for rnicd), the C client
 #                 (libferroce_client.so, ferroce.h, ferroce.pc), ferroce-run and the drop-in
@@ -19,7 +21,7 @@ IBV_DIR = target/$(PROFILE)/ferroce
 # Where the system's provider libraries are, whose direct-verbs exports the stubs mirror.
 DV_LIBDIR ?= /usr/lib/$(shell $(CC) -print-multiarch)
 
-.PHONY: deps test-deps demo test lint bench fmt install install-files ibverbs ibverbs-dir
+.PHONY: deps test-deps demo demo-incast test lint bench fmt install install-files ibverbs ibverbs-dir
 
 deps:
 	@bash scripts/deps.sh
@@ -29,6 +31,13 @@ test-deps:
 
 demo: deps
 	@bash scripts/demo.sh
+
+# 8:1 incast of ferroce RNICs (the transport engine) through the switch model, on simulated
+# time: PFC only, DCQCN paper and firmware side by side (docs/dcb.md).
+demo-incast: deps
+	$(CARGO) build --release -p ferroce-tools
+	target/release/rnic-sim rnics --senders 8 --rate 25 --png target/incast.png --csv target/incast.csv
+	@echo "plot: target/incast.png, samples: target/incast.csv"
 
 test: test-deps
 	# The C client's shared library, which the tests link the C example against.

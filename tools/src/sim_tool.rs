@@ -5,8 +5,10 @@ use std::io::Write;
 use std::path::Path;
 
 use dcb::dcqcn::RpParams;
+use dcb::dcqcn::Variant;
 use dcb::ecn::Red;
 use dcb::sim::{Config, FlowSpec, Outcome, Sim, HEADER_BYTES};
+use roce::sim::fabric::{self, Incast, IncastOutcome};
 
 use crate::plot::{draw, Panel, Series};
 
@@ -431,4 +433,114 @@ pub fn compare_figure(
         1000,
         320,
     )
+}
+
+/// `rnic-sim rnics`: an N:1 incast of ferroce RNICs (the transport engine itself, with its
+/// DCQCN and PFC hold) through dcb's switch model, on simulated time
+/// (`roce::sim::fabric::incast`); measured over the last four fifths of the run.
+pub fn rnics(senders: usize, gbps: f64, preset: Option<Preset>, duration_ns: u64) -> IncastOutcome {
+    fabric::incast(&Incast {
+        senders,
+        link_mbps: gbps * 1000.0,
+        dcqcn: preset.map(|p| match p {
+            Preset::Paper => Variant::Paper,
+            Preset::Nvidia => Variant::Firmware,
+        }),
+        from: duration_ns / 5,
+        until: duration_ns,
+        sample_ns: (duration_ns / 1000).clamp(1_000, 100_000),
+    })
+}
+
+/// One line of the `rnics` table.
+pub fn print_rnics(what: &str, o: &IncastOutcome, out: &mut dyn Write) {
+    let _ = writeln!(
+        out,
+        "{what:<16} aggregate {:>6.2} Gb/s  Jain {:.3}  queue p99 {:>5} KB  peak {:>5} KB  \
+         XOFF {:>5}  CNPs {:>5}  drops {}",
+        o.aggregate(),
+        o.jain(),
+        o.p99 / 1000,
+        o.peak / 1000,
+        o.xoff,
+        o.cnps,
+        o.drops
+    );
+    let per: Vec<String> = o.per_sender.iter().map(|g| format!("{g:.2}")).collect();
+    let _ = writeln!(out, "{:<16} per sender Gb/s: {}", "", per.join(" "));
+}
+
+/// The `rnics` CSV: `scenario,time_us,sender,goodput_gbps,queue_kb`.
+pub fn rnics_csv(path: &Path, runs: &[(String, IncastOutcome)]) -> Result<(), String> {
+    let mut f = std::io::BufWriter::new(
+        std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?,
+    );
+    let mut text = String::from("scenario,time_us,sender,goodput_gbps,queue_kb\n");
+    for (name, o) in runs {
+        for (t, g, q) in &o.series {
+            for (s, v) in g.iter().enumerate() {
+                text.push_str(&format!(
+                    "{name},{t:.1},{s},{v:.4},{:.2}\n",
+                    *q as f64 / 1000.0
+                ));
+            }
+        }
+    }
+    f.write_all(text.as_bytes())
+        .and_then(|_| f.flush())
+        .map_err(|e| e.to_string())
+}
+
+/// The `rnics` figure: each scenario's per-sender goodput, then the bottleneck queues.
+pub fn rnics_figure(
+    path: &Path,
+    runs: &[(String, IncastOutcome)],
+    title: &str,
+) -> Result<(), String> {
+    let mut panels = Vec::new();
+    for (name, o) in runs {
+        let n = o.per_sender.len();
+        // Goodput comes in 64 KiB completions: averaged over 1 ms to read as a rate.
+        let dt = match o.series.as_slice() {
+            [a, b, ..] => (b.0 - a.0).max(1.0),
+            _ => 1000.0,
+        };
+        let w = ((1000.0 / dt) as usize).max(1);
+        let series = (0..n)
+            .map(|s| Series {
+                name: format!("sender {s}"),
+                points: o
+                    .series
+                    .windows(w)
+                    .map(|win| {
+                        let mean = win.iter().map(|(_, g, _)| g[s]).sum::<f64>() / w as f64;
+                        (win[w - 1].0, mean)
+                    })
+                    .collect(),
+            })
+            .collect();
+        panels.push(Panel {
+            title: format!("{title}: {name}, goodput per sender (1 ms average)"),
+            x_label: "time (us)".into(),
+            y_label: "Gb/s".into(),
+            series,
+        });
+    }
+    panels.push(Panel {
+        title: format!("{title}: bottleneck queue"),
+        x_label: "time (us)".into(),
+        y_label: "KB".into(),
+        series: runs
+            .iter()
+            .map(|(name, o)| Series {
+                name: name.clone(),
+                points: o
+                    .series
+                    .iter()
+                    .map(|(t, _, q)| (*t, *q as f64 / 1000.0))
+                    .collect(),
+            })
+            .collect(),
+    });
+    draw(path, &panels, 1000, 300)
 }

@@ -162,3 +162,62 @@ fn the_cli_writes_csv_and_png() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `rnic-sim rnics`: ferroce's transport engines through the switch model. All three
+/// scenarios print; PFC alone never drops; DCQCN quiets PFC; the CSV has every sender's
+/// samples; bad arguments are refused.
+#[test]
+fn rnics_incast_prints_the_three_scenarios_and_writes_csv() {
+    let dir = std::env::temp_dir().join(format!("ferroce-rnics-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let csv = dir.join("r.csv");
+    let png = dir.join("r.png");
+    let o = rnic_sim(&[
+        "rnics",
+        "--senders",
+        "4",
+        "--rate",
+        "10",
+        "--duration",
+        "10",
+        "--csv",
+        csv.to_str().unwrap(),
+        "--png",
+        png.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let out = String::from_utf8_lossy(&o.stdout);
+    let field = |scenario: &str, name: &str| -> f64 {
+        let line = out
+            .lines()
+            .find(|l| l.starts_with(scenario))
+            .unwrap_or_else(|| panic!("{scenario} missing: {out}"));
+        let mut it = line.split_whitespace();
+        it.find(|w| *w == name).expect(name);
+        it.next().unwrap().parse().unwrap()
+    };
+    for s in ["pfc-only", "dcqcn-paper", "dcqcn-nvidia"] {
+        assert_eq!(field(s, "drops"), 0.0, "{s}: {out}");
+        assert!(field(s, "aggregate") > 8.0, "{s}: {out}");
+    }
+    assert!(field("pfc-only", "XOFF") > 10.0 * field("dcqcn-paper", "XOFF").max(1.0));
+    let text = std::fs::read_to_string(&csv).unwrap();
+    assert!(text.starts_with("scenario,time_us,sender,goodput_gbps,queue_kb\n"));
+    let senders: std::collections::BTreeSet<&str> = text
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').nth(2).unwrap())
+        .collect();
+    assert_eq!(senders.len(), 4);
+    assert_eq!(&std::fs::read(&png).unwrap()[..8], b"\x89PNG\r\n\x1a\n");
+    for bad in [
+        vec!["rnics", "--dcqcn", "fast"],
+        vec!["rnics", "--senders", "0"],
+        vec!["rnics", "--rate", "0.5"],
+    ] {
+        let o = rnic_sim(&bad);
+        assert!(!o.status.success(), "{bad:?} accepted");
+        assert!(!o.stderr.is_empty());
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

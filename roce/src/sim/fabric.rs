@@ -335,3 +335,197 @@ impl Fabric {
         }
     }
 }
+
+/// An N:1 incast through the fabric: `senders` nodes each keep 64 KiB RDMA WRITEs going
+/// (4 outstanding) to one receiver over links of `link_mbps` (1 us each way), every QP on
+/// the lossless priority 3, the switch with PFC on it (XOFF 200 KB per ingress port) and,
+/// with DCQCN, RED marking scaled to the link (Kmin 100 KB, Kmax 400 KB per 25 Gb/s).
+#[derive(Debug, Clone)]
+pub struct Incast {
+    /// Senders.
+    pub senders: usize,
+    /// Link rate, Mb/s.
+    pub link_mbps: f64,
+    /// DCQCN's variant (NP interval: the paper's 50 us, the firmware's 4 us), or none.
+    pub dcqcn: Option<dcb::dcqcn::Variant>,
+    /// Measure from here, ns.
+    pub from: u64,
+    /// Run until here, ns.
+    pub until: u64,
+    /// Sampling period of the time series, ns.
+    pub sample_ns: u64,
+}
+
+/// What an [`Incast`] measured.
+#[derive(Debug, Clone, Default)]
+pub struct IncastOutcome {
+    /// Goodput per sender over [from, until), Gb/s.
+    pub per_sender: Vec<f64>,
+    /// Per sample: time (us), each sender's goodput since the last sample (Gb/s), and the
+    /// bottleneck queue (bytes).
+    pub series: Vec<(f64, Vec<f64>, u64)>,
+    /// Frames the switch dropped.
+    pub drops: u64,
+    /// XOFF frames the switch sent.
+    pub xoff: u64,
+    /// The bottleneck queue's 99th percentile and peak over [from, until), bytes.
+    pub p99: u64,
+    /// Peak of the bottleneck queue over the whole run, bytes.
+    pub peak: u64,
+    /// CNPs the senders' QPs took.
+    pub cnps: u64,
+    /// Kmax of the marking (0 without DCQCN).
+    pub kmax: u64,
+}
+
+impl IncastOutcome {
+    /// Sum of the senders' goodput, Gb/s.
+    pub fn aggregate(&self) -> f64 {
+        self.per_sender.iter().sum()
+    }
+
+    /// Jain's fairness index of the senders' goodput.
+    pub fn jain(&self) -> f64 {
+        let x = &self.per_sender;
+        let s: f64 = x.iter().sum();
+        let q: f64 = x.iter().map(|v| v * v).sum();
+        if q == 0.0 {
+            return 0.0;
+        }
+        s * s / (x.len() as f64 * q)
+    }
+}
+
+/// Runs an incast.
+pub fn incast(s: &Incast) -> IncastOutcome {
+    use crate::engine::cc::CongestionConfig;
+    use crate::engine::PriorityMap;
+    use crate::verbs::{Mtu, SendFlags, SendWr, WcStatus, WrOp};
+    use dcb::dcqcn::{RpParams, Variant};
+    const MSG: u32 = 64 * 1024;
+    let cc = match s.dcqcn {
+        Some(Variant::Paper) => CongestionConfig {
+            rp: Some(RpParams::paper(s.link_mbps)),
+            np_min_interval_ns: Some(50_000),
+            ..Default::default()
+        },
+        Some(Variant::Firmware) => CongestionConfig {
+            rp: Some(RpParams::firmware(s.link_mbps)),
+            np_min_interval_ns: Some(4_000),
+            ..Default::default()
+        },
+        None => CongestionConfig::default(),
+    };
+    let red = s.dcqcn.map(|_| dcb::ecn::Red::scaled(s.link_mbps / 1000.0));
+    let cfg = FabricConfig {
+        device: DeviceConfig {
+            port_mtu: Mtu::M4096,
+            cc,
+            // Every QP on priority 3 (as roce.pcp = 3); CNPs on 6.
+            priorities: PriorityMap {
+                default_pcp: 3,
+                ..Default::default()
+            },
+            ..Default::default()
+        },
+        nodes: s.senders + 1,
+        link_mbps: s.link_mbps,
+        link_delay: 1_000,
+        switch: SwitchConfig {
+            port_mbps: Vec::new(),
+            buffer: 8 << 20,
+            red,
+            pfc: Mode::Pfc { enabled: 1 << 3 },
+            // XOFF well above each sender's share of Kmax, so ECN acts before PFC does.
+            thresholds: dcb::pfc::Thresholds {
+                xoff: 200_000,
+                xon: 200_000 - 2 * 4200,
+            },
+            headroom: SwitchConfig::headroom_for(s.link_mbps, 1_000, 4096),
+            ets: dcb::ets::EtsConfig::roce_default(),
+            seed: 5,
+        },
+        ect: true,
+        node_pfc: Mode::Pfc { enabled: 1 << 3 },
+        sample_ns: s.sample_ns.max(1_000),
+    };
+    let mut f = Fabric::new(cfg);
+    let o = ConnectOpts {
+        mtu: Mtu::M4096,
+        mem_len: 8 * MSG as usize,
+        depth: 16,
+        timeout: 14,
+        ..Default::default()
+    };
+    let rx = s.senders;
+    let eps: Vec<_> = (0..s.senders).map(|n| f.connect(n, rx, &o)).collect();
+    let mut posted = vec![0u64; s.senders];
+    let mut done = vec![0u64; s.senders];
+    let mut bytes = vec![0u64; s.senders];
+    let mut out = IncastOutcome::default();
+    let step = s.sample_ns.max(1_000);
+    let mut last = (0u64, vec![0u64; s.senders]);
+    while f.now < s.until {
+        for (n, (a, b)) in eps.iter().enumerate() {
+            for c in f.cqes(n, a) {
+                assert_eq!(c.status, WcStatus::Success, "sender {n}: {c:?}");
+                posted[n] -= 1;
+                done[n] += MSG as u64;
+                if f.now >= s.from {
+                    bytes[n] += MSG as u64;
+                }
+            }
+            while posted[n] < 4 {
+                let off = (posted[n] % 8) * MSG as u64;
+                f.nodes[n]
+                    .dev
+                    .post_send(
+                        a.qpn,
+                        &SendWr {
+                            wr_id: 1,
+                            op: WrOp::Write {
+                                remote_addr: b.addr + off,
+                                rkey: b.rkey,
+                            },
+                            sg_list: &[a.sge(off, MSG)],
+                            flags: SendFlags::SIGNALED,
+                            ud: None,
+                        },
+                    )
+                    .expect("post_send");
+                posted[n] += 1;
+            }
+        }
+        if f.now >= last.0 + step {
+            let dt = (f.now - last.0) as f64;
+            let g = (0..s.senders)
+                .map(|n| (done[n] - last.1[n]) as f64 * 8.0 / dt)
+                .collect();
+            out.series
+                .push((f.now as f64 / 1000.0, g, f.switch.queued(rx)));
+            last = (f.now, done.clone());
+        }
+        let until = (f.now + step.min(50_000)).min(s.until);
+        f.run(until, |_| false);
+        f.now = f.now.max(until);
+    }
+    let secs = s.until.saturating_sub(s.from).max(1) as f64 / 1e9;
+    let mut q: Vec<u64> = f
+        .samples
+        .iter()
+        .filter(|(t, _)| *t >= s.from)
+        .map(|(_, ports)| ports[rx])
+        .collect();
+    q.sort_unstable();
+    out.per_sender = bytes.iter().map(|b| *b as f64 * 8.0 / secs / 1e9).collect();
+    out.drops = f.drops;
+    out.xoff = f.switch.counters.pfc_xoff;
+    out.p99 = q.get(q.len() * 99 / 100).copied().unwrap_or(0);
+    out.peak = f.switch.counters.peak_queue[rx];
+    out.cnps = (0..s.senders)
+        .filter_map(|n| f.nodes[n].dev.qp_counters(eps[n].0.qpn))
+        .map(|c| c.rp_cnp_handled)
+        .sum();
+    out.kmax = red.map_or(0, |r| r.kmax);
+    out
+}

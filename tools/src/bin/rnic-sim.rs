@@ -6,7 +6,10 @@
 //! - `rnic-sim incast --senders N --rate GBPS [--no-dcqcn] [--no-pfc]`: queue, pauses,
 //!   throughput, fairness and drops of an N:1 incast;
 //! - `rnic-sim pfc`: PFC only (no ECN): pause propagation and a victim flow;
-//! - `rnic-sim compare`: the paper's and the firmware's DCQCN side by side.
+//! - `rnic-sim compare`: the paper's and the firmware's DCQCN side by side;
+//! - `rnic-sim rnics --senders N --rate GBPS [--dcqcn off|paper|nvidia]`: an N:1 incast of
+//!   ferroce's own transport engines through dcb's switch model (without `--dcqcn`: PFC only,
+//!   the paper's and the firmware's DCQCN, side by side).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -91,6 +94,28 @@ enum Cmd {
         #[arg(long, default_value_t = 10.0)]
         duration: f64,
         /// CSV output.
+        #[arg(long)]
+        csv: Option<PathBuf>,
+        /// PNG plot.
+        #[arg(long)]
+        png: Option<PathBuf>,
+    },
+    /// N:1 incast of ferroce RNICs (the transport engine, 64 KiB RDMA WRITEs) through the
+    /// switch model: PFC only and DCQCN (paper, firmware) side by side.
+    Rnics {
+        /// Senders.
+        #[arg(long, default_value_t = 8)]
+        senders: usize,
+        /// Link rate, Gb/s.
+        #[arg(long, default_value_t = 25.0)]
+        rate: f64,
+        /// One scenario only: `off` (PFC only), `paper` or `nvidia` (default: all three).
+        #[arg(long)]
+        dcqcn: Option<String>,
+        /// Simulated time, ms (measured over the last four fifths).
+        #[arg(long, default_value_t = 25.0)]
+        duration: f64,
+        /// CSV output (scenario,time_us,sender,goodput_gbps,queue_kb).
         #[arg(long)]
         csv: Option<PathBuf>,
         /// PNG plot.
@@ -228,6 +253,56 @@ fn run(cli: Cli) -> Result<(), String> {
             }
             if let Some(p) = png {
                 st::pfc_figure(&p, &o, victim, &what)?;
+            }
+        }
+        Cmd::Rnics {
+            senders,
+            rate,
+            dcqcn,
+            duration,
+            csv,
+            png,
+        } => {
+            let (n, d) = (count(senders, "senders")?, ms(duration)?);
+            let n = if n > 64 {
+                return Err(format!("--senders {n}: 1..=64 RNICs"));
+            } else {
+                n
+            };
+            if !(1.0..=400.0).contains(&rate) {
+                return Err(format!("--rate {rate}: 1..=400 Gb/s"));
+            }
+            let all = [
+                ("pfc-only", None),
+                ("dcqcn-paper", Some(Preset::Paper)),
+                ("dcqcn-nvidia", Some(Preset::Nvidia)),
+            ];
+            let chosen: Vec<_> = match dcqcn.as_deref() {
+                None => all.to_vec(),
+                Some("off") => vec![all[0]],
+                Some("paper") => vec![all[1]],
+                Some("nvidia") => vec![all[2]],
+                Some(x) => return Err(format!("--dcqcn {x}: off, paper or nvidia")),
+            };
+            use std::io::Write as _;
+            let _ = writeln!(
+                out,
+                "{n}:1 incast of ferroce RNICs, {rate} Gb/s links (1 us), 64 KiB WRITEs, {} ms simulated (measured from {} ms); bottleneck payload share {:.2} Gb/s",
+                d / 1_000_000,
+                d / 5_000_000,
+                rate * 4096.0 / 4174.0
+            );
+            let mut runs = Vec::new();
+            for (name, preset) in chosen {
+                let o = st::rnics(n, rate, preset, d);
+                st::print_rnics(name, &o, &mut out);
+                runs.push((name.to_string(), o));
+            }
+            if let Some(p) = csv {
+                st::rnics_csv(&p, &runs)?;
+            }
+            if let Some(p) = png {
+                st::rnics_figure(&p, &runs, &format!("{n}:1, {rate} Gb/s"))?;
             }
         }
         Cmd::Compare {
