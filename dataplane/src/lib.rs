@@ -14,6 +14,7 @@ pub mod local;
 pub mod neighbor;
 pub mod nic;
 pub mod runtime;
+pub mod switch;
 pub mod worker;
 
 pub use ferroce_host::{abi, app};

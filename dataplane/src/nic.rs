@@ -247,7 +247,9 @@ pub struct Nic {
     ready_cqs: Vec<roce::engine::CqId>,
     /// Next hop per QP (by `Device::qp_index`).
     hops: Vec<NextHop>,
-    pending: VecDeque<(IpAddr, Gid, Mbuf)>,
+    /// Frames waiting for their next hop's address, with their priority (a frame of a
+    /// paused priority is not released when the address comes, but when the pause ends).
+    pending: VecDeque<(IpAddr, Gid, u8, Mbuf)>,
     /// Packets to our own GIDs, received at the start of the next receive phase.
     loopback: VecDeque<Mbuf>,
     /// UD messages waiting for a receive WQE: (arrival time, QP, frame), in arrival order.
@@ -1039,7 +1041,7 @@ impl Nic {
                 return;
             }
             self.counters.tx_held += 1;
-            self.pending.push_back((ip, dgid, m));
+            self.pending.push_back((ip, dgid, priority, m));
             self.dev
                 .handle_event(DeviceEvent::PathHeld { qpn: self.tx.qpn });
             return;
@@ -1085,11 +1087,26 @@ impl Nic {
 
     fn retry_pending(&mut self, now: u64) {
         let mut released: Option<Gid> = None;
-        for _ in 0..self.pending.len() {
-            let Some((ip, gid, mut m)) = self.pending.pop_front() else {
+        let paused = self.dev.paused();
+        let n = self.pending.len();
+        for i in 0..n {
+            // Released a burst at a time, like what the engine builds: frames handed on wait
+            // in the port's queue where a pause can no longer hold them.
+            if self.txbuf.len() >= BURST {
+                // The rest stay first, in order, ahead of those kept this turn.
+                let kept = self.pending.len() - (n - i);
+                self.pending.rotate_right(kept);
+                break;
+            }
+            let Some((ip, gid, prio, mut m)) = self.pending.pop_front() else {
                 break;
             };
             match self.neigh.resolve(now, ip) {
+                // Built before the pause, held for the address: it waits for the pause too
+                // (PFC holds what the RNIC has not sent yet).
+                Resolve::Mac(_) if paused & (1 << prio) != 0 => {
+                    self.pending.push_back((ip, gid, prio, m))
+                }
                 Resolve::Mac(mac) => {
                     if released != Some(gid) {
                         released = Some(gid);
@@ -1103,7 +1120,7 @@ impl Nic {
                     }
                     self.push_tx(now, m);
                 }
-                Resolve::Pending => self.pending.push_back((ip, gid, m)),
+                Resolve::Pending => self.pending.push_back((ip, gid, prio, m)),
                 Resolve::Unreachable => {
                     self.counters.tx_held_dropped += 1;
                     self.unreachable(gid, ip);

@@ -12,6 +12,7 @@ use crate::config::{RawConfig, RnicConfig};
 use crate::host::host_end;
 use crate::local::{context, Context, LocalChannel};
 use crate::nic::Nic;
+use crate::switch::{SwitchDev, SwitchSettings, SwitchStats};
 use crate::worker::{Backoff, Control, NicSnapshot, Worker, WorkerCell};
 use ferroce_host::abi::{ClientLimits, HostLimits};
 use ferroce_host::app::ClientRings;
@@ -84,6 +85,7 @@ pub struct Runtime {
     alive: Arc<AtomicBool>,
     control: Arc<SegQueue<Control>>,
     stats: Vec<Arc<Mutex<NicSnapshot>>>,
+    switch_stats: Mutex<Vec<Arc<Mutex<SwitchStats>>>>,
     configs: Vec<RnicConfig>,
     macs: Vec<[u8; 6]>,
     limits: Vec<HostLimits>,
@@ -155,7 +157,52 @@ impl Runtime {
         port_config(cfg)
     }
 
+    /// RNICs with `cfgs`, each joined by a ring link to its own port of an emulated switch
+    /// (`crate::switch`), all in one worker: real frames through a shared-buffer switch with
+    /// shaped egress, delay, ECN marking and PFC.
+    pub fn switched(
+        program: &str,
+        cfgs: Vec<RnicConfig>,
+        settings: &SwitchSettings,
+    ) -> Result<Runtime, StartError> {
+        let first = cfgs
+            .first()
+            .ok_or_else(|| StartError::Other("a switched runtime needs RNICs".into()))?;
+        init_eal(program, first)?;
+        let pool = pool_for(first)?;
+        let n = POOL_SEQ.fetch_add(1, Ordering::Relaxed);
+        let mut nics = Vec::new();
+        let mut ports = Vec::new();
+        for (i, cfg) in cfgs.into_iter().enumerate() {
+            let (p_rnic, p_sw) =
+                ring_pair(&format!("sw{n}p{i}"), &port_config(&cfg), pool.clone())?;
+            nics.push(Nic::new(cfg, p_rnic, pool.clone()).map_err(StartError::Other)?);
+            ports.push(p_sw);
+        }
+        let sw = SwitchDev::new(ports, pool, settings).map_err(StartError::Other)?;
+        let slot = Arc::new(Mutex::new(SwitchStats::default()));
+        let rt = Self::spawn_with(nics, vec![(sw, slot.clone())])?;
+        if let Ok(mut s) = rt.switch_stats.lock() {
+            s.push(slot);
+        }
+        Ok(rt)
+    }
+
+    /// The counters of emulated switch `index` (published about every millisecond).
+    pub fn switch_stats(&self, index: usize) -> Option<SwitchStats> {
+        let slots = self.switch_stats.lock().ok()?;
+        let s = slots.get(index)?.lock().ok()?.clone();
+        Some(s)
+    }
+
     fn spawn(nics: Vec<Nic>) -> Result<Runtime, StartError> {
+        Self::spawn_with(nics, Vec::new())
+    }
+
+    fn spawn_with(
+        nics: Vec<Nic>,
+        switches: Vec<(SwitchDev, Arc<Mutex<SwitchStats>>)>,
+    ) -> Result<Runtime, StartError> {
         let stop = Arc::new(AtomicBool::new(false));
         let alive = Arc::new(AtomicBool::new(true));
         let control = Arc::new(SegQueue::new());
@@ -173,7 +220,10 @@ impl Runtime {
             pause: c.idle_pause,
             sleep_us: c.idle_sleep_us,
         };
-        let worker = Worker::new(nics, backoff, control.clone(), stats.clone());
+        let mut worker = Worker::new(nics, backoff, control.clone(), stats.clone());
+        for (sw, slot) in switches {
+            worker.add_switch(sw, slot);
+        }
         let cell = Arc::new(WorkerCell::new(worker, stop.clone(), alive.clone()));
         let (a2, cell2) = (alive.clone(), cell.clone());
         let thread = std::thread::Builder::new()
@@ -192,6 +242,7 @@ impl Runtime {
             alive,
             control,
             stats,
+            switch_stats: Mutex::new(Vec::new()),
             configs,
             macs,
             limits,

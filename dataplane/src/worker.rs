@@ -11,6 +11,7 @@ use pmd_bindings::Eal;
 use crate::host::HostEnd;
 use crate::neighbor::NeighborCounters;
 use crate::nic::{Nic, NicCounters};
+use crate::switch::{SwitchDev, SwitchStats};
 
 /// Idle back-off settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -158,6 +159,8 @@ pub struct Worker {
     /// engine's logs (QP state changes, retransmissions, NAKs) name the device: QPN 0x11
     /// exists on each. Debug level: nothing to pay at the default log level.
     spans: Vec<tracing::Span>,
+    /// Emulated switches polled in the same loop, and where their counters are published.
+    switches: Vec<(SwitchDev, Arc<Mutex<SwitchStats>>)>,
 }
 
 impl Worker {
@@ -180,7 +183,13 @@ impl Worker {
             control,
             stats,
             last_stats: 0,
+            switches: Vec::new(),
         }
+    }
+
+    /// Adds an emulated switch to the loop; its counters are published into `slot`.
+    pub fn add_switch(&mut self, sw: SwitchDev, slot: Arc<Mutex<SwitchStats>>) {
+        self.switches.push((sw, slot));
     }
 
     /// Current time (ns).
@@ -195,6 +204,9 @@ impl Worker {
         for (nic, span) in self.nics.iter_mut().zip(&self.spans) {
             let _in = span.enter();
             work += nic.poll(now);
+        }
+        for (sw, _) in self.switches.iter_mut() {
+            work += sw.poll(now);
         }
         work += self.process_control();
         // Counters for tools, about every millisecond (off the per-packet path).
@@ -269,6 +281,11 @@ impl Worker {
             };
             if let Ok(mut s) = slot.lock() {
                 *s = snap;
+            }
+        }
+        for (sw, slot) in &self.switches {
+            if let Ok(mut s) = slot.lock() {
+                *s = sw.snapshot();
             }
         }
     }

@@ -1,0 +1,377 @@
+//! An emulated switch on DPDK ports: real Ethernet frames between RNICs (ring links in one
+//! process, or any DPDK ports) through `dcb::switch` (shared buffer, ETS classes, RED/ECN
+//! marking, PFC), with each egress shaped to a rate in real time and held for a propagation
+//! delay, so congestion, marking and pauses happen on the wire where no switch exists.
+//!
+//! - Forwarding: a learning bridge. Source MACs are learned per port (at most
+//!   [`MAX_MACS`]); a frame to a known MAC goes to its port, broadcast, multicast and
+//!   unknown destinations are flooded (copied) to every other port.
+//! - Priority: the VLAN PCP of a tagged frame, else DSCP / 8 of an IP frame, else 0 (mlx5's
+//!   and Linux's default DSCP map).
+//! - PFC: real 802.1Qbb frames (`dcb::pfc::PauseFrame`), generated from each ingress port's
+//!   occupancy and sent ahead of that port's data; PFC frames received on a port pause its
+//!   egress classes. MAC control frames are never forwarded.
+//! - ECN: CE is set in the frame's IP header at dequeue (`roce::wire::frame::mark_ce`).
+//!
+//! The worker polls it like an RNIC ([`SwitchDev::poll`]), in the same loop.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+use dcb::ecn::Red;
+use dcb::pfc::{Mode, PauseFrame, Thresholds};
+use dcb::switch::{ser_ns, Frame, Switch, SwitchConfig, SwitchCounters};
+use pmd_bindings::{Mbuf, Mempool, Port, RxQueue, TxQueue};
+
+/// Most MAC addresses the bridge learns (further ones are flooded to).
+pub const MAX_MACS: usize = 4096;
+/// Most frames waiting out the propagation delay per egress port (more are dropped,
+/// counted): 10 ms at 10 Gb/s of full-size frames.
+const MAX_DELAYED: usize = 16_384;
+const BURST: usize = 32;
+/// Frames taken from a port per turn of its ingress link.
+const RX_PER_TURN: usize = 8;
+
+/// What the switch is (per port rate and delay, buffer, marking, PFC).
+#[derive(Debug, Clone)]
+pub struct SwitchSettings {
+    /// Rate of every port's link, Mb/s, both ways: the switch sends to the port at it and
+    /// takes frames from the port no faster (the link partner's frames wait in its own
+    /// transmit ring meanwhile, which holds its sender back as a real link does).
+    pub rate_mbps: f64,
+    /// Per-port rates overriding `rate_mbps` (index = port), e.g. a slow receiver's port.
+    pub port_mbps: Vec<f64>,
+    /// Bytes above XOFF an ingress port and priority may still bring in before frames are
+    /// dropped: at least what the link partner's transmit ring holds (it cannot recall
+    /// frames handed to its NIC) plus a round trip at the port's rate.
+    pub headroom: u64,
+    /// Propagation delay added on every egress, us (at most 10 s).
+    pub delay_us: u32,
+    /// Shared buffer, bytes.
+    pub buffer: u64,
+    /// ECN marking at dequeue (`None`: none).
+    pub red: Option<Red>,
+    /// PFC towards the ingress ports (and honoured from them).
+    pub pfc: Mode,
+    /// XOFF/XON per ingress port and priority, bytes.
+    pub thresholds: Thresholds,
+}
+
+impl Default for SwitchSettings {
+    /// 10 Gb/s, no delay, 4 MiB, no marking, no PFC, XOFF 200 KB, 256 KiB of headroom.
+    fn default() -> Self {
+        SwitchSettings {
+            rate_mbps: 10_000.0,
+            port_mbps: Vec::new(),
+            headroom: 256 << 10,
+            delay_us: 0,
+            buffer: 4 << 20,
+            red: None,
+            pfc: Mode::Off,
+            thresholds: Thresholds {
+                xoff: 200_000,
+                xon: 200_000 - 2 * 9000,
+            },
+        }
+    }
+}
+
+/// Counters of the emulated switch besides the model's.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SwitchStats {
+    /// The switch model's counters (frames, drops by reason, marks, PFC, queue peaks).
+    pub model: SwitchCounters,
+    /// Frames flooded (copies made).
+    pub flooded: u64,
+    /// Frames dropped because no mbuf was left for a copy or a PFC frame.
+    pub nombuf: u64,
+    /// Frames dropped because an egress delay line was full.
+    pub delay_dropped: u64,
+    /// Frames the egress port's driver refused (its ring full) and that were dropped.
+    pub tx_dropped: u64,
+}
+
+struct SwitchPort {
+    _port: Port,
+    /// The link's rate, Mb/s, and when its ingress side is free again.
+    mbps: f64,
+    rx_busy_until: u64,
+    rx: RxQueue,
+    tx: TxQueue,
+    /// Frames waiting out the propagation delay, with their release time (in order).
+    delayed: VecDeque<(u64, Mbuf)>,
+    txbuf: Vec<Mbuf>,
+}
+
+/// The emulated switch on its DPDK ports.
+pub struct SwitchDev {
+    ports: Vec<SwitchPort>,
+    sw: Switch<Mbuf>,
+    macs: HashMap<[u8; 6], usize>,
+    pool: Arc<Mempool>,
+    mac: [u8; 6],
+    delay_ns: u64,
+    rxbuf: Vec<Mbuf>,
+    /// Counters.
+    pub stats: SwitchStats,
+}
+
+impl SwitchDev {
+    /// A switch over `ports` (started; their queue 0 is the switch's), taking copies and
+    /// PFC frames from `pool`.
+    pub fn new(
+        ports: Vec<Port>,
+        pool: Arc<Mempool>,
+        s: &SwitchSettings,
+    ) -> Result<SwitchDev, String> {
+        if ports.is_empty() {
+            return Err("a switch needs ports".into());
+        }
+        if s.delay_us > 10_000_000 {
+            return Err(format!("switch delay {} us exceeds 10 s", s.delay_us));
+        }
+        let rates: Vec<f64> = (0..ports.len())
+            .map(|i| s.port_mbps.get(i).copied().unwrap_or(s.rate_mbps))
+            .collect();
+        let sw = Switch::new(SwitchConfig {
+            port_mbps: rates.clone(),
+            buffer: s.buffer,
+            red: s.red,
+            pfc: s.pfc,
+            thresholds: s.thresholds,
+            headroom: s.headroom,
+            ets: dcb::ets::EtsConfig::roce_default(),
+            seed: 1,
+        })?;
+        let mut out = Vec::new();
+        for (p, mbps) in ports.into_iter().zip(rates) {
+            let rx = p.rx_queue(0).map_err(|e| e.to_string())?;
+            let tx = p.tx_queue(0).map_err(|e| e.to_string())?;
+            out.push(SwitchPort {
+                _port: p,
+                mbps,
+                rx_busy_until: 0,
+                rx,
+                tx,
+                delayed: VecDeque::new(),
+                txbuf: Vec::with_capacity(BURST),
+            });
+        }
+        Ok(SwitchDev {
+            ports: out,
+            sw,
+            macs: HashMap::new(),
+            pool,
+            mac: [0x02, 0, 0, 0x99, 0xfe, 0x01],
+            delay_ns: s.delay_us as u64 * 1000,
+            rxbuf: Vec::with_capacity(RX_PER_TURN),
+            stats: SwitchStats::default(),
+        })
+    }
+
+    /// Counters, with the model's.
+    pub fn snapshot(&self) -> SwitchStats {
+        let mut s = self.stats.clone();
+        s.model = self.sw.counters.clone();
+        s
+    }
+
+    /// Bytes queued at egress `port` now.
+    pub fn queued(&self, port: usize) -> u64 {
+        self.sw.queued(port)
+    }
+
+    /// One pass: receive on every port, run the switch, send what is due. Returns the work
+    /// done; frames still queued or in flight count as work (the worker keeps polling, so
+    /// the shaping and the delay run on time).
+    pub fn poll(&mut self, now: u64) -> usize {
+        let mut work = 0;
+        for i in 0..self.ports.len() {
+            // The link delivers no faster than its rate: a few frames per turn, then the
+            // ingress side is busy for their serialisation time.
+            let p = &mut self.ports[i];
+            if p.rx_busy_until > now {
+                work += 1;
+                continue;
+            }
+            // rxbuf has room for RX_PER_TURN frames and is empty here.
+            let mut rx = std::mem::take(&mut self.rxbuf);
+            p.rx.rx_burst(&mut rx);
+            let busy: u64 = rx.iter().map(|m| ser_ns(m.data_len() as u64, p.mbps)).sum();
+            p.rx_busy_until = p.rx_busy_until.max(now) + busy;
+            work += rx.len();
+            for m in rx.drain(..) {
+                self.ingress(now, i, m);
+            }
+            self.rxbuf = rx;
+        }
+        if self.sw.poll_timeout().is_some_and(|t| t <= now) {
+            self.sw.handle_timeout(now);
+        }
+        // PFC frames first, ahead of data on their port (they still take the delay).
+        while let Some((port, f)) = self.sw.poll_control() {
+            let Ok(mut m) = self.pool.alloc() else {
+                self.stats.nombuf += 1;
+                continue;
+            };
+            if m.extend_from_slice(&f.emit(self.mac)) {
+                self.delay(port, now + self.delay_ns, m, true);
+            }
+            work += 1;
+        }
+        while let Some(d) = self.sw.poll_transmit(now) {
+            let mut m = d.data;
+            if d.ce && m.is_exclusive() {
+                roce::wire::frame::mark_ce(m.data_mut());
+            }
+            self.delay(d.port, d.done + self.delay_ns, m, false);
+            work += 1;
+        }
+        for p in self.ports.iter_mut() {
+            while p.delayed.front().is_some_and(|(t, _)| *t <= now) && p.txbuf.len() < BURST {
+                if let Some((_, m)) = p.delayed.pop_front() {
+                    p.txbuf.push(m);
+                }
+            }
+            if !p.txbuf.is_empty() {
+                work += p.tx.tx_burst(&mut p.txbuf);
+                if p.txbuf.len() >= BURST {
+                    // The far end does not drain its ring: a wire drops what it cannot carry.
+                    self.stats.tx_dropped += p.txbuf.len() as u64;
+                    p.txbuf.clear();
+                }
+            }
+            if !p.delayed.is_empty() || !p.txbuf.is_empty() {
+                work += 1;
+            }
+        }
+        if (0..self.ports.len()).any(|p| self.sw.queued(p) > 0) {
+            work += 1;
+        }
+        work
+    }
+
+    fn delay(&mut self, port: usize, at: u64, m: Mbuf, front: bool) {
+        let p = &mut self.ports[port];
+        if p.delayed.len() >= MAX_DELAYED {
+            self.stats.delay_dropped += 1;
+            return;
+        }
+        if front {
+            // Ahead of data not yet due: before the first entry released later than it.
+            let i = p.delayed.partition_point(|(t, _)| *t <= at);
+            p.delayed.insert(i, (at, m));
+        } else {
+            p.delayed.push_back((at, m));
+        }
+    }
+
+    fn ingress(&mut self, now: u64, port: usize, m: Mbuf) {
+        let d = m.data();
+        if d.len() < 14 {
+            return;
+        }
+        if d[12..14] == [0x88, 0x08] {
+            if let Some(f) = PauseFrame::parse(d) {
+                self.sw.pause_frame(now, port, &f);
+            }
+            return;
+        }
+        let dst: [u8; 6] = d[..6].try_into().expect("14 bytes");
+        let src: [u8; 6] = d[6..12].try_into().expect("14 bytes");
+        if src[0] & 1 == 0 && (self.macs.len() < MAX_MACS || self.macs.contains_key(&src)) {
+            self.macs.insert(src, port);
+        }
+        let (priority, ecn) = classify(d);
+        let bytes = d.len() as u64;
+        match self.macs.get(&dst).copied() {
+            Some(out) if dst[0] & 1 == 0 => {
+                if out != port {
+                    let _ = self.sw.receive(
+                        now,
+                        port,
+                        out,
+                        Frame {
+                            data: m,
+                            bytes,
+                            priority,
+                            ecn,
+                        },
+                    );
+                }
+            }
+            _ => {
+                for out in (0..self.ports.len()).filter(|o| *o != port) {
+                    let Ok(mut c) = self.pool.alloc() else {
+                        self.stats.nombuf += 1;
+                        continue;
+                    };
+                    if !c.extend_from_slice(m.data()) {
+                        continue;
+                    }
+                    self.stats.flooded += 1;
+                    let _ = self.sw.receive(
+                        now,
+                        port,
+                        out,
+                        Frame {
+                            data: c,
+                            bytes,
+                            priority,
+                            ecn,
+                        },
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// A frame's priority (VLAN PCP, else DSCP / 8 of IPv4/IPv6, else 0) and IP ECN field.
+fn classify(d: &[u8]) -> (u8, u8) {
+    let mut et = u16::from_be_bytes([d[12], d[13]]);
+    let mut l3 = 14;
+    let mut pcp = None;
+    if et == 0x8100 && d.len() >= 18 {
+        pcp = Some(d[14] >> 5);
+        et = u16::from_be_bytes([d[16], d[17]]);
+        l3 = 18;
+    }
+    let tos = match et {
+        0x0800 if d.len() > l3 + 1 => d[l3 + 1],
+        0x86dd if d.len() > l3 + 1 => (d[l3] << 4) | (d[l3 + 1] >> 4),
+        _ => 0,
+    };
+    (pcp.unwrap_or(tos >> 5), tos & 3)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::classify;
+
+    #[test]
+    fn priority_from_pcp_or_dscp_and_the_ecn_field() {
+        let mut f = vec![0u8; 60];
+        f[12] = 0x08;
+        // IPv4, DSCP 26 (priority 3), ECT(0).
+        f[15] = (26 << 2) | 2;
+        assert_eq!(classify(&f), (3, 2));
+        // Tagged with PCP 5: the tag wins.
+        let mut t = vec![0u8; 64];
+        t[12..14].copy_from_slice(&[0x81, 0x00]);
+        t[14] = 5 << 5;
+        t[16..18].copy_from_slice(&[0x08, 0x00]);
+        t[19] = (26 << 2) | 3;
+        assert_eq!(classify(&t), (5, 3));
+        // IPv6, traffic class DSCP 48 (priority 6), Not-ECT.
+        let mut v = vec![0u8; 80];
+        v[12..14].copy_from_slice(&[0x86, 0xdd]);
+        v[14] = 0x60 | (48 >> 2);
+        v[15] = (48 & 3) << 6;
+        assert_eq!(classify(&v), (6, 0));
+        // ARP: priority 0.
+        let mut a = vec![0u8; 60];
+        a[12..14].copy_from_slice(&[0x08, 0x06]);
+        assert_eq!(classify(&a), (0, 0));
+    }
+}

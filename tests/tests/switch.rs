@@ -1,0 +1,176 @@
+//! The emulated switch on DPDK (`dataplane::switch`): RNICs joined through it by ring links
+//! exchange real frames (ARP flooded, then forwarded by learned MAC); a slow egress with ECN
+//! marking makes the receiver's CNPs slow the sender; a slow egress with PFC pauses the
+//! sender's priority instead of dropping. Data is verified in every case.
+
+use dataplane::config::{PfcConfig, RnicConfig};
+use dataplane::runtime::{test_config, Runtime};
+use dataplane::switch::SwitchSettings;
+use dataplane::Verbs;
+use dcb::ecn::Red;
+use dcb::pfc::{Mode, Thresholds};
+use ferroce_tests::{connect_with, side, wait_cq, Side};
+use roce::verbs::*;
+
+fn pattern(seed: u32, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u32 ^ seed).wrapping_mul(0x9e37_79b1).rotate_left(7) as u8)
+        .collect()
+}
+
+/// Two RNICs through a switch with `settings`; an RC QP from A to B.
+fn switched(ca: RnicConfig, cb: RnicConfig, settings: &SwitchSettings) -> (Runtime, Side, Side) {
+    let mtu = ca.path_mtu;
+    let rt = Runtime::switched("ferroce-tests", vec![ca, cb], settings).expect("switched");
+    let mut a = side(rt.open(0).unwrap(), QpType::Rc, 8 << 20, 256);
+    let mut b = side(rt.open(1).unwrap(), QpType::Rc, 8 << 20, 256);
+    let (qa, qb, ga, gb) = (a.qpn, b.qpn, a.gid, b.gid);
+    // A 1 s ACK timeout: a slow port's queue delays ACKs by tens of milliseconds.
+    connect_with(&mut a, qb, gb, mtu, 0x10, 0x77, QpType::Rc, 18);
+    connect_with(&mut b, qa, ga, mtu, 0x77, 0x10, QpType::Rc, 18);
+    (rt, a, b)
+}
+
+/// Posts `n` WRITEs of `len` bytes of `data` (8 outstanding at most), waits for each, and
+/// checks B's memory.
+fn write_verified(a: &mut Side, b: &Side, n: u64, len: u32) {
+    let data = pattern(n as u32, len as usize);
+    a.buf.write(0, &data);
+    let mut posted = 0;
+    let mut done = 0;
+    while done < n {
+        while posted < n && posted - done < 8 {
+            let sge = a.mr.sge(0, len);
+            a.ctx
+                .post_send(
+                    a.qpn,
+                    &SendWr {
+                        wr_id: posted,
+                        op: WrOp::Write {
+                            remote_addr: b.mr.addr,
+                            rkey: b.mr.rkey.unwrap(),
+                        },
+                        sg_list: &[sge],
+                        flags: SendFlags::SIGNALED,
+                        ud: None,
+                    },
+                )
+                .expect("post_send");
+            posted += 1;
+        }
+        let c = wait_cq(a, 1, 30);
+        assert!(!c.is_empty(), "WRITE {done} did not complete");
+        for x in &c {
+            assert_eq!(x.status, WcStatus::Success, "{x:?}");
+        }
+        done += c.len() as u64;
+    }
+    assert_eq!(b.buf.to_vec(0, len as usize), data);
+}
+
+/// Waits up to 2 s for the switch's published counters to satisfy `f`.
+fn switch_stats_until(
+    rt: &Runtime,
+    f: impl Fn(&dataplane::switch::SwitchStats) -> bool,
+) -> dataplane::switch::SwitchStats {
+    let t = std::time::Instant::now();
+    loop {
+        let s = rt.switch_stats(0).expect("a switch");
+        if f(&s) || t.elapsed() > std::time::Duration::from_secs(2) {
+            return s;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+}
+
+#[test]
+fn rnics_talk_through_the_switch() {
+    let (rt, mut a, b) = switched(
+        test_config(3, 1024),
+        test_config(4, 1024),
+        &SwitchSettings::default(),
+    );
+    write_verified(&mut a, &b, 20, 10_000);
+    let s = switch_stats_until(&rt, |s| s.model.tx_frames > 200);
+    assert!(s.flooded >= 1, "the first ARP was flooded: {s:?}");
+    assert!(s.model.tx_frames > 200, "{s:?}");
+    assert_eq!(s.model.drops, [0, 0, 0]);
+    drop((a, b));
+    rt.stop();
+}
+
+/// B's port at 200 Mb/s, marking above 20 KB: B's notification point answers the marks with
+/// CNPs, A's QP slows down; nothing is dropped.
+#[test]
+fn a_congested_switch_marks_and_the_sender_slows_down() {
+    let settings = SwitchSettings {
+        // A's port at 10 Gb/s, B's at 200 Mb/s: B's egress is the bottleneck.
+        port_mbps: vec![10_000.0, 200.0],
+        red: Some(Red {
+            kmin: 20_000,
+            kmax: 60_000,
+            pmax: 0.5,
+        }),
+        ..Default::default()
+    };
+    let mut ca = test_config(3, 1024);
+    ca.ecn = true;
+    ca.dcqcn.rp = Some(dcb::dcqcn::RpParams::paper(10_000.0));
+    let mut cb = test_config(4, 1024);
+    cb.dcqcn.np_min_interval_ns = Some(50_000);
+    let (rt, mut a, b) = switched(ca, cb, &settings);
+    write_verified(&mut a, &b, 16, 64 * 1024);
+    let s = switch_stats_until(&rt, |s| s.model.marked > 0);
+    assert!(s.model.marked > 0, "{s:?}");
+    assert_eq!(s.model.drops, [0, 0, 0]);
+    let snaps = rt.stop();
+    assert!(snaps[1].qps.np_cnp_sent > 0, "{:?}", snaps[1].qps);
+    assert!(snaps[0].qps.rp_cnp_handled > 0, "{:?}", snaps[0].qps);
+}
+
+/// B's port at 100 Mb/s with PFC (XOFF 20 KB per ingress port): the switch pauses A's
+/// priority 0 rather than dropping, A honours the pauses, the data arrives. What may still
+/// arrive after an XOFF - A's transmit ring (16 frames) and the burst its RNIC holds (32) -
+/// fits the 96 KiB of headroom, while A's send window (128
+/// packets, 138 KB) does not:
+/// without the pauses, frames are dropped.
+#[test]
+fn a_slow_egress_with_pfc_pauses_the_sender_instead_of_dropping() {
+    let settings = SwitchSettings {
+        port_mbps: vec![1_000.0, 100.0],
+        headroom: 96 << 10,
+        pfc: Mode::Pfc { enabled: 1 },
+        thresholds: Thresholds {
+            xoff: 20_000,
+            xon: 10_000,
+        },
+        ..Default::default()
+    };
+    let pfc = PfcConfig {
+        mode: Mode::Pfc { enabled: 1 },
+        watchdog: None,
+    };
+    let mut ca = test_config(3, 1024);
+    ca.pfc = pfc;
+    ca.speed_gbps = 1;
+    ca.rx_desc = 16;
+    ca.tx_desc = 16;
+    let mut cb = test_config(4, 1024);
+    cb.pfc = pfc;
+    let (rt, mut a, b) = switched(ca, cb, &settings);
+    write_verified(&mut a, &b, 8, 64 * 1024);
+    let s = switch_stats_until(&rt, |s| s.model.pfc_xoff > 0);
+    assert!(s.model.pfc_xoff > 0, "{s:?}");
+    let snaps = rt.stop();
+    assert_eq!(
+        s.model.drops,
+        [0, 0, 0],
+        "lossless: {s:?} {:?}",
+        snaps[0].nic
+    );
+    assert!(snaps[0].nic.rx_pfc > 0, "{:?}", snaps[0].nic);
+    assert_eq!(
+        snaps[0].qps.retransmitted_pkts, 0,
+        "nothing lost, nothing resent"
+    );
+}
