@@ -224,6 +224,7 @@ fn ferroce(verb: Verb, kind: Kind, args: &[&str]) -> Value {
         &Job::Perf(verb, kind, a),
         4096,
         &RnicOpts::default(),
+        &Default::default(),
         &mut sink,
     )
     .unwrap_or_else(|e| panic!("{args:?}: {e}"));

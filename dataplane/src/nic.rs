@@ -1190,6 +1190,12 @@ impl Nic {
         }
     }
 
+    /// Sets the link's speed in Mb/s where it is not a whole number of Gb/s (`port.speed_gbps`):
+    /// pause quanta are bit times at it.
+    pub fn set_link_mbps(&mut self, mbps: u64) {
+        self.pause = PauseState::new(self.pause.mode(), mbps.max(1));
+    }
+
     /// A PFC or PAUSE frame from the link partner: counted, and honoured per priority as
     /// `[pfc]` says (a priority the watchdog found stormed is not paused again until the
     /// storm ends).

@@ -79,6 +79,9 @@ impl Drop for AliveGuard {
     }
 }
 
+/// Frames a ring link between an RNIC and an emulated switch holds (see
+/// [`Runtime::switched`]).
+pub const SWITCH_LINK_DESC: u16 = 16;
 /// Running RNICs and their worker.
 pub struct Runtime {
     stop: Arc<AtomicBool>,
@@ -157,7 +160,8 @@ impl Runtime {
         port_config(cfg)
     }
 
-    /// RNICs with `cfgs`, each joined by a ring link to its own port of an emulated switch
+    /// RNICs with `cfgs`, each joined by a ring link (of [`SWITCH_LINK_DESC`] frames) to its
+    /// own port of an emulated switch
     /// (`crate::switch`), all in one worker: real frames through a shared-buffer switch with
     /// shaped egress, delay, ECN marking and PFC.
     pub fn switched(
@@ -173,10 +177,25 @@ impl Runtime {
         let n = POOL_SEQ.fetch_add(1, Ordering::Relaxed);
         let mut nics = Vec::new();
         let mut ports = Vec::new();
-        for (i, cfg) in cfgs.into_iter().enumerate() {
-            let (p_rnic, p_sw) =
-                ring_pair(&format!("sw{n}p{i}"), &port_config(&cfg), pool.clone())?;
-            nics.push(Nic::new(cfg, p_rnic, pool.clone()).map_err(StartError::Other)?);
+        for (i, mut cfg) in cfgs.into_iter().enumerate() {
+            // Both ends of a link agree on its speed: pause quanta are bit times of the link,
+            // and DCQCN's line rate defaults to it.
+            let mbps = settings
+                .port_mbps
+                .get(i)
+                .copied()
+                .unwrap_or(settings.rate_mbps);
+            cfg.speed_gbps = ((mbps / 1000.0).ceil() as u32).max(1);
+            // The ring stands for the RNIC's MAC and the wire, past the point where a pause
+            // holds frames: kept short, so what still arrives after an XOFF (the ring and one
+            // burst) fits the switch's headroom.
+            let mut pc = port_config(&cfg);
+            pc.rx_desc = pc.rx_desc.min(SWITCH_LINK_DESC);
+            pc.tx_desc = pc.tx_desc.min(SWITCH_LINK_DESC);
+            let (p_rnic, p_sw) = ring_pair(&format!("sw{n}p{i}"), &pc, pool.clone())?;
+            let mut nic = Nic::new(cfg, p_rnic, pool.clone()).map_err(StartError::Other)?;
+            nic.set_link_mbps(mbps as u64);
+            nics.push(nic);
             ports.push(p_sw);
         }
         let sw = SwitchDev::new(ports, pool, settings).map_err(StartError::Other)?;

@@ -42,7 +42,8 @@ pub struct SwitchConfig {
     /// XOFF/XON per ingress port and priority.
     pub thresholds: Thresholds,
     /// Bytes above XOFF an ingress port and priority may still bring in (what is in flight
-    /// when the XOFF goes out); beyond it, frames are dropped.
+    /// when the XOFF goes out); beyond it, frames are dropped. With PFC off, only the shared
+    /// buffer limits a port.
     pub headroom: u64,
     /// Class scheduling at every egress port.
     pub ets: EtsConfig,
@@ -173,7 +174,12 @@ impl<T> Switch<T> {
                 pause: PauseState::new(cfg.pfc, mbps as u64),
             });
         }
-        let capacity = cfg.thresholds.xoff + cfg.headroom;
+        // With PFC, an ingress port and priority may hold XOFF plus the headroom; without
+        // it, only the shared buffer limits what a port brings in.
+        let capacity = match cfg.pfc {
+            Mode::Off => cfg.buffer,
+            _ => cfg.thresholds.xoff + cfg.headroom,
+        };
         let ingress = cfg
             .port_mbps
             .iter()

@@ -771,3 +771,83 @@ fn a_misbehaving_peer_is_an_error() {
     assert!(err.contains("version") || err.contains("closed"), "{err}");
     assert!(!err.contains("panicked"), "{err}");
 }
+
+/// `--switch-*`: the loopback pair through the emulated switch. A slow server port with PFC
+/// pauses the client instead of dropping; with ECN marking and DCQCN the client takes the
+/// server's CNPs; the switch's counters are in the JSON; the options need --loopback.
+#[test]
+fn the_loopback_pair_through_the_emulated_switch() {
+    let _g = serial();
+    let v = loopback(&[
+        "write_bw",
+        "-s",
+        "65536",
+        "-n",
+        "300",
+        "--switch-mbps",
+        "10000",
+        "--switch-server-mbps",
+        "500",
+        "--switch-pfc",
+        "0",
+    ]);
+    let sw = &v["counters"]["switch"];
+    assert!(sw["pfc_xoff"].as_u64().unwrap() > 0, "{sw}");
+    assert_eq!(sw["drops_ingress"], 0, "{sw}");
+    assert_eq!(sw["drops_buffer"], 0, "{sw}");
+    assert!(v["counters"]["ferroce1"]["rx_pfc"].as_u64().unwrap() > 0);
+    let gbps = rows(&v, "client")[0]["bw_avg_Gbps"].as_f64().unwrap();
+    assert!(gbps < 0.5, "the 500 Mb/s port is the limit: {gbps} Gb/s");
+    let v = loopback(&[
+        "write_bw",
+        "-s",
+        "65536",
+        "-n",
+        "300",
+        "--switch-mbps",
+        "10000",
+        "--switch-server-mbps",
+        "500",
+        "--switch-ecn",
+        "20,200,0.2",
+        "--set",
+        "roce.ecn=true",
+        "--set",
+        "dcqcn.rp=true",
+        "--set",
+        "dcqcn.np=true",
+    ]);
+    let sw = &v["counters"]["switch"];
+    assert!(sw["ecn_marked"].as_u64().unwrap() > 0, "{sw}");
+    assert!(
+        v["counters"]["ferroce1"]["rp_cnp_handled"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
+    for bad in [
+        vec!["write_bw", "--switch-mbps", "1000"],
+        vec!["write_bw", "--loopback", "--switch-ecn", "1,2,0.1"],
+        vec!["write_bw", "--loopback", "--switch-mbps", "0"],
+        vec![
+            "write_bw",
+            "--loopback",
+            "--switch-mbps",
+            "1000",
+            "--switch-ecn",
+            "9,1,2",
+        ],
+        vec![
+            "write_bw",
+            "--loopback",
+            "--switch-mbps",
+            "1000",
+            "--switch-pfc",
+            "8",
+        ],
+    ] {
+        let o = rnic_perf(&bad);
+        assert!(!o.status.success(), "{bad:?} accepted");
+        assert!(!o.stderr.is_empty(), "{bad:?}: no reason given");
+    }
+}

@@ -46,6 +46,8 @@ struct Rnic {
     /// /run/ferroce/rnicd.sock.
     #[arg(long, value_name = "SOCKET", num_args = 0..=1, default_missing_value = "")]
     rnicd: Option<String>,
+    #[command(flatten)]
+    switch: driver::SwitchOpts,
 }
 
 #[derive(Debug, Args)]
@@ -195,7 +197,13 @@ fn main() -> ExitCode {
     } else {
         Box::new(std::io::stdout())
     };
-    let r = if let Some(sock) = &rnic.rnicd {
+    let switch_asked = rnic.switch.switch_mbps.is_some()
+        || rnic.switch.switch_server_mbps.is_some()
+        || rnic.switch.switch_ecn.is_some()
+        || rnic.switch.switch_pfc.is_some();
+    let r = if switch_asked && !rnic.loopback {
+        Err("the emulated switch (--switch-*) joins the two RNICs of --loopback".to_string())
+    } else if let Some(sock) = &rnic.rnicd {
         if rnic.loopback || rnic.opts.any() {
             Err(
                 "--rnicd uses rnicd's RNIC: --loopback and the RNIC options (--port, --ip, \
@@ -207,7 +215,7 @@ fn main() -> ExitCode {
             driver::via_rnicd(&job, sock.as_deref(), dev.as_deref(), &mut *out)
         }
     } else if rnic.loopback {
-        driver::loopback(&job, mtu, &rnic.opts, &mut *out)
+        driver::loopback(&job, mtu, &rnic.opts, &rnic.switch, &mut *out)
     } else {
         driver::on_port(&job, &rnic.opts, &mut *out)
     };
