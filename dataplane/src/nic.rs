@@ -161,8 +161,8 @@ impl NextHop {
     };
 }
 
-/// The capture file of a port.
-struct Tap {
+/// The capture file of a port (an RNIC's, or the emulated switch's egress).
+pub(crate) struct Tap {
     w: pcap::Writer<BufWriter<std::fs::File>>,
     /// Capturing now (switchable while running).
     on: bool,
@@ -173,6 +173,23 @@ struct Tap {
 }
 
 impl Tap {
+    /// A capture into `path`, keeping `snaplen` bytes of each frame; `what` names the setting
+    /// in errors.
+    pub(crate) fn create(
+        path: &std::path::Path,
+        snaplen: u32,
+        on: bool,
+        what: &str,
+    ) -> Result<Tap, String> {
+        let f =
+            std::fs::File::create(path).map_err(|e| format!("{what} {}: {e}", path.display()))?;
+        Ok(Tap {
+            w: pcap::Writer::with_snaplen(BufWriter::new(f), snaplen).map_err(|e| e.to_string())?,
+            on,
+            wall_offset: None,
+        })
+    }
+
     fn write(&mut self, now: u64, segs: &[&[u8]]) {
         if !self.on {
             return;
@@ -188,7 +205,7 @@ impl Tap {
     }
 
     /// Captures a frame from its mbuf's segments in place (a copy only past 8 segments).
-    fn write_mbuf(&mut self, now: u64, m: &Mbuf) {
+    pub(crate) fn write_mbuf(&mut self, now: u64, m: &Mbuf) {
         if !self.on {
             return;
         }
@@ -313,16 +330,12 @@ impl Nic {
         neigh.announce();
         let tap = match &cfg.pcap {
             None => None,
-            Some(p) => {
-                let f = std::fs::File::create(p)
-                    .map_err(|e| format!("capture.pcap {}: {e}", p.display()))?;
-                Some(Tap {
-                    w: pcap::Writer::with_snaplen(BufWriter::new(f), cfg.snaplen)
-                        .map_err(|e| e.to_string())?,
-                    on: cfg.capture_enabled,
-                    wall_offset: None,
-                })
-            }
+            Some(p) => Some(Tap::create(
+                p,
+                cfg.snaplen,
+                cfg.capture_enabled,
+                "capture.pcap",
+            )?),
         };
         let fault = cfg.fault.any().then(|| Fault {
             cfg: cfg.fault,

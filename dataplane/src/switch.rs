@@ -23,6 +23,8 @@ use dcb::pfc::{Mode, PauseFrame, Thresholds};
 use dcb::switch::{ser_ns, Frame, Switch, SwitchConfig, SwitchCounters};
 use pmd_bindings::{Mbuf, Mempool, Port, RxQueue, TxQueue};
 
+use crate::nic::Tap;
+
 /// Most MAC addresses the bridge learns (further ones are flooded to).
 pub const MAX_MACS: usize = 4096;
 /// Most frames waiting out the propagation delay per egress port (more are dropped,
@@ -55,6 +57,9 @@ pub struct SwitchSettings {
     pub pfc: Mode,
     /// XOFF/XON per ingress port and priority, bytes.
     pub thresholds: Thresholds,
+    /// Capture every frame the switch sends, on any port, as it leaves (after marking; PFC
+    /// frames included), like a mirror port.
+    pub pcap: Option<std::path::PathBuf>,
 }
 
 impl Default for SwitchSettings {
@@ -72,6 +77,7 @@ impl Default for SwitchSettings {
                 xoff: 200_000,
                 xon: 200_000 - 2 * 9000,
             },
+            pcap: None,
         }
     }
 }
@@ -112,6 +118,7 @@ pub struct SwitchDev {
     mac: [u8; 6],
     delay_ns: u64,
     rxbuf: Vec<Mbuf>,
+    tap: Option<Tap>,
     /// Counters.
     pub stats: SwitchStats,
 }
@@ -165,6 +172,10 @@ impl SwitchDev {
             mac: [0x02, 0, 0, 0x99, 0xfe, 0x01],
             delay_ns: s.delay_us as u64 * 1000,
             rxbuf: Vec::with_capacity(RX_PER_TURN),
+            tap: match &s.pcap {
+                Some(p) => Some(Tap::create(p, 262_144, true, "switch pcap")?),
+                None => None,
+            },
             stats: SwitchStats::default(),
         })
     }
@@ -230,6 +241,9 @@ impl SwitchDev {
         for p in self.ports.iter_mut() {
             while p.delayed.front().is_some_and(|(t, _)| *t <= now) && p.txbuf.len() < BURST {
                 if let Some((_, m)) = p.delayed.pop_front() {
+                    if let Some(t) = self.tap.as_mut() {
+                        t.write_mbuf(now, &m);
+                    }
                     p.txbuf.push(m);
                 }
             }

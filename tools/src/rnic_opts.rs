@@ -157,3 +157,113 @@ pub fn init_logging(default: &str) {
         .with_ansi(ansi)
         .try_init();
 }
+
+/// `--switch-*` (rnic-perf and rnicd): with `--loopback`, the two RNICs meet in an emulated
+/// switch on DPDK (`dataplane::switch`) instead of a bare ring link.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct SwitchOpts {
+    /// With --loopback: join the two RNICs through an emulated switch whose port links run at
+    /// MBPS Mb/s (shaped in real time, shared buffer, ETS classes).
+    #[arg(long, value_name = "MBPS")]
+    pub switch_mbps: Option<f64>,
+    /// The server RNIC's port at this rate instead (the bottleneck of WRITE and SEND tests,
+    /// whose data goes to the server).
+    #[arg(long, value_name = "MBPS")]
+    pub switch_server_mbps: Option<f64>,
+    /// Propagation delay on every switch egress, us.
+    #[arg(long, value_name = "US", default_value_t = 0)]
+    pub switch_delay_us: u32,
+    /// ECN marking at the switch: KMIN_KB,KMAX_KB,PMAX (RED on the bytes queued).
+    #[arg(long, value_name = "KMIN,KMAX,PMAX")]
+    pub switch_ecn: Option<String>,
+    /// PFC at the switch on this priority (XOFF 64 KB per ingress port), honoured by both
+    /// RNICs (their pfc.mode/pfc.priorities are set to match).
+    #[arg(long, value_name = "PRIO")]
+    pub switch_pfc: Option<u8>,
+    /// Capture every frame the switch sends (data, ACKs, CNPs, PFC; CE marks as they left).
+    #[arg(long, value_name = "FILE")]
+    pub switch_pcap: Option<PathBuf>,
+}
+
+impl SwitchOpts {
+    /// Whether any `--switch-*` option was given.
+    pub fn asked(&self) -> bool {
+        self.switch_mbps.is_some()
+            || self.switch_server_mbps.is_some()
+            || self.switch_ecn.is_some()
+            || self.switch_pfc.is_some()
+            || self.switch_pcap.is_some()
+            || self.switch_delay_us > 0
+    }
+
+    /// The switch, if asked for.
+    pub fn settings(&self) -> Result<Option<dataplane::switch::SwitchSettings>, String> {
+        let Some(mbps) = self.switch_mbps else {
+            if self.asked() {
+                return Err("the --switch-* options need --switch-mbps".into());
+            }
+            return Ok(None);
+        };
+        let rate = |r: f64, what: &str| {
+            if (1.0..=400_000.0).contains(&r) {
+                Ok(r)
+            } else {
+                Err(format!("{what} {r}: 1..=400000 Mb/s"))
+            }
+        };
+        let mbps = rate(mbps, "--switch-mbps")?;
+        let server = rate(
+            self.switch_server_mbps.unwrap_or(mbps),
+            "--switch-server-mbps",
+        )?;
+        if self.switch_delay_us > 10_000_000 {
+            return Err(format!(
+                "--switch-delay-us {}: at most 10 s",
+                self.switch_delay_us
+            ));
+        }
+        let red = match &self.switch_ecn {
+            None => None,
+            Some(s) => {
+                let v: Vec<&str> = s.split(',').map(str::trim).collect();
+                let bad = || format!("--switch-ecn {s:?}: KMIN_KB,KMAX_KB,PMAX, e.g. 20,200,0.2");
+                let [kmin, kmax, pmax] = v.as_slice() else {
+                    return Err(bad());
+                };
+                let kmin: f64 = kmin.parse().map_err(|_| bad())?;
+                let kmax: f64 = kmax.parse().map_err(|_| bad())?;
+                let pmax: f64 = pmax.parse().map_err(|_| bad())?;
+                if !(0.0..=1e6).contains(&kmin) || kmax < kmin || !(0.0..=1.0).contains(&pmax) {
+                    return Err(bad());
+                }
+                Some(dcb::ecn::Red {
+                    kmin: (kmin * 1000.0) as u64,
+                    kmax: (kmax * 1000.0) as u64,
+                    pmax,
+                })
+            }
+        };
+        let pfc = match self.switch_pfc {
+            None => dcb::pfc::Mode::Off,
+            Some(p) if p < 8 => dcb::pfc::Mode::Pfc { enabled: 1 << p },
+            Some(p) => return Err(format!("--switch-pfc {p}: a priority, 0..=7")),
+        };
+        Ok(Some(dataplane::switch::SwitchSettings {
+            rate_mbps: mbps,
+            // Port 0 is the server's RNIC (ferroce0), port 1 the client's.
+            port_mbps: vec![server, mbps],
+            delay_us: self.switch_delay_us,
+            red,
+            pfc,
+            thresholds: dcb::pfc::Thresholds {
+                xoff: 64_000,
+                xon: 64_000 - 2 * 4200,
+            },
+            // What may still arrive after an XOFF: the link's ring and a burst of the RNIC's
+            // (48 frames of up to 4 KiB), and the frames read while the XOFF is on its way.
+            headroom: 512 << 10,
+            pcap: self.switch_pcap.clone(),
+            ..Default::default()
+        }))
+    }
+}

@@ -825,6 +825,42 @@ fn the_loopback_pair_through_the_emulated_switch() {
             .unwrap()
             > 0
     );
+    // The switch's capture: PFC frames and CE-marked RoCE frames, as they left.
+    let dir = std::env::temp_dir().join(format!("ferroce-swpcap-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cap = dir.join("sw.pcap");
+    loopback(&[
+        "write_bw",
+        "-s",
+        "65536",
+        "-n",
+        "100",
+        "--switch-mbps",
+        "10000",
+        "--switch-server-mbps",
+        "500",
+        "--switch-ecn",
+        "20,200,0.2",
+        "--switch-pfc",
+        "0",
+        "--set",
+        "roce.ecn=true",
+        "--switch-pcap",
+        cap.to_str().unwrap(),
+    ]);
+    let data = std::fs::read(&cap).unwrap();
+    let frames: Vec<Vec<u8>> = roce::pcap::Reader::new(&data)
+        .unwrap()
+        .map(|r| r.unwrap().data.to_vec())
+        .collect();
+    assert!(frames
+        .iter()
+        .any(|f| dcb::pfc::PauseFrame::parse(f).is_some()));
+    assert!(frames
+        .iter()
+        .any(|f| roce::wire::frame::parse(f)
+            .is_ok_and(|p| p.repr.ip.ecn() == roce::wire::ipv4::Ecn::Ce)));
+    let _ = std::fs::remove_dir_all(&dir);
     for bad in [
         vec!["write_bw", "--switch-mbps", "1000"],
         vec!["write_bw", "--loopback", "--switch-ecn", "1,2,0.1"],

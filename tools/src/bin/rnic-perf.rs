@@ -47,7 +47,7 @@ struct Rnic {
     #[arg(long, value_name = "SOCKET", num_args = 0..=1, default_missing_value = "")]
     rnicd: Option<String>,
     #[command(flatten)]
-    switch: driver::SwitchOpts,
+    switch: ferroce_tools::rnic_opts::SwitchOpts,
 }
 
 #[derive(Debug, Args)]
@@ -197,11 +197,7 @@ fn main() -> ExitCode {
     } else {
         Box::new(std::io::stdout())
     };
-    let switch_asked = rnic.switch.switch_mbps.is_some()
-        || rnic.switch.switch_server_mbps.is_some()
-        || rnic.switch.switch_ecn.is_some()
-        || rnic.switch.switch_pfc.is_some();
-    let r = if switch_asked && !rnic.loopback {
+    let r = if rnic.switch.asked() && !rnic.loopback {
         Err("the emulated switch (--switch-*) joins the two RNICs of --loopback".to_string())
     } else if let Some(sock) = &rnic.rnicd {
         if rnic.loopback || rnic.opts.any() {

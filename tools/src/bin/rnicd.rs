@@ -39,6 +39,8 @@ struct Cli {
     /// Path MTU of the --loopback RNICs.
     #[arg(long, default_value_t = 4096, value_name = "BYTES")]
     loopback_mtu: u32,
+    #[command(flatten)]
+    switch: ferroce_tools::rnic_opts::SwitchOpts,
     /// A further RNIC, configured by its own file (ferroce1, ferroce2, ... in order;
     /// repeatable). The [host] section of the first configuration applies.
     #[arg(long = "rnic", value_name = "FILE")]
@@ -185,8 +187,26 @@ fn main() -> ExitCode {
         eprintln!("rnicd: {e}");
         return ExitCode::from(1);
     }
-    let started = if cli.loopback {
+    let switch = match cli.switch.settings() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("rnicd: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let started = if let (true, Some(s)) = (cli.loopback, &switch) {
+        let mut cfgs = cfgs.clone();
+        if let dcb::pfc::Mode::Pfc { .. } = s.pfc {
+            for c in cfgs.iter_mut() {
+                c.pfc.mode = s.pfc;
+            }
+        }
+        Runtime::switched("rnicd", cfgs, s)
+    } else if cli.loopback {
         Runtime::loopback("rnicd", cfgs[0].clone(), cfgs[1].clone())
+    } else if cli.switch.asked() {
+        eprintln!("rnicd: the emulated switch (--switch-*) joins the two RNICs of --loopback");
+        return ExitCode::from(2);
     } else {
         Runtime::start("rnicd", cfgs.clone())
     };
@@ -240,10 +260,17 @@ fn main() -> ExitCode {
                 .map(|i| daemon.runtime().stats(i))
                 .collect();
             print_stats(&names, &snaps);
+            if let Some(s) = daemon.runtime().switch_stats(0) {
+                println!("{}", ferroce_tools::perf::driver::switch_line(&s));
+            }
         }
     }
+    let sw = daemon.runtime().switch_stats(0);
     let snaps = daemon.stop();
     print_stats(&names, &snaps);
+    if let Some(s) = sw {
+        println!("{}", ferroce_tools::perf::driver::switch_line(&s));
+    }
     println!("rnicd: stopped");
     if failed {
         ExitCode::from(1)
