@@ -5,28 +5,32 @@
 //! - each sender NIC has one link to the switch (rate, propagation delay) and any number of
 //!   long-lived flows; per flow a DCQCN reaction point ([`Rp`]) sets a pacer ([`Pacer`]); the
 //!   flows take turns on the link; the link honours PFC from the switch ([`PauseState`]);
-//! - the switch has one egress queue per output port (RoCE traffic, one lossless priority),
-//!   a shared buffer, RED/ECN marking at dequeue on the bytes queued ([`Marker`]), and PFC per
-//!   ingress port ([`Ingress`]: XOFF/XON on the bytes that port has in the switch, with
-//!   headroom for what is in flight);
+//! - the switch is the crate's switch model ([`Switch`]: shared buffer, ETS classes, RED/ECN
+//!   marking at dequeue on the bytes queued, PFC per ingress port with headroom, per-port
+//!   shaping), the same logic the DPDK switch and the RNIC fabric run; senders are its first
+//!   ports, receivers the next; data travels on priority 3 (lossless), CNPs on 6 (strict);
 //! - each receiver NIC counts what arrives and, as notification point ([`Np`]), returns a
-//!   CNP for CE-marked packets, which reaches the sender after the two links' delays (CNPs
-//!   travel strict priority, modelled as never queued).
+//!   CNP for CE-marked packets through the switch to the sender.
 //!
 //! Flows are a lighter model than roce's QPs: an endless backlog of MTU packets, no ACKs or
 //! retransmission (a drop is counted and lost). This is the model the DCQCN paper's fluid and
 //! packet simulations use for long flows.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, VecDeque};
+use std::collections::BinaryHeap;
 
 use crate::dcqcn::{Np, Rp, RpParams};
-use crate::ecn::{codepoint, Marker, Red};
+use crate::ecn::{codepoint, Red};
 use crate::limiter::Pacer;
-use crate::pfc::{Ingress, Mode, PauseFrame, PauseState, Send, Thresholds, MAX_QUANTA};
+use crate::pfc::{Mode, PauseFrame, PauseState, Send, Thresholds};
+use crate::switch::{Frame, Switch, SwitchConfig, WIRE_EXTRA};
 
 /// The lossless priority RoCE uses.
 const PRIO: usize = 3;
+/// The priority CNPs travel on (strict in the switch's ETS).
+const CNP_PRIO: u8 = 6;
+/// The FCS, part of [`HEADER_BYTES`] but counted by the switch in [`WIRE_EXTRA`].
+const FCS: u64 = 4;
 /// Bytes of headers a RoCEv2 packet adds to its payload on the wire (Ethernet 14, IPv4 20,
 /// UDP 8, BTH 12, ICRC 4, FCS 4).
 pub const HEADER_BYTES: u64 = 62;
@@ -40,6 +44,12 @@ pub struct FlowSpec {
     pub dst: usize,
     /// Start time, ns.
     pub start: u64,
+}
+
+/// Bytes a packet with `mtu` bytes of payload takes on the wire: headers, FCS, preamble and
+/// inter-frame gap (what a link's rate is shared by).
+pub fn wire_bytes(mtu: u64) -> u64 {
+    mtu + HEADER_BYTES - FCS + WIRE_EXTRA
 }
 
 /// A scenario.
@@ -188,17 +198,16 @@ enum Ev {
     SenderTx(usize),
     /// A packet of `flow`, `bytes` long, reaches the switch.
     SwitchIn { flow: usize, bytes: u64 },
-    /// An egress port may be able to transmit.
-    EgressTx(usize),
+    /// A CNP for `flow` reaches the switch from its receiver.
+    CnpIn(usize),
+    /// The switch may have something to do (a port frees, a refresh is due).
+    SwitchWake,
     /// A packet reaches its receiver.
     Deliver { flow: usize, bytes: u64, ce: bool },
     /// A CNP reaches the sender of `flow`.
     Cnp(usize),
     /// A pause frame (quanta; 0 = XON) reaches sender `s`.
     Pfc { sender: usize, quanta: u16 },
-    /// Ingress port `port`'s XOFF refresh may be due (the switch refreshes a pause while its
-    /// buffer stays above XON, whether or not packets still arrive).
-    PfcRefresh(usize),
     /// Record a sample.
     Sample,
 }
@@ -221,11 +230,12 @@ struct Sender {
     scheduled: Option<u64>,
 }
 
-struct Port {
-    queue: VecDeque<(usize, u64)>,
+/// A frame in the switch: a data packet of a flow, or a CNP for it.
+#[derive(Debug, Clone, Copy)]
+struct Pkt {
+    flow: usize,
     bytes: u64,
-    busy_until: u64,
-    scheduled: bool,
+    cnp: bool,
 }
 
 /// The simulator.
@@ -236,12 +246,12 @@ pub struct Sim {
     events: BinaryHeap<Reverse<(u64, u64, Ev)>>,
     flows: Vec<Flow>,
     senders: Vec<Sender>,
-    ports: Vec<Port>,
-    ingress: Vec<Ingress>,
-    /// The time of each ingress port's pending refresh event.
-    refresh_at: Vec<Option<u64>>,
-    marker: Option<Marker>,
-    buffer_used: u64,
+    /// Ports 0..senders are the senders' links, then one per receiver.
+    sw: Switch<Pkt>,
+    /// The pending `SwitchWake`, if any.
+    sw_wake: Option<u64>,
+    /// CNP bytes in the switch (not part of the data's conservation count).
+    cnp_bytes: u64,
     out: Outcome,
 }
 
@@ -278,27 +288,20 @@ impl Sim {
                 scheduled: None,
             })
             .collect();
-        let ports = (0..cfg.receivers)
-            .map(|_| Port {
-                queue: VecDeque::new(),
-                bytes: 0,
-                busy_until: 0,
-                scheduled: false,
-            })
-            .collect();
-        let th = Thresholds {
-            xoff: cfg.pfc_xoff,
-            xon: cfg.pfc_xoff.saturating_sub(2 * pkt),
-        };
-        let capacity = if cfg.pfc {
-            cfg.pfc_xoff + cfg.headroom()
-        } else {
-            u64::MAX / 4
-        };
-        let ingress = (0..cfg.senders)
-            .map(|_| Ingress::new(mode, speed, capacity, th, MAX_QUANTA))
-            .collect();
-        let marker = cfg.red.map(|r| Marker::new(r, cfg.seed));
+        let sw = Switch::new(SwitchConfig {
+            port_mbps: vec![cfg.link_mbps; cfg.senders + cfg.receivers],
+            buffer: cfg.buffer,
+            red: cfg.red,
+            pfc: mode,
+            thresholds: Thresholds {
+                xoff: cfg.pfc_xoff,
+                xon: cfg.pfc_xoff.saturating_sub(2 * pkt),
+            },
+            headroom: cfg.headroom(),
+            ets: crate::ets::EtsConfig::roce_default(),
+            seed: cfg.seed,
+        })
+        .expect("a valid switch");
         let n = cfg.flows.len();
         let mut sim = Sim {
             now: 0,
@@ -306,11 +309,9 @@ impl Sim {
             events: BinaryHeap::new(),
             flows,
             senders,
-            ports,
-            ingress,
-            refresh_at: vec![None; cfg.senders],
-            marker,
-            buffer_used: 0,
+            sw,
+            sw_wake: None,
+            cnp_bytes: 0,
             out: Outcome {
                 delivered: vec![0; n],
                 paused_ns: vec![0; cfg.senders],
@@ -337,8 +338,15 @@ impl Sim {
         self.events.push(Reverse((t, self.seq, e)));
     }
 
+    /// Serialisation time of a frame of `bytes` (FCS excluded) on a link: as the switch
+    /// counts it, preamble, gap and FCS included.
     fn ser_ns(&self, bytes: u64) -> u64 {
-        ((bytes as f64 * 8_000.0) / self.cfg.link_mbps).ceil() as u64
+        crate::switch::ser_ns(bytes, self.cfg.link_mbps)
+    }
+
+    /// A data packet's frame as the switch counts it (without the FCS).
+    fn frame_bytes(&self) -> u64 {
+        self.cfg.mtu + HEADER_BYTES - FCS
     }
 
     fn schedule_sender(&mut self, s: usize, t: u64) {
@@ -402,11 +410,12 @@ impl Sim {
                 earliest = earliest.min(next).min(rp_due.max(now + 1));
                 continue;
             }
-            // Send one packet of flow f.
-            let bytes = self.cfg.mtu + HEADER_BYTES;
-            self.flows[f].pacer.on_send(now, bytes);
+            // Send one packet of flow f; the pacer and the byte counter count it on the wire.
+            let bytes = self.frame_bytes();
+            let wire = bytes + WIRE_EXTRA;
+            self.flows[f].pacer.on_send(now, wire);
             if let Some(rp) = self.flows[f].rp.as_mut() {
-                rp.on_sent(bytes, now);
+                rp.on_sent(wire, now);
             }
             let ser = self.ser_ns(bytes);
             self.senders[s].busy_until = now + ser;
@@ -437,105 +446,104 @@ impl Sim {
         self.push(t, Ev::Pfc { sender, quanta });
     }
 
-    /// Makes sure an event wakes ingress `port` when its next XOFF refresh is due (one
-    /// pending event per port).
-    fn schedule_refresh(&mut self, port: usize) {
-        if let Some(t) = self.ingress[port].poll_timeout() {
-            if self.refresh_at[port] != Some(t) {
-                self.refresh_at[port] = Some(t);
-                self.push(t, Ev::PfcRefresh(port));
+    fn switch_in(&mut self, f: usize, bytes: u64) {
+        let (src, dst) = (self.flows[f].spec.src, self.flows[f].spec.dst);
+        let frame = Frame {
+            data: Pkt {
+                flow: f,
+                bytes,
+                cnp: false,
+            },
+            bytes,
+            priority: PRIO as u8,
+            ecn: codepoint::ECT0,
+        };
+        if self
+            .sw
+            .receive(self.now, src, self.cfg.senders + dst, frame)
+            .is_err()
+        {
+            self.out.drops += 1;
+            self.out.accounted_bytes += bytes;
+        }
+        self.pump();
+    }
+
+    /// A CNP from flow `f`'s receiver enters the switch for the sender, strict priority.
+    fn cnp_in(&mut self, f: usize) {
+        let (src, dst) = (self.flows[f].spec.src, self.flows[f].spec.dst);
+        let frame = Frame {
+            data: Pkt {
+                flow: f,
+                bytes: 64,
+                cnp: true,
+            },
+            bytes: 64,
+            priority: CNP_PRIO,
+            ecn: codepoint::NOT_ECT,
+        };
+        if self
+            .sw
+            .receive(self.now, self.cfg.senders + dst, src, frame)
+            .is_ok()
+        {
+            self.cnp_bytes += 64;
+        }
+        self.pump();
+    }
+
+    /// Runs the switch at `now`: due timers, pause frames to the senders, departures; then
+    /// makes sure an event wakes it when it next has something to do.
+    fn pump(&mut self) {
+        let now = self.now;
+        if self.sw.poll_timeout().is_some_and(|t| t <= now) {
+            self.sw.handle_timeout(now);
+        }
+        while let Some((port, f)) = self.sw.poll_control() {
+            if port < self.cfg.senders {
+                self.send_pfc(port, f);
+            }
+        }
+        while let Some(d) = self.sw.poll_transmit(now) {
+            let p = d.data;
+            let at = d.done + self.cfg.link_delay;
+            if p.cnp {
+                self.cnp_bytes -= p.bytes;
+                self.push(at, Ev::Cnp(p.flow));
+                continue;
+            }
+            if d.ce {
+                self.out.marked += 1;
+            }
+            self.out.accounted_bytes += p.bytes;
+            self.push(
+                at,
+                Ev::Deliver {
+                    flow: p.flow,
+                    bytes: p.bytes,
+                    ce: d.ce,
+                },
+            );
+        }
+        // A time at or before now can only be a port held by a pause: other events wake it.
+        if let Some(t) = self.sw.poll_timeout().filter(|t| *t > now) {
+            if self.sw_wake.is_none_or(|w| w > t || w <= now) {
+                self.sw_wake = Some(t);
+                self.push(t, Ev::SwitchWake);
             }
         }
     }
 
-    fn switch_in(&mut self, f: usize, bytes: u64) {
-        let src = self.flows[f].spec.src;
-        let dst = self.flows[f].spec.dst;
-        let now = self.now;
-        // Refreshes due on this port first.
-        let mut refresh = Vec::new();
-        if self.ingress[src].poll_timeout().is_some_and(|t| t <= now) {
-            self.ingress[src].handle_timeout(now, &mut refresh);
-        }
-        for r in refresh {
-            self.send_pfc(src, r);
-        }
-        let fits_buffer = self.buffer_used + bytes <= self.cfg.buffer;
-        let (ok, frame) = if fits_buffer {
-            self.ingress[src].enqueue(PRIO, bytes, now)
-        } else {
-            (false, None)
-        };
-        if let Some(fr) = frame {
-            self.send_pfc(src, fr);
-            self.schedule_refresh(src);
-        }
-        if !ok {
-            self.out.drops += 1;
-            self.out.accounted_bytes += bytes;
-            return;
-        }
-        self.buffer_used += bytes;
-        let p = &mut self.ports[dst];
-        p.queue.push_back((f, bytes));
-        p.bytes += bytes;
-        if !p.scheduled {
-            p.scheduled = true;
-            let t = p.busy_until.max(now);
-            self.push(t, Ev::EgressTx(dst));
-        }
-    }
-
-    fn egress_tx(&mut self, port: usize) {
-        let now = self.now;
-        self.ports[port].scheduled = false;
-        if self.ports[port].busy_until > now {
-            self.ports[port].scheduled = true;
-            let t = self.ports[port].busy_until;
-            self.push(t, Ev::EgressTx(port));
-            return;
-        }
-        let Some((f, bytes)) = self.ports[port].queue.pop_front() else {
-            return;
-        };
-        // Marked at dequeue on the bytes queued (as the HPCC simulator does).
-        let queued = self.ports[port].bytes;
-        self.ports[port].bytes -= bytes;
-        self.buffer_used -= bytes;
-        let ce = match self.marker.as_mut() {
-            Some(m) => m.mark(codepoint::ECT0, queued) == codepoint::CE,
-            None => false,
-        };
-        if ce {
-            self.out.marked += 1;
-        }
-        let src = self.flows[f].spec.src;
-        if let Some(fr) = self.ingress[src].dequeue(PRIO, bytes) {
-            self.send_pfc(src, fr);
-        }
-        let ser = self.ser_ns(bytes);
-        self.ports[port].busy_until = now + ser;
-        self.out.accounted_bytes += bytes;
-        self.push(
-            now + ser + self.cfg.link_delay,
-            Ev::Deliver { flow: f, bytes, ce },
-        );
-        if !self.ports[port].queue.is_empty() {
-            self.ports[port].scheduled = true;
-            self.push(now + ser, Ev::EgressTx(port));
-        }
-    }
-
     fn deliver(&mut self, f: usize, bytes: u64, ce: bool) {
-        let payload = bytes.saturating_sub(HEADER_BYTES);
+        let payload = bytes.saturating_sub(HEADER_BYTES - FCS);
         self.flows[f].delivered += payload;
         self.out.delivered[f] += payload;
         if ce && self.cfg.dcqcn.is_some() && self.flows[f].np.on_ce(self.now, self.cfg.cnp_interval)
         {
             self.out.cnps += 1;
-            // Back to the sender over two links, strict priority (not queued).
-            let t = self.now + 2 * self.cfg.link_delay + 2 * self.ser_ns(64);
-            self.push(t, Ev::Cnp(f));
+            // Back to the sender through the switch, on the strict CNP class.
+            let t = self.now + self.ser_ns(64) + self.cfg.link_delay;
+            self.push(t, Ev::CnpIn(f));
         }
     }
 
@@ -561,8 +569,11 @@ impl Sim {
             .count();
         self.out.switch.push(SwitchSample {
             time_us: t_us,
-            queue_bytes: self.ports.iter().map(|p| p.bytes).max().unwrap_or(0),
-            buffer_bytes: self.buffer_used,
+            queue_bytes: (0..self.cfg.receivers)
+                .map(|r| self.sw.queued(self.cfg.senders + r))
+                .max()
+                .unwrap_or(0),
+            buffer_bytes: self.sw.buffer_used() - self.cnp_bytes,
             paused_senders: paused,
         });
     }
@@ -581,7 +592,13 @@ impl Sim {
             match e {
                 Ev::SenderTx(s) => self.sender_tx(s),
                 Ev::SwitchIn { flow, bytes } => self.switch_in(flow, bytes),
-                Ev::EgressTx(p) => self.egress_tx(p),
+                Ev::CnpIn(f) => self.cnp_in(f),
+                Ev::SwitchWake => {
+                    if self.sw_wake == Some(self.now) {
+                        self.sw_wake = None;
+                    }
+                    self.pump();
+                }
                 Ev::Deliver { flow, bytes, ce } => self.deliver(flow, bytes, ce),
                 Ev::Cnp(f) => {
                     self.sync_rate(f);
@@ -595,19 +612,6 @@ impl Sim {
                     self.senders[sender].pause.handle_frame(self.now, &frame);
                     // Resumed (XON) or a new pause end: re-evaluate.
                     self.schedule_sender(sender, self.now);
-                }
-                Ev::PfcRefresh(port) => {
-                    let mut refresh = Vec::new();
-                    if self.ingress[port]
-                        .poll_timeout()
-                        .is_some_and(|t| t <= self.now)
-                    {
-                        self.ingress[port].handle_timeout(self.now, &mut refresh);
-                    }
-                    for r in refresh {
-                        self.send_pfc(port, r);
-                    }
-                    self.schedule_refresh(port);
                 }
                 Ev::Sample => {
                     self.sample();
@@ -627,7 +631,7 @@ impl Sim {
             self.out.paused_ns[s] = self.senders[s].pause.counters.paused_ns[PRIO] + still;
         }
         // What is still queued in the switch or on the wire counts as accounted too.
-        self.out.accounted_bytes += self.buffer_used;
+        self.out.accounted_bytes += self.sw.buffer_used() - self.cnp_bytes;
         let in_flight: u64 = self
             .events
             .iter()
@@ -678,8 +682,9 @@ mod tests {
         c.red = Some(Red::scaled(100.0));
         let o = Sim::new(c).run(2_000_000);
         let g = o.mean_goodput(0, 500.0);
-        // Payload share of a 1086-byte packet at 100 Gb/s: 94.3 Gb/s.
-        assert!((g - 100.0 * 1024.0 / 1086.0).abs() < 1.0, "{g}");
+        // Payload share of a 1086-byte packet plus preamble and gap (1106 bytes on the wire)
+        // at 100 Gb/s: 92.6 Gb/s.
+        assert!((g - 100.0 * 1024.0 / 1106.0).abs() < 1.0, "{g}");
         assert_eq!((o.drops, o.marked, o.cnps, o.pfc_xoff), (0, 0, 0, 0));
         assert_eq!(o.sent_bytes, o.accounted_bytes, "bytes conserved");
     }

@@ -7,7 +7,7 @@ use std::path::Path;
 use dcb::dcqcn::RpParams;
 use dcb::dcqcn::Variant;
 use dcb::ecn::Red;
-use dcb::sim::{Config, FlowSpec, Outcome, Sim, HEADER_BYTES};
+use dcb::sim::{Config, FlowSpec, Outcome, Sim};
 use roce::sim::fabric::{self, Incast, IncastOutcome};
 
 use crate::plot::{draw, Panel, Series};
@@ -365,7 +365,7 @@ pub fn pfc_victim(senders: usize, gbps: f64, dcqcn: bool, duration_ns: u64) -> (
 
 /// The payload share of line rate one MTU packet carries.
 pub fn payload_share(mtu: u64) -> f64 {
-    mtu as f64 / (mtu + HEADER_BYTES) as f64
+    mtu as f64 / dcb::sim::wire_bytes(mtu) as f64
 }
 
 /// The figure of a `pfc` run.
