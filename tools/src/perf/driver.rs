@@ -89,7 +89,7 @@ impl Job {
 pub fn switch_line(s: &dataplane::switch::SwitchStats) -> String {
     let m = &s.model;
     format!(
-        " switch: frames {} in {} out, ECN marked {}, PFC XOFF {} XON {}, drops {} (buffer) {} (ingress), peak queue to ferroce0 {} KB, to ferroce1 {} KB, flooded {}",
+        " switch: frames {} in {} out, ECN marked {}, PFC XOFF {} XON {}, drops {} (buffer) {} (ingress) {} (delay line full) {} (no mbuf), peak queue to ferroce0 {} KB, to ferroce1 {} KB, flooded {}",
         m.rx_frames,
         m.tx_frames,
         m.marked,
@@ -97,6 +97,8 @@ pub fn switch_line(s: &dataplane::switch::SwitchStats) -> String {
         m.pfc_xon,
         m.drops[1],
         m.drops[2],
+        s.delay_dropped,
+        s.nombuf,
         m.peak_queue.first().copied().unwrap_or(0) / 1000,
         m.peak_queue.get(1).copied().unwrap_or(0) / 1000,
         s.flooded
@@ -240,6 +242,8 @@ pub fn loopback(
             "pfc_xon": s.model.pfc_xon,
             "drops_buffer": s.model.drops[1],
             "drops_ingress": s.model.drops[2],
+            "drops_delay_line": s.delay_dropped,
+            "drops_nombuf": s.nombuf,
             "peak_queue_bytes": s.model.peak_queue,
             "flooded": s.flooded,
         });
