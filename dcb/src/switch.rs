@@ -110,6 +110,8 @@ pub struct Frame<T> {
 /// A frame in the switch.
 struct Queued<T> {
     data: T,
+    /// When it came in.
+    arrived: u64,
     bytes: u64,
     in_port: usize,
     priority: u8,
@@ -254,6 +256,7 @@ impl<T> Switch<T> {
         let tc = port.ets.tc_of(priority);
         port.classes[tc].push_back(Queued {
             data,
+            arrived: now,
             bytes,
             in_port,
             priority,
@@ -294,7 +297,8 @@ impl<T> Switch<T> {
     }
 
     /// The next frame to leave at `now`, from a port that is free and has an unpaused class
-    /// with something queued; ports take turns.
+    /// with something queued; ports take turns. Called again at the same `now`, a port whose
+    /// frames would already have finished by then sends the next one (catch-up).
     pub fn poll_transmit(&mut self, now: u64) -> Option<Departure<T>> {
         let n = self.ports.len();
         for i in 0..n {
@@ -324,7 +328,10 @@ impl<T> Switch<T> {
             let queued = port.class_bytes[tc];
             port.class_bytes[tc] -= f.bytes;
             port.bytes -= f.bytes;
-            let done = now + ser_ns(f.bytes, port.mbps);
+            // It started when the port freed up or when it came in, whichever is later: a
+            // driver that polls late (real time) catches up rather than losing the port's
+            // time, so the port keeps its rate; event-driven drivers poll at exactly that.
+            let done = port.busy_until.max(f.arrived).min(now) + ser_ns(f.bytes, port.mbps);
             port.busy_until = done;
             self.buffer_used -= f.bytes;
             let ce = match self.marker.as_mut() {
