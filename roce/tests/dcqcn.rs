@@ -275,3 +275,25 @@ fn firmware_cuts_at_the_monitor_period_and_only_for_the_peer() {
     );
     assert_eq!(p.a.dev.qp_counters(a.qpn).unwrap().rp_cnp_handled, 1);
 }
+
+/// A UD QP's peers are anyone: a CNP addressed to it is counted and changes nothing (the
+/// RNIC sends none for UD traffic either).
+#[test]
+fn a_ud_qp_only_counts_cnps() {
+    let rp = CongestionConfig {
+        rp: Some(RpParams::paper(LINE_MBPS)),
+        ..Default::default()
+    };
+    let mut p = Pair::new(cfg(rp), cfg(rp), LinkConfig::lossless(10, 2 * US), 7);
+    let o = ConnectOpts {
+        qp_type: QpType::Ud,
+        mtu: Mtu::M4096,
+        ..Default::default()
+    };
+    let (a, _b) = connect(&mut p, &o);
+    let frame = cnp_from(&p, node_gid(1), a.qpn);
+    p.inject(0, &frame);
+    let c = p.a.dev.qp_counters(a.qpn).unwrap();
+    assert_eq!((c.rp_cnp_handled, c.rp_cnp_ignored), (0, 1));
+    assert_eq!(p.a.dev.query_qp(a.qpn).unwrap().rate_kbps, None);
+}

@@ -1969,14 +1969,19 @@ impl Device {
     }
 
     /// A CNP for `qpn` from `src` (a connected QP takes them only from its peer, so a third
-    /// party cannot slow it down).
+    /// party cannot slow it down; a UD QP, whose peers are anyone, only counts them, as this
+    /// RNIC sends no CNP for UD traffic either).
     fn handle_cnp(&mut self, now: u64, qpn: Qpn, src: &Gid) {
         let Some(Some(qp)) = self.slot_of(qpn).and_then(|s| self.qps.get_mut(s)) else {
             self.sh.counters.rx_dropped_no_qp += 1;
             return;
         };
         let qp: &mut Qp = qp;
-        if qp.qp_type != QpType::Ud && qp.attr.av.is_none_or(|av| av.dgid != *src) {
+        if qp.qp_type == QpType::Ud {
+            qp.counters.rp_cnp_ignored += 1;
+            return;
+        }
+        if qp.attr.av.is_none_or(|av| av.dgid != *src) {
             qp.counters.rx_dropped_path += 1;
             return;
         }
