@@ -25,6 +25,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 
 use dcb::dcqcn::RpParams;
+use dcb::ets::{EtsConfig, Tsa};
 use dcb::pfc::{Mode, StormAction};
 use roce::engine::cc::CongestionConfig;
 use roce::engine::Trust;
@@ -95,6 +96,24 @@ pub struct RawConfig {
     /// `[pfc]`: honouring the link partner's PFC or PAUSE frames.
     #[serde(default)]
     pub pfc: RawPfc,
+    /// `[ets]`: bandwidth between the RNIC's traffic classes.
+    #[serde(default)]
+    pub ets: RawEts,
+}
+
+/// `[ets]`: Enhanced Transmission Selection (IEEE 802.1Qaz) between the RNIC's traffic
+/// classes, as `mlnx_qos --prio_tc/--tsa/--tcbw` set it. Off unless a key is set; unset keys
+/// take the usual RoCE setup (priority n -> class n; classes 6 and 7 strict; 3 and 0 half
+/// each).
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RawEts {
+    /// Class of each priority 0..7.
+    pub prio_tc: Option<Vec<u8>>,
+    /// Selection of each class 0..7: `strict` or `ets`.
+    pub tsa: Option<Vec<String>>,
+    /// Share of each class in percent (ETS classes summing to 100, strict ones 0).
+    pub bw: Option<Vec<u8>>,
 }
 
 /// `[pfc]`: PFC (802.1Qbb) or PAUSE (802.3x) frames from the link partner hold the RNIC's
@@ -546,6 +565,8 @@ pub struct RnicConfig {
     pub pfc: PfcConfig,
     /// Which field gives a packet its priority (`roce.trust`).
     pub trust: Trust,
+    /// ETS between traffic classes (`[ets]`; `None`: one round robin over every QP).
+    pub ets: Option<EtsConfig>,
 }
 
 /// `[pfc]`, validated.
@@ -737,6 +758,19 @@ impl RawConfig {
             }
             "roce.max_qp" => self.roce.max_qp = Some(small(value, MAX_QP_LIMIT as u64)? as u32),
             "roce.trust" => self.roce.trust = Some(value.into()),
+            "ets.tsa" => self.ets.tsa = Some(list(value)),
+            "ets.bw" | "ets.prio_tc" => {
+                let mut v = Vec::new();
+                for s in list(value) {
+                    let s: String = s;
+                    v.push(small(&s, 255)? as u8);
+                }
+                if key == "ets.bw" {
+                    self.ets.bw = Some(v);
+                } else {
+                    self.ets.prio_tc = Some(v);
+                }
+            }
             "pfc.mode" => self.pfc.mode = Some(value.into()),
             "pfc.priorities" => {
                 let mut v = Vec::new();
@@ -1015,6 +1049,7 @@ impl RawConfig {
         let host = self.host_config()?;
         let dcqcn = self.dcqcn_config(self.port.speed_gbps.unwrap_or(100))?;
         let pfc = self.pfc_config()?;
+        let ets = self.ets_config()?;
         let trust = match self.roce.trust.as_deref() {
             None | Some("pcp") => Trust::Pcp,
             Some("dscp") => Trust::Dscp,
@@ -1066,7 +1101,46 @@ impl RawConfig {
             dcqcn,
             pfc,
             trust,
+            ets,
         })
+    }
+
+    /// `[ets]` validated (`None` when no key is set).
+    fn ets_config(&self) -> Result<Option<EtsConfig>, ConfigError> {
+        let e = &self.ets;
+        if e.prio_tc.is_none() && e.tsa.is_none() && e.bw.is_none() {
+            return Ok(None);
+        }
+        let mut c = EtsConfig::roce_default();
+        let eight = |key: &str, n: usize| -> Result<(), ConfigError> {
+            if n != 8 {
+                return err(key, format!("{n} values: one per priority or class, 8"));
+            }
+            Ok(())
+        };
+        if let Some(v) = &e.prio_tc {
+            eight("ets.prio_tc", v.len())?;
+            c.prio_tc.copy_from_slice(v);
+        }
+        if let Some(v) = &e.tsa {
+            eight("ets.tsa", v.len())?;
+            for (i, t) in v.iter().enumerate() {
+                c.tsa[i] = match t.as_str() {
+                    "strict" => Tsa::Strict,
+                    "ets" => Tsa::Ets,
+                    x => return err("ets.tsa", format!("{x:?} is not strict or ets")),
+                };
+            }
+        }
+        if let Some(v) = &e.bw {
+            eight("ets.bw", v.len())?;
+            c.bw_percent.copy_from_slice(v);
+        }
+        c.validate().map_err(|p| ConfigError {
+            key: "ets".into(),
+            problem: p,
+        })?;
+        Ok(Some(c))
     }
 
     /// `[pfc]` validated.
@@ -1597,6 +1671,28 @@ impl RnicConfig {
             None => t.push_str("watchdog_ms = 0\n"),
         }
         out.push_str(&std::mem::take(&mut t));
+        if let Some(e) = &self.ets {
+            out.push_str("\n[ets]\n");
+            let join = |v: Vec<String>| v.join(", ");
+            t.push_str(&format!(
+                "prio_tc = [{}]\n",
+                join(e.prio_tc.iter().map(|x| x.to_string()).collect())
+            ));
+            t.push_str(&format!(
+                "tsa = [{}]\n",
+                join(
+                    e.tsa
+                        .iter()
+                        .map(|x| q(if *x == Tsa::Strict { "strict" } else { "ets" }))
+                        .collect()
+                )
+            ));
+            t.push_str(&format!(
+                "bw = [{}]\n",
+                join(e.bw_percent.iter().map(|x| x.to_string()).collect())
+            ));
+            out.push_str(&std::mem::take(&mut t));
+        }
         out.push_str("\n[dcqcn]\n");
         let c = &self.dcqcn;
         t.push_str(&format!("np = {}\n", c.np_min_interval_ns.is_some()));
@@ -1738,6 +1834,24 @@ mod tests {
             "pfc.watchdog_action"
         );
         assert_eq!(bad("roce.trust", "vlan").key, "roce.trust");
+        assert_eq!(bad("ets.bw", "50,50").key, "ets.bw");
+        assert_eq!(bad("ets.bw", "50,0,0,40,0,0,0,0").key, "ets");
+        assert_eq!(
+            bad("ets.tsa", "ets,ets,ets,ets,ets,ets,fast,strict").key,
+            "ets.tsa"
+        );
+        assert_eq!(bad("ets.prio_tc", "0,1,2,3,4,5,6,9").key, "ets");
+    }
+
+    #[test]
+    fn ets_reads_back_the_same() {
+        let none = ok("[port]\ndevice = \"net_null0\"");
+        assert_eq!(none.ets, None, "off unless asked for");
+        let c = ok("[port]\ndevice = \"net_null0\"\n[ets]\nbw = [20, 0, 0, 80, 0, 0, 0, 0]");
+        let e = c.ets.unwrap();
+        assert_eq!((e.bw_percent[0], e.bw_percent[3]), (20, 80));
+        assert_eq!(e.tsa[6], Tsa::Strict, "the rest as the usual RoCE setup");
+        assert_eq!(ok(&c.to_toml()), c);
     }
 
     #[test]

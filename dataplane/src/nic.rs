@@ -316,6 +316,7 @@ impl Nic {
             },
             max_unacked_psns: cfg.send_window,
             cc: cfg.dcqcn,
+            ets: cfg.ets,
             priorities: roce::engine::PriorityMap {
                 trust: cfg.trust,
                 default_pcp: cfg.pcp,

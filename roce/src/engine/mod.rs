@@ -166,6 +166,10 @@ pub struct DeviceConfig {
     pub cc: cc::CongestionConfig,
     /// How a QP's packets get their priority (PFC class).
     pub priorities: transmit::PriorityMap,
+    /// Enhanced Transmission Selection between traffic classes (priority -> class, strict or
+    /// a bandwidth share, IEEE 802.1Qaz), validated (`EtsConfig::validate`); `None`: every QP
+    /// in one round robin.
+    pub ets: Option<dcb::ets::EtsConfig>,
 }
 
 impl Default for DeviceConfig {
@@ -180,6 +184,7 @@ impl Default for DeviceConfig {
             coalesce_acks: true,
             cc: cc::CongestionConfig::default(),
             priorities: transmit::PriorityMap::default(),
+            ets: None,
         }
     }
 }
@@ -871,7 +876,11 @@ pub struct Device {
     pds: Table<()>,
     /// Memory windows allocated (they share the MR table).
     mws: usize,
-    ready: VecDeque<u32>,
+    /// QPs with something to send: one round-robin queue per traffic class (only the first
+    /// without ETS).
+    ready: [VecDeque<u32>; dcb::ets::TCS],
+    /// The ETS scheduler between the classes' queues.
+    ets: Option<dcb::ets::Ets>,
     /// Priorities the peer paused (PFC; bit n = priority n) and the QPs held for it.
     paused: u8,
     parked: Vec<u32>,
@@ -893,6 +902,7 @@ impl Device {
     pub fn new(cfg: DeviceConfig) -> Device {
         let max_mr = cfg.limits.max_mr as usize + cfg.limits.max_mw as usize;
         let l = cfg.limits;
+        let cfg_ets = cfg.ets;
         Device {
             sh: Shared {
                 cfg,
@@ -912,7 +922,8 @@ impl Device {
             destroyed_qp_counters: QpCounters::default(),
             pds: Table::new(l.max_pd as usize),
             mws: 0,
-            ready: VecDeque::new(),
+            ready: Default::default(),
+            ets: cfg_ets.and_then(|c| dcb::ets::Ets::new(c).ok()),
             paused: 0,
             parked: Vec::new(),
             port_active: true,
@@ -1544,7 +1555,9 @@ impl Device {
                 srq.users = srq.users.saturating_sub(1);
             }
         }
-        self.ready.retain(|&s| s != slot as u32);
+        for q in self.ready.iter_mut() {
+            q.retain(|&s| s != slot as u32);
+        }
         self.parked.retain(|&s| s != slot as u32);
         Ok(())
     }
@@ -1805,7 +1818,11 @@ impl Device {
         if let Some(Some(qp)) = self.qps.get_mut(slot as usize) {
             if !qp.queued {
                 qp.queued = true;
-                self.ready.push_back(slot);
+                let tc = self
+                    .ets
+                    .as_ref()
+                    .map_or(0, |e| e.tc_of(qp.tx_priority(&self.sh)));
+                self.ready[tc].push_back(slot);
             }
         }
         self.note_moved(slot as usize);
@@ -1993,7 +2010,10 @@ impl Device {
     /// READ responses), then requests. A QP that DCQCN throttled sends data (requests, READ
     /// responses) only when its pacer allows, and its timer wakes it for the next packet.
     pub fn poll_transmit(&mut self, now: u64, tx: &mut Transmit) -> bool {
-        while let Some(slot) = self.ready.pop_front() {
+        while let Some(tc) = self.next_class() {
+            let Some(slot) = self.ready[tc].pop_front() else {
+                break;
+            };
             let Some(Some(qp)) = self.qps.get_mut(slot as usize) else {
                 continue;
             };
@@ -2023,7 +2043,12 @@ impl Device {
             // What the requester finished without a response completes now, in order.
             qp.take_completer_events(&mut self.sh);
             if sent {
-                self.ready.push_back(slot);
+                // Back in line, in the class of its next packet (a UD QP's may differ).
+                let tc = self
+                    .ets
+                    .as_ref()
+                    .map_or(0, |e| e.tc_of(qp.tx_priority(&self.sh)));
+                self.ready[tc].push_back(slot);
                 self.note_moved(slot as usize);
                 if !self.sh.overflowed.is_empty() {
                     self.handle_cq_overflows();
@@ -2036,6 +2061,29 @@ impl Device {
             self.handle_cq_overflows();
         }
         false
+    }
+
+    /// The class whose next QP goes now: ETS between the classes with QPs ready (strict
+    /// classes first, DWRR between the others, charged the QP's path MTU as the estimate of
+    /// its packet), or the one queue without ETS. `None`: nothing is ready.
+    fn next_class(&mut self) -> Option<usize> {
+        let Some(ets) = self.ets.as_mut() else {
+            return (!self.ready[0].is_empty()).then_some(0);
+        };
+        let mut head = [None; dcb::ets::TCS];
+        for (tc, q) in self.ready.iter().enumerate() {
+            if let Some(&slot) = q.front() {
+                let mtu = match self.qps.get(slot as usize) {
+                    Some(Some(qp)) => qp.mtu(),
+                    _ => 0,
+                };
+                head[tc] = Some(mtu + transmit::WIRE_HEADERS);
+            }
+        }
+        // Paused priorities are held by parking their QPs, not here. A class with neither
+        // strict priority nor a share gets what the others leave (work-conserving).
+        ets.pick(&head, 0)
+            .or_else(|| head.iter().position(Option::is_some))
     }
 
     /// Sets the priorities the link partner has paused (PFC / PAUSE, bit n = priority n):

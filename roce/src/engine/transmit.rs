@@ -11,6 +11,10 @@ use crate::wire::ipv4::{Ecn, Ipv4Repr, PROTO_UDP};
 use crate::wire::ipv6::Ipv6Repr;
 use crate::wire::opcode::{Opcode, Operation};
 
+/// Bytes of headers a RoCEv2 packet adds to its payload on the wire (Ethernet and FCS 18,
+/// IPv4 20, UDP 8, BTH 12, ICRC 4): what ETS charges a packet beyond its payload.
+pub const WIRE_HEADERS: u32 = 18 + 20 + 8 + 12 + 4;
+
 /// Most payload segments one packet can reference (= the device's max SGEs per WR).
 pub const MAX_PAYLOAD_SEGS: usize = 32;
 /// Most inline bytes a send WR may carry (reported as `max_inline_data`).

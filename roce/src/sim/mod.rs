@@ -625,6 +625,8 @@ pub struct ConnectOpts {
     pub access: Access,
     /// Source GID index of the path.
     pub sgid_index: u8,
+    /// Service level of the path (its 802.1p priority).
+    pub sl: u8,
 }
 
 impl Default for ConnectOpts {
@@ -647,6 +649,7 @@ impl Default for ConnectOpts {
                 | Access::REMOTE_READ
                 | Access::REMOTE_ATOMIC,
             sgid_index: 0,
+            sl: 0,
         }
     }
 }
@@ -725,7 +728,10 @@ pub fn bring_up(
     let rtr = match o.qp_type {
         QpType::Rc => QpAttr {
             state: Some(QpState::Rtr),
-            av: Some(AddressVector::new(peer_gid, o.sgid_index)),
+            av: Some(AddressVector {
+                sl: o.sl,
+                ..AddressVector::new(peer_gid, o.sgid_index)
+            }),
             path_mtu: Some(o.mtu),
             dest_qp: Some(peer_qpn),
             rq_psn: Some(Psn::new(rq_psn)),
@@ -735,7 +741,10 @@ pub fn bring_up(
         },
         QpType::Uc => QpAttr {
             state: Some(QpState::Rtr),
-            av: Some(AddressVector::new(peer_gid, o.sgid_index)),
+            av: Some(AddressVector {
+                sl: o.sl,
+                ..AddressVector::new(peer_gid, o.sgid_index)
+            }),
             path_mtu: Some(o.mtu),
             dest_qp: Some(peer_qpn),
             rq_psn: Some(Psn::new(rq_psn)),
