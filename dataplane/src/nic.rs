@@ -76,6 +76,8 @@ roce::counters!(
         pfc_storms_restored,
         /// Frames discarded because their priority is stormed (`pfc.watchdog_action = drop`).
         tx_storm_dropped,
+        /// Priorities whose PFC the port's hardware does itself (0 on virtual devices).
+        pfc_hw_priorities,
         /// IPv4 fragments (never RoCE).
         rx_ipv4_fragments,
         /// Anything else, dropped.
@@ -350,6 +352,7 @@ impl Nic {
             vid,
         });
         let pause = PauseState::new(cfg.pfc.mode, cfg.speed_gbps.max(1) as u64 * 1000);
+        let pfc_hw = hardware_pfc(&port, &cfg);
         let watchdog = cfg.pfc.watchdog.map(|w| {
             Watchdog::new(
                 w.detect_ms as u64 * 1_000_000,
@@ -358,6 +361,10 @@ impl Nic {
             )
         });
         tracing::info!("rnic {}", cfg.summary(mac));
+        let counters = NicCounters {
+            pfc_hw_priorities: pfc_hw as u64,
+            ..Default::default()
+        };
         Ok(Nic {
             name: port.name().to_string(),
             _port: port,
@@ -388,7 +395,7 @@ impl Nic {
             watchdog,
             storm_events: Vec::new(),
             scratch: Vec::with_capacity(16384),
-            counters: NicCounters::default(),
+            counters,
         })
     }
 
@@ -1355,6 +1362,39 @@ impl Nic {
             let _ = t.w.flush();
         }
     }
+}
+
+/// Asks a hardware NIC to do PFC itself on `[pfc]`'s priorities: it then honours the link
+/// partner's pauses and sends pauses from its own receive buffer's occupancy, which only it
+/// can see (XOFF at 3/4 of a 128 KB buffer, XON at half, the longest pause). Virtual devices
+/// cannot; there the dataplane honours received frames itself (and sends none). Returns how
+/// many priorities the hardware took.
+fn hardware_pfc(port: &Port, cfg: &RnicConfig) -> u32 {
+    let dcb::pfc::Mode::Pfc { enabled } = cfg.pfc.mode else {
+        return 0;
+    };
+    let mut n = 0;
+    for priority in (0..8u8).filter(|p| enabled & (1 << p) != 0) {
+        let s = pmd_bindings::PfcSettings {
+            priority,
+            rx_pause: true,
+            tx_pause: true,
+            high_water: 96 * 1024,
+            low_water: 64 * 1024,
+            pause_time: 0xffff,
+        };
+        match port.set_priority_flow_control(&s) {
+            Ok(()) => n += 1,
+            Err(pmd_bindings::Error::NotSupported { .. }) => {
+                tracing::debug!(port = %port.name(), "PFC in software (the port cannot)");
+                return 0;
+            }
+            Err(e) => {
+                tracing::warn!(port = %port.name(), priority, "hardware PFC refused: {e}");
+            }
+        }
+    }
+    n
 }
 
 fn is_ipv4_fragment(f: &[u8]) -> bool {

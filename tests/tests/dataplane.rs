@@ -1183,6 +1183,10 @@ fn pfc_pauses_one_priority_while_another_flows() {
     let s = r.rt.stop();
     assert!(s[0].nic.rx_pfc >= 4, "{:?}", s[0].nic);
     assert_eq!(s[0].nic.pfc_storms_detected, 0);
+    assert_eq!(
+        s[0].nic.pfc_hw_priorities, 0,
+        "a ring port does PFC in software"
+    );
 }
 
 /// A peer that pauses priority 3 forever trips the watchdog: after the detection time the
