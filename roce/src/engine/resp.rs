@@ -857,12 +857,12 @@ impl Qp {
                         continue;
                     }
                     let op = match (r.starts, last) {
-                        (true, true) => 0x10,
-                        (true, false) => 0x0d,
-                        (false, false) => 0x0e,
-                        (false, true) => 0x0f,
+                        (true, true) => Opcode::RC_READ_RESPONSE_ONLY,
+                        (true, false) => Opcode::RC_READ_RESPONSE_FIRST,
+                        (false, false) => Opcode::RC_READ_RESPONSE_MIDDLE,
+                        (false, true) => Opcode::RC_READ_RESPONSE_LAST,
                     };
-                    let mut t = TransportRepr::new(BthRepr::new(Opcode(op), dest, r.cur_psn));
+                    let mut t = TransportRepr::new(BthRepr::new(op, dest, r.cur_psn));
                     if r.starts || last {
                         t.ext.aeth = Some(AethRepr::ack(CREDITS_INVALID, r.msn));
                     }

@@ -333,12 +333,7 @@ impl Pair {
             };
             let frame = self.buf[..n].to_vec();
             let is_ack = self.tx.transport.bth.opcode == Opcode::RC_ACK
-                && self
-                    .tx
-                    .transport
-                    .ext
-                    .aeth
-                    .is_some_and(|a| a.syndrome & 0x60 == 0);
+                && self.tx.transport.ext.aeth.is_some_and(|a| a.is_ack());
             self.put_on_link(side, frame, is_ack);
         }
     }
@@ -581,7 +576,7 @@ impl Pair {
             .iter()
             .filter_map(|f| {
                 let a = f.repr.transport.ext.aeth?;
-                (f.repr.transport.bth.opcode == Opcode::RC_ACK && a.syndrome & 0x60 != 0)
+                (f.repr.transport.bth.opcode == Opcode::RC_ACK && !a.is_ack())
                     .then_some((f.repr.transport.bth.psn, a.syndrome))
             })
             .collect()

@@ -468,6 +468,14 @@ impl Opcode {
     pub const CNP: Opcode = Opcode(0x81);
     /// RC RDMA READ Request.
     pub const RC_READ_REQUEST: Opcode = Opcode(0x0c);
+    /// RC RDMA READ Response First.
+    pub const RC_READ_RESPONSE_FIRST: Opcode = Opcode(0x0d);
+    /// RC RDMA READ Response Middle.
+    pub const RC_READ_RESPONSE_MIDDLE: Opcode = Opcode(0x0e);
+    /// RC RDMA READ Response Last.
+    pub const RC_READ_RESPONSE_LAST: Opcode = Opcode(0x0f);
+    /// RC RDMA READ Response Only.
+    pub const RC_READ_RESPONSE_ONLY: Opcode = Opcode(0x10);
     /// RC CmpSwap.
     pub const RC_COMPARE_SWAP: Opcode = Opcode(0x13);
     /// RC FetchAdd.
