@@ -817,37 +817,45 @@ fn admin(shared: &Shared, id: u64, req: AdminRequest, cred: Option<PeerCred>) ->
             ReplyBody::Resources(res)
         }),
         AdminRequest::Stats { qps } => inspect(shared, qps).map(|reps| {
-            ReplyBody::Stats(
-                reps.into_iter()
-                    .enumerate()
-                    .map(|(i, r)| {
-                        let snap = shared.rt.stats(i);
-                        let port = snap
-                            .nic
-                            .iter()
-                            .chain(snap.neigh.iter())
-                            .chain(snap.dev.iter())
-                            .chain(snap.qps.iter())
-                            .map(|(k, v)| (k.to_string(), v))
-                            .collect();
-                        let qps = r
-                            .clients
-                            .iter()
-                            .flat_map(|c| c.qp_counters.iter())
-                            .map(|(q, c)| {
-                                // Only non-zero counters per QP: the reply stays small.
-                                let nz = c.iter().filter(|(_, v)| *v != 0);
-                                (q.value(), nz.map(|(k, v)| (k.to_string(), v)).collect())
-                            })
-                            .collect();
-                        DeviceStats {
-                            device: shared.names[i].clone(),
-                            port,
-                            qps,
-                        }
-                    })
-                    .collect(),
-            )
+            let mut all: Vec<DeviceStats> = reps
+                .into_iter()
+                .enumerate()
+                .map(|(i, r)| {
+                    let snap = shared.rt.stats(i);
+                    let port = snap
+                        .nic
+                        .iter()
+                        .chain(snap.neigh.iter())
+                        .chain(snap.dev.iter())
+                        .chain(snap.qps.iter())
+                        .map(|(k, v)| (k.to_string(), v))
+                        .collect();
+                    let qps = r
+                        .clients
+                        .iter()
+                        .flat_map(|c| c.qp_counters.iter())
+                        .map(|(q, c)| {
+                            // Only non-zero counters per QP: the reply stays small.
+                            let nz = c.iter().filter(|(_, v)| *v != 0);
+                            (q.value(), nz.map(|(k, v)| (k.to_string(), v)).collect())
+                        })
+                        .collect();
+                    DeviceStats {
+                        device: shared.names[i].clone(),
+                        port,
+                        qps,
+                    }
+                })
+                .collect();
+            // An emulated switch between the RNICs (rnicd --loopback --switch-*).
+            if let Some(s) = shared.rt.switch_stats(0) {
+                all.push(DeviceStats {
+                    device: "switch0".into(),
+                    port: s.counters(),
+                    qps: Vec::new(),
+                });
+            }
+            ReplyBody::Stats(all)
         }),
         // Switching capture writes files as rnicd: only root or rnicd's own user.
         // SAFETY: geteuid has no preconditions.

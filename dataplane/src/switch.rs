@@ -95,6 +95,34 @@ pub struct SwitchStats {
     pub delay_dropped: u64,
 }
 
+impl SwitchStats {
+    /// Every counter by name (`rnic-ctl stat` shows them as device `switch0`).
+    pub fn counters(&self) -> Vec<(String, u64)> {
+        let m = &self.model;
+        let mut v: Vec<(String, u64)> = [
+            ("rx_frames", m.rx_frames),
+            ("tx_frames", m.tx_frames),
+            ("drops_no_port", m.drops[0]),
+            ("drops_buffer", m.drops[1]),
+            ("drops_ingress", m.drops[2]),
+            ("drops_delay_line", self.delay_dropped),
+            ("drops_nombuf", self.nombuf),
+            ("ecn_marked", m.marked),
+            ("pfc_xoff_tx", m.pfc_xoff),
+            ("pfc_xon_tx", m.pfc_xon),
+            ("pfc_rx", m.pfc_rx),
+            ("flooded", self.flooded),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+        for (i, q) in m.peak_queue.iter().enumerate() {
+            v.push((format!("peak_queue_bytes_port{i}"), *q));
+        }
+        v
+    }
+}
+
 struct SwitchPort {
     _port: Port,
     /// The link's rate, Mb/s, and when its ingress side is free again.

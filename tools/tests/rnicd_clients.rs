@@ -451,3 +451,48 @@ fn which(prog: &str) -> Option<std::path::PathBuf> {
             .find(|f| f.is_file())
     })
 }
+
+/// `rnicd --loopback --switch-*`: two client processes move verified data through the
+/// emulated switch (a 2 Gb/s port with PFC) and `rnic-ctl stat` shows the switch's counters.
+#[test]
+fn rnicd_with_the_emulated_switch() {
+    let _one = serial();
+    let r = Rnicd::start(
+        "sw",
+        &[
+            "--switch-mbps",
+            "10000",
+            "--switch-server-mbps",
+            "2000",
+            "--switch-pfc",
+            "0",
+        ],
+    );
+    let (so, co) = run_pair(&r, "write_bw", &["-s", "65536", "-n", "300", "--verify"]);
+    let c = json(&co, "client");
+    assert!(
+        c["verified_messages"].as_u64().unwrap_or(0)
+            + json(&so, "server")["verified_messages"]
+                .as_u64()
+                .unwrap_or(0)
+            > 0,
+        "{c}"
+    );
+    let gbps = c["results"][0]["bw_avg_Gbps"].as_f64().unwrap();
+    assert!(gbps < 2.0, "the 2 Gb/s port is the limit: {gbps} Gb/s");
+    let stats = ctl_json(r.sock(), &["stat"]);
+    let sw = stats
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["device"] == "switch0")
+        .unwrap_or_else(|| panic!("no switch0 in {stats}"));
+    assert!(sw["port"]["tx_frames"].as_u64().unwrap() > 300, "{sw}");
+    assert_eq!(sw["port"]["drops_ingress"], 0, "{sw}");
+    assert_eq!(sw["port"]["drops_buffer"], 0, "{sw}");
+    let text = String::from_utf8_lossy(&ctl(r.sock(), &["stat"]).stdout).to_string();
+    assert!(
+        text.contains("\nswitch0\n") && text.contains("tx_frames"),
+        "{text}"
+    );
+}

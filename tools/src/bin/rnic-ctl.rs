@@ -342,7 +342,13 @@ fn print_stats(s: &[DeviceStats], prev: Option<(&[DeviceStats], f64)>) {
         }
     };
     for d in s {
-        table(format!("link {}/1", d.device), &d.port, &d.device, None);
+        // The emulated switch is no RDMA link: its name alone.
+        let title = if d.device.starts_with("switch") {
+            d.device.clone()
+        } else {
+            format!("link {}/1", d.device)
+        };
+        table(title, &d.port, &d.device, None);
         for (q, c) in &d.qps {
             table(
                 format!("link {}/1 lqpn {q}", d.device),
