@@ -33,6 +33,10 @@ const MAX_DELAYED: usize = 16_384;
 const BURST: usize = 32;
 /// Frames taken from a port per turn of its ingress link.
 const RX_PER_TURN: usize = 8;
+/// Turns of an ingress link per poll at most (catching up after a late poll).
+const RX_TURNS: usize = 4;
+/// How far back a late poll may catch up on an ingress link, ns.
+const RX_CATCHUP_NS: u64 = 20_000;
 
 /// What the switch is (per port rate and delay, buffer, marking, PFC).
 #[derive(Debug, Clone)]
@@ -225,22 +229,30 @@ impl SwitchDev {
         let mut work = 0;
         for i in 0..self.ports.len() {
             // The link delivers no faster than its rate: a few frames per turn, then the
-            // ingress side is busy for their serialisation time.
-            let p = &mut self.ports[i];
-            if p.rx_busy_until > now {
-                work += 1;
-                continue;
+            // ingress side is busy for their serialisation time. A late poll catches up on
+            // what the link would have delivered meanwhile (up to RX_CATCHUP_NS back), or the
+            // link's rate would fall with the worker's iteration time.
+            for _ in 0..RX_TURNS {
+                let p = &mut self.ports[i];
+                if p.rx_busy_until > now {
+                    work += 1;
+                    break;
+                }
+                // rxbuf has room for RX_PER_TURN frames and is empty here.
+                let mut rx = std::mem::take(&mut self.rxbuf);
+                let n = p.rx.rx_burst(&mut rx);
+                let busy: u64 = rx.iter().map(|m| ser_ns(m.data_len() as u64, p.mbps)).sum();
+                let start = p.rx_busy_until.max(now.saturating_sub(RX_CATCHUP_NS));
+                p.rx_busy_until = if n == 0 { now } else { start + busy };
+                work += n;
+                for m in rx.drain(..) {
+                    self.ingress(now, i, m);
+                }
+                self.rxbuf = rx;
+                if n < RX_PER_TURN {
+                    break;
+                }
             }
-            // rxbuf has room for RX_PER_TURN frames and is empty here.
-            let mut rx = std::mem::take(&mut self.rxbuf);
-            p.rx.rx_burst(&mut rx);
-            let busy: u64 = rx.iter().map(|m| ser_ns(m.data_len() as u64, p.mbps)).sum();
-            p.rx_busy_until = p.rx_busy_until.max(now) + busy;
-            work += rx.len();
-            for m in rx.drain(..) {
-                self.ingress(now, i, m);
-            }
-            self.rxbuf = rx;
         }
         if self.sw.poll_timeout().is_some_and(|t| t <= now) {
             self.sw.handle_timeout(now);
