@@ -728,6 +728,14 @@ impl RawConfig {
             }
             Ok(n)
         };
+        // A comma-separated list of small numbers (priorities, classes, percentages).
+        let bytes = |v: &str| -> Result<Vec<u8>, ConfigError> {
+            let items: Vec<String> = list(v);
+            items
+                .iter()
+                .map(|s| small(s, 255).map(|n| n as u8))
+                .collect()
+        };
         match key {
             "eal.args" => self.eal.args = Some(value.into()),
             "eal.file_prefix" => self.eal.file_prefix = Some(value.into()),
@@ -759,27 +767,10 @@ impl RawConfig {
             "roce.max_qp" => self.roce.max_qp = Some(small(value, MAX_QP_LIMIT as u64)? as u32),
             "roce.trust" => self.roce.trust = Some(value.into()),
             "ets.tsa" => self.ets.tsa = Some(list(value)),
-            "ets.bw" | "ets.prio_tc" => {
-                let mut v = Vec::new();
-                for s in list(value) {
-                    let s: String = s;
-                    v.push(small(&s, 255)? as u8);
-                }
-                if key == "ets.bw" {
-                    self.ets.bw = Some(v);
-                } else {
-                    self.ets.prio_tc = Some(v);
-                }
-            }
+            "ets.bw" => self.ets.bw = Some(bytes(value)?),
+            "ets.prio_tc" => self.ets.prio_tc = Some(bytes(value)?),
             "pfc.mode" => self.pfc.mode = Some(value.into()),
-            "pfc.priorities" => {
-                let mut v = Vec::new();
-                for s in list(value) {
-                    let s: String = s;
-                    v.push(small(&s, 255)? as u8);
-                }
-                self.pfc.priorities = Some(v);
-            }
+            "pfc.priorities" => self.pfc.priorities = Some(bytes(value)?),
             "pfc.watchdog_ms" => self.pfc.watchdog_ms = Some(small(value, 3_600_000)? as u32),
             "pfc.restore_ms" => self.pfc.restore_ms = Some(small(value, 3_600_000)? as u32),
             "pfc.watchdog_action" => self.pfc.watchdog_action = Some(value.into()),

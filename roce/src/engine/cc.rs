@@ -18,10 +18,10 @@
 use dcb::dcqcn::{Np, Rp, RpParams, Variant};
 use dcb::limiter::Pacer;
 
-/// Bytes a packet occupies on the wire besides its payload, as the pacer counts them: Ethernet
-/// header and FCS (18), preamble and inter-frame gap (20), IPv4 (20), UDP (8), BTH (12), ICRC
-/// (4); extended headers are small and left out.
-pub const WIRE_OVERHEAD: u64 = 18 + 20 + 20 + 8 + 12 + 4;
+/// Bytes a packet occupies on the wire besides its payload, as the pacer counts them: the
+/// headers ([`super::transmit::WIRE_HEADERS`]) plus preamble and inter-frame gap (20);
+/// extended headers are small and left out.
+pub const WIRE_OVERHEAD: u64 = super::transmit::WIRE_HEADERS as u64 + 20;
 
 /// The DSCP NVIDIA NICs send CNPs with (`np_cnp_dscp`, ref. dcb.md).
 pub const CNP_DSCP: u8 = 48;
@@ -91,9 +91,7 @@ impl QpCc {
 
     /// The QP's current rate, Mb/s, while it is throttled.
     pub fn rate(&self) -> Option<f64> {
-        self.throttled()
-            .then(|| self.rp.as_ref().map(Rp::rate))
-            .flatten()
+        self.rp.as_ref().filter(|_| self.throttled()).map(Rp::rate)
     }
 
     /// The pacer's burst: two packets of the path MTU (a hardware limiter lets a little

@@ -39,9 +39,10 @@ pub struct FabricConfig {
 
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 enum Ev {
-    /// A frame from node `from` reaches the switch.
+    /// A frame from node `from` for node `to` reaches the switch.
     ToSwitch {
         from: usize,
+        to: usize,
         priority: u8,
         ecn: u8,
         frame: Vec<u8>,
@@ -140,21 +141,24 @@ impl Fabric {
     }
 
     /// The node whose GID is `gid`.
-    fn node_of(&self, frame: &[u8]) -> Option<usize> {
-        let p = crate::wire::frame::parse(frame).ok()?;
-        let (_, dst) = p.repr.ip.gids();
-        (0..self.nodes.len()).find(|i| node_gid(*i) == dst)
+    fn node_of(&self, gid: &crate::types::Gid) -> Option<usize> {
+        (0..self.nodes.len()).find(|i| node_gid(*i) == *gid)
     }
 
     /// Node `i` puts frames on its link while the link is free.
     fn send_node(&mut self, i: usize) -> bool {
         let mut progress = false;
         while self.link_busy[i] <= self.now {
-            let node = &mut self.nodes[i];
-            if !node.dev.poll_transmit(self.now, &mut self.tx) {
+            if !self.nodes[i].dev.poll_transmit(self.now, &mut self.tx) {
                 break;
             }
             progress = true;
+            // Forwarding by destination GID, known here: the frame need not be parsed again.
+            let Some(to) = self.node_of(&self.tx.path.dgid) else {
+                self.drops += 1;
+                continue;
+            };
+            let node = &mut self.nodes[i];
             if self.cfg.ect && self.tx.ecn_capable() && self.tx.path.traffic_class & 3 == 0 {
                 self.tx.path.traffic_class |= 2;
             }
@@ -182,6 +186,7 @@ impl Fabric {
                 done + self.cfg.link_delay,
                 Ev::ToSwitch {
                     from: i,
+                    to,
                     priority,
                     ecn,
                     frame,
@@ -204,14 +209,11 @@ impl Fabric {
             match ev {
                 Ev::ToSwitch {
                     from,
+                    to,
                     priority,
                     ecn,
                     frame,
                 } => {
-                    let Some(to) = self.node_of(&frame) else {
-                        self.drops += 1;
-                        continue;
-                    };
                     let bytes = frame.len() as u64;
                     let f = Frame {
                         data: (frame, to),
