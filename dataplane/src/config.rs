@@ -93,7 +93,7 @@ pub struct RawConfig {
     /// `[dcqcn]`: ECN congestion control.
     #[serde(default)]
     pub dcqcn: RawDcqcn,
-    /// `[pfc]`: honouring the link partner's PFC or PAUSE frames.
+    /// `[pfc]`: PFC or PAUSE frames, honoured and sent.
     #[serde(default)]
     pub pfc: RawPfc,
     /// `[ets]`: bandwidth between the RNIC's traffic classes.
@@ -118,7 +118,8 @@ pub struct RawEts {
 
 /// `[pfc]`: PFC (802.1Qbb) or PAUSE (802.3x) frames from the link partner hold the RNIC's
 /// packets of the paused priorities; a storm watchdog stops honouring a priority paused for
-/// too long (SONiC's PFC watchdog).
+/// too long (SONiC's PFC watchdog). The RNIC sends them too, from its receive buffer's
+/// occupancy per priority (frames taken off the port and not yet handled).
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct RawPfc {
@@ -134,6 +135,13 @@ pub struct RawPfc {
     /// During a storm: `drop` (default: the priority's packets are discarded) or `forward`
     /// (they are sent regardless of pauses).
     pub watchdog_action: Option<String>,
+    /// Receive buffer per priority, KiB of mbuf memory the waiting frames hold (default
+    /// 1024). A lossy priority's frames past it are dropped (counted).
+    pub rx_buffer_kb: Option<u32>,
+    /// Of that, the headroom kept for what the peer sends after an XOFF, KiB (default half the
+    /// buffer): XOFF when a lossless priority holds `rx_buffer_kb - rx_headroom_kb`, XON at
+    /// half of that.
+    pub rx_headroom_kb: Option<u32>,
 }
 
 /// `[dcqcn]`: DCQCN's notification point (CNPs for CE-marked packets) and reaction point
@@ -422,6 +430,9 @@ pub struct RawFault {
     /// Hold every frame this many microseconds before it leaves (a long link, where this
     /// kernel has no netem). At most 10 s.
     pub delay_us: Option<u32>,
+    /// Handle at most this many received frames per second (0: no limit): a receiver too
+    /// slow for its link, whose backlog then builds in its receive buffer.
+    pub rx_pps: Option<u64>,
     /// RNG seed.
     pub seed: Option<u64>,
 }
@@ -474,6 +485,9 @@ pub struct FaultConfig {
     pub ce: f64,
     /// Hold every frame this long before it leaves (us).
     pub delay_us: u32,
+    /// Received frames handled per second at most (0: no limit; receive side, so not part of
+    /// [`FaultConfig::any`]).
+    pub rx_pps: u64,
     /// Seed.
     pub seed: u64,
 }
@@ -576,6 +590,37 @@ pub struct PfcConfig {
     pub mode: Mode,
     /// The storm watchdog (None: off).
     pub watchdog: Option<PfcWatchdog>,
+    /// Receive buffer per priority, bytes of mbuf memory (`rx_buffer_kb`).
+    pub rx_buffer: u64,
+    /// Headroom above the XOFF threshold, bytes (`rx_headroom_kb`).
+    pub rx_headroom: u64,
+}
+
+impl PfcConfig {
+    /// Default receive buffer per priority (1 MiB: 240 full-size frames in 4 KiB mbufs).
+    pub const DEFAULT_RX_BUFFER: u64 = 1 << 20;
+
+    /// The receive side's thresholds: XOFF at the buffer less its headroom, XON at half of
+    /// XOFF (a gap of many frames, so a receiver that just keeps up does not send a pause
+    /// frame per frame handled).
+    pub fn rx_thresholds(&self) -> dcb::pfc::Thresholds {
+        let xoff = self.rx_buffer - self.rx_headroom;
+        dcb::pfc::Thresholds {
+            xoff,
+            xon: xoff / 2,
+        }
+    }
+}
+
+impl Default for PfcConfig {
+    fn default() -> PfcConfig {
+        PfcConfig {
+            mode: Mode::Off,
+            watchdog: None,
+            rx_buffer: Self::DEFAULT_RX_BUFFER,
+            rx_headroom: Self::DEFAULT_RX_BUFFER / 2,
+        }
+    }
 }
 
 /// The PFC storm watchdog's settings.
@@ -774,6 +819,8 @@ impl RawConfig {
             "pfc.watchdog_ms" => self.pfc.watchdog_ms = Some(small(value, 3_600_000)? as u32),
             "pfc.restore_ms" => self.pfc.restore_ms = Some(small(value, 3_600_000)? as u32),
             "pfc.watchdog_action" => self.pfc.watchdog_action = Some(value.into()),
+            "pfc.rx_buffer_kb" => self.pfc.rx_buffer_kb = Some(small(value, 1 << 20)? as u32),
+            "pfc.rx_headroom_kb" => self.pfc.rx_headroom_kb = Some(small(value, 1 << 20)? as u32),
             "roce.send_window" => {
                 self.roce.send_window = Some(small(value, MAX_SEND_WINDOW as u64)? as u32)
             }
@@ -804,6 +851,7 @@ impl RawConfig {
             }
             "fault.seed" => self.fault.seed = Some(num(value)?),
             "fault.delay_us" => self.fault.delay_us = Some(small(value, 10_000_000)? as u32),
+            "fault.rx_pps" => self.fault.rx_pps = Some(small(value, 1 << 40)?),
             "host.socket" => self.host.socket = Some(value.into()),
             "host.group" => self.host.group = Some(value.into()),
             "host.mode" => self.host.mode = Some(value.into()),
@@ -1053,6 +1101,7 @@ impl RawConfig {
             reorder: prob("fault.reorder", self.fault.reorder)?,
             ce: prob("fault.ce", self.fault.ce)?,
             delay_us: self.fault.delay_us.unwrap_or(0),
+            rx_pps: self.fault.rx_pps.unwrap_or(0),
             seed: self.fault.seed.unwrap_or(1),
         };
         Ok(RnicConfig {
@@ -1169,7 +1218,28 @@ impl RawConfig {
             restore_ms: p.restore_ms.unwrap_or(200).max(1),
             action,
         });
-        Ok(PfcConfig { mode, watchdog })
+        let buffer = p
+            .rx_buffer_kb
+            .unwrap_or((PfcConfig::DEFAULT_RX_BUFFER >> 10) as u32);
+        if !(16..=65_536).contains(&buffer) {
+            return err(
+                "pfc.rx_buffer_kb",
+                format!("{buffer} is not between 16 and 65536 KiB"),
+            );
+        }
+        let headroom = p.rx_headroom_kb.unwrap_or(buffer / 2);
+        if headroom >= buffer {
+            return err(
+                "pfc.rx_headroom_kb",
+                format!("{headroom} leaves no room below it in a {buffer} KiB buffer"),
+            );
+        }
+        Ok(PfcConfig {
+            mode,
+            watchdog,
+            rx_buffer: (buffer as u64) << 10,
+            rx_headroom: (headroom as u64) << 10,
+        })
     }
 
     /// `[dcqcn]` as the engine's congestion configuration.
@@ -1605,6 +1675,7 @@ impl RnicConfig {
             t.push_str(&format!("{k} = {v:?}\n"));
         }
         t.push_str(&format!("delay_us = {}\n", f.delay_us));
+        t.push_str(&format!("rx_pps = {}\n", f.rx_pps));
         t.push_str(&format!("seed = {}\n", f.seed));
         out.push_str(&std::mem::take(&mut t));
         out.push_str("\n[host]\n");
@@ -1661,6 +1732,11 @@ impl RnicConfig {
             }
             None => t.push_str("watchdog_ms = 0\n"),
         }
+        t.push_str(&format!("rx_buffer_kb = {}\n", self.pfc.rx_buffer >> 10));
+        t.push_str(&format!(
+            "rx_headroom_kb = {}\n",
+            self.pfc.rx_headroom >> 10
+        ));
         out.push_str(&std::mem::take(&mut t));
         if let Some(e) = &self.ets {
             out.push_str("\n[ets]\n");
@@ -1824,6 +1900,8 @@ mod tests {
             bad("pfc.watchdog_action", "ignore").key,
             "pfc.watchdog_action"
         );
+        assert_eq!(bad("pfc.rx_buffer_kb", "8").key, "pfc.rx_buffer_kb");
+        assert_eq!(bad("pfc.rx_headroom_kb", "1024").key, "pfc.rx_headroom_kb");
         assert_eq!(bad("roce.trust", "vlan").key, "roce.trust");
         assert_eq!(bad("ets.bw", "50,50").key, "ets.bw");
         assert_eq!(bad("ets.bw", "50,0,0,40,0,0,0,0").key, "ets");
@@ -1849,7 +1927,16 @@ mod tests {
     fn pfc_and_trust_read_back_the_same() {
         let c = ok(
             "[port]\ndevice = \"net_null0\"\n[roce]\ntrust = \"dscp\"\n[pfc]\nmode = \"pfc\"\n\
-                    priorities = [3, 4]\nwatchdog_ms = 50\nwatchdog_action = \"forward\"",
+                    priorities = [3, 4]\nwatchdog_ms = 50\nwatchdog_action = \"forward\"\n\
+                    rx_buffer_kb = 256",
+        );
+        assert_eq!((c.pfc.rx_buffer, c.pfc.rx_headroom), (256 << 10, 128 << 10));
+        assert_eq!(
+            c.pfc.rx_thresholds(),
+            dcb::pfc::Thresholds {
+                xoff: 128 << 10,
+                xon: 64 << 10
+            }
         );
         assert_eq!(c.trust, Trust::Dscp);
         assert_eq!(c.pfc.mode, Mode::Pfc { enabled: 0b1_1000 });

@@ -3,10 +3,11 @@
 //! Owned by exactly one worker lcore (no locks on this path). Per iteration:
 //! 1. verbs commands from the applications' rings (before the burst: posted receive WRs are
 //!    there for the packets that arrive, as after a doorbell);
-//! 2. `rx_burst` and classification: RoCEv2 to the engine (segments passed in place), ARP /
-//!    ICMP / IPv6 ND to the neighbour layer, PFC and PAUSE counted (acted on in the DCB part),
-//!    IPv4 fragments and everything else counted and dropped; first of all, the packets this
-//!    port sent to its own GIDs last iteration (internal loopback);
+//! 2. `rx_burst` into the receive buffer (per-priority occupancy, PFC/PAUSE sent from it;
+//!    received PFC/PAUSE acted on at once), then classification of what the buffer releases:
+//!    RoCEv2 to the engine (segments passed in place), ARP / ICMP / IPv6 ND to the neighbour
+//!    layer, IPv4 fragments and everything else counted and dropped; first of all, the
+//!    packets this port sent to its own GIDs last iteration (internal loopback);
 //! 3. timers (engine and neighbours);
 //! 4. transmit: engine output built straight into mbufs (headers, payload gathered from the
 //!    registered memory, ICRC once), waiting (bounded) while the peer's MAC is resolved;
@@ -30,7 +31,7 @@ use roce::wire::opcode::Opcode;
 use crate::config::{FaultConfig, RnicConfig};
 use crate::host::{HostEnd, Owners};
 use crate::neighbor::{Neighbors, Resolve};
-use dcb::pfc::{PauseFrame, PauseState, StormAction, StormEvent, Watchdog};
+use dcb::pfc::{Ingress, PauseFrame, PauseState, StormAction, StormEvent, Watchdog};
 use ferroce_host::abi::{Command, HostLimits, ReplyData};
 use roce::engine::{VerbsError, VerbsResult};
 
@@ -50,6 +51,10 @@ const RX_BURSTS: usize = 4;
 /// Internal-loopback frames waiting for the next receive phase, at most (a bound that one
 /// iteration's transmit budget cannot reach; the surplus would be a counted drop).
 const MAX_LOOPBACK: usize = 4 * TX_BUDGET;
+/// Bursts taken into the receive buffer per iteration at most while it sends PFC: twice
+/// what one iteration hands on, so a backlog shows in the buffer, where it is counted per
+/// priority, rather than in the port's queue.
+const DRAIN_BURSTS: usize = 2 * RX_BURSTS;
 
 roce::counters!(
     /// Port-level counters of one RNIC.
@@ -78,6 +83,15 @@ roce::counters!(
         tx_storm_dropped,
         /// Priorities whose PFC the port's hardware does itself (0 on virtual devices).
         pfc_hw_priorities,
+        /// PFC frames sent (XOFF, their refreshes, and XON), from the receive buffer.
+        tx_pfc,
+        /// PAUSE frames sent (`pfc.mode = pause`).
+        tx_pause,
+        /// Frames dropped because their priority's receive buffer was full (a lossy
+        /// priority's, or a lossless one's past its headroom: the peer did not stop).
+        rx_buffer_discards,
+        /// Most bytes one priority held in the receive buffer (mbuf memory).
+        rx_buffer_peak,
         /// IPv4 fragments (never RoCE).
         rx_ipv4_fragments,
         /// Anything else, dropped.
@@ -233,6 +247,24 @@ struct Fault {
     delayed: VecDeque<(u64, Mbuf)>,
 }
 
+/// Frames taken off the receive queue and not yet handled: the RNIC's receive buffer. With
+/// PFC or PAUSE on (and not done by the port's hardware), its occupancy per priority sends
+/// XOFF and XON to the link partner, as a NIC's port buffer does; without, it holds no more
+/// than one iteration hands on, and a backlog stays in the port's queue.
+struct RxBuffer {
+    /// (priority, bytes charged, frame) in arrival order: frames are handled in the order
+    /// they came, whatever their priority (each QP's packets are in one priority).
+    frames: VecDeque<(u8, u32, Mbuf)>,
+    /// Occupancy and the pause frames it calls for (None: not sending PFC).
+    ingress: Option<Ingress>,
+    /// Most frames held at once (a bound on the mbufs held, below the pool's size).
+    max_frames: usize,
+    /// `fault.rx_pps`: frames that may be handled now (whole and 1e9ths), and when it was
+    /// last refilled.
+    tokens: u64,
+    tokens_at: u64,
+}
+
 /// A UD message waiting for a receive WQE ([`Nic`]'s `wants_hold`), parsed when it arrived.
 struct HeldUd {
     since: u64,
@@ -274,6 +306,7 @@ pub struct Nic {
     /// UD messages waiting for a receive WQE: (arrival time, QP, frame), in arrival order.
     held_rx: VecDeque<HeldUd>,
     rxbuf: Vec<Mbuf>,
+    rx: RxBuffer,
     txbuf: Vec<Mbuf>,
     tx: Transmit,
     ident: u16,
@@ -353,6 +386,16 @@ impl Nic {
         });
         let pause = PauseState::new(cfg.pfc.mode, cfg.speed_gbps.max(1) as u64 * 1000);
         let pfc_hw = hardware_pfc(&port, &cfg);
+        let rx = RxBuffer {
+            frames: VecDeque::with_capacity(2 * RX_BURSTS * BURST),
+            // A port whose hardware does PFC sends it from its own buffer, which only it
+            // sees; the software buffer then only feeds the engine.
+            ingress: (cfg.pfc.mode != dcb::pfc::Mode::Off && pfc_hw == 0)
+                .then(|| rx_ingress(&cfg, cfg.speed_gbps.max(1) as u64 * 1000)),
+            max_frames: (cfg.mbufs as usize / 4).max(RX_BURSTS * BURST),
+            tokens: 0,
+            tokens_at: 0,
+        };
         let watchdog = cfg.pfc.watchdog.map(|w| {
             Watchdog::new(
                 w.detect_ms as u64 * 1_000_000,
@@ -386,6 +429,7 @@ impl Nic {
             loopback: VecDeque::with_capacity(MAX_LOOPBACK),
             held_rx: VecDeque::with_capacity(hold_frames),
             rxbuf: Vec::with_capacity(BURST),
+            rx,
             txbuf: Vec::with_capacity(MAX_TX_BACKLOG + BURST),
             tx: Transmit::default(),
             ident: 0,
@@ -655,43 +699,17 @@ impl Nic {
         if !self.held_rx.is_empty() {
             work += self.release_held(now);
         }
-        // 2. Receive, up to RX_BURSTS bursts: more than one iteration's transmit budget, so
-        // a receiver keeps up with a sender that runs on the same worker (with one burst of
-        // 32 against 64 transmitted per iteration, a loopback link overflowed).
-        // With the UD wait list full, frames stay in the receive queue (a full receive
-        // buffer: on a ring link the sender's port then refuses frames, which holds its
-        // sender back; on a NIC the queue overflows into the NIC's drop counter).
-        let hold_cap = self.cfg.ud_rx_hold_frames.max(1) as usize;
-        // Internal loopback first: what this port sent to itself last iteration.
+        // 2. Receive: internal loopback first (what this port sent to itself last
+        // iteration), then the port's queue through the receive buffer.
         while let Some(m) = self.loopback.pop_front() {
             work += 1;
             if let Some(p) = self.rx_frame(now, &m) {
                 self.hold_ud(now, p, m);
             }
         }
-        for _ in 0..RX_BURSTS {
-            // A burst could be all UD messages to hold: take one only with room for it.
-            if self.cfg.ud_rx_hold_us > 0 && self.held_rx.len() + BURST > hold_cap.max(BURST) {
-                break;
-            }
-            if self.rxq.rx_burst(&mut self.rxbuf) == 0 {
-                break;
-            }
-            let mut rx = std::mem::take(&mut self.rxbuf);
-            work += rx.len();
-            let full = rx.len() == BURST;
-            for m in rx.drain(..) {
-                if let Some(p) = self.rx_frame(now, &m) {
-                    self.hold_ud(now, p, m);
-                }
-            }
-            self.rxbuf = rx;
-            if !full {
-                break;
-            }
-        }
+        work += self.receive(now);
         // 3. Timers.
-        let pausing = self.poll_pause(now);
+        let pausing = self.poll_pause(now) | self.refresh_pauses(now);
         if self.dev.poll_timeout().is_some_and(|t| t <= now) {
             self.dev.handle_timeout(now);
             work += 1;
@@ -729,6 +747,7 @@ impl Nic {
         // A paused or stormed priority counts too: pause expiry and the watchdog are timed.
         if work == 0
             && (pausing
+                || !self.rx.frames.is_empty()
                 || self
                     .dev
                     .poll_timeout()
@@ -737,6 +756,161 @@ impl Nic {
             work = 1;
         }
         work
+    }
+
+    /// Takes frames off the port's queue into the receive buffer and hands the buffer's
+    /// oldest to the engine; returns how many frames moved.
+    ///
+    /// At most `RX_BURSTS * BURST` frames are handled per iteration: more than one
+    /// iteration's transmit budget, so a receiver keeps up with a sender on the same worker
+    /// (with one burst of 32 against 64 transmitted per iteration, a loopback link
+    /// overflowed). While the RNIC sends PFC, the buffer takes up to twice that per
+    /// iteration, so a receiver that falls behind builds its backlog where it is counted per
+    /// priority: past a lossless priority's XOFF threshold the link partner is paused, and
+    /// resumed below XON. Without PFC the buffer takes only what is handled, and the backlog
+    /// stays in the port's queue (on a ring link, the sender's port then refuses frames, which
+    /// holds its sender back; on a NIC the queue overflows into the NIC's drop counter).
+    /// With the UD wait list full, frames stay in the buffer.
+    fn receive(&mut self, now: u64) -> usize {
+        let mut budget = RX_BURSTS * BURST;
+        if self.cfg.fault.rx_pps > 0 {
+            budget = budget.min(self.rx_tokens(now));
+        }
+        let target = if self.rx.ingress.is_some() {
+            self.rx.max_frames
+        } else {
+            budget
+        };
+        let mut work = 0;
+        for _ in 0..DRAIN_BURSTS {
+            let room = target.saturating_sub(self.rx.frames.len());
+            if room == 0 {
+                break;
+            }
+            let want = room.min(BURST);
+            let n = self.rxq.rx_burst_max(&mut self.rxbuf, want);
+            if n == 0 {
+                break;
+            }
+            work += n;
+            let mut rx = std::mem::take(&mut self.rxbuf);
+            for m in rx.drain(..) {
+                self.buffer_frame(now, m);
+            }
+            self.rxbuf = rx;
+            if n < want {
+                break;
+            }
+        }
+        let hold_cap = self.cfg.ud_rx_hold_frames.max(1) as usize;
+        let mut handled = 0;
+        while handled < budget {
+            // A frame could be a UD message to hold: take one only with room for it.
+            if self.cfg.ud_rx_hold_us > 0 && self.held_rx.len() >= hold_cap {
+                break;
+            }
+            let Some((p, charge, m)) = self.rx.frames.pop_front() else {
+                break;
+            };
+            handled += 1;
+            if let Some(f) = self
+                .rx
+                .ingress
+                .as_mut()
+                .and_then(|i| i.dequeue(p as usize, charge as u64))
+            {
+                self.send_pause(now, f);
+            }
+            if let Some(parsed) = self.rx_frame(now, &m) {
+                self.hold_ud(now, parsed, m);
+            }
+        }
+        if self.cfg.fault.rx_pps > 0 {
+            self.rx.tokens -= handled as u64 * 1_000_000_000;
+        }
+        work.max(handled)
+    }
+
+    /// A frame off the port's queue into the receive buffer: a PFC or PAUSE frame acts at
+    /// once (a pause is honoured within a frame time, and MAC control frames are never
+    /// buffered); another is charged to its priority, and dropped (counted) if that
+    /// priority's buffer is full.
+    fn buffer_frame(&mut self, now: u64, m: Mbuf) {
+        let Some(ingress) = self.rx.ingress.as_mut() else {
+            self.rx.frames.push_back((0, 0, m));
+            return;
+        };
+        let d = m.data();
+        if d.len() >= 14 && d[12..14] == [0x88, 0x08] {
+            self.rx_frame(now, &m);
+            return;
+        }
+        let p = self.dev.config().priorities.of_frame(d);
+        let charge = m.buffer_bytes() as u32;
+        let (fits, send) = ingress.enqueue(p as usize, charge as u64, now);
+        let held = ingress.occupancy(p as usize);
+        self.counters.rx_buffer_peak = self.counters.rx_buffer_peak.max(held);
+        if let Some(f) = send {
+            self.send_pause(now, f);
+        }
+        if fits {
+            self.rx.frames.push_back((p, charge, m));
+        } else {
+            self.counters.rx_frames += 1;
+            self.counters.rx_buffer_discards += 1;
+        }
+    }
+
+    /// The frames `fault.rx_pps` lets the receiver handle now (the bucket holds one
+    /// iteration's worth at most).
+    fn rx_tokens(&mut self, now: u64) -> usize {
+        const NS: u64 = 1_000_000_000;
+        let cap = (RX_BURSTS * BURST) as u64 * NS;
+        let r = &mut self.rx;
+        let elapsed = now.saturating_sub(r.tokens_at).min(NS);
+        r.tokens = (r.tokens + elapsed * self.cfg.fault.rx_pps).min(cap);
+        r.tokens_at = now;
+        (r.tokens / NS) as usize
+    }
+
+    /// Sends a PFC or PAUSE frame from the receive buffer ahead of the data waiting to
+    /// leave (a paused peer must hear of it now, not behind a burst).
+    fn send_pause(&mut self, now: u64, f: PauseFrame) {
+        match f {
+            PauseFrame::Pfc { .. } => self.counters.tx_pfc += 1,
+            PauseFrame::Pause { .. } => self.counters.tx_pause += 1,
+        }
+        let frame = f.emit(self.mac);
+        let Ok(mut m) = self.pool.alloc() else {
+            self.counters.tx_nombuf += 1;
+            return;
+        };
+        if !m.extend_from_slice(&frame) {
+            self.counters.tx_dropped += 1;
+            return;
+        }
+        self.tap(now, &[&frame]);
+        self.txbuf.insert(0, m);
+        self.flush();
+    }
+
+    /// Refreshes the XOFFs in force before the peer's pause runs out; returns whether the
+    /// receive buffer is pausing the peer (the worker then keeps polling).
+    fn refresh_pauses(&mut self, now: u64) -> bool {
+        let Some(ingress) = self.rx.ingress.as_mut() else {
+            return false;
+        };
+        let Some(t) = ingress.poll_timeout() else {
+            return false;
+        };
+        if t <= now {
+            let mut out = Vec::new();
+            ingress.handle_timeout(now, &mut out);
+            for f in out {
+                self.send_pause(now, f);
+            }
+        }
+        true
     }
 
     /// Whether a parsed RoCE frame is a UD message to hold: its QP has no receive WQE right
@@ -1215,6 +1389,9 @@ impl Nic {
     /// pause quanta are bit times at it.
     pub fn set_link_mbps(&mut self, mbps: u64) {
         self.pause = PauseState::new(self.pause.mode(), mbps.max(1));
+        if self.rx.ingress.is_some() && self.rx.frames.is_empty() {
+            self.rx.ingress = Some(rx_ingress(&self.cfg, mbps.max(1)));
+        }
     }
 
     /// A PFC or PAUSE frame from the link partner: counted, and honoured per priority as
@@ -1362,6 +1539,19 @@ impl Nic {
             let _ = t.w.flush();
         }
     }
+}
+
+/// The receive buffer's PFC state for `[pfc]` at `speed_mbps`: XOFF frames carry the
+/// longest pause (0xFFFF quanta) and are refreshed at half of it while the buffer stays
+/// above XON.
+fn rx_ingress(cfg: &RnicConfig, speed_mbps: u64) -> Ingress {
+    Ingress::new(
+        cfg.pfc.mode,
+        speed_mbps,
+        cfg.pfc.rx_buffer,
+        cfg.pfc.rx_thresholds(),
+        u16::MAX,
+    )
 }
 
 /// Asks a hardware NIC to do PFC itself on `[pfc]`'s priorities: it then honours the link

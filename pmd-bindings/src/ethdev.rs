@@ -631,8 +631,15 @@ impl RxQueue {
     /// the call then never allocates.
     #[inline]
     pub fn rx_burst(&mut self, out: &mut Vec<Mbuf>) -> usize {
+        self.rx_burst_max(out, usize::MAX)
+    }
+
+    /// Receives at most `max` frames (and at most the spare capacity of `out`), as
+    /// [`RxQueue::rx_burst`] does: for a receiver that takes only what it has room for.
+    #[inline]
+    pub fn rx_burst_max(&mut self, out: &mut Vec<Mbuf>, max: usize) -> usize {
         let len = out.len();
-        let room = (out.capacity() - len).min(u16::MAX as usize) as u16;
+        let room = (out.capacity() - len).min(max).min(u16::MAX as usize) as u16;
         if room == 0 {
             return 0;
         }

@@ -74,6 +74,22 @@ impl Mbuf {
         self.raw().data_len as usize
     }
 
+    /// Bytes of buffer memory the packet holds: the buffer size of every segment, whatever
+    /// part of it the data fills (what a frame costs a receive buffer counted in mbufs).
+    #[inline]
+    pub fn buffer_bytes(&self) -> usize {
+        let mut n = 0;
+        let mut m = self.0.as_ptr() as *const sys::rte_mbuf;
+        while !m.is_null() {
+            // SAFETY: `m` is a segment of the chain we own; `next` links it.
+            unsafe {
+                n += (*m).buf_len as usize;
+                m = (*m).next;
+            }
+        }
+        n
+    }
+
     /// Number of segments in the chain.
     #[inline]
     pub fn nb_segs(&self) -> u16 {

@@ -48,6 +48,15 @@ fn post(s: &mut Side, wr_id: u64, op: WrOp, off: u64, len: u32) {
         .expect("post_send");
 }
 
+/// Posts a signaled WRITE of `len` bytes from the start of A's buffer to the start of B's.
+fn post_write(a: &mut Side, b: &Side, wr_id: u64, len: u32) {
+    let op = WrOp::Write {
+        remote_addr: b.mr.addr,
+        rkey: b.mr.rkey.unwrap(),
+    };
+    post(a, wr_id, op, 0, len);
+}
+
 #[test]
 fn uc_and_ud_between_two_rnics() {
     // UC: SEND and WRITE with immediate.
@@ -239,16 +248,7 @@ fn a_delayed_port_stretches_the_round_trip() {
         let data = pattern(i as u32, 5000);
         a.buf.write(0, &data);
         let t = std::time::Instant::now();
-        post(
-            &mut a,
-            i,
-            WrOp::Write {
-                remote_addr: b.mr.addr,
-                rkey: b.mr.rkey.unwrap(),
-            },
-            0,
-            5000,
-        );
+        post_write(&mut a, &b, i, 5000);
         let c = wait_cq(&mut a, 1, 10);
         assert!(c.len() == 1 && c[0].status == WcStatus::Success, "{c:?}");
         // A lower bound only: the delay can only add time, whatever the machine's load.
@@ -285,16 +285,7 @@ fn ce_marks_bring_cnps_and_the_sender_slows_down() {
     let data = pattern(11, 64 * 1024);
     a.buf.write(0, &data);
     for i in 0..8u64 {
-        post(
-            &mut a,
-            i,
-            WrOp::Write {
-                remote_addr: b.mr.addr,
-                rkey: b.mr.rkey.unwrap(),
-            },
-            0,
-            64 * 1024,
-        );
+        post_write(&mut a, &b, i, 64 * 1024);
         let c = wait_cq(&mut a, 1, 20);
         assert!(c.len() == 1 && c[0].status == WcStatus::Success, "{c:?}");
         assert_eq!(b.buf.to_vec(0, 64 * 1024), data);
@@ -1037,6 +1028,7 @@ impl PfcRig {
         cfg.pfc = dataplane::config::PfcConfig {
             mode: dcb::pfc::Mode::Pfc { enabled: 1 << 3 },
             watchdog,
+            ..Default::default()
         };
         let (rt, rx, tx, pool) = raw_pair(cfg, name);
         let mk = |rt: &Runtime| {
@@ -1246,4 +1238,50 @@ fn the_pfc_watchdog_trips_on_a_peer_that_pauses_forever() {
         }
         drop(r.rt.stop());
     }
+}
+
+/// B handles at most 20 000 frames/s (`fault.rx_pps`, a host too slow for its link) while A
+/// may have 1024 packets in flight: B's backlog builds in its receive buffer, and at the
+/// XOFF threshold (128 KiB of mbufs, about 29 frames) B pauses A's priority 3 with PFC,
+/// resuming it below XON. The headroom (896 KiB, about 200 frames) holds what A sends
+/// before it hears the XOFF, so nothing is discarded and the data arrives whole; without the
+/// pauses A's window (1024 frames, 4 MiB of mbufs) would overflow the 1 MiB buffer.
+#[test]
+fn an_overloaded_receiver_pauses_its_sender_with_pfc() {
+    let mk = |host: u8| {
+        let mut c = test_config(host, 1024);
+        c.pcp = 3;
+        c.send_window = 1024;
+        c.pfc = dataplane::config::PfcConfig {
+            mode: dcb::pfc::Mode::Pfc { enabled: 1 << 3 },
+            watchdog: None,
+            rx_buffer: 1 << 20,
+            rx_headroom: 896 << 10,
+        };
+        c
+    };
+    let mut cb = mk(4);
+    cb.fault.rx_pps = 20_000;
+    let (rt, mut a, b) = pair_with(mk(3), cb, QpType::Rc);
+    let len = 256 * 1024u32;
+    let data = pattern(7, len as usize);
+    a.buf.write(0, &data);
+    for i in 0..8u64 {
+        post_write(&mut a, &b, i, len);
+    }
+    let c = wait_cq(&mut a, 8, 60);
+    assert_eq!(c.len(), 8, "{c:?}");
+    assert!(c.iter().all(|c| c.status == WcStatus::Success), "{c:?}");
+    assert_eq!(b.buf.to_vec(0, len as usize), data);
+    let snaps = rt.stop();
+    let (na, nb) = (&snaps[0].nic, &snaps[1].nic);
+    assert!(nb.tx_pfc >= 2, "B paused and resumed A: {nb:?}");
+    assert!(na.rx_pfc >= nb.tx_pfc, "A heard every pause frame: {na:?}");
+    assert_eq!(na.rx_pause_ignored, 0, "{na:?}");
+    assert_eq!(nb.rx_buffer_discards, 0, "{nb:?}");
+    assert!(
+        nb.rx_buffer_peak >= 128 << 10 && nb.rx_buffer_peak < 1 << 20,
+        "B's buffer reached XOFF and stayed in its buffer: {nb:?}"
+    );
+    assert_eq!(snaps[0].qps.retransmitted_pkts, 0, "{:?}", snaps[0].qps);
 }

@@ -149,6 +149,7 @@ fn a_slow_egress_with_pfc_pauses_the_sender_instead_of_dropping() {
     let pfc = PfcConfig {
         mode: Mode::Pfc { enabled: 1 },
         watchdog: None,
+        ..Default::default()
     };
     let mut ca = test_config(3, 1024);
     ca.pfc = pfc;

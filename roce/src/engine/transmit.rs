@@ -195,6 +195,27 @@ impl PriorityMap {
             Trust::Dscp => self.dscp(tc) >> 3,
         }
     }
+
+    /// The priority of a received Ethernet frame as this port classifies it (mlx5 `trust`):
+    /// the PCP of its VLAN tag, or DSCP / 8 of its IPv4/IPv6 header; a frame without the
+    /// field (untagged, or not IP) gets the port's default priority, the one its own
+    /// packets without SL carry. Short frames too.
+    pub fn of_frame(&self, f: &[u8]) -> u8 {
+        let tagged = f.len() >= 18 && f[12..14] == [0x81, 0x00];
+        match self.trust {
+            Trust::Pcp if tagged => f[14] >> 5,
+            Trust::Pcp => self.default_pcp & 7,
+            Trust::Dscp => {
+                let l3 = if tagged { 18 } else { 14 };
+                let tos = match f.get(l3 - 2..l3).map(|e| [e[0], e[1]]) {
+                    Some([0x08, 0x00]) if f.len() > l3 + 1 => f[l3 + 1],
+                    Some([0x86, 0xdd]) if f.len() > l3 + 1 => (f[l3] << 4) | (f[l3 + 1] >> 4),
+                    _ => return self.default_pcp & 7,
+                };
+                tos >> 5
+            }
+        }
+    }
 }
 
 /// One packet to send.
@@ -330,6 +351,40 @@ mod tests {
         // ud_pingpong: QP 0x13 sent from 53368, QP 0x1a from 64407.
         assert_eq!(udp_sport_ud(0x13), 53368);
         assert_eq!(udp_sport_ud(0x1a), 64407);
+    }
+
+    #[test]
+    fn received_frames_get_the_priority_the_trust_mode_reads() {
+        let pcp = PriorityMap {
+            trust: Trust::Pcp,
+            default_pcp: 3,
+            default_dscp: 0,
+        };
+        let dscp = PriorityMap {
+            trust: Trust::Dscp,
+            ..pcp
+        };
+        // Untagged IPv4 with DSCP 48 (priority 6).
+        let mut v4 = vec![0u8; 60];
+        v4[12..14].copy_from_slice(&[0x08, 0x00]);
+        v4[15] = (48 << 2) | 2;
+        assert_eq!(pcp.of_frame(&v4), 3, "untagged: the port's default");
+        assert_eq!(dscp.of_frame(&v4), 6);
+        // Tagged PCP 5 over IPv6 with DSCP 26 (priority 3).
+        let mut t6 = vec![0u8; 80];
+        t6[12..14].copy_from_slice(&[0x81, 0x00]);
+        t6[14] = 5 << 5;
+        t6[16..18].copy_from_slice(&[0x86, 0xdd]);
+        t6[18] = 0x60 | (26 >> 2);
+        t6[19] = (26 & 3) << 6;
+        assert_eq!(pcp.of_frame(&t6), 5);
+        assert_eq!(dscp.of_frame(&t6), 3);
+        // ARP and a runt: the default.
+        let mut arp = vec![0u8; 60];
+        arp[12..14].copy_from_slice(&[0x08, 0x06]);
+        assert_eq!(dscp.of_frame(&arp), 3);
+        assert_eq!(dscp.of_frame(&[0u8; 10]), 3);
+        assert_eq!(pcp.of_frame(&[0u8; 10]), 3);
     }
 
     #[test]
