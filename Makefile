@@ -2,7 +2,8 @@
 #   make demo   - install what is missing, build, run the main job on the embedded default
 #   make test   - install what is missing, run every test (unit, integration, interop)
 #   make demo-incast - 8:1 incast of ferroce RNICs through the switch model, with and
-#                 without DCQCN (simulated time), with a plot
+#                 without DCQCN (simulated time), then the same on DPDK through the
+#                 emulated switch (real time, slowed 10x), with plots
 #   make install PREFIX=/usr/local - rnicd, rnic-perf, rnic-ctl, rnic-pcap, rnic-sim (with
 #                 man pages, bash/zsh/fish completions, a systemd unit for rnicd), the C client
 #                 (libferroce_client.so, ferroce.h, ferroce.pc), ferroce-run and the drop-in
@@ -33,11 +34,13 @@ demo: deps
 	@bash scripts/demo.sh
 
 # 8:1 incast of ferroce RNICs (the transport engine) through the switch model, on simulated
-# time: PFC only, DCQCN paper and firmware side by side (docs/dcb.md).
+# time: PFC only, DCQCN paper and firmware side by side; then the same RNICs on DPDK through
+# the emulated switch, in real time, slowed down 10x (docs/dcb.md).
 demo-incast: deps
 	$(CARGO) build --release -p ferroce-tools
 	target/release/rnic-sim rnics --senders 8 --rate 25 --png target/incast.png --csv target/incast.csv
-	@echo "plot: target/incast.png, samples: target/incast.csv"
+	target/release/rnic-sim rnics --senders 8 --rate 25 --dpdk 10 --png target/incast-dpdk.png --csv target/incast-dpdk.csv
+	@echo "plots: target/incast.png, target/incast-dpdk.png; samples: target/incast.csv, target/incast-dpdk.csv"
 
 test: test-deps
 	# The C client's shared library, which the tests link the C example against.

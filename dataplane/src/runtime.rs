@@ -12,7 +12,7 @@ use crate::config::{RawConfig, RnicConfig};
 use crate::host::host_end;
 use crate::local::{context, Context, LocalChannel};
 use crate::nic::Nic;
-use crate::switch::{SwitchDev, SwitchSettings, SwitchStats};
+use crate::switch::{QueueSample, SwitchDev, SwitchSettings, SwitchStats};
 use crate::worker::{Backoff, Control, NicSnapshot, Worker, WorkerCell};
 use ferroce_host::abi::{ClientLimits, HostLimits};
 use ferroce_host::app::ClientRings;
@@ -89,6 +89,7 @@ pub struct Runtime {
     control: Arc<SegQueue<Control>>,
     stats: Vec<Arc<Mutex<NicSnapshot>>>,
     switch_stats: Mutex<Vec<Arc<Mutex<SwitchStats>>>>,
+    switch_samples: Mutex<Vec<Arc<Mutex<Vec<QueueSample>>>>>,
     configs: Vec<RnicConfig>,
     macs: Vec<[u8; 6]>,
     limits: Vec<HostLimits>,
@@ -199,12 +200,33 @@ impl Runtime {
             ports.push(p_sw);
         }
         let sw = SwitchDev::new(ports, pool, settings).map_err(StartError::Other)?;
+        let samples = sw.samples();
         let slot = Arc::new(Mutex::new(SwitchStats::default()));
         let rt = Self::spawn_with(nics, vec![(sw, slot.clone())])?;
         if let Ok(mut s) = rt.switch_stats.lock() {
             s.push(slot);
         }
+        if let Ok(mut s) = rt.switch_samples.lock() {
+            s.push(samples);
+        }
         Ok(rt)
+    }
+
+    /// The queue samples emulated switch `index` recorded since the last call
+    /// (`SwitchSettings::sample_us`), oldest first.
+    pub fn take_switch_samples(&self, index: usize) -> Vec<QueueSample> {
+        let slot = match self.switch_samples.lock() {
+            Ok(slots) => slots.get(index).cloned(),
+            Err(_) => None,
+        };
+        let Some(slot) = slot else {
+            return Vec::new();
+        };
+        let taken = match slot.lock() {
+            Ok(mut v) => std::mem::take(&mut *v),
+            Err(_) => Vec::new(),
+        };
+        taken
     }
 
     /// The counters of emulated switch `index` (published about every millisecond).
@@ -262,6 +284,7 @@ impl Runtime {
             control,
             stats,
             switch_stats: Mutex::new(Vec::new()),
+            switch_samples: Mutex::new(Vec::new()),
             configs,
             macs,
             limits,

@@ -16,7 +16,7 @@
 //! The worker polls it like an RNIC ([`SwitchDev::poll`]), in the same loop.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use dcb::ecn::Red;
 use dcb::pfc::{Mode, PauseFrame, Thresholds};
@@ -64,6 +64,9 @@ pub struct SwitchSettings {
     /// Capture every frame the switch sends, on any port, as it leaves (after marking; PFC
     /// frames included), like a mirror port.
     pub pcap: Option<std::path::PathBuf>,
+    /// Record the bytes queued at every egress port this often, us (0: never); taken with
+    /// `Runtime::take_switch_samples`.
+    pub sample_us: u32,
 }
 
 impl Default for SwitchSettings {
@@ -82,9 +85,16 @@ impl Default for SwitchSettings {
                 xon: 200_000 - 2 * 9000,
             },
             pcap: None,
+            sample_us: 0,
         }
     }
 }
+
+/// The bytes queued at every egress port at one time (ns, the worker's clock).
+pub type QueueSample = (u64, Vec<u64>);
+
+/// Queue samples kept until taken, at most (later ones are dropped): 100 s at 100 us.
+const MAX_SAMPLES: usize = 1 << 20;
 
 /// Counters of the emulated switch besides the model's.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -149,6 +159,10 @@ pub struct SwitchDev {
     delay_ns: u64,
     rxbuf: Vec<Mbuf>,
     tap: Option<Tap>,
+    /// Queue samples (`SwitchSettings::sample_us`), shared with whoever takes them.
+    samples: Arc<Mutex<Vec<QueueSample>>>,
+    sample_ns: u64,
+    next_sample: u64,
     /// Counters.
     pub stats: SwitchStats,
 }
@@ -206,8 +220,16 @@ impl SwitchDev {
                 Some(p) => Some(Tap::create(p, 262_144, true, "switch pcap")?),
                 None => None,
             },
+            samples: Arc::new(Mutex::new(Vec::new())),
+            sample_ns: s.sample_us as u64 * 1000,
+            next_sample: 0,
             stats: SwitchStats::default(),
         })
+    }
+
+    /// Where the queue samples go (empty unless `SwitchSettings::sample_us` is set).
+    pub fn samples(&self) -> Arc<Mutex<Vec<QueueSample>>> {
+        self.samples.clone()
     }
 
     /// Counters, with the model's.
@@ -297,6 +319,15 @@ impl SwitchDev {
         }
         if (0..self.ports.len()).any(|p| self.sw.queued(p) > 0) {
             work += 1;
+        }
+        if self.sample_ns > 0 && now >= self.next_sample {
+            self.next_sample = now - now % self.sample_ns + self.sample_ns;
+            let q = (0..self.ports.len()).map(|p| self.sw.queued(p)).collect();
+            if let Ok(mut v) = self.samples.lock() {
+                if v.len() < MAX_SAMPLES {
+                    v.push((now, q));
+                }
+            }
         }
         work
     }

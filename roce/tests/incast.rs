@@ -13,6 +13,7 @@ const MS: u64 = 1_000_000;
 fn run(dcqcn: Option<Variant>) -> IncastOutcome {
     incast(&Incast {
         senders: 8,
+        depth: 4,
         link_mbps: 25_000.0,
         dcqcn,
         from: 5 * MS,

@@ -4,6 +4,7 @@
 #![warn(missing_docs)]
 
 pub mod docgen;
+pub mod dpdk_incast;
 pub mod pcap_tool;
 pub mod perf;
 pub mod plot;

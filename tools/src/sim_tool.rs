@@ -438,9 +438,16 @@ pub fn compare_figure(
 /// `rnic-sim rnics`: an N:1 incast of ferroce RNICs (the transport engine itself, with its
 /// DCQCN and PFC hold) through dcb's switch model, on simulated time
 /// (`roce::sim::fabric::incast`); measured over the last four fifths of the run.
-pub fn rnics(senders: usize, gbps: f64, preset: Option<Preset>, duration_ns: u64) -> IncastOutcome {
+pub fn rnics(
+    senders: usize,
+    depth: u64,
+    gbps: f64,
+    preset: Option<Preset>,
+    duration_ns: u64,
+) -> IncastOutcome {
     fabric::incast(&Incast {
         senders,
+        depth,
         link_mbps: gbps * 1000.0,
         dcqcn: preset.map(|p| match p {
             Preset::Paper => Variant::Paper,
@@ -491,21 +498,23 @@ pub fn rnics_csv(path: &Path, runs: &[(String, IncastOutcome)]) -> Result<(), St
         .map_err(|e| e.to_string())
 }
 
-/// The `rnics` figure: each scenario's per-sender goodput, then the bottleneck queues.
+/// The `rnics` figure: each scenario's per-sender goodput (averaged over `avg_us`), then the
+/// bottleneck queues.
 pub fn rnics_figure(
     path: &Path,
     runs: &[(String, IncastOutcome)],
     title: &str,
+    avg_us: f64,
 ) -> Result<(), String> {
     let mut panels = Vec::new();
     for (name, o) in runs {
         let n = o.per_sender.len();
-        // Goodput comes in 64 KiB completions: averaged over 1 ms to read as a rate.
+        // Goodput comes in 64 KiB completions: averaged to read as a rate.
         let dt = match o.series.as_slice() {
             [a, b, ..] => (b.0 - a.0).max(1.0),
-            _ => 1000.0,
+            _ => avg_us,
         };
-        let w = ((1000.0 / dt) as usize).max(1);
+        let w = ((avg_us / dt) as usize).max(1);
         let series = (0..n)
             .map(|s| Series {
                 name: format!("sender {s}"),
@@ -520,7 +529,10 @@ pub fn rnics_figure(
             })
             .collect();
         panels.push(Panel {
-            title: format!("{title}: {name}, goodput per sender (1 ms average)"),
+            title: format!(
+                "{title}: {name}, goodput per sender ({} ms average)",
+                avg_us / 1000.0
+            ),
             x_label: "time (us)".into(),
             y_label: "Gb/s".into(),
             series,

@@ -339,13 +339,17 @@ impl Fabric {
 }
 
 /// An N:1 incast through the fabric: `senders` nodes each keep 64 KiB RDMA WRITEs going
-/// (4 outstanding) to one receiver over links of `link_mbps` (1 us each way), every QP on
+/// (`depth` outstanding) to one receiver over links of `link_mbps` (1 us each way), every QP on
 /// the lossless priority 3, the switch with PFC on it (XOFF 200 KB per ingress port) and,
 /// with DCQCN, RED marking scaled to the link (Kmin 100 KB, Kmax 400 KB per 25 Gb/s).
 #[derive(Debug, Clone)]
 pub struct Incast {
     /// Senders.
     pub senders: usize,
+    /// WRITEs each sender keeps outstanding (4 in the published runs; with 16, a sender's
+    /// window - 128 packets, 512 KiB - exceeds what an ingress port holds above XOFF, so
+    /// only honoured pauses keep the switch from dropping).
+    pub depth: u64,
     /// Link rate, Mb/s.
     pub link_mbps: f64,
     /// DCQCN's variant (NP interval: the paper's 50 us, the firmware's 4 us), or none.
@@ -454,7 +458,7 @@ pub fn incast(s: &Incast) -> IncastOutcome {
     let mut f = Fabric::new(cfg);
     let o = ConnectOpts {
         mtu: Mtu::M4096,
-        mem_len: 8 * MSG as usize,
+        mem_len: s.depth.max(1) as usize * 2 * MSG as usize,
         depth: 16,
         timeout: 14,
         ..Default::default()
@@ -462,6 +466,7 @@ pub fn incast(s: &Incast) -> IncastOutcome {
     let rx = s.senders;
     let eps: Vec<_> = (0..s.senders).map(|n| f.connect(n, rx, &o)).collect();
     let mut posted = vec![0u64; s.senders];
+    let mut seq = vec![0u64; s.senders];
     let mut done = vec![0u64; s.senders];
     let mut bytes = vec![0u64; s.senders];
     let mut out = IncastOutcome::default();
@@ -477,8 +482,9 @@ pub fn incast(s: &Incast) -> IncastOutcome {
                     bytes[n] += MSG as u64;
                 }
             }
-            while posted[n] < 4 {
-                let off = (posted[n] % 8) * MSG as u64;
+            while posted[n] < s.depth.max(1) {
+                let off = (seq[n] % (2 * s.depth.max(1))) * MSG as u64;
+                seq[n] += 1;
                 f.nodes[n]
                     .dev
                     .post_send(

@@ -9,7 +9,9 @@
 //! - `rnic-sim compare`: the paper's and the firmware's DCQCN side by side;
 //! - `rnic-sim rnics --senders N --rate GBPS [--dcqcn off|paper|nvidia]`: an N:1 incast of
 //!   ferroce's own transport engines through dcb's switch model (without `--dcqcn`: PFC only,
-//!   the paper's and the firmware's DCQCN, side by side).
+//!   the paper's and the firmware's DCQCN, side by side); with `--dpdk K` the same incast
+//!   runs for real, ferroce RNICs on DPDK through the emulated switch in real time, slowed
+//!   down K times.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -115,6 +117,14 @@ enum Cmd {
         /// Simulated time, ms (measured over the last four fifths).
         #[arg(long, default_value_t = 25.0)]
         duration: f64,
+        /// WRITEs each sender keeps outstanding (1..=64).
+        #[arg(long, default_value_t = 4)]
+        depth: u64,
+        /// Run it for real instead: ferroce RNICs on DPDK through the emulated switch, in
+        /// real time, slowed down K times (rates / K, times x K; the figures are the real,
+        /// slowed ones).
+        #[arg(long, value_name = "K")]
+        dpdk: Option<f64>,
         /// CSV output (scenario,time_us,sender,goodput_gbps,queue_kb).
         #[arg(long)]
         csv: Option<PathBuf>,
@@ -260,10 +270,15 @@ fn run(cli: Cli) -> Result<(), String> {
             rate,
             dcqcn,
             duration,
+            depth,
+            dpdk,
             csv,
             png,
         } => {
             let (n, d) = (count(senders, "senders")?, ms(duration)?);
+            if !(1..=64).contains(&depth) {
+                return Err(format!("--depth {depth}: 1..=64 WRITEs"));
+            }
             let n = if n > 64 {
                 return Err(format!("--senders {n}: 1..=64 RNICs"));
             } else {
@@ -285,24 +300,53 @@ fn run(cli: Cli) -> Result<(), String> {
                 Some(x) => return Err(format!("--dcqcn {x}: off, paper or nvidia")),
             };
             use std::io::Write as _;
-            let _ = writeln!(
-                out,
-                "{n}:1 incast of ferroce RNICs, {rate} Gb/s links (1 us), 64 KiB WRITEs, {} ms simulated (measured from {} ms); bottleneck payload share {:.2} Gb/s",
-                d / 1_000_000,
-                d / 5_000_000,
-                rate * 4096.0 / 4174.0
-            );
             let mut runs = Vec::new();
-            for (name, preset) in chosen {
-                let o = st::rnics(n, rate, preset, d);
-                st::print_rnics(name, &o, &mut out);
-                runs.push((name.to_string(), o));
+            if let Some(k) = dpdk {
+                let spec = |preset| ferroce_tools::dpdk_incast::DpdkIncast {
+                    senders: n,
+                    depth,
+                    gbps: rate,
+                    slowdown: k,
+                    preset,
+                    duration_ns: d,
+                };
+                let link = spec(None).link_mbps() / 1000.0;
+                let _ = writeln!(
+                    out,
+                    "{n}:1 incast of ferroce RNICs on DPDK through the emulated switch, the {rate} Gb/s scenario slowed {k}x: {link:.3} Gb/s links ({} us delay), 64 KiB WRITEs {depth} deep, {:.0} ms real time (measured from {:.0} ms); bottleneck payload share {:.3} Gb/s",
+                    2.0 * k,
+                    d as f64 * k / 1e6,
+                    d as f64 * k / 5e6,
+                    link * 4096.0 / 4174.0
+                );
+                for (name, preset) in chosen {
+                    let o = ferroce_tools::dpdk_incast::run(&spec(preset))?;
+                    st::print_rnics(name, &o, &mut out);
+                    runs.push((name.to_string(), o));
+                }
+            } else {
+                let _ = writeln!(
+                    out,
+                    "{n}:1 incast of ferroce RNICs, {rate} Gb/s links (1 us), 64 KiB WRITEs {depth} deep, {} ms simulated (measured from {} ms); bottleneck payload share {:.2} Gb/s",
+                    d / 1_000_000,
+                    d / 5_000_000,
+                    rate * 4096.0 / 4174.0
+                );
+                for (name, preset) in chosen {
+                    let o = st::rnics(n, depth, rate, preset, d);
+                    st::print_rnics(name, &o, &mut out);
+                    runs.push((name.to_string(), o));
+                }
             }
             if let Some(p) = csv {
                 st::rnics_csv(&p, &runs)?;
             }
             if let Some(p) = png {
-                st::rnics_figure(&p, &runs, &format!("{n}:1, {rate} Gb/s"))?;
+                let (title, avg_us) = match dpdk {
+                    Some(k) => (format!("{n}:1 on DPDK, {rate}/{k} Gb/s"), 1000.0 * k),
+                    None => (format!("{n}:1, {rate} Gb/s"), 1000.0),
+                };
+                st::rnics_figure(&p, &runs, &title, avg_us)?;
             }
         }
         Cmd::Compare {
