@@ -99,6 +99,44 @@ pub struct RawConfig {
     /// `[ets]`: bandwidth between the RNIC's traffic classes.
     #[serde(default)]
     pub ets: RawEts,
+    /// `[switch]`: an emulated switch between the RNIC and its port.
+    #[serde(default)]
+    pub switch: RawSwitch,
+}
+
+/// `[switch]`: an emulated switch on DPDK (`dataplane::switch`: shared buffer, shaped links,
+/// delay, ECN marking, PFC) between the RNIC and its port, so a congested or long link shows
+/// on any port: the RNIC on switch port 0 (a ring link in the process), the port on switch
+/// port 1. Off unless `enabled`.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RawSwitch {
+    /// Put the switch in (default false).
+    pub enabled: Option<bool>,
+    /// Rate of the port's link, Mb/s, both ways (default 10000).
+    pub rate_mbps: Option<f64>,
+    /// Rate of the RNIC's link to the switch, Mb/s (default `rate_mbps`).
+    pub rnic_mbps: Option<f64>,
+    /// Propagation delay on every egress, us (default 0; at most 10 s).
+    pub delay_us: Option<u32>,
+    /// Shared buffer, KiB (default 4096).
+    pub buffer_kb: Option<u32>,
+    /// ECN marking (RED on the bytes queued in a class, at dequeue): start, KiB.
+    pub ecn_kmin_kb: Option<u32>,
+    /// ECN marking: full `ecn_pmax` at this many KiB.
+    pub ecn_kmax_kb: Option<u32>,
+    /// ECN marking probability at Kmax (default 0.2).
+    pub ecn_pmax: Option<f64>,
+    /// Priorities with PFC at the switch (default none).
+    pub pfc: Option<Vec<u8>>,
+    /// XOFF per ingress port and priority, KiB (default 200).
+    pub xoff_kb: Option<u32>,
+    /// XON, KiB (default XOFF less 8, two 4 KiB frames).
+    pub xon_kb: Option<u32>,
+    /// What an ingress port may bring in above XOFF before drops, KiB (default 256).
+    pub headroom_kb: Option<u32>,
+    /// Capture every frame the switch sends to this file.
+    pub pcap: Option<String>,
 }
 
 /// `[ets]`: Enhanced Transmission Selection (IEEE 802.1Qaz) between the RNIC's traffic
@@ -581,6 +619,9 @@ pub struct RnicConfig {
     pub trust: Trust,
     /// ETS between traffic classes (`[ets]`; `None`: one round robin over every QP).
     pub ets: Option<EtsConfig>,
+    /// An emulated switch between the RNIC and its port (`[switch]`; `None`: none). Its
+    /// port 0 is the RNIC's link, port 1 the port's.
+    pub switch: Option<crate::switch::SwitchSettings>,
 }
 
 /// `[pfc]`, validated.
@@ -850,6 +891,34 @@ impl RawConfig {
                 }
             }
             "fault.seed" => self.fault.seed = Some(num(value)?),
+            "switch.enabled" => self.switch.enabled = Some(boolean(value)?),
+            "switch.rate_mbps" | "switch.rnic_mbps" | "switch.ecn_pmax" => {
+                let v: f64 = value.parse().map_err(|_| ConfigError {
+                    key: key.into(),
+                    problem: format!("{value:?} is not a number"),
+                })?;
+                match key {
+                    "switch.rate_mbps" => self.switch.rate_mbps = Some(v),
+                    "switch.rnic_mbps" => self.switch.rnic_mbps = Some(v),
+                    _ => self.switch.ecn_pmax = Some(v),
+                }
+            }
+            "switch.delay_us" => self.switch.delay_us = Some(small(value, 10_000_000)? as u32),
+            "switch.buffer_kb" | "switch.ecn_kmin_kb" | "switch.ecn_kmax_kb" | "switch.xoff_kb"
+            | "switch.xon_kb" | "switch.headroom_kb" => {
+                let v = Some(small(value, 1 << 20)? as u32);
+                let w = &mut self.switch;
+                match key {
+                    "switch.buffer_kb" => w.buffer_kb = v,
+                    "switch.ecn_kmin_kb" => w.ecn_kmin_kb = v,
+                    "switch.ecn_kmax_kb" => w.ecn_kmax_kb = v,
+                    "switch.xoff_kb" => w.xoff_kb = v,
+                    "switch.xon_kb" => w.xon_kb = v,
+                    _ => w.headroom_kb = v,
+                }
+            }
+            "switch.pfc" => self.switch.pfc = Some(bytes(value)?),
+            "switch.pcap" => self.switch.pcap = Some(value.into()),
             "fault.delay_us" => self.fault.delay_us = Some(small(value, 10_000_000)? as u32),
             "fault.rx_pps" => self.fault.rx_pps = Some(small(value, 1 << 40)?),
             "host.socket" => self.host.socket = Some(value.into()),
@@ -1089,6 +1158,7 @@ impl RawConfig {
         let dcqcn = self.dcqcn_config(self.port.speed_gbps.unwrap_or(100))?;
         let pfc = self.pfc_config()?;
         let ets = self.ets_config()?;
+        let switch = self.switch_config()?;
         let trust = match self.roce.trust.as_deref() {
             None | Some("pcp") => Trust::Pcp,
             Some("dscp") => Trust::Dscp,
@@ -1142,7 +1212,85 @@ impl RawConfig {
             pfc,
             trust,
             ets,
+            switch,
         })
+    }
+
+    /// `[switch]` validated (`None` unless enabled).
+    fn switch_config(&self) -> Result<Option<crate::switch::SwitchSettings>, ConfigError> {
+        let w = &self.switch;
+        if !w.enabled.unwrap_or(false) {
+            return Ok(None);
+        }
+        let rate = |key: &str, v: Option<f64>, default: f64| -> Result<f64, ConfigError> {
+            match v.unwrap_or(default) {
+                r if r > 0.0 && r <= 400_000.0 => Ok(r),
+                r => err(key, format!("{r} Mb/s is not in (0, 400000]")),
+            }
+        };
+        let mbps = rate("switch.rate_mbps", w.rate_mbps, 10_000.0)?;
+        let rnic = rate("switch.rnic_mbps", w.rnic_mbps, mbps)?;
+        let delay_us = w.delay_us.unwrap_or(0);
+        if delay_us > 10_000_000 {
+            return err("switch.delay_us", format!("{delay_us} exceeds 10 s"));
+        }
+        let kib = |v: u32| v as u64 * 1024;
+        let buffer = kib(w.buffer_kb.unwrap_or(4096));
+        if !(64 << 10..=1 << 30).contains(&buffer) {
+            return err("switch.buffer_kb", "between 64 KiB and 1 GiB");
+        }
+        let red = match (w.ecn_kmin_kb, w.ecn_kmax_kb) {
+            (None, None) if w.ecn_pmax.is_none() => None,
+            (Some(lo), Some(hi)) if lo <= hi => {
+                let pmax = w.ecn_pmax.unwrap_or(0.2);
+                if !(pmax > 0.0 && pmax <= 1.0) {
+                    return err("switch.ecn_pmax", format!("{pmax} is not in (0, 1]"));
+                }
+                Some(dcb::ecn::Red {
+                    kmin: kib(lo),
+                    kmax: kib(hi),
+                    pmax,
+                })
+            }
+            _ => {
+                return err(
+                    "switch.ecn_kmin_kb",
+                    "ECN marking needs ecn_kmin_kb <= ecn_kmax_kb, both set",
+                )
+            }
+        };
+        let mut enabled = 0u8;
+        for &p in w.pfc.as_deref().unwrap_or(&[]) {
+            if p > 7 {
+                return err("switch.pfc", format!("{p} is not a priority (0..=7)"));
+            }
+            enabled |= 1 << p;
+        }
+        let xoff_kb = w.xoff_kb.unwrap_or(200);
+        let xoff = kib(xoff_kb);
+        let xon = kib(w.xon_kb.unwrap_or(xoff_kb.saturating_sub(8)));
+        if xon >= xoff || xoff >= buffer {
+            return err(
+                "switch.xoff_kb",
+                "XON must be below XOFF, and XOFF below the buffer",
+            );
+        }
+        Ok(Some(crate::switch::SwitchSettings {
+            rate_mbps: mbps,
+            port_mbps: vec![rnic, mbps],
+            headroom: kib(w.headroom_kb.unwrap_or(256)),
+            delay_us,
+            buffer,
+            red,
+            pfc: if enabled == 0 {
+                Mode::Off
+            } else {
+                Mode::Pfc { enabled }
+            },
+            thresholds: dcb::pfc::Thresholds { xoff, xon },
+            pcap: w.pcap.as_ref().map(PathBuf::from),
+            sample_us: 0,
+        }))
     }
 
     /// `[ets]` validated (`None` when no key is set).
@@ -1760,6 +1908,35 @@ impl RnicConfig {
             ));
             out.push_str(&std::mem::take(&mut t));
         }
+        if let Some(w) = &self.switch {
+            out.push_str("\n[switch]\nenabled = true\n");
+            t.push_str(&format!("rate_mbps = {:?}\n", w.rate_mbps));
+            if let Some(r) = w.port_mbps.first() {
+                t.push_str(&format!("rnic_mbps = {r:?}\n"));
+            }
+            t.push_str(&format!("delay_us = {}\n", w.delay_us));
+            t.push_str(&format!("buffer_kb = {}\n", w.buffer >> 10));
+            if let Some(r) = &w.red {
+                t.push_str(&format!("ecn_kmin_kb = {}\n", r.kmin >> 10));
+                t.push_str(&format!("ecn_kmax_kb = {}\n", r.kmax >> 10));
+                t.push_str(&format!("ecn_pmax = {:?}\n", r.pmax));
+            }
+            let prios: Vec<String> = match w.pfc {
+                Mode::Pfc { enabled } => (0..8)
+                    .filter(|p| enabled & (1 << p) != 0)
+                    .map(|p| p.to_string())
+                    .collect(),
+                _ => Vec::new(),
+            };
+            t.push_str(&format!("pfc = [{}]\n", prios.join(", ")));
+            t.push_str(&format!("xoff_kb = {}\n", w.thresholds.xoff >> 10));
+            t.push_str(&format!("xon_kb = {}\n", w.thresholds.xon >> 10));
+            t.push_str(&format!("headroom_kb = {}\n", w.headroom >> 10));
+            if let Some(p) = &w.pcap {
+                t.push_str(&format!("pcap = {}\n", q(&p.display().to_string())));
+            }
+            out.push_str(&std::mem::take(&mut t));
+        }
         out.push_str("\n[dcqcn]\n");
         let c = &self.dcqcn;
         t.push_str(&format!("np = {}\n", c.np_min_interval_ns.is_some()));
@@ -1910,6 +2087,46 @@ mod tests {
             "ets.tsa"
         );
         assert_eq!(bad("ets.prio_tc", "0,1,2,3,4,5,6,9").key, "ets");
+    }
+
+    #[test]
+    fn switch_reads_back_the_same_and_refuses_nonsense() {
+        let none = ok("[port]\ndevice = \"net_null0\"\n[switch]\nrate_mbps = 5");
+        assert_eq!(none.switch, None, "off unless enabled");
+        let c = ok("[port]\ndevice = \"net_null0\"\n[switch]\nenabled = true\n\
+                    rate_mbps = 1000\ndelay_us = 500\necn_kmin_kb = 20\necn_kmax_kb = 200\n\
+                    pfc = [3]\npcap = \"/tmp/sw.pcap\"");
+        let w = c.switch.clone().unwrap();
+        assert_eq!(
+            (w.rate_mbps, w.port_mbps.clone()),
+            (1000.0, vec![1000.0, 1000.0])
+        );
+        assert_eq!(w.red.map(|r| (r.kmin, r.kmax)), Some((20 << 10, 200 << 10)));
+        assert_eq!(w.pfc, Mode::Pfc { enabled: 1 << 3 });
+        assert_eq!(
+            (w.thresholds.xoff, w.thresholds.xon),
+            (200 << 10, 192 << 10)
+        );
+        assert_eq!(ok(&c.to_toml()), c);
+        for (k, v) in [
+            ("switch.rate_mbps", "0"),
+            ("switch.rnic_mbps", "1e9"),
+            ("switch.delay_us", "20000000"),
+            ("switch.buffer_kb", "1"),
+            ("switch.ecn_kmin_kb", "300"),
+            ("switch.ecn_pmax", "1.5"),
+            ("switch.pfc", "9"),
+            ("switch.xoff_kb", "8000"),
+        ] {
+            let mut r = RawConfig::parse("[port]\ndevice = \"net_null0\"").unwrap();
+            r.set("switch.enabled", "true").unwrap();
+            r.set("switch.ecn_kmax_kb", "200").unwrap();
+            let e = match r.set(k, v) {
+                Err(e) => e,
+                Ok(()) => r.validate().unwrap_err(),
+            };
+            assert!(e.key.starts_with("switch."), "{k}={v}: {e:?}");
+        }
     }
 
     #[test]

@@ -847,13 +847,15 @@ fn admin(shared: &Shared, id: u64, req: AdminRequest, cred: Option<PeerCred>) ->
                     }
                 })
                 .collect();
-            // An emulated switch between the RNICs (rnicd --loopback --switch-*).
-            if let Some(s) = shared.rt.switch_stats(0) {
+            // Emulated switches (rnicd --loopback --switch-*, or an RNIC's [switch]).
+            let mut i = 0;
+            while let Some(s) = shared.rt.switch_stats(i) {
                 all.push(DeviceStats {
-                    device: "switch0".into(),
+                    device: format!("switch{i}"),
                     port: s.counters(),
                     qps: Vec::new(),
                 });
+                i += 1;
             }
             ReplyBody::Stats(all)
         }),

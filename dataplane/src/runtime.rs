@@ -70,6 +70,58 @@ fn port_config(cfg: &RnicConfig) -> PortConfig {
     }
 }
 
+/// An RNIC on `port`: directly, or - with `[switch]` - on port 0 of an emulated switch (a
+/// ring link in this process) whose port 1 is `port`. The RNIC keeps the port's MAC unless
+/// its configuration names one.
+fn nic_on(
+    mut cfg: RnicConfig,
+    port: Port,
+    pool: Arc<Mempool>,
+) -> Result<(Nic, Option<SwitchDev>), StartError> {
+    let Some(settings) = cfg.switch.clone() else {
+        return Ok((Nic::new(cfg, port, pool).map_err(StartError::Other)?, None));
+    };
+    if cfg.mac.is_none() {
+        cfg.mac = Some(
+            port.mac_addr()
+                .map_err(|e| StartError::Other(format!("{}: {e}", port.name())))?,
+        );
+    }
+    let rnic_mbps = settings
+        .port_mbps
+        .first()
+        .copied()
+        .unwrap_or(settings.rate_mbps);
+    let n = POOL_SEQ.fetch_add(1, Ordering::Relaxed);
+    let (nic, p_sw) = switch_link(cfg, rnic_mbps, &format!("swp{n}"), &pool)?;
+    let mut sw = SwitchDev::new(vec![p_sw, port], pool, &settings).map_err(StartError::Other)?;
+    sw.pin(nic.mac(), 0);
+    Ok((nic, Some(sw)))
+}
+
+/// An RNIC on a ring link named `name` to a switch port, the link at `mbps`; returns the
+/// RNIC and the switch's end.
+fn switch_link(
+    mut cfg: RnicConfig,
+    mbps: f64,
+    name: &str,
+    pool: &Arc<Mempool>,
+) -> Result<(Nic, Port), StartError> {
+    // Both ends of a link agree on its speed: pause quanta are bit times of the link, and
+    // DCQCN's line rate defaults to it.
+    cfg.speed_gbps = ((mbps / 1000.0).ceil() as u32).max(1);
+    // The ring stands for the RNIC's MAC and the wire, past the point where a pause holds
+    // frames: kept short, so what still arrives after an XOFF (the ring and one burst) fits
+    // the switch's headroom.
+    let mut pc = port_config(&cfg);
+    pc.rx_desc = pc.rx_desc.min(SWITCH_LINK_DESC);
+    pc.tx_desc = pc.tx_desc.min(SWITCH_LINK_DESC);
+    let (p_rnic, p_sw) = ring_pair(name, &pc, pool.clone())?;
+    let mut nic = Nic::new(cfg, p_rnic, pool.clone()).map_err(StartError::Other)?;
+    nic.set_link_mbps(mbps as u64);
+    Ok((nic, p_sw))
+}
+
 /// Clears the worker's liveness flag when dropped.
 struct AliveGuard(Arc<AtomicBool>);
 
@@ -107,18 +159,24 @@ impl Runtime {
             .ok_or_else(|| StartError::Other("no RNIC configured".into()))?;
         init_eal(program, first)?;
         let mut nics = Vec::new();
+        let mut switches = Vec::new();
         for cfg in cfgs {
             let pool = pool_for(&cfg)?;
-            let port = Port::probe_or_open(&cfg.device, &port_config(&cfg), pool.clone()).map_err(
-                |e| match crate::config::port_problem(&cfg.device) {
+            let mut pc = port_config(&cfg);
+            // Behind a switch, the port carries frames for the RNIC's MAC, not its own.
+            pc.promiscuous |= cfg.switch.is_some();
+            let port = Port::probe_or_open(&cfg.device, &pc, pool.clone()).map_err(|e| {
+                match crate::config::port_problem(&cfg.device) {
                     // DPDK's errno for these is misleading (EFAULT, EPERM): name the cause.
                     Some(p) => StartError::Other(p),
                     None => e.into(),
-                },
-            )?;
-            nics.push(Nic::new(cfg, port, pool).map_err(StartError::Other)?);
+                }
+            })?;
+            let (nic, sw) = nic_on(cfg, port, pool)?;
+            nics.push(nic);
+            switches.extend(sw);
         }
-        Self::spawn(nics)
+        Self::spawn_with(nics, switches)
     }
 
     /// Two RNICs in this process joined back to back by an in-process DPDK link (a ring
@@ -130,19 +188,22 @@ impl Runtime {
         let pool = pool_for(&a)?;
         let n = POOL_SEQ.fetch_add(1, Ordering::Relaxed);
         let (pa, pb) = ring_pair(&format!("lo{n}"), &port_config(&a), pool.clone())?;
-        let na = Nic::new(a, pa, pool.clone()).map_err(StartError::Other)?;
-        let nb = Nic::new(b, pb, pool).map_err(StartError::Other)?;
-        Self::spawn(vec![na, nb])
+        let (na, sa) = nic_on(a, pa, pool.clone())?;
+        let (nb, sb) = nic_on(b, pb, pool)?;
+        Self::spawn_with(vec![na, nb], sa.into_iter().chain(sb).collect())
     }
 
     /// Starts RNICs on ports the caller already set up (e.g. one end of a ring pair whose other
     /// end a test drives by hand). EAL must be initialised.
     pub fn with_ports(ports: Vec<(RnicConfig, Port, Arc<Mempool>)>) -> Result<Runtime, StartError> {
         let mut nics = Vec::new();
+        let mut switches = Vec::new();
         for (cfg, port, pool) in ports {
-            nics.push(Nic::new(cfg, port, pool).map_err(StartError::Other)?);
+            let (nic, sw) = nic_on(cfg, port, pool)?;
+            nics.push(nic);
+            switches.extend(sw);
         }
-        Self::spawn(nics)
+        Self::spawn_with(nics, switches)
     }
 
     /// Starts a worker over RNICs the caller built (and may have configured through
@@ -178,38 +239,18 @@ impl Runtime {
         let n = POOL_SEQ.fetch_add(1, Ordering::Relaxed);
         let mut nics = Vec::new();
         let mut ports = Vec::new();
-        for (i, mut cfg) in cfgs.into_iter().enumerate() {
-            // Both ends of a link agree on its speed: pause quanta are bit times of the link,
-            // and DCQCN's line rate defaults to it.
+        for (i, cfg) in cfgs.into_iter().enumerate() {
             let mbps = settings
                 .port_mbps
                 .get(i)
                 .copied()
                 .unwrap_or(settings.rate_mbps);
-            cfg.speed_gbps = ((mbps / 1000.0).ceil() as u32).max(1);
-            // The ring stands for the RNIC's MAC and the wire, past the point where a pause
-            // holds frames: kept short, so what still arrives after an XOFF (the ring and one
-            // burst) fits the switch's headroom.
-            let mut pc = port_config(&cfg);
-            pc.rx_desc = pc.rx_desc.min(SWITCH_LINK_DESC);
-            pc.tx_desc = pc.tx_desc.min(SWITCH_LINK_DESC);
-            let (p_rnic, p_sw) = ring_pair(&format!("sw{n}p{i}"), &pc, pool.clone())?;
-            let mut nic = Nic::new(cfg, p_rnic, pool.clone()).map_err(StartError::Other)?;
-            nic.set_link_mbps(mbps as u64);
+            let (nic, p_sw) = switch_link(cfg, mbps, &format!("sw{n}p{i}"), &pool)?;
             nics.push(nic);
             ports.push(p_sw);
         }
         let sw = SwitchDev::new(ports, pool, settings).map_err(StartError::Other)?;
-        let samples = sw.samples();
-        let slot = Arc::new(Mutex::new(SwitchStats::default()));
-        let rt = Self::spawn_with(nics, vec![(sw, slot.clone())])?;
-        if let Ok(mut s) = rt.switch_stats.lock() {
-            s.push(slot);
-        }
-        if let Ok(mut s) = rt.switch_samples.lock() {
-            s.push(samples);
-        }
-        Ok(rt)
+        Self::spawn_with(nics, vec![sw])
     }
 
     /// The queue samples emulated switch `index` recorded since the last call
@@ -240,10 +281,9 @@ impl Runtime {
         Self::spawn_with(nics, Vec::new())
     }
 
-    fn spawn_with(
-        nics: Vec<Nic>,
-        switches: Vec<(SwitchDev, Arc<Mutex<SwitchStats>>)>,
-    ) -> Result<Runtime, StartError> {
+    /// Starts the worker over `nics` and `switches` (numbered in this order for
+    /// [`Runtime::switch_stats`]).
+    fn spawn_with(nics: Vec<Nic>, switches: Vec<SwitchDev>) -> Result<Runtime, StartError> {
         let stop = Arc::new(AtomicBool::new(false));
         let alive = Arc::new(AtomicBool::new(true));
         let control = Arc::new(SegQueue::new());
@@ -262,7 +302,12 @@ impl Runtime {
             sleep_us: c.idle_sleep_us,
         };
         let mut worker = Worker::new(nics, backoff, control.clone(), stats.clone());
-        for (sw, slot) in switches {
+        let mut switch_stats = Vec::new();
+        let mut switch_samples = Vec::new();
+        for sw in switches {
+            let slot = Arc::new(Mutex::new(SwitchStats::default()));
+            switch_stats.push(slot.clone());
+            switch_samples.push(sw.samples());
             worker.add_switch(sw, slot);
         }
         let cell = Arc::new(WorkerCell::new(worker, stop.clone(), alive.clone()));
@@ -283,8 +328,8 @@ impl Runtime {
             alive,
             control,
             stats,
-            switch_stats: Mutex::new(Vec::new()),
-            switch_samples: Mutex::new(Vec::new()),
+            switch_stats: Mutex::new(switch_stats),
+            switch_samples: Mutex::new(switch_samples),
             configs,
             macs,
             limits,

@@ -39,7 +39,7 @@ const RX_TURNS: usize = 4;
 const RX_CATCHUP_NS: u64 = 20_000;
 
 /// What the switch is (per port rate and delay, buffer, marking, PFC).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct SwitchSettings {
     /// Rate of every port's link, Mb/s, both ways: the switch sends to the port at it and
     /// takes frames from the port no faster (the link partner's frames wait in its own
@@ -154,6 +154,8 @@ pub struct SwitchDev {
     ports: Vec<SwitchPort>,
     sw: Switch<Mbuf>,
     macs: HashMap<[u8; 6], usize>,
+    /// Addresses fixed to a port (`SwitchDev::pin`), never learned elsewhere.
+    pinned: Vec<[u8; 6]>,
     pool: Arc<Mempool>,
     mac: [u8; 6],
     delay_ns: u64,
@@ -212,6 +214,7 @@ impl SwitchDev {
             ports: out,
             sw,
             macs: HashMap::new(),
+            pinned: Vec::new(),
             pool,
             mac: [0x02, 0, 0, 0x99, 0xfe, 0x01],
             delay_ns: s.delay_us as u64 * 1000,
@@ -225,6 +228,17 @@ impl SwitchDev {
             next_sample: 0,
             stats: SwitchStats::default(),
         })
+    }
+
+    /// Fixes `mac` to `port`, as a static forwarding entry: a frame with that source arriving
+    /// on another port does not move it. An RNIC behind the switch needs it where the far
+    /// port echoes what the switch sends (a packet socket sees its own outgoing frames): the
+    /// echo of the RNIC's frames would otherwise teach the switch that the RNIC is out there.
+    pub fn pin(&mut self, mac: [u8; 6], port: usize) {
+        if port < self.ports.len() {
+            self.macs.insert(mac, port);
+            self.pinned.push(mac);
+        }
     }
 
     /// Where the queue samples go (empty unless `SwitchSettings::sample_us` is set).
@@ -360,7 +374,10 @@ impl SwitchDev {
         }
         let dst: [u8; 6] = d[..6].try_into().expect("14 bytes");
         let src: [u8; 6] = d[6..12].try_into().expect("14 bytes");
-        if src[0] & 1 == 0 && (self.macs.len() < MAX_MACS || self.macs.contains_key(&src)) {
+        if src[0] & 1 == 0
+            && !self.pinned.contains(&src)
+            && (self.macs.len() < MAX_MACS || self.macs.contains_key(&src))
+        {
             self.macs.insert(src, port);
         }
         let (priority, ecn) = classify(d);

@@ -175,3 +175,58 @@ fn a_slow_egress_with_pfc_pauses_the_sender_instead_of_dropping() {
         "nothing lost, nothing resent"
     );
 }
+
+/// `[switch]` in an RNIC's configuration puts the emulated switch between the RNIC and its
+/// port: here A's port is a ring link to B, and A's switch sends to it at 200 Mb/s, marking
+/// above 20 KiB. A's WRITEs queue in the switch, get marked, B answers with CNPs that cross
+/// the switch back to A, and A's QP slows down; nothing is dropped, the data arrives, and the
+/// switch's capture holds the CE-marked frames.
+#[test]
+fn an_rnic_behind_the_switch_its_configuration_names() {
+    let dir = std::env::temp_dir().join(format!("ferroce-cfgswitch-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let pcap = dir.join("switch.pcap");
+    let mut ra = dataplane::runtime::loopback_raw_config(3, 1024);
+    for (k, v) in [
+        ("worker.idle_sleep_us", "50"),
+        ("roce.ecn", "true"),
+        ("dcqcn.rp", "true"),
+        ("dcqcn.variant", "paper"),
+        ("switch.enabled", "true"),
+        ("switch.rate_mbps", "200"),
+        ("switch.rnic_mbps", "10000"),
+        ("switch.ecn_kmin_kb", "20"),
+        ("switch.ecn_kmax_kb", "60"),
+        ("switch.ecn_pmax", "0.5"),
+        ("switch.pcap", pcap.to_str().unwrap()),
+    ] {
+        ra.set(k, v).unwrap();
+    }
+    let ca = ra.validate().unwrap();
+    let mut cb = test_config(4, 1024);
+    cb.dcqcn.np_min_interval_ns = Some(50_000);
+    let mtu = ca.path_mtu;
+    let rt = Runtime::loopback("ferroce-tests", ca, cb).expect("loopback");
+    let mut a = side(rt.open(0).unwrap(), QpType::Rc, 8 << 20, 256);
+    let mut b = side(rt.open(1).unwrap(), QpType::Rc, 8 << 20, 256);
+    let (qa, qb, ga, gb) = (a.qpn, b.qpn, a.gid, b.gid);
+    connect_with(&mut a, qb, gb, mtu, 0x10, 0x77, QpType::Rc, 18);
+    connect_with(&mut b, qa, ga, mtu, 0x77, 0x10, QpType::Rc, 18);
+    write_verified(&mut a, &b, 16, 64 * 1024);
+    let s = switch_stats_until(&rt, |s| s.model.marked > 0);
+    assert!(s.model.marked > 0, "{s:?}");
+    assert_eq!(s.model.drops, [0, 0, 0]);
+    assert!(rt.switch_stats(1).is_none(), "one switch, A's");
+    let snaps = rt.stop();
+    assert!(snaps[1].qps.np_cnp_sent > 0, "{:?}", snaps[1].qps);
+    assert!(snaps[0].qps.rp_cnp_handled > 0, "{:?}", snaps[0].qps);
+    let bytes = std::fs::read(&pcap).unwrap();
+    let frames = roce::pcap::Reader::new(&bytes)
+        .unwrap()
+        .filter_map(Result::ok)
+        .filter(|r| roce::wire::frame::classify(r.data) == roce::wire::frame::FrameKind::Roce)
+        .filter(|r| r.data.len() > 15 && r.data[15] & 3 == 3)
+        .count();
+    assert!(frames > 0, "CE-marked frames in the switch's capture");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -67,6 +67,9 @@ struct Case {
     /// ferroce's port loses frames: recovery must show (retries on both sides) and the run
     /// must still complete with the same sizes and counts.
     lossy: bool,
+    /// ferroce's RNIC sits behind its own emulated switch (`[switch]`): its frames must
+    /// have crossed it, none dropped.
+    switched: bool,
 }
 
 /// ferroce's end of a case.
@@ -155,6 +158,7 @@ fn cases() -> Vec<Case> {
                 side: Side::Own,
                 ferroce_args: Vec::new(),
                 lossy: false,
+                switched: false,
             });
         }
     }
@@ -208,6 +212,7 @@ fn cases() -> Vec<Case> {
             side: Side::Rnicd,
             ferroce_args: Vec::new(),
             lossy: false,
+            switched: false,
         });
     }
     for (i, (guest_client, tool, args, size, iters)) in [
@@ -248,6 +253,7 @@ fn cases() -> Vec<Case> {
             side: Side::Verbs,
             ferroce_args: Vec::new(),
             lossy: false,
+            switched: false,
         });
     }
     // Loss on ferroce's port (1 % of the frames it sends, seeded), against rxe in both roles,
@@ -273,8 +279,31 @@ fn cases() -> Vec<Case> {
             side: Side::Own,
             ferroce_args: vec!["--set", "fault.loss=0.01", "--set", "fault.seed=11"],
             lossy: true,
+            switched: false,
         });
     }
+    // ferroce behind its own emulated switch on the tap (1 Gb/s, 1 ms each way): rxe's
+    // frames and ferroce's cross it, and a WRITE stream completes over the long link.
+    v.push(Case {
+        id: "W1".into(),
+        guest_client: true,
+        test: "write_bw",
+        tool: "ib_write_bw",
+        args: vec!["-s", "65536", "-n", "20"],
+        size: 65536,
+        iters: 20,
+        side: Side::Own,
+        ferroce_args: vec![
+            "--set",
+            "switch.enabled=true",
+            "--set",
+            "switch.rate_mbps=1000",
+            "--set",
+            "switch.delay_us=1000",
+        ],
+        lossy: false,
+        switched: true,
+    });
     v
 }
 
@@ -527,6 +556,25 @@ fn check_case(c: &Case, ferroce: &Output, guest: Option<&GuestCase>) -> Result<S
                 ));
             }
         }
+    }
+    if c.switched {
+        let sw = &v["counters"]["switch"];
+        let out = sw["tx_frames"].as_u64().unwrap_or(0);
+        let drops: u64 = [
+            "drops_buffer",
+            "drops_ingress",
+            "drops_delay_line",
+            "drops_nombuf",
+        ]
+        .iter()
+        .map(|k| sw[*k].as_u64().unwrap_or(0))
+        .sum();
+        if out < c.size * c.iters / 4096 || drops != 0 {
+            return Err(format!(
+                "the switch forwarded {out} frames, dropped {drops}: {sw}"
+            ));
+        }
+        recovered = format!(" (through ferroce's switch: {out} frames)");
     }
     let summary = if pingpong {
         format!("{:.2} Mbit/s", v["mbit_per_sec"].as_f64().unwrap_or(0.0))

@@ -158,6 +158,15 @@ fn check(cfgs: &[RnicConfig]) -> ExitCode {
     ExitCode::from(code)
 }
 
+/// Every emulated switch's counters, a line each.
+fn print_switches(rt: &dataplane::runtime::Runtime) {
+    let mut i = 0;
+    while let Some(s) = rt.switch_stats(i) {
+        println!("{}", ferroce_tools::perf::driver::switch_line(&s));
+        i += 1;
+    }
+}
+
 fn main() -> ExitCode {
     ferroce_tools::docgen::maybe_generate::<Cli>("rnicd");
     let cli = Cli::parse();
@@ -260,17 +269,12 @@ fn main() -> ExitCode {
                 .map(|i| daemon.runtime().stats(i))
                 .collect();
             print_stats(&names, &snaps);
-            if let Some(s) = daemon.runtime().switch_stats(0) {
-                println!("{}", ferroce_tools::perf::driver::switch_line(&s));
-            }
+            print_switches(daemon.runtime());
         }
     }
-    let sw = daemon.runtime().switch_stats(0);
+    print_switches(daemon.runtime());
     let snaps = daemon.stop();
     print_stats(&names, &snaps);
-    if let Some(s) = sw {
-        println!("{}", ferroce_tools::perf::driver::switch_line(&s));
-    }
     println!("rnicd: stopped");
     if failed {
         ExitCode::from(1)

@@ -85,11 +85,34 @@ impl Job {
     }
 }
 
+/// An emulated switch's counters as JSON (`counters.switch` of rnic-perf's output).
+pub fn switch_json(s: &dataplane::switch::SwitchStats) -> Value {
+    json!({
+        "rx_frames": s.model.rx_frames,
+        "tx_frames": s.model.tx_frames,
+        "ecn_marked": s.model.marked,
+        "pfc_xoff": s.model.pfc_xoff,
+        "pfc_xon": s.model.pfc_xon,
+        "drops_buffer": s.model.drops[1],
+        "drops_ingress": s.model.drops[2],
+        "drops_delay_line": s.delay_dropped,
+        "drops_nombuf": s.nombuf,
+        "peak_queue_bytes": s.model.peak_queue,
+        "flooded": s.flooded,
+    })
+}
+
 /// One line of an emulated switch's counters.
 pub fn switch_line(s: &dataplane::switch::SwitchStats) -> String {
     let m = &s.model;
+    let peaks: Vec<String> = m
+        .peak_queue
+        .iter()
+        .enumerate()
+        .map(|(i, q)| format!("port {i} {} KB", q / 1000))
+        .collect();
     format!(
-        " switch: frames {} in {} out, ECN marked {}, PFC XOFF {} XON {}, drops {} (buffer) {} (ingress) {} (delay line full) {} (no mbuf), peak queue to ferroce0 {} KB, to ferroce1 {} KB, flooded {}",
+        " switch: frames {} in {} out, ECN marked {}, PFC XOFF {} XON {}, drops {} (buffer) {} (ingress) {} (delay line full) {} (no mbuf), peak queue {}, flooded {}",
         m.rx_frames,
         m.tx_frames,
         m.marked,
@@ -99,8 +122,7 @@ pub fn switch_line(s: &dataplane::switch::SwitchStats) -> String {
         m.drops[2],
         s.delay_dropped,
         s.nombuf,
-        m.peak_queue.first().copied().unwrap_or(0) / 1000,
-        m.peak_queue.get(1).copied().unwrap_or(0) / 1000,
+        peaks.join(", "),
         s.flooded
     )
 }
@@ -234,19 +256,7 @@ pub fn loopback(
     let mut counters =
         json!({"ferroce0": counters_json(&snaps[0]), "ferroce1": counters_json(&snaps[1])});
     if let Some(s) = &sw {
-        counters["switch"] = json!({
-            "rx_frames": s.model.rx_frames,
-            "tx_frames": s.model.tx_frames,
-            "ecn_marked": s.model.marked,
-            "pfc_xoff": s.model.pfc_xoff,
-            "pfc_xon": s.model.pfc_xon,
-            "drops_buffer": s.model.drops[1],
-            "drops_ingress": s.model.drops[2],
-            "drops_delay_line": s.delay_dropped,
-            "drops_nombuf": s.nombuf,
-            "peak_queue_bytes": s.model.peak_queue,
-            "flooded": s.flooded,
-        });
+        counters["switch"] = switch_json(s);
     }
     match (cli_res, srv) {
         (Ok(c), Ok(s)) => Ok(json!({
@@ -336,11 +346,19 @@ pub fn on_port(job: &Job, opts: &RnicOpts, out: &mut dyn Write) -> Result<Value,
         }
     };
     let r = job.run(ctx, ep, "ferroce0", out);
+    let sw = rt.switch_stats(0);
     let snaps = rt.stop();
     if !job.quiet() {
         let _ = writeln!(out, "{}", counters_line("ferroce0", &cfg, &snaps[0]));
+        // The RNIC's [switch], if any.
+        if let Some(s) = &sw {
+            let _ = writeln!(out, "{}", switch_line(s));
+        }
     }
-    let counters = json!({"ferroce0": counters_json(&snaps[0])});
+    let mut counters = json!({"ferroce0": counters_json(&snaps[0])});
+    if let Some(s) = &sw {
+        counters["switch"] = switch_json(s);
+    }
     match r {
         // The RNIC's counters beside the results, as the loopback driver reports them.
         Ok(Value::Object(mut m)) => {
