@@ -25,8 +25,9 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 
 use dcb::dcqcn::RpParams;
+use dcb::ecn::Red;
 use dcb::ets::{EtsConfig, Tsa};
-use dcb::pfc::{Mode, StormAction};
+use dcb::pfc::{Mode, StormAction, Thresholds};
 use roce::engine::cc::CongestionConfig;
 use roce::engine::Trust;
 use roce::types::Gid;
@@ -137,6 +138,16 @@ pub struct RawSwitch {
     pub headroom_kb: Option<u32>,
     /// Capture every frame the switch sends to this file.
     pub pcap: Option<String>,
+    /// Probability a frame the switch sends is dropped.
+    pub loss: Option<f64>,
+    /// Probability it is sent twice.
+    pub duplicate: Option<f64>,
+    /// Probability one bit of it is flipped.
+    pub corrupt: Option<f64>,
+    /// Probability it is held back behind the next one on its port.
+    pub reorder: Option<f64>,
+    /// Seed of those faults (default 1).
+    pub seed: Option<u64>,
 }
 
 /// `[ets]`: Enhanced Transmission Selection (IEEE 802.1Qaz) between the RNIC's traffic
@@ -531,6 +542,18 @@ pub struct FaultConfig {
 }
 
 impl FaultConfig {
+    /// Writes `loss`, `duplicate`, `corrupt` and `reorder` as TOML lines.
+    fn push_probabilities(&self, t: &mut String) {
+        for (k, v) in [
+            ("loss", self.loss),
+            ("duplicate", self.duplicate),
+            ("corrupt", self.corrupt),
+            ("reorder", self.reorder),
+        ] {
+            t.push_str(&format!("{k} = {v:?}\n"));
+        }
+    }
+
     /// Whether any fault is enabled.
     pub fn any(&self) -> bool {
         self.loss > 0.0
@@ -621,7 +644,7 @@ pub struct RnicConfig {
     pub ets: Option<EtsConfig>,
     /// An emulated switch between the RNIC and its port (`[switch]`; `None`: none). Its
     /// port 0 is the RNIC's link, port 1 the port's.
-    pub switch: Option<crate::switch::SwitchSettings>,
+    pub switch: Option<SwitchSettings>,
 }
 
 /// `[pfc]`, validated.
@@ -673,6 +696,62 @@ pub struct PfcWatchdog {
     pub restore_ms: u32,
     /// What happens to the stormed priority meanwhile.
     pub action: StormAction,
+}
+
+/// What the switch is (per port rate and delay, buffer, marking, PFC).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SwitchSettings {
+    /// Rate of every port's link, Mb/s, both ways: the switch sends to the port at it and
+    /// takes frames from the port no faster (the link partner's frames wait in its own
+    /// transmit ring meanwhile, which holds its sender back as a real link does).
+    pub rate_mbps: f64,
+    /// Per-port rates overriding `rate_mbps` (index = port), e.g. a slow receiver's port.
+    pub port_mbps: Vec<f64>,
+    /// Bytes above XOFF an ingress port and priority may still bring in before frames are
+    /// dropped: at least what the link partner's transmit ring holds (it cannot recall
+    /// frames handed to its NIC) plus a round trip at the port's rate.
+    pub headroom: u64,
+    /// Propagation delay added on every egress, us (at most 10 s).
+    pub delay_us: u32,
+    /// Shared buffer, bytes.
+    pub buffer: u64,
+    /// ECN marking at dequeue (`None`: none).
+    pub red: Option<Red>,
+    /// PFC towards the ingress ports (and honoured from them).
+    pub pfc: Mode,
+    /// XOFF/XON per ingress port and priority, bytes.
+    pub thresholds: Thresholds,
+    /// Capture every frame the switch sends, on any port, as it leaves (after marking; PFC
+    /// frames included), like a mirror port.
+    pub pcap: Option<std::path::PathBuf>,
+    /// Record the bytes queued at every egress port this often, us (0: never); taken with
+    /// `Runtime::take_switch_samples`.
+    pub sample_us: u32,
+    /// Faults on every frame the switch sends (loss, duplication, corruption, reordering;
+    /// per egress port, each port's sequence seeded from `seed` and the port's number).
+    pub fault: FaultConfig,
+}
+
+impl Default for SwitchSettings {
+    /// 10 Gb/s, no delay, 4 MiB, no marking, no PFC, XOFF 200 KB, 256 KiB of headroom.
+    fn default() -> Self {
+        SwitchSettings {
+            rate_mbps: 10_000.0,
+            port_mbps: Vec::new(),
+            headroom: 256 << 10,
+            delay_us: 0,
+            buffer: 4 << 20,
+            red: None,
+            pfc: Mode::Off,
+            thresholds: Thresholds {
+                xoff: 200_000,
+                xon: 200_000 - 2 * 9000,
+            },
+            pcap: None,
+            sample_us: 0,
+            fault: FaultConfig::default(),
+        }
+    }
 }
 
 /// rnicd's socket and what each client may hold (`[host]`).
@@ -892,17 +971,24 @@ impl RawConfig {
             }
             "fault.seed" => self.fault.seed = Some(num(value)?),
             "switch.enabled" => self.switch.enabled = Some(boolean(value)?),
-            "switch.rate_mbps" | "switch.rnic_mbps" | "switch.ecn_pmax" => {
+            "switch.rate_mbps" | "switch.rnic_mbps" | "switch.ecn_pmax" | "switch.loss"
+            | "switch.duplicate" | "switch.corrupt" | "switch.reorder" => {
                 let v: f64 = value.parse().map_err(|_| ConfigError {
                     key: key.into(),
                     problem: format!("{value:?} is not a number"),
                 })?;
-                match key {
-                    "switch.rate_mbps" => self.switch.rate_mbps = Some(v),
-                    "switch.rnic_mbps" => self.switch.rnic_mbps = Some(v),
-                    _ => self.switch.ecn_pmax = Some(v),
-                }
+                let w = &mut self.switch;
+                *match key {
+                    "switch.rate_mbps" => &mut w.rate_mbps,
+                    "switch.rnic_mbps" => &mut w.rnic_mbps,
+                    "switch.ecn_pmax" => &mut w.ecn_pmax,
+                    "switch.loss" => &mut w.loss,
+                    "switch.duplicate" => &mut w.duplicate,
+                    "switch.corrupt" => &mut w.corrupt,
+                    _ => &mut w.reorder,
+                } = Some(v);
             }
+            "switch.seed" => self.switch.seed = Some(num(value)?),
             "switch.delay_us" => self.switch.delay_us = Some(small(value, 10_000_000)? as u32),
             "switch.buffer_kb" | "switch.ecn_kmin_kb" | "switch.ecn_kmax_kb" | "switch.xoff_kb"
             | "switch.xon_kb" | "switch.headroom_kb" => {
@@ -1217,7 +1303,7 @@ impl RawConfig {
     }
 
     /// `[switch]` validated (`None` unless enabled).
-    fn switch_config(&self) -> Result<Option<crate::switch::SwitchSettings>, ConfigError> {
+    fn switch_config(&self) -> Result<Option<SwitchSettings>, ConfigError> {
         let w = &self.switch;
         if !w.enabled.unwrap_or(false) {
             return Ok(None);
@@ -1275,7 +1361,7 @@ impl RawConfig {
                 "XON must be below XOFF, and XOFF below the buffer",
             );
         }
-        Ok(Some(crate::switch::SwitchSettings {
+        Ok(Some(SwitchSettings {
             rate_mbps: mbps,
             port_mbps: vec![rnic, mbps],
             headroom: kib(w.headroom_kb.unwrap_or(256)),
@@ -1290,6 +1376,14 @@ impl RawConfig {
             thresholds: dcb::pfc::Thresholds { xoff, xon },
             pcap: w.pcap.as_ref().map(PathBuf::from),
             sample_us: 0,
+            fault: FaultConfig {
+                loss: prob("switch.loss", w.loss)?,
+                duplicate: prob("switch.duplicate", w.duplicate)?,
+                corrupt: prob("switch.corrupt", w.corrupt)?,
+                reorder: prob("switch.reorder", w.reorder)?,
+                seed: w.seed.unwrap_or(1),
+                ..Default::default()
+            },
         }))
     }
 
@@ -1813,15 +1907,8 @@ impl RnicConfig {
         out.push_str(&std::mem::take(&mut t));
         out.push_str("\n[fault]\n");
         let f = &self.fault;
-        for (k, v) in [
-            ("loss", f.loss),
-            ("duplicate", f.duplicate),
-            ("corrupt", f.corrupt),
-            ("reorder", f.reorder),
-            ("ce", f.ce),
-        ] {
-            t.push_str(&format!("{k} = {v:?}\n"));
-        }
+        f.push_probabilities(&mut t);
+        t.push_str(&format!("ce = {:?}\n", f.ce));
         t.push_str(&format!("delay_us = {}\n", f.delay_us));
         t.push_str(&format!("rx_pps = {}\n", f.rx_pps));
         t.push_str(&format!("seed = {}\n", f.seed));
@@ -1935,6 +2022,8 @@ impl RnicConfig {
             if let Some(p) = &w.pcap {
                 t.push_str(&format!("pcap = {}\n", q(&p.display().to_string())));
             }
+            w.fault.push_probabilities(&mut t);
+            t.push_str(&format!("seed = {}\n", w.fault.seed));
             out.push_str(&std::mem::take(&mut t));
         }
         out.push_str("\n[dcqcn]\n");
@@ -2095,7 +2184,7 @@ mod tests {
         assert_eq!(none.switch, None, "off unless enabled");
         let c = ok("[port]\ndevice = \"net_null0\"\n[switch]\nenabled = true\n\
                     rate_mbps = 1000\ndelay_us = 500\necn_kmin_kb = 20\necn_kmax_kb = 200\n\
-                    pfc = [3]\npcap = \"/tmp/sw.pcap\"");
+                    pfc = [3]\npcap = \"/tmp/sw.pcap\"\nloss = 0.01\nreorder = 0.02\nseed = 9");
         let w = c.switch.clone().unwrap();
         assert_eq!(
             (w.rate_mbps, w.port_mbps.clone()),
@@ -2117,6 +2206,8 @@ mod tests {
             ("switch.ecn_pmax", "1.5"),
             ("switch.pfc", "9"),
             ("switch.xoff_kb", "8000"),
+            ("switch.loss", "1.5"),
+            ("switch.reorder", "-0.1"),
         ] {
             let mut r = RawConfig::parse("[port]\ndevice = \"net_null0\"").unwrap();
             r.set("switch.enabled", "true").unwrap();

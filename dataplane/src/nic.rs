@@ -21,14 +21,14 @@ use std::sync::Arc;
 use pmd_bindings::{Mbuf, Mempool, Port, RxQueue, TxQueue};
 use roce::engine::{CreditMode, Device, DeviceConfig, DeviceEvent, Transmit};
 use roce::pcap;
-use roce::sim::Rng;
 use roce::table::Table;
 use roce::types::Gid;
 use roce::wire::ethernet::{self, ethertype, VlanTag};
 use roce::wire::frame::{classify, parse_segments, FrameKind, ParsedFrame};
 use roce::wire::opcode::Opcode;
 
-use crate::config::{FaultConfig, RnicConfig};
+use crate::config::RnicConfig;
+use crate::fault::Faults;
 use crate::host::{HostEnd, Owners};
 use crate::neighbor::{Neighbors, Resolve};
 use dcb::pfc::{Ingress, PauseFrame, PauseState, StormAction, StormEvent, Watchdog};
@@ -157,10 +157,6 @@ roce::counters!(
 /// (its idle sleep is 100 us by default).
 const DEADLINE_SPIN_NS: u64 = 100_000;
 
-/// Most frames the fault injector's delay line holds at once (more are dropped, counted):
-/// a 1 ms delay at 10 Gb/s is about 300 full-size frames.
-const MAX_DELAYED: usize = 16_384;
-
 /// A QP's last resolved next hop, valid while the neighbour table's generation is `gen`.
 #[derive(Clone, Copy)]
 struct NextHop {
@@ -239,14 +235,6 @@ impl Tap {
     }
 }
 
-struct Fault {
-    cfg: FaultConfig,
-    rng: Rng,
-    held: Option<Mbuf>,
-    /// Frames waiting out `fault.delay_us`, with the time they may leave (in order).
-    delayed: VecDeque<(u64, Mbuf)>,
-}
-
 /// Frames taken off the receive queue and not yet handled: the RNIC's receive buffer. With
 /// PFC or PAUSE on (and not done by the port's hardware), its occupancy per priority sends
 /// XOFF and XON to the link partner, as a NIC's port buffer does; without, it holds no more
@@ -311,7 +299,7 @@ pub struct Nic {
     tx: Transmit,
     ident: u16,
     tap: Option<Tap>,
-    fault: Option<Fault>,
+    fault: Option<Faults>,
     /// Flow control from the link partner: what it paused, and the storm watchdog.
     pause: PauseState,
     watchdog: Option<Watchdog>,
@@ -373,12 +361,7 @@ impl Nic {
                 "capture.pcap",
             )?),
         };
-        let fault = cfg.fault.any().then(|| Fault {
-            cfg: cfg.fault,
-            delayed: VecDeque::new(),
-            rng: Rng::new(cfg.fault.seed),
-            held: None,
-        });
+        let fault = cfg.fault.any().then(|| Faults::new(cfg.fault));
         let vlan = cfg.vlan.map(|vid| VlanTag {
             pcp: cfg.pcp,
             dei: false,
@@ -441,6 +424,22 @@ impl Nic {
             scratch: Vec::with_capacity(16384),
             counters,
         })
+    }
+
+    /// The port's counters, the fault injector's included.
+    pub fn counters(&self) -> NicCounters {
+        let mut c = self.counters;
+        if let Some(f) = &self.fault {
+            let k = f.counters;
+            c.fault_lost = k.lost;
+            c.fault_duplicated = k.duplicated;
+            c.fault_corrupted = k.corrupted;
+            c.fault_reordered = k.reordered;
+            c.fault_ce_marked = k.ce_marked;
+            c.fault_delayed = k.delayed;
+            c.fault_delay_dropped = k.delay_dropped;
+        }
+        c
     }
 
     /// The MAC address in use.
@@ -1328,57 +1327,9 @@ impl Nic {
     /// faults are decided here, a delay holds the frame in the delay line until `now` +
     /// `fault.delay_us` ([`Nic::release_delayed`]).
     fn push_tx(&mut self, now: u64, m: Mbuf) {
-        if let Some(f) = self.fault.as_mut() {
-            let c = &mut self.counters;
-            if f.rng.chance(f.cfg.loss) {
-                c.fault_lost += 1;
-                return;
-            }
-            let mut m = m;
-            if f.rng.chance(f.cfg.corrupt) && m.data_len() > 60 && m.is_exclusive() {
-                let i = 14 + f.rng.below(m.data_len() as u64 - 14) as usize;
-                m.data_mut()[i] ^= 1 << f.rng.below(8);
-                c.fault_corrupted += 1;
-            }
-            if f.cfg.ce > 0.0
-                && m.is_exclusive()
-                && f.rng.chance(f.cfg.ce)
-                && roce::wire::frame::mark_ce(m.data_mut())
-            {
-                c.fault_ce_marked += 1;
-            }
-            if f.rng.chance(f.cfg.duplicate) {
-                if let Ok(mut d) = self.pool.alloc() {
-                    if d.extend_from_slice(m.data()) {
-                        c.fault_duplicated += 1;
-                        self.txbuf.push(d);
-                    }
-                }
-            }
-            if f.held.is_none() && f.rng.chance(f.cfg.reorder) {
-                c.fault_reordered += 1;
-                f.held = Some(m);
-                return;
-            }
-            let held = f.held.take();
-            if f.cfg.delay_us > 0 {
-                let at = now + f.cfg.delay_us as u64 * 1_000;
-                for m in std::iter::once(m).chain(held) {
-                    if f.delayed.len() >= MAX_DELAYED {
-                        c.fault_delay_dropped += 1;
-                    } else {
-                        c.fault_delayed += 1;
-                        f.delayed.push_back((at, m));
-                    }
-                }
-                return;
-            }
-            self.txbuf.push(m);
-            if let Some(h) = held {
-                self.txbuf.push(h);
-            }
-        } else {
-            self.txbuf.push(m);
+        match self.fault.as_mut() {
+            Some(f) => f.pass(now, m, &self.pool, &mut self.txbuf),
+            None => self.txbuf.push(m),
         }
         if self.txbuf.len() >= BURST {
             self.flush();
@@ -1494,17 +1445,8 @@ impl Nic {
         let Some(f) = self.fault.as_mut() else {
             return 0;
         };
-        let mut n = 0;
-        while f.delayed.front().is_some_and(|(t, _)| *t <= now) {
-            if let Some((_, m)) = f.delayed.pop_front() {
-                self.txbuf.push(m);
-                n += 1;
-            }
-            if self.txbuf.len() >= BURST {
-                break;
-            }
-        }
-        let waiting = !f.delayed.is_empty();
+        let n = f.release(now, &mut self.txbuf, BURST);
+        let waiting = f.waiting();
         if n > 0 {
             self.flush();
         }
@@ -1600,11 +1542,9 @@ fn is_ipv4_fragment(f: &[u8]) -> bool {
 
 impl Drop for Nic {
     fn drop(&mut self) {
+        // Mbufs still held go back to the pool with the Vecs/queues (and the fault
+        // injector's).
         self.flush_capture();
-        // Mbufs still held go back to the pool with the Vecs/queues.
-        if let Some(f) = self.fault.as_mut() {
-            f.held.take();
-        }
     }
 }
 

@@ -18,11 +18,13 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
-use dcb::ecn::Red;
-use dcb::pfc::{Mode, PauseFrame, Thresholds};
+use dcb::pfc::PauseFrame;
 use dcb::switch::{ser_ns, Frame, Switch, SwitchConfig, SwitchCounters};
 use pmd_bindings::{Mbuf, Mempool, Port, RxQueue, TxQueue};
 
+use crate::config::FaultConfig;
+pub use crate::config::SwitchSettings;
+use crate::fault::{FaultCounters, Faults};
 use crate::nic::Tap;
 
 /// Most MAC addresses the bridge learns (further ones are flooded to).
@@ -37,58 +39,6 @@ const RX_PER_TURN: usize = 8;
 const RX_TURNS: usize = 4;
 /// How far back a late poll may catch up on an ingress link, ns.
 const RX_CATCHUP_NS: u64 = 20_000;
-
-/// What the switch is (per port rate and delay, buffer, marking, PFC).
-#[derive(Debug, Clone, PartialEq)]
-pub struct SwitchSettings {
-    /// Rate of every port's link, Mb/s, both ways: the switch sends to the port at it and
-    /// takes frames from the port no faster (the link partner's frames wait in its own
-    /// transmit ring meanwhile, which holds its sender back as a real link does).
-    pub rate_mbps: f64,
-    /// Per-port rates overriding `rate_mbps` (index = port), e.g. a slow receiver's port.
-    pub port_mbps: Vec<f64>,
-    /// Bytes above XOFF an ingress port and priority may still bring in before frames are
-    /// dropped: at least what the link partner's transmit ring holds (it cannot recall
-    /// frames handed to its NIC) plus a round trip at the port's rate.
-    pub headroom: u64,
-    /// Propagation delay added on every egress, us (at most 10 s).
-    pub delay_us: u32,
-    /// Shared buffer, bytes.
-    pub buffer: u64,
-    /// ECN marking at dequeue (`None`: none).
-    pub red: Option<Red>,
-    /// PFC towards the ingress ports (and honoured from them).
-    pub pfc: Mode,
-    /// XOFF/XON per ingress port and priority, bytes.
-    pub thresholds: Thresholds,
-    /// Capture every frame the switch sends, on any port, as it leaves (after marking; PFC
-    /// frames included), like a mirror port.
-    pub pcap: Option<std::path::PathBuf>,
-    /// Record the bytes queued at every egress port this often, us (0: never); taken with
-    /// `Runtime::take_switch_samples`.
-    pub sample_us: u32,
-}
-
-impl Default for SwitchSettings {
-    /// 10 Gb/s, no delay, 4 MiB, no marking, no PFC, XOFF 200 KB, 256 KiB of headroom.
-    fn default() -> Self {
-        SwitchSettings {
-            rate_mbps: 10_000.0,
-            port_mbps: Vec::new(),
-            headroom: 256 << 10,
-            delay_us: 0,
-            buffer: 4 << 20,
-            red: None,
-            pfc: Mode::Off,
-            thresholds: Thresholds {
-                xoff: 200_000,
-                xon: 200_000 - 2 * 9000,
-            },
-            pcap: None,
-            sample_us: 0,
-        }
-    }
-}
 
 /// The bytes queued at every egress port at one time (ns, the worker's clock).
 pub type QueueSample = (u64, Vec<u64>);
@@ -107,6 +57,8 @@ pub struct SwitchStats {
     pub nombuf: u64,
     /// Frames dropped because an egress delay line was full.
     pub delay_dropped: u64,
+    /// Faults injected on egress, every port's summed.
+    pub faults: FaultCounters,
 }
 
 impl SwitchStats {
@@ -126,6 +78,10 @@ impl SwitchStats {
             ("pfc_xon_tx", m.pfc_xon),
             ("pfc_rx", m.pfc_rx),
             ("flooded", self.flooded),
+            ("fault_lost", self.faults.lost),
+            ("fault_duplicated", self.faults.duplicated),
+            ("fault_corrupted", self.faults.corrupted),
+            ("fault_reordered", self.faults.reordered),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))
@@ -147,6 +103,8 @@ struct SwitchPort {
     /// Frames waiting out the propagation delay, with their release time (in order).
     delayed: VecDeque<(u64, Mbuf)>,
     txbuf: Vec<Mbuf>,
+    /// `SwitchSettings::fault` on what leaves this port.
+    faults: Option<Faults>,
 }
 
 /// The emulated switch on its DPDK ports.
@@ -160,6 +118,8 @@ pub struct SwitchDev {
     mac: [u8; 6],
     delay_ns: u64,
     rxbuf: Vec<Mbuf>,
+    /// Frames the fault injector let through, on their way to the delay line.
+    faulted: Vec<Mbuf>,
     tap: Option<Tap>,
     /// Queue samples (`SwitchSettings::sample_us`), shared with whoever takes them.
     samples: Arc<Mutex<Vec<QueueSample>>>,
@@ -197,7 +157,13 @@ impl SwitchDev {
             seed: 1,
         })?;
         let mut out = Vec::new();
-        for (p, mbps) in ports.into_iter().zip(rates) {
+        for (i, (p, mbps)) in ports.into_iter().zip(rates).enumerate() {
+            let faults = s.fault.any().then(|| {
+                Faults::new(FaultConfig {
+                    seed: s.fault.seed.wrapping_add(i as u64),
+                    ..s.fault
+                })
+            });
             let rx = p.rx_queue(0).map_err(|e| e.to_string())?;
             let tx = p.tx_queue(0).map_err(|e| e.to_string())?;
             out.push(SwitchPort {
@@ -208,6 +174,7 @@ impl SwitchDev {
                 tx,
                 delayed: VecDeque::new(),
                 txbuf: Vec::with_capacity(BURST),
+                faults,
             });
         }
         Ok(SwitchDev {
@@ -219,6 +186,7 @@ impl SwitchDev {
             mac: [0x02, 0, 0, 0x99, 0xfe, 0x01],
             delay_ns: s.delay_us as u64 * 1000,
             rxbuf: Vec::with_capacity(RX_PER_TURN),
+            faulted: Vec::with_capacity(4),
             tap: match &s.pcap {
                 Some(p) => Some(Tap::create(p, 262_144, true, "switch pcap")?),
                 None => None,
@@ -246,10 +214,17 @@ impl SwitchDev {
         self.samples.clone()
     }
 
-    /// Counters, with the model's.
+    /// Counters, with the model's and the fault injectors'.
     pub fn snapshot(&self) -> SwitchStats {
         let mut s = self.stats.clone();
         s.model = self.sw.counters.clone();
+        for f in self.ports.iter().filter_map(|p| p.faults.as_ref()) {
+            let (a, b) = (&mut s.faults, f.counters);
+            a.lost += b.lost;
+            a.duplicated += b.duplicated;
+            a.corrupted += b.corrupted;
+            a.reordered += b.reordered;
+        }
         s
     }
 
@@ -309,7 +284,18 @@ impl SwitchDev {
             if d.ce && m.is_exclusive() {
                 roce::wire::frame::mark_ce(m.data_mut());
             }
-            self.delay(d.port, d.done + self.delay_ns, m, false);
+            let at = d.done + self.delay_ns;
+            match self.ports[d.port].faults.as_mut() {
+                Some(f) => {
+                    let mut out = std::mem::take(&mut self.faulted);
+                    f.pass(now, m, &self.pool, &mut out);
+                    for m in out.drain(..) {
+                        self.delay(d.port, at, m, false);
+                    }
+                    self.faulted = out;
+                }
+                None => self.delay(d.port, at, m, false),
+            }
             work += 1;
         }
         for p in self.ports.iter_mut() {

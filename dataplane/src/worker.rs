@@ -270,7 +270,7 @@ impl Worker {
         for (nic, slot) in self.nics.iter().zip(&self.stats) {
             let (dev, qps) = nic.dev.counters();
             let snap = NicSnapshot {
-                nic: nic.counters,
+                nic: nic.counters(),
                 neigh: nic.neigh.counters,
                 dev,
                 qps,

@@ -230,3 +230,37 @@ fn an_rnic_behind_the_switch_its_configuration_names() {
     assert!(frames > 0, "CE-marked frames in the switch's capture");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Faults at the switch (`switch.loss`, `duplicate`, `reorder`, `corrupt`): every frame it
+/// sends, both ways, may be lost, doubled, held behind the next or have a bit flipped. RC
+/// recovers: the data arrives whole, A resent what was lost, and the switch counted its
+/// faults.
+#[test]
+fn rc_recovers_through_a_faulty_switch() {
+    let mut ra = dataplane::runtime::loopback_raw_config(3, 1024);
+    for (k, v) in [
+        ("worker.idle_sleep_us", "50"),
+        ("switch.enabled", "true"),
+        ("switch.loss", "0.02"),
+        ("switch.duplicate", "0.01"),
+        ("switch.reorder", "0.01"),
+        ("switch.corrupt", "0.01"),
+        ("switch.seed", "7"),
+    ] {
+        ra.set(k, v).unwrap();
+    }
+    let ca = ra.validate().unwrap();
+    let mtu = ca.path_mtu;
+    let rt = Runtime::loopback("ferroce-tests", ca, test_config(4, 1024)).expect("loopback");
+    let mut a = side(rt.open(0).unwrap(), QpType::Rc, 8 << 20, 256);
+    let mut b = side(rt.open(1).unwrap(), QpType::Rc, 8 << 20, 256);
+    let (qa, qb, ga, gb) = (a.qpn, b.qpn, a.gid, b.gid);
+    // A short ACK timeout (2^12 x 4.096 us = 17 ms): lost tails are resent soon.
+    connect_with(&mut a, qb, gb, mtu, 0x10, 0x77, QpType::Rc, 12);
+    connect_with(&mut b, qa, ga, mtu, 0x77, 0x10, QpType::Rc, 12);
+    write_verified(&mut a, &b, 24, 64 * 1024);
+    let s = rt.switch_stats(0).expect("A's switch");
+    let snaps = rt.stop();
+    assert!(s.faults.lost > 0 && s.faults.reordered > 0, "{s:?}");
+    assert!(snaps[0].qps.retransmitted_pkts > 0, "{:?}", snaps[0].qps);
+}

@@ -135,8 +135,8 @@ pub fn run(s: &DpdkIncast) -> Result<IncastOutcome, String> {
             xoff: 200_000,
             xon: 200_000 - 2 * 4200,
         },
-        pcap: None,
         sample_us: (sample_ns / 1000).max(1) as u32,
+        ..Default::default()
     };
     let rt = Runtime::switched("rnic-sim", cfgs, &settings).map_err(|e| e.to_string())?;
     let out = drive(&rt, s, sample_ns);
