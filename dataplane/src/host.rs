@@ -529,7 +529,9 @@ impl HostEnd {
                     .ok_or(VerbsError::NotFound("memory area"))?;
                 let offset = usize::try_from(offset)
                     .map_err(|_| VerbsError::InvalidArgument("offset too large".into()))?;
-                let (lkey, rkey) = dev.reg_mr(pd, mem, offset, iova, len, access)?;
+                let (lkey, rkey) = dev.reg_mr(pd, mem.clone(), offset, iova, len, access)?;
+                // Registration pins memory on an RNIC; here it faults the pages in.
+                mem.populate(offset, len as usize);
                 self.mrs.push(lkey);
                 Ok(ReplyData::Keys { lkey, rkey })
             }
@@ -544,19 +546,26 @@ impl HostEnd {
                 if let Some(pd) = pd {
                     self.check_owned(self.pds.contains(&pd), "protection domain")?;
                 }
+                let mut area = None;
                 let translation = match translation {
                     None => None,
-                    Some(t) => Some(roce::engine::MrTranslation {
-                        mem: self
+                    Some(t) => {
+                        let mem = self
                             .areas
                             .get(&t.area)
                             .cloned()
-                            .ok_or(VerbsError::NotFound("memory area"))?,
-                        mem_offset: usize::try_from(t.offset)
-                            .map_err(|_| VerbsError::InvalidArgument("offset too large".into()))?,
-                        addr: t.iova,
-                        length: t.len,
-                    }),
+                            .ok_or(VerbsError::NotFound("memory area"))?;
+                        let mem_offset = usize::try_from(t.offset)
+                            .map_err(|_| VerbsError::InvalidArgument("offset too large".into()))?;
+                        // The new memory is faulted in as at registration.
+                        area = Some((mem.clone(), mem_offset, t.len as usize));
+                        Some(roce::engine::MrTranslation {
+                            mem,
+                            mem_offset,
+                            addr: t.iova,
+                            length: t.len,
+                        })
+                    }
                 };
                 let change = roce::engine::MrChange {
                     pd,
@@ -564,6 +573,9 @@ impl HostEnd {
                     access,
                 };
                 let (lkey, rkey) = dev.rereg_mr(lkey, change)?;
+                if let Some((mem, off, len)) = area {
+                    mem.populate(off, len);
+                }
                 Ok(ReplyData::Keys { lkey, rkey })
             }
             Command::AllocMw { pd, ty } => {

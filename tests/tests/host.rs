@@ -406,3 +406,23 @@ fn refused_posts_take_no_send_queue_room() {
     drop((a, b));
     drop(rt);
 }
+
+/// Registering memory faults its pages in, as an RNIC pins them at registration: the first
+/// RDMA into fresh memory then costs no page fault on the data path.
+#[test]
+fn registration_faults_the_memory_in() {
+    let rt = Runtime::loopback("ferroce-host", test_config(3, 1024), test_config(4, 1024))
+        .expect("loopback");
+    let mut ctx = rt.open(0).unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let len = 4 << 20;
+    let buf = ctx.alloc_buffer(len).unwrap();
+    let mr = ctx.reg_mr(pd, &buf, 0, len / 2, Access::ALL).unwrap();
+    let kb = ferroce_host::abi::area::resident_kb(mr.addr).expect("the buffer's mapping");
+    assert!(
+        (2048..3072).contains(&kb),
+        "the registered half is resident, the rest not: {kb} kB"
+    );
+    drop(ctx);
+    rt.stop();
+}
