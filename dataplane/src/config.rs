@@ -668,7 +668,7 @@ impl PfcConfig {
     /// XOFF (a gap of many frames, so a receiver that just keeps up does not send a pause
     /// frame per frame handled).
     pub fn rx_thresholds(&self) -> dcb::pfc::Thresholds {
-        let xoff = self.rx_buffer - self.rx_headroom;
+        let xoff = self.rx_buffer.saturating_sub(self.rx_headroom);
         dcb::pfc::Thresholds {
             xoff,
             xon: xoff / 2,
@@ -1244,7 +1244,31 @@ impl RawConfig {
         let dcqcn = self.dcqcn_config(self.port.speed_gbps.unwrap_or(100))?;
         let pfc = self.pfc_config()?;
         let ets = self.ets_config()?;
-        let switch = self.switch_config()?;
+        let mut switch = self.switch_config()?;
+        // An RNIC sending PFC behind its own switch: the switch honours it on the same
+        // priorities unless `switch.pfc` says otherwise (else its XOFFs would be ignored and
+        // the RNIC's buffer would drop what the ring used to hold back).
+        if let (Some(w), None, Mode::Pfc { .. } | Mode::Pause) =
+            (switch.as_mut(), &self.switch.pfc, pfc.mode)
+        {
+            w.pfc = match pfc.mode {
+                Mode::Pause => Mode::Pfc { enabled: 0xff },
+                m => m,
+            };
+        }
+        // XOFF must be reachable within the frames the receive buffer may hold (a quarter of
+        // the pool), each charged at least a 2 KiB mbuf.
+        let frames = mbufs as u64 / 4;
+        if pfc.mode != Mode::Off && pfc.rx_buffer - pfc.rx_headroom > frames * 2048 {
+            return err(
+                "pfc.rx_buffer_kb",
+                format!(
+                    "XOFF at {} KiB is more than the {frames} frames the receive buffer holds \
+                     (a quarter of port.mbufs): raise port.mbufs or lower the buffer",
+                    (pfc.rx_buffer - pfc.rx_headroom) >> 10
+                ),
+            );
+        }
         let trust = match self.roce.trust.as_deref() {
             None | Some("pcp") => Trust::Pcp,
             Some("dscp") => Trust::Dscp,
@@ -1257,7 +1281,12 @@ impl RawConfig {
             reorder: prob("fault.reorder", self.fault.reorder)?,
             ce: prob("fault.ce", self.fault.ce)?,
             delay_us: self.fault.delay_us.unwrap_or(0),
-            rx_pps: self.fault.rx_pps.unwrap_or(0),
+            rx_pps: match self.fault.rx_pps.unwrap_or(0) {
+                r if r > 1_000_000_000 => {
+                    return err("fault.rx_pps", format!("{r} exceeds 10^9 frames/s"))
+                }
+                r => r,
+            },
             seed: self.fault.seed.unwrap_or(1),
         };
         Ok(RnicConfig {
@@ -1474,6 +1503,14 @@ impl RawConfig {
             return err(
                 "pfc.rx_headroom_kb",
                 format!("{headroom} leaves no room below it in a {buffer} KiB buffer"),
+            );
+        }
+        // A frame is charged its whole mbuf (4 KiB and more): below a few of them the XOFF
+        // threshold could sit where no frame lands before the buffer is full.
+        if headroom < 16 {
+            return err(
+                "pfc.rx_headroom_kb",
+                format!("{headroom} KiB: at least 16 (a few frames' mbufs)"),
             );
         }
         Ok(PfcConfig {
@@ -2168,6 +2205,13 @@ mod tests {
         );
         assert_eq!(bad("pfc.rx_buffer_kb", "8").key, "pfc.rx_buffer_kb");
         assert_eq!(bad("pfc.rx_headroom_kb", "1024").key, "pfc.rx_headroom_kb");
+        assert_eq!(bad("pfc.rx_headroom_kb", "4").key, "pfc.rx_headroom_kb");
+        assert_eq!(bad("fault.rx_pps", "2000000000").key, "fault.rx_pps");
+        let mut r = RawConfig::parse("[port]\ndevice = \"net_null0\"\nmbufs = 4096").unwrap();
+        for (k, v) in [("pfc.mode", "pfc"), ("pfc.rx_buffer_kb", "8192")] {
+            r.set(k, v).unwrap();
+        }
+        assert_eq!(r.validate().unwrap_err().key, "pfc.rx_buffer_kb");
         assert_eq!(bad("roce.trust", "vlan").key, "roce.trust");
         assert_eq!(bad("ets.bw", "50,50").key, "ets.bw");
         assert_eq!(bad("ets.bw", "50,0,0,40,0,0,0,0").key, "ets");

@@ -214,6 +214,17 @@ impl HostEnd {
         }
     }
 
+    /// Before the worker sleeps: arms the post ring so the client's next post wakes it, adds
+    /// the word to wait on to `out`, and says whether posts are already waiting (then the
+    /// worker must not sleep).
+    pub fn prepare_sleep(&self, out: &mut Vec<ferroce_host::abi::ring::WaitWord>) -> bool {
+        if self.closed {
+            return false;
+        }
+        out.push(self.posts.prepare_wait());
+        !self.posts.is_empty()
+    }
+
     /// Whether the client closed (or lost) its context (the RNIC then drops this end).
     pub fn is_closed(&self) -> bool {
         self.closed

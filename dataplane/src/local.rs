@@ -8,7 +8,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
-use crossbeam_queue::SegQueue;
 use ferroce_host::abi::area::Area;
 use ferroce_host::abi::{ClientLimits, Command, HostLimits, ReplyData};
 use ferroce_host::app::{Channel, Client};
@@ -20,7 +19,7 @@ use crate::worker::{Control, WorkerCell};
 /// A client in the same process as the worker: control calls go through the runtime's
 /// control queue and wait for the worker's reply.
 pub struct LocalChannel {
-    control: Arc<SegQueue<Control>>,
+    control: crate::worker::ControlQueue,
     nic: usize,
     token: u64,
     alive: Arc<AtomicBool>,
@@ -33,7 +32,7 @@ impl LocalChannel {
     /// A channel to the host `token` of RNIC `nic`; with `cell`, the caller runs the worker
     /// while it waits.
     pub fn new(
-        control: Arc<SegQueue<Control>>,
+        control: crate::worker::ControlQueue,
         nic: usize,
         token: u64,
         alive: Arc<AtomicBool>,
@@ -118,7 +117,7 @@ pub type Context = Client<LocalChannel>;
 /// the client and the host end to attach to the RNIC (`Nic::add_host`). With `cell`, the
 /// client runs the worker itself while it waits.
 pub fn context(
-    control: Arc<SegQueue<Control>>,
+    control: crate::worker::ControlQueue,
     nic: usize,
     limits: HostLimits,
     alive: Arc<AtomicBool>,

@@ -426,6 +426,17 @@ impl Nic {
         })
     }
 
+    /// Before the worker sleeps: arms every client's post ring and adds the words to wait on
+    /// to `out`; returns whether work is already waiting (posts, or received frames not yet
+    /// handled), so the worker must not sleep.
+    pub fn prepare_sleep(&self, out: &mut Vec<ferroce_host::abi::ring::WaitWord>) -> bool {
+        let mut busy = !self.rx.frames.is_empty() || !self.loopback.is_empty();
+        for h in self.hosts.values() {
+            busy |= h.prepare_sleep(out);
+        }
+        busy
+    }
+
     /// The port's counters, the fault injector's included.
     pub fn counters(&self) -> NicCounters {
         let mut c = self.counters;
@@ -783,10 +794,13 @@ impl Nic {
         let mut work = 0;
         for _ in 0..DRAIN_BURSTS {
             let room = target.saturating_sub(self.rx.frames.len());
-            if room == 0 {
+            // A full buffer sending PFC still takes frames off the port, as a NIC's MAC does:
+            // the link partner's own pause frames must not wait behind data (the data past
+            // the buffer is a counted drop).
+            if room == 0 && self.rx.ingress.is_none() {
                 break;
             }
-            let want = room.min(BURST);
+            let want = if room == 0 { BURST } else { room.min(BURST) };
             let n = self.rxq.rx_burst_max(&mut self.rxbuf, want);
             if n == 0 {
                 break;
@@ -844,6 +858,11 @@ impl Nic {
             self.rx_frame(now, &m);
             return;
         }
+        if self.rx.frames.len() >= self.rx.max_frames {
+            self.counters.rx_frames += 1;
+            self.counters.rx_buffer_discards += 1;
+            return;
+        }
         let p = self.dev.config().priorities.of_frame(d);
         let charge = m.buffer_bytes() as u32;
         let (fits, send) = ingress.enqueue(p as usize, charge as u64, now);
@@ -867,7 +886,10 @@ impl Nic {
         let cap = (RX_BURSTS * BURST) as u64 * NS;
         let r = &mut self.rx;
         let elapsed = now.saturating_sub(r.tokens_at).min(NS);
-        r.tokens = (r.tokens + elapsed * self.cfg.fault.rx_pps).min(cap);
+        r.tokens = r
+            .tokens
+            .saturating_add(elapsed.saturating_mul(self.cfg.fault.rx_pps))
+            .min(cap);
         r.tokens_at = now;
         (r.tokens / NS) as usize
     }
@@ -875,10 +897,6 @@ impl Nic {
     /// Sends a PFC or PAUSE frame from the receive buffer ahead of the data waiting to
     /// leave (a paused peer must hear of it now, not behind a burst).
     fn send_pause(&mut self, now: u64, f: PauseFrame) {
-        match f {
-            PauseFrame::Pfc { .. } => self.counters.tx_pfc += 1,
-            PauseFrame::Pause { .. } => self.counters.tx_pause += 1,
-        }
         let frame = f.emit(self.mac);
         let Ok(mut m) = self.pool.alloc() else {
             self.counters.tx_nombuf += 1;
@@ -887,6 +905,10 @@ impl Nic {
         if !m.extend_from_slice(&frame) {
             self.counters.tx_dropped += 1;
             return;
+        }
+        match f {
+            PauseFrame::Pfc { .. } => self.counters.tx_pfc += 1,
+            PauseFrame::Pause { .. } => self.counters.tx_pause += 1,
         }
         self.tap(now, &[&frame]);
         self.txbuf.insert(0, m);
@@ -1102,6 +1124,9 @@ impl Nic {
         let vlan_ok = match (self.vlan, vid) {
             (None, None | Some(0)) => true,
             (Some(v), Some(x)) => x == v.vid,
+            // PFC and PAUSE frames are never tagged (IEEE 802.3 Annex 31B): a VLAN port
+            // takes them untagged.
+            (Some(_), None) => eth.ethertype() == ethertype::MAC_CONTROL,
             _ => false,
         };
         if !vlan_ok {
@@ -1349,6 +1374,12 @@ impl Nic {
     /// `[pfc]` says (a priority the watchdog found stormed is not paused again until the
     /// storm ends).
     fn pause_frame(&mut self, now: u64, frame: &[u8]) {
+        // Our own pause frame, echoed back (a packet socket hands back what is sent on it):
+        // never a pause for us.
+        if frame.get(6..12) == Some(&self.mac[..]) {
+            self.counters.rx_pause_ignored += 1;
+            return;
+        }
         let Some(f) = PauseFrame::parse(frame) else {
             self.counters.rx_pause_malformed += 1;
             return;

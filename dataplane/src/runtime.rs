@@ -4,7 +4,6 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crossbeam_queue::SegQueue;
 use pmd_bindings::mempool::ROCE_4K_DATA_ROOM;
 use pmd_bindings::{ring_pair, Eal, EalBuilder, Mempool, Port, PortConfig};
 
@@ -138,7 +137,7 @@ pub const SWITCH_LINK_DESC: u16 = 16;
 pub struct Runtime {
     stop: Arc<AtomicBool>,
     alive: Arc<AtomicBool>,
-    control: Arc<SegQueue<Control>>,
+    control: crate::worker::ControlQueue,
     stats: Vec<Arc<Mutex<NicSnapshot>>>,
     switch_stats: Mutex<Vec<Arc<Mutex<SwitchStats>>>>,
     switch_samples: Mutex<Vec<Arc<Mutex<Vec<QueueSample>>>>>,
@@ -286,7 +285,7 @@ impl Runtime {
     fn spawn_with(nics: Vec<Nic>, switches: Vec<SwitchDev>) -> Result<Runtime, StartError> {
         let stop = Arc::new(AtomicBool::new(false));
         let alive = Arc::new(AtomicBool::new(true));
-        let control = Arc::new(SegQueue::new());
+        let control = crate::worker::control_queue();
         let stats: Vec<_> = nics
             .iter()
             .map(|_| Arc::new(Mutex::new(NicSnapshot::default())))
@@ -467,6 +466,8 @@ impl Runtime {
 
     fn shutdown(&self) {
         self.stop.store(true, Ordering::Release);
+        // A sleeping worker sees the flag now, not at the end of its sleep.
+        self.control.wake();
         let t = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(t) = t {
             let _ = t.join();

@@ -353,6 +353,10 @@ impl SwitchDev {
             return;
         }
         if d[12..14] == [0x88, 0x08] {
+            // The switch's own pause frames echoed back by a port are not the partner's.
+            if d[6..12] == self.mac {
+                return;
+            }
             if let Some(f) = PauseFrame::parse(d) {
                 self.sw.pause_frame(now, port, &f);
             }

@@ -2,10 +2,11 @@
 //! iteration and turns it into the engine's `now`, polls every RNIC, and backs off when idle
 //! (spin, then `pause`, then a short sleep) so several processes can share a 2-core machine.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crossbeam_queue::SegQueue;
+use ferroce_host::abi::ring::{wait_any, WaitWord};
 use pmd_bindings::Eal;
 
 use crate::host::HostEnd;
@@ -95,12 +96,62 @@ pub enum Control {
     Panic,
 }
 
+/// The queue through which other threads reach a worker, and the word a sleeping worker
+/// also waits on, so a request wakes it at once.
+#[derive(Default)]
+pub struct Controls {
+    q: SegQueue<Control>,
+    /// Bumped by every push while the worker sleeps (a futex word of this process).
+    kick: AtomicU32,
+    /// Whether the worker is (about to be) asleep.
+    asleep: AtomicBool,
+}
+
+impl Controls {
+    /// Queues `c` for the worker, waking it if it sleeps.
+    pub fn push(&self, c: Control) {
+        self.q.push(c);
+        // Store-load ordering with the worker's `asleep` store and its look at the queue.
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if self.asleep.load(Ordering::Acquire) {
+            self.wake();
+        }
+    }
+
+    /// Ends the worker's sleep, if it sleeps (e.g. so it sees its stop flag).
+    pub fn wake(&self) {
+        self.kick.fetch_add(1, Ordering::Release);
+        // SAFETY: FUTEX_WAKE_PRIVATE on a word of this live struct; it never blocks.
+        unsafe {
+            libc::syscall(
+                libc::SYS_futex,
+                self.kick.as_ptr(),
+                libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
+                1,
+                std::ptr::null::<libc::timespec>(),
+                std::ptr::null::<u32>(),
+                0,
+            );
+        }
+    }
+
+    /// Takes the oldest request.
+    pub fn pop(&self) -> Option<Control> {
+        self.q.pop()
+    }
+
+    /// Whether no request waits.
+    pub fn is_empty(&self) -> bool {
+        self.q.is_empty()
+    }
+}
+
 /// The queue through which other threads reach a worker.
-pub type ControlQueue = Arc<SegQueue<Control>>;
+pub type ControlQueue = Arc<Controls>;
 
 /// An empty control queue.
 pub fn control_queue() -> ControlQueue {
-    Arc::new(SegQueue::new())
+    Arc::new(Controls::default())
 }
 
 /// Converts TSC cycles to nanoseconds since the worker started: one multiply and a shift
@@ -152,7 +203,7 @@ pub struct Worker {
     clock: Clock,
     backoff: Backoff,
     idle: u32,
-    control: Arc<SegQueue<Control>>,
+    control: ControlQueue,
     stats: Vec<Arc<Mutex<NicSnapshot>>>,
     last_stats: u64,
     /// One span per RNIC (`rnic{dev=ferroce0}`), entered while its engine runs, so the
@@ -168,7 +219,7 @@ impl Worker {
     pub fn new(
         nics: Vec<Nic>,
         backoff: Backoff,
-        control: Arc<SegQueue<Control>>,
+        control: ControlQueue,
         stats: Vec<Arc<Mutex<NicSnapshot>>>,
     ) -> Worker {
         let spans = (0..nics.len())
@@ -293,13 +344,18 @@ impl Worker {
     /// Backs off after an iteration that did `work`.
     #[inline]
     pub fn idle(&mut self, work: usize) {
-        self.idle_action(work).run();
+        let mut waits = Vec::new();
+        let action = self.idle_action(work, &mut waits);
+        action.run(&waits);
+        self.control.asleep.store(false, Ordering::Release);
     }
 
     /// What to do after an iteration that did `work` (the caller does it, e.g. after
     /// letting go of a lock).
+    /// A sleep is a wait on `waits` (filled here): every client's post ring, armed, and the
+    /// control queue's word, so a post or a request ends it at once.
     #[inline]
-    fn idle_action(&mut self, work: usize) -> Idle {
+    fn idle_action(&mut self, work: usize, waits: &mut Vec<WaitWord>) -> Idle {
         if work > 0 {
             self.idle = 0;
             return Idle::Spin;
@@ -315,6 +371,22 @@ impl Worker {
             // write_lat round trip instead of ~5 us). Alone on its CPU, a yield returns at once.
             Idle::Yield
         } else if b.sleep_us > 0 {
+            waits.clear();
+            let c = &self.control;
+            c.asleep.store(true, Ordering::Release);
+            waits.push(WaitWord::private(&c.kick, c.kick.load(Ordering::Acquire)));
+            // Pairs with the fence in `Controls::push` (and, through each ring's arm, with
+            // the clients' `notify`): a request or post that does not see us asleep is seen
+            // by the checks below.
+            std::sync::atomic::fence(Ordering::SeqCst);
+            let mut busy = !c.is_empty();
+            for n in &self.nics {
+                busy |= n.prepare_sleep(waits);
+            }
+            if busy {
+                c.asleep.store(false, Ordering::Release);
+                return Idle::Spin;
+            }
             Idle::Sleep(b.sleep_us)
         } else {
             Idle::Yield
@@ -352,11 +424,12 @@ enum Idle {
 }
 
 impl Idle {
-    fn run(self) {
+    /// Waits as said; a sleep ends early when one of `waits` changes.
+    fn run(self, waits: &[WaitWord]) {
         match self {
             Idle::Spin => std::hint::spin_loop(),
             Idle::Yield => std::thread::yield_now(),
-            Idle::Sleep(us) => std::thread::sleep(std::time::Duration::from_micros(us as u64)),
+            Idle::Sleep(us) => wait_any(waits, std::time::Duration::from_micros(us as u64)),
         }
     }
 }
@@ -440,6 +513,11 @@ impl WorkerCell {
     /// application threads drive it, then finishes it (`Worker::finish`). Returns at once if
     /// a panic in another thread poisoned the worker.
     pub fn run(&self) {
+        let mut waits = Vec::new();
+        let control = match self.worker.lock() {
+            Ok(w) => w.control.clone(),
+            Err(_) => return,
+        };
         while !self.stop.load(Ordering::Relaxed) {
             let driven = self.driven_at.load(Ordering::Relaxed);
             if driven != 0 && self.clock.now().saturating_sub(driven) < APP_DRIVE_WINDOW_NS {
@@ -451,9 +529,12 @@ impl WorkerCell {
                     return;
                 };
                 let work = w.poll_once();
-                w.idle_action(work)
+                w.idle_action(work, &mut waits)
             };
-            action.run();
+            // Outside the lock: application threads may drive the worker meanwhile.
+            action.run(&waits);
+            control.asleep.store(false, Ordering::Release);
+            waits.clear();
         }
         if let Ok(mut w) = self.worker.lock() {
             w.finish();

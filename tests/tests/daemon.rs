@@ -1250,3 +1250,38 @@ fn one_buffer_on_two_rnics_then_private_again() {
     drop((a, b));
     d.stop();
 }
+
+/// A sleeping worker wakes for a request or a post at once: with a 3 s idle sleep and almost
+/// no spinning first, setting up a connected pair (a dozen control calls) and three WRITEs
+/// posted after the worker went to sleep each take far less than one sleep. Without the
+/// wake-ups (control queue word, armed post rings) every one of them waited for the sleep to
+/// end.
+#[test]
+fn a_sleeping_worker_wakes_for_requests_and_posts() {
+    let cfg = host_config("wake");
+    let mk = |h: u8| {
+        let mut c = test_config(h, 4096);
+        c.idle_spin = 1;
+        c.idle_pause = 1;
+        c.idle_sleep_us = 3_000_000;
+        c
+    };
+    let rt = Runtime::loopback("ferroce-daemon", mk(21), mk(22)).expect("loopback");
+    let d = Daemon::start(rt, &cfg).expect("daemon");
+    let t = Instant::now();
+    let (mut a, b) = rc_pair(&cfg.socket);
+    let setup = t.elapsed();
+    let mut posts = Vec::new();
+    for seed in 1..=3u8 {
+        std::thread::sleep(Duration::from_millis(30));
+        let t = Instant::now();
+        verified_write(&mut a, &b, seed, 8192);
+        posts.push(t.elapsed());
+    }
+    assert!(
+        setup < Duration::from_secs(2) && posts.iter().all(|p| *p < Duration::from_secs(1)),
+        "setup {setup:?}, WRITEs {posts:?} (the worker sleeps 3 s at a time)"
+    );
+    drop((a, b));
+    d.stop();
+}

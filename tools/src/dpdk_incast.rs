@@ -60,6 +60,7 @@ impl DpdkIncast {
             min_rate: p.min_rate / k,
             ai_rate: p.ai_rate / k,
             hai_rate: p.hai_rate / k,
+            rate_on_first_cnp: p.rate_on_first_cnp / k,
             alpha_period: t(p.alpha_period),
             decrease_period: t(p.decrease_period),
             timer: t(p.timer),
@@ -295,6 +296,9 @@ fn drive(rt: &Runtime, s: &DpdkIncast, sample_ns: u64) -> Result<IncastOutcome, 
         }
     }
     queue.extend(rt.take_switch_samples(0).iter().map(|(_, ports)| ports[n]));
+    if queue.is_empty() {
+        return Err("the switch recorded no queue samples".into());
+    }
     queue.sort_unstable();
     let secs = (until - from).as_secs_f64();
     out.per_sender = measured

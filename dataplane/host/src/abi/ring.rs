@@ -13,7 +13,7 @@
 //! the sequence - from any process that maps the ring.
 
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::abi::area::Area;
@@ -236,6 +236,23 @@ impl<T: Plain> Consumer<T> {
         std::sync::atomic::fence(Ordering::SeqCst);
     }
 
+    /// Arms the ring for a consumer about to sleep and returns the word to wait on (with
+    /// others, [`wait_any`]). The caller checks the ring is still empty afterwards: the arm's
+    /// fence orders that check after the arm, so a push the check misses notifies.
+    pub fn prepare_wait(&self) -> WaitWord {
+        let seen = self.notify_seq();
+        self.arm(false);
+        WaitWord {
+            word: self
+                .area
+                .atomic_u32(NOTIFY_SEQ)
+                .map_or(std::ptr::null(), |a| a as *const AtomicU32),
+            seen,
+            shared: true,
+            _area: Some(self.area.clone()),
+        }
+    }
+
     /// Waits until the notification sequence differs from `seen` or `timeout` passes
     /// (`None`: no limit); true if it changed.
     pub fn wait_notify(&self, seen: u32, timeout: Option<std::time::Duration>) -> bool {
@@ -355,6 +372,97 @@ impl<T: Plain> Consumer<T> {
             idx(&self.area, HEAD).store(self.head, Ordering::Release);
         }
         n
+    }
+}
+
+/// A 32-bit futex word a sleeping consumer waits on, with the value it saw: a ring's
+/// notification sequence (a shared mapping, kept mapped by the word) or a word of the
+/// process's own memory that outlives the wait.
+pub struct WaitWord {
+    word: *const AtomicU32,
+    seen: u32,
+    shared: bool,
+    _area: Option<Arc<Area>>,
+}
+
+impl WaitWord {
+    /// A word in this process's own memory (woken with `FUTEX_WAKE_PRIVATE`), with the value
+    /// the caller saw. The word must outlive the wait.
+    pub fn private(word: &AtomicU32, seen: u32) -> WaitWord {
+        WaitWord {
+            word,
+            seen,
+            shared: false,
+            _area: None,
+        }
+    }
+}
+
+/// Most words one `futex_waitv` call takes (the kernel's limit).
+const MAX_WAITV: usize = 128;
+
+/// Sleeps until one of `words` changes from the value it saw, or `timeout` passes: one
+/// `futex_waitv` (Linux 5.16) over all of them. More words than the kernel takes, or a
+/// kernel without the call, sleep the whole timeout instead (the waiters' producers then
+/// wait for the sleeper's next look, as before there were wake-ups).
+pub fn wait_any(words: &[WaitWord], timeout: std::time::Duration) {
+    // include/uapi/linux/futex.h
+    #[repr(C)]
+    struct FutexWaitv {
+        val: u64,
+        uaddr: u64,
+        flags: u32,
+        reserved: u32,
+    }
+    const SYS_FUTEX_WAITV: libc::c_long = 449;
+    const FUTEX2_SIZE_U32: u32 = 0x02;
+    const FUTEX2_PRIVATE: u32 = 128;
+    let live = words.iter().filter(|w| !w.word.is_null());
+    if words.is_empty() || words.len() > MAX_WAITV {
+        std::thread::sleep(timeout);
+        return;
+    }
+    let mut v: [FutexWaitv; MAX_WAITV] = std::array::from_fn(|_| FutexWaitv {
+        val: 0,
+        uaddr: 0,
+        flags: 0,
+        reserved: 0,
+    });
+    let mut n = 0;
+    for w in live {
+        v[n] = FutexWaitv {
+            val: w.seen as u64,
+            uaddr: w.word as u64,
+            flags: FUTEX2_SIZE_U32 | if w.shared { 0 } else { FUTEX2_PRIVATE },
+            reserved: 0,
+        };
+        n += 1;
+    }
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid timespec to fill.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+    let end = now.tv_nsec as u128 + now.tv_sec as u128 * 1_000_000_000 + timeout.as_nanos();
+    let deadline = libc::timespec {
+        tv_sec: (end / 1_000_000_000) as libc::time_t,
+        tv_nsec: (end % 1_000_000_000) as libc::c_long,
+    };
+    // SAFETY: `v[..n]` are valid waiters on words of live mappings (kept by the callers'
+    // WaitWords); the deadline is an absolute CLOCK_MONOTONIC time; the call only sleeps.
+    let r = unsafe {
+        libc::syscall(
+            SYS_FUTEX_WAITV,
+            v.as_ptr(),
+            n as libc::c_uint,
+            0 as libc::c_uint,
+            &deadline as *const libc::timespec,
+            libc::CLOCK_MONOTONIC,
+        )
+    };
+    if r < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOSYS) {
+        std::thread::sleep(timeout);
     }
 }
 

@@ -206,6 +206,9 @@ impl<C: Channel> Client<C> {
             spins += 1;
             backoff(spins);
         }
+        // A worker that went to sleep armed the ring: wake it (one fence and one load
+        // otherwise).
+        self.posts.notify(true);
         Ok(())
     }
 
