@@ -16,6 +16,10 @@
 //! RDMA WRITE bandwidth (64 KiB messages, MTU 4096), 64 B WRITE message rate, and 8 B WRITE
 //! half round-trip latency (ib_write_lat). Ratios are printed against the baselines.
 //!
+//! Then 4 KiB WRITEs and READs with a type 2 memory window bound and invalidated per I/O
+//! (SMB Direct's fast-registration pattern in verbs terms), against the same I/O through the
+//! MR's key: the ratio is the cost of registering per I/O (`E2E_ONLY=fastreg` runs only this).
+//!
 //! And the same three through rnicd's host interface across processes: this process runs
 //! the two RNICs behind an rnicd `Daemon` (socket in a temporary directory), and re-executes
 //! itself twice as rnic-perf's server and client, each a client process of the daemon
@@ -345,6 +349,168 @@ fn via_ferroce_run(sock: &std::path::Path, tool: &str, args: &[&str], port: u16)
         .collect()
 }
 
+/// 4 KiB RDMA WRITEs (or READs) from A into B, 64 in flight, for `n` I/Os; returns I/Os per
+/// second. With `windows`, each I/O follows SMB Direct's pattern in verbs terms: B binds a
+/// type 2 memory window over the I/O's 4 KiB with a fresh key (IBV_WR_BIND_MW, the
+/// userspace fast registration), A moves the data through the window's key, and B
+/// invalidates the window (IBV_WR_LOCAL_INV, unsignaled, chained before the slot's next
+/// bind). Without, A uses the MR's key. Both ends are driven from this thread
+/// (run-to-completion).
+fn registered_io(read: bool, windows: bool, n: u64) -> f64 {
+    use dataplane::runtime::Runtime;
+    use dataplane::Verbs;
+    use ferroce_tools::dpdk_incast::{connect, rc_qp_init, End};
+    use roce::memory::MwType;
+    use roce::types::Rkey;
+    use roce::verbs::{Access, Completion, SendFlags, SendWr, WcStatus, WrOp};
+    const SLOTS: u64 = 64;
+    const IO: u32 = 4096;
+    let cfg = |h| driver::loopback_config(h, 4096, &RnicOpts::default()).expect("config");
+    let rt = Runtime::loopback("e2e-mw", cfg(1), cfg(2)).expect("runtime");
+    let mut a = rt.open(0).expect("a");
+    let mut b = rt.open(1).expect("b");
+    let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
+    let (ca, cb) = (a.create_cq(1024).unwrap(), b.create_cq(1024).unwrap());
+    let qa = a.create_qp(&rc_qp_init(pa, ca, 256)).unwrap();
+    let qb = b.create_qp(&rc_qp_init(pb, cb, 256)).unwrap();
+    let len = (SLOTS * IO as u64) as usize;
+    let (ba, bb) = (a.alloc_buffer(len).unwrap(), b.alloc_buffer(len).unwrap());
+    let ma = a.reg_mr(pa, &ba, 0, len, Access::ALL).unwrap();
+    let mb = b.reg_mr(pb, &bb, 0, len, Access::ALL).unwrap();
+    let ea = End {
+        qpn: qa,
+        gid: a.query_gid(1).unwrap(),
+    };
+    let eb = End {
+        qpn: qb,
+        gid: b.query_gid(1).unwrap(),
+    };
+    connect(&mut a, &ea, &eb).expect("connect a");
+    connect(&mut b, &eb, &ea).expect("connect b");
+    let mws: Vec<Rkey> = (0..SLOTS)
+        .map(|_| b.alloc_mw(pb, MwType::Two).unwrap())
+        .collect();
+    let mut keys = mws.clone();
+    let sig = SendFlags::SIGNALED;
+    let io = |a: &mut dataplane::Context, slot: u64, rkey: Rkey| {
+        let addr = mb.addr + slot * IO as u64;
+        let op = if read {
+            WrOp::Read {
+                remote_addr: addr,
+                rkey,
+            }
+        } else {
+            WrOp::Write {
+                remote_addr: addr,
+                rkey,
+            }
+        };
+        let sge = ma.sge(slot * IO as u64, IO);
+        a.post_send(
+            qa,
+            &SendWr {
+                wr_id: slot,
+                op,
+                sg_list: &[sge],
+                flags: sig,
+                ud: None,
+            },
+        )
+        .expect("post I/O");
+    };
+    let bind = |b: &mut dataplane::Context, slot: u64, key: &mut Rkey| {
+        let new = Rkey((key.0 & !0xff) | (key.0.wrapping_add(1) & 0xff));
+        b.post_send(
+            qb,
+            &SendWr {
+                wr_id: slot,
+                op: WrOp::BindMw {
+                    mw: *key,
+                    rkey: new,
+                    mr: mb.lkey,
+                    addr: mb.addr + slot * IO as u64,
+                    length: IO as u64,
+                    access: Access::REMOTE_WRITE | Access::REMOTE_READ,
+                },
+                sg_list: &[],
+                flags: sig,
+                ud: None,
+            },
+        )
+        .expect("post bind");
+        *key = new;
+    };
+    let start = Instant::now();
+    for s in 0..SLOTS {
+        if windows {
+            bind(&mut b, s, &mut keys[s as usize]);
+        } else {
+            io(&mut a, s, mb.rkey.unwrap());
+        }
+    }
+    let mut done = 0u64;
+    let mut wc = [Completion::default(); 32];
+    while done < n {
+        let got = a.poll_cq(ca, &mut wc).unwrap();
+        for c in &wc[..got] {
+            assert_eq!(c.status, WcStatus::Success, "{c:?}");
+            done += 1;
+            if windows {
+                // Invalidate (unsignaled) and bind again, chained as SMB Direct posts them:
+                // the send queue runs them in order, one completion for both.
+                let k = keys[c.wr_id as usize];
+                b.post_send(
+                    qb,
+                    &SendWr {
+                        wr_id: c.wr_id,
+                        op: WrOp::LocalInv { rkey: k },
+                        sg_list: &[],
+                        flags: SendFlags::default(),
+                        ud: None,
+                    },
+                )
+                .expect("post invalidate");
+                bind(&mut b, c.wr_id, &mut keys[c.wr_id as usize]);
+            } else {
+                io(&mut a, c.wr_id, mb.rkey.unwrap());
+            }
+        }
+        if windows {
+            let got = b.poll_cq(cb, &mut wc).unwrap();
+            for c in &wc[..got] {
+                assert_eq!(c.status, WcStatus::Success, "{c:?}");
+                io(&mut a, c.wr_id, keys[c.wr_id as usize]);
+            }
+        }
+    }
+    let rate = done as f64 / start.elapsed().as_secs_f64();
+    drop((a, b));
+    rt.stop();
+    rate
+}
+
+/// The fast-registration figures: [`registered_io`] with and without a window per I/O,
+/// alternating, three runs each, medians compared.
+fn fast_registration() {
+    println!("fast registration (SMB Direct's pattern: bind a type 2 window, I/O, invalidate)");
+    for read in [false, true] {
+        let verb = if read { "READ" } else { "WRITE" };
+        let (mut plain, mut mw) = (Vec::new(), Vec::new());
+        for _ in 0..3 {
+            plain.push(registered_io(read, false, 100_000));
+            mw.push(registered_io(read, true, 100_000));
+        }
+        plain.sort_by(f64::total_cmp);
+        mw.sort_by(f64::total_cmp);
+        println!(
+            "  4 KiB {verb}, 64 in flight: {:8.0} I/O/s with a window bound and invalidated per I/O, {:8.0} without: ratio {:.3}",
+            mw[1],
+            plain[1],
+            mw[1] / plain[1]
+        );
+    }
+}
+
 fn have(tool: &str) -> bool {
     std::process::Command::new("sh")
         .args(["-c", &format!("command -v {tool} >/dev/null")])
@@ -366,6 +532,13 @@ fn build_libibverbs() -> bool {
 fn main() {
     if let Ok(role) = std::env::var(ROLE) {
         child(&role);
+        return;
+    }
+    // E2E_ONLY=fastreg: that section alone (for profiling it).
+    if std::env::var("E2E_ONLY").as_deref() == Ok("fastreg") {
+        let cfg = driver::loopback_config(1, 4096, &RnicOpts::default()).expect("config");
+        dataplane::runtime::init_eal("e2e", &cfg).expect("EAL");
+        fast_registration();
         return;
     }
     // `cargo bench` passes --bench; this harness takes no options.
@@ -431,6 +604,8 @@ fn main() {
         lat["t_avg_us"].as_f64().unwrap(),
         lat["p99_us"].as_f64().unwrap()
     );
+
+    fast_registration();
 
     println!("ferroce through rnicd (two RNICs behind the daemon, server and client as processes)");
     let dir = std::env::temp_dir().join(format!("ferroce-e2e-{}", std::process::id()));

@@ -69,10 +69,12 @@ impl DpdkIncast {
     }
 }
 
-/// One end of a sender's connection.
-struct End {
-    qpn: Qpn,
-    gid: roce::types::Gid,
+/// One end of an RC connection: its QP and the GID it is reached at.
+pub struct End {
+    /// The QP.
+    pub qpn: Qpn,
+    /// Its port's GID.
+    pub gid: roce::types::Gid,
 }
 
 /// Runs `s`; the outcome's rates are the real (slowed) ones, Gb/s.
@@ -190,7 +192,9 @@ fn drive(rt: &Runtime, s: &DpdkIncast, sample_ns: u64) -> Result<IncastOutcome, 
         let mut ctx = rt.open(i).map_err(|e| e.to_string())?;
         let pd = ctx.alloc_pd().map_err(|x| e("pd", x))?;
         let cq = ctx.create_cq(64).map_err(|x| e("cq", x))?;
-        let qpn = ctx.create_qp(&qp_init(pd, cq)).map_err(|x| e("qp", x))?;
+        let qpn = ctx
+            .create_qp(&rc_qp_init(pd, cq, 64))
+            .map_err(|x| e("qp", x))?;
         let buf = ctx
             .alloc_buffer(share as usize)
             .map_err(|x| e("buffer", x))?;
@@ -199,7 +203,7 @@ fn drive(rt: &Runtime, s: &DpdkIncast, sample_ns: u64) -> Result<IncastOutcome, 
             .map_err(|x| e("mr", x))?;
         let gid = ctx.query_gid(1).map_err(|x| e("gid", x))?;
         let rq = rx
-            .create_qp(&qp_init(rx_pd, rx_cq))
+            .create_qp(&rc_qp_init(rx_pd, rx_cq, 64))
             .map_err(|x| e("qp", x))?;
         let me = End { qpn, gid };
         let peer = End {
@@ -309,7 +313,8 @@ fn drive(rt: &Runtime, s: &DpdkIncast, sample_ns: u64) -> Result<IncastOutcome, 
     Ok(out)
 }
 
-fn qp_init(pd: roce::memory::PdId, cq: CqId) -> QpInit {
+/// An RC QP on `pd` with `cq` for both queues, `depth` send WRs, one SGE.
+pub fn rc_qp_init(pd: roce::memory::PdId, cq: CqId, depth: u32) -> QpInit {
     QpInit {
         pd,
         qp_type: QpType::Rc,
@@ -317,7 +322,7 @@ fn qp_init(pd: roce::memory::PdId, cq: CqId) -> QpInit {
         recv_cq: cq,
         srq: None,
         caps: QpCaps {
-            max_send_wr: 64,
+            max_send_wr: depth,
             max_recv_wr: 1,
             max_send_sge: 1,
             max_recv_sge: 1,
@@ -329,7 +334,7 @@ fn qp_init(pd: roce::memory::PdId, cq: CqId) -> QpInit {
 
 /// Brings `me` to RTS towards `peer` (PSN 0 both ways, 4 KiB MTU; an ACK timeout of about
 /// 1 s, as a slowed-down run stretches the round trip).
-fn connect(ctx: &mut Context, me: &End, peer: &End) -> Result<(), String> {
+pub fn connect(ctx: &mut Context, me: &End, peer: &End) -> Result<(), String> {
     let steps = [
         QpAttr {
             state: Some(QpState::Init),
