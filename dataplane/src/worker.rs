@@ -169,6 +169,24 @@ impl Clock {
         Self::with_hz(pmd_bindings::eal::rdtsc(), pmd_bindings::eal::tsc_hz())
     }
 
+    /// A clock starting now in any process: EAL's TSC frequency when EAL runs here, else
+    /// the TSC measured against the monotonic clock over 20 ms (a client of rnicd has no
+    /// EAL). For timestamps as perftest takes them (cycles, not a system call each).
+    pub fn calibrated() -> Clock {
+        let hz = pmd_bindings::eal::tsc_hz();
+        if hz > 0 {
+            return Self::with_hz(pmd_bindings::eal::rdtsc(), hz);
+        }
+        let (t, c) = (std::time::Instant::now(), pmd_bindings::eal::rdtsc());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let (ns, cycles) = (
+            t.elapsed().as_nanos() as u64,
+            pmd_bindings::eal::rdtsc().wrapping_sub(c),
+        );
+        let hz = (cycles as u128 * 1_000_000_000 / ns.max(1) as u128) as u64;
+        Self::with_hz(pmd_bindings::eal::rdtsc(), hz)
+    }
+
     fn with_hz(tsc0: u64, hz: u64) -> Clock {
         let mult = ((1_000_000_000u128 << 32) / hz.max(1) as u128).min(u64::MAX as u128);
         Clock {
