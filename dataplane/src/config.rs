@@ -355,6 +355,12 @@ pub struct RawRoce {
     /// PSNs a requester may have unacknowledged (default 128, rxe's; up to 2^22). A link whose
     /// bandwidth-delay product exceeds 128 packets needs more to keep one QP busy.
     pub send_window: Option<u32>,
+    /// A requester sets AckReq at least every this many packets of a message (default 64,
+    /// rxe's RXE_MAX_PKT_PER_ACK, and wire-exact with rxe only then). With the window of 128,
+    /// a message longer than the window draws one ACK per window and the sender idles half
+    /// of each round trip on a long link; a quarter or an eighth of the window keeps it
+    /// moving.
+    pub ack_every: Option<u32>,
     /// Which field gives a packet its priority (PFC class): `pcp` (the QP's SL, default) or
     /// `dscp` (DSCP / 8), as mlx5's `trust`.
     pub trust: Option<String>,
@@ -618,6 +624,8 @@ pub struct RnicConfig {
     pub max_qp: u32,
     /// Unacknowledged PSNs a requester may have outstanding.
     pub send_window: u32,
+    /// AckReq at least every this many packets (`roce.ack_every`).
+    pub ack_every: u32,
     /// Idle spin iterations.
     pub idle_spin: u32,
     /// Idle iterations that yield the CPU.
@@ -941,6 +949,7 @@ impl RawConfig {
             "pfc.watchdog_action" => self.pfc.watchdog_action = Some(value.into()),
             "pfc.rx_buffer_kb" => self.pfc.rx_buffer_kb = Some(small(value, 1 << 20)? as u32),
             "pfc.rx_headroom_kb" => self.pfc.rx_headroom_kb = Some(small(value, 1 << 20)? as u32),
+            "roce.ack_every" => self.roce.ack_every = Some(small(value, u32::MAX as u64)? as u32),
             "roce.send_window" => {
                 self.roce.send_window = Some(small(value, MAX_SEND_WINDOW as u64)? as u32)
             }
@@ -1221,6 +1230,13 @@ impl RawConfig {
                 format!("{send_window} is not in 1..={MAX_SEND_WINDOW}"),
             );
         }
+        let ack_every = self.roce.ack_every.unwrap_or(64);
+        if ack_every == 0 || ack_every > send_window {
+            return err(
+                "roce.ack_every",
+                format!("{ack_every} is not in 1..=roce.send_window ({send_window})"),
+            );
+        }
         let credits_from_rq = match self.roce.credits.as_deref() {
             None | Some("receive-queue") => true,
             Some("unlimited") => false,
@@ -1315,6 +1331,7 @@ impl RawConfig {
             ud_rx_hold_frames: self.roce.ud_rx_hold_frames.unwrap_or(1024),
             max_qp,
             send_window,
+            ack_every,
             idle_spin: self.worker.idle_spin.unwrap_or(256),
             idle_pause: self.worker.idle_pause.unwrap_or(4096),
             idle_sleep_us: self.worker.idle_sleep_us.unwrap_or(100),
@@ -1915,6 +1932,7 @@ impl RnicConfig {
         line("ud_rx_hold_frames", self.ud_rx_hold_frames.to_string());
         line("max_qp", self.max_qp.to_string());
         line("send_window", self.send_window.to_string());
+        line("ack_every", self.ack_every.to_string());
         line(
             "trust",
             q(match self.trust {
@@ -2207,6 +2225,8 @@ mod tests {
         assert_eq!(bad("pfc.rx_headroom_kb", "1024").key, "pfc.rx_headroom_kb");
         assert_eq!(bad("pfc.rx_headroom_kb", "4").key, "pfc.rx_headroom_kb");
         assert_eq!(bad("fault.rx_pps", "2000000000").key, "fault.rx_pps");
+        assert_eq!(bad("roce.ack_every", "0").key, "roce.ack_every");
+        assert_eq!(bad("roce.ack_every", "200").key, "roce.ack_every");
         let mut r = RawConfig::parse("[port]\ndevice = \"net_null0\"\nmbufs = 4096").unwrap();
         for (k, v) in [("pfc.mode", "pfc"), ("pfc.rx_buffer_kb", "8192")] {
             r.set(k, v).unwrap();

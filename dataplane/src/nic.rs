@@ -338,6 +338,7 @@ impl Nic {
                 ..Default::default()
             },
             max_unacked_psns: cfg.send_window,
+            ack_every: cfg.ack_every,
             cc: cfg.dcqcn,
             ets: cfg.ets,
             priorities: roce::engine::PriorityMap {
@@ -345,7 +346,6 @@ impl Nic {
                 default_pcp: cfg.pcp,
                 default_dscp: cfg.dscp,
             },
-            ..Default::default()
         });
         let max_qp = dev.config().limits.max_qp as usize;
         let hold_frames = cfg.ud_rx_hold_frames as usize;

@@ -13,11 +13,12 @@ const MSGS: u64 = 24;
 const LINK_GBPS: u64 = 10;
 
 /// Goodput (Gb/s) of `MSGS` 1 MiB WRITEs, kept 8 deep, over the long link with a send window
-/// of `window` PSNs.
-fn goodput(window: u32) -> f64 {
+/// of `window` PSNs and AckReq at least every `ack_every` packets.
+fn goodput(window: u32, ack_every: u32) -> f64 {
     let cfg = || DeviceConfig {
         port_mtu: Mtu::M4096,
         max_unacked_psns: window,
+        ack_every,
         ..Default::default()
     };
     let link = LinkConfig::lossless(LINK_GBPS, 500_000);
@@ -65,8 +66,8 @@ fn goodput(window: u32) -> f64 {
 #[test]
 fn a_window_above_the_bandwidth_delay_product_fills_a_long_pipe() {
     // The bandwidth-delay product: 10 Gb/s x 1 ms = 1.25 MB = 305 packets of 4 KiB.
-    let rxe = goodput(128);
-    let wide = goodput(1024);
+    let rxe = goodput(128, 64);
+    let wide = goodput(1024, 64);
     let payload_share = 4096.0 / (4096.0 + 70.0);
     eprintln!("1 ms RTT, 10 Gb/s: window 128 -> {rxe:.2} Gb/s, window 1024 -> {wide:.2} Gb/s");
     assert!(
@@ -78,4 +79,19 @@ fn a_window_above_the_bandwidth_delay_product_fills_a_long_pipe() {
         rxe < 0.5 * LINK_GBPS as f64,
         "rxe's window caps one QP on this pipe: {rxe:.2} Gb/s"
     );
+}
+
+/// With rxe's window of 128 and its AckReq every 64 packets, a 1 MiB WRITE (256 packets)
+/// draws one ACK per window and the sender idles half of each round trip; AckReq every 16
+/// packets (`roce.ack_every`) keeps the window moving, up to its limit (128 x 4 KiB per
+/// round trip, about 4.2 Gb/s).
+#[test]
+fn frequent_ack_requests_keep_a_small_window_moving() {
+    let sparse = goodput(128, 64);
+    let dense = goodput(128, 16);
+    eprintln!(
+        "window 128, 1 ms RTT: AckReq every 64 -> {sparse:.2} Gb/s, every 16 -> {dense:.2} Gb/s"
+    );
+    assert!(dense > 1.3 * sparse, "{dense:.2} vs {sparse:.2} Gb/s");
+    assert!(dense > 3.5, "near the window's limit: {dense:.2} Gb/s");
 }
