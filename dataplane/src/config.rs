@@ -1373,6 +1373,12 @@ impl RawConfig {
         }
         let red = match (w.ecn_kmin_kb, w.ecn_kmax_kb) {
             (None, None) if w.ecn_pmax.is_none() => None,
+            (Some(_), Some(hi)) if kib(hi) > buffer => {
+                return err(
+                    "switch.ecn_kmax_kb",
+                    format!("{hi} KiB is more than the {} KiB buffer", buffer >> 10),
+                )
+            }
             (Some(lo), Some(hi)) if lo <= hi => {
                 let pmax = w.ecn_pmax.unwrap_or(0.2);
                 if !(pmax > 0.0 && pmax <= 1.0) {
@@ -2267,6 +2273,7 @@ mod tests {
             ("switch.delay_us", "20000000"),
             ("switch.buffer_kb", "1"),
             ("switch.ecn_kmin_kb", "300"),
+            ("switch.ecn_kmax_kb", "9000"),
             ("switch.ecn_pmax", "1.5"),
             ("switch.pfc", "9"),
             ("switch.xoff_kb", "8000"),

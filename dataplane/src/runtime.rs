@@ -233,6 +233,12 @@ impl Runtime {
         let first = cfgs
             .first()
             .ok_or_else(|| StartError::Other("a switched runtime needs RNICs".into()))?;
+        if cfgs.iter().any(|c| c.switch.is_some()) {
+            return Err(StartError::Other(
+                "the RNICs of a switched runtime are on its switch already: [switch] does not apply"
+                    .into(),
+            ));
+        }
         init_eal(program, first)?;
         let pool = pool_for(first)?;
         let n = POOL_SEQ.fetch_add(1, Ordering::Relaxed);
