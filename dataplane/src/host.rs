@@ -11,7 +11,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use ferroce_host::abi::area::Area;
 use ferroce_host::abi::ring::{ring, ring_bytes, Consumer, Producer};
@@ -129,6 +129,31 @@ enum QueueKind {
     Qp,
     Srq,
     Cq,
+}
+
+/// Faults a just-registered MR's pages in ([`Area::populate`], as an RNIC pins memory at
+/// registration) on a helper thread, not the worker's: a client registering large regions in
+/// a loop would otherwise pause every RNIC on the worker for the page faults. The worker does
+/// not wait: an RDMA that comes first takes its page faults as before. At most 1024 requests
+/// wait; more are dropped (the memory is then faulted in as it is used).
+fn populate_later(mem: &Arc<Area>, off: usize, len: usize) {
+    type Job = (Arc<Area>, usize, usize);
+    static JOBS: OnceLock<Option<std::sync::mpsc::SyncSender<Job>>> = OnceLock::new();
+    let tx = JOBS.get_or_init(|| {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Job>(1024);
+        std::thread::Builder::new()
+            .name("ferroce-populate".into())
+            .spawn(move || {
+                for (mem, off, len) in rx {
+                    mem.populate(off, len);
+                }
+            })
+            .ok()
+            .map(|_| tx)
+    });
+    if let Some(tx) = tx {
+        let _ = tx.try_send((mem.clone(), off, len));
+    }
 }
 
 /// The worker's end of a client.
@@ -542,7 +567,7 @@ impl HostEnd {
                     .map_err(|_| VerbsError::InvalidArgument("offset too large".into()))?;
                 let (lkey, rkey) = dev.reg_mr(pd, mem.clone(), offset, iova, len, access)?;
                 // Registration pins memory on an RNIC; here it faults the pages in.
-                mem.populate(offset, len as usize);
+                populate_later(&mem, offset, len as usize);
                 self.mrs.push(lkey);
                 Ok(ReplyData::Keys { lkey, rkey })
             }
@@ -585,7 +610,7 @@ impl HostEnd {
                 };
                 let (lkey, rkey) = dev.rereg_mr(lkey, change)?;
                 if let Some((mem, off, len)) = area {
-                    mem.populate(off, len);
+                    populate_later(&mem, off, len);
                 }
                 Ok(ReplyData::Keys { lkey, rkey })
             }

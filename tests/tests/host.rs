@@ -418,7 +418,10 @@ fn registration_faults_the_memory_in() {
     let len = 4 << 20;
     let buf = ctx.alloc_buffer(len).unwrap();
     let mr = ctx.reg_mr(pd, &buf, 0, len / 2, Access::ALL).unwrap();
-    let kb = ferroce_host::abi::area::resident_kb(mr.addr).expect("the buffer's mapping");
+    // Faulted in by a helper thread, not the worker: wait for it.
+    let resident = || ferroce_host::abi::area::resident_kb(mr.addr).expect("the buffer's mapping");
+    wait_until(5, || resident() >= 2048);
+    let kb = resident();
     assert!(
         (2048..4096).contains(&kb),
         "the registered half is resident, not all of it: {kb} kB"

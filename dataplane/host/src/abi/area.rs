@@ -301,8 +301,8 @@ impl Area {
         let Some(end) = off.checked_add(len).filter(|e| *e <= self.len && len > 0) else {
             return;
         };
-        // The worker does this between packets: a larger MR is faulted in as it is used
-        // (this bounds the pause one registration costs every RNIC on the worker).
+        // A larger MR is faulted in as it is used (this bounds the memory and the time one
+        // registration costs the daemon).
         if len > POPULATE_MAX {
             return;
         }
