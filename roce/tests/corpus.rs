@@ -223,3 +223,71 @@ fn corrupting_real_frames_is_caught() {
     }
     assert!(seen.len() >= 15, "opcodes sampled: {seen:?}");
 }
+
+/// rxe's rdma_cm exchange (rping): the MADs on QP1 parse as the connection manager's REQ,
+/// REP and RTU, then DREQ and DREP, with the QPNs and starting PSNs the connection then used
+/// (the corpus notes: REQ QP 0x31 starting at 0x58642a, REP QP 0x38 at 0x8d06b3), the REP and
+/// RTU naming the REQ's communication ID, and rdma_cm's TCP port space in the service ID.
+#[test]
+fn rping_cm_exchange_decodes() {
+    use roce::wire::mad::{self, CmMessage, Mad};
+    let data = std::fs::read(corpus_dir().join("rping.pcap")).unwrap();
+    let mut msgs = Vec::new();
+    for rec in Reader::new(&data).unwrap() {
+        let f = rec.unwrap().data;
+        let Ok(p) = frame::parse(f) else { continue };
+        let t = &p.repr.transport;
+        let to_gsi =
+            t.bth.dest_qp.value() == 1 && t.ext.deth.is_some_and(|d| d.qkey.0 == mad::GSI_QKEY);
+        if !to_gsi {
+            continue;
+        }
+        let m = Mad::parse(p.payload(f)).expect("a MAD");
+        assert_eq!((m.header.base_version, m.header.class), (1, mad::CLASS_CM));
+        assert_eq!(m.header.method_name(), "send");
+        msgs.push(m.cm.expect("a CM message"));
+    }
+    let names: Vec<&str> = msgs.iter().map(|m| m.name()).collect();
+    assert_eq!(&names[..3], ["REQ", "REP", "RTU"], "{names:?}");
+    assert!(
+        names.contains(&"DREQ") && names.contains(&"DREP"),
+        "{names:?}"
+    );
+    let CmMessage::Req {
+        local_comm_id,
+        service_id,
+        qpn,
+        starting_psn,
+        transport,
+        ..
+    } = msgs[0]
+    else {
+        panic!("{:?}", msgs[0])
+    };
+    assert_eq!((qpn, starting_psn, transport), (0x31, 0x58642a, 0));
+    assert_eq!(mad::rdma_cm_port(service_id).map(|(s, _)| s), Some("tcp"));
+    let req_id = local_comm_id;
+    let CmMessage::Rep {
+        local_comm_id,
+        remote_comm_id,
+        qpn,
+        starting_psn,
+        ..
+    } = msgs[1]
+    else {
+        panic!("{:?}", msgs[1])
+    };
+    assert_eq!(
+        (remote_comm_id, qpn, starting_psn),
+        (req_id, 0x38, 0x8d06b3)
+    );
+    let rep_id = local_comm_id;
+    assert_eq!(
+        msgs[2],
+        CmMessage::Rtu {
+            local_comm_id: req_id,
+            remote_comm_id: rep_id
+        },
+        "the RTU comes from the REQ's side and names both IDs"
+    );
+}

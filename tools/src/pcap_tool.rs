@@ -43,7 +43,10 @@ pub fn decode_json(n: usize, f: &[u8]) -> Value {
     }
     match kind {
         FrameKind::Roce | FrameKind::Cnp => match frame::inspect(f) {
-            Ok(p) => roce_fields(&mut o, &p),
+            Ok(p) => {
+                roce_fields(&mut o, &p);
+                mad_fields(&mut o, &p, f);
+            }
             Err(e) => {
                 o.insert("error".into(), json!(e.to_string()));
             }
@@ -160,6 +163,45 @@ fn ip_fields(o: &mut Map<String, Value>, f: &[u8]) {
     o.insert("kind".into(), json!(kind));
 }
 
+/// A MAD on QP1 (a UD SEND with the GSI's Q_Key): its class, method and attribute, and a
+/// connection manager message's fields (`cm`, with `msg` naming it), as tshark's dissector
+/// shows them; a REQ's service ID as rdma_cm's port space and port (`rdma_cm`).
+fn mad_fields(o: &mut Map<String, Value>, p: &ParsedFrame, frame: &[u8]) {
+    use roce::wire::mad::{self, CmMessage, Mad};
+    let t = &p.repr.transport;
+    let gsi = t.bth.dest_qp.value() == 1 && t.ext.deth.is_some_and(|d| d.qkey.0 == mad::GSI_QKEY);
+    if !gsi || p.payload_offset + p.payload_len > frame.len() {
+        return;
+    }
+    let m = match Mad::parse(p.payload(frame)) {
+        Ok(m) => m,
+        Err(e) => {
+            o.insert("mad".into(), json!({"error": e.to_string()}));
+            return;
+        }
+    };
+    let h = m.header;
+    let class = h
+        .class_name()
+        .map_or_else(|| format!("{:#04x}", h.class), String::from);
+    let mut v = json!({
+        "class": class,
+        "method": h.method_name(),
+        "attr_id": h.attr_id,
+        "tid": h.tid,
+        "status": h.status,
+    });
+    if let Some(cm) = m.cm {
+        v["cm"] = serde_json::to_value(cm).unwrap_or(Value::Null);
+        if let CmMessage::Req { service_id, .. } = cm {
+            if let Some((space, port)) = mad::rdma_cm_port(service_id) {
+                v["rdma_cm"] = json!(format!("{space}:{port}"));
+            }
+        }
+    }
+    o.insert("mad".into(), v);
+}
+
 fn roce_fields(o: &mut Map<String, Value>, p: &ParsedFrame) {
     let r = &p.repr;
     let b = &r.transport.bth;
@@ -247,6 +289,46 @@ fn ip_string(g: &Gid) -> String {
     }
 }
 
+/// The MAD part of a line: `mad cm send REQ tid 0x... local_comm_id 0x... qpn 0x...` (IDs,
+/// QPNs, PSNs and keys in hex, as tshark shows them).
+fn mad_line(s: &mut String, m: &Value) {
+    if let Some(e) = m.get("error") {
+        let _ = write!(s, " mad {}", e.as_str().unwrap_or(""));
+        return;
+    }
+    let text = |v: &Value| v.as_str().unwrap_or("").to_string();
+    let _ = write!(s, " mad {} {}", text(&m["class"]), text(&m["method"]));
+    match m.get("cm").and_then(|c| c.as_object()) {
+        Some(cm) => {
+            let _ = write!(s, " {}", text(&cm["msg"]));
+            let _ = write!(s, " tid {:#x}", m["tid"].as_u64().unwrap_or(0));
+            for (k, v) in cm.iter().filter(|(k, _)| *k != "msg") {
+                let hex =
+                    k.ends_with("_id") || k.ends_with("qpn") || k.ends_with("psn") || k == "pkey";
+                match v.as_u64() {
+                    Some(n) if hex => {
+                        let _ = write!(s, " {k} {n:#x}");
+                    }
+                    _ => {
+                        let _ = write!(s, " {k} {v}");
+                    }
+                }
+            }
+        }
+        None => {
+            let _ = write!(
+                s,
+                " attr {:#06x} tid {:#x}",
+                m["attr_id"].as_u64().unwrap_or(0),
+                m["tid"].as_u64().unwrap_or(0)
+            );
+        }
+    }
+    if let Some(r) = m.get("rdma_cm") {
+        let _ = write!(s, " rdma_cm {}", text(r));
+    }
+}
+
 /// One human-readable line per frame (what `rnic-pcap decode` prints).
 pub fn decode_line(v: &Value) -> String {
     let g = |k: &str| v.get(k).cloned().unwrap_or(Value::Null);
@@ -319,6 +401,9 @@ pub fn decode_line(v: &Value) -> String {
             }
             if let Some(a) = v.get("atomic_ack") {
                 let _ = write!(s, " orig {}", a["orig"]);
+            }
+            if let Some(m) = v.get("mad") {
+                mad_line(&mut s, m);
             }
             let _ = write!(
                 s,

@@ -252,3 +252,101 @@ wrpcap("{}", [
     assert!(!text.contains("other"), "{text}");
     std::fs::remove_file(f).ok();
 }
+
+/// rxe's rdma_cm exchange (rping): the MADs on QP1 decode as the connection manager's
+/// messages, with the fields tshark's independent dissector reads from the same frames.
+#[test]
+fn cm_mads_decode_as_tshark_reads_them() {
+    let corpus = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/corpus/rping.pcap");
+    let ours = Command::new(bin())
+        .args(["decode", "--json"])
+        .arg(&corpus)
+        .output()
+        .unwrap();
+    assert!(ours.status.success());
+    let frames: Vec<serde_json::Value> = String::from_utf8_lossy(&ours.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let cm: Vec<&str> = frames
+        .iter()
+        .filter_map(|f| f["mad"]["cm"]["msg"].as_str())
+        .collect();
+    assert_eq!(cm, ["REQ", "REP", "RTU", "DREQ", "DREP"], "{cm:?}");
+    let fields = [
+        "infiniband.cm.req.localqpn",
+        "infiniband.cm.req.startpsn",
+        "infiniband.cm.req.serviceid.dport",
+        "infiniband.cm.req.pkey",
+        "infiniband.cm.req.rnrretrcount",
+        "infiniband.cm.req.retrcount",
+        "infiniband.cm.req.maxcmretr",
+        "infiniband.cm.req.pppmtu",
+        "infiniband.cm.req.responderres",
+        "infiniband.cm.req.initdepth",
+        "infiniband.cm.rep.localqpn",
+        "infiniband.cm.rep.startpsn",
+        "infiniband.cm.rep.remotecommid",
+    ];
+    let mut args = vec!["-r".to_string(), corpus.display().to_string()];
+    args.extend(["-d", "udp.port==4791,infiniband", "-T", "fields"].map(String::from));
+    for f in fields {
+        args.extend(["-e".to_string(), f.to_string()]);
+    }
+    let t = Command::new("tshark")
+        .args(&args)
+        .output()
+        .expect("tshark: run `make deps`");
+    let text = String::from_utf8_lossy(&t.stdout);
+    let rows: Vec<Vec<&str>> = text.lines().map(|l| l.split('\t').collect()).collect();
+    let num = |s: &str| -> u64 {
+        match s.strip_prefix("0x") {
+            Some(h) => u64::from_str_radix(h, 16).unwrap(),
+            None => s.parse().unwrap(),
+        }
+    };
+    let (req, rep) = (&frames[0]["mad"]["cm"], &frames[1]["mad"]["cm"]);
+    let port = frames[0]["mad"]["rdma_cm"]
+        .as_str()
+        .unwrap()
+        .trim_start_matches("tcp:");
+    let u = |v: &serde_json::Value, k: &str| v[k].as_u64().unwrap_or_else(|| panic!("{k}: {v}"));
+    let ours_req = [
+        u(req, "qpn"),
+        u(req, "starting_psn"),
+        port.parse().unwrap(),
+        u(req, "pkey"),
+        u(req, "rnr_retry_count"),
+        u(req, "retry_count"),
+        u(req, "max_cm_retries"),
+        u(req, "path_mtu"),
+        u(req, "responder_resources"),
+        u(req, "initiator_depth"),
+    ];
+    let theirs_req: Vec<u64> = rows[0][..10].iter().map(|s| num(s)).collect();
+    assert_eq!(ours_req.to_vec(), theirs_req, "REQ");
+    let ours_rep = [
+        u(rep, "qpn"),
+        u(rep, "starting_psn"),
+        u(rep, "remote_comm_id"),
+    ];
+    let theirs_rep: Vec<u64> = rows[1][10..13].iter().map(|s| num(s)).collect();
+    assert_eq!(ours_rep.to_vec(), theirs_rep, "REP");
+    // The text line names them too.
+    let line = Command::new(bin())
+        .arg("decode")
+        .arg(&corpus)
+        .output()
+        .unwrap();
+    let first = String::from_utf8_lossy(&line.stdout)
+        .lines()
+        .next()
+        .unwrap()
+        .to_string();
+    assert!(
+        first.contains("mad cm send REQ")
+            && first.contains("qpn 0x31")
+            && first.contains("rdma_cm tcp:7174"),
+        "{first}"
+    );
+}

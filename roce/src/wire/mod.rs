@@ -30,6 +30,7 @@ pub mod imm;
 pub mod ipv4;
 pub mod ipv6;
 pub mod mac_control;
+pub mod mad;
 pub mod opcode;
 pub mod reth;
 pub mod udp;

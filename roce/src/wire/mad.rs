@@ -1,0 +1,420 @@
+//! Management datagrams (IBA 13.4) as they travel on QP1 (the GSI, UD SEND-only, Q_Key
+//! 0x80010000), and the connection manager's messages in them (IBA 12.6): REQ, MRA, REJ, REP,
+//! RTU, DREQ, DREP, with the fields a capture reader needs. Parsing only, read-only views of
+//! untrusted bytes: a short or unknown message is an error or an `Other`, never a panic.
+//!
+//! Field offsets are IBA's (chapter 12.6, REQ in Table 106), relative to the CM message after
+//! the 24-byte MAD header, as Linux's include/rdma/ibta_vol1_c12.h lists them; big-endian.
+
+use core::fmt;
+
+/// Bytes of the MAD common header.
+pub const HEADER_LEN: usize = 24;
+/// Bytes of a whole MAD (header and data) on QP0/QP1.
+pub const MAD_LEN: usize = 256;
+/// The Q_Key of QP1 (IBA 10.2.4.1).
+pub const GSI_QKEY: u32 = 0x8001_0000;
+/// Management class of the communication manager.
+pub const CLASS_CM: u8 = 0x07;
+
+/// Why a datagram did not parse.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Error {
+    /// Shorter than the MAD header or than the message it names.
+    Truncated,
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Truncated => write!(f, "MAD truncated"),
+        }
+    }
+}
+
+fn be16(b: &[u8], i: usize) -> u16 {
+    u16::from_be_bytes([b[i], b[i + 1]])
+}
+
+fn be32(b: &[u8], i: usize) -> u32 {
+    u32::from_be_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]])
+}
+
+fn be24(b: &[u8], i: usize) -> u32 {
+    u32::from_be_bytes([0, b[i], b[i + 1], b[i + 2]])
+}
+
+fn be64(b: &[u8], i: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[i..i + 8]);
+    u64::from_be_bytes(a)
+}
+
+/// The MAD common header (IBA 13.4.2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MadHeader {
+    /// Base version (1).
+    pub base_version: u8,
+    /// Management class (0x07: CM).
+    pub class: u8,
+    /// Class version (CM: 2).
+    pub class_version: u8,
+    /// Method with the response bit (0x80) cleared.
+    pub method: u8,
+    /// Whether this is a response (R bit).
+    pub response: bool,
+    /// Status.
+    pub status: u16,
+    /// Transaction ID.
+    pub tid: u64,
+    /// Attribute ID (CM: the message type).
+    pub attr_id: u16,
+    /// Attribute modifier.
+    pub attr_mod: u32,
+}
+
+impl MadHeader {
+    /// Parses the header at the start of `b`.
+    pub fn parse(b: &[u8]) -> Result<MadHeader, Error> {
+        if b.len() < HEADER_LEN {
+            return Err(Error::Truncated);
+        }
+        Ok(MadHeader {
+            base_version: b[0],
+            class: b[1],
+            class_version: b[2],
+            method: b[3] & 0x7f,
+            response: b[3] & 0x80 != 0,
+            status: be16(b, 4),
+            tid: be64(b, 8),
+            attr_id: be16(b, 16),
+            attr_mod: be32(b, 20),
+        })
+    }
+
+    /// The class by name (IBA 13.4.4), or `None` for one this module does not name.
+    pub fn class_name(&self) -> Option<&'static str> {
+        Some(match self.class {
+            0x01 | 0x81 => "smp",
+            0x03 => "sa",
+            0x04 => "perf",
+            0x05 => "bm",
+            0x06 => "devmgt",
+            CLASS_CM => "cm",
+            0x08 => "snmp",
+            _ => return None,
+        })
+    }
+
+    /// The method by name (IBA 13.4.5).
+    pub fn method_name(&self) -> &'static str {
+        match (self.method, self.response) {
+            (0x01, false) => "get",
+            (0x02, false) => "set",
+            (0x01, true) => "getresp",
+            (0x03, false) => "send",
+            (0x05, false) => "trap",
+            (0x06, false) => "report",
+            (0x06, true) => "reportresp",
+            (0x07, false) => "trapresp",
+            _ => "other",
+        }
+    }
+}
+
+/// CM attribute IDs (IBA 12.6, as ib_cm uses them).
+pub mod attr {
+    /// ClassPortInfo.
+    pub const CLASS_PORT_INFO: u16 = 0x0001;
+    /// Request for communication.
+    pub const REQ: u16 = 0x0010;
+    /// Message receipt acknowledgement.
+    pub const MRA: u16 = 0x0011;
+    /// Reject.
+    pub const REJ: u16 = 0x0012;
+    /// Reply to request.
+    pub const REP: u16 = 0x0013;
+    /// Ready to use.
+    pub const RTU: u16 = 0x0014;
+    /// Disconnect request.
+    pub const DREQ: u16 = 0x0015;
+    /// Disconnect reply.
+    pub const DREP: u16 = 0x0016;
+    /// Service ID resolution request.
+    pub const SIDR_REQ: u16 = 0x0017;
+    /// Service ID resolution reply.
+    pub const SIDR_REP: u16 = 0x0018;
+    /// Load alternate path.
+    pub const LAP: u16 = 0x0019;
+    /// Alternate path response.
+    pub const APR: u16 = 0x001a;
+}
+
+/// A CM message's fields (the ones a capture reader wants). Serialized (feature `serde`) as an
+/// object whose `msg` names the message (`REQ`, `REP`...).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize), serde(tag = "msg"))]
+pub enum CmMessage {
+    /// REQ (Table 106).
+    #[cfg_attr(feature = "serde", serde(rename = "REQ"))]
+    Req {
+        /// Local communication ID.
+        local_comm_id: u32,
+        /// Service ID (rdma_cm: port space and port).
+        service_id: u64,
+        /// Local QPN.
+        qpn: u32,
+        /// Starting PSN (the REP sender's first request PSN).
+        starting_psn: u32,
+        /// Responder resources (RDMA READ/atomic depth offered).
+        responder_resources: u8,
+        /// Initiator depth.
+        initiator_depth: u8,
+        /// Transport service type (0 RC, 1 UC, 3 XRC).
+        transport: u8,
+        /// P_Key.
+        pkey: u16,
+        /// Path MTU (IBA encoding: 1 = 256 .. 5 = 4096).
+        path_mtu: u8,
+        /// Retry count (transport retries).
+        retry_count: u8,
+        /// RNR retry count.
+        rnr_retry_count: u8,
+        /// Max CM retries.
+        max_cm_retries: u8,
+    },
+    /// MRA.
+    #[cfg_attr(feature = "serde", serde(rename = "MRA"))]
+    Mra {
+        /// Local communication ID.
+        local_comm_id: u32,
+        /// Remote communication ID.
+        remote_comm_id: u32,
+        /// Which message is acknowledged (0 REQ, 1 REP, 2 LAP).
+        message: u8,
+        /// Service timeout (4.096 us x 2^t).
+        service_timeout: u8,
+    },
+    /// REJ.
+    #[cfg_attr(feature = "serde", serde(rename = "REJ"))]
+    Rej {
+        /// Local communication ID.
+        local_comm_id: u32,
+        /// Remote communication ID.
+        remote_comm_id: u32,
+        /// Which message is rejected (0 REQ, 1 REP, 2 no message).
+        message: u8,
+        /// Reason (28: consumer defined; 8: invalid service ID).
+        reason: u16,
+    },
+    /// REP.
+    #[cfg_attr(feature = "serde", serde(rename = "REP"))]
+    Rep {
+        /// Local communication ID.
+        local_comm_id: u32,
+        /// Remote communication ID.
+        remote_comm_id: u32,
+        /// Local QPN.
+        qpn: u32,
+        /// Starting PSN (the REQ sender's first request PSN).
+        starting_psn: u32,
+        /// Responder resources.
+        responder_resources: u8,
+        /// Initiator depth.
+        initiator_depth: u8,
+        /// RNR retry count.
+        rnr_retry_count: u8,
+    },
+    /// RTU.
+    #[cfg_attr(feature = "serde", serde(rename = "RTU"))]
+    Rtu {
+        /// Local communication ID.
+        local_comm_id: u32,
+        /// Remote communication ID.
+        remote_comm_id: u32,
+    },
+    /// DREQ.
+    #[cfg_attr(feature = "serde", serde(rename = "DREQ"))]
+    Dreq {
+        /// Local communication ID.
+        local_comm_id: u32,
+        /// Remote communication ID.
+        remote_comm_id: u32,
+        /// The QPN the receiver is asked to disconnect.
+        remote_qpn: u32,
+    },
+    /// DREP.
+    #[cfg_attr(feature = "serde", serde(rename = "DREP"))]
+    Drep {
+        /// Local communication ID.
+        local_comm_id: u32,
+        /// Remote communication ID.
+        remote_comm_id: u32,
+    },
+    /// Another CM attribute (SIDR, LAP, APR, ClassPortInfo...), by ID.
+    #[cfg_attr(feature = "serde", serde(rename = "other"))]
+    Other {
+        /// Its attribute ID.
+        attr_id: u16,
+    },
+}
+
+impl CmMessage {
+    /// Parses the CM message of attribute `attr_id` in `data` (the MAD after its header).
+    pub fn parse(attr_id: u16, data: &[u8]) -> Result<CmMessage, Error> {
+        let need = match attr_id {
+            attr::REQ => 52,
+            attr::MRA => 10,
+            attr::REJ => 12,
+            attr::REP => 28,
+            attr::RTU | attr::DREP => 8,
+            attr::DREQ => 12,
+            _ => 0,
+        };
+        if data.len() < need {
+            return Err(Error::Truncated);
+        }
+        let d = data;
+        Ok(match attr_id {
+            attr::REQ => CmMessage::Req {
+                local_comm_id: be32(d, 0),
+                service_id: be64(d, 8),
+                qpn: be24(d, 32),
+                responder_resources: d[35],
+                initiator_depth: d[39],
+                transport: (d[43] >> 1) & 3,
+                starting_psn: be24(d, 44),
+                retry_count: d[47] & 7,
+                pkey: be16(d, 48),
+                path_mtu: d[50] >> 4,
+                rnr_retry_count: d[50] & 7,
+                max_cm_retries: d[51] >> 4,
+            },
+            attr::MRA => CmMessage::Mra {
+                local_comm_id: be32(d, 0),
+                remote_comm_id: be32(d, 4),
+                message: d[8] >> 6,
+                service_timeout: d[9] >> 3,
+            },
+            attr::REJ => CmMessage::Rej {
+                local_comm_id: be32(d, 0),
+                remote_comm_id: be32(d, 4),
+                message: d[8] >> 6,
+                reason: be16(d, 10),
+            },
+            attr::REP => CmMessage::Rep {
+                local_comm_id: be32(d, 0),
+                remote_comm_id: be32(d, 4),
+                qpn: be24(d, 12),
+                starting_psn: be24(d, 20),
+                responder_resources: d[24],
+                initiator_depth: d[25],
+                rnr_retry_count: d[27] >> 5,
+            },
+            attr::RTU => CmMessage::Rtu {
+                local_comm_id: be32(d, 0),
+                remote_comm_id: be32(d, 4),
+            },
+            attr::DREQ => CmMessage::Dreq {
+                local_comm_id: be32(d, 0),
+                remote_comm_id: be32(d, 4),
+                remote_qpn: be24(d, 8),
+            },
+            attr::DREP => CmMessage::Drep {
+                local_comm_id: be32(d, 0),
+                remote_comm_id: be32(d, 4),
+            },
+            other => CmMessage::Other { attr_id: other },
+        })
+    }
+
+    /// The message's name as ib_cm and tshark call it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            CmMessage::Req { .. } => "REQ",
+            CmMessage::Mra { .. } => "MRA",
+            CmMessage::Rej { .. } => "REJ",
+            CmMessage::Rep { .. } => "REP",
+            CmMessage::Rtu { .. } => "RTU",
+            CmMessage::Dreq { .. } => "DREQ",
+            CmMessage::Drep { .. } => "DREP",
+            CmMessage::Other { attr_id } => match *attr_id {
+                attr::CLASS_PORT_INFO => "ClassPortInfo",
+                attr::SIDR_REQ => "SIDR_REQ",
+                attr::SIDR_REP => "SIDR_REP",
+                attr::LAP => "LAP",
+                attr::APR => "APR",
+                _ => "unknown",
+            },
+        }
+    }
+}
+
+/// A datagram on QP1: its header, and its CM message when it is one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Mad {
+    /// The common header.
+    pub header: MadHeader,
+    /// The CM message (class 0x07), if it parsed.
+    pub cm: Option<CmMessage>,
+}
+
+impl Mad {
+    /// Parses a UD SEND payload to QP1.
+    pub fn parse(payload: &[u8]) -> Result<Mad, Error> {
+        let header = MadHeader::parse(payload)?;
+        let cm = (header.class == CLASS_CM)
+            .then(|| CmMessage::parse(header.attr_id, &payload[HEADER_LEN..]))
+            .transpose()?;
+        Ok(Mad { header, cm })
+    }
+}
+
+/// rdma_cm's service ID for a port space and port (IB_OPENIB_OUI prefix 0x0000000001,
+/// then the port space, then the port: `rdma_get_service_id`); `None` if `sid` is not one.
+pub fn rdma_cm_port(sid: u64) -> Option<(&'static str, u16)> {
+    if sid >> 24 != 0x01 {
+        return None;
+    }
+    let space = match (sid >> 16) & 0xff {
+        0x02 => "ib",
+        0x06 => "tcp",
+        0x11 => "udp",
+        0x3f => "ipoib",
+        _ => return None,
+    };
+    Some((space, sid as u16))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn short_or_odd_input_is_an_error_or_other_never_a_panic() {
+        assert_eq!(Mad::parse(&[0u8; 10]), Err(Error::Truncated));
+        let mut m = [0u8; 40];
+        m[1] = CLASS_CM;
+        m[16..18].copy_from_slice(&attr::REQ.to_be_bytes());
+        assert_eq!(
+            Mad::parse(&m),
+            Err(Error::Truncated),
+            "a REQ needs 52 bytes"
+        );
+        m[16..18].copy_from_slice(&0x7777u16.to_be_bytes());
+        assert_eq!(
+            Mad::parse(&m).unwrap().cm,
+            Some(CmMessage::Other { attr_id: 0x7777 })
+        );
+        for n in 0..80 {
+            let _ = Mad::parse(&[0xffu8; 80][..n]);
+        }
+    }
+
+    #[test]
+    fn rdma_cm_service_ids() {
+        assert_eq!(rdma_cm_port(0x0000_0000_0106_4e20), Some(("tcp", 20000)));
+        assert_eq!(rdma_cm_port(0x0000_0000_0111_0007), Some(("udp", 7)));
+        assert_eq!(rdma_cm_port(0x1234), None);
+    }
+}
