@@ -356,7 +356,8 @@ pub struct RawRoce {
     /// bandwidth-delay product exceeds 128 packets needs more to keep one QP busy.
     pub send_window: Option<u32>,
     /// A requester sets AckReq at least every this many packets of a message (default 64,
-    /// rxe's RXE_MAX_PKT_PER_ACK, and wire-exact with rxe only then). With the window of 128,
+    /// rxe's RXE_MAX_PKT_PER_ACK, and wire-exact with rxe only then; never less often than the
+    /// send window needs, whatever is set here). With the window of 128,
     /// a message longer than the window draws one ACK per window and the sender idles half
     /// of each round trip on a long link; a quarter or an eighth of the window keeps it
     /// moving.
@@ -1231,10 +1232,10 @@ impl RawConfig {
             );
         }
         let ack_every = self.roce.ack_every.unwrap_or(64);
-        if ack_every == 0 || ack_every > send_window {
+        if ack_every == 0 || ack_every > MAX_SEND_WINDOW {
             return err(
                 "roce.ack_every",
-                format!("{ack_every} is not in 1..=roce.send_window ({send_window})"),
+                format!("{ack_every} is not in 1..={MAX_SEND_WINDOW}"),
             );
         }
         let credits_from_rq = match self.roce.credits.as_deref() {
@@ -2232,7 +2233,7 @@ mod tests {
         assert_eq!(bad("pfc.rx_headroom_kb", "4").key, "pfc.rx_headroom_kb");
         assert_eq!(bad("fault.rx_pps", "2000000000").key, "fault.rx_pps");
         assert_eq!(bad("roce.ack_every", "0").key, "roce.ack_every");
-        assert_eq!(bad("roce.ack_every", "200").key, "roce.ack_every");
+        assert_eq!(bad("roce.ack_every", "5000000").key, "roce.ack_every");
         let mut r = RawConfig::parse("[port]\ndevice = \"net_null0\"\nmbufs = 4096").unwrap();
         for (k, v) in [("pfc.mode", "pfc"), ("pfc.rx_buffer_kb", "8192")] {
             r.set(k, v).unwrap();
@@ -2289,6 +2290,16 @@ mod tests {
             };
             assert!(e.key.starts_with("switch."), "{k}={v}: {e:?}");
         }
+        // Marking that would start past the buffer.
+        let mut r = RawConfig::parse("[port]\ndevice = \"net_null0\"").unwrap();
+        for (k, v) in [
+            ("switch.enabled", "true"),
+            ("switch.ecn_kmin_kb", "20"),
+            ("switch.ecn_kmax_kb", "9000"),
+        ] {
+            r.set(k, v).unwrap();
+        }
+        assert_eq!(r.validate().unwrap_err().key, "switch.ecn_kmax_kb");
     }
 
     #[test]

@@ -193,6 +193,8 @@ fn mad_fields(o: &mut Map<String, Value>, p: &ParsedFrame, frame: &[u8]) {
     });
     if let Some(cm) = m.cm {
         v["cm"] = serde_json::to_value(cm).unwrap_or(Value::Null);
+        // Messages without fields of their own by name (SIDR_REQ, LAP...), not "other".
+        v["cm"]["msg"] = json!(cm.name());
         if let CmMessage::Req { service_id, .. } = cm {
             if let Some((space, port)) = mad::rdma_cm_port(service_id) {
                 v["rdma_cm"] = json!(format!("{space}:{port}"));

@@ -297,8 +297,13 @@ fn cm_mads_decode_as_tshark_reads_them() {
         .args(&args)
         .output()
         .expect("tshark: run `make deps`");
+    assert!(t.status.success(), "{}", String::from_utf8_lossy(&t.stderr));
     let text = String::from_utf8_lossy(&t.stdout);
     let rows: Vec<Vec<&str>> = text.lines().map(|l| l.split('\t').collect()).collect();
+    assert!(
+        rows.len() >= 2 && rows[0].len() == fields.len(),
+        "tshark's fields: {text}"
+    );
     let num = |s: &str| -> u64 {
         match s.strip_prefix("0x") {
             Some(h) => u64::from_str_radix(h, 16).unwrap(),

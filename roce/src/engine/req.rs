@@ -332,12 +332,19 @@ impl Qp {
             }
         }
         // AckReq on every last packet, and on the first packet after more than `ack_every`
-        // without one (rxe_req.c: `END || noack_pkts++ > RXE_MAX_PKT_PER_ACK`). RC only.
+        // without one (rxe_req.c: `END || noack_pkts++ > RXE_MAX_PKT_PER_ACK`), and before the
+        // send window closes: a window of W lets W + 1 PSNs out, so with `ack_every` at W or
+        // more a message longer than the window would never draw an ACK and stall until its
+        // retries ran out (rxe's 64 and 128 are unaffected). RC only.
         if self.qp_type == QpType::Rc {
+            let every = sh
+                .cfg
+                .ack_every
+                .min(sh.cfg.max_unacked_psns.saturating_sub(1));
             let ack_req = last || {
                 let n = self.req.noack_pkts;
                 self.req.noack_pkts += 1;
-                n > sh.cfg.ack_every
+                n > every
             };
             if ack_req {
                 t.bth.ack_req = true;

@@ -116,7 +116,7 @@ impl MadHeader {
             (0x05, false) => "trap",
             (0x06, false) => "report",
             (0x06, true) => "reportresp",
-            (0x07, false) => "trapresp",
+            (0x07, false) => "traprepress",
             _ => "other",
         }
     }
@@ -370,17 +370,15 @@ impl Mad {
     }
 }
 
-/// rdma_cm's service ID for a port space and port (IB_OPENIB_OUI prefix 0x0000000001,
-/// then the port space, then the port: `rdma_get_service_id`); `None` if `sid` is not one.
+/// rdma_cm's service ID for a port space and port (`rdma_get_service_id`: the port space
+/// shifted left 16 bits, plus the port; RDMA_PS_TCP 0x0106, RDMA_PS_UDP 0x0111, RDMA_PS_IB
+/// 0x013f, RDMA_PS_IPOIB 0x0002); `None` if `sid` is not one.
 pub fn rdma_cm_port(sid: u64) -> Option<(&'static str, u16)> {
-    if sid >> 24 != 0x01 {
-        return None;
-    }
-    let space = match (sid >> 16) & 0xff {
-        0x02 => "ib",
-        0x06 => "tcp",
-        0x11 => "udp",
-        0x3f => "ipoib",
+    let space = match sid >> 16 {
+        0x0106 => "tcp",
+        0x0111 => "udp",
+        0x013f => "ib",
+        0x0002 => "ipoib",
         _ => return None,
     };
     Some((space, sid as u16))
@@ -406,8 +404,14 @@ mod tests {
             Mad::parse(&m).unwrap().cm,
             Some(CmMessage::Other { attr_id: 0x7777 })
         );
-        for n in 0..80 {
-            let _ = Mad::parse(&[0xffu8; 80][..n]);
+        // Every CM message, every length up to a whole MAD, any byte values.
+        let mut full = [0xa5u8; MAD_LEN];
+        full[1] = CLASS_CM;
+        for a in attr::CLASS_PORT_INFO..=attr::APR {
+            full[16..18].copy_from_slice(&a.to_be_bytes());
+            for n in 0..=MAD_LEN {
+                let _ = Mad::parse(&full[..n]);
+            }
         }
     }
 
@@ -415,6 +419,9 @@ mod tests {
     fn rdma_cm_service_ids() {
         assert_eq!(rdma_cm_port(0x0000_0000_0106_4e20), Some(("tcp", 20000)));
         assert_eq!(rdma_cm_port(0x0000_0000_0111_0007), Some(("udp", 7)));
+        assert_eq!(rdma_cm_port(0x0000_0000_013f_0001), Some(("ib", 1)));
+        assert_eq!(rdma_cm_port(0x0000_0000_0002_0009), Some(("ipoib", 9)));
         assert_eq!(rdma_cm_port(0x1234), None);
+        assert_eq!(rdma_cm_port(0x0000_0001_0106_0001), None);
     }
 }
