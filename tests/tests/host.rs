@@ -244,16 +244,17 @@ fn dropping_a_context_releases_what_it_created() {
         c.create_cq(16).unwrap();
         (c, buf)
     };
+    // Counters are published about every millisecond: wait for a snapshot that has every
+    // object of both contexts (the CQ rings' areas are counted with their CQs), and take the
+    // bytes held from that one.
+    let mut snap = rt.stats(0);
     assert!(wait_until(5, || {
-        let s = rt.stats(0);
-        s.objects.qps == 1 && s.objects.mrs == 2 && s.objects.pds == 2 && s.hosts == 2
+        snap = rt.stats(0);
+        let o = snap.objects;
+        o.qps == 1 && o.mrs == 2 && o.pds == 2 && o.cqs == 2 && snap.hosts == 2
     }));
     // A buffer without an MR is unmapped on the worker once its last handle goes.
-    let held = |rt: &Runtime| {
-        wait_until(5, || rt.stats(0).area_bytes > 0);
-        rt.stats(0).area_bytes
-    };
-    let before = held(&rt);
+    let before = snap.area_bytes;
     let (mut c, buf) = extra;
     let spare = c.alloc_buffer(1 << 20).unwrap();
     c.alloc_pd().unwrap();
