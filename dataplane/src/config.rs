@@ -1276,13 +1276,14 @@ impl RawConfig {
         // XOFF must be reachable within the frames the receive buffer may hold (a quarter of
         // the pool), each charged at least a 2 KiB mbuf.
         let frames = mbufs as u64 / 4;
-        if pfc.mode != Mode::Off && pfc.rx_buffer - pfc.rx_headroom > frames * 2048 {
+        let xoff = pfc.rx_thresholds().xoff;
+        if pfc.mode != Mode::Off && xoff > frames * 2048 {
             return err(
                 "pfc.rx_buffer_kb",
                 format!(
                     "XOFF at {} KiB is more than the {frames} frames the receive buffer holds \
                      (a quarter of port.mbufs): raise port.mbufs or lower the buffer",
-                    (pfc.rx_buffer - pfc.rx_headroom) >> 10
+                    xoff >> 10
                 ),
             );
         }

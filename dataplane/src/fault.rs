@@ -33,6 +33,19 @@ pub struct FaultCounters {
     pub delay_dropped: u64,
 }
 
+impl std::ops::AddAssign for FaultCounters {
+    /// Sums two injectors' counts (the switch's ports).
+    fn add_assign(&mut self, o: FaultCounters) {
+        self.lost += o.lost;
+        self.duplicated += o.duplicated;
+        self.corrupted += o.corrupted;
+        self.reordered += o.reordered;
+        self.ce_marked += o.ce_marked;
+        self.delayed += o.delayed;
+        self.delay_dropped += o.delay_dropped;
+    }
+}
+
 /// A seeded fault injector with its delay line.
 pub struct Faults {
     cfg: FaultConfig,

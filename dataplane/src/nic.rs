@@ -854,7 +854,7 @@ impl Nic {
             return;
         };
         let d = m.data();
-        if d.len() >= 14 && d[12..14] == [0x88, 0x08] {
+        if d.len() >= 14 && d[12..14] == ethertype::MAC_CONTROL.to_be_bytes() {
             self.rx_frame(now, &m);
             return;
         }

@@ -219,11 +219,7 @@ impl SwitchDev {
         let mut s = self.stats.clone();
         s.model = self.sw.counters.clone();
         for f in self.ports.iter().filter_map(|p| p.faults.as_ref()) {
-            let (a, b) = (&mut s.faults, f.counters);
-            a.lost += b.lost;
-            a.duplicated += b.duplicated;
-            a.corrupted += b.corrupted;
-            a.reordered += b.reordered;
+            s.faults += f.counters;
         }
         s
     }
@@ -352,7 +348,7 @@ impl SwitchDev {
         if d.len() < 14 {
             return;
         }
-        if d[12..14] == [0x88, 0x08] {
+        if d[12..14] == roce::wire::ethernet::ethertype::MAC_CONTROL.to_be_bytes() {
             // The switch's own pause frames echoed back by a port are not the partner's.
             if d[6..12] == self.mac {
                 return;

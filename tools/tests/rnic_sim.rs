@@ -73,6 +73,17 @@ fn rnic_sim(args: &[&str]) -> std::process::Output {
         .expect("rnic-sim")
 }
 
+/// The number after `name` on the `rnics` result line that starts with `scenario`.
+fn scenario_field(out: &str, scenario: &str, name: &str) -> f64 {
+    let line = out
+        .lines()
+        .find(|l| l.starts_with(scenario))
+        .unwrap_or_else(|| panic!("{scenario} missing: {out}"));
+    let mut it = line.split_whitespace();
+    it.find(|w| *w == name).expect(name);
+    it.next().unwrap().parse().unwrap()
+}
+
 #[test]
 fn the_cli_writes_csv_and_png() {
     let dir = std::env::temp_dir().join(format!("ferroce-sim-{}", std::process::id()));
@@ -187,15 +198,7 @@ fn rnics_incast_prints_the_three_scenarios_and_writes_csv() {
     ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let out = String::from_utf8_lossy(&o.stdout);
-    let field = |scenario: &str, name: &str| -> f64 {
-        let line = out
-            .lines()
-            .find(|l| l.starts_with(scenario))
-            .unwrap_or_else(|| panic!("{scenario} missing: {out}"));
-        let mut it = line.split_whitespace();
-        it.find(|w| *w == name).expect(name);
-        it.next().unwrap().parse().unwrap()
-    };
+    let field = |scenario: &str, name: &str| scenario_field(&out, scenario, name);
     for s in ["pfc-only", "dcqcn-paper", "dcqcn-nvidia"] {
         assert_eq!(field(s, "drops"), 0.0, "{s}: {out}");
         assert!(field(s, "aggregate") > 8.0, "{s}: {out}");
@@ -240,14 +243,14 @@ fn rnics_incast_on_dpdk_is_lossless_and_dcqcn_bounds_the_queue() {
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         String::from_utf8_lossy(&o.stdout).into_owned()
     };
-    let field = |out: &str, name: &str| -> f64 {
-        let line = out
-            .lines()
-            .find(|l| l.starts_with("pfc-only") || l.starts_with("dcqcn-"))
-            .unwrap_or_else(|| panic!("no result: {out}"));
-        let mut it = line.split_whitespace();
-        it.find(|w| *w == name).expect(name);
-        it.next().unwrap().parse().unwrap()
+    // One scenario per run: its line is the one that starts with a scenario name.
+    let field = |out: &str, name: &str| {
+        let scenario = if out.contains("\npfc-only") {
+            "pfc-only"
+        } else {
+            "dcqcn-"
+        };
+        scenario_field(out, scenario, name)
     };
     let pfc = run("off", "16");
     assert!(pfc.contains("on DPDK through the emulated switch"), "{pfc}");
