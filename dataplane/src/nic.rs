@@ -30,6 +30,8 @@ use roce::wire::opcode::Opcode;
 use crate::config::RnicConfig;
 use crate::fault::Faults;
 use crate::host::{HostEnd, Owners};
+
+mod serve;
 use crate::neighbor::{Neighbors, Resolve};
 use dcb::pfc::{Ingress, PauseFrame, PauseState, StormAction, StormEvent, Watchdog};
 use ferroce_host::abi::{Command, HostLimits, ReplyData};
@@ -489,27 +491,32 @@ impl Nic {
         cmd: Command,
         area: Option<Arc<ferroce_host::abi::area::Area>>,
     ) -> VerbsResult<ReplyData> {
-        let Some(h) = self.hosts.values_mut().find(|h| h.token == token) else {
+        let Some(id) = self.host_id(token) else {
             // Closed (by the client, or by the RNIC for breaking the protocol): the context
             // is dead to its client, as after a device-fatal error.
             return Err(VerbsError::DeviceFatal);
         };
-        let r = h.call(&mut self.dev, &mut self.owners, cmd, area);
+        let r = self.serve_call(id, cmd, area);
         // Completions and positions the call produced (a flushed QP, a destroyed CQ) reach
         // the rings before the reply does.
         self.publish();
         r
     }
 
+    /// The number of the attached client `token`.
+    fn host_id(&self, token: u64) -> Option<usize> {
+        self.hosts
+            .iter()
+            .find(|(_, h)| h.token == token)
+            .map(|(id, _)| id)
+    }
+
     /// Closes the client `token`, releasing everything it holds (as when its process dies).
     pub fn close_host(&mut self, token: u64) {
-        let (dev, owners) = (&mut self.dev, &mut self.owners);
-        self.hosts.retain(|_, h| {
-            if h.token == token {
-                h.close(dev, owners);
-            }
-            h.token != token
-        });
+        if let Some(id) = self.host_id(token) {
+            self.release_host(id);
+            self.hosts.remove(id);
+        }
         self.publish();
     }
 
@@ -517,7 +524,6 @@ impl Nic {
     /// attributes, GIDs, and every client's objects with its QPs' current state, PSNs and
     /// (with `qp_counters`) counters.
     pub fn report(&self, qp_counters: bool) -> NicReport {
-        let p = self.dev.port_attr();
         let clients = self
             .hosts
             .values()
@@ -556,25 +562,10 @@ impl Nic {
                 }
             })
             .collect();
-        let mut attr = self.dev.attr();
-        // As `query_device` reports it to applications: work requests cross the host rings
-        // with at most MAX_HOST_SGE SGEs.
-        attr.limits.max_sge = attr
-            .limits
-            .max_sge
-            .min(ferroce_host::abi::slots::MAX_HOST_SGE as u32);
-        attr.max_srq_sge = attr
-            .max_srq_sge
-            .min(ferroce_host::abi::slots::MAX_HOST_SGE as u32);
         NicReport {
-            attr,
-            port: ferroce_host::abi::PortAttrData {
-                active: p.active,
-                max_mtu: p.max_mtu,
-                active_mtu: p.active_mtu,
-                gid_tbl_len: p.gid_tbl_len,
-                pkey_tbl_len: p.pkey_tbl_len,
-            },
+            // As `query_device` and `query_port` report them to applications.
+            attr: serve::device_attr(&self.dev),
+            port: serve::port_attr(&self.dev),
             gids: self.dev.gids().to_vec(),
             mac: self.mac,
             clients,
@@ -585,16 +576,13 @@ impl Nic {
     /// flush to the completion rings) and every client gets the device-fatal event, so
     /// applications see an error rather than a silent stop.
     pub fn shutdown_hosts(&mut self) {
-        for h in self.hosts.values_mut() {
+        let ids: Vec<usize> = self.hosts.iter().map(|(id, _)| id).collect();
+        for id in ids {
             // Work requests already in the post ring were posted before the stop: they
-            // complete (flushed) like the rest.
-            // One ring's worth: a client refilling its ring cannot delay the stop.
-            h.process(
-                &mut self.dev,
-                &mut self.owners,
-                ferroce_host::abi::POST_RING,
-            );
-            h.fail_all(&mut self.dev);
+            // complete (flushed) like the rest. One ring's worth: a client refilling its ring
+            // cannot delay the stop.
+            self.serve_posts(id, ferroce_host::abi::POST_RING);
+            self.fail_host(id);
         }
         self.publish();
         for h in self.hosts.values_mut() {
@@ -644,21 +632,23 @@ impl Nic {
         for &q in &self.moved_qps {
             let owner = self.dev.qp_index(q).and_then(|s| self.owners.qp(s));
             if let Some(h) = owner.and_then(|o| self.hosts.get(o)) {
-                h.publish_qp(&self.dev, q);
+                serve::publish_qp(&self.dev, h, q);
             }
         }
         for &s in &self.moved_srqs {
             if let Some(h) = self.owners.srq(s).and_then(|o| self.hosts.get(o)) {
-                h.publish_srq(&self.dev, s);
+                serve::publish_srq(&self.dev, h, s);
             }
         }
-        for h in self.hosts.values_mut() {
-            work += h.retry_pending(&mut self.dev);
+        for id in 0..self.hosts.id_bound() {
+            if self.hosts.get(id).is_some_and(|h| h.pending_cq_count() > 0) {
+                work += self.retry_host_cqs(id);
+            }
         }
         for i in 0..self.ready_cqs.len() {
             let cq = self.ready_cqs[i];
-            if let Some(h) = self.owners.cq(cq).and_then(|o| self.hosts.get_mut(o)) {
-                work += h.move_completions(&mut self.dev, cq);
+            if let Some(id) = self.owners.cq(cq) {
+                work += self.move_completions(id, cq);
             }
         }
         while let Some(ev) = self.dev.poll_event() {
@@ -699,11 +689,14 @@ impl Nic {
         // packets of this burst, as a doorbell is on a hardware NIC (processed after the
         // burst, an empty receive queue dropped UD messages whose WQEs were already
         // waiting in the ring). Contexts that closed are dropped.
-        let (dev, owners) = (&mut self.dev, &mut self.owners);
-        self.hosts.retain(|_, h| {
-            work += h.process(dev, owners, 256);
-            !h.is_closed()
-        });
+        for id in 0..self.hosts.id_bound() {
+            if self.hosts.contains(id) {
+                work += self.serve_posts(id, 256);
+                if self.hosts.get(id).is_some_and(|h| h.is_closed()) {
+                    self.hosts.remove(id);
+                }
+            }
+        }
         // UD messages that waited for a receive WQE: those that now have one (or whose
         // wait ran out) go to the engine, in arrival order per QP.
         if !self.held_rx.is_empty() {

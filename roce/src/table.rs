@@ -47,6 +47,12 @@ impl<T> Table<T> {
         self.capacity
     }
 
+    /// One past the highest id that may be in use: iterating `0..id_bound()` with `get`
+    /// visits every object without holding a borrow of the table between them.
+    pub fn id_bound(&self) -> usize {
+        self.slots.len()
+    }
+
     /// How many objects it holds.
     pub fn len(&self) -> usize {
         self.len
