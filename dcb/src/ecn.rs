@@ -155,22 +155,15 @@ mod tests {
 
     #[test]
     fn the_curve() {
-        let r = Red {
-            kmin: 100,
-            kmax: 1100,
-            pmax: 0.2,
-        };
+        let red = |kmin, kmax, pmax| Red { kmin, kmax, pmax };
+        let r = red(100, 1100, 0.2);
         assert_eq!(r.probability(99), 0.0);
         assert_eq!(r.probability(100), 0.0);
         assert!((r.probability(600) - 0.1).abs() < 1e-12);
         assert!((r.probability(1099) - 0.2 * 999.0 / 1000.0).abs() < 1e-12);
         assert_eq!(r.probability(1100), 1.0);
         // DCTCP step marking.
-        let s = Red {
-            kmin: 500,
-            kmax: 500,
-            pmax: 1.0,
-        };
+        let s = red(500, 500, 1.0);
         assert_eq!(s.probability(499), 0.0);
         assert_eq!(s.probability(500), 1.0);
         let x = Red::scaled(100.0);

@@ -101,6 +101,23 @@ impl fmt::Display for Psn {
     }
 }
 
+/// `Debug` as `Name(0x..)` and `Display` as `0x..` for a newtype over an integer.
+macro_rules! hex_fmt {
+    ($name:ident) => {
+        impl fmt::Debug for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, concat!(stringify!($name), "({:#x})"), self.0)
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, "{:#x}", self.0)
+            }
+        }
+    };
+}
+
 macro_rules! id24 {
     ($(#[$m:meta])* $name:ident) => {
         $(#[$m])*
@@ -134,17 +151,7 @@ macro_rules! id24 {
             }
         }
 
-        impl fmt::Debug for $name {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                write!(f, concat!(stringify!($name), "({:#x})"), self.0)
-            }
-        }
-
-        impl fmt::Display for $name {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                write!(f, "{:#x}", self.0)
-            }
-        }
+        hex_fmt!($name);
     };
 }
 
@@ -192,17 +199,7 @@ macro_rules! key32 {
             }
         }
 
-        impl fmt::Debug for $name {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                write!(f, concat!(stringify!($name), "({:#x})"), self.0)
-            }
-        }
-
-        impl fmt::Display for $name {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                write!(f, "{:#x}", self.0)
-            }
-        }
+        hex_fmt!($name);
     };
 }
 

@@ -12,20 +12,9 @@ use roce::types::{Gid, Lkey, Psn, Qkey, Qpn, Rkey};
 use roce::verbs::*;
 use roce::wire::opcode::{Opcode, Operation};
 
-const SEC: u64 = 1_000_000_000;
+mod common;
 
-fn cfg() -> DeviceConfig {
-    DeviceConfig {
-        port_mtu: Mtu::M4096,
-        ..Default::default()
-    }
-}
-
-fn pair(seed: u64) -> Pair {
-    let mut p = Pair::new(cfg(), cfg(), LinkConfig::default(), seed);
-    p.record = true;
-    p
-}
+use common::{cfg, recording_pair as pair, SEC};
 
 fn pattern(seed: u64, len: usize) -> Vec<u8> {
     let mut r = Rng::new(seed);
@@ -148,21 +137,22 @@ fn ud_dest(to: &Endpoint, gid: Gid, qkey: u32) -> UdDest {
     }
 }
 
+/// Posts a signaled, solicited UD send WR of `len` bytes at the start of A's MR from `a` (a
+/// QP of node A) to `dest`.
 fn post_ud(
     p: &mut Pair,
-    side: usize,
-    from: &Endpoint,
+    a: &Endpoint,
     wr_id: u64,
     op: WrOp,
-    sge: Sge,
+    len: u32,
     dest: UdDest,
 ) -> Result<(), roce::engine::VerbsError> {
-    p.node(side).dev.post_send(
-        from.qpn,
+    p.node(0).dev.post_send(
+        a.qpn,
         &SendWr {
             wr_id,
             op,
-            sg_list: &[sge],
+            sg_list: &[a.sge(0, len)],
             flags: SendFlags::SIGNALED | SendFlags::SOLICITED,
             ud: Some(dest),
         },
@@ -178,11 +168,10 @@ fn ud_send_delivers_grh_source_qp_and_immediate() {
     p.recv(1, &b, 7, &[b.sge(0, 2048)]);
     post_ud(
         &mut p,
-        0,
         &a,
         1,
         WrOp::SendWithImm { imm: 0xfeed },
-        a.sge(0, 1000),
+        1000,
         ud_dest(&b, node_gid(1), 0x1111_1111),
     )
     .unwrap();
@@ -222,11 +211,10 @@ fn ud_qkey_mismatch_is_dropped_and_privileged_qkey_uses_the_qps() {
     p.recv(1, &b, 1, &[b.sge(0, 2048)]);
     post_ud(
         &mut p,
-        0,
         &a,
         1,
         WrOp::Send,
-        a.sge(0, 10),
+        10,
         ud_dest(&b, node_gid(1), 0x2222),
     )
     .unwrap();
@@ -236,11 +224,10 @@ fn ud_qkey_mismatch_is_dropped_and_privileged_qkey_uses_the_qps() {
     // A Q_Key with the high bit set means "use the sending QP's Q_Key" (IBA 10.2.5).
     post_ud(
         &mut p,
-        0,
         &a,
         2,
         WrOp::Send,
-        a.sge(0, 10),
+        10,
         ud_dest(&b, node_gid(1), 0x8000_0000),
     )
     .unwrap();
@@ -259,11 +246,10 @@ fn ud_messages_larger_than_the_port_mtu_are_refused_at_post_time() {
     let (a, b) = ud_endpoints(&mut p);
     let e = post_ud(
         &mut p,
-        0,
         &a,
         1,
         WrOp::Send,
-        a.sge(0, 1025),
+        1025,
         ud_dest(&b, node_gid(1), 0x1111_1111),
     );
     assert!(matches!(
@@ -272,11 +258,10 @@ fn ud_messages_larger_than_the_port_mtu_are_refused_at_post_time() {
     ));
     post_ud(
         &mut p,
-        0,
         &a,
         1,
         WrOp::Send,
-        a.sge(0, 1024),
+        1024,
         ud_dest(&b, node_gid(1), 0x1111_1111),
     )
     .unwrap();
@@ -315,11 +300,10 @@ fn ud_over_ipv6_gids_writes_the_ipv6_header_as_grh() {
     p.recv(1, &b, 1, &[b.sge(0, 256)]);
     post_ud(
         &mut p,
-        0,
         &a,
         1,
         WrOp::Send,
-        a.sge(0, 16),
+        16,
         ud_dest(&b, v6(4), 0x1111_1111),
     )
     .unwrap();
@@ -342,11 +326,10 @@ fn mads_to_qp1_are_counted_and_dropped() {
     };
     post_ud(
         &mut p,
-        0,
         &a,
         1,
         WrOp::Send,
-        a.sge(0, 256),
+        256,
         ud_dest(&gsi, node_gid(1), 0x8001_0000),
     )
     .unwrap();
@@ -366,13 +349,8 @@ fn qp_on_srq(
     p.node(side)
         .dev
         .create_qp(&QpInit {
-            pd,
-            qp_type: QpType::Rc,
-            send_cq: cq,
-            recv_cq: cq,
             srq: Some(srq),
-            caps: QpCaps::default(),
-            sq_sig_all: false,
+            ..QpInit::rc(pd, cq)
         })
         .unwrap()
 }
@@ -396,18 +374,7 @@ fn srq_feeds_several_qps_and_fires_its_limit() {
     // Three QP pairs; B's side of each uses the SRQ.
     let mut pairs = Vec::new();
     for _ in 0..3 {
-        let qa =
-            p.a.dev
-                .create_qp(&QpInit {
-                    pd: a0.pd,
-                    qp_type: QpType::Rc,
-                    send_cq: a0.cq,
-                    recv_cq: a0.cq,
-                    srq: None,
-                    caps: QpCaps::default(),
-                    sq_sig_all: false,
-                })
-                .unwrap();
+        let qa = p.a.dev.create_qp(&QpInit::rc(a0.pd, a0.cq)).unwrap();
         let qb = qp_on_srq(&mut p, 1, b0.pd, b0.cq, srq);
         let ea = Endpoint {
             qpn: qa,
@@ -486,15 +453,7 @@ fn srq_feeds_several_qps_and_fires_its_limit() {
     assert_eq!(events, vec![AsyncEvent::SrqLimitReached(srq.0)]);
     assert_eq!(p.b.dev.query_srq(srq).unwrap().srq_limit, 0);
     // A QP on the SRQ that enters ERR reports LAST_WQE_REACHED.
-    p.b.dev
-        .modify_qp(
-            pairs[1].1.qpn,
-            &QpAttr {
-                state: Some(QpState::Err),
-                ..Default::default()
-            },
-        )
-        .unwrap();
+    p.set_qp_state(1, &pairs[1].1, QpState::Err);
     assert_eq!(
         p.b.dev.poll_event(),
         Some(AsyncEvent::QpLastWqeReached(pairs[1].1.qpn))
@@ -543,25 +502,14 @@ fn fast_reg(
     (frmr, mem)
 }
 
+/// The status of an 8-byte WRITE from A to `addr` under `rkey`.
 fn write_status(p: &mut Pair, a: &Endpoint, addr: u64, rkey: Rkey) -> WcStatus {
-    p.post(
-        0,
-        a,
-        7,
-        WrOp::Write {
-            remote_addr: addr,
-            rkey,
-        },
-        &[a.sge(0, 8)],
-    );
-    p.run_until_idle(SEC);
-    p.cqes(0, a).last().unwrap().status
+    p.write_status(a, addr, rkey, &[0x5a; 8])
 }
 
 #[test]
 fn send_with_invalidate_revokes_a_fast_registered_rkey() {
-    let mut p = pair(7);
-    let (a, b) = connect(&mut p, &ConnectOpts::default());
+    let (mut p, a, b) = common::connected(7, &ConnectOpts::default());
     let (frmr, _mem) = fast_reg(&mut p, 1, &b, 0x42, 0x7700_0000);
     let rkey = Rkey((frmr.index() << 8) | 0x42);
     assert_eq!(
@@ -589,8 +537,7 @@ fn send_with_invalidate_revokes_a_fast_registered_rkey() {
 /// invalid request (rxe: RESPST_ERR_INVALIDATE_RKEY), and the MR stays valid.
 #[test]
 fn send_with_invalidate_of_an_ordinary_mr_is_refused() {
-    let mut p = pair(7);
-    let (a, b) = connect(&mut p, &ConnectOpts::default());
+    let (mut p, a, b) = common::connected(7, &ConnectOpts::default());
     p.recv(1, &b, 1, &[b.sge(0, 64)]);
     p.post(
         0,
@@ -619,8 +566,7 @@ fn send_with_invalidate_of_an_ordinary_mr_is_refused() {
 
 #[test]
 fn fast_registration_binds_a_new_key_and_local_invalidate_revokes_it() {
-    let mut p = pair(8);
-    let (a, b) = connect(&mut p, &ConnectOpts::default());
+    let (mut p, a, b) = common::connected(8, &ConnectOpts::default());
     let (frmr, mem) = fast_reg(&mut p, 1, &b, 0x42, 0xabc0_0000);
     let rkey = Rkey((frmr.index() << 8) | 0x42);
     a.mem.write(0, &[0x77; 100]).unwrap();
@@ -645,11 +591,7 @@ fn fast_registration_binds_a_new_key_and_local_invalidate_revokes_it() {
         WcStatus::RemAccessErr
     );
     // Re-registering with a new key byte works again; the old key stays dead.
-    let (mut p, a, b) = {
-        let mut p = pair(8);
-        let (a, b) = connect(&mut p, &ConnectOpts::default());
-        (p, a, b)
-    };
+    let (mut p, a, b) = common::connected(8, &ConnectOpts::default());
     let (frmr, _) = fast_reg(&mut p, 1, &b, 0x42, 0xabc0_0000);
     p.post(
         1,
@@ -698,8 +640,7 @@ fn fast_registration_refuses_a_wrapping_range_and_remote_write_without_local_wri
         (0x1000, Access::REMOTE_WRITE),
         (0x1000, Access::REMOTE_ATOMIC | Access::REMOTE_READ),
     ] {
-        let mut p = pair(8);
-        let (_a, b) = connect(&mut p, &ConnectOpts::default());
+        let (mut p, _a, b) = common::connected(8, &ConnectOpts::default());
         let mem = HeapMemory::shared(1 << 16);
         let frmr = p.b.dev.alloc_mr(b.pd, mem).unwrap();
         p.post(
@@ -727,34 +668,14 @@ fn fast_registration_refuses_a_wrapping_range_and_remote_write_without_local_wri
 #[test]
 fn fenced_write_waits_for_the_read_before_it() {
     for fence in [false, true] {
-        let mut p = pair(9);
-        let (a, b) = connect(&mut p, &ConnectOpts::default());
-        p.post(
-            0,
-            &a,
-            1,
-            WrOp::Read {
-                remote_addr: b.addr,
-                rkey: b.rkey,
-            },
-            &[a.sge(0, 16384)],
-        );
+        let (mut p, a, b) = common::connected(9, &ConnectOpts::default());
+        p.post(0, &a, 1, b.read_from(0), &[a.sge(0, 16384)]);
         let flags = if fence {
             SendFlags::SIGNALED | SendFlags::FENCE
         } else {
             SendFlags::SIGNALED
         };
-        p.post_flags(
-            0,
-            &a,
-            2,
-            WrOp::Write {
-                remote_addr: b.addr + 65536,
-                rkey: b.rkey,
-            },
-            &[a.sge(32768, 64)],
-            flags,
-        );
+        p.post_flags(0, &a, 2, b.write_to(65536), &[a.sge(32768, 64)], flags);
         p.run_until_idle(SEC);
         let t = |side: usize, pred: &dyn Fn(Operation) -> bool| -> Vec<u64> {
             p.recorded
@@ -774,8 +695,7 @@ fn fenced_write_waits_for_the_read_before_it() {
 
 #[test]
 fn solicited_event_bit_is_carried_on_the_last_packet() {
-    let mut p = pair(10);
-    let (a, b) = connect(&mut p, &ConnectOpts::default());
+    let (mut p, a, b) = common::connected(10, &ConnectOpts::default());
     p.recv(1, &b, 1, &[b.sge(0, 4096)]);
     p.recv(1, &b, 2, &[b.sge(0, 4096)]);
     p.post_flags(
@@ -813,11 +733,6 @@ fn inline_data_is_copied_at_post_time_within_the_reported_limit() {
     let pd = p.a.dev.alloc_pd().unwrap();
     let cq = p.a.dev.create_cq(4).unwrap();
     let qp_init = |max_inline_data| QpInit {
-        pd,
-        qp_type: QpType::Rc,
-        send_cq: cq,
-        recv_cq: cq,
-        srq: None,
         caps: QpCaps {
             max_send_wr: 4,
             max_recv_wr: 4,
@@ -825,7 +740,7 @@ fn inline_data_is_copied_at_post_time_within_the_reported_limit() {
             max_recv_sge: 1,
             max_inline_data,
         },
-        sq_sig_all: false,
+        ..QpInit::rc(pd, cq)
     };
     let q = p.a.dev.create_qp(&qp_init(limit)).unwrap();
     p.a.dev.destroy_qp(q).unwrap();
@@ -914,19 +829,13 @@ fn sge_limits_are_enforced_and_multi_sge_gathers_and_scatters() {
 
 #[test]
 fn cq_overflow_raises_cq_error_and_fails_its_qps() {
-    let mut p = pair(13);
-    let (a, b) = connect(&mut p, &ConnectOpts::default());
+    let (mut p, a, b) = common::connected(13, &ConnectOpts::default());
     let small = p.a.dev.create_cq(2).unwrap();
     let qpn =
         p.a.dev
             .create_qp(&QpInit {
-                pd: a.pd,
-                qp_type: QpType::Rc,
-                send_cq: small,
-                recv_cq: small,
-                srq: None,
-                caps: QpCaps::default(),
                 sq_sig_all: true,
+                ..QpInit::rc(a.pd, small)
             })
             .unwrap();
     let e = Endpoint {
@@ -934,18 +843,7 @@ fn cq_overflow_raises_cq_error_and_fails_its_qps() {
         cq: small,
         ..a.clone()
     };
-    let qb =
-        p.b.dev
-            .create_qp(&QpInit {
-                pd: b.pd,
-                qp_type: QpType::Rc,
-                send_cq: b.cq,
-                recv_cq: b.cq,
-                srq: None,
-                caps: QpCaps::default(),
-                sq_sig_all: false,
-            })
-            .unwrap();
+    let qb = p.b.dev.create_qp(&QpInit::rc(b.pd, b.cq)).unwrap();
     let o = ConnectOpts::default();
     bring_up(&mut p.a.dev, &e, qb, node_gid(1), &o, 1, 2);
     bring_up(
@@ -961,16 +859,7 @@ fn cq_overflow_raises_cq_error_and_fails_its_qps() {
         1,
     );
     for i in 0..3 {
-        p.post(
-            0,
-            &e,
-            i,
-            WrOp::Write {
-                remote_addr: b.addr,
-                rkey: b.rkey,
-            },
-            &[a.sge(0, 8)],
-        );
+        p.post(0, &e, i, b.write_to(0), &[a.sge(0, 8)]);
     }
     p.run_until_idle(SEC);
     assert!(p.a.dev.cq_overflowed(small));
@@ -1036,15 +925,7 @@ fn device_and_port_attributes_are_the_enforced_limits() {
             .is_err(),
         "longer than its memory"
     );
-    let init = QpInit {
-        pd,
-        qp_type: QpType::Rc,
-        send_cq: cq,
-        recv_cq: cq,
-        srq: None,
-        caps: QpCaps::default(),
-        sq_sig_all: false,
-    };
+    let init = QpInit::rc(pd, cq);
     let q1 = dev.create_qp(&init).unwrap();
     dev.create_qp(&init).unwrap();
     assert!(dev.create_qp(&init).is_err());
@@ -1085,13 +966,8 @@ fn path_mtu_above_the_port_mtu_is_refused() {
     // A fresh QP in INIT, taken to RTR with path MTU 4096, then 1024.
     let info = p.a.dev.query_qp(a.qpn).unwrap();
     let init = QpInit {
-        pd: a.pd,
-        qp_type: QpType::Rc,
-        send_cq: a.cq,
-        recv_cq: a.cq,
-        srq: None,
         caps: info.caps,
-        sq_sig_all: false,
+        ..QpInit::rc(a.pd, a.cq)
     };
     let q = p.a.dev.create_qp(&init).unwrap();
     p.a.dev
@@ -1148,8 +1024,7 @@ fn to_sqd(p: &mut Pair, side: usize, ep: &Endpoint) {
 /// last WQE in flight completes; an SQD -> SQD modify is not a new drain.
 #[test]
 fn entering_sqd_raises_sq_drained_once_when_nothing_is_outstanding() {
-    let mut p = pair(13);
-    let (a, b) = connect(&mut p, &ConnectOpts::default());
+    let (mut p, a, b) = common::connected(13, &ConnectOpts::default());
     to_sqd(&mut p, 0, &a);
     let ev: Vec<_> = std::iter::from_fn(|| p.a.dev.poll_event()).collect();
     assert_eq!(ev, vec![AsyncEvent::SqDrained(a.qpn)]);
@@ -1164,25 +1039,8 @@ fn entering_sqd_raises_sq_drained_once_when_nothing_is_outstanding() {
         .unwrap();
     assert_eq!(p.a.dev.poll_event(), None, "SQD -> SQD is not a new drain");
     // Back to RTS, a WRITE in flight, then SQD: the event waits for its ACK.
-    p.a.dev
-        .modify_qp(
-            a.qpn,
-            &QpAttr {
-                state: Some(QpState::Rts),
-                ..Default::default()
-            },
-        )
-        .unwrap();
-    p.post(
-        0,
-        &a,
-        1,
-        WrOp::Write {
-            remote_addr: b.addr,
-            rkey: b.rkey,
-        },
-        &[a.sge(0, 64)],
-    );
+    p.set_qp_state(0, &a, QpState::Rts);
+    p.post(0, &a, 1, b.write_to(0), &[a.sge(0, 64)]);
     let aq = a.qpn;
     p.run(SEC, |p| p.a.dev.qp_counters(aq).unwrap().sent_pkts > 0);
     to_sqd(&mut p, 0, &a);
@@ -1228,15 +1086,7 @@ fn uc_send_error_moves_the_qp_to_sqe_and_receiving_goes_on() {
     );
     assert_eq!(a.mem.to_vec(4096, 32), vec![0x3c; 32]);
     // SQE -> RTS: sending resumes.
-    p.a.dev
-        .modify_qp(
-            a.qpn,
-            &QpAttr {
-                state: Some(QpState::Rts),
-                ..Default::default()
-            },
-        )
-        .unwrap();
+    p.set_qp_state(0, &a, QpState::Rts);
     p.recv(1, &b, 21, &[b.sge(8192, 64)]);
     p.post(0, &a, 3, WrOp::Send, &[a.sge(4096, 32)]);
     p.run_until_idle(SEC);
@@ -1248,27 +1098,11 @@ fn uc_send_error_moves_the_qp_to_sqe_and_receiving_goes_on() {
 /// late packet for it is dropped instead of landing on the next QP created.
 #[test]
 fn destroyed_qp_numbers_are_not_handed_out_again_at_once() {
-    let mut p = pair(15);
-    let (a, b) = connect(&mut p, &ConnectOpts::default());
+    let (mut p, a, b) = common::connected(15, &ConnectOpts::default());
     // A WRITE frame for B's QP, kept for later.
-    p.post(
-        0,
-        &a,
-        1,
-        WrOp::Write {
-            remote_addr: b.addr,
-            rkey: b.rkey,
-        },
-        &[a.sge(0, 64)],
-    );
+    p.post(0, &a, 1, b.write_to(0), &[a.sge(0, 64)]);
     p.run_until_idle(SEC);
-    let late = p
-        .recorded
-        .iter()
-        .find(|(s, _, _)| *s == 0)
-        .unwrap()
-        .2
-        .clone();
+    let late = p.first_frame(0);
     p.b.dev.destroy_qp(b.qpn).unwrap();
     let mut seen = std::collections::HashSet::new();
     for _ in 0..50 {

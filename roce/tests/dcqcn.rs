@@ -49,16 +49,7 @@ fn drive(p: &mut Pair, a: &Endpoint, b: &Endpoint, until: u64, posted: &mut u64,
     while p.now < until {
         while *posted - *done < 8 {
             let off = (*posted % 16) * MSG as u64;
-            p.post(
-                0,
-                a,
-                *posted,
-                WrOp::Write {
-                    remote_addr: b.addr + off,
-                    rkey: b.rkey,
-                },
-                &[a.sge(off, MSG)],
-            );
+            p.post(0, a, *posted, b.write_to(off), &[a.sge(off, MSG)]);
             *posted += 1;
         }
         let cq = a.cq;

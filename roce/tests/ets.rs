@@ -46,16 +46,7 @@ fn shares(ets: Option<EtsConfig>) -> [u64; 2] {
             }
             while outstanding[i] < 8 {
                 let off = (outstanding[i] % 8) * MSG as u64;
-                p.post(
-                    0,
-                    a,
-                    1,
-                    WrOp::Write {
-                        remote_addr: b.addr + off,
-                        rkey: b.rkey,
-                    },
-                    &[a.sge(off, MSG)],
-                );
+                p.post(0, a, 1, b.write_to(off), &[a.sge(off, MSG)]);
                 outstanding[i] += 1;
             }
         }

@@ -99,24 +99,39 @@ fn write_packet(
     p.craft(0, t, &[0x5a; MTU])
 }
 
+/// Delivers the FIRST packet of a three-packet WRITE from A to the start of B's MR (0x5a
+/// bytes) and runs until idle.
+fn write_first(p: &mut Pair, a: &Endpoint, b: &Endpoint) {
+    let reth = RethRepr {
+        va: b.addr,
+        rkey: b.rkey,
+        len: 3 * MTU as u32,
+    };
+    let first = write_packet(p, 0x06, a, b, 0, Some(reth));
+    p.inject(1, &first);
+    p.run_until_idle(SEC);
+}
+
+/// Delivers the later packets of [`write_first`]'s WRITE, as (opcode, PSN offset), running
+/// until idle after each.
+fn write_rest(p: &mut Pair, a: &Endpoint, b: &Endpoint, packets: &[(u8, u32)]) {
+    for &(op, off) in packets {
+        let f = write_packet(p, op, a, b, off, None);
+        p.inject(1, &f);
+        p.run_until_idle(SEC);
+    }
+}
+
+/// Checks that `mem` (4 MTUs) still holds only zeros.
+fn assert_untouched(mem: &HeapMemory, what: &str) {
+    assert_eq!(mem.to_vec(0, 4 * MTU), vec![0; 4 * MTU], "{what}");
+}
+
 /// A WRITE FIRST is accepted; the MR goes and its key is re-issued to `victim_pd`'s MR; the
 /// WRITE MIDDLE and LAST that follow must not land anywhere.
 fn stale_write(victim_in_other_pd: bool) {
     let (mut p, a, b) = setup();
-    let first = write_packet(
-        &p,
-        0x06,
-        &a,
-        &b,
-        0,
-        Some(RethRepr {
-            va: b.addr,
-            rkey: b.rkey,
-            len: 3 * MTU as u32,
-        }),
-    );
-    p.inject(1, &first);
-    p.run_until_idle(SEC);
+    write_first(&mut p, &a, &b);
     assert_eq!(
         b.mem.to_vec(0, MTU),
         vec![0x5a; MTU],
@@ -131,15 +146,10 @@ fn stale_write(victim_in_other_pd: bool) {
     let victim = HeapMemory::shared(4 * MTU);
     recycle_key_to(&mut p, &b, pd, victim.clone());
 
-    for (op, off) in [(0x07, 1), (0x08, 2)] {
-        let f = write_packet(&p, op, &a, &b, off, None);
-        p.inject(1, &f);
-        p.run_until_idle(SEC);
-    }
-    assert_eq!(
-        victim.to_vec(0, 4 * MTU),
-        vec![0; 4 * MTU],
-        "no byte of the stale WRITE reached the MR that now has its key"
+    write_rest(&mut p, &a, &b, &[(0x07, 1), (0x08, 2)]);
+    assert_untouched(
+        &victim,
+        "no byte of the stale WRITE reached the MR that now has its key",
     );
     assert_eq!(
         p.naks(1),
@@ -297,53 +307,38 @@ fn inline_sge_of_another_pd_is_refused() {
     .unwrap();
 }
 
+/// A new translation for B's MR: `length` bytes of `mem` from `mem_offset`, at B's address.
+fn moved_to(
+    mem: &Arc<HeapMemory>,
+    mem_offset: usize,
+    b: &Endpoint,
+    length: usize,
+) -> Option<roce::engine::MrTranslation> {
+    Some(roce::engine::MrTranslation {
+        mem: mem.clone(),
+        mem_offset,
+        addr: b.addr,
+        length: length as u64,
+    })
+}
+
 /// `rereg_mr` keeps the keys (as mlx5 does) but is a new registration: a WRITE in progress
 /// against the old translation is cut off, and later WRITEs with the same rkey land in the
 /// new memory.
 #[test]
 fn rereg_keeps_the_keys_and_cuts_off_the_old_translation() {
-    use roce::engine::{MrChange, MrTranslation};
+    use roce::engine::MrChange;
     let (mut p, a, b) = setup();
-    let first = write_packet(
-        &p,
-        0x06,
-        &a,
-        &b,
-        0,
-        Some(RethRepr {
-            va: b.addr,
-            rkey: b.rkey,
-            len: 3 * MTU as u32,
-        }),
-    );
-    p.inject(1, &first);
-    p.run_until_idle(SEC);
+    write_first(&mut p, &a, &b);
     let fresh = HeapMemory::shared(4 * MTU);
-    let keys = p
-        .node(1)
-        .dev
-        .rereg_mr(
-            b.lkey,
-            MrChange {
-                translation: Some(MrTranslation {
-                    mem: fresh.clone(),
-                    mem_offset: 0,
-                    addr: b.addr,
-                    length: 4 * MTU as u64,
-                }),
-                ..Default::default()
-            },
-        )
-        .unwrap();
+    let change = MrChange {
+        translation: moved_to(&fresh, 0, &b, 4 * MTU),
+        ..Default::default()
+    };
+    let keys = p.node(1).dev.rereg_mr(b.lkey, change).unwrap();
     assert_eq!(keys, (b.lkey, Some(b.rkey)), "the keys stay");
-    let middle = write_packet(&p, 0x07, &a, &b, 1, None);
-    p.inject(1, &middle);
-    p.run_until_idle(SEC);
-    assert_eq!(
-        fresh.to_vec(0, 4 * MTU),
-        vec![0; 4 * MTU],
-        "not the new memory"
-    );
+    write_rest(&mut p, &a, &b, &[(0x07, 1)]);
+    assert_untouched(&fresh, "not the new memory");
     assert_eq!(b.mem.to_vec(MTU, MTU), vec![0; MTU], "nor the old one");
     assert_eq!(p.naks(1), vec![(a.sq_psn.add(1), NAK_REMOTE_ACCESS)]);
 
@@ -361,54 +356,22 @@ fn rereg_keeps_the_keys_and_cuts_off_the_old_translation() {
         },
     )
     .unwrap();
-    a.mem.write(0, &[0x77; 64]).unwrap();
-    p.post(
-        0,
-        &a,
-        1,
-        WrOp::Write {
-            remote_addr: b.addr,
-            rkey: b.rkey,
-        },
-        &[a.sge(0, 64)],
-    );
-    p.run_until_idle(SEC);
-    let c = p.cqes(0, &a);
     assert_eq!(
-        c[0].status,
+        p.write_status(&a, b.addr, b.rkey, &[0x77; 64]),
         WcStatus::RemAccessErr,
         "the MR left the QP's PD"
     );
     let (mut p, a, b) = setup();
-    p.node(1)
-        .dev
-        .rereg_mr(
-            b.lkey,
-            MrChange {
-                translation: Some(MrTranslation {
-                    mem: fresh.clone(),
-                    mem_offset: MTU,
-                    addr: b.addr,
-                    length: MTU as u64,
-                }),
-                access: Some(Access::LOCAL_WRITE | Access::REMOTE_WRITE),
-                pd: None,
-            },
-        )
-        .unwrap();
-    a.mem.write(0, &[0x77; 64]).unwrap();
-    p.post(
-        0,
-        &a,
-        1,
-        WrOp::Write {
-            remote_addr: b.addr + 8,
-            rkey: b.rkey,
-        },
-        &[a.sge(0, 64)],
+    let change = MrChange {
+        translation: moved_to(&fresh, MTU, &b, MTU),
+        access: Some(Access::LOCAL_WRITE | Access::REMOTE_WRITE),
+        pd: None,
+    };
+    p.node(1).dev.rereg_mr(b.lkey, change).unwrap();
+    assert_eq!(
+        p.write_status(&a, b.addr + 8, b.rkey, &[0x77; 64]),
+        WcStatus::Success
     );
-    p.run_until_idle(SEC);
-    assert_eq!(p.cqes(0, &a)[0].status, WcStatus::Success);
     assert_eq!(fresh.to_vec(MTU + 8, 64), vec![0x77; 64]);
     assert_eq!(b.mem.to_vec(8, 64), vec![0; 64]);
 }

@@ -36,16 +36,7 @@ fn goodput(window: u32, ack_every: u32) -> f64 {
     while done < MSGS {
         while posted < MSGS && posted - done < 8 {
             let off = (posted % 8) * MSG as u64;
-            p.post(
-                0,
-                &a,
-                posted,
-                WrOp::Write {
-                    remote_addr: b.addr + off,
-                    rkey: b.rkey,
-                },
-                &[a.sge(off, MSG as u32)],
-            );
+            p.post(0, &a, posted, b.write_to(off), &[a.sge(off, MSG as u32)]);
             posted += 1;
         }
         let cq = a.cq;

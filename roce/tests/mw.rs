@@ -3,7 +3,8 @@
 //! window, the key byte), local and remote invalidation, unbinding, and every bind error with
 //! its MW_BIND_ERR completion and the QP in error; all on the wire between two devices.
 
-use roce::memory::{Memory, MwType};
+use roce::engine::QpInit;
+use roce::memory::MwType;
 use roce::sim::{connect, ConnectOpts, Endpoint, Pair};
 use roce::types::{Lkey, Rkey};
 use roce::verbs::*;
@@ -29,69 +30,78 @@ fn inc(k: Rkey) -> Rkey {
     Rkey((k.0 & !0xff) | ((k.0 + 1) & 0xff))
 }
 
-#[allow(clippy::too_many_arguments)]
+/// A new window of type `ty` in B's PD; its (initial) key.
+fn alloc(p: &mut Pair, b: &Endpoint, ty: MwType) -> Rkey {
+    p.node(1).dev.alloc_mw(b.pd, ty).unwrap()
+}
+
+/// Binds window `mw` of B with the new key `new` to `(addr, length)` of B's MR with
+/// `access`, through B's send queue; returns the bind's completion.
 fn bind(
     p: &mut Pair,
-    side: usize,
-    e: &Endpoint,
+    b: &Endpoint,
     mw: Rkey,
     new: Rkey,
-    mr: Lkey,
     (addr, length): (u64, u64),
     access: Access,
 ) -> Completion {
     p.post(
-        side,
-        e,
+        1,
+        b,
         77,
-        WrOp::BindMw {
-            mw,
-            rkey: new,
-            mr,
-            addr,
-            length,
-            access,
-        },
+        bind_op(mw, new, b.lkey, (addr, length), access),
         &[],
     );
     p.run_until_idle(SEC);
-    let c = p.cqes(side, e);
+    let c = p.cqes(1, b);
     assert_eq!(c.len(), 1, "{c:?}");
     assert_eq!(c[0].opcode, WcOpcode::BindMw);
     c[0]
 }
 
+/// The BIND_MW work request.
+fn bind_op(mw: Rkey, rkey: Rkey, mr: Lkey, (addr, length): (u64, u64), access: Access) -> WrOp {
+    WrOp::BindMw {
+        mw,
+        rkey,
+        mr,
+        addr,
+        length,
+        access,
+    }
+}
+
+/// A fresh pair with a window of type `ty` bound (successfully) to B's first page for remote
+/// write; returns the window's key.
+fn setup_bound(ty: MwType) -> (Pair, Endpoint, Endpoint, Rkey) {
+    let (mut p, a, b) = setup();
+    let mw = alloc(&mut p, &b, ty);
+    let key = inc(mw);
+    let page = (b.addr, 4096);
+    let c = bind(&mut p, &b, mw, key, page, Access::REMOTE_WRITE);
+    assert_eq!(c.status, WcStatus::Success);
+    (p, a, b, key)
+}
+
 /// A signaled WRITE of 16 bytes of 0x5a from A to `addr` with `rkey`; its status.
 fn write(p: &mut Pair, a: &Endpoint, addr: u64, rkey: Rkey) -> WcStatus {
-    a.mem.write(0, &[0x5a; 16]).unwrap();
-    p.post(
-        0,
-        a,
-        1,
-        WrOp::Write {
-            remote_addr: addr,
-            rkey,
-        },
-        &[a.sge(0, 16)],
-    );
-    p.run_until_idle(SEC);
-    p.cqes(0, a)[0].status
+    p.write_status(a, addr, rkey, &[0x5a; 16])
 }
 
 #[test]
 fn type2_window_grants_its_own_range_and_access_to_its_qp() {
     let (mut p, a, b) = setup();
-    let mw = p.node(1).dev.alloc_mw(b.pd, MwType::Two).unwrap();
+    let mw = alloc(&mut p, &b, MwType::Two);
     assert_eq!(
         write(&mut p, &a, b.addr, mw),
         WcStatus::RemAccessErr,
         "a FREE window grants nothing"
     );
     let (mut p, a, b) = setup();
-    let mw = p.node(1).dev.alloc_mw(b.pd, MwType::Two).unwrap();
+    let mw = alloc(&mut p, &b, MwType::Two);
     let key = inc(mw);
     let win = (b.addr + 4096, 4096);
-    let c = bind(&mut p, 1, &b, mw, key, b.lkey, win, Access::REMOTE_WRITE);
+    let c = bind(&mut p, &b, mw, key, win, Access::REMOTE_WRITE);
     assert_eq!(c.status, WcStatus::Success);
     assert_eq!(
         write(&mut p, &a, b.addr + 4096 + 100, key),
@@ -106,19 +116,10 @@ fn type2_window_grants_its_own_range_and_access_to_its_qp() {
 #[test]
 fn the_windows_access_counts_not_the_mrs() {
     let (mut p, a, b) = setup();
-    let mw = p.node(1).dev.alloc_mw(b.pd, MwType::Two).unwrap();
+    let mw = alloc(&mut p, &b, MwType::Two);
     let key = inc(mw);
     // The MR grants remote write; the window only remote read.
-    let c = bind(
-        &mut p,
-        1,
-        &b,
-        mw,
-        key,
-        b.lkey,
-        (b.addr, 4096),
-        Access::REMOTE_READ,
-    );
+    let c = bind(&mut p, &b, mw, key, (b.addr, 4096), Access::REMOTE_READ);
     assert_eq!(c.status, WcStatus::Success);
     assert_eq!(write(&mut p, &a, b.addr, key), WcStatus::RemAccessErr);
     assert_eq!(b.mem.to_vec(0, 16), vec![0; 16]);
@@ -127,46 +128,25 @@ fn the_windows_access_counts_not_the_mrs() {
 #[test]
 fn old_keys_fail_after_a_rebind_and_zero_based_windows_start_at_zero() {
     let (mut p, a, b) = setup();
-    let dev = &mut p.node(1).dev;
-    let mw = dev.alloc_mw(b.pd, MwType::One).unwrap();
+    let mw = alloc(&mut p, &b, MwType::One);
     let k1 = inc(mw);
-    let c = bind(
-        &mut p,
-        1,
-        &b,
-        mw,
-        k1,
-        b.lkey,
-        (b.addr, 8192),
-        Access::REMOTE_WRITE,
-    );
+    let range = (b.addr, 8192);
+    let c = bind(&mut p, &b, mw, k1, range, Access::REMOTE_WRITE);
     assert_eq!(c.status, WcStatus::Success);
     assert_eq!(write(&mut p, &a, b.addr + 8, k1), WcStatus::Success);
     // Type 1 rebinds in place with a new key byte: the old key is dead.
     let k2 = inc(k1);
-    let c = bind(
-        &mut p,
-        1,
-        &b,
-        k1,
-        k2,
-        b.lkey,
-        (b.addr, 8192),
-        Access::REMOTE_WRITE,
-    );
+    let c = bind(&mut p, &b, k1, k2, range, Access::REMOTE_WRITE);
     assert_eq!(c.status, WcStatus::Success);
     assert_eq!(write(&mut p, &a, b.addr + 8, k2), WcStatus::Success);
     assert_eq!(write(&mut p, &a, b.addr + 8, k1), WcStatus::RemAccessErr);
 
     let (mut p, a, b) = setup();
-    let mw = p.node(1).dev.alloc_mw(b.pd, MwType::Two).unwrap();
+    let mw = alloc(&mut p, &b, MwType::Two);
     let key = inc(mw);
     let win = (b.addr + 3 * 4096, 4096);
     let zb = Access::REMOTE_WRITE | Access::ZERO_BASED;
-    assert_eq!(
-        bind(&mut p, 1, &b, mw, key, b.lkey, win, zb).status,
-        WcStatus::Success
-    );
+    assert_eq!(bind(&mut p, &b, mw, key, win, zb).status, WcStatus::Success);
     // Address 32 of the window is byte 32 of its range.
     assert_eq!(write(&mut p, &a, 32, key), WcStatus::Success);
     assert_eq!(b.mem.to_vec(3 * 4096 + 32, 16), vec![0x5a; 16]);
@@ -179,34 +159,14 @@ fn a_type2_window_serves_only_the_qp_that_bound_it() {
     let o = ConnectOpts::default();
     // A second connection whose B side is a QP of b's own PD, on b's CQ and MR.
     let a2 = roce::sim::endpoint(&mut p.a.dev, &o, 0x30_0000_0000);
-    let qpn =
-        p.b.dev
-            .create_qp(&roce::engine::QpInit {
-                pd: b.pd,
-                qp_type: QpType::Rc,
-                send_cq: b.cq,
-                recv_cq: b.cq,
-                srq: None,
-                caps: QpCaps::default(),
-                sq_sig_all: false,
-            })
-            .unwrap();
-    let b2 = Endpoint { qpn, ..b.clone() };
+    let qpn = p.b.dev.create_qp(&QpInit::rc(b.pd, b.cq)).unwrap();
+    let b2 = b.with_qp(qpn);
     roce::sim::bring_up(&mut p.a.dev, &a2, b2.qpn, roce::sim::node_gid(1), &o, 7, 9);
     roce::sim::bring_up(&mut p.b.dev, &b2, a2.qpn, roce::sim::node_gid(0), &o, 9, 7);
-    let mw = p.node(1).dev.alloc_mw(b.pd, MwType::Two).unwrap();
+    let mw = alloc(&mut p, &b, MwType::Two);
     let key = inc(mw);
     // Bound by b's QP: a (its peer) may use it ...
-    let c = bind(
-        &mut p,
-        1,
-        &b,
-        mw,
-        key,
-        b.lkey,
-        (b.addr, 4096),
-        Access::REMOTE_WRITE,
-    );
+    let c = bind(&mut p, &b, mw, key, (b.addr, 4096), Access::REMOTE_WRITE);
     assert_eq!(c.status, WcStatus::Success);
     assert_eq!(write(&mut p, &a, b.addr, key), WcStatus::Success);
     // ... but not a2 through b2, a QP of the same PD.
@@ -216,19 +176,7 @@ fn a_type2_window_serves_only_the_qp_that_bound_it() {
 
 #[test]
 fn local_and_remote_invalidation_of_a_type2_window() {
-    let (mut p, a, b) = setup();
-    let mw = p.node(1).dev.alloc_mw(b.pd, MwType::Two).unwrap();
-    let key = inc(mw);
-    bind(
-        &mut p,
-        1,
-        &b,
-        mw,
-        key,
-        b.lkey,
-        (b.addr, 4096),
-        Access::REMOTE_WRITE,
-    );
+    let (mut p, a, b, key) = setup_bound(MwType::Two);
     p.post(1, &b, 9, WrOp::LocalInv { rkey: key }, &[]);
     p.run_until_idle(SEC);
     let c = p.cqes(1, &b);
@@ -239,19 +187,7 @@ fn local_and_remote_invalidation_of_a_type2_window() {
     assert_eq!(write(&mut p, &a, b.addr, key), WcStatus::RemAccessErr);
 
     // Remote: a SEND with invalidate from the peer.
-    let (mut p, a, b) = setup();
-    let mw = p.node(1).dev.alloc_mw(b.pd, MwType::Two).unwrap();
-    let key = inc(mw);
-    bind(
-        &mut p,
-        1,
-        &b,
-        mw,
-        key,
-        b.lkey,
-        (b.addr, 4096),
-        Access::REMOTE_WRITE,
-    );
+    let (mut p, a, b, key) = setup_bound(MwType::Two);
     p.recv(1, &b, 5, &[b.sge(8192, 64)]);
     p.post(0, &a, 2, WrOp::SendWithInv { rkey: key }, &[a.sge(0, 8)]);
     p.run_until_idle(SEC);
@@ -262,16 +198,7 @@ fn local_and_remote_invalidation_of_a_type2_window() {
     assert_eq!(r[0].invalidated_rkey, key.0);
     // The FREE window binds again with a new key; the invalidated key stays dead.
     let k2 = inc(key);
-    let c = bind(
-        &mut p,
-        1,
-        &b,
-        key,
-        k2,
-        b.lkey,
-        (b.addr, 4096),
-        Access::REMOTE_WRITE,
-    );
+    let c = bind(&mut p, &b, key, k2, (b.addr, 4096), Access::REMOTE_WRITE);
     assert_eq!(c.status, WcStatus::Success);
     assert_eq!(write(&mut p, &a, b.addr, k2), WcStatus::Success);
     assert_eq!(write(&mut p, &a, b.addr, key), WcStatus::RemAccessErr);
@@ -279,38 +206,14 @@ fn local_and_remote_invalidation_of_a_type2_window() {
 
 #[test]
 fn type1_windows_unbind_with_length_zero_and_cannot_be_invalidated() {
-    let (mut p, a, b) = setup();
-    let mw = p.node(1).dev.alloc_mw(b.pd, MwType::One).unwrap();
-    let k1 = inc(mw);
-    bind(
-        &mut p,
-        1,
-        &b,
-        mw,
-        k1,
-        b.lkey,
-        (b.addr, 4096),
-        Access::REMOTE_WRITE,
-    );
+    let (mut p, a, b, k1) = setup_bound(MwType::One);
     assert_eq!(write(&mut p, &a, b.addr, k1), WcStatus::Success);
     let k2 = inc(k1);
-    let c = bind(&mut p, 1, &b, k1, k2, b.lkey, (0, 0), Access(0));
+    let c = bind(&mut p, &b, k1, k2, (0, 0), Access(0));
     assert_eq!(c.status, WcStatus::Success, "unbound");
     assert_eq!(write(&mut p, &a, b.addr, k2), WcStatus::RemAccessErr);
     // The MR can go now (nothing is bound to it).
-    let (mut p, _a, b) = setup();
-    let mw = p.node(1).dev.alloc_mw(b.pd, MwType::One).unwrap();
-    let k1 = inc(mw);
-    bind(
-        &mut p,
-        1,
-        &b,
-        mw,
-        k1,
-        b.lkey,
-        (b.addr, 4096),
-        Access::REMOTE_WRITE,
-    );
+    let (mut p, _a, b, k1) = setup_bound(MwType::One);
     p.post(1, &b, 9, WrOp::LocalInv { rkey: k1 }, &[]);
     p.run_until_idle(SEC);
     let c = p.cqes(1, &b);
@@ -320,19 +223,7 @@ fn type1_windows_unbind_with_length_zero_and_cannot_be_invalidated() {
 
 #[test]
 fn remote_invalidation_of_a_type1_window_is_refused() {
-    let (mut p, a, b) = setup();
-    let mw = p.node(1).dev.alloc_mw(b.pd, MwType::One).unwrap();
-    let k1 = inc(mw);
-    bind(
-        &mut p,
-        1,
-        &b,
-        mw,
-        k1,
-        b.lkey,
-        (b.addr, 4096),
-        Access::REMOTE_WRITE,
-    );
+    let (mut p, a, b, k1) = setup_bound(MwType::One);
     p.recv(1, &b, 5, &[b.sge(8192, 64)]);
     p.post(0, &a, 2, WrOp::SendWithInv { rkey: k1 }, &[a.sge(0, 8)]);
     p.run_until_idle(SEC);
@@ -341,99 +232,52 @@ fn remote_invalidation_of_a_type1_window_is_refused() {
     assert_eq!(p.qp_state(1, &b), QpState::Err);
 }
 
+/// A fresh MR of 4096 bytes at 0x7000 in B's PD with only `access`; its lkey.
+fn mr_with(p: &mut Pair, b: &Endpoint, access: Access) -> Lkey {
+    let mem = roce::memory::HeapMemory::shared(4096);
+    let dev = &mut p.node(1).dev;
+    dev.reg_mr(b.pd, mem, 0, 0x7000, 4096, access).unwrap().0
+}
+
 /// Each broken rule of a bind: MW_BIND_ERR, and the QP goes to the error state.
 #[test]
 fn bind_errors_complete_mw_bind_err() {
     type Case = fn(&mut Pair, &Endpoint) -> WrOp;
+    const READ: Access = Access::REMOTE_READ;
     let cases: [(&str, Case); 7] = [
         ("a stale window key", |p, b| {
-            let mw = p.node(1).dev.alloc_mw(b.pd, MwType::Two).unwrap();
-            WrOp::BindMw {
-                mw: inc(inc(mw)),
-                rkey: inc(mw),
-                mr: b.lkey,
-                addr: b.addr,
-                length: 64,
-                access: Access::REMOTE_READ,
-            }
+            let mw = alloc(p, b, MwType::Two);
+            bind_op(inc(inc(mw)), inc(mw), b.lkey, (b.addr, 64), READ)
         }),
         ("an MR without MW_BIND", |p, b| {
-            let dev = &mut p.node(1).dev;
-            let mem = roce::memory::HeapMemory::shared(4096);
-            let (lkey, _) = dev
-                .reg_mr(b.pd, mem, 0, 0x7000, 4096, Access::LOCAL_WRITE)
-                .unwrap();
-            let mw = dev.alloc_mw(b.pd, MwType::Two).unwrap();
-            WrOp::BindMw {
-                mw,
-                rkey: inc(mw),
-                mr: lkey,
-                addr: 0x7000,
-                length: 64,
-                access: Access::REMOTE_READ,
-            }
+            let lkey = mr_with(p, b, Access::LOCAL_WRITE);
+            let mw = alloc(p, b, MwType::Two);
+            bind_op(mw, inc(mw), lkey, (0x7000, 64), READ)
         }),
         ("remote write through an MR without local write", |p, b| {
-            let dev = &mut p.node(1).dev;
-            let mem = roce::memory::HeapMemory::shared(4096);
-            let (lkey, _) = dev
-                .reg_mr(b.pd, mem, 0, 0x7000, 4096, Access::MW_BIND)
-                .unwrap();
-            let mw = dev.alloc_mw(b.pd, MwType::Two).unwrap();
-            WrOp::BindMw {
-                mw,
-                rkey: inc(mw),
-                mr: lkey,
-                addr: 0x7000,
-                length: 64,
-                access: Access::REMOTE_WRITE,
-            }
+            let lkey = mr_with(p, b, Access::MW_BIND);
+            let mw = alloc(p, b, MwType::Two);
+            bind_op(mw, inc(mw), lkey, (0x7000, 64), Access::REMOTE_WRITE)
         }),
         ("a window past the MR", |p, b| {
-            let mw = p.node(1).dev.alloc_mw(b.pd, MwType::Two).unwrap();
-            WrOp::BindMw {
-                mw,
-                rkey: inc(mw),
-                mr: b.lkey,
-                addr: b.addr + (1 << 20) - 8,
-                length: 64,
-                access: Access::REMOTE_READ,
-            }
+            let mw = alloc(p, b, MwType::Two);
+            let past = (b.addr + (1 << 20) - 8, 64);
+            bind_op(mw, inc(mw), b.lkey, past, READ)
         }),
         ("a type 2 window of another PD", |p, b| {
             let dev = &mut p.node(1).dev;
             let pd = dev.alloc_pd().unwrap();
             let mw = dev.alloc_mw(pd, MwType::Two).unwrap();
-            WrOp::BindMw {
-                mw,
-                rkey: inc(mw),
-                mr: b.lkey,
-                addr: b.addr,
-                length: 64,
-                access: Access::REMOTE_READ,
-            }
+            bind_op(mw, inc(mw), b.lkey, (b.addr, 64), READ)
         }),
         ("a zero-based type 1 window", |p, b| {
-            let mw = p.node(1).dev.alloc_mw(b.pd, MwType::One).unwrap();
-            WrOp::BindMw {
-                mw,
-                rkey: inc(mw),
-                mr: b.lkey,
-                addr: b.addr,
-                length: 64,
-                access: Access::REMOTE_READ | Access::ZERO_BASED,
-            }
+            let mw = alloc(p, b, MwType::One);
+            let zb = READ | Access::ZERO_BASED;
+            bind_op(mw, inc(mw), b.lkey, (b.addr, 64), zb)
         }),
         ("a type 2 window with length 0", |p, b| {
-            let mw = p.node(1).dev.alloc_mw(b.pd, MwType::Two).unwrap();
-            WrOp::BindMw {
-                mw,
-                rkey: inc(mw),
-                mr: b.lkey,
-                addr: b.addr,
-                length: 0,
-                access: Access::REMOTE_READ,
-            }
+            let mw = alloc(p, b, MwType::Two);
+            bind_op(mw, inc(mw), b.lkey, (b.addr, 0), READ)
         }),
     ];
     for (what, make) in cases {
@@ -451,46 +295,17 @@ fn bind_errors_complete_mw_bind_err() {
     }
     // Binding a type 2 window that is already bound.
     let (mut p, _a, b) = setup();
-    let mw = p.node(1).dev.alloc_mw(b.pd, MwType::Two).unwrap();
+    let mw = alloc(&mut p, &b, MwType::Two);
     let k = inc(mw);
-    bind(
-        &mut p,
-        1,
-        &b,
-        mw,
-        k,
-        b.lkey,
-        (b.addr, 64),
-        Access::REMOTE_READ,
-    );
-    let c = bind(
-        &mut p,
-        1,
-        &b,
-        k,
-        inc(k),
-        b.lkey,
-        (b.addr, 64),
-        Access::REMOTE_READ,
-    );
+    let c = bind(&mut p, &b, mw, k, (b.addr, 64), READ);
+    assert_eq!(c.status, WcStatus::Success);
+    let c = bind(&mut p, &b, k, inc(k), (b.addr, 64), READ);
     assert_eq!(c.status, WcStatus::MwBindErr, "a bound type 2 window");
 }
 
 #[test]
 fn bound_windows_hold_their_mr_and_go_with_dealloc_or_their_qp() {
-    let (mut p, a, b) = setup();
-    let mw = p.node(1).dev.alloc_mw(b.pd, MwType::Two).unwrap();
-    let k = inc(mw);
-    bind(
-        &mut p,
-        1,
-        &b,
-        mw,
-        k,
-        b.lkey,
-        (b.addr, 4096),
-        Access::REMOTE_WRITE,
-    );
+    let (mut p, a, b, k) = setup_bound(MwType::Two);
     let dev = &mut p.node(1).dev;
     assert!(dev.dereg_mr(b.lkey).is_err(), "a window is bound to it");
     assert!(dev.dealloc_pd(b.pd).is_err());
@@ -499,19 +314,7 @@ fn bound_windows_hold_their_mr_and_go_with_dealloc_or_their_qp() {
     p.node(1).dev.dereg_mr(b.lkey).unwrap();
 
     // Destroying the QP a type 2 window is bound to invalidates it.
-    let (mut p, _a, b) = setup();
-    let mw = p.node(1).dev.alloc_mw(b.pd, MwType::Two).unwrap();
-    let k = inc(mw);
-    bind(
-        &mut p,
-        1,
-        &b,
-        mw,
-        k,
-        b.lkey,
-        (b.addr, 4096),
-        Access::REMOTE_WRITE,
-    );
+    let (mut p, _a, b, k) = setup_bound(MwType::Two);
     let dev = &mut p.node(1).dev;
     dev.destroy_qp(b.qpn).unwrap();
     assert_eq!(dev.mw_key(k), Some((k, false)), "FREE, key kept");

@@ -17,10 +17,7 @@ fn rc_write_read_send_atomic_smoke() {
             a.qpn,
             &SendWr {
                 wr_id: 1,
-                op: WrOp::Write {
-                    remote_addr: b.addr + 100,
-                    rkey: b.rkey,
-                },
+                op: b.write_to(100),
                 sg_list: &[Sge {
                     addr: a.addr,
                     length: 5000,
@@ -67,10 +64,7 @@ fn rc_write_read_send_atomic_smoke() {
             a.qpn,
             &SendWr {
                 wr_id: 3,
-                op: WrOp::Read {
-                    remote_addr: b.addr + 100,
-                    rkey: b.rkey,
-                },
+                op: b.read_from(100),
                 sg_list: &[Sge {
                     addr: a.addr + 20000,
                     length: 5000,

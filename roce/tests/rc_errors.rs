@@ -1,173 +1,86 @@
 //! One named test per RC error path: the exact NAK on the wire and the exact completion status
 //! on both sides (IBA 9.7.5, 9.9; rxe's responder error classes).
 
-use roce::engine::{CreditMode, DeviceConfig, DeviceEvent, QpInit};
-use roce::memory::{HeapMemory, Memory};
-use roce::sim::{connect, ConnectOpts, Endpoint, LinkConfig, Pair};
+use std::sync::Arc;
+
+use roce::engine::{CreditMode, DeviceEvent};
+use roce::memory::{HeapMemory, Memory, PdId};
+use roce::sim::{connect, connect_each, ConnectOpts, Endpoint, Pair};
 use roce::types::{Lkey, Msn, Psn, Rkey};
 use roce::verbs::*;
 use roce::wire::aeth::{AethKind, AethRepr, RNR_TIMER_NS};
 use roce::wire::bth::BthRepr;
-use roce::wire::frame::{ParsedFrame, TransportRepr};
+use roce::wire::frame::TransportRepr;
 use roce::wire::opcode::{Opcode, Operation};
 use roce::wire::reth::RethRepr;
 
-const SEC: u64 = 1_000_000_000;
+mod common;
 
-fn setup_with(
-    o: ConnectOpts,
-    cfg_a: DeviceConfig,
-    cfg_b: DeviceConfig,
-) -> (Pair, Endpoint, Endpoint) {
-    let mut p = Pair::new(cfg_a, cfg_b, LinkConfig::default(), 7);
-    p.record = true;
-    let (a, b) = connect(&mut p, &o);
-    (p, a, b)
-}
+use common::{cfg, recording_pair_of, SEC};
 
-fn cfg() -> DeviceConfig {
-    DeviceConfig {
-        port_mtu: Mtu::M4096,
-        ..Default::default()
-    }
-}
-
+/// The pair of tests here: RNG seed 7, both ports at MTU 4096, frames recorded.
 fn setup(o: ConnectOpts) -> (Pair, Endpoint, Endpoint) {
-    setup_with(o, cfg(), cfg())
+    common::connected(7, &o)
 }
 
-fn sge(e: &Endpoint, off: u64, len: u32) -> Sge {
-    Sge {
-        addr: e.addr + off,
-        length: len,
-        lkey: e.lkey,
-    }
+/// NAK syndromes and the requester's completion status they end in.
+const REM_ACCESS: (u8, WcStatus) = (0x62, WcStatus::RemAccessErr);
+const INV_REQ: (u8, WcStatus) = (0x61, WcStatus::RemInvReqErr);
+const REM_OP: (u8, WcStatus) = (0x63, WcStatus::RemOpErr);
+
+/// An RDMA WRITE to `remote_addr` under `rkey`.
+fn write_op(remote_addr: u64, rkey: Rkey) -> WrOp {
+    WrOp::Write { remote_addr, rkey }
 }
 
-fn post(p: &mut Pair, side: usize, e: &Endpoint, wr_id: u64, op: WrOp, sges: &[Sge]) {
-    p.node(side)
-        .dev
-        .post_send(
-            e.qpn,
-            &SendWr {
-                wr_id,
-                op,
-                sg_list: sges,
-                flags: SendFlags::SIGNALED,
-                ud: None,
-            },
-        )
-        .expect("post_send");
-}
-
-fn recv(p: &mut Pair, side: usize, e: &Endpoint, wr_id: u64, sges: &[Sge]) {
-    p.node(side)
-        .dev
-        .post_recv(
-            e.qpn,
-            &RecvWr {
-                wr_id,
-                sg_list: sges,
-            },
-        )
-        .expect("post_recv");
-}
-
-fn cqes(p: &mut Pair, side: usize, e: &Endpoint) -> Vec<Completion> {
-    let mut v = Vec::new();
-    while let Some(c) = p.node(side).dev.poll_completion(e.cq) {
-        v.push(c);
-    }
-    v
-}
-
-/// AETH syndromes of NAKs (and RNR NAKs) sent in direction `from`, with their PSNs.
-fn naks(p: &Pair, from: usize) -> Vec<(Psn, u8)> {
-    p.recorded_frames(from)
-        .iter()
-        .filter_map(|f: &ParsedFrame| {
-            let a = f.repr.transport.ext.aeth?;
-            (f.repr.transport.bth.opcode == Opcode::RC_ACK && a.syndrome & 0x60 != 0)
-                .then_some((f.repr.transport.bth.psn, a.syndrome))
-        })
-        .collect()
-}
-
-fn state(p: &Pair, side: usize, e: &Endpoint) -> QpState {
-    let dev = if side == 0 { &p.a.dev } else { &p.b.dev };
-    dev.query_qp(e.qpn).unwrap().state
-}
-
-/// Posts one operation from A, runs, and checks: the NAK B sent, A's completion status, and
-/// that both QPs ended in ERR.
-fn expect_nak(
-    mut p: Pair,
-    a: &Endpoint,
-    b: &Endpoint,
-    op: WrOp,
-    sges: &[Sge],
-    nak: u8,
-    status: WcStatus,
-) -> Pair {
-    post(&mut p, 0, a, 1, op, sges);
-    post(
-        &mut p,
-        0,
-        a,
-        2,
-        WrOp::Write {
-            remote_addr: b.addr,
-            rkey: b.rkey,
-        },
-        &[sge(a, 0, 8)],
-    );
+/// Posts `op` with `sge` (WR 1) and a WRITE behind it (WR 2) from A, runs until idle and
+/// checks A's completions: the first with `status`, the second flushed, nothing else.
+fn fail_then_flush(p: &mut Pair, a: &Endpoint, b: &Endpoint, op: WrOp, sge: Sge, status: WcStatus) {
+    p.post(0, a, 1, op, &[sge]);
+    p.post(0, a, 2, b.write_to(0), &[a.sge(0, 8)]);
     p.run_until_idle(SEC);
-    let n = naks(&p, 1);
-    assert_eq!(n.len(), 1, "one NAK expected, saw {n:x?}");
-    assert_eq!(n[0].1, nak, "NAK syndrome");
-    let c = cqes(&mut p, 0, a);
+    let c = p.cqes(0, a);
     assert_eq!(c.len(), 2, "{c:?}");
     assert_eq!((c[0].wr_id, c[0].status), (1, status));
     assert_eq!((c[1].wr_id, c[1].status), (2, WcStatus::WrFlushErr));
-    assert_eq!(state(&p, 0, a), QpState::Err);
+    assert_eq!(p.qp_state(0, a), QpState::Err);
+}
+
+/// Posts one operation of `len` bytes from A, runs, and checks: the one NAK B sent, A's
+/// completion status (`nak` gives both), and that both QPs ended in ERR.
+fn expect_nak(p: &mut Pair, a: &Endpoint, b: &Endpoint, op: WrOp, len: u32, nak: (u8, WcStatus)) {
+    fail_then_flush(p, a, b, op, a.sge(0, len), nak.1);
+    let n = p.naks(1);
+    assert_eq!(n.len(), 1, "one NAK expected, saw {n:x?}");
+    assert_eq!(n[0].1, nak.0, "NAK syndrome");
     assert_eq!(
-        state(&p, 1, b),
+        p.qp_state(1, b),
         QpState::Err,
         "the responder moves to ERR too"
     );
-    p
 }
+
+/// Registers 4096 bytes of `mem` at 0x5000_0000 in `pd` on B with `access`; the rkey.
+fn extra_mr(p: &mut Pair, pd: PdId, mem: Arc<HeapMemory>, access: Access) -> Rkey {
+    let (_, rkey) = p.b.dev.reg_mr(pd, mem, 0, EXTRA, 4096, access).unwrap();
+    rkey.unwrap()
+}
+
+/// Where [`extra_mr`] registers.
+const EXTRA: u64 = 0x5000_0000;
 
 // ---- remote access errors (NAK 0x62 -> REM_ACCESS_ERR) ----
 
 #[test]
 fn stale_rkey_is_remote_access_error() {
-    let (p, a, b) = setup(ConnectOpts::default());
+    let (mut p, a, b) = setup(ConnectOpts::default());
     let bad = Rkey(b.rkey.0.wrapping_add(1));
-    let mut p = expect_nak(
-        p,
-        &a,
-        &b,
-        WrOp::Write {
-            remote_addr: b.addr,
-            rkey: bad,
-        },
-        &[sge(&a, 0, 64)],
-        0x62,
-        WcStatus::RemAccessErr,
-    );
+    expect_nak(&mut p, &a, &b, write_op(b.addr, bad), 64, REM_ACCESS);
     assert_eq!(p.b.dev.poll_event(), Some(AsyncEvent::QpAccessError(b.qpn)));
-    assert_eq!(
-        p.b.dev
-            .qp_counters(b.qpn)
-            .unwrap()
-            .resp_remote_access_errors,
-        1
-    );
-    assert_eq!(
-        p.a.dev.qp_counters(a.qpn).unwrap().req_remote_access_errors,
-        1
-    );
+    let kb = p.b.dev.qp_counters(b.qpn).unwrap();
+    assert_eq!(kb.resp_remote_access_errors, 1);
+    let ka = p.a.dev.qp_counters(a.qpn).unwrap();
+    assert_eq!(ka.req_remote_access_errors, 1);
 }
 
 #[test]
@@ -175,104 +88,36 @@ fn rkey_of_another_protection_domain_is_remote_access_error() {
     let (mut p, a, b) = setup(ConnectOpts::default());
     // An MR in a second PD on B: its rkey must not be honoured on B's QP (rxe's rule).
     let pd2 = p.b.dev.alloc_pd().unwrap();
-    let (_, rkey2) =
-        p.b.dev
-            .reg_mr(
-                pd2,
-                HeapMemory::shared(4096),
-                0,
-                0x9000,
-                4096,
-                Access::LOCAL_WRITE | Access::REMOTE_WRITE,
-            )
-            .unwrap();
-    expect_nak(
-        p,
-        &a,
-        &b,
-        WrOp::Write {
-            remote_addr: 0x9000,
-            rkey: rkey2.unwrap(),
-        },
-        &[sge(&a, 0, 64)],
-        0x62,
-        WcStatus::RemAccessErr,
-    );
+    let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+    let rkey2 = extra_mr(&mut p, pd2, HeapMemory::shared(4096), access);
+    expect_nak(&mut p, &a, &b, write_op(EXTRA, rkey2), 64, REM_ACCESS);
 }
 
 #[test]
 fn write_out_of_bounds_is_remote_access_error() {
     let o = ConnectOpts::default();
-    let (p, a, b) = setup(o);
-    let end = b.addr + o.mem_len as u64;
-    expect_nak(
-        p,
-        &a,
-        &b,
-        WrOp::Write {
-            remote_addr: end - 32,
-            rkey: b.rkey,
-        },
-        &[sge(&a, 0, 64)],
-        0x62,
-        WcStatus::RemAccessErr,
-    );
+    let (mut p, a, b) = setup(o);
+    let end = o.mem_len as u64;
+    expect_nak(&mut p, &a, &b, b.write_to(end - 32), 64, REM_ACCESS);
 }
 
 #[test]
 fn mr_without_remote_write_is_remote_access_error() {
     let (mut p, a, b) = setup(ConnectOpts::default());
-    let (_, rkey) =
-        p.b.dev
-            .reg_mr(
-                b.pd,
-                b.mem.clone(),
-                0,
-                0x5000_0000,
-                4096,
-                Access::REMOTE_READ,
-            )
-            .unwrap();
-    expect_nak(
-        p,
-        &a,
-        &b,
-        WrOp::Write {
-            remote_addr: 0x5000_0000,
-            rkey: rkey.unwrap(),
-        },
-        &[sge(&a, 0, 64)],
-        0x62,
-        WcStatus::RemAccessErr,
-    );
+    let rkey = extra_mr(&mut p, b.pd, b.mem.clone(), Access::REMOTE_READ);
+    expect_nak(&mut p, &a, &b, write_op(EXTRA, rkey), 64, REM_ACCESS);
 }
 
 #[test]
 fn mr_without_remote_read_is_remote_access_error() {
     let (mut p, a, b) = setup(ConnectOpts::default());
-    let (_, rkey) =
-        p.b.dev
-            .reg_mr(
-                b.pd,
-                b.mem.clone(),
-                0,
-                0x5000_0000,
-                4096,
-                Access::LOCAL_WRITE | Access::REMOTE_WRITE,
-            )
-            .unwrap();
-    expect_nak(
-        p,
-        &a,
-        &b,
-        WrOp::Read {
-            remote_addr: 0x5000_0000,
-            rkey: rkey.unwrap(),
-        },
-        &[sge(&a, 0, 64)],
-        0x62,
-        WcStatus::RemAccessErr,
-    );
+    let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+    let rkey = extra_mr(&mut p, b.pd, b.mem.clone(), access);
+    let read = WrOp::Read {
+        remote_addr: EXTRA,
+        rkey,
+    };
+    expect_nak(&mut p, &a, &b, read, 64, REM_ACCESS);
 }
 
 // ---- invalid request (NAK 0x61 -> REM_INV_REQ_ERR) ----
@@ -282,22 +127,14 @@ fn mr_without_remote_read_is_remote_access_error() {
 /// access error instead; interoperating with rxe decides).
 #[test]
 fn misaligned_atomic_is_invalid_request() {
-    let (p, a, b) = setup(ConnectOpts::default());
-    let p = expect_nak(
-        p,
-        &a,
-        &b,
-        WrOp::FetchAdd {
-            remote_addr: b.addr + 4,
-            rkey: b.rkey,
-            add: 1,
-        },
-        &[sge(&a, 0, 8)],
-        0x61,
-        WcStatus::RemInvReqErr,
-    );
+    let (mut p, a, b) = setup(ConnectOpts::default());
+    let faa = WrOp::FetchAdd {
+        remote_addr: b.addr + 4,
+        rkey: b.rkey,
+        add: 1,
+    };
+    expect_nak(&mut p, &a, &b, faa, 8, INV_REQ);
     assert_eq!(b.mem.to_vec(0, 16), vec![0; 16], "nothing executed");
-    drop(p);
 }
 
 #[test]
@@ -307,18 +144,7 @@ fn qp_without_remote_write_access_is_invalid_request() {
         ..Default::default()
     };
     let (mut p, a, b) = setup(o);
-    p = expect_nak(
-        p,
-        &a,
-        &b,
-        WrOp::Write {
-            remote_addr: b.addr,
-            rkey: b.rkey,
-        },
-        &[sge(&a, 0, 64)],
-        0x61,
-        WcStatus::RemInvReqErr,
-    );
+    expect_nak(&mut p, &a, &b, b.write_to(0), 64, INV_REQ);
     assert_eq!(
         p.b.dev.poll_event(),
         Some(AsyncEvent::QpRequestError(b.qpn))
@@ -328,20 +154,10 @@ fn qp_without_remote_write_access_is_invalid_request() {
 #[test]
 fn payload_over_the_path_mtu_is_invalid_request() {
     // The requester believes the path MTU is 2048, the responder 1024.
-    let mut r = Pair::new(cfg(), cfg(), LinkConfig::default(), 7);
-    r.record = true;
-    let (ra, rb) = connect_mtus(&mut r, Mtu::M2048, Mtu::M1024);
-    recv(&mut r, 1, &rb, 9, &[sge(&rb, 0, 4096)]);
-    let mut r = expect_nak(
-        r,
-        &ra,
-        &rb,
-        WrOp::Send,
-        &[sge(&ra, 0, 1500)],
-        0x61,
-        WcStatus::RemInvReqErr,
-    );
-    let c = cqes(&mut r, 1, &rb);
+    let (mut r, ra, rb) = connect_mtus(Mtu::M2048, Mtu::M1024);
+    r.recv(1, &rb, 9, &[rb.sge(0, 4096)]);
+    expect_nak(&mut r, &ra, &rb, WrOp::Send, 1500, INV_REQ);
+    let c = r.cqes(1, &rb);
     assert_eq!(c[0].wr_id, 9);
     assert_eq!(
         c[0].status,
@@ -350,107 +166,31 @@ fn payload_over_the_path_mtu_is_invalid_request() {
     );
 }
 
-/// Connects with a different path MTU on each side (a misconfiguration the responder must
-/// catch).
-fn connect_mtus(p: &mut Pair, mtu_a: Mtu, mtu_b: Mtu) -> (Endpoint, Endpoint) {
-    use roce::sim::{bring_up, node_gid};
-    let oa = ConnectOpts {
-        mtu: mtu_a,
+/// A pair connected with a different path MTU on each side (a misconfiguration the responder
+/// must catch).
+fn connect_mtus(mtu_a: Mtu, mtu_b: Mtu) -> (Pair, Endpoint, Endpoint) {
+    let mut p = recording_pair_of(cfg(), cfg(), 7);
+    let o = |mtu| ConnectOpts {
+        mtu,
         ..Default::default()
     };
-    let ob = ConnectOpts {
-        mtu: mtu_b,
-        ..Default::default()
-    };
-    let (mut a, mut b) = {
-        let mk = |dev: &mut roce::engine::Device, base: u64| {
-            let pd = dev.alloc_pd().unwrap();
-            let cq = dev.create_cq(1024).unwrap();
-            let qpn = dev
-                .create_qp(&QpInit {
-                    pd,
-                    qp_type: QpType::Rc,
-                    send_cq: cq,
-                    recv_cq: cq,
-                    srq: None,
-                    caps: QpCaps::default(),
-                    sq_sig_all: false,
-                })
-                .unwrap();
-            let mem = HeapMemory::shared(1 << 20);
-            let (lkey, rkey) = dev
-                .reg_mr(pd, mem.clone(), 0, base, 1 << 20, Access::ALL)
-                .unwrap();
-            Endpoint {
-                pd,
-                cq,
-                qpn,
-                mem,
-                addr: base,
-                lkey,
-                rkey: rkey.unwrap(),
-                sq_psn: Psn::new(0),
-            }
-        };
-        (mk(&mut p.a.dev, 0x1000_0000), mk(&mut p.b.dev, 0x2000_0000))
-    };
-    a.sq_psn = Psn::new(oa.psns.0);
-    b.sq_psn = Psn::new(oa.psns.1);
-    bring_up(
-        &mut p.a.dev,
-        &a,
-        b.qpn,
-        node_gid(1),
-        &oa,
-        oa.psns.0,
-        oa.psns.1,
-    );
-    bring_up(
-        &mut p.b.dev,
-        &b,
-        a.qpn,
-        node_gid(0),
-        &ob,
-        oa.psns.1,
-        oa.psns.0,
-    );
-    (a, b)
+    let (a, b) = connect_each(&mut p, &o(mtu_a), &o(mtu_b));
+    (p, a, b)
 }
 
 #[test]
 fn first_packet_shorter_than_the_mtu_is_invalid_request() {
     // A segments at 512, B expects FIRST/MIDDLE packets of exactly 1024 (IBA 9.7.5.1.4).
-    let mut p = Pair::new(cfg(), cfg(), LinkConfig::default(), 7);
-    p.record = true;
-    let (a, b) = connect_mtus(&mut p, Mtu::M512, Mtu::M1024);
-    expect_nak(
-        p,
-        &a,
-        &b,
-        WrOp::Write {
-            remote_addr: b.addr,
-            rkey: b.rkey,
-        },
-        &[sge(&a, 0, 3000)],
-        0x61,
-        WcStatus::RemInvReqErr,
-    );
+    let (mut p, a, b) = connect_mtus(Mtu::M512, Mtu::M1024);
+    expect_nak(&mut p, &a, &b, b.write_to(0), 3000, INV_REQ);
 }
 
 #[test]
 fn receive_buffer_too_small_is_local_length_error_and_invalid_request() {
     let (mut p, a, b) = setup(ConnectOpts::default());
-    recv(&mut p, 1, &b, 5, &[sge(&b, 0, 100)]);
-    let mut p = expect_nak(
-        p,
-        &a,
-        &b,
-        WrOp::Send,
-        &[sge(&a, 0, 200)],
-        0x61,
-        WcStatus::RemInvReqErr,
-    );
-    let c = cqes(&mut p, 1, &b);
+    p.recv(1, &b, 5, &[b.sge(0, 100)]);
+    expect_nak(&mut p, &a, &b, WrOp::Send, 200, INV_REQ);
+    let c = p.cqes(1, &b);
     assert_eq!((c[0].wr_id, c[0].status), (5, WcStatus::LocLenErr));
     assert_eq!(
         p.b.dev.qp_counters(b.qpn).unwrap().resp_local_length_error,
@@ -461,21 +201,21 @@ fn receive_buffer_too_small_is_local_length_error_and_invalid_request() {
 #[test]
 fn out_of_sequence_opcode_is_invalid_request() {
     let (mut p, a, b) = setup(ConnectOpts::default());
-    recv(&mut p, 1, &b, 5, &[sge(&b, 0, 4096)]);
+    p.recv(1, &b, 5, &[b.sge(0, 4096)]);
     // A SEND_MIDDLE at B's expected PSN with no SEND_FIRST before it.
     let t = TransportRepr::new(BthRepr::new(Opcode(0x01), b.qpn, a.sq_psn));
     let f = p.craft(0, t, &[0u8; 1024]);
     p.inject(1, &f);
     p.run_until_idle(SEC);
-    assert_eq!(naks(&p, 1), vec![(a.sq_psn, 0x61)]);
-    assert_eq!(state(&p, 1, &b), QpState::Err);
+    assert_eq!(p.naks(1), vec![(a.sq_psn, 0x61)]);
+    assert_eq!(p.qp_state(1, &b), QpState::Err);
     assert_eq!(
         p.b.dev.poll_event(),
         Some(AsyncEvent::QpRequestError(b.qpn))
     );
     // A never sent that PSN: its completer ignores the NAK.
     assert_eq!(p.a.dev.qp_counters(a.qpn).unwrap().unexpected_responses, 1);
-    assert_eq!(state(&p, 0, &a), QpState::Rts);
+    assert_eq!(p.qp_state(0, &a), QpState::Rts);
 }
 
 #[test]
@@ -491,7 +231,7 @@ fn write_shorter_than_its_reth_length_is_invalid_request() {
     let f = p.craft(0, t, &[7u8; 60]);
     p.inject(1, &f);
     p.run_until_idle(SEC);
-    assert_eq!(naks(&p, 1), vec![(a.sq_psn, 0x61)]);
+    assert_eq!(p.naks(1), vec![(a.sq_psn, 0x61)]);
     assert_eq!(b.mem.to_vec(0, 60), vec![0; 60], "nothing written");
 }
 
@@ -505,26 +245,20 @@ fn receive_sge_with_a_bad_lkey_is_remote_operational_error() {
         length: 4096,
         lkey: Lkey(b.lkey.0 ^ 0x100),
     };
-    recv(&mut p, 1, &b, 5, &[bad]);
-    let mut p = expect_nak(
-        p,
-        &a,
-        &b,
-        WrOp::Send,
-        &[sge(&a, 0, 200)],
-        0x63,
-        WcStatus::RemOpErr,
-    );
-    let c = cqes(&mut p, 1, &b);
+    p.recv(1, &b, 5, &[bad]);
+    expect_nak(&mut p, &a, &b, WrOp::Send, 200, REM_OP);
+    let c = p.cqes(1, &b);
     assert_eq!((c[0].wr_id, c[0].status), (5, WcStatus::LocProtErr));
 }
 
 // ---- local errors at the requester ----
 
+/// Posts the operation `op` makes (given B) from A with the SGE `sg` makes (given A, whose
+/// MR is first replaced by one with only `access_a`, if given); checks that it fails locally
+/// with LOC_PROT_ERR before anything goes on the wire, and that B's QP is left alone.
 fn expect_local(
-    op: WrOp,
+    op: fn(&Endpoint) -> WrOp,
     sg: impl Fn(&Endpoint) -> Sge,
-    status: WcStatus,
     access_a: Option<Access>,
 ) {
     let (mut p, mut a, b) = setup(ConnectOpts::default());
@@ -536,69 +270,29 @@ fn expect_local(
         a.lkey = lkey;
         a.addr = 0x7000_0000;
     }
-    let op = match op {
-        WrOp::Read { .. } => WrOp::Read {
-            remote_addr: b.addr,
-            rkey: b.rkey,
-        },
-        o => o,
-    };
-    post(&mut p, 0, &a, 1, op, &[sg(&a)]);
-    post(
-        &mut p,
-        0,
-        &a,
-        2,
-        WrOp::Write {
-            remote_addr: b.addr,
-            rkey: b.rkey,
-        },
-        &[sge(&a, 0, 8)],
-    );
-    p.run_until_idle(SEC);
-    let c = cqes(&mut p, 0, &a);
-    assert_eq!((c[0].wr_id, c[0].status), (1, status));
-    assert_eq!((c[1].wr_id, c[1].status), (2, WcStatus::WrFlushErr));
+    fail_then_flush(&mut p, &a, &b, op(&b), sg(&a), WcStatus::LocProtErr);
     assert!(p.recorded_frames(0).is_empty(), "nothing went on the wire");
-    assert_eq!(state(&p, 0, &a), QpState::Err);
-    assert_eq!(state(&p, 1, &b), QpState::Rts);
+    assert_eq!(p.qp_state(1, &b), QpState::Rts);
 }
 
 #[test]
 fn send_sge_with_a_bad_lkey_is_local_protection_error() {
-    expect_local(
-        WrOp::Send,
-        |a| Sge {
-            addr: a.addr,
-            length: 64,
-            lkey: Lkey(a.lkey.0 + 1),
-        },
-        WcStatus::LocProtErr,
-        None,
-    );
+    let bad_lkey = |a: &Endpoint| Sge {
+        lkey: Lkey(a.lkey.0 + 1),
+        ..a.sge(0, 64)
+    };
+    expect_local(|_| WrOp::Send, bad_lkey, None);
 }
 
 #[test]
 fn send_sge_out_of_bounds_is_local_protection_error() {
-    expect_local(
-        WrOp::Send,
-        |a| sge(a, (1 << 20) - 10, 64),
-        WcStatus::LocProtErr,
-        None,
-    );
+    expect_local(|_| WrOp::Send, |a| a.sge((1 << 20) - 10, 64), None);
 }
 
 #[test]
 fn read_into_memory_without_local_write_is_local_protection_error() {
-    expect_local(
-        WrOp::Read {
-            remote_addr: 0,
-            rkey: Rkey(0),
-        },
-        |a| sge(a, 0, 64),
-        WcStatus::LocProtErr,
-        Some(Access::REMOTE_READ),
-    );
+    let only_remote_read = Some(Access::REMOTE_READ);
+    expect_local(|b| b.read_from(0), |a| a.sge(0, 64), only_remote_read);
 }
 
 // ---- bad response ----
@@ -610,26 +304,16 @@ fn read_response_of_the_wrong_length_is_bad_response() {
     p.drop_if = Some(Box::new(|side, f| {
         side == 1 && f.info().op == Operation::ReadResponse
     }));
-    post(
-        &mut p,
-        0,
-        &a,
-        1,
-        WrOp::Read {
-            remote_addr: b.addr,
-            rkey: b.rkey,
-        },
-        &[sge(&a, 0, 800)],
-    );
+    p.post(0, &a, 1, b.read_from(0), &[a.sge(0, 800)]);
     p.run_until_idle(1000);
     let mut t = TransportRepr::new(BthRepr::new(Opcode(0x10), a.qpn, a.sq_psn));
     t.ext.aeth = Some(AethRepr::ack(31, Msn::new(1)));
     let f = p.craft(1, t, &[1u8; 100]);
     p.inject(0, &f);
     p.run_until_idle(SEC);
-    let c = cqes(&mut p, 0, &a);
+    let c = p.cqes(0, &a);
     assert_eq!((c[0].wr_id, c[0].status), (1, WcStatus::BadRespErr));
-    assert_eq!(state(&p, 0, &a), QpState::Err);
+    assert_eq!(p.qp_state(0, &a), QpState::Err);
     assert_eq!(
         a.mem.to_vec(0, 100),
         vec![0; 100],
@@ -648,12 +332,12 @@ fn rnr_nak_waits_the_timer_then_succeeds() {
     };
     let (mut p, a, b) = setup(o);
     a.mem.write(0, &[5; 300]).unwrap();
-    post(&mut p, 0, &a, 1, WrOp::Send, &[sge(&a, 0, 300)]);
+    p.post(0, &a, 1, WrOp::Send, &[a.sge(0, 300)]);
     // B has no receive WQE yet: RNR NAKs until one is posted at t = 5 ms.
     p.run(5_000_000, |_| false);
-    recv(&mut p, 1, &b, 8, &[sge(&b, 0, 4096)]);
+    p.recv(1, &b, 8, &[b.sge(0, 4096)]);
     p.run_until_idle(SEC);
-    let n = naks(&p, 1);
+    let n = p.naks(1);
     assert!(!n.is_empty());
     assert!(
         n.iter().all(|&(psn, s)| psn == a.sq_psn && s == 0x20 | 14),
@@ -673,8 +357,8 @@ fn rnr_nak_waits_the_timer_then_succeeds() {
             w[1] - w[0]
         );
     }
-    assert_eq!(cqes(&mut p, 0, &a)[0].status, WcStatus::Success);
-    let c = cqes(&mut p, 1, &b);
+    assert_eq!(p.cqes(0, &a)[0].status, WcStatus::Success);
+    let c = p.cqes(1, &b);
     assert_eq!((c[0].wr_id, c[0].byte_len), (8, 300));
     assert_eq!(
         p.a.dev.qp_counters(a.qpn).unwrap().rcvd_rnr_err,
@@ -694,20 +378,21 @@ fn rnr_retries_exhausted_is_rnr_retry_exceeded() {
         ..Default::default()
     };
     let (mut p, a, b) = setup(o);
-    post(&mut p, 0, &a, 1, WrOp::Send, &[sge(&a, 0, 10)]);
-    post(&mut p, 0, &a, 2, WrOp::Send, &[sge(&a, 0, 10)]);
+    p.post(0, &a, 1, WrOp::Send, &[a.sge(0, 10)]);
+    p.post(0, &a, 2, WrOp::Send, &[a.sge(0, 10)]);
     p.run_until_idle(SEC);
-    let rnr = naks(&p, 1)
+    let rnr = p
+        .naks(1)
         .into_iter()
         .filter(|&(_, s)| s & 0x60 == 0x20)
         .count();
     assert_eq!(rnr, 3, "the first try and two retries");
-    let c = cqes(&mut p, 0, &a);
+    let c = p.cqes(0, &a);
     assert_eq!((c[0].wr_id, c[0].status), (1, WcStatus::RnrRetryExcErr));
     assert_eq!((c[1].wr_id, c[1].status), (2, WcStatus::WrFlushErr));
-    assert_eq!(state(&p, 0, &a), QpState::Err);
+    assert_eq!(p.qp_state(0, &a), QpState::Err);
     assert_eq!(
-        state(&p, 1, &b),
+        p.qp_state(1, &b),
         QpState::Rts,
         "RNR is not an error for the responder"
     );
@@ -725,28 +410,8 @@ fn silent_peer_exhausts_retries() {
     };
     let (mut p, a, b) = setup(o);
     p.drop_if = Some(Box::new(|side, _| side == 0));
-    post(
-        &mut p,
-        0,
-        &a,
-        1,
-        WrOp::Write {
-            remote_addr: b.addr,
-            rkey: b.rkey,
-        },
-        &[sge(&a, 0, 64)],
-    );
-    post(
-        &mut p,
-        0,
-        &a,
-        2,
-        WrOp::Write {
-            remote_addr: b.addr,
-            rkey: b.rkey,
-        },
-        &[sge(&a, 0, 64)],
-    );
+    p.post(0, &a, 1, b.write_to(0), &[a.sge(0, 64)]);
+    p.post(0, &a, 2, b.write_to(0), &[a.sge(0, 64)]);
     p.run_until_idle(10 * SEC);
     let sent = p.recorded_frames(0);
     assert_eq!(
@@ -754,7 +419,7 @@ fn silent_peer_exhausts_retries() {
         2 * 4,
         "each WRITE sent once and retried 3 times"
     );
-    let c = cqes(&mut p, 0, &a);
+    let c = p.cqes(0, &a);
     assert_eq!((c[0].wr_id, c[0].status), (1, WcStatus::RetryExcErr));
     assert_eq!((c[1].wr_id, c[1].status), (2, WcStatus::WrFlushErr));
     let k = p.a.dev.qp_counters(a.qpn).unwrap();
@@ -778,25 +443,15 @@ fn one_lost_packet_gets_one_nak_and_is_resent() {
     }));
     let data: Vec<u8> = (0..5000u32).map(|i| i as u8).collect();
     a.mem.write(0, &data).unwrap();
-    post(
-        &mut p,
-        0,
-        &a,
-        1,
-        WrOp::Write {
-            remote_addr: b.addr,
-            rkey: b.rkey,
-        },
-        &[sge(&a, 0, 5000)],
-    );
+    p.post(0, &a, 1, b.write_to(0), &[a.sge(0, 5000)]);
     p.run_until_idle(SEC);
-    let n = naks(&p, 1);
+    let n = p.naks(1);
     assert_eq!(
         n,
         vec![(a.sq_psn.add(1), 0x60)],
         "one NAK for the gap despite 3 packets after it"
     );
-    assert_eq!(cqes(&mut p, 0, &a)[0].status, WcStatus::Success);
+    assert_eq!(p.cqes(0, &a)[0].status, WcStatus::Success);
     assert_eq!(b.mem.to_vec(0, 5000), data);
     let kb = p.b.dev.qp_counters(b.qpn).unwrap();
     assert_eq!(kb.out_of_sequence, 3);
@@ -817,19 +472,9 @@ fn lost_read_response_is_found_by_an_implied_nak() {
         false
     }));
     b.mem.write(0, &[9u8; 512]).unwrap();
-    recv(&mut p, 1, &b, 3, &[sge(&b, 8192, 64)]);
-    post(
-        &mut p,
-        0,
-        &a,
-        1,
-        WrOp::Read {
-            remote_addr: b.addr,
-            rkey: b.rkey,
-        },
-        &[sge(&a, 0, 512)],
-    );
-    post(&mut p, 0, &a, 2, WrOp::Send, &[sge(&a, 4096, 64)]);
+    p.recv(1, &b, 3, &[b.sge(8192, 64)]);
+    p.post(0, &a, 1, b.read_from(0), &[a.sge(0, 512)]);
+    p.post(0, &a, 2, WrOp::Send, &[a.sge(4096, 64)]);
     p.run_until_idle(SEC);
     let ka = p.a.dev.qp_counters(a.qpn).unwrap();
     assert_eq!(ka.implied_nak_seq_err, 1, "the SEND's ACK passed the READ");
@@ -837,7 +482,7 @@ fn lost_read_response_is_found_by_an_implied_nak() {
         ka.local_ack_timeout_err, 0,
         "recovered without waiting for the timer"
     );
-    let c = cqes(&mut p, 0, &a);
+    let c = p.cqes(0, &a);
     assert!(c.iter().all(|c| c.status == WcStatus::Success));
     assert_eq!(a.mem.to_vec(0, 512), vec![9u8; 512]);
     assert_eq!(
@@ -862,17 +507,7 @@ fn late_acks_after_a_rewind_complete_and_skip_what_they_cover() {
     // Hold back B's ACKs (they are recorded, not delivered) until A's timer has fired.
     p.drop_if = Some(Box::new(move |side, _| side == 1 && h.get()));
     for i in 0..4u64 {
-        post(
-            &mut p,
-            0,
-            &a,
-            i + 1,
-            WrOp::Write {
-                remote_addr: b.addr + i * 1024,
-                rkey: b.rkey,
-            },
-            &[sge(&a, i * 1024, 1024)],
-        );
+        p.post(0, &a, i + 1, b.write_to(i * 1024), &[a.sge(i * 1024, 1024)]);
     }
     let aq = a.qpn;
     p.run(SEC, |p| {
@@ -892,20 +527,10 @@ fn late_acks_after_a_rewind_complete_and_skip_what_they_cover() {
     // A WRITE posted now must get the next new PSN (not one the late ACKs already covered,
     // which B would take for a duplicate and acknowledge without writing).
     a.mem.write(8192, &[0x5a; 256]).unwrap();
-    post(
-        &mut p,
-        0,
-        &a,
-        5,
-        WrOp::Write {
-            remote_addr: b.addr + 8192,
-            rkey: b.rkey,
-        },
-        &[sge(&a, 8192, 256)],
-    );
+    p.post(0, &a, 5, b.write_to(8192), &[a.sge(8192, 256)]);
     p.run_until_idle(SEC);
     assert_eq!(b.mem.to_vec(8192, 256), vec![0x5a; 256]);
-    let c = cqes(&mut p, 0, &a);
+    let c = p.cqes(0, &a);
     assert_eq!(
         c.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(),
         (1..=5).map(|i| (i, WcStatus::Success)).collect::<Vec<_>>()
@@ -925,8 +550,7 @@ fn late_acks_after_a_rewind_complete_and_skip_what_they_cover() {
 fn duplicate_atomic_is_replayed_not_executed_again() {
     let (mut p, a, b) = setup(ConnectOpts::default());
     b.mem.write(64, &100u64.to_ne_bytes()).unwrap();
-    post(
-        &mut p,
+    p.post(
         0,
         &a,
         1,
@@ -935,17 +559,11 @@ fn duplicate_atomic_is_replayed_not_executed_again() {
             rkey: b.rkey,
             add: 5,
         },
-        &[sge(&a, 0, 8)],
+        &[a.sge(0, 8)],
     );
     p.run_until_idle(SEC);
     assert_eq!(b.mem.to_vec(64, 8), 105u64.to_ne_bytes());
-    let req = p
-        .recorded
-        .iter()
-        .find(|(s, _, _)| *s == 0)
-        .unwrap()
-        .2
-        .clone();
+    let req = p.first_frame(0);
     p.recorded.clear();
     p.inject(1, &req);
     p.run_until_idle(SEC);
@@ -968,57 +586,25 @@ fn duplicate_atomic_is_replayed_not_executed_again() {
 fn duplicate_read_is_read_again_from_memory() {
     let (mut p, a, b) = setup(ConnectOpts::default());
     b.mem.write(0, &[1u8; 100]).unwrap();
-    post(
-        &mut p,
-        0,
-        &a,
-        1,
-        WrOp::Read {
-            remote_addr: b.addr,
-            rkey: b.rkey,
-        },
-        &[sge(&a, 0, 100)],
-    );
+    p.post(0, &a, 1, b.read_from(0), &[a.sge(0, 100)]);
     p.run_until_idle(SEC);
-    let req = p
-        .recorded
-        .iter()
-        .find(|(s, _, _)| *s == 0)
-        .unwrap()
-        .2
-        .clone();
+    let req = p.first_frame(0);
     b.mem.write(0, &[2u8; 100]).unwrap();
     p.recorded.clear();
     p.inject(1, &req);
     p.run_until_idle(SEC);
     let replies = p.recorded_frames(1);
     assert_eq!(replies.len(), 1);
-    let f = &p.recorded.iter().find(|(s, _, _)| *s == 1).unwrap().2;
+    let f = &p.first_frame(1);
     assert_eq!(replies[0].payload(f), &[2u8; 100][..]);
 }
 
 #[test]
 fn duplicate_write_is_acknowledged_again() {
     let (mut p, a, b) = setup(ConnectOpts::default());
-    post(
-        &mut p,
-        0,
-        &a,
-        1,
-        WrOp::Write {
-            remote_addr: b.addr,
-            rkey: b.rkey,
-        },
-        &[sge(&a, 0, 100)],
-    );
+    p.post(0, &a, 1, b.write_to(0), &[a.sge(0, 100)]);
     p.run_until_idle(SEC);
-    let req = p
-        .recorded
-        .iter()
-        .find(|(s, _, _)| *s == 0)
-        .unwrap()
-        .2
-        .clone();
+    let req = p.first_frame(0);
     p.recorded.clear();
     p.inject(1, &req);
     p.run_until_idle(SEC);
@@ -1046,17 +632,7 @@ fn requests_sent(p: &Pair) -> Vec<Vec<u8>> {
 #[test]
 fn duplicate_read_flood_restarts_one_reply() {
     let (mut p, a, b) = setup(ConnectOpts::default()); // path MTU 1024
-    post(
-        &mut p,
-        0,
-        &a,
-        1,
-        WrOp::Read {
-            remote_addr: b.addr,
-            rkey: b.rkey,
-        },
-        &[sge(&a, 0, 16384)],
-    );
+    p.post(0, &a, 1, b.read_from(0), &[a.sge(0, 16384)]);
     p.run_until_idle(SEC);
     assert_eq!(p.recorded_frames(1).len(), 16, "16 response packets");
     let req = requests_sent(&p).remove(0);
@@ -1087,22 +663,10 @@ fn only_the_last_max_dest_rd_atomic_reads_are_replayed() {
     };
     let (mut p, a, b) = setup(o);
     for i in 0..200u64 {
-        post(
-            &mut p,
-            0,
-            &a,
-            i,
-            WrOp::Read {
-                remote_addr: b.addr + 64 * i,
-                rkey: b.rkey,
-            },
-            &[sge(&a, 64 * i, 64)],
-        );
+        p.post(0, &a, i, b.read_from(64 * i), &[a.sge(64 * i, 64)]);
     }
     p.run_until_idle(SEC);
-    assert!(cqes(&mut p, 0, &a)
-        .iter()
-        .all(|c| c.status == WcStatus::Success));
+    assert!(p.cqes(0, &a).iter().all(|c| c.status == WcStatus::Success));
     let reqs = requests_sent(&p);
     assert_eq!(reqs.len(), 200);
     p.recorded.clear();
@@ -1145,17 +709,7 @@ fn duplicate_read_may_ask_only_for_a_part_of_the_original() {
                 Access::LOCAL_WRITE | Access::REMOTE_READ,
             )
             .unwrap();
-    post(
-        &mut p,
-        0,
-        &a,
-        1,
-        WrOp::Read {
-            remote_addr: b.addr,
-            rkey: b.rkey,
-        },
-        &[sge(&a, 0, 2048)],
-    );
+    p.post(0, &a, 1, b.read_from(0), &[a.sge(0, 2048)]);
     p.run_until_idle(SEC);
     p.recorded.clear();
     let dup = |p: &Pair, psn: Psn, va: u64, rkey: Rkey, len: u32| {
@@ -1183,7 +737,7 @@ fn duplicate_read_may_ask_only_for_a_part_of_the_original() {
     assert_eq!(replies.len(), 1);
     let t = &replies[0].repr.transport;
     assert_eq!((t.bth.opcode, t.bth.psn), (Opcode(0x0f), a.sq_psn.add(1)));
-    let frame = &p.recorded.iter().find(|(s, _, _)| *s == 1).unwrap().2;
+    let frame = &p.first_frame(1);
     assert_eq!(replies[0].payload(frame), &data[1024..2048]);
 }
 
@@ -1208,10 +762,10 @@ fn reads_beyond_the_responder_resources_are_invalid_requests() {
         p.inject(1, &f);
     }
     p.run_until_idle(SEC);
-    assert_eq!(naks(&p, 1), vec![(a.sq_psn.add(4), 0x61)]);
+    assert_eq!(p.naks(1), vec![(a.sq_psn.add(4), 0x61)]);
     let kb = p.b.dev.qp_counters(b.qpn).unwrap();
     assert_eq!(kb.resp_rd_atomic_exceeded, 1);
-    assert_eq!(state(&p, 1, &b), QpState::Err);
+    assert_eq!(p.qp_state(1, &b), QpState::Err);
     let replies = p.recorded_frames(1);
     let reads = replies
         .iter()
@@ -1226,34 +780,16 @@ fn reads_beyond_the_responder_resources_are_invalid_requests() {
 fn entering_error_flushes_every_outstanding_wr() {
     let (mut p, a, b) = setup(ConnectOpts::default());
     for i in 0..3 {
-        recv(&mut p, 0, &a, 100 + i, &[sge(&a, 0, 64)]);
+        p.recv(0, &a, 100 + i, &[a.sge(0, 64)]);
     }
     // Nothing reaches B, so the WRITEs stay outstanding.
     p.drop_if = Some(Box::new(|_, _| true));
     for i in 0..4 {
-        post(
-            &mut p,
-            0,
-            &a,
-            i,
-            WrOp::Write {
-                remote_addr: b.addr,
-                rkey: b.rkey,
-            },
-            &[sge(&a, 0, 64)],
-        );
+        p.post(0, &a, i, b.write_to(0), &[a.sge(0, 64)]);
     }
     p.run(10_000, |_| false);
-    p.a.dev
-        .modify_qp(
-            a.qpn,
-            &QpAttr {
-                state: Some(QpState::Err),
-                ..Default::default()
-            },
-        )
-        .unwrap();
-    let c = cqes(&mut p, 0, &a);
+    p.set_qp_state(0, &a, QpState::Err);
+    let c = p.cqes(0, &a);
     let sends: Vec<_> = c
         .iter()
         .filter(|c| c.opcode == WcOpcode::RdmaWrite)
@@ -1269,9 +805,9 @@ fn entering_error_flushes_every_outstanding_wr() {
     );
     assert!(c.iter().all(|c| c.status == WcStatus::WrFlushErr));
     // WRs posted in ERR complete at once, flushed.
-    post(&mut p, 0, &a, 9, WrOp::Send, &[sge(&a, 0, 1)]);
-    recv(&mut p, 0, &a, 10, &[sge(&a, 0, 1)]);
-    let c = cqes(&mut p, 0, &a);
+    p.post(0, &a, 9, WrOp::Send, &[a.sge(0, 1)]);
+    p.recv(0, &a, 10, &[a.sge(0, 1)]);
+    let c = p.cqes(0, &a);
     assert_eq!(
         c.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(),
         vec![(9, WcStatus::WrFlushErr), (10, WcStatus::WrFlushErr)]
@@ -1289,9 +825,10 @@ fn sends_beyond_advertised_credits_wait_except_one_probe() {
     };
     let mut cb = cfg();
     cb.credits = CreditMode::FromReceiveQueue;
-    let (mut p, a, b) = setup_with(o, cfg(), cb);
-    recv(&mut p, 1, &b, 1, &[sge(&b, 0, 64)]);
-    post(&mut p, 0, &a, 1, WrOp::Send, &[sge(&a, 0, 8)]);
+    let mut p = recording_pair_of(cfg(), cb, 7);
+    let (a, b) = connect(&mut p, &o);
+    p.recv(1, &b, 1, &[b.sge(0, 64)]);
+    p.post(0, &a, 1, WrOp::Send, &[a.sge(0, 8)]);
     p.run_until_idle(SEC);
     // B's ACK advertised 0 credits (its RQ is empty now).
     let ack = p
@@ -1305,8 +842,8 @@ fn sends_beyond_advertised_credits_wait_except_one_probe() {
         .unwrap();
     assert_eq!(ack.kind(), AethKind::Ack { credits: 0 });
     p.recorded.clear();
-    post(&mut p, 0, &a, 2, WrOp::Send, &[sge(&a, 0, 8)]);
-    post(&mut p, 0, &a, 3, WrOp::Send, &[sge(&a, 0, 8)]);
+    p.post(0, &a, 2, WrOp::Send, &[a.sge(0, 8)]);
+    p.post(0, &a, 3, WrOp::Send, &[a.sge(0, 8)]);
     p.run(3_000_000, |_| false);
     // Only the probe (SEND 2) went out, again after each RNR NAK; SEND 3 waited.
     let psns: Vec<Psn> = p
@@ -1318,10 +855,10 @@ fn sends_beyond_advertised_credits_wait_except_one_probe() {
         psns.len() >= 2 && psns.iter().all(|&x| x == a.sq_psn.add(1)),
         "{psns:x?}"
     );
-    recv(&mut p, 1, &b, 2, &[sge(&b, 0, 64)]);
-    recv(&mut p, 1, &b, 3, &[sge(&b, 0, 64)]);
+    p.recv(1, &b, 2, &[b.sge(0, 64)]);
+    p.recv(1, &b, 3, &[b.sge(0, 64)]);
     p.run_until_idle(SEC);
-    let c = cqes(&mut p, 0, &a);
+    let c = p.cqes(0, &a);
     assert_eq!(
         c.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(),
         vec![
@@ -1344,17 +881,7 @@ fn a_rejected_post_completes_in_order_and_frees_its_place() {
         depth: 4,
         ..Default::default()
     });
-    post(
-        &mut p,
-        0,
-        &a,
-        1,
-        WrOp::Write {
-            remote_addr: b.addr,
-            rkey: b.rkey,
-        },
-        &[sge(&a, 0, 64)],
-    );
+    p.post(0, &a, 1, b.write_to(0), &[a.sge(0, 64)]);
     p.run_until_idle(SEC);
     let before = p.a.dev.queue_positions(a.qpn).unwrap().0;
     for i in 0..10 {
@@ -1371,7 +898,7 @@ fn a_rejected_post_completes_in_order_and_frees_its_place() {
         });
         p.run_until_idle(SEC);
     }
-    let c = cqes(&mut p, 0, &a);
+    let c = p.cqes(0, &a);
     assert_eq!((c[0].wr_id, c[0].status), (1, WcStatus::Success), "{c:?}");
     assert_eq!((c[1].wr_id, c[1].status), (10, WcStatus::LocQpOpErr));
     assert_eq!(c[1].vendor_err, roce::verbs::vendor_err::REJECTED_AT_POST);
@@ -1380,7 +907,7 @@ fn a_rejected_post_completes_in_order_and_frees_its_place() {
         "{c:?}"
     );
     assert_eq!(c.len(), 11, "every rejected WR completes: {c:?}");
-    assert_eq!(state(&p, 0, &a), QpState::Err);
+    assert_eq!(p.qp_state(0, &a), QpState::Err);
     assert_eq!(
         p.a.dev.queue_positions(a.qpn).unwrap().0,
         before + 10,

@@ -88,6 +88,12 @@ fn from(p: &ParsedFrame, ip: [u8; 4]) -> bool {
     p.repr.ip.gids().0 == Gid::from_ipv4(ip)
 }
 
+/// The index among `advs` of the QP that `p` is addressed to.
+fn qp_index(advs: &[Adv], p: &ParsedFrame) -> Option<usize> {
+    let qpn = p.repr.transport.bth.dest_qp.value();
+    advs.iter().position(|a| a.qpn == qpn)
+}
+
 /// Re-emits `f` with a new destination QP and, where present, a new rkey.
 fn rewrite(f: &[u8], p: &ParsedFrame, dqpn: Qpn, rkeys: &HashMap<u32, Rkey>) -> Vec<u8> {
     let mut repr: FrameRepr = p.repr;
@@ -168,17 +174,12 @@ fn side(me: &[Adv], peer: &[Adv], my_ip: [u8; 4], peer_ip: [u8; 4], depth: u32) 
     for (m, p) in me.iter().zip(peer) {
         let qpn = dev
             .create_qp(&QpInit {
-                pd,
-                qp_type: QpType::Rc,
-                send_cq: cq,
-                recv_cq: cq,
-                srq: None,
                 caps: QpCaps {
                     max_send_wr: depth,
                     max_recv_wr: depth,
                     ..Default::default()
                 },
-                sq_sig_all: false,
+                ..QpInit::rc(pd, cq)
             })
             .unwrap();
         let ep = Endpoint {
@@ -269,10 +270,7 @@ fn responder_replay(name: &str, recvs: u32) -> (Side, Case) {
     for f in &case.frames {
         let p = frame::parse(f).unwrap();
         if from(&p, SERVER) && !p.info().is_request {
-            let qi = case
-                .client
-                .iter()
-                .position(|a| a.qpn == p.repr.transport.bth.dest_qp.value());
+            let qi = qp_index(&case.client, &p);
             let Some(qi) = qi else { continue };
             let r = resp_of(&p, f);
             by_psn
@@ -432,11 +430,7 @@ fn messages(case: &Case) -> Vec<Msg> {
             continue;
         }
         let t = &p.repr.transport;
-        let Some(qi) = case
-            .server
-            .iter()
-            .position(|a| a.qpn == t.bth.dest_qp.value())
-        else {
+        let Some(qi) = qp_index(&case.server, &p) else {
             continue;
         };
         if seen[qi].insert(t.bth.psn.value()) {
@@ -601,11 +595,7 @@ fn completer_replay(name: &str, lossy: bool) {
     for f in &case.frames {
         let p = frame::parse(f).unwrap();
         for (rp, rf) in drain(&mut c.dev, [2, 0, 0, 0x99, 0, 2]) {
-            let qi = case
-                .server
-                .iter()
-                .position(|a| a.qpn == rp.repr.transport.bth.dest_qp.value())
-                .unwrap();
+            let qi = qp_index(&case.server, &rp).unwrap();
             if let Some(want) = expect_psn[qi].take() {
                 assert_eq!(
                     rp.repr.transport.bth.psn, want,
@@ -617,11 +607,7 @@ fn completer_replay(name: &str, lossy: bool) {
         }
         let t = &p.repr.transport;
         if from(&p, CLIENT) && p.info().is_request {
-            let Some(qi) = case
-                .server
-                .iter()
-                .position(|a| a.qpn == t.bth.dest_qp.value())
-            else {
+            let Some(qi) = qp_index(&case.server, &p) else {
                 continue;
             };
             if !seen[qi].insert(t.bth.psn.value()) {
@@ -643,11 +629,7 @@ fn completer_replay(name: &str, lossy: bool) {
             );
             compared += 1;
         } else if from(&p, SERVER) && !p.info().is_request {
-            let Some(qi) = case
-                .client
-                .iter()
-                .position(|a| a.qpn == t.bth.dest_qp.value())
-            else {
+            let Some(qi) = qp_index(&case.client, &p) else {
                 continue;
             };
             if lossy {
@@ -763,16 +745,17 @@ fn lossy_capture_completer_goes_back_to_rxe_nak_psns() {
     completer_replay("lossy_write_bw", true);
 }
 
-/// A bare device with one PD, CQ and MR at `base`, for the UD/UC/SRQ replays.
-fn bare(
-    ip: [u8; 4],
-) -> (
-    Device,
-    roce::memory::PdId,
-    roce::engine::CqId,
-    std::sync::Arc<HeapMemory>,
-    Lkey,
-) {
+/// A bare device with one PD, one CQ and one MR over 4 MiB at address 0, for the UD/UC/SRQ
+/// replays.
+struct Bare {
+    dev: Device,
+    pd: roce::memory::PdId,
+    cq: roce::engine::CqId,
+    mem: std::sync::Arc<HeapMemory>,
+    lkey: Lkey,
+}
+
+fn bare(ip: [u8; 4]) -> Bare {
     let mut dev = Device::new(rxe_config(ip));
     let pd = dev.alloc_pd().unwrap();
     let cq = dev.create_cq(65536).unwrap();
@@ -780,82 +763,96 @@ fn bare(
     let (lkey, _) = dev
         .reg_mr(pd, mem.clone(), 0, 0, 1 << 22, Access::ALL)
         .unwrap();
-    (dev, pd, cq, mem, lkey)
+    Bare {
+        dev,
+        pd,
+        cq,
+        mem,
+        lkey,
+    }
 }
 
-fn qp(
-    dev: &mut Device,
-    pd: roce::memory::PdId,
-    cq: roce::engine::CqId,
-    t: QpType,
-    srq: Option<roce::engine::SrqId>,
-) -> Qpn {
-    dev.create_qp(&QpInit {
-        pd,
-        qp_type: t,
-        send_cq: cq,
-        recv_cq: cq,
-        srq,
-        caps: QpCaps {
-            max_send_wr: 64,
-            max_recv_wr: 512,
-            ..Default::default()
-        },
-        sq_sig_all: false,
-    })
-    .unwrap()
+impl Bare {
+    /// A QP of type `o.qp_type` (on `srq`, if given) brought up towards `peer` with send PSN
+    /// `sq_psn` and receive PSN `rq_psn`.
+    fn qp(
+        &mut self,
+        o: &ConnectOpts,
+        srq: Option<roce::engine::SrqId>,
+        (peer_qpn, peer_gid): (u32, Gid),
+        sq_psn: u32,
+        rq_psn: u32,
+    ) -> Qpn {
+        let init = QpInit {
+            qp_type: o.qp_type,
+            srq,
+            caps: QpCaps {
+                max_send_wr: 64,
+                max_recv_wr: 512,
+                ..Default::default()
+            },
+            ..QpInit::rc(self.pd, self.cq)
+        };
+        let qpn = self.dev.create_qp(&init).unwrap();
+        let ep = Endpoint {
+            pd: self.pd,
+            cq: self.cq,
+            qpn,
+            mem: self.mem.clone(),
+            addr: 0,
+            lkey: self.lkey,
+            rkey: Rkey(0),
+            sq_psn: Psn::new(sq_psn),
+        };
+        let peer = Qpn::new(peer_qpn);
+        bring_up(&mut self.dev, &ep, peer, peer_gid, o, sq_psn, rq_psn);
+        qpn
+    }
+
+    /// Receive buffer `i` of `len` bytes (at `i * len`), as WR `i`.
+    fn buffer(&self, i: u64, len: u32) -> Sge {
+        Sge {
+            addr: i * len as u64,
+            length: len,
+            lkey: self.lkey,
+        }
+    }
+
+    /// Posts receive buffer `i` of `len` bytes on `qpn`.
+    fn post_buffer(&mut self, qpn: Qpn, i: u64, len: u32) {
+        let sge = self.buffer(i, len);
+        let wr = RecvWr {
+            wr_id: i,
+            sg_list: &[sge],
+        };
+        self.dev.post_recv(qpn, &wr).unwrap();
+    }
+}
+
+/// Whether `p` is from the client to the capture's first server QP.
+fn to_first_server_qp(case: &Case, p: &ParsedFrame) -> bool {
+    from(p, CLIENT) && p.repr.transport.bth.dest_qp.value() == case.server[0].qpn
 }
 
 #[test]
 fn ud_frames_from_rxe_are_received_with_qkey_source_qp_and_grh() {
     for name in ["ud_pingpong", "send_bw_ud"] {
         let case = load(name);
-        let (mut dev, pd, cq, mem, lkey) = bare(SERVER);
-        let q = qp(&mut dev, pd, cq, QpType::Ud, None);
-        let ep = Endpoint {
-            pd,
-            cq,
-            qpn: q,
-            mem: mem.clone(),
-            addr: 0,
-            lkey,
-            rkey: Rkey(0),
-            sq_psn: Psn::new(0),
-        };
+        let mut s = bare(SERVER);
         let o = ConnectOpts {
             qp_type: QpType::Ud,
             ..Default::default()
         };
-        bring_up(
-            &mut dev,
-            &ep,
-            Qpn::new(0),
-            Gid::default(),
-            &o,
-            case.server[0].psn,
-            0,
-        );
+        let q = s.qp(&o, None, (0, Gid::default()), case.server[0].psn, 0);
         let mut expected = Vec::new();
         for f in &case.frames {
             let p = frame::parse(f).unwrap();
-            if !(from(&p, CLIENT) && p.repr.transport.bth.dest_qp.value() == case.server[0].qpn) {
+            if !to_first_server_qp(&case, &p) {
                 continue;
             }
-            let i = expected.len() as u64;
-            dev.post_recv(
-                q,
-                &RecvWr {
-                    wr_id: i,
-                    sg_list: &[Sge {
-                        addr: i * 4096,
-                        length: 4096,
-                        lkey,
-                    }],
-                },
-            )
-            .unwrap();
+            s.post_buffer(q, expected.len() as u64, 4096);
             assert_eq!(p.repr.transport.ext.deth.unwrap().qkey.0, 0x1111_1111);
-            dev.handle_frame(0, &rewrite(f, &p, q, &HashMap::new()));
+            s.dev.handle_frame(0, &rewrite(f, &p, q, &HashMap::new()));
             expected.push((
                 p.repr.transport.ext.deth.unwrap().src_qp,
                 f[14..34].to_vec(),
@@ -864,12 +861,12 @@ fn ud_frames_from_rxe_are_received_with_qkey_source_qp_and_grh() {
         }
         assert!(expected.len() >= 20, "{name}");
         for (i, (src, ip_hdr, data)) in expected.iter().enumerate() {
-            let c = dev.poll_completion(cq).unwrap();
+            let c = s.dev.poll_completion(s.cq).unwrap();
             assert_eq!((c.wr_id, c.status), (i as u64, WcStatus::Success), "{name}");
             assert_eq!(c.byte_len as usize, 40 + data.len());
             assert_eq!(c.src_qp, *src);
             assert!(c.wc_flags.contains(WcFlags::GRH));
-            let buf = mem.to_vec(i * 4096, 40 + data.len());
+            let buf = s.mem.to_vec(i * 4096, 40 + data.len());
             assert_eq!(&buf[..20], &[0u8; 20]);
             assert_eq!(
                 &buf[20..40],
@@ -884,79 +881,55 @@ fn ud_frames_from_rxe_are_received_with_qkey_source_qp_and_grh() {
 #[test]
 fn uc_messages_from_rxe_are_placed_as_sent() {
     let case = load("uc_pingpong");
-    let (mut dev, pd, cq, mem, lkey) = bare(SERVER);
-    let q = qp(&mut dev, pd, cq, QpType::Uc, None);
-    let ep = Endpoint {
-        pd,
-        cq,
-        qpn: q,
-        mem: mem.clone(),
-        addr: 0,
-        lkey,
-        rkey: Rkey(0),
-        sq_psn: Psn::new(0),
-    };
+    let mut s = bare(SERVER);
     let o = ConnectOpts {
         qp_type: QpType::Uc,
         mtu: Mtu::M1024,
         ..Default::default()
     };
-    bring_up(
-        &mut dev,
-        &ep,
-        Qpn::new(case.client[0].qpn),
-        Gid::from_ipv4(CLIENT),
-        &o,
-        case.server[0].psn,
-        case.client[0].psn,
-    );
+    let client = (case.client[0].qpn, Gid::from_ipv4(CLIENT));
+    let q = s.qp(&o, None, client, case.server[0].psn, case.client[0].psn);
     for i in 0..64u64 {
-        dev.post_recv(
-            q,
-            &RecvWr {
-                wr_id: i,
-                sg_list: &[Sge {
-                    addr: i * 8192,
-                    length: 8192,
-                    lkey,
-                }],
-            },
-        )
-        .unwrap();
+        s.post_buffer(q, i, 8192);
     }
     let mut messages: Vec<Vec<u8>> = Vec::new();
     let mut cur = Vec::new();
     for f in &case.frames {
         let p = frame::parse(f).unwrap();
-        if !(from(&p, CLIENT) && p.repr.transport.bth.dest_qp.value() == case.server[0].qpn) {
+        if !to_first_server_qp(&case, &p) {
             continue;
         }
         cur.extend_from_slice(p.payload(f));
         if p.info().last {
             messages.push(std::mem::take(&mut cur));
         }
-        dev.handle_frame(0, &rewrite(f, &p, q, &HashMap::new()));
+        s.dev.handle_frame(0, &rewrite(f, &p, q, &HashMap::new()));
     }
     assert_eq!(messages.len(), 20);
     for (i, m) in messages.iter().enumerate() {
-        let c = dev.poll_completion(cq).unwrap();
+        let c = s.dev.poll_completion(s.cq).unwrap();
         assert_eq!(
             (c.wr_id, c.status, c.byte_len as usize),
             (i as u64, WcStatus::Success, m.len())
         );
-        assert_eq!(&mem.to_vec(i * 8192, m.len()), m);
+        assert_eq!(&s.mem.to_vec(i * 8192, m.len()), m);
     }
-    assert!(dev.poll_completion(cq).is_none());
-    assert_eq!(dev.qp_counters(q).unwrap().sent_pkts, 0, "UC sends no ACKs");
+    assert!(s.dev.poll_completion(s.cq).is_none());
+    assert_eq!(
+        s.dev.qp_counters(q).unwrap().sent_pkts,
+        0,
+        "UC sends no ACKs"
+    );
 }
 
 #[test]
 fn srq_pingpong_from_rxe_consumes_the_shared_queue_and_acks_like_rxe() {
     let case = load("srq_pingpong");
-    let (mut dev, pd, cq, mem, lkey) = bare(SERVER);
-    let srq = dev
+    let mut s = bare(SERVER);
+    let srq = s
+        .dev
         .create_srq(
-            pd,
+            s.pd,
             &roce::engine::SrqAttr {
                 max_wr: 512,
                 max_sge: 1,
@@ -965,46 +938,21 @@ fn srq_pingpong_from_rxe_consumes_the_shared_queue_and_acks_like_rxe() {
         )
         .unwrap();
     for i in 0..512u64 {
-        dev.post_srq_recv(
-            srq,
-            &RecvWr {
-                wr_id: i,
-                sg_list: &[Sge {
-                    addr: i * 8192,
-                    length: 8192,
-                    lkey,
-                }],
-            },
-        )
-        .unwrap();
+        let wr = RecvWr {
+            wr_id: i,
+            sg_list: &[s.buffer(i, 8192)],
+        };
+        s.dev.post_srq_recv(srq, &wr).unwrap();
     }
     let mut ours: HashMap<u32, Qpn> = HashMap::new();
     let o = ConnectOpts {
         mtu: Mtu::M1024,
         ..Default::default()
     };
-    for (s, c) in case.server.iter().zip(&case.client) {
-        let q = qp(&mut dev, pd, cq, QpType::Rc, Some(srq));
-        let ep = Endpoint {
-            pd,
-            cq,
-            qpn: q,
-            mem: mem.clone(),
-            addr: 0,
-            lkey,
-            rkey: Rkey(0),
-            sq_psn: Psn::new(s.psn),
-        };
-        bring_up(
-            &mut dev,
-            &ep,
-            Qpn::new(c.qpn),
-            Gid::from_ipv4(CLIENT),
-            &o,
-            s.psn,
-            c.psn,
-        );
-        ours.insert(s.qpn, q);
+    for (sv, c) in case.server.iter().zip(&case.client) {
+        let client = (c.qpn, Gid::from_ipv4(CLIENT));
+        let q = s.qp(&o, Some(srq), client, sv.psn, c.psn);
+        ours.insert(sv.qpn, q);
     }
     assert_eq!(ours.len(), 16);
     let mut theirs: Vec<Resp> = Vec::new();
@@ -1023,14 +971,14 @@ fn srq_pingpong_from_rxe_consumes_the_shared_queue_and_acks_like_rxe() {
             continue;
         };
         sends += p.info().last as usize;
-        dev.handle_frame(0, &rewrite(f, &p, q, &HashMap::new()));
-        for (rp, rf) in drain(&mut dev, [2, 0, 0, 0x99, 0, 4]) {
+        s.dev.handle_frame(0, &rewrite(f, &p, q, &HashMap::new()));
+        for (rp, rf) in drain(&mut s.dev, [2, 0, 0, 0x99, 0, 4]) {
             mine.push(resp_of(&rp, &rf));
         }
     }
     assert_eq!(mine, theirs, "ACKs (PSN, MSN, syndrome 0x1f) equal rxe's");
     let mut n = 0;
-    while let Some(c) = dev.poll_completion(cq) {
+    while let Some(c) = s.dev.poll_completion(s.cq) {
         assert_eq!(c.status, WcStatus::Success);
         n += 1;
     }
@@ -1041,7 +989,7 @@ fn srq_pingpong_from_rxe_consumes_the_shared_queue_and_acks_like_rxe() {
 fn rdma_cm_mads_to_qp1_are_counted() {
     for name in ["rping", "write_bw_rdmacm"] {
         let case = load(name);
-        let (mut dev, ..) = bare(SERVER);
+        let mut dev = bare(SERVER).dev;
         let mut mads = 0;
         for f in &case.frames {
             let p = frame::parse(f).unwrap();

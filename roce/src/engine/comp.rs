@@ -11,7 +11,7 @@
 //! * the local ACK timeout retries from the oldest unacknowledged PSN, `retry_cnt` times.
 
 use super::qp::Qp;
-use super::queues::WqeState;
+use super::queues::{SendWqe, WqeState};
 use super::{scatter, Pkt, Shared};
 use crate::types::Psn;
 use crate::verbs::{Completion, QpState, WcFlags, WcStatus, WrOp};
@@ -83,16 +83,8 @@ impl Qp {
     pub(crate) fn ack_upto(&mut self, sh: &mut Shared, now: u64, psn: Psn) {
         let mut progressed = false;
         // WQEs a rewind put back to be resent still count: their PSNs were sent before.
-        while self.comp.next < self.sq.tail {
-            let idx = self.comp.next;
+        while let Some(idx) = self.next_sent_remote() {
             let w = self.sq.get(idx);
-            if let WqeState::Done(_) = w.state {
-                self.comp.next += 1;
-                continue;
-            }
-            if !w.started || !w.op.is_remote() {
-                break;
-            }
             if w.op.is_read_or_atomic() {
                 if !psn.before(w.first_psn) {
                     self.counters.implied_nak_seq_err += 1;
@@ -137,24 +129,49 @@ impl Qp {
         }
     }
 
+    /// The oldest outstanding WQE a READ response or ATOMIC ACK at `psn` answers, after
+    /// completing what the response implicitly acknowledges before it; `None` (counted as
+    /// unexpected) when nothing is outstanding.
+    fn response_head(&mut self, psn: Psn) -> Option<u64> {
+        self.complete_before(psn);
+        let idx = self.outstanding_head();
+        if idx.is_none() {
+            self.counters.unexpected_responses += 1;
+        }
+        idx
+    }
+
+    /// A response at `psn` that is not for WQE `idx` (`w`): past an outstanding READ or
+    /// ATOMIC it means the responses in between were lost, an implied NAK, so the request
+    /// goes again from that WQE; otherwise it is unexpected and dropped.
+    fn response_mismatch(&mut self, sh: &mut Shared, now: u64, idx: u64, w: &SendWqe, psn: Psn) {
+        if w.op.is_read_or_atomic() && psn.after(w.first_psn) {
+            self.counters.implied_nak_seq_err += 1;
+            self.comp.psn = self.resume_psn(idx);
+            self.retry(sh, now, false);
+        } else {
+            self.counters.unexpected_responses += 1;
+        }
+    }
+
+    /// WQE `idx`, a READ or ATOMIC, has all its data: it succeeds and frees its
+    /// outstanding-request slot.
+    fn read_or_atomic_done(&mut self, idx: u64) {
+        self.sq.get_mut(idx).state = WqeState::Done(WcStatus::Success);
+        self.req.rd_atomic_inflight = self.req.rd_atomic_inflight.saturating_sub(1);
+        self.comp.next = idx + 1;
+    }
+
     fn on_read_response(&mut self, sh: &mut Shared, now: u64, pkt: &Pkt<'_>) {
         let psn = pkt.bth.psn;
         // Everything before the READ is implicitly acknowledged by its response.
-        self.complete_before(psn);
-        let Some(idx) = self.outstanding_head() else {
-            self.counters.unexpected_responses += 1;
+        let Some(idx) = self.response_head(psn) else {
             return;
         };
         let w = self.sq.get(idx).clone();
         let WrOp::Read { .. } = w.op else {
-            if w.op.is_read_or_atomic() && psn.after(w.first_psn) {
-                // The response skipped an outstanding ATOMIC: implied NAK.
-                self.counters.implied_nak_seq_err += 1;
-                self.comp.psn = self.resume_psn(idx);
-                self.retry(sh, now, false);
-            } else {
-                self.counters.unexpected_responses += 1;
-            }
+            // The response skipped an outstanding ATOMIC: implied NAK.
+            self.response_mismatch(sh, now, idx, &w, psn);
             return;
         };
         let mtu = self.mtu();
@@ -194,12 +211,9 @@ impl Qp {
             self.fail_wqe(sh, idx, status);
             return;
         }
-        let wm = self.sq.get_mut(idx);
-        wm.recv_bytes += pkt.payload_len as u32;
+        self.sq.get_mut(idx).recv_bytes += pkt.payload_len as u32;
         if last {
-            wm.state = WqeState::Done(WcStatus::Success);
-            self.req.rd_atomic_inflight = self.req.rd_atomic_inflight.saturating_sub(1);
-            self.comp.next = idx + 1;
+            self.read_or_atomic_done(idx);
         }
         self.comp.psn = psn.next();
         self.on_progress(sh, now);
@@ -207,20 +221,12 @@ impl Qp {
 
     fn on_atomic_ack(&mut self, sh: &mut Shared, now: u64, pkt: &Pkt<'_>) {
         let psn = pkt.bth.psn;
-        self.complete_before(psn);
-        let Some(idx) = self.outstanding_head() else {
-            self.counters.unexpected_responses += 1;
+        let Some(idx) = self.response_head(psn) else {
             return;
         };
         let w = self.sq.get(idx).clone();
         if !matches!(w.op, WrOp::CompareSwap { .. } | WrOp::FetchAdd { .. }) || w.first_psn != psn {
-            if w.op.is_read_or_atomic() && psn.after(w.first_psn) {
-                self.counters.implied_nak_seq_err += 1;
-                self.comp.psn = self.resume_psn(idx);
-                self.retry(sh, now, false);
-            } else {
-                self.counters.unexpected_responses += 1;
-            }
+            self.response_mismatch(sh, now, idx, &w, psn);
             return;
         }
         let orig = pkt.ext.atomic_ack.map(|a| a.orig).unwrap_or(0);
@@ -230,9 +236,7 @@ impl Qp {
             self.fail_wqe(sh, idx, status);
             return;
         }
-        self.sq.get_mut(idx).state = WqeState::Done(WcStatus::Success);
-        self.req.rd_atomic_inflight = self.req.rd_atomic_inflight.saturating_sub(1);
-        self.comp.next = idx + 1;
+        self.read_or_atomic_done(idx);
         self.comp.psn = psn.next();
         self.on_progress(sh, now);
     }
@@ -240,16 +244,8 @@ impl Qp {
     /// Completes SEND/WRITE WQEs entirely before `psn` (a response for a later request
     /// acknowledges them, IBA 9.7.5.2.6).
     fn complete_before(&mut self, psn: Psn) {
-        while self.comp.next < self.sq.tail {
-            let idx = self.comp.next;
+        while let Some(idx) = self.next_sent_remote() {
             let w = self.sq.get(idx);
-            if let WqeState::Done(_) = w.state {
-                self.comp.next += 1;
-                continue;
-            }
-            if !w.started || !w.op.is_remote() {
-                break;
-            }
             if !w.op.is_read_or_atomic() && w.last_sent && w.last_psn.before(psn) {
                 self.sq.get_mut(idx).state = WqeState::Done(WcStatus::Success);
                 self.comp.next += 1;
@@ -257,6 +253,21 @@ impl Qp {
             }
             break;
         }
+    }
+
+    /// Moves the completion point past WQEs already done and returns the WQE there if it is
+    /// a remote operation that has been sent (one an ACK or response can complete).
+    fn next_sent_remote(&mut self) -> Option<u64> {
+        while self.comp.next < self.sq.tail {
+            let idx = self.comp.next;
+            let w = self.sq.get(idx);
+            if let WqeState::Done(_) = w.state {
+                self.comp.next += 1;
+                continue;
+            }
+            return (w.started && w.op.is_remote()).then_some(idx);
+        }
+        None
     }
 
     /// The oldest WQE still waiting for a response (after `complete_before`).

@@ -313,6 +313,22 @@ pub struct QpInit {
     pub sq_sig_all: bool,
 }
 
+impl QpInit {
+    /// An RC QP of `pd` with `cq` for both its send and receive completions, default queue
+    /// sizes, no SRQ and no implicit signaling: the common case, to adjust with `..`.
+    pub fn rc(pd: PdId, cq: CqId) -> QpInit {
+        QpInit {
+            pd,
+            qp_type: QpType::Rc,
+            send_cq: cq,
+            recv_cq: cq,
+            srq: None,
+            caps: QpCaps::default(),
+            sq_sig_all: false,
+        }
+    }
+}
+
 /// SRQ attributes (`ibv_srq_attr`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
@@ -897,6 +913,37 @@ impl std::fmt::Debug for Device {
     }
 }
 
+/// The slot of the live QP numbered `qpn` among `qps` (see `Device::slot_of`).
+fn live_slot(qps: &[Option<Box<Qp>>], max_qp: u32, qpn: Qpn) -> Option<usize> {
+    let slot = qp_slot(qpn, max_qp)?;
+    match qps.get(slot) {
+        Some(Some(q)) if q.qpn == qpn => Some(slot),
+        _ => None,
+    }
+}
+
+/// The slot and the QP of the live QP numbered `qpn` among `qps`; a function of the table
+/// alone, so that the caller may still use the device's other fields while holding the QP.
+fn live_qp_mut(
+    qps: &mut [Option<Box<Qp>>],
+    max_qp: u32,
+    qpn: Qpn,
+) -> VerbsResult<(usize, &mut Qp)> {
+    let slot = live_slot(qps, max_qp, qpn).ok_or(VerbsError::NotFound("queue pair"))?;
+    let qp = qps[slot].as_deref_mut().expect("a live slot holds its QP");
+    Ok((slot, qp))
+}
+
+/// Inserts `v` into a resource table; a full table is the verbs' "no resources" for `what`.
+fn insert_or_exhausted<T>(t: &mut Table<T>, v: T, what: &'static str) -> VerbsResult<usize> {
+    t.insert(v).ok_or(VerbsError::NoResources(what))
+}
+
+/// The live entry `id` of a resource table; a free slot is the verbs' "not found" for `what`.
+fn lookup_mut<'t, T>(t: &'t mut Table<T>, id: u32, what: &'static str) -> VerbsResult<&'t mut T> {
+    t.get_mut(id as usize).ok_or(VerbsError::NotFound(what))
+}
+
 impl Device {
     /// A device with the given configuration.
     pub fn new(cfg: DeviceConfig) -> Device {
@@ -992,10 +1039,8 @@ impl Device {
 
     /// Allocates a protection domain.
     pub fn alloc_pd(&mut self) -> VerbsResult<PdId> {
-        match self.pds.insert(()) {
-            Some(i) => Ok(PdId(i as u32 + 1)),
-            None => Err(VerbsError::NoResources("protection domains")),
-        }
+        let i = insert_or_exhausted(&mut self.pds, (), "protection domains")?;
+        Ok(PdId(i as u32 + 1))
     }
 
     fn pd_ok(&self, pd: PdId) -> bool {
@@ -1276,17 +1321,16 @@ impl Device {
                 self.sh.cfg.limits.max_cqe
             )));
         }
-        match self.sh.cqs.insert(CompletionQueue::new(cqe as usize)) {
-            Some(id) => Ok(CqId(id as u32)),
-            None => Err(VerbsError::NoResources("completion queues")),
-        }
+        let id = insert_or_exhausted(
+            &mut self.sh.cqs,
+            CompletionQueue::new(cqe as usize),
+            "completion queues",
+        )?;
+        Ok(CqId(id as u32))
     }
 
     fn cq_mut(&mut self, cq: CqId) -> VerbsResult<&mut CompletionQueue> {
-        self.sh
-            .cqs
-            .get_mut(cq.0 as usize)
-            .ok_or(VerbsError::NotFound("completion queue"))
+        lookup_mut(&mut self.sh.cqs, cq.0, "completion queue")
     }
 
     /// Resizes a CQ (`ibv_resize_cq`) to hold `cqe` completions, keeping those it holds;
@@ -1442,11 +1486,7 @@ impl Device {
     /// The slot of a live QP numbered `qpn` (a number whose QP was destroyed has none, even
     /// if its slot holds a newer QP).
     fn slot_of(&self, qpn: Qpn) -> Option<usize> {
-        let slot = qp_slot(qpn, self.sh.cfg.limits.max_qp)?;
-        match self.qps.get(slot) {
-            Some(Some(q)) if q.qpn == qpn => Some(slot),
-            _ => None,
-        }
+        live_slot(&self.qps, self.sh.cfg.limits.max_qp, qpn)
     }
 
     /// A dense index for a live QP, below `max_qp`: host interfaces use it to index per-QP
@@ -1467,14 +1507,7 @@ impl Device {
         let max_rd = self.sh.cfg.limits.max_qp_rd_atom;
         let ngids = self.sh.cfg.gids.len();
         let port_mtu = self.sh.cfg.port_mtu;
-        let slot = self
-            .slot_of(qpn)
-            .ok_or(VerbsError::NotFound("queue pair"))?;
-        let qp = self
-            .qps
-            .get_mut(slot)
-            .and_then(|q| q.as_deref_mut())
-            .ok_or(VerbsError::NotFound("queue pair"))?;
+        let (slot, qp) = live_qp_mut(&mut self.qps, self.sh.cfg.limits.max_qp, qpn)?;
         if let Some(m) = attr.path_mtu {
             if m > port_mtu {
                 return Err(VerbsError::Modify(ModifyError::Invalid(format!(
@@ -1588,17 +1621,12 @@ impl Device {
             users: 0,
             moved_noted: false,
         };
-        match self.sh.srqs.insert(srq) {
-            Some(id) => Ok(SrqId(id as u32)),
-            None => Err(VerbsError::NoResources("shared receive queues")),
-        }
+        let id = insert_or_exhausted(&mut self.sh.srqs, srq, "shared receive queues")?;
+        Ok(SrqId(id as u32))
     }
 
     fn srq_mut(&mut self, srq: SrqId) -> VerbsResult<&mut Srq> {
-        self.sh
-            .srqs
-            .get_mut(srq.0 as usize)
-            .ok_or(VerbsError::NotFound("shared receive queue"))
+        lookup_mut(&mut self.sh.srqs, srq.0, "shared receive queue")
     }
 
     /// Arms the SRQ limit (`ibv_modify_srq` with IBV_SRQ_LIMIT; resizing is not supported).
@@ -1634,19 +1662,9 @@ impl Device {
 
     /// Posts a receive WR to an SRQ.
     pub fn post_srq_recv(&mut self, srq: SrqId, wr: &RecvWr<'_>) -> VerbsResult<()> {
-        let s = self.srq_mut(srq)?;
-        if wr.sg_list.len() > s.rq.max_sge {
-            return Err(VerbsError::InvalidArgument(format!(
-                "{} SGEs exceed the SRQ's {}",
-                wr.sg_list.len(),
-                s.rq.max_sge
-            )));
-        }
-        if s.rq.len() >= s.rq.depth() {
-            return Err(VerbsError::QueueFull);
-        }
-        s.rq.push(wr.wr_id, wr.sg_list);
-        Ok(())
+        let rq = &mut self.srq_mut(srq)?.rq;
+        let max_sge = rq.max_sge;
+        rq.post(wr, max_sge, "the SRQ's")
     }
 
     /// Posts a send WR (`ibv_post_send`).
@@ -1676,14 +1694,7 @@ impl Device {
         inline_data: Option<&[u8]>,
     ) -> VerbsResult<()> {
         let port_mtu = self.sh.cfg.port_mtu.bytes();
-        let slot = self
-            .slot_of(qpn)
-            .ok_or(VerbsError::NotFound("queue pair"))?;
-        let qp = self
-            .qps
-            .get_mut(slot)
-            .and_then(|q| q.as_deref_mut())
-            .ok_or(VerbsError::NotFound("queue pair"))?;
+        let (slot, qp) = live_qp_mut(&mut self.qps, self.sh.cfg.limits.max_qp, qpn)?;
         if matches!(qp.state, QpState::Reset | QpState::Init | QpState::Rtr) {
             return Err(VerbsError::InvalidState(qp.state));
         }
@@ -1763,14 +1774,7 @@ impl Device {
 
     /// Posts a receive WR (`ibv_post_recv`).
     pub fn post_recv(&mut self, qpn: Qpn, wr: &RecvWr<'_>) -> VerbsResult<()> {
-        let slot = self
-            .slot_of(qpn)
-            .ok_or(VerbsError::NotFound("queue pair"))?;
-        let qp = self
-            .qps
-            .get_mut(slot)
-            .and_then(|q| q.as_deref_mut())
-            .ok_or(VerbsError::NotFound("queue pair"))?;
+        let (slot, qp) = live_qp_mut(&mut self.qps, self.sh.cfg.limits.max_qp, qpn)?;
         if qp.srq.is_some() {
             return Err(VerbsError::InvalidArgument(
                 "the QP uses an SRQ: post to the SRQ".into(),
@@ -1779,17 +1783,8 @@ impl Device {
         if qp.state == QpState::Reset {
             return Err(VerbsError::InvalidState(qp.state));
         }
-        if wr.sg_list.len() > qp.caps.max_recv_sge as usize {
-            return Err(VerbsError::InvalidArgument(format!(
-                "{} SGEs exceed max_recv_sge {}",
-                wr.sg_list.len(),
-                qp.caps.max_recv_sge
-            )));
-        }
-        if qp.rq.len() >= qp.rq.depth() {
-            return Err(VerbsError::QueueFull);
-        }
-        qp.rq.push(wr.wr_id, wr.sg_list);
+        qp.rq
+            .post(wr, qp.caps.max_recv_sge as usize, "max_recv_sge")?;
         if qp.state == QpState::Err {
             qp.flush(&mut self.sh);
             self.note_moved(slot);

@@ -218,6 +218,27 @@ impl RecvQueue {
         self.head == self.tail
     }
 
+    /// Queues a posted receive WR after the checks `ibv_post_recv` makes: at most `max_sge`
+    /// SGEs (the limit the error names `limit`) and room in the queue.
+    pub fn post(
+        &mut self,
+        wr: &crate::verbs::RecvWr<'_>,
+        max_sge: usize,
+        limit: &str,
+    ) -> super::VerbsResult<()> {
+        if wr.sg_list.len() > max_sge {
+            return Err(super::VerbsError::InvalidArgument(format!(
+                "{} SGEs exceed {limit} {max_sge}",
+                wr.sg_list.len(),
+            )));
+        }
+        if self.len() >= self.depth() {
+            return Err(super::VerbsError::QueueFull);
+        }
+        self.push(wr.wr_id, wr.sg_list);
+        Ok(())
+    }
+
     pub fn push(&mut self, wr_id: u64, sges: &[Sge]) {
         let s = (self.tail % self.slots.len() as u64) as usize;
         self.slots[s] = RecvSlot {

@@ -390,38 +390,18 @@ mod tests {
     #[test]
     fn payload_merges_contiguous_segments() {
         let mut p = Payload::default();
-        p.push_seg(PayloadSeg {
-            mr: MrRef {
-                lkey: crate::types::Lkey(1),
-                reg: 1,
-            },
-            offset: 0,
-            len: 10,
-        });
-        p.push_seg(PayloadSeg {
-            mr: MrRef {
-                lkey: crate::types::Lkey(1),
-                reg: 1,
-            },
-            offset: 10,
-            len: 5,
-        });
-        p.push_seg(PayloadSeg {
-            mr: MrRef {
-                lkey: crate::types::Lkey(2),
-                reg: 2,
-            },
-            offset: 15,
-            len: 5,
-        });
-        p.push_seg(PayloadSeg {
-            mr: MrRef {
-                lkey: crate::types::Lkey(2),
-                reg: 2,
-            },
-            offset: 15,
-            len: 0,
-        });
+        // (lkey and registration, offset, length): the second continues the first, the third
+        // starts another MR and the fourth is empty.
+        for (key, offset, len) in [(1, 0, 10), (1, 10, 5), (2, 15, 5), (2, 15, 0)] {
+            p.push_seg(PayloadSeg {
+                mr: MrRef {
+                    lkey: crate::types::Lkey(key),
+                    reg: key as u64,
+                },
+                offset,
+                len,
+            });
+        }
         assert_eq!(p.segs().len(), 2);
         assert_eq!(p.len(), 20);
         p.set_inline(&[1, 2, 3]);

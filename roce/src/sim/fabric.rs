@@ -314,27 +314,29 @@ impl Fabric {
 
     /// Runs until `done` returns true, nothing is left to do, or time would pass
     /// `deadline`; returns whether `done` became true or the fabric went idle.
-    pub fn run(&mut self, deadline: u64, mut done: impl FnMut(&mut Fabric) -> bool) -> bool {
-        loop {
-            if done(self) {
-                return true;
-            }
-            let mut progress = false;
-            for i in 0..self.nodes.len() {
-                progress |= self.send_node(i);
-            }
-            progress |= self.deliver();
-            progress |= self.run_switch();
-            progress |= self.timers();
-            if progress {
-                continue;
-            }
-            match self.next_event() {
-                Some(t) if t <= deadline => self.now = self.now.max(t),
-                Some(_) => return false,
-                None => return true,
-            }
+    pub fn run(&mut self, deadline: u64, done: impl FnMut(&mut Fabric) -> bool) -> bool {
+        super::run_until(self, deadline, done)
+    }
+}
+
+impl super::Stepper for Fabric {
+    fn step_now(&mut self) -> bool {
+        let mut progress = false;
+        for i in 0..self.nodes.len() {
+            progress |= self.send_node(i);
         }
+        progress |= self.deliver();
+        progress |= self.run_switch();
+        progress |= self.timers();
+        progress
+    }
+
+    fn next_at(&mut self) -> Option<u64> {
+        self.next_event()
+    }
+
+    fn clock(&mut self) -> &mut u64 {
+        &mut self.now
     }
 }
 

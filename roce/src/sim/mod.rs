@@ -12,7 +12,9 @@ use std::sync::Arc;
 use crate::engine::{CqId, Device, DeviceConfig, QpInit, Transmit};
 use crate::memory::{HeapMemory, PdId};
 use crate::types::{Gid, Lkey, Psn, Qkey, Qpn, Rkey};
-use crate::verbs::{Access, AddressVector, Completion, Mtu, QpAttr, QpCaps, QpState, QpType};
+use crate::verbs::{
+    Access, AddressVector, Completion, Mtu, QpAttr, QpCaps, QpState, QpType, WcStatus, WrOp,
+};
 use crate::wire::opcode::Opcode;
 
 /// A small, fast, seeded PRNG (SplitMix64).
@@ -456,23 +458,60 @@ impl Pair {
 
     /// Runs until `done` returns true, the simulation is idle, or `deadline`. Returns true if
     /// `done` became true or the simulation went idle.
-    pub fn run(&mut self, deadline: u64, mut done: impl FnMut(&mut Pair) -> bool) -> bool {
-        loop {
-            if done(self) {
-                return true;
+    pub fn run(&mut self, deadline: u64, done: impl FnMut(&mut Pair) -> bool) -> bool {
+        run_until(self, deadline, done)
+    }
+}
+
+impl Stepper for Pair {
+    fn step_now(&mut self) -> bool {
+        let mut progress = self.send_side(0);
+        progress |= self.send_side(1);
+        progress |= self.deliver();
+        progress |= self.timeouts();
+        progress
+    }
+
+    fn next_at(&mut self) -> Option<u64> {
+        self.next_event()
+    }
+
+    fn clock(&mut self) -> &mut u64 {
+        &mut self.now
+    }
+}
+
+/// A discrete-event simulation on a virtual clock, driven by [`run_until`].
+pub(crate) trait Stepper {
+    /// Does everything due at the current time; returns whether anything happened.
+    fn step_now(&mut self) -> bool;
+    /// The time of the next pending event, if there is one.
+    fn next_at(&mut self) -> Option<u64>;
+    /// The virtual clock (ns).
+    fn clock(&mut self) -> &mut u64;
+}
+
+/// Steps `sim` until `done` returns true, nothing is pending, or the next event lies past
+/// `deadline`; the clock jumps from event to event. Returns false only for the deadline.
+pub(crate) fn run_until<S: Stepper>(
+    sim: &mut S,
+    deadline: u64,
+    mut done: impl FnMut(&mut S) -> bool,
+) -> bool {
+    loop {
+        if done(sim) {
+            return true;
+        }
+        if sim.step_now() {
+            continue;
+        }
+        match sim.next_at() {
+            Some(t) if t <= deadline => {
+                let now = sim.clock();
+                *now = (*now).max(t);
             }
-            let mut progress = self.send_side(0);
-            progress |= self.send_side(1);
-            progress |= self.deliver();
-            progress |= self.timeouts();
-            if progress {
-                continue;
-            }
-            match self.next_event() {
-                Some(t) if t <= deadline => self.now = self.now.max(t),
-                Some(_) => return false,
-                None => return true,
-            }
+            Some(_) => return false,
+            None => return true,
         }
     }
 }
@@ -505,6 +544,30 @@ impl Endpoint {
             addr: self.addr + off,
             length: len,
             lkey: self.lkey,
+        }
+    }
+
+    /// An RDMA WRITE (posted by the peer) to `off` in this endpoint's MR, with its rkey.
+    pub fn write_to(&self, off: u64) -> WrOp {
+        WrOp::Write {
+            remote_addr: self.addr + off,
+            rkey: self.rkey,
+        }
+    }
+
+    /// An RDMA READ (posted by the peer) of `off` in this endpoint's MR, with its rkey.
+    pub fn read_from(&self, off: u64) -> WrOp {
+        WrOp::Read {
+            remote_addr: self.addr + off,
+            rkey: self.rkey,
+        }
+    }
+
+    /// The same PD, CQ and MR with another QP (a second QP of the same consumer).
+    pub fn with_qp(&self, qpn: Qpn) -> Endpoint {
+        Endpoint {
+            qpn,
+            ..self.clone()
         }
     }
 }
@@ -587,6 +650,43 @@ impl Pair {
         let dev = if side == 0 { &self.a.dev } else { &self.b.dev };
         dev.query_qp(ep.qpn).expect("QP exists").state
     }
+
+    /// Moves `ep`'s QP on node `side` to `state` (a modify of the state alone); panics if
+    /// refused.
+    pub fn set_qp_state(&mut self, side: usize, ep: &Endpoint, state: QpState) {
+        let attr = QpAttr {
+            state: Some(state),
+            ..Default::default()
+        };
+        self.node(side)
+            .dev
+            .modify_qp(ep.qpn, &attr)
+            .expect("modify_qp");
+    }
+
+    /// The first frame recorded in direction `from` (see `record`), as sent; panics if none.
+    pub fn first_frame(&self, from: usize) -> Vec<u8> {
+        let (_, _, f) = self
+            .recorded
+            .iter()
+            .find(|(s, _, _)| *s == from)
+            .expect("a frame recorded in that direction");
+        f.clone()
+    }
+
+    /// Writes `data` at the start of A's MR, sends it with a signaled RDMA WRITE from `a` (a
+    /// QP of node A) to `addr` under `rkey`, runs until idle and returns the status of the
+    /// last completion on `a`'s CQ (the WRITE's).
+    pub fn write_status(&mut self, a: &Endpoint, addr: u64, rkey: Rkey, data: &[u8]) -> WcStatus {
+        crate::memory::Memory::write(&*a.mem, 0, data).expect("fits A's MR");
+        let op = WrOp::Write {
+            remote_addr: addr,
+            rkey,
+        };
+        self.post(0, a, 1, op, &[a.sge(0, data.len() as u32)]);
+        self.run_until_idle(1_000_000_000);
+        self.cqes(0, a).last().expect("a completion").status
+    }
 }
 
 /// Options for [`connect`].
@@ -655,11 +755,7 @@ pub fn endpoint(dev: &mut Device, o: &ConnectOpts, base: u64) -> Endpoint {
     let cq = dev.create_cq(o.depth * 4).expect("cq");
     let qpn = dev
         .create_qp(&QpInit {
-            pd,
             qp_type: o.qp_type,
-            send_cq: cq,
-            recv_cq: cq,
-            srq: None,
             caps: QpCaps {
                 max_send_wr: o.depth,
                 max_recv_wr: o.depth,
@@ -667,7 +763,7 @@ pub fn endpoint(dev: &mut Device, o: &ConnectOpts, base: u64) -> Endpoint {
                 max_recv_sge: o.max_sge,
                 max_inline_data: o.max_inline,
             },
-            sq_sig_all: false,
+            ..QpInit::rc(pd, cq)
         })
         .expect("qp");
     let mem = HeapMemory::shared(o.mem_len);
@@ -720,31 +816,25 @@ pub fn bring_up(
         },
     };
     dev.modify_qp(me.qpn, &init).expect("INIT");
+    // UC and RC take the path to the peer; RC also its responder resources and RNR timer.
+    let connected = QpAttr {
+        state: Some(QpState::Rtr),
+        av: Some(AddressVector {
+            sl: o.sl,
+            ..AddressVector::new(peer_gid, o.sgid_index)
+        }),
+        path_mtu: Some(o.mtu),
+        dest_qp: Some(peer_qpn),
+        rq_psn: Some(Psn::new(rq_psn)),
+        ..Default::default()
+    };
     let rtr = match o.qp_type {
         QpType::Rc => QpAttr {
-            state: Some(QpState::Rtr),
-            av: Some(AddressVector {
-                sl: o.sl,
-                ..AddressVector::new(peer_gid, o.sgid_index)
-            }),
-            path_mtu: Some(o.mtu),
-            dest_qp: Some(peer_qpn),
-            rq_psn: Some(Psn::new(rq_psn)),
             max_dest_rd_atomic: Some(o.rd_atomic),
             min_rnr_timer: Some(o.min_rnr_timer),
-            ..Default::default()
+            ..connected
         },
-        QpType::Uc => QpAttr {
-            state: Some(QpState::Rtr),
-            av: Some(AddressVector {
-                sl: o.sl,
-                ..AddressVector::new(peer_gid, o.sgid_index)
-            }),
-            path_mtu: Some(o.mtu),
-            dest_qp: Some(peer_qpn),
-            rq_psn: Some(Psn::new(rq_psn)),
-            ..Default::default()
-        },
+        QpType::Uc => connected,
         QpType::Ud => QpAttr {
             state: Some(QpState::Rtr),
             ..Default::default()
@@ -773,28 +863,19 @@ pub fn bring_up(
 /// Creates an endpoint on each node and connects them (A's MR at 0x10_0000_0000, B's at
 /// 0x20_0000_0000).
 pub fn connect(pair: &mut Pair, o: &ConnectOpts) -> (Endpoint, Endpoint) {
-    let mut a = endpoint(&mut pair.a.dev, o, 0x10_0000_0000);
-    let mut b = endpoint(&mut pair.b.dev, o, 0x20_0000_0000);
-    a.sq_psn = Psn::new(o.psns.0);
-    b.sq_psn = Psn::new(o.psns.1);
-    bring_up(
-        &mut pair.a.dev,
-        &a,
-        b.qpn,
-        node_gid(1),
-        o,
-        o.psns.0,
-        o.psns.1,
-    );
-    bring_up(
-        &mut pair.b.dev,
-        &b,
-        a.qpn,
-        node_gid(0),
-        o,
-        o.psns.1,
-        o.psns.0,
-    );
+    connect_each(pair, o, o)
+}
+
+/// [`connect`] with A set up by `oa` and B by `ob` (for tests of peers that disagree, such as
+/// on the path MTU); the starting PSNs are `oa`'s.
+pub fn connect_each(pair: &mut Pair, oa: &ConnectOpts, ob: &ConnectOpts) -> (Endpoint, Endpoint) {
+    let mut a = endpoint(&mut pair.a.dev, oa, 0x10_0000_0000);
+    let mut b = endpoint(&mut pair.b.dev, ob, 0x20_0000_0000);
+    let (pa, pb) = oa.psns;
+    a.sq_psn = Psn::new(pa);
+    b.sq_psn = Psn::new(pb);
+    bring_up(&mut pair.a.dev, &a, b.qpn, node_gid(1), oa, pa, pb);
+    bring_up(&mut pair.b.dev, &b, a.qpn, node_gid(0), ob, pb, pa);
     (a, b)
 }
 
