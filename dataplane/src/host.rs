@@ -381,6 +381,22 @@ impl HostEnd {
         Ok(())
     }
 
+    /// Refuses one more MR or memory window past `host.max_mrs` (they share the key space).
+    pub(crate) fn check_mr_room(&self) -> VerbsResult<()> {
+        if (self.mrs.len() + self.mws.len()) as u32 >= self.client_limits.max_mrs {
+            return Err(VerbsError::NoResources("memory regions (host.max_mrs)"));
+        }
+        Ok(())
+    }
+
+    /// The client's area `id`.
+    pub(crate) fn area(&self, id: u32) -> VerbsResult<Arc<Area>> {
+        self.areas
+            .get(&id)
+            .cloned()
+            .ok_or(VerbsError::NotFound("memory area"))
+    }
+
     /// Objects are named by small numbers another application could guess: a client may
     /// only use the ones it created.
     pub(crate) fn check_owned(&self, owned: bool, what: &'static str) -> VerbsResult<()> {

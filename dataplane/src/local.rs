@@ -51,9 +51,11 @@ impl LocalChannel {
     pub fn token(&self) -> u64 {
         self.token
     }
+}
 
-    fn wait(
-        &self,
+impl Channel for LocalChannel {
+    fn exchange(
+        &mut self,
         cmd: Command,
         area: Option<Arc<Area>>,
         deadline: Option<Instant>,
@@ -89,16 +91,6 @@ impl LocalChannel {
                 }
             }
         }
-    }
-}
-
-impl Channel for LocalChannel {
-    fn call(&mut self, cmd: Command, area: Option<Arc<Area>>) -> VerbsResult<ReplyData> {
-        self.wait(cmd, area, None)
-    }
-
-    fn call_until(&mut self, cmd: Command, deadline: Instant) -> VerbsResult<ReplyData> {
-        self.wait(cmd, None, Some(deadline))
     }
 
     fn alive(&self) -> bool {

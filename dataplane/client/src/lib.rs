@@ -284,6 +284,25 @@ fn nonnull<T>(p: *const T, what: &str, c: &mut Context) -> Result<(), c_int> {
     }
 }
 
+/// Runs `call` on a context and writes what it returns, converted by `value`, through the
+/// caller's out-pointer `out` (`what` names it in the error for NULL, checked first).
+fn call_out<T, V>(
+    ctx: *mut Context,
+    out: *mut V,
+    what: &str,
+    call: impl FnOnce(&mut Context) -> Result<T, VerbsError>,
+    value: impl FnOnce(T) -> V,
+) -> c_int {
+    with_ctx(ctx, |c| {
+        if let Err(e) = nonnull(out, what, c) {
+            return e;
+        }
+        let r = call(c);
+        // SAFETY: checked non-null; the caller's out-pointer.
+        c.done(r, |_, v| unsafe { out.write(value(v)) })
+    })
+}
+
 fn cstr(p: *const c_char) -> Option<String> {
     if p.is_null() {
         return None;
@@ -436,14 +455,7 @@ pub unsafe extern "C" fn ferroce_query_gid(ctx: *mut Context, index: u8, gid: *m
 
 #[no_mangle]
 pub unsafe extern "C" fn ferroce_alloc_pd(ctx: *mut Context, pd: *mut u32) -> c_int {
-    with_ctx(ctx, |c| {
-        if let Err(e) = nonnull(pd, "pd", c) {
-            return e;
-        }
-        let r = c.ctx.alloc_pd();
-        // SAFETY: checked non-null.
-        c.done(r, |_, p| unsafe { pd.write(p.0) })
-    })
+    call_out(ctx, pd, "pd", |c| c.ctx.alloc_pd(), |p| p.0)
 }
 
 #[no_mangle]
@@ -552,19 +564,20 @@ pub unsafe extern "C" fn ferroce_alloc_mw(
     ty: c_int,
     rkey: *mut u32,
 ) -> c_int {
-    with_ctx(ctx, |c| {
-        if let Err(e) = nonnull(rkey, "rkey", c) {
-            return e;
-        }
-        let ty = match ty {
-            1 => ferroce_host::MwType::One,
-            2 => ferroce_host::MwType::Two,
-            t => return c.fail(libc::EINVAL, format!("memory window type {t} (1 or 2)")),
-        };
-        let r = c.ctx.alloc_mw(PdId(pd), ty);
-        // SAFETY: checked non-null.
-        c.done(r, |_, k| unsafe { rkey.write(k.0) })
-    })
+    let ty = match ty {
+        1 => Ok(ferroce_host::MwType::One),
+        2 => Ok(ferroce_host::MwType::Two),
+        t => Err(VerbsError::InvalidArgument(format!(
+            "memory window type {t} (1 or 2)"
+        ))),
+    };
+    call_out(
+        ctx,
+        rkey,
+        "rkey",
+        |c| c.ctx.alloc_mw(PdId(pd), ty?),
+        |k| k.0,
+    )
 }
 
 #[no_mangle]
@@ -577,14 +590,7 @@ pub unsafe extern "C" fn ferroce_dealloc_mw(ctx: *mut Context, rkey: u32) -> c_i
 
 #[no_mangle]
 pub unsafe extern "C" fn ferroce_create_cq(ctx: *mut Context, cqe: u32, cq: *mut u32) -> c_int {
-    with_ctx(ctx, |c| {
-        if let Err(e) = nonnull(cq, "cq", c) {
-            return e;
-        }
-        let r = c.ctx.create_cq(cqe);
-        // SAFETY: checked non-null.
-        c.done(r, |_, q| unsafe { cq.write(q.0) })
-    })
+    call_out(ctx, cq, "cq", |c| c.ctx.create_cq(cqe), |q| q.0)
 }
 
 #[no_mangle]
@@ -892,27 +898,7 @@ pub unsafe extern "C" fn ferroce_modify_qp(
         // SAFETY: checked non-null.
         let a = unsafe { &*attr };
         // ferroce.h's address handle is always global (RoCE addresses by GID).
-        let fields = ibv::IbvQpAttr {
-            qp_state: a.qp_state,
-            cur_qp_state: a.cur_qp_state,
-            en_sqd_async_notify: a.en_sqd_async_notify,
-            qp_access_flags: a.qp_access_flags,
-            pkey_index: a.pkey_index,
-            port_num: a.port_num,
-            qkey: a.qkey,
-            ah_is_global: true,
-            av: av(&a.ah_attr),
-            path_mtu: a.path_mtu,
-            timeout: a.timeout,
-            retry_cnt: a.retry_cnt,
-            rnr_retry: a.rnr_retry,
-            rq_psn: a.rq_psn,
-            max_rd_atomic: a.max_rd_atomic,
-            min_rnr_timer: a.min_rnr_timer,
-            sq_psn: a.sq_psn,
-            max_dest_rd_atomic: a.max_dest_rd_atomic,
-            dest_qp_num: a.dest_qp_num,
-        };
+        let fields = roce::ibv_qp_attr_of!(*a, true, av(&a.ah_attr));
         let q = match QpAttr::from_ibv(mask as u32, &fields) {
             Ok(q) => q,
             Err(e) if e.is_unsupported() => return c.fail(libc::EOPNOTSUPP, e.to_string()),

@@ -72,6 +72,30 @@ pub unsafe extern "C" fn ibv_copy_qp_attr_from_kern(
 }
 version!(ibv_copy_qp_attr_from_kern, "IBVERBS_1.0");
 
+/// The path record fields the kernel's and libibverbs' layouts share by name (the GIDs
+/// differ: a union in one, bytes in the other); the booleans and the MTU change width.
+macro_rules! path_rec_fields {
+    ($d:ident, $s:ident, $bool:ty, $mtu:ty) => {
+        $d.dlid = $s.dlid;
+        $d.slid = $s.slid;
+        $d.raw_traffic = $s.raw_traffic as $bool;
+        $d.flow_label = $s.flow_label;
+        $d.reversible = $s.reversible as $bool;
+        $d.mtu = $s.mtu as $mtu;
+        $d.pkey = $s.pkey;
+        $d.hop_limit = $s.hop_limit;
+        $d.traffic_class = $s.traffic_class;
+        $d.numb_path = $s.numb_path;
+        $d.sl = $s.sl;
+        $d.mtu_selector = $s.mtu_selector;
+        $d.rate_selector = $s.rate_selector;
+        $d.rate = $s.rate;
+        $d.packet_life_time_selector = $s.packet_life_time_selector;
+        $d.packet_life_time = $s.packet_life_time;
+        $d.preference = $s.preference;
+    };
+}
+
 /// Copies a kernel path record (`ib_user_path_rec`) into an `ibv_sa_path_rec`.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_copy_path_rec_from_kern(
@@ -84,23 +108,7 @@ pub unsafe extern "C" fn ibv_copy_path_rec_from_kern(
     let (d, s) = (&mut *dst, &*src);
     d.dgid.raw = s.dgid;
     d.sgid.raw = s.sgid;
-    d.dlid = s.dlid;
-    d.slid = s.slid;
-    d.raw_traffic = s.raw_traffic as c_int;
-    d.flow_label = s.flow_label;
-    d.reversible = s.reversible as c_int;
-    d.mtu = s.mtu as u8;
-    d.pkey = s.pkey;
-    d.hop_limit = s.hop_limit;
-    d.traffic_class = s.traffic_class;
-    d.numb_path = s.numb_path;
-    d.sl = s.sl;
-    d.mtu_selector = s.mtu_selector;
-    d.rate_selector = s.rate_selector;
-    d.rate = s.rate;
-    d.packet_life_time_selector = s.packet_life_time_selector;
-    d.packet_life_time = s.packet_life_time;
-    d.preference = s.preference;
+    path_rec_fields!(d, s, c_int, u8);
 }
 version!(ibv_copy_path_rec_from_kern, "IBVERBS_1.0");
 
@@ -116,23 +124,7 @@ pub unsafe extern "C" fn ibv_copy_path_rec_to_kern(
     let (d, s) = (&mut *dst, &*src);
     d.dgid = s.dgid.raw;
     d.sgid = s.sgid.raw;
-    d.dlid = s.dlid;
-    d.slid = s.slid;
-    d.raw_traffic = s.raw_traffic as u32;
-    d.flow_label = s.flow_label;
-    d.reversible = s.reversible as u32;
-    d.mtu = s.mtu as u32;
-    d.pkey = s.pkey;
-    d.hop_limit = s.hop_limit;
-    d.traffic_class = s.traffic_class;
-    d.numb_path = s.numb_path;
-    d.sl = s.sl;
-    d.mtu_selector = s.mtu_selector;
-    d.rate_selector = s.rate_selector;
-    d.rate = s.rate;
-    d.packet_life_time_selector = s.packet_life_time_selector;
-    d.packet_life_time = s.packet_life_time;
-    d.preference = s.preference;
+    path_rec_fields!(d, s, u32, u32);
 }
 version!(ibv_copy_path_rec_to_kern, "IBVERBS_1.0");
 

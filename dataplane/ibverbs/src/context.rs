@@ -121,6 +121,61 @@ pub(crate) unsafe fn ctx_of<'a>(c: *mut sys::ibv_context) -> Option<&'a Ctx> {
     Some(&*p)
 }
 
+/// A libibverbs object that names its context.
+pub(crate) trait InContext {
+    /// `obj->context`.
+    fn context(&self) -> *mut sys::ibv_context;
+}
+
+macro_rules! in_context {
+    ($($t:ty),*) => {
+        $(impl InContext for $t {
+            fn context(&self) -> *mut sys::ibv_context {
+                self.context
+            }
+        })*
+    };
+}
+in_context!(
+    sys::ibv_pd,
+    sys::ibv_qp,
+    sys::ibv_srq,
+    sys::ibv_cq,
+    sys::ibv_mr,
+    sys::ibv_mw,
+    sys::ibv_comp_channel
+);
+
+/// The context of the object `obj` points to; `None` for a NULL object or context.
+pub(crate) unsafe fn owner_ctx<'a, T: InContext>(obj: *const T) -> Option<&'a Ctx> {
+    if obj.is_null() {
+        return None;
+    }
+    ctx_of((*obj).context())
+}
+
+/// Destroys the object listed as `id` (address `obj`) in one of the context's tables: it is
+/// unlisted before rnicd frees the id (ids are reused: an object created meanwhile may take
+/// it, and no async event may name the old one any more), and listed again if `destroy`
+/// fails, whose errno is returned. The client's lock is released on return, before the
+/// caller waits for the object's events to be acknowledged (the acking thread may need it).
+pub(crate) fn destroy_listed(
+    ctx: &Ctx,
+    table: fn(&mut Objects) -> &mut HashMap<u32, usize>,
+    id: u32,
+    obj: usize,
+    destroy: impl FnOnce(&mut RemoteContext) -> roce::engine::VerbsResult<()>,
+) -> Result<(), c_int> {
+    let took = unlist(table(&mut objects(ctx)), id, obj);
+    let r = destroy(&mut client(ctx));
+    r.map_err(|e| {
+        if took {
+            table(&mut objects(ctx)).insert(id, obj);
+        }
+        errno_of(&e)
+    })
+}
+
 pub(crate) fn client(c: &Ctx) -> std::sync::MutexGuard<'_, RemoteContext> {
     c.client.lock().unwrap_or_else(|p| p.into_inner())
 }

@@ -94,10 +94,7 @@ version!(ibv_create_comp_channel, "IBVERBS_1.0");
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_comp_channel(ch: *mut sys::ibv_comp_channel) -> c_int {
-    if ch.is_null() {
-        return libc::EINVAL;
-    }
-    let Some(ctx) = ctx_of((*ch).context) else {
+    let Some(ctx) = owner_ctx(ch) else {
         return libc::EINVAL;
     };
     // The reference count changes under the context's object lock (CQs are created and
@@ -355,23 +352,13 @@ pub(crate) unsafe extern "C" fn cqx_read_dlid_path_bits(cq: *mut sys::ibv_cq_ex)
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut sys::ibv_cq) -> c_int {
-    if cq.is_null() {
-        return libc::EINVAL;
-    }
-    let Some(ctx) = ctx_of((*cq).context) else {
+    let Some(ctx) = owner_ctx(cq) else {
         return libc::EINVAL;
     };
     let q = cq as *mut Cq;
     let id = (*q).id;
-    // Out of the object table before rnicd frees the id (ids are reused: a CQ created
-    // meanwhile may take it), and back if the destroy fails; no async event names it now.
-    let took = unlist(&mut objects(ctx).cqs, id.0, q as usize);
-    let r = client(ctx).destroy_cq(id);
-    if let Err(e) = r {
-        if took {
-            objects(ctx).cqs.insert(id.0, q as usize);
-        }
-        return errno_of(&e);
+    if let Err(e) = destroy_listed(ctx, |o| &mut o.cqs, id.0, q as usize, |c| c.destroy_cq(id)) {
+        return e;
     }
     if let Some((stop, h)) = (*q).watcher.take() {
         stop.store(true, Ordering::Release);
@@ -477,10 +464,7 @@ pub(crate) unsafe extern "C" fn req_notify_cq(
     cq: *mut sys::ibv_cq,
     solicited_only: c_int,
 ) -> c_int {
-    if cq.is_null() {
-        return libc::EINVAL;
-    }
-    let Some(ctx) = ctx_of((*cq).context) else {
+    let Some(ctx) = owner_ctx(cq) else {
         return libc::EINVAL;
     };
     let mut cl = client(ctx);

@@ -47,10 +47,7 @@ version!(ibv_alloc_pd, "IBVERBS_1.1");
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut sys::ibv_pd) -> c_int {
-    if pd.is_null() {
-        return libc::EINVAL;
-    }
-    let Some(ctx) = ctx_of((*pd).context) else {
+    let Some(ctx) = owner_ctx(pd) else {
         return libc::EINVAL;
     };
     let p = pd as *mut Pd;
@@ -172,10 +169,7 @@ version!(ibv_reg_mr_iova2, "IBVERBS_1.8");
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut sys::ibv_mr) -> c_int {
-    if mr.is_null() {
-        return libc::EINVAL;
-    }
-    let Some(ctx) = ctx_of((*mr).context) else {
+    let Some(ctx) = owner_ctx(mr) else {
         return libc::EINVAL;
     };
     let m = mr as *mut Mr;

@@ -78,10 +78,7 @@ pub(crate) unsafe extern "C" fn alloc_mw(
 
 /// `context->ops.dealloc_mw` (`ibv_dealloc_mw`): unbinds a bound window.
 pub(crate) unsafe extern "C" fn dealloc_mw(mw: *mut sys::ibv_mw) -> c_int {
-    if mw.is_null() {
-        return libc::EINVAL;
-    }
-    let Some(ctx) = ctx_of((*mw).context) else {
+    let Some(ctx) = owner_ctx(mw) else {
         return libc::EINVAL;
     };
     let r = client(ctx).dealloc_mw(Rkey((*mw).rkey));

@@ -157,10 +157,7 @@ pub(crate) unsafe extern "C" fn post_send(
     wr: *mut sys::ibv_send_wr,
     bad: *mut *mut sys::ibv_send_wr,
 ) -> c_int {
-    if qp.is_null() {
-        return libc::EINVAL;
-    }
-    let Some(ctx) = ctx_of((*qp).context) else {
+    let Some(ctx) = owner_ctx(qp) else {
         return libc::EINVAL;
     };
     let qpn = (*(qp as *mut Qp)).qpn;
@@ -214,10 +211,7 @@ pub(crate) unsafe extern "C" fn post_recv(
     wr: *mut sys::ibv_recv_wr,
     bad: *mut *mut sys::ibv_recv_wr,
 ) -> c_int {
-    if qp.is_null() {
-        return libc::EINVAL;
-    }
-    let Some(ctx) = ctx_of((*qp).context) else {
+    let Some(ctx) = owner_ctx(qp) else {
         return libc::EINVAL;
     };
     let qpn = (*(qp as *mut Qp)).qpn;
@@ -230,10 +224,7 @@ pub(crate) unsafe extern "C" fn post_srq_recv(
     wr: *mut sys::ibv_recv_wr,
     bad: *mut *mut sys::ibv_recv_wr,
 ) -> c_int {
-    if srq.is_null() {
-        return libc::EINVAL;
-    }
-    let Some(ctx) = ctx_of((*srq).context) else {
+    let Some(ctx) = owner_ctx(srq) else {
         return libc::EINVAL;
     };
     let id = (*(srq as *mut Srq)).id;

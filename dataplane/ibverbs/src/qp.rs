@@ -164,27 +164,7 @@ pub unsafe extern "C" fn ibv_modify_qp(
         return libc::EINVAL;
     };
     let a = &*attr;
-    let fields = ibv::IbvQpAttr {
-        qp_state: a.qp_state,
-        cur_qp_state: a.cur_qp_state,
-        en_sqd_async_notify: a.en_sqd_async_notify,
-        qp_access_flags: a.qp_access_flags,
-        pkey_index: a.pkey_index,
-        port_num: a.port_num,
-        qkey: a.qkey,
-        ah_is_global: a.ah_attr.is_global != 0,
-        av: av_of(&a.ah_attr),
-        path_mtu: a.path_mtu,
-        timeout: a.timeout,
-        retry_cnt: a.retry_cnt,
-        rnr_retry: a.rnr_retry,
-        rq_psn: a.rq_psn,
-        max_rd_atomic: a.max_rd_atomic,
-        min_rnr_timer: a.min_rnr_timer,
-        sq_psn: a.sq_psn,
-        max_dest_rd_atomic: a.max_dest_rd_atomic,
-        dest_qp_num: a.dest_qp_num,
-    };
+    let fields = roce::ibv_qp_attr_of!(*a, a.ah_attr.is_global != 0, av_of(&a.ah_attr));
     let q = match QpAttr::from_ibv(mask as u32, &fields) {
         Ok(q) => q,
         Err(e) if e.is_unsupported() => {
@@ -278,32 +258,18 @@ version!(ibv_query_qp, "IBVERBS_1.1");
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut sys::ibv_qp) -> c_int {
-    if qp.is_null() {
-        return libc::EINVAL;
-    }
-    let Some(ctx) = ctx_of((*qp).context) else {
+    let Some(ctx) = owner_ctx(qp) else {
         return libc::EINVAL;
     };
     let q = qp as *mut Qp;
     let n = (*q).qpn.value();
-    // As for CQs: unlisted before rnicd frees the number, relisted if that fails. The
-    // client's lock is released before waiting for acknowledgements (the acking thread may
-    // need it).
-    let took = unlist(&mut objects(ctx).qps, n, q as usize);
-    let r = client(ctx).destroy_qp((*q).qpn);
-    match r {
-        Ok(()) => {
-            (*q).async_events.wait();
-            drop(Box::from_raw(q));
-            0
-        }
-        Err(e) => {
-            if took {
-                objects(ctx).qps.insert(n, q as usize);
-            }
-            errno_of(&e)
-        }
+    let qpn = (*q).qpn;
+    if let Err(e) = destroy_listed(ctx, |o| &mut o.qps, n, q as usize, |c| c.destroy_qp(qpn)) {
+        return e;
     }
+    (*q).async_events.wait();
+    drop(Box::from_raw(q));
+    0
 }
 version!(ibv_destroy_qp, "IBVERBS_1.1");
 

@@ -112,28 +112,17 @@ version!(ibv_query_srq, "IBVERBS_1.1");
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut sys::ibv_srq) -> c_int {
-    if srq.is_null() {
-        return libc::EINVAL;
-    }
-    let Some(ctx) = ctx_of((*srq).context) else {
+    let Some(ctx) = owner_ctx(srq) else {
         return libc::EINVAL;
     };
     let s = srq as *mut Srq;
     let n = (*s).id.0;
-    let took = unlist(&mut objects(ctx).srqs, n, s as usize);
-    let r = client(ctx).destroy_srq((*s).id);
-    match r {
-        Ok(()) => {
-            (*s).async_events.wait();
-            drop(Box::from_raw(s));
-            0
-        }
-        Err(e) => {
-            if took {
-                objects(ctx).srqs.insert(n, s as usize);
-            }
-            errno_of(&e)
-        }
+    let id = (*s).id;
+    if let Err(e) = destroy_listed(ctx, |o| &mut o.srqs, n, s as usize, |c| c.destroy_srq(id)) {
+        return e;
     }
+    (*s).async_events.wait();
+    drop(Box::from_raw(s));
+    0
 }
 version!(ibv_destroy_srq, "IBVERBS_1.1");

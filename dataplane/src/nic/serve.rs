@@ -331,14 +331,8 @@ fn execute(
             iova,
         } => {
             h.check_owned(h.pds.contains(&pd), "protection domain")?;
-            if (h.mrs.len() + h.mws.len()) as u32 >= h.client_limits.max_mrs {
-                return Err(VerbsError::NoResources("memory regions (host.max_mrs)"));
-            }
-            let mem = h
-                .areas
-                .get(&area)
-                .cloned()
-                .ok_or(VerbsError::NotFound("memory area"))?;
+            h.check_mr_room()?;
+            let mem = h.area(area)?;
             let offset = usize::try_from(offset)
                 .map_err(|_| VerbsError::InvalidArgument("offset too large".into()))?;
             let (lkey, rkey) = dev.reg_mr(pd, mem.clone(), offset, iova, len, access)?;
@@ -362,11 +356,7 @@ fn execute(
             let translation = match translation {
                 None => None,
                 Some(t) => {
-                    let mem = h
-                        .areas
-                        .get(&t.area)
-                        .cloned()
-                        .ok_or(VerbsError::NotFound("memory area"))?;
+                    let mem = h.area(t.area)?;
                     let mem_offset = usize::try_from(t.offset)
                         .map_err(|_| VerbsError::InvalidArgument("offset too large".into()))?;
                     // The new memory is faulted in as at registration.
@@ -392,9 +382,7 @@ fn execute(
         }
         Command::AllocMw { pd, ty } => {
             h.check_owned(h.pds.contains(&pd), "protection domain")?;
-            if (h.mrs.len() + h.mws.len()) as u32 >= h.client_limits.max_mrs {
-                return Err(VerbsError::NoResources("memory regions (host.max_mrs)"));
-            }
+            h.check_mr_room()?;
             let k = dev.alloc_mw(pd, ty)?;
             h.mws.push(k);
             Ok(ReplyData::Mw(k))
@@ -408,14 +396,8 @@ fn execute(
         }
         Command::AllocMr { pd, area } => {
             h.check_owned(h.pds.contains(&pd), "protection domain")?;
-            if (h.mrs.len() + h.mws.len()) as u32 >= h.client_limits.max_mrs {
-                return Err(VerbsError::NoResources("memory regions (host.max_mrs)"));
-            }
-            let mem = h
-                .areas
-                .get(&area)
-                .cloned()
-                .ok_or(VerbsError::NotFound("memory area"))?;
+            h.check_mr_room()?;
+            let mem = h.area(area)?;
             let lkey = dev.alloc_mr(pd, mem)?;
             h.mrs.push(lkey);
             Ok(ReplyData::Keys { lkey, rkey: None })

@@ -437,6 +437,38 @@ pub struct IbvQpAttr {
     pub dest_qp_num: u32,
 }
 
+/// An [`IbvQpAttr`] from a value whose fields carry `struct ibv_qp_attr`'s names and
+/// types (libibverbs' own struct, the C client's `struct ferroce_qp_attr`), with the address
+/// handle's global flag and address vector as the caller converts them (the two structs
+/// lay out `ah_attr` differently).
+#[macro_export]
+macro_rules! ibv_qp_attr_of {
+    ($a:expr, $ah_is_global:expr, $av:expr) => {{
+        let a = &$a;
+        $crate::verbs::ibv::IbvQpAttr {
+            qp_state: a.qp_state,
+            cur_qp_state: a.cur_qp_state,
+            en_sqd_async_notify: a.en_sqd_async_notify,
+            qp_access_flags: a.qp_access_flags,
+            pkey_index: a.pkey_index,
+            port_num: a.port_num,
+            qkey: a.qkey,
+            ah_is_global: $ah_is_global,
+            av: $av,
+            path_mtu: a.path_mtu,
+            timeout: a.timeout,
+            retry_cnt: a.retry_cnt,
+            rnr_retry: a.rnr_retry,
+            rq_psn: a.rq_psn,
+            max_rd_atomic: a.max_rd_atomic,
+            min_rnr_timer: a.min_rnr_timer,
+            sq_psn: a.sq_psn,
+            max_dest_rd_atomic: a.max_dest_rd_atomic,
+            dest_qp_num: a.dest_qp_num,
+        }
+    }};
+}
+
 impl QpAttr {
     /// The attributes a modify with `mask` (`enum ibv_qp_attr_mask`) sets from `a`.
     pub fn from_ibv(mask: u32, a: &IbvQpAttr) -> Result<QpAttr, IbvError> {

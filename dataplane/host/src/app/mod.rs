@@ -50,10 +50,22 @@ pub use client::{Client, ClientRings, CqNotifier};
 /// How control calls reach the worker.
 pub trait Channel: Send {
     /// Executes `cmd` on the worker (with the area it names, for `AddArea` and `CreateCq`)
+    /// and returns its result; with a `deadline`, gives up then (DeviceFatal).
+    fn exchange(
+        &mut self,
+        cmd: Command,
+        area: Option<Arc<Area>>,
+        deadline: Option<Instant>,
+    ) -> VerbsResult<ReplyData>;
+    /// Executes `cmd` on the worker (with the area it names, for `AddArea` and `CreateCq`)
     /// and returns its result.
-    fn call(&mut self, cmd: Command, area: Option<Arc<Area>>) -> VerbsResult<ReplyData>;
+    fn call(&mut self, cmd: Command, area: Option<Arc<Area>>) -> VerbsResult<ReplyData> {
+        self.exchange(cmd, area, None)
+    }
     /// Like `call`, but gives up (DeviceFatal) at `deadline`.
-    fn call_until(&mut self, cmd: Command, deadline: Instant) -> VerbsResult<ReplyData>;
+    fn call_until(&mut self, cmd: Command, deadline: Instant) -> VerbsResult<ReplyData> {
+        self.exchange(cmd, None, Some(deadline))
+    }
     /// Whether the device is still there.
     fn alive(&self) -> bool;
     /// Lets the device make progress in the calling thread, if this channel can (an

@@ -188,8 +188,26 @@ impl SocketChannel {
             watcher,
         }
     }
+}
 
-    fn run(
+impl Conn {
+    fn sock_fd(&self) -> BorrowedFd<'_> {
+        // SAFETY: the socket outlives the borrow (it is a field of self).
+        unsafe { BorrowedFd::borrow_raw(self.sock.raw()) }
+    }
+}
+
+impl Drop for SocketChannel {
+    fn drop(&mut self) {
+        if let Some((h, w)) = self.watcher.take() {
+            drop(w); // the watcher's pipe reads end-of-file: it returns
+            let _ = h.join();
+        }
+    }
+}
+
+impl Channel for SocketChannel {
+    fn exchange(
         &mut self,
         cmd: Command,
         area: Option<Arc<Area>>,
@@ -219,32 +237,6 @@ impl SocketChannel {
             }
             Err(e) => Err(e.into_verbs()),
         }
-    }
-}
-
-impl Conn {
-    fn sock_fd(&self) -> BorrowedFd<'_> {
-        // SAFETY: the socket outlives the borrow (it is a field of self).
-        unsafe { BorrowedFd::borrow_raw(self.sock.raw()) }
-    }
-}
-
-impl Drop for SocketChannel {
-    fn drop(&mut self) {
-        if let Some((h, w)) = self.watcher.take() {
-            drop(w); // the watcher's pipe reads end-of-file: it returns
-            let _ = h.join();
-        }
-    }
-}
-
-impl Channel for SocketChannel {
-    fn call(&mut self, cmd: Command, area: Option<Arc<Area>>) -> VerbsResult<ReplyData> {
-        self.run(cmd, area, None)
-    }
-
-    fn call_until(&mut self, cmd: Command, deadline: Instant) -> VerbsResult<ReplyData> {
-        self.run(cmd, None, Some(deadline))
     }
 
     fn alive(&self) -> bool {
