@@ -1,12 +1,15 @@
 //! Management datagrams (IBA 13.4) as they travel on QP1 (the GSI, UD SEND-only, Q_Key
 //! 0x80010000), and the connection manager's messages in them (IBA 12.6): REQ, MRA, REJ, REP,
-//! RTU, DREQ, DREP, with the fields a capture reader needs. Parsing only, read-only views of
-//! untrusted bytes: a short or unknown message is an error or an `Other`, never a panic.
+//! RTU, DREQ, DREP, with the fields a capture reader needs ([`CmMessage`], from the full
+//! messages of [`super::cm`], which also builds them). Untrusted bytes: a short or unknown
+//! message is an error or an `Other`, never a panic.
 //!
 //! Field offsets are IBA's (chapter 12.6, REQ in Table 106), relative to the CM message after
 //! the 24-byte MAD header, as Linux's include/rdma/ibta_vol1_c12.h lists them; big-endian.
 
 use core::fmt;
+
+use super::{get_u16, get_u32, get_u64};
 
 /// Bytes of the MAD common header.
 pub const HEADER_LEN: usize = 24;
@@ -32,24 +35,6 @@ impl fmt::Display for Error {
     }
 }
 
-fn be16(b: &[u8], i: usize) -> u16 {
-    u16::from_be_bytes([b[i], b[i + 1]])
-}
-
-fn be32(b: &[u8], i: usize) -> u32 {
-    u32::from_be_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]])
-}
-
-fn be24(b: &[u8], i: usize) -> u32 {
-    u32::from_be_bytes([0, b[i], b[i + 1], b[i + 2]])
-}
-
-fn be64(b: &[u8], i: usize) -> u64 {
-    let mut a = [0u8; 8];
-    a.copy_from_slice(&b[i..i + 8]);
-    u64::from_be_bytes(a)
-}
-
 /// The MAD common header (IBA 13.4.2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MadHeader {
@@ -65,6 +50,8 @@ pub struct MadHeader {
     pub response: bool,
     /// Status.
     pub status: u16,
+    /// Class-specific field (bytes 6-7).
+    pub class_specific: u16,
     /// Transaction ID.
     pub tid: u64,
     /// Attribute ID (CM: the message type).
@@ -85,11 +72,26 @@ impl MadHeader {
             class_version: b[2],
             method: b[3] & 0x7f,
             response: b[3] & 0x80 != 0,
-            status: be16(b, 4),
-            tid: be64(b, 8),
-            attr_id: be16(b, 16),
-            attr_mod: be32(b, 20),
+            status: get_u16(b, 4),
+            class_specific: get_u16(b, 6),
+            tid: get_u64(b, 8),
+            attr_id: get_u16(b, 16),
+            attr_mod: get_u32(b, 20),
         })
+    }
+
+    /// Writes the header into the first [`HEADER_LEN`] bytes of `b` (reserved bytes zero).
+    pub fn emit(&self, b: &mut [u8; HEADER_LEN]) {
+        b.fill(0);
+        b[0] = self.base_version;
+        b[1] = self.class;
+        b[2] = self.class_version;
+        b[3] = (self.method & 0x7f) | if self.response { 0x80 } else { 0 };
+        b[4..6].copy_from_slice(&self.status.to_be_bytes());
+        b[6..8].copy_from_slice(&self.class_specific.to_be_bytes());
+        b[8..16].copy_from_slice(&self.tid.to_be_bytes());
+        b[16..18].copy_from_slice(&self.attr_id.to_be_bytes());
+        b[20..24].copy_from_slice(&self.attr_mod.to_be_bytes());
     }
 
     /// The class by name (IBA 13.4.4), or `None` for one this module does not name.
@@ -260,71 +262,60 @@ pub enum CmMessage {
 }
 
 impl CmMessage {
-    /// Parses the CM message of attribute `attr_id` in `data` (the MAD after its header).
+    /// Parses the CM message of attribute `attr_id` in `data` (the MAD after its header,
+    /// whole: [`super::cm::CM_DATA_LEN`] bytes).
     pub fn parse(attr_id: u16, data: &[u8]) -> Result<CmMessage, Error> {
-        let need = match attr_id {
-            attr::REQ => 52,
-            attr::MRA => 10,
-            attr::REJ => 12,
-            attr::REP => 28,
-            attr::RTU | attr::DREP => 8,
-            attr::DREQ => 12,
-            _ => 0,
-        };
-        if data.len() < need {
-            return Err(Error::Truncated);
-        }
-        let d = data;
-        Ok(match attr_id {
-            attr::REQ => CmMessage::Req {
-                local_comm_id: be32(d, 0),
-                service_id: be64(d, 8),
-                qpn: be24(d, 32),
-                responder_resources: d[35],
-                initiator_depth: d[39],
-                transport: (d[43] >> 1) & 3,
-                starting_psn: be24(d, 44),
-                retry_count: d[47] & 7,
-                pkey: be16(d, 48),
-                path_mtu: d[50] >> 4,
-                rnr_retry_count: d[50] & 7,
-                max_cm_retries: d[51] >> 4,
+        use super::cm::Cm;
+        Ok(match Cm::parse(attr_id, data)? {
+            Some(Cm::Req(m)) => CmMessage::Req {
+                local_comm_id: m.local_comm_id,
+                service_id: m.service_id,
+                qpn: m.local_qpn,
+                starting_psn: m.starting_psn,
+                responder_resources: m.responder_resources,
+                initiator_depth: m.initiator_depth,
+                transport: m.transport,
+                pkey: m.pkey,
+                path_mtu: m.path_mtu,
+                retry_count: m.retry_count,
+                rnr_retry_count: m.rnr_retry_count,
+                max_cm_retries: m.max_cm_retries,
             },
-            attr::MRA => CmMessage::Mra {
-                local_comm_id: be32(d, 0),
-                remote_comm_id: be32(d, 4),
-                message: d[8] >> 6,
-                service_timeout: d[9] >> 3,
+            Some(Cm::Mra(m)) => CmMessage::Mra {
+                local_comm_id: m.local_comm_id,
+                remote_comm_id: m.remote_comm_id,
+                message: m.message,
+                service_timeout: m.service_timeout,
             },
-            attr::REJ => CmMessage::Rej {
-                local_comm_id: be32(d, 0),
-                remote_comm_id: be32(d, 4),
-                message: d[8] >> 6,
-                reason: be16(d, 10),
+            Some(Cm::Rej(m)) => CmMessage::Rej {
+                local_comm_id: m.local_comm_id,
+                remote_comm_id: m.remote_comm_id,
+                message: m.message,
+                reason: m.reason,
             },
-            attr::REP => CmMessage::Rep {
-                local_comm_id: be32(d, 0),
-                remote_comm_id: be32(d, 4),
-                qpn: be24(d, 12),
-                starting_psn: be24(d, 20),
-                responder_resources: d[24],
-                initiator_depth: d[25],
-                rnr_retry_count: d[27] >> 5,
+            Some(Cm::Rep(m)) => CmMessage::Rep {
+                local_comm_id: m.local_comm_id,
+                remote_comm_id: m.remote_comm_id,
+                qpn: m.local_qpn,
+                starting_psn: m.starting_psn,
+                responder_resources: m.responder_resources,
+                initiator_depth: m.initiator_depth,
+                rnr_retry_count: m.rnr_retry_count,
             },
-            attr::RTU => CmMessage::Rtu {
-                local_comm_id: be32(d, 0),
-                remote_comm_id: be32(d, 4),
+            Some(Cm::Rtu(m)) => CmMessage::Rtu {
+                local_comm_id: m.local_comm_id,
+                remote_comm_id: m.remote_comm_id,
             },
-            attr::DREQ => CmMessage::Dreq {
-                local_comm_id: be32(d, 0),
-                remote_comm_id: be32(d, 4),
-                remote_qpn: be24(d, 8),
+            Some(Cm::Dreq(m)) => CmMessage::Dreq {
+                local_comm_id: m.local_comm_id,
+                remote_comm_id: m.remote_comm_id,
+                remote_qpn: m.remote_qpn,
             },
-            attr::DREP => CmMessage::Drep {
-                local_comm_id: be32(d, 0),
-                remote_comm_id: be32(d, 4),
+            Some(Cm::Drep(m)) => CmMessage::Drep {
+                local_comm_id: m.local_comm_id,
+                remote_comm_id: m.remote_comm_id,
             },
-            other => CmMessage::Other { attr_id: other },
+            None => CmMessage::Other { attr_id },
         })
     }
 
@@ -397,7 +388,7 @@ mod tests {
         assert_eq!(
             Mad::parse(&m),
             Err(Error::Truncated),
-            "a REQ needs 52 bytes"
+            "a CM message is a whole MAD"
         );
         m[16..18].copy_from_slice(&0x7777u16.to_be_bytes());
         assert_eq!(

@@ -19,6 +19,7 @@ pub mod arp;
 pub mod atomic_ack_eth;
 pub mod atomic_eth;
 pub mod bth;
+pub mod cm;
 pub mod cnp;
 pub mod deth;
 pub mod ethernet;
