@@ -40,7 +40,7 @@ use ferroce_tools::perf::driver::{self, Job};
 use ferroce_tools::perf::{Kind, PerfArgs, Verb};
 use ferroce_tools::rnic_opts::RnicOpts;
 use pmd_bindings::mempool::ROCE_4K_DATA_ROOM;
-use pmd_bindings::{ring_pair, Mbuf, Mempool, PortConfig};
+use pmd_bindings::{ring_pair, Mbuf, Mempool, Port, PortConfig};
 use serde_json::Value;
 
 const BURST: usize = 32;
@@ -51,39 +51,53 @@ struct A {
     a: PerfArgs,
 }
 
-/// Raw echo: returns (frames per second moved across the link counting both hops,
-/// payload Gb/s across the link).
-fn raw_echo(pool: &std::sync::Arc<Mempool>, name: &str, size: usize, secs: f64) -> (f64, f64) {
+/// A ring pair named `name` whose ports take frames of up to 4200 bytes (a 4 KiB payload
+/// with its headers).
+fn jumbo_ring_pair(pool: &std::sync::Arc<Mempool>, name: &str) -> (Port, Port) {
     let cfg = PortConfig {
         mtu: Some(4200),
         ..PortConfig::default()
     };
-    let (a, b) = ring_pair(name, &cfg, pool.clone()).expect("ring pair");
+    ring_pair(name, &cfg, pool.clone()).expect("ring pair")
+}
+
+/// Calls `step` 64 times at a go until `secs` have passed (the clock is read once per 64
+/// steps); returns the seconds it ran.
+fn repeat_for(secs: f64, mut step: impl FnMut()) -> f64 {
+    let start = Instant::now();
+    let limit = Duration::from_secs_f64(secs);
+    while start.elapsed() < limit {
+        for _ in 0..64 {
+            step();
+        }
+    }
+    start.elapsed().as_secs_f64()
+}
+
+/// Raw echo: returns (frames per second moved across the link counting both hops,
+/// payload Gb/s across the link).
+fn raw_echo(pool: &std::sync::Arc<Mempool>, name: &str, size: usize, secs: f64) -> (f64, f64) {
+    let (a, b) = jumbo_ring_pair(pool, name);
     let (mut atx, mut arx) = (a.tx_queue(0).unwrap(), a.rx_queue(0).unwrap());
     let (mut btx, mut brx) = (b.tx_queue(0).unwrap(), b.rx_queue(0).unwrap());
     let mut burst: Vec<Mbuf> = Vec::with_capacity(BURST);
     let mut rx: Vec<Mbuf> = Vec::with_capacity(BURST);
     let mut echoed = 0u64;
-    let start = Instant::now();
-    let limit = Duration::from_secs_f64(secs);
-    while start.elapsed() < limit {
-        for _ in 0..64 {
-            if burst.is_empty() && pool.alloc_bulk(&mut burst, BURST).is_ok() {
-                for m in burst.iter_mut() {
-                    let d = m.append(size).expect("room");
-                    d[..14].copy_from_slice(&[2, 0, 0, 0x99, 0, 2, 2, 0, 0, 0x99, 0, 1, 8, 0]);
-                }
+    let s = repeat_for(secs, || {
+        if burst.is_empty() && pool.alloc_bulk(&mut burst, BURST).is_ok() {
+            for m in burst.iter_mut() {
+                let d = m.append(size).expect("room");
+                d[..14].copy_from_slice(&[2, 0, 0, 0x99, 0, 2, 2, 0, 0, 0x99, 0, 1, 8, 0]);
             }
-            atx.tx_burst(&mut burst);
-            brx.rx_burst(&mut rx);
-            btx.tx_burst(&mut rx);
-            rx.clear();
-            arx.rx_burst(&mut rx);
-            echoed += rx.len() as u64;
-            rx.clear();
         }
-    }
-    let s = start.elapsed().as_secs_f64();
+        atx.tx_burst(&mut burst);
+        brx.rx_burst(&mut rx);
+        btx.tx_burst(&mut rx);
+        rx.clear();
+        arx.rx_burst(&mut rx);
+        echoed += rx.len() as u64;
+        rx.clear();
+    });
     burst.clear();
     drop((atx, arx, btx, brx, a, b));
     let fps = 2.0 * echoed as f64 / s;
@@ -99,11 +113,7 @@ fn raw_stream_copy(
     size: usize,
     secs: f64,
 ) -> (f64, f64) {
-    let cfg = PortConfig {
-        mtu: Some(4200),
-        ..PortConfig::default()
-    };
-    let (a, b) = ring_pair(name, &cfg, pool.clone()).expect("ring pair");
+    let (a, b) = jumbo_ring_pair(pool, name);
     let mut atx = a.tx_queue(0).unwrap();
     let mut brx = b.rx_queue(0).unwrap();
     let src = vec![0xa5u8; 65536];
@@ -112,33 +122,28 @@ fn raw_stream_copy(
     let mut rx: Vec<Mbuf> = Vec::with_capacity(BURST);
     let mut got = 0u64;
     let mut off = 0usize;
-    let start = Instant::now();
-    let limit = Duration::from_secs_f64(secs);
-    while start.elapsed() < limit {
-        for _ in 0..64 {
-            if burst.is_empty() && pool.alloc_bulk(&mut burst, BURST).is_ok() {
-                for m in burst.iter_mut() {
-                    let d = m.append(size).expect("room");
-                    if off + size > src.len() {
-                        off = 0;
-                    }
-                    d.copy_from_slice(&src[off..off + size]);
-                    off += size;
+    let s = repeat_for(secs, || {
+        if burst.is_empty() && pool.alloc_bulk(&mut burst, BURST).is_ok() {
+            for m in burst.iter_mut() {
+                let d = m.append(size).expect("room");
+                if off + size > src.len() {
+                    off = 0;
                 }
+                d.copy_from_slice(&src[off..off + size]);
+                off += size;
             }
-            atx.tx_burst(&mut burst);
-            brx.rx_burst(&mut rx);
-            for m in &rx {
-                let d = m.data();
-                let o = (got as usize * size) % (dst.len() - size + 1);
-                dst[o..o + d.len()].copy_from_slice(d);
-                got += 1;
-            }
-            rx.clear();
         }
-    }
+        atx.tx_burst(&mut burst);
+        brx.rx_burst(&mut rx);
+        for m in &rx {
+            let d = m.data();
+            let o = (got as usize * size) % (dst.len() - size + 1);
+            dst[o..o + d.len()].copy_from_slice(d);
+            got += 1;
+        }
+        rx.clear();
+    });
     std::hint::black_box(&dst);
-    let s = start.elapsed().as_secs_f64();
     burst.clear();
     drop((atx, brx, a, b));
     let fps = got as f64 / s;

@@ -2,6 +2,8 @@
 
 #![warn(missing_docs)]
 
+use dataplane::config::RnicConfig;
+use dataplane::runtime::Runtime;
 use dataplane::{Buffer, Context, Mr, Verbs};
 use roce::engine::{CqId, QpInit};
 use roce::memory::PdId;
@@ -62,21 +64,11 @@ pub fn side<V: Verbs>(mut ctx: V, qp_type: QpType, len: usize, depth: u32) -> Si
     }
 }
 
-/// Brings `me` to RTS towards `peer` (RC/UC) or to RTS (UD), with an ACK timeout of 2^10 x
-/// 4.096 us.
-pub fn connect<V: Verbs>(
-    me: &mut Side<V>,
-    peer_qpn: Qpn,
-    peer_gid: Gid,
-    mtu: Mtu,
-    my_psn: u32,
-    peer_psn: u32,
-    qp_type: QpType,
-) {
-    connect_with(me, peer_qpn, peer_gid, mtu, my_psn, peer_psn, qp_type, 10);
-}
+/// The ACK timeout exponent of [`connect_pair`]: 2^10 x 4.096 us.
+pub const ACK_TIMEOUT: u8 = 10;
 
-/// [`connect`] with an explicit ACK timeout exponent.
+/// Brings `me` to RTS towards `peer` (RC/UC) or to RTS (UD), with an ACK timeout of
+/// 2^`timeout` x 4.096 us.
 #[allow(clippy::too_many_arguments)]
 pub fn connect_with<V: Verbs>(
     me: &mut Side<V>,
@@ -136,6 +128,50 @@ pub fn connect_with<V: Verbs>(
     me.ctx.modify_qp(me.qpn, &rts).expect("RTS");
 }
 
+/// Connects `a` and `b` to each other with [`connect_with`] and an ACK timeout of
+/// [`ACK_TIMEOUT`]: A sends from PSN `psn_a` and B from `psn_b`.
+pub fn connect_pair<V: Verbs, W: Verbs>(
+    a: &mut Side<V>,
+    b: &mut Side<W>,
+    mtu: Mtu,
+    (psn_a, psn_b): (u32, u32),
+    qp_type: QpType,
+) {
+    connect_pair_with(a, b, mtu, (psn_a, psn_b), qp_type, ACK_TIMEOUT);
+}
+
+/// [`connect_pair`] with an explicit ACK timeout exponent.
+pub fn connect_pair_with<V: Verbs, W: Verbs>(
+    a: &mut Side<V>,
+    b: &mut Side<W>,
+    mtu: Mtu,
+    (psn_a, psn_b): (u32, u32),
+    qp_type: QpType,
+    timeout: u8,
+) {
+    let (qa, qb, ga, gb) = (a.qpn, b.qpn, a.gid, b.gid);
+    connect_with(a, qb, gb, mtu, psn_a, psn_b, qp_type, timeout);
+    connect_with(b, qa, ga, mtu, psn_b, psn_a, qp_type, timeout);
+}
+
+/// Two RNICs configured by `ca` and `cb` joined by an in-process ring pair (`name` names
+/// the DPDK instance), with one [`side`] of `qp_type` and a `len`-byte buffer on each,
+/// connected with [`connect_pair`] at `ca`'s path MTU.
+pub fn loopback_pair(
+    name: &str,
+    (ca, cb): (RnicConfig, RnicConfig),
+    qp_type: QpType,
+    len: usize,
+    psns: (u32, u32),
+) -> (Runtime, Side, Side) {
+    let mtu = ca.path_mtu;
+    let rt = Runtime::loopback(name, ca, cb).expect("loopback");
+    let mut a = side(rt.open(0).unwrap(), qp_type, len, 256);
+    let mut b = side(rt.open(1).unwrap(), qp_type, len, 256);
+    connect_pair(&mut a, &mut b, mtu, psns, qp_type);
+    (rt, a, b)
+}
+
 /// Polls `cq` until `n` completions arrived or `secs` passed.
 pub fn wait_cq<V: Verbs>(s: &mut Side<V>, n: usize, secs: u64) -> Vec<Completion> {
     let mut out = Vec::new();
@@ -149,6 +185,65 @@ pub fn wait_cq<V: Verbs>(s: &mut Side<V>, n: usize, secs: u64) -> Vec<Completion
         }
     }
     out
+}
+
+/// Posts one signaled send WR `op` on `s`'s QP with one SGE: `len` bytes at `off` of `s`'s
+/// registered buffer.
+pub fn post_signaled<V: Verbs>(s: &mut Side<V>, wr_id: u64, op: WrOp, off: u64, len: u32) {
+    let sge = s.mr.sge(off, len);
+    s.ctx
+        .post_send(
+            s.qpn,
+            &SendWr {
+                wr_id,
+                op,
+                sg_list: &[sge],
+                flags: SendFlags::SIGNALED,
+                ud: None,
+            },
+        )
+        .expect("post_send");
+}
+
+/// Posts a signaled WRITE of `len` bytes at `off` of A's buffer to the same offset of B's.
+pub fn post_write_at<V: Verbs, W: Verbs>(
+    a: &mut Side<V>,
+    b: &Side<W>,
+    wr_id: u64,
+    off: u64,
+    len: u32,
+) {
+    let op = WrOp::Write {
+        remote_addr: b.mr.addr + off,
+        rkey: b.mr.rkey.expect("B's MR has an rkey"),
+    };
+    post_signaled(a, wr_id, op, off, len);
+}
+
+/// Posts one receive WR on `s`'s QP into `len` bytes at `off` of `s`'s registered buffer.
+pub fn post_recv_one<V: Verbs>(s: &mut Side<V>, wr_id: u64, off: u64, len: u32) {
+    let sge = s.mr.sge(off, len);
+    s.ctx
+        .post_recv(
+            s.qpn,
+            &RecvWr {
+                wr_id,
+                sg_list: &[sge],
+            },
+        )
+        .expect("post_recv");
+}
+
+/// Calls `f` every 2 ms until it returns true (then true) or `secs` passed (then false).
+pub fn wait_until(secs: u64, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    while std::time::Instant::now() < deadline {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    false
 }
 
 /// Directories to remove when the test process exits.

@@ -19,7 +19,7 @@ use ferroce_host::abi::proto::{
     AdminRequest, Body, Hello, Reply, ReplyBody, Request, Role, SeqPacket, WireError, VERSION,
 };
 use ferroce_host::app::remote::{connect, Admin, ConnectError, RemoteContext};
-use ferroce_tests::{connect as bring_up, side, wait_cq, Side};
+use ferroce_tests::{connect_pair, post_recv_one, post_signaled, side, wait_cq, wait_until, Side};
 use roce::engine::VerbsError;
 use roce::verbs::*;
 
@@ -55,9 +55,7 @@ fn remote(sock: &Path, dev: &str) -> RemoteContext {
 fn rc_pair(sock: &Path) -> (Side<RemoteContext>, Side<RemoteContext>) {
     let mut a = side(remote(sock, "ferroce0"), QpType::Rc, 1 << 20, 64);
     let mut b = side(remote(sock, "ferroce1"), QpType::Rc, 1 << 20, 64);
-    let (qa, qb, ga, gb) = (a.qpn, b.qpn, a.gid, b.gid);
-    bring_up(&mut a, qb, gb, Mtu::M4096, 100, 200, QpType::Rc);
-    bring_up(&mut b, qa, ga, Mtu::M4096, 200, 100, QpType::Rc);
+    connect_pair(&mut a, &mut b, Mtu::M4096, (100, 200), QpType::Rc);
     (a, b)
 }
 
@@ -93,48 +91,24 @@ fn remote_clients_move_verified_traffic_and_show_up_in_resources() {
         verified_write(&mut a, &b, seed, 1 + seed as usize * 3001);
     }
     // SEND with a receive on the other side; READ back.
-    b.ctx
-        .post_recv(
-            b.qpn,
-            &RecvWr {
-                wr_id: 9,
-                sg_list: &[b.mr.sge(4096, 4096)],
-            },
-        )
-        .unwrap();
+    post_recv_one(&mut b, 9, 4096, 4096);
     a.buf.write(8192, b"through rnicd");
-    a.ctx
-        .post_send(
-            a.qpn,
-            &SendWr {
-                wr_id: 1,
-                op: WrOp::Send,
-                sg_list: &[a.mr.sge(8192, 13)],
-                flags: SendFlags::SIGNALED,
-                ud: None,
-            },
-        )
-        .unwrap();
+    post_signaled(&mut a, 1, WrOp::Send, 8192, 13);
     let rc = wait_cq(&mut b, 1, 10);
     assert_eq!(rc[0].status, WcStatus::Success);
     assert_eq!(rc[0].byte_len, 13);
     assert_eq!(b.buf.to_vec(4096, 13), b"through rnicd");
     assert_eq!(wait_cq(&mut a, 1, 10)[0].status, WcStatus::Success);
-    a.ctx
-        .post_send(
-            a.qpn,
-            &SendWr {
-                wr_id: 2,
-                op: WrOp::Read {
-                    remote_addr: b.mr.addr + 4096,
-                    rkey: b.mr.rkey.unwrap(),
-                },
-                sg_list: &[a.mr.sge(65536, 13)],
-                flags: SendFlags::SIGNALED,
-                ud: None,
-            },
-        )
-        .unwrap();
+    post_signaled(
+        &mut a,
+        2,
+        WrOp::Read {
+            remote_addr: b.mr.addr + 4096,
+            rkey: b.mr.rkey.unwrap(),
+        },
+        65536,
+        13,
+    );
     assert_eq!(wait_cq(&mut a, 1, 10)[0].status, WcStatus::Success);
     assert_eq!(a.buf.to_vec(65536, 13), b"through rnicd");
     // rnicd lists both clients with this process as owner, and their QPs in RTS.
@@ -160,17 +134,16 @@ fn remote_clients_move_verified_traffic_and_show_up_in_resources() {
         .all(|o| o.size == 1 << 20));
     drop((a, b));
     // Closing a context releases everything it held.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
+    let mut held = None;
+    let released = wait_until(5, || {
         let Ok(ReplyBody::Resources(r)) = adm.request(AdminRequest::Resources) else {
             panic!()
         };
-        if r.clients.is_empty() && r.qps.is_empty() && r.objects.is_empty() {
-            break;
-        }
-        assert!(Instant::now() < deadline, "still held: {r:?}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+        let empty = r.clients.is_empty() && r.qps.is_empty() && r.objects.is_empty();
+        held = Some(r);
+        empty
+    });
+    assert!(released, "still held: {held:?}");
     d.stop();
     assert!(!cfg.socket.exists(), "the socket is removed at exit");
 }
@@ -511,15 +484,7 @@ fn per_client_limits_give_clear_errors() {
         VerbsError::NoResources("protection domains (host.max_pds)")
     );
     let cq = c.create_cq(16).unwrap();
-    let init = roce::engine::QpInit {
-        pd,
-        qp_type: QpType::Rc,
-        send_cq: cq,
-        recv_cq: cq,
-        srq: None,
-        caps: QpCaps::default(),
-        sq_sig_all: false,
-    };
+    let init = roce::engine::QpInit::rc(pd, cq);
     c.create_qp(&init).unwrap();
     let e = c.create_qp(&init).unwrap_err();
     assert_eq!(e, VerbsError::NoResources("queue pairs (host.max_qps)"));
@@ -547,11 +512,7 @@ fn per_client_limits_give_clear_errors() {
     }
     drop(c);
     // A slot frees when a client leaves.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while connect(Some(&cfg.socket), None).is_err() {
-        assert!(Instant::now() < deadline);
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    assert!(wait_until(5, || connect(Some(&cfg.socket), None).is_ok()));
     d.stop();
 }
 
@@ -591,21 +552,16 @@ fn a_vanished_client_is_reclaimed() {
         )
         .0;
         assert_eq!(r.status, 0, "{r:?}");
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while d.runtime().stats(0).objects.mrs == idle.mrs {
-            assert!(Instant::now() < deadline);
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        assert!(wait_until(5, || d.runtime().stats(0).objects.mrs != idle.mrs));
     }
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
+    let mut last = None;
+    let reclaimed = wait_until(5, || {
         let s = d.runtime().stats(0);
-        if s.objects == idle && s.hosts == 0 && s.area_bytes == 0 && d.clients() == 0 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "not reclaimed: {s:?}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+        let done = s.objects == idle && s.hosts == 0 && s.area_bytes == 0 && d.clients() == 0;
+        last = Some(s);
+        done
+    });
+    assert!(reclaimed, "not reclaimed: {last:?}");
     d.stop();
 }
 
@@ -615,15 +571,7 @@ fn stopping_rnicd_fails_clients_instead_of_hanging() {
     let d = daemon(&cfg, 25, 26);
     let (_a, mut b) = rc_pair(&cfg.socket);
     for i in 0..4 {
-        b.ctx
-            .post_recv(
-                b.qpn,
-                &RecvWr {
-                    wr_id: i,
-                    sg_list: &[b.mr.sge(0, 64)],
-                },
-            )
-            .unwrap();
+        post_recv_one(&mut b, i, 0, 64);
     }
     d.stop();
     // The posted receives complete as flushed, the device-fatal event arrives, calls fail.
@@ -705,7 +653,8 @@ impl Drop for Anon {
     }
 }
 
-fn post_one(s: &mut Side<RemoteContext>, op: WrOp, sge: Sge) -> Completion {
+/// Posts one signaled WR on `s` and asserts that it completes successfully.
+fn post_ok(s: &mut Side<RemoteContext>, op: WrOp, sge: Sge) {
     s.ctx
         .post_send(
             s.qpn,
@@ -720,7 +669,33 @@ fn post_one(s: &mut Side<RemoteContext>, op: WrOp, sge: Sge) -> Completion {
         .unwrap();
     let c = wait_cq(s, 1, 10);
     assert_eq!(c.len(), 1);
-    c[0]
+    assert_eq!(c[0].status, WcStatus::Success);
+}
+
+/// RDMA WRITE of `s`'s buffer range `(offset, len)` to `remote_addr` in `mr`, which must
+/// succeed.
+fn write_ok(
+    s: &mut Side<RemoteContext>,
+    (offset, len): (u64, u32),
+    remote_addr: u64,
+    mr: &dataplane::Mr,
+) {
+    let rkey = mr.rkey.unwrap();
+    let sge = s.mr.sge(offset, len);
+    post_ok(s, WrOp::Write { remote_addr, rkey }, sge);
+}
+
+/// RDMA READ of `remote_addr` in `mr` into `s`'s buffer range `(offset, len)`, which must
+/// succeed.
+fn read_ok(
+    s: &mut Side<RemoteContext>,
+    (offset, len): (u64, u32),
+    remote_addr: u64,
+    mr: &dataplane::Mr,
+) {
+    let rkey = mr.rkey.unwrap();
+    let sge = s.mr.sge(offset, len);
+    post_ok(s, WrOp::Read { remote_addr, rkey }, sge);
 }
 
 #[test]
@@ -747,43 +722,17 @@ fn ordinary_memory_registers_in_place_and_both_views_are_the_same_bytes() {
     );
     // RNIC -> application: the peer WRITEs into mr2; the bytes appear in the memory.
     b.buf.write(0, &[0x5a; 700]);
-    let sge_b0 = b.mr.sge(0, 700);
-    let c = post_one(
-        &mut b,
-        WrOp::Write {
-            remote_addr: base + 6100,
-            rkey: mr2.rkey.unwrap(),
-        },
-        sge_b0,
-    );
-    assert_eq!(c.status, WcStatus::Success);
+    write_ok(&mut b, (0, 700), base + 6100, &mr2);
     assert!(m[6100..6800].iter().all(|x| *x == 0x5a));
     assert_eq!(m[6099], (6099 % 251) as u8);
     // Application -> RNIC: written through the memory, READ by the peer through mr3.
     m[210..230].copy_from_slice(&[0xc3; 20]);
-    let sge_b1 = b.mr.sge(4096, 20);
-    let c = post_one(
-        &mut b,
-        WrOp::Read {
-            remote_addr: base + 210,
-            rkey: mr3.rkey.unwrap(),
-        },
-        sge_b1,
-    );
-    assert_eq!(c.status, WcStatus::Success);
+    read_ok(&mut b, (4096, 20), base + 210, &mr3);
     assert_eq!(b.buf.to_vec(4096, 20), [0xc3; 20]);
     // The local side sends from mr1 (the RNIC reads the application's bytes).
     m[1000..1010].copy_from_slice(b"0123456789");
-    b.ctx
-        .post_recv(
-            b.qpn,
-            &RecvWr {
-                wr_id: 1,
-                sg_list: &[b.mr.sge(8192, 64)],
-            },
-        )
-        .unwrap();
-    let c = post_one(
+    post_recv_one(&mut b, 1, 8192, 64);
+    post_ok(
         &mut a,
         WrOp::Send,
         Sge {
@@ -792,7 +741,6 @@ fn ordinary_memory_registers_in_place_and_both_views_are_the_same_bytes() {
             lkey: mr1.lkey,
         },
     );
-    assert_eq!(c.status, WcStatus::Success);
     assert_eq!(wait_cq(&mut b, 1, 10)[0].byte_len, 10);
     assert_eq!(b.buf.to_vec(8192, 10), b"0123456789");
     // After deregistering mr1 the memory is the application's as before; mr2 still works.
@@ -800,16 +748,7 @@ fn ordinary_memory_registers_in_place_and_both_views_are_the_same_bytes() {
     m[1000] = b'x';
     assert_eq!(&m[1000..1003], b"x12");
     b.buf.write(0, &[0x11; 8]);
-    let sge_b2 = b.mr.sge(0, 8);
-    let c = post_one(
-        &mut b,
-        WrOp::Write {
-            remote_addr: base + 6000,
-            rkey: mr2.rkey.unwrap(),
-        },
-        sge_b2,
-    );
-    assert_eq!(c.status, WcStatus::Success);
+    write_ok(&mut b, (0, 8), base + 6000, &mr2);
     assert_eq!(m[6000..6008], [0x11; 8]);
     // Pages unmapped and mapped anew at the same address are new memory: registering there
     // again moves the new pages (not the old memfd).
@@ -830,17 +769,8 @@ fn ordinary_memory_registers_in_place_and_both_views_are_the_same_bytes() {
     assert_eq!(p as u64, base2);
     m[2 * 4096..3 * 4096].fill(0x77);
     let mr5 = unsafe { a.ctx.reg_mr_addr(a.pd, base2, 4096, Access::ALL) }.unwrap();
-    let sge_b3 = b.mr.sge(0, 16);
     b.buf.write(0, &[0x99; 16]);
-    let c = post_one(
-        &mut b,
-        WrOp::Write {
-            remote_addr: base2 + 8,
-            rkey: mr5.rkey.unwrap(),
-        },
-        sge_b3,
-    );
-    assert_eq!(c.status, WcStatus::Success);
+    write_ok(&mut b, (0, 16), base2 + 8, &mr5);
     assert_eq!(
         m[2 * 4096 + 8..2 * 4096 + 24],
         [0x99; 16],
@@ -862,16 +792,7 @@ fn ordinary_memory_registers_in_place_and_both_views_are_the_same_bytes() {
     let mr6 = unsafe { a.ctx.reg_mr_addr(a.pd, base + 7000, 5000, Access::ALL) }.unwrap();
     assert_eq!(&m[7000..7004], b"keep", "contents survive the second move");
     b.buf.write(0, &[0x42; 32]);
-    let sge_b4 = b.mr.sge(0, 32);
-    let c = post_one(
-        &mut b,
-        WrOp::Write {
-            remote_addr: base + 8180,
-            rkey: mr6.rkey.unwrap(),
-        },
-        sge_b4,
-    );
-    assert_eq!(c.status, WcStatus::Success);
+    write_ok(&mut b, (0, 32), base + 8180, &mr6);
     assert_eq!(m[8180..8212], [0x42; 32], "a WRITE across the old boundary");
     assert_eq!(m[7000], b'k');
     let path = std::env::temp_dir().join(format!("ferroce-rawmr-{}", std::process::id()));
@@ -916,15 +837,7 @@ fn a_completion_wakes_a_blocked_waiter() {
         .unwrap());
     assert!(t.elapsed() >= Duration::from_millis(150));
     // A SEND arrives while b sleeps in wait_cq.
-    b.ctx
-        .post_recv(
-            b.qpn,
-            &RecvWr {
-                wr_id: 5,
-                sg_list: &[b.mr.sge(0, 64)],
-            },
-        )
-        .unwrap();
+    post_recv_one(&mut b, 5, 0, 64);
     b.ctx.req_notify_cq(b.cq).unwrap();
     let mut wc = [Completion::default(); 4];
     assert_eq!(b.ctx.poll_cq(b.cq, &mut wc).unwrap(), 0);
@@ -1009,11 +922,6 @@ fn default_limits_leave_room_for_other_clients() {
     // Queue memory: large queues until the client's budget is spent.
     let cq = greedy.create_cq(64).unwrap();
     let init = roce::engine::QpInit {
-        pd: pds[0],
-        qp_type: QpType::Rc,
-        send_cq: cq,
-        recv_cq: cq,
-        srq: None,
         caps: QpCaps {
             max_send_wr: 4096,
             max_recv_wr: 4096,
@@ -1021,7 +929,7 @@ fn default_limits_leave_room_for_other_clients() {
             max_recv_sge: 16,
             max_inline_data: 256,
         },
-        sq_sig_all: false,
+        ..roce::engine::QpInit::rc(pds[0], cq)
     };
     let mut qps = 0;
     let err = loop {
@@ -1172,28 +1080,10 @@ fn one_buffer_on_two_rnics_then_private_again() {
     assert!(is_moved(base));
     // Through RNIC 1: b's peer (a) WRITEs into the buffer via b's MR ...
     a.buf.write(0, &[0x5a; 64]);
-    let sge = a.mr.sge(0, 64);
-    let c = post_one(
-        &mut a,
-        WrOp::Write {
-            remote_addr: base + 4096,
-            rkey: mr_b.rkey.unwrap(),
-        },
-        sge,
-    );
-    assert_eq!(c.status, WcStatus::Success);
+    write_ok(&mut a, (0, 64), base + 4096, &mr_b);
     assert_eq!(m[4096..4160], [0x5a; 64]);
     // ... and through RNIC 0 the same bytes are READ via a's MR.
-    let sge = b.mr.sge(0, 64);
-    let c = post_one(
-        &mut b,
-        WrOp::Read {
-            remote_addr: base + 4096,
-            rkey: mr_a.rkey.unwrap(),
-        },
-        sge,
-    );
-    assert_eq!(c.status, WcStatus::Success);
+    read_ok(&mut b, (0, 64), base + 4096, &mr_a);
     assert_eq!(b.buf.to_vec(0, 64), [0x5a; 64]);
     // A forked child writes its copy; the parent's memory (and the RNICs') is untouched.
     // SAFETY: the child only writes memory and exits.

@@ -9,21 +9,17 @@ use dataplane::config::RnicConfig;
 use dataplane::nic::Nic;
 use dataplane::runtime::{test_config, Runtime};
 use dataplane::Verbs;
-use ferroce_tests::{connect, side, wait_cq, Side};
+use ferroce_tests::{
+    connect_pair_with, connect_with, loopback_pair, post_recv_one, post_signaled, post_write_at,
+    side, wait_cq, Side, ACK_TIMEOUT,
+};
 use pmd_bindings::{ring_pair, Mbuf, Port};
 use roce::types::{Gid, Psn, Qkey, Qpn};
 use roce::verbs::*;
 use roce::wire::frame::{self, FrameKind};
 
 fn pair_with(ca: RnicConfig, cb: RnicConfig, t: QpType) -> (Runtime, Side, Side) {
-    let mtu = ca.path_mtu;
-    let rt = Runtime::loopback("ferroce-tests", ca, cb).expect("loopback");
-    let mut a = side(rt.open(0).unwrap(), t, 8 << 20, 256);
-    let mut b = side(rt.open(1).unwrap(), t, 8 << 20, 256);
-    let (qa, qb, ga, gb) = (a.qpn, b.qpn, a.gid, b.gid);
-    connect(&mut a, qb, gb, mtu, 0x00ff_fff0, 0x77, t);
-    connect(&mut b, qa, ga, mtu, 0x77, 0x00ff_fff0, t);
-    (rt, a, b)
+    loopback_pair("ferroce-tests", (ca, cb), t, 8 << 20, (0x00ff_fff0, 0x77))
 }
 
 fn pattern(seed: u32, len: usize) -> Vec<u8> {
@@ -32,46 +28,13 @@ fn pattern(seed: u32, len: usize) -> Vec<u8> {
         .collect()
 }
 
-fn post(s: &mut Side, wr_id: u64, op: WrOp, off: u64, len: u32) {
-    let sge = s.mr.sge(off, len);
-    s.ctx
-        .post_send(
-            s.qpn,
-            &SendWr {
-                wr_id,
-                op,
-                sg_list: &[sge],
-                flags: SendFlags::SIGNALED,
-                ud: None,
-            },
-        )
-        .expect("post_send");
-}
-
-/// Posts a signaled WRITE of `len` bytes from the start of A's buffer to the start of B's.
-fn post_write(a: &mut Side, b: &Side, wr_id: u64, len: u32) {
-    let op = WrOp::Write {
-        remote_addr: b.mr.addr,
-        rkey: b.mr.rkey.unwrap(),
-    };
-    post(a, wr_id, op, 0, len);
-}
-
 #[test]
 fn uc_and_ud_between_two_rnics() {
     // UC: SEND and WRITE with immediate.
     let (rt, mut a, mut b) = pair_with(test_config(3, 1024), test_config(4, 1024), QpType::Uc);
     let data = pattern(1, 10_000);
     a.buf.write(0, &data);
-    b.ctx
-        .post_recv(
-            b.qpn,
-            &RecvWr {
-                wr_id: 1,
-                sg_list: &[b.mr.sge(0, 16384)],
-            },
-        )
-        .unwrap();
+    post_recv_one(&mut b, 1, 0, 16384);
     b.ctx
         .post_recv(
             b.qpn,
@@ -81,8 +44,8 @@ fn uc_and_ud_between_two_rnics() {
             },
         )
         .unwrap();
-    post(&mut a, 1, WrOp::Send, 0, 10_000);
-    post(
+    post_signaled(&mut a, 1, WrOp::Send, 0, 10_000);
+    post_signaled(
         &mut a,
         2,
         WrOp::WriteWithImm {
@@ -108,15 +71,7 @@ fn uc_and_ud_between_two_rnics() {
 
     // UD: SEND with immediate to the peer's QP through an address handle.
     let (rt, mut a, mut b) = pair_with(test_config(3, 1024), test_config(4, 1024), QpType::Ud);
-    b.ctx
-        .post_recv(
-            b.qpn,
-            &RecvWr {
-                wr_id: 5,
-                sg_list: &[b.mr.sge(0, 2048)],
-            },
-        )
-        .unwrap();
+    post_recv_one(&mut b, 5, 0, 2048);
     a.buf.write(0, &data[..1024]);
     let ud = UdDest {
         ah: AddressVector::new(b.gid, 1),
@@ -167,31 +122,14 @@ fn rc_recovers_over_a_faulty_link() {
     let mut off = 0u64;
     for (i, &len) in sizes.iter().enumerate() {
         a.buf.write(off as usize, &pattern(i as u32, len));
-        post(
-            &mut a,
-            i as u64,
-            WrOp::Write {
-                remote_addr: b.mr.addr + off,
-                rkey: b.mr.rkey.unwrap(),
-            },
-            off,
-            len as u32,
-        );
+        post_write_at(&mut a, &b, i as u64, off, len as u32);
         off += len as u64;
     }
     // And READs back, and SENDs.
     for i in 0..4u64 {
-        b.ctx
-            .post_recv(
-                b.qpn,
-                &RecvWr {
-                    wr_id: i,
-                    sg_list: &[b.mr.sge((4 << 20) + i * 65536, 65536)],
-                },
-            )
-            .unwrap();
-        post(&mut a, 100 + i, WrOp::Send, i * 1000, 30_000);
-        post(
+        post_recv_one(&mut b, i, (4 << 20) + i * 65536, 65536);
+        post_signaled(&mut a, 100 + i, WrOp::Send, i * 1000, 30_000);
+        post_signaled(
             &mut a,
             200 + i,
             WrOp::Read {
@@ -248,7 +186,7 @@ fn a_delayed_port_stretches_the_round_trip() {
         let data = pattern(i as u32, 5000);
         a.buf.write(0, &data);
         let t = std::time::Instant::now();
-        post_write(&mut a, &b, i, 5000);
+        post_write_at(&mut a, &b, i, 0, 5000);
         let c = wait_cq(&mut a, 1, 10);
         assert!(c.len() == 1 && c[0].status == WcStatus::Success, "{c:?}");
         // A lower bound only: the delay can only add time, whatever the machine's load.
@@ -285,7 +223,7 @@ fn ce_marks_bring_cnps_and_the_sender_slows_down() {
     let data = pattern(11, 64 * 1024);
     a.buf.write(0, &data);
     for i in 0..8u64 {
-        post_write(&mut a, &b, i, 64 * 1024);
+        post_write_at(&mut a, &b, i, 0, 64 * 1024);
         let c = wait_cq(&mut a, 1, 20);
         assert!(c.len() == 1 && c[0].status == WcStatus::Success, "{c:?}");
         assert_eq!(b.buf.to_vec(0, 64 * 1024), data);
@@ -579,8 +517,8 @@ fn unresolvable_peer_fails_the_qp_with_a_clear_error() {
     // Nobody answers ARP for 10.99.0.9. While the packet waits for the address, ACK timeouts
     // cost no retries; resolution fails after 6 tries (2.55 s) and the QP reports that.
     let (q, g) = (Qpn::new(0x55), Gid::from_ipv4([10, 99, 0, 9]));
-    ferroce_tests::connect_with(&mut a, q, g, Mtu::M1024, 1, 1, QpType::Rc, 18);
-    post(
+    connect_with(&mut a, q, g, Mtu::M1024, 1, 1, QpType::Rc, 18);
+    post_signaled(
         &mut a,
         1,
         WrOp::Write {
@@ -654,11 +592,6 @@ fn retries_are_not_spent_while_the_next_hop_resolves() {
         .unwrap();
     let pq = peer
         .create_qp(&QpInit {
-            pd,
-            qp_type: QpType::Rc,
-            send_cq: cq,
-            recv_cq: cq,
-            srq: None,
             caps: QpCaps {
                 max_send_wr: 16,
                 max_recv_wr: 16,
@@ -666,7 +599,7 @@ fn retries_are_not_spent_while_the_next_hop_resolves() {
                 max_recv_sge: 1,
                 max_inline_data: 0,
             },
-            sq_sig_all: false,
+            ..QpInit::rc(pd, cq)
         })
         .unwrap();
     let mut a = side(rt.open(0).unwrap(), QpType::Rc, 65536, 16);
@@ -689,9 +622,9 @@ fn retries_are_not_spent_while_the_next_hop_resolves() {
         9,
         1,
     );
-    ferroce_tests::connect_with(&mut a, pq, peer_gid, Mtu::M1024, 1, 9, QpType::Rc, 8);
+    connect_with(&mut a, pq, peer_gid, Mtu::M1024, 1, 9, QpType::Rc, 8);
     a.buf.write(0, &[0x3c; 512]);
-    post(
+    post_signaled(
         &mut a,
         1,
         WrOp::Write {
@@ -842,17 +775,7 @@ fn replay(corpus: &Path, case: &str) {
     let dev = &mut nic.dev;
     let pd = dev.alloc_pd().unwrap();
     let cq = dev.create_cq(4096).unwrap();
-    let qpn = dev
-        .create_qp(&roce::engine::QpInit {
-            pd,
-            qp_type: QpType::Rc,
-            send_cq: cq,
-            recv_cq: cq,
-            srq: None,
-            caps: QpCaps::default(),
-            sq_sig_all: false,
-        })
-        .unwrap();
+    let qpn = dev.create_qp(&roce::engine::QpInit::rc(pd, cq)).unwrap();
     assert_eq!(qpn, our_qpn);
     let base = s_va & !0xfff;
     let (_, rkey) = dev
@@ -1034,7 +957,16 @@ impl PfcRig {
         let mk = |rt: &Runtime| {
             let mut s = side(rt.open(0).unwrap(), QpType::Ud, 1 << 16, 64);
             let gid = s.gid;
-            connect(&mut s, Qpn::new(0x99), gid, Mtu::M1024, 1, 1, QpType::Ud);
+            connect_with(
+                &mut s,
+                Qpn::new(0x99),
+                gid,
+                Mtu::M1024,
+                1,
+                1,
+                QpType::Ud,
+                ACK_TIMEOUT,
+            );
             s
         };
         let qps = [mk(&rt), mk(&rt)];
@@ -1265,16 +1197,14 @@ fn an_overloaded_receiver_pauses_its_sender_with_pfc() {
     let rt = Runtime::loopback("ferroce-tests", mk(3), cb).expect("loopback");
     let mut a = side(rt.open(0).unwrap(), QpType::Rc, 8 << 20, 256);
     let mut b = side(rt.open(1).unwrap(), QpType::Rc, 8 << 20, 256);
-    let (qa, qb, ga, gb) = (a.qpn, b.qpn, a.gid, b.gid);
     // A 268 ms ACK timeout: B's backlog (up to ~200 frames at 20 000/s) delays ACKs by
     // 10 ms, and a retransmission here must mean a loss, not an impatient timer.
-    ferroce_tests::connect_with(&mut a, qb, gb, Mtu::M1024, 1, 2, QpType::Rc, 16);
-    ferroce_tests::connect_with(&mut b, qa, ga, Mtu::M1024, 2, 1, QpType::Rc, 16);
+    connect_pair_with(&mut a, &mut b, Mtu::M1024, (1, 2), QpType::Rc, 16);
     let len = 256 * 1024u32;
     let data = pattern(7, len as usize);
     a.buf.write(0, &data);
     for i in 0..8u64 {
-        post_write(&mut a, &b, i, len);
+        post_write_at(&mut a, &b, i, 0, len);
     }
     let c = wait_cq(&mut a, 8, 60);
     assert_eq!(c.len(), 8, "{c:?}");

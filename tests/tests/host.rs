@@ -7,30 +7,13 @@ use std::time::{Duration, Instant};
 
 use dataplane::runtime::{test_config, Runtime};
 use dataplane::Verbs;
-use ferroce_tests::{connect, side, wait_cq, Side};
+use ferroce_tests::{connect_pair, loopback_pair, post_recv_one, side, wait_cq, wait_until, Side};
 use roce::engine::{QpInit, SrqAttr, VerbsError};
 use roce::verbs::*;
 
 fn rc_pair() -> (Runtime, Side, Side) {
-    let rt = Runtime::loopback("ferroce-host", test_config(3, 1024), test_config(4, 1024))
-        .expect("loopback");
-    let mut a = side(rt.open(0).unwrap(), QpType::Rc, 1 << 20, 256);
-    let mut b = side(rt.open(1).unwrap(), QpType::Rc, 1 << 20, 256);
-    let (qa, qb, ga, gb) = (a.qpn, b.qpn, a.gid, b.gid);
-    connect(&mut a, qb, gb, Mtu::M1024, 100, 200, QpType::Rc);
-    connect(&mut b, qa, ga, Mtu::M1024, 200, 100, QpType::Rc);
-    (rt, a, b)
-}
-
-fn wait_until(secs: u64, mut f: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    while Instant::now() < deadline {
-        if f() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    false
+    let configs = (test_config(3, 1024), test_config(4, 1024));
+    loopback_pair("ferroce-host", configs, QpType::Rc, 1 << 20, (100, 200))
 }
 
 /// IBV_SEND_INLINE lets the application reuse the buffer as soon as post_send returns: the
@@ -42,15 +25,7 @@ fn inline_data_is_copied_when_posted() {
     let scratch = a.ctx.alloc_buffer(4096).unwrap(); // not registered
     const N: u64 = 200;
     for i in 0..N {
-        b.ctx
-            .post_recv(
-                b.qpn,
-                &RecvWr {
-                    wr_id: i,
-                    sg_list: &[b.mr.sge(i * 64, 64)],
-                },
-            )
-            .unwrap();
+        post_recv_one(&mut b, i, i * 64, 64);
     }
     let sge = Sge {
         addr: scratch.addr(),
@@ -159,9 +134,7 @@ fn srq_fullness_limit_and_verbs() {
         })
         .unwrap();
     b.qpn = bq;
-    let (qa, ga, gb) = (a.qpn, a.gid, b.gid);
-    connect(&mut a, bq, gb, Mtu::M1024, 1, 2, QpType::Rc);
-    connect(&mut b, qa, ga, Mtu::M1024, 2, 1, QpType::Rc);
+    connect_pair(&mut a, &mut b, Mtu::M1024, (1, 2), QpType::Rc);
     let recv = |b: &mut Side, i: u64| {
         b.ctx.post_srq_recv(
             srq,
@@ -380,15 +353,7 @@ fn refused_posts_take_no_send_queue_room() {
     }
     assert_eq!(a.ctx.sq_room(a.qpn).unwrap(), 256, "no room taken");
     for i in 0..300u64 {
-        b.ctx
-            .post_recv(
-                b.qpn,
-                &RecvWr {
-                    wr_id: i,
-                    sg_list: &[b.mr.sge(0, 64)],
-                },
-            )
-            .unwrap();
+        post_recv_one(&mut b, i, 0, 64);
         a.ctx
             .post_send(
                 a.qpn,

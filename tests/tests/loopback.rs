@@ -2,20 +2,12 @@
 //! verbs API over the host-interface rings: every RC opcode, UC and UD, data verified.
 
 use dataplane::runtime::{test_config, Runtime};
-use dataplane::Verbs;
-use ferroce_tests::{connect, side, wait_cq, Side};
+use ferroce_tests::{loopback_pair, post_recv_one, post_signaled, post_write_at, wait_cq, Side};
 use roce::verbs::*;
 
 fn pair(mtu: u32, qp_type: QpType, len: usize) -> (Runtime, Side, Side) {
-    let rt = Runtime::loopback("ferroce-tests", test_config(3, mtu), test_config(4, mtu))
-        .expect("loopback");
-    let mut a = side(rt.open(0).unwrap(), qp_type, len, 256);
-    let mut b = side(rt.open(1).unwrap(), qp_type, len, 256);
-    let m = Mtu::from_bytes(mtu).unwrap();
-    let (qa, qb, ga, gb) = (a.qpn, b.qpn, a.gid, b.gid);
-    connect(&mut a, qb, gb, m, 0x100, 0x200, qp_type);
-    connect(&mut b, qa, ga, m, 0x200, 0x100, qp_type);
-    (rt, a, b)
+    let configs = (test_config(3, mtu), test_config(4, mtu));
+    loopback_pair("ferroce-tests", configs, qp_type, len, (0x100, 0x200))
 }
 
 fn pattern(seed: u32, len: usize) -> Vec<u8> {
@@ -34,21 +26,7 @@ fn rc_every_opcode_between_two_rnics() {
             let data = pattern(i as u32, len);
             a.buf.write(off as usize, &data);
             // WRITE A -> B at the same offset.
-            a.ctx
-                .post_send(
-                    a.qpn,
-                    &SendWr {
-                        wr_id: i as u64,
-                        op: WrOp::Write {
-                            remote_addr: b.mr.addr + off,
-                            rkey: b.mr.rkey.unwrap(),
-                        },
-                        sg_list: &[a.mr.sge(off, len as u32)],
-                        flags: SendFlags::SIGNALED,
-                        ud: None,
-                    },
-                )
-                .unwrap();
+            post_write_at(&mut a, &b, i as u64, off, len as u32);
             off += len as u64;
         }
         let c = wait_cq(&mut a, sizes.len(), 20);
@@ -65,101 +43,54 @@ fn rc_every_opcode_between_two_rnics() {
         }
         // READ back into A at 2 MiB, SEND with immediate, WRITE with immediate, atomics.
         let base = 2 << 20;
-        a.ctx
-            .post_send(
-                a.qpn,
-                &SendWr {
-                    wr_id: 100,
-                    op: WrOp::Read {
-                        remote_addr: b.mr.addr,
-                        rkey: b.mr.rkey.unwrap(),
-                    },
-                    sg_list: &[a.mr.sge(base, 70000)],
-                    flags: SendFlags::SIGNALED,
-                    ud: None,
-                },
-            )
-            .unwrap();
-        b.ctx
-            .post_recv(
-                b.qpn,
-                &RecvWr {
-                    wr_id: 7,
-                    sg_list: &[b.mr.sge(3 << 20, 8192)],
-                },
-            )
-            .unwrap();
-        b.ctx
-            .post_recv(
-                b.qpn,
-                &RecvWr {
-                    wr_id: 8,
-                    sg_list: &[b.mr.sge(3 << 20, 0)],
-                },
-            )
-            .unwrap();
-        a.ctx
-            .post_send(
-                a.qpn,
-                &SendWr {
-                    wr_id: 101,
-                    op: WrOp::SendWithImm { imm: 0xbeef },
-                    sg_list: &[a.mr.sge(0, 5000)],
-                    flags: SendFlags::SIGNALED,
-                    ud: None,
-                },
-            )
-            .unwrap();
-        a.ctx
-            .post_send(
-                a.qpn,
-                &SendWr {
-                    wr_id: 102,
-                    op: WrOp::WriteWithImm {
-                        remote_addr: b.mr.addr + (3 << 20) + 65536,
-                        rkey: b.mr.rkey.unwrap(),
-                        imm: 5,
-                    },
-                    sg_list: &[a.mr.sge(0, 300)],
-                    flags: SendFlags::SIGNALED,
-                    ud: None,
-                },
-            )
-            .unwrap();
+        post_signaled(
+            &mut a,
+            100,
+            WrOp::Read {
+                remote_addr: b.mr.addr,
+                rkey: b.mr.rkey.unwrap(),
+            },
+            base,
+            70000,
+        );
+        post_recv_one(&mut b, 7, 3 << 20, 8192);
+        post_recv_one(&mut b, 8, 3 << 20, 0);
+        post_signaled(&mut a, 101, WrOp::SendWithImm { imm: 0xbeef }, 0, 5000);
+        post_signaled(
+            &mut a,
+            102,
+            WrOp::WriteWithImm {
+                remote_addr: b.mr.addr + (3 << 20) + 65536,
+                rkey: b.mr.rkey.unwrap(),
+                imm: 5,
+            },
+            0,
+            300,
+        );
         b.buf.write((4 << 20) - 64, &41u64.to_ne_bytes());
-        a.ctx
-            .post_send(
-                a.qpn,
-                &SendWr {
-                    wr_id: 103,
-                    op: WrOp::FetchAdd {
-                        remote_addr: b.mr.addr + (4 << 20) - 64,
-                        rkey: b.mr.rkey.unwrap(),
-                        add: 1,
-                    },
-                    sg_list: &[a.mr.sge(base + 100_000, 8)],
-                    flags: SendFlags::SIGNALED,
-                    ud: None,
-                },
-            )
-            .unwrap();
-        a.ctx
-            .post_send(
-                a.qpn,
-                &SendWr {
-                    wr_id: 104,
-                    op: WrOp::CompareSwap {
-                        remote_addr: b.mr.addr + (4 << 20) - 64,
-                        rkey: b.mr.rkey.unwrap(),
-                        compare: 42,
-                        swap: 7,
-                    },
-                    sg_list: &[a.mr.sge(base + 100_008, 8)],
-                    flags: SendFlags::SIGNALED,
-                    ud: None,
-                },
-            )
-            .unwrap();
+        post_signaled(
+            &mut a,
+            103,
+            WrOp::FetchAdd {
+                remote_addr: b.mr.addr + (4 << 20) - 64,
+                rkey: b.mr.rkey.unwrap(),
+                add: 1,
+            },
+            base + 100_000,
+            8,
+        );
+        post_signaled(
+            &mut a,
+            104,
+            WrOp::CompareSwap {
+                remote_addr: b.mr.addr + (4 << 20) - 64,
+                rkey: b.mr.rkey.unwrap(),
+                compare: 42,
+                swap: 7,
+            },
+            base + 100_008,
+            8,
+        );
         let c = wait_cq(&mut a, 5, 20);
         assert_eq!(
             c.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(),

@@ -11,7 +11,7 @@ use dataplane::nic::Nic;
 use dataplane::runtime::{test_config, Runtime};
 use dataplane::worker::{Backoff, Worker};
 use dataplane::Verbs;
-use ferroce_tests::{connect, side};
+use ferroce_tests::{connect_pair, side};
 use roce::verbs::*;
 
 struct Counting;
@@ -82,9 +82,7 @@ fn steady_state_rdma_write_traffic_allocates_nothing() {
         });
         let mut a = side(ctx_a, QpType::Rc, 1 << 20, 512);
         let mut b = side(ctx_b, QpType::Rc, 1 << 20, 512);
-        let (qa, qb, ga, gb) = (a.qpn, b.qpn, a.gid, b.gid);
-        connect(&mut a, qb, gb, Mtu::M4096, 1, 2, QpType::Rc);
-        connect(&mut b, qa, ga, Mtu::M4096, 2, 1, QpType::Rc);
+        connect_pair(&mut a, &mut b, Mtu::M4096, (1, 2), QpType::Rc);
         stop.store(true, Ordering::Relaxed);
         let w = h.join().unwrap();
         (a, b, w)

@@ -19,13 +19,8 @@ const CAPS: QpCaps = QpCaps {
 
 fn create<V: Verbs>(ctx: &mut V, pd: PdId, cq: CqId) -> Result<Qpn, VerbsError> {
     ctx.create_qp(&QpInit {
-        pd,
-        qp_type: QpType::Rc,
-        send_cq: cq,
-        recv_cq: cq,
-        srq: None,
         caps: CAPS,
-        sq_sig_all: false,
+        ..QpInit::rc(pd, cq)
     })
 }
 

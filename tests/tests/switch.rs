@@ -9,7 +9,7 @@ use dataplane::switch::SwitchSettings;
 use dataplane::Verbs;
 use dcb::ecn::Red;
 use dcb::pfc::{Mode, Thresholds};
-use ferroce_tests::{connect_with, side, wait_cq, Side};
+use ferroce_tests::{connect_pair_with, side, wait_cq, Side};
 use roce::verbs::*;
 
 fn pattern(seed: u32, len: usize) -> Vec<u8> {
@@ -24,10 +24,8 @@ fn switched(ca: RnicConfig, cb: RnicConfig, settings: &SwitchSettings) -> (Runti
     let rt = Runtime::switched("ferroce-tests", vec![ca, cb], settings).expect("switched");
     let mut a = side(rt.open(0).unwrap(), QpType::Rc, 8 << 20, 256);
     let mut b = side(rt.open(1).unwrap(), QpType::Rc, 8 << 20, 256);
-    let (qa, qb, ga, gb) = (a.qpn, b.qpn, a.gid, b.gid);
     // A 1 s ACK timeout: a slow port's queue delays ACKs by tens of milliseconds.
-    connect_with(&mut a, qb, gb, mtu, 0x10, 0x77, QpType::Rc, 18);
-    connect_with(&mut b, qa, ga, mtu, 0x77, 0x10, QpType::Rc, 18);
+    connect_pair_with(&mut a, &mut b, mtu, (0x10, 0x77), QpType::Rc, 18);
     (rt, a, b)
 }
 
@@ -209,9 +207,7 @@ fn an_rnic_behind_the_switch_its_configuration_names() {
     let rt = Runtime::loopback("ferroce-tests", ca, cb).expect("loopback");
     let mut a = side(rt.open(0).unwrap(), QpType::Rc, 8 << 20, 256);
     let mut b = side(rt.open(1).unwrap(), QpType::Rc, 8 << 20, 256);
-    let (qa, qb, ga, gb) = (a.qpn, b.qpn, a.gid, b.gid);
-    connect_with(&mut a, qb, gb, mtu, 0x10, 0x77, QpType::Rc, 18);
-    connect_with(&mut b, qa, ga, mtu, 0x77, 0x10, QpType::Rc, 18);
+    connect_pair_with(&mut a, &mut b, mtu, (0x10, 0x77), QpType::Rc, 18);
     write_verified(&mut a, &b, 16, 64 * 1024);
     let s = switch_stats_until(&rt, |s| s.model.marked > 0);
     assert!(s.model.marked > 0, "{s:?}");
@@ -254,10 +250,8 @@ fn rc_recovers_through_a_faulty_switch() {
     let rt = Runtime::loopback("ferroce-tests", ca, test_config(4, 1024)).expect("loopback");
     let mut a = side(rt.open(0).unwrap(), QpType::Rc, 8 << 20, 256);
     let mut b = side(rt.open(1).unwrap(), QpType::Rc, 8 << 20, 256);
-    let (qa, qb, ga, gb) = (a.qpn, b.qpn, a.gid, b.gid);
     // A short ACK timeout (2^12 x 4.096 us = 17 ms): lost tails are resent soon.
-    connect_with(&mut a, qb, gb, mtu, 0x10, 0x77, QpType::Rc, 12);
-    connect_with(&mut b, qa, ga, mtu, 0x77, 0x10, QpType::Rc, 12);
+    connect_pair_with(&mut a, &mut b, mtu, (0x10, 0x77), QpType::Rc, 12);
     write_verified(&mut a, &b, 24, 64 * 1024);
     let s = rt.switch_stats(0).expect("A's switch");
     let snaps = rt.stop();

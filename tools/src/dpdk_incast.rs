@@ -316,11 +316,6 @@ fn drive(rt: &Runtime, s: &DpdkIncast, sample_ns: u64) -> Result<IncastOutcome, 
 /// An RC QP on `pd` with `cq` for both queues, `depth` send WRs, one SGE.
 pub fn rc_qp_init(pd: roce::memory::PdId, cq: CqId, depth: u32) -> QpInit {
     QpInit {
-        pd,
-        qp_type: QpType::Rc,
-        send_cq: cq,
-        recv_cq: cq,
-        srq: None,
         caps: QpCaps {
             max_send_wr: depth,
             max_recv_wr: 1,
@@ -328,7 +323,7 @@ pub fn rc_qp_init(pd: roce::memory::PdId, cq: CqId, depth: u32) -> QpInit {
             max_recv_sge: 1,
             max_inline_data: 0,
         },
-        sq_sig_all: false,
+        ..QpInit::rc(pd, cq)
     }
 }
 

@@ -265,18 +265,16 @@ pub fn dcqcn_figure(path: &Path, o: &Outcome, title: &str) -> Result<(), String>
     draw(
         path,
         &[
-            Panel {
-                title: format!("{title}: DCQCN rate per flow"),
-                x_label: "time (us)".into(),
-                y_label: "rate (Gb/s)".into(),
-                series: per_flow(o, |s| s.rate_gbps, "flow"),
-            },
-            Panel {
-                title: "bottleneck queue".into(),
-                x_label: "time (us)".into(),
-                y_label: "queue (KB)".into(),
-                series: vec![queue_series(o, "queue")],
-            },
+            time_panel(
+                format!("{title}: DCQCN rate per flow"),
+                "rate (Gb/s)",
+                per_flow(o, |s| s.rate_gbps, "flow"),
+            ),
+            time_panel(
+                "bottleneck queue",
+                "queue (KB)",
+                vec![queue_series(o, "queue")],
+            ),
         ],
         1000,
         380,
@@ -290,10 +288,7 @@ pub fn incast(senders: usize, gbps: f64, dcqcn: bool, pfc: bool, duration_ns: u6
     c.pfc = pfc;
     // A shallow shared buffer, as on a switch port: 1 MB per 25 Gb/s.
     c.buffer = (gbps / 25.0 * 1_000_000.0) as u64;
-    same_pause_thresholds(&mut c, gbps);
-    if dcqcn {
-        with_dcqcn(&mut c, Preset::Nvidia, gbps);
-    }
+    same_pause_thresholds(&mut c, gbps, dcqcn);
     Sim::new(c).run(duration_ns)
 }
 
@@ -301,14 +296,28 @@ pub fn incast(senders: usize, gbps: f64, dcqcn: bool, pfc: bool, duration_ns: u6
 /// the buffer), set whether DCQCN runs or not: a comparison with and without DCQCN then
 /// changes one thing, the senders' reaction, not the pause thresholds too (with 3 BDPs
 /// without DCQCN and Kmax with it, XOFF differed sixfold and the pause counts said little).
-fn same_pause_thresholds(c: &mut Config, gbps: f64) {
+/// With `dcqcn`, the senders then run NVIDIA's DCQCN.
+fn same_pause_thresholds(c: &mut Config, gbps: f64, dcqcn: bool) {
     let (red, _) = Preset::Nvidia.marking(gbps);
     c.pfc_xoff = c.pfc_xoff.max(red.kmax);
     cap_xoff(c);
+    if dcqcn {
+        with_dcqcn(c, Preset::Nvidia, gbps);
+    }
 }
 
-/// The figure of an `incast` run.
-pub fn incast_figure(path: &Path, o: &Outcome, title: &str) -> Result<(), String> {
+/// A panel over time (us) titled `title`, its y axis labelled `y_label`.
+fn time_panel(title: impl Into<String>, y_label: &str, series: Vec<Series>) -> Panel {
+    Panel {
+        title: title.into(),
+        x_label: "time (us)".into(),
+        y_label: y_label.into(),
+        series,
+    }
+}
+
+/// The panel of how many senders PFC pauses over time.
+fn paused_panel(o: &Outcome) -> Panel {
     let paused = Series {
         name: "paused senders".into(),
         points: o
@@ -317,27 +326,25 @@ pub fn incast_figure(path: &Path, o: &Outcome, title: &str) -> Result<(), String
             .map(|s| (s.time_us, s.paused_senders as f64))
             .collect(),
     };
+    time_panel("senders paused by PFC", "senders", vec![paused])
+}
+
+/// The figure of an `incast` run.
+pub fn incast_figure(path: &Path, o: &Outcome, title: &str) -> Result<(), String> {
     draw(
         path,
         &[
-            Panel {
-                title: format!("{title}: goodput per sender"),
-                x_label: "time (us)".into(),
-                y_label: "goodput (Gb/s)".into(),
-                series: smooth(per_flow(o, |s| s.goodput_gbps, "sender")),
-            },
-            Panel {
-                title: "bottleneck queue".into(),
-                x_label: "time (us)".into(),
-                y_label: "queue (KB)".into(),
-                series: vec![queue_series(o, "queue")],
-            },
-            Panel {
-                title: "senders paused by PFC".into(),
-                x_label: "time (us)".into(),
-                y_label: "senders".into(),
-                series: vec![paused],
-            },
+            time_panel(
+                format!("{title}: goodput per sender"),
+                "goodput (Gb/s)",
+                smooth(per_flow(o, |s| s.goodput_gbps, "sender")),
+            ),
+            time_panel(
+                "bottleneck queue",
+                "queue (KB)",
+                vec![queue_series(o, "queue")],
+            ),
+            paused_panel(o),
         ],
         1000,
         320,
@@ -355,10 +362,7 @@ pub fn pfc_victim(senders: usize, gbps: f64, dcqcn: bool, duration_ns: u64) -> (
         dst: 1,
         start: 0,
     });
-    same_pause_thresholds(&mut c, gbps);
-    if dcqcn {
-        with_dcqcn(&mut c, Preset::Nvidia, gbps);
-    }
+    same_pause_thresholds(&mut c, gbps, dcqcn);
     let victim = c.flows.len() - 1;
     (Sim::new(c).run(duration_ns), victim)
 }
@@ -372,29 +376,15 @@ pub fn payload_share(mtu: u64) -> f64 {
 pub fn pfc_figure(path: &Path, o: &Outcome, victim: usize, title: &str) -> Result<(), String> {
     let mut series = smooth(per_flow(o, |s| s.goodput_gbps, "flow"));
     series[victim].name = format!("flow {victim} (victim, to an idle port)");
-    let paused = Series {
-        name: "paused senders".into(),
-        points: o
-            .switch
-            .iter()
-            .map(|s| (s.time_us, s.paused_senders as f64))
-            .collect(),
-    };
     draw(
         path,
         &[
-            Panel {
-                title: format!("{title}: goodput per flow"),
-                x_label: "time (us)".into(),
-                y_label: "goodput (Gb/s)".into(),
+            time_panel(
+                format!("{title}: goodput per flow"),
+                "goodput (Gb/s)",
                 series,
-            },
-            Panel {
-                title: "senders paused by PFC".into(),
-                x_label: "time (us)".into(),
-                y_label: "senders".into(),
-                series: vec![paused],
-            },
+            ),
+            paused_panel(o),
         ],
         1000,
         380,
@@ -411,24 +401,21 @@ pub fn compare_figure(
     draw(
         path,
         &[
-            Panel {
-                title: format!("paper (SIGCOMM'15): DCQCN rate per flow ({what})"),
-                x_label: "time (us)".into(),
-                y_label: "rate (Gb/s)".into(),
-                series: per_flow(paper, |s| s.rate_gbps, "flow"),
-            },
-            Panel {
-                title: format!("NVIDIA firmware: DCQCN rate per flow ({what})"),
-                x_label: "time (us)".into(),
-                y_label: "rate (Gb/s)".into(),
-                series: per_flow(nvidia, |s| s.rate_gbps, "flow"),
-            },
-            Panel {
-                title: format!("bottleneck queue ({what})"),
-                x_label: "time (us)".into(),
-                y_label: "queue (KB)".into(),
-                series: vec![queue_series(paper, "paper"), queue_series(nvidia, "nvidia")],
-            },
+            time_panel(
+                format!("paper (SIGCOMM'15): DCQCN rate per flow ({what})"),
+                "rate (Gb/s)",
+                per_flow(paper, |s| s.rate_gbps, "flow"),
+            ),
+            time_panel(
+                format!("NVIDIA firmware: DCQCN rate per flow ({what})"),
+                "rate (Gb/s)",
+                per_flow(nvidia, |s| s.rate_gbps, "flow"),
+            ),
+            time_panel(
+                format!("bottleneck queue ({what})"),
+                "queue (KB)",
+                vec![queue_series(paper, "paper"), queue_series(nvidia, "nvidia")],
+            ),
         ],
         1000,
         320,
@@ -528,22 +515,19 @@ pub fn rnics_figure(
                     .collect(),
             })
             .collect();
-        panels.push(Panel {
-            title: format!(
+        panels.push(time_panel(
+            format!(
                 "{title}: {name}, goodput per sender ({} ms average)",
                 avg_us / 1000.0
             ),
-            x_label: "time (us)".into(),
-            y_label: "Gb/s".into(),
+            "Gb/s",
             series,
-        });
+        ));
     }
-    panels.push(Panel {
-        title: format!("{title}: bottleneck queue"),
-        x_label: "time (us)".into(),
-        y_label: "KB".into(),
-        series: runs
-            .iter()
+    panels.push(time_panel(
+        format!("{title}: bottleneck queue"),
+        "KB",
+        runs.iter()
             .map(|(name, o)| Series {
                 name: name.clone(),
                 points: o
@@ -553,6 +537,6 @@ pub fn rnics_figure(
                     .collect(),
             })
             .collect(),
-    });
+    ));
     draw(path, &panels, 1000, 300)
 }

@@ -772,25 +772,32 @@ fn a_misbehaving_peer_is_an_error() {
     assert!(!err.contains("panicked"), "{err}");
 }
 
+/// A loopback `write_bw` of `n` 64 KiB messages through the emulated switch with 10 Gb/s
+/// ports but a 500 Mb/s server port, plus `extra` options.
+fn slow_server_switch(n: u32, extra: &[&str]) -> Value {
+    let n = n.to_string();
+    let mut args = vec![
+        "write_bw",
+        "-s",
+        "65536",
+        "-n",
+        &n,
+        "--switch-mbps",
+        "10000",
+        "--switch-server-mbps",
+        "500",
+    ];
+    args.extend_from_slice(extra);
+    loopback(&args)
+}
+
 /// `--switch-*`: the loopback pair through the emulated switch. A slow server port with PFC
 /// pauses the client instead of dropping; with ECN marking and DCQCN the client takes the
 /// server's CNPs; the switch's counters are in the JSON; the options need --loopback.
 #[test]
 fn the_loopback_pair_through_the_emulated_switch() {
     let _g = serial();
-    let v = loopback(&[
-        "write_bw",
-        "-s",
-        "65536",
-        "-n",
-        "300",
-        "--switch-mbps",
-        "10000",
-        "--switch-server-mbps",
-        "500",
-        "--switch-pfc",
-        "0",
-    ]);
+    let v = slow_server_switch(300, &["--switch-pfc", "0"]);
     let sw = &v["counters"]["switch"];
     assert!(sw["pfc_xoff"].as_u64().unwrap() > 0, "{sw}");
     assert_eq!(sw["drops_ingress"], 0, "{sw}");
@@ -798,25 +805,19 @@ fn the_loopback_pair_through_the_emulated_switch() {
     assert!(v["counters"]["ferroce1"]["rx_pfc"].as_u64().unwrap() > 0);
     let gbps = rows(&v, "client")[0]["bw_avg_Gbps"].as_f64().unwrap();
     assert!(gbps < 0.5, "the 500 Mb/s port is the limit: {gbps} Gb/s");
-    let v = loopback(&[
-        "write_bw",
-        "-s",
-        "65536",
-        "-n",
-        "300",
-        "--switch-mbps",
-        "10000",
-        "--switch-server-mbps",
-        "500",
-        "--switch-ecn",
-        "20,200,0.2",
-        "--set",
-        "roce.ecn=true",
-        "--set",
-        "dcqcn.rp=true",
-        "--set",
-        "dcqcn.np=true",
-    ]);
+    let v = slow_server_switch(
+        300,
+        &[
+            "--switch-ecn",
+            "20,200,0.2",
+            "--set",
+            "roce.ecn=true",
+            "--set",
+            "dcqcn.rp=true",
+            "--set",
+            "dcqcn.np=true",
+        ],
+    );
     let sw = &v["counters"]["switch"];
     assert!(sw["ecn_marked"].as_u64().unwrap() > 0, "{sw}");
     assert!(
@@ -829,25 +830,19 @@ fn the_loopback_pair_through_the_emulated_switch() {
     let dir = std::env::temp_dir().join(format!("ferroce-swpcap-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let cap = dir.join("sw.pcap");
-    loopback(&[
-        "write_bw",
-        "-s",
-        "65536",
-        "-n",
-        "100",
-        "--switch-mbps",
-        "10000",
-        "--switch-server-mbps",
-        "500",
-        "--switch-ecn",
-        "20,200,0.2",
-        "--switch-pfc",
-        "0",
-        "--set",
-        "roce.ecn=true",
-        "--switch-pcap",
-        cap.to_str().unwrap(),
-    ]);
+    slow_server_switch(
+        100,
+        &[
+            "--switch-ecn",
+            "20,200,0.2",
+            "--switch-pfc",
+            "0",
+            "--set",
+            "roce.ecn=true",
+            "--switch-pcap",
+            cap.to_str().unwrap(),
+        ],
+    );
     let data = std::fs::read(&cap).unwrap();
     let frames: Vec<Vec<u8>> = roce::pcap::Reader::new(&data)
         .unwrap()

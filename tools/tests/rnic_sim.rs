@@ -2,6 +2,7 @@
 //! DCQCN, no drops with PFC, drops without PFC and ECN, the PFC victim and its fix), the CSV
 //! and PNG it writes, and clear errors for bad arguments.
 
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use ferroce_tools::sim_tool::{self as st, Preset};
@@ -73,6 +74,43 @@ fn rnic_sim(args: &[&str]) -> std::process::Output {
         .expect("rnic-sim")
 }
 
+/// Runs `rnic-sim ARGS`, which must succeed, and returns its standard output.
+fn rnic_sim_ok(args: &[&str]) -> String {
+    let o = rnic_sim(args);
+    assert!(
+        o.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// Runs `rnic-sim ARGS`, which must fail with a reason and without a panic.
+fn assert_refused(args: &[&str]) {
+    let o = rnic_sim(args);
+    assert!(!o.status.success(), "{args:?} accepted");
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(!e.contains("panicked") && !e.is_empty(), "{args:?}: {e}");
+}
+
+/// The files a test writes, in a `ferroce-NAME-PID` directory under the system temp dir
+/// (the test removes it at its end): the directory and `STEM.csv` and `STEM.png` in it.
+fn out_files(name: &str, stem: &str) -> (PathBuf, PathBuf, PathBuf) {
+    let dir = std::env::temp_dir().join(format!("ferroce-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (csv, png) = (
+        dir.join(format!("{stem}.csv")),
+        dir.join(format!("{stem}.png")),
+    );
+    (dir, csv, png)
+}
+
+/// Asserts that the file at `path` is a PNG image (by its signature).
+fn assert_png(path: &Path) {
+    let bytes = std::fs::read(path).unwrap();
+    assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n", "{}", path.display());
+}
+
 /// The number after `name` on the `rnics` result line that starts with `scenario`.
 fn scenario_field(out: &str, scenario: &str, name: &str) -> f64 {
     let line = out
@@ -86,11 +124,8 @@ fn scenario_field(out: &str, scenario: &str, name: &str) -> f64 {
 
 #[test]
 fn the_cli_writes_csv_and_png() {
-    let dir = std::env::temp_dir().join(format!("ferroce-sim-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let csv = dir.join("d.csv");
-    let png = dir.join("d.png");
-    let o = rnic_sim(&[
+    let (dir, csv, png) = out_files("sim", "d");
+    let out = rnic_sim_ok(&[
         "dcqcn",
         "--flows",
         "3",
@@ -105,8 +140,6 @@ fn the_cli_writes_csv_and_png() {
         "--png",
         png.to_str().unwrap(),
     ]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let out = String::from_utf8_lossy(&o.stdout);
     assert!(out.contains("Jain") && out.contains("fair share"), "{out}");
     let text = std::fs::read_to_string(&csv).unwrap();
     let mut lines = text.lines();
@@ -125,8 +158,7 @@ fn the_cli_writes_csv_and_png() {
     assert!(rows
         .iter()
         .all(|r| r.len() == 5 && r[2] >= 0.0 && r[2] <= 25.0));
-    let bytes = std::fs::read(&png).unwrap();
-    assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n");
+    assert_png(&png);
     for args in [
         vec![
             "incast",
@@ -152,12 +184,7 @@ fn the_cli_writes_csv_and_png() {
             dir.join("c.png").to_str().unwrap(),
         ],
     ] {
-        let o = rnic_sim(&args);
-        assert!(
-            o.status.success(),
-            "{args:?}: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
+        rnic_sim_ok(&args);
     }
     for bad in [
         vec!["dcqcn", "--flows", "0"],
@@ -166,10 +193,7 @@ fn the_cli_writes_csv_and_png() {
         vec!["dcqcn", "--preset", "mlx9"],
         vec!["dcqcn", "--csv", "/nonexistent/x.csv", "--duration", "1"],
     ] {
-        let o = rnic_sim(&bad);
-        assert!(!o.status.success(), "{bad:?} accepted");
-        let e = String::from_utf8_lossy(&o.stderr);
-        assert!(!e.contains("panicked") && !e.is_empty(), "{bad:?}: {e}");
+        assert_refused(&bad);
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -179,11 +203,8 @@ fn the_cli_writes_csv_and_png() {
 /// samples; bad arguments are refused.
 #[test]
 fn rnics_incast_prints_the_three_scenarios_and_writes_csv() {
-    let dir = std::env::temp_dir().join(format!("ferroce-rnics-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let csv = dir.join("r.csv");
-    let png = dir.join("r.png");
-    let o = rnic_sim(&[
+    let (dir, csv, png) = out_files("rnics", "r");
+    let out = rnic_sim_ok(&[
         "rnics",
         "--senders",
         "4",
@@ -196,8 +217,6 @@ fn rnics_incast_prints_the_three_scenarios_and_writes_csv() {
         "--png",
         png.to_str().unwrap(),
     ]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let out = String::from_utf8_lossy(&o.stdout);
     let field = |scenario: &str, name: &str| scenario_field(&out, scenario, name);
     for s in ["pfc-only", "dcqcn-paper", "dcqcn-nvidia"] {
         assert_eq!(field(s, "drops"), 0.0, "{s}: {out}");
@@ -212,7 +231,7 @@ fn rnics_incast_prints_the_three_scenarios_and_writes_csv() {
         .map(|l| l.split(',').nth(2).unwrap())
         .collect();
     assert_eq!(senders.len(), 4);
-    assert_eq!(&std::fs::read(&png).unwrap()[..8], b"\x89PNG\r\n\x1a\n");
+    assert_png(&png);
     for bad in [
         vec!["rnics", "--dcqcn", "fast"],
         vec!["rnics", "--senders", "0"],
@@ -221,9 +240,7 @@ fn rnics_incast_prints_the_three_scenarios_and_writes_csv() {
         vec!["rnics", "--dpdk", "100000"],
         vec!["rnics", "--depth", "0"],
     ] {
-        let o = rnic_sim(&bad);
-        assert!(!o.status.success(), "{bad:?} accepted");
-        assert!(!o.stderr.is_empty());
+        assert_refused(&bad);
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

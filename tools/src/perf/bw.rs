@@ -243,10 +243,8 @@ pub fn run<V: Verbs>(
             for c in &wc[..k] {
                 if c.status != WcStatus::Success {
                     return Err(format!(
-                        "Completion with error at client: status {:?} ({}) {} (qp {} wr {})",
-                        c.status,
-                        c.status as u32,
-                        super::vendor_text(c.vendor_err),
+                        "Completion with error at client: {} (qp {} wr {})",
+                        super::wc_status_text(c),
                         c.wr_id >> SEQ_BITS,
                         c.wr_id & SEQ_MASK
                     ));
@@ -292,10 +290,8 @@ pub fn run<V: Verbs>(
             for c in &wc[..k] {
                 if c.status != WcStatus::Success {
                     return Err(format!(
-                        "Completion with error at server: status {:?} ({}) {} (receive {})",
-                        c.status,
-                        c.status as u32,
-                        super::vendor_text(c.vendor_err),
+                        "Completion with error at server: {} (receive {})",
+                        super::wc_status_text(c),
                         c.wr_id & SEQ_MASK
                     ));
                 }

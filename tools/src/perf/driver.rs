@@ -293,17 +293,7 @@ pub fn via_rnicd(
     job.validate()?;
     let ctx = ferroce_host::app::remote::connect(socket, device).map_err(|e| e.to_string())?;
     let name = device.unwrap_or("ferroce0").to_string();
-    let port = job.tcp_port();
-    let ep = match job.server_addr() {
-        Some(h) => Endpoint::Connect(h.clone(), port),
-        None => {
-            let v6 = matches!(job, Job::Perf(_, _, a) if a.ipv6);
-            Endpoint::Listen(
-                super::oob::Oob::listen(port, v6)
-                    .map_err(|e| format!("listen on TCP port {port}: {e}"))?,
-            )
-        }
-    };
+    let ep = endpoint(job)?;
     let r = job.run(ctx, ep, &name, out);
     if !job.quiet() {
         // The RNIC's counters as rnicd reports them (the RNIC is shared: they count every
@@ -327,15 +317,11 @@ pub fn via_rnicd(
     r
 }
 
-/// Runs `job` on one RNIC on the DPDK port `opts` describes, against a peer on the network:
-/// as server (listening on the job's TCP port) or as client of the job's server address.
-pub fn on_port(job: &Job, opts: &RnicOpts, out: &mut dyn Write) -> Result<Value, String> {
-    job.validate()?;
-    let cfg = opts.validate()?;
-    let rt = Runtime::start("rnic-perf", vec![cfg.clone()]).map_err(|e| e.to_string())?;
-    let ctx = rt.open(0).map_err(|e| e.to_string())?;
+/// Where `job` meets its peer: the job's server address (as client) or, as server, a
+/// listener on the job's TCP port.
+fn endpoint(job: &Job) -> Result<Endpoint, String> {
     let port = job.tcp_port();
-    let ep = match job.server_addr() {
+    Ok(match job.server_addr() {
         Some(h) => Endpoint::Connect(h.clone(), port),
         None => {
             let v6 = matches!(job, Job::Perf(_, _, a) if a.ipv6);
@@ -344,7 +330,17 @@ pub fn on_port(job: &Job, opts: &RnicOpts, out: &mut dyn Write) -> Result<Value,
                     .map_err(|e| format!("listen on TCP port {port}: {e}"))?,
             )
         }
-    };
+    })
+}
+
+/// Runs `job` on one RNIC on the DPDK port `opts` describes, against a peer on the network:
+/// as server (listening on the job's TCP port) or as client of the job's server address.
+pub fn on_port(job: &Job, opts: &RnicOpts, out: &mut dyn Write) -> Result<Value, String> {
+    job.validate()?;
+    let cfg = opts.validate()?;
+    let rt = Runtime::start("rnic-perf", vec![cfg.clone()]).map_err(|e| e.to_string())?;
+    let ctx = rt.open(0).map_err(|e| e.to_string())?;
+    let ep = endpoint(job)?;
     let r = job.run(ctx, ep, "ferroce0", out);
     let sw = rt.switch_stats(0);
     let snaps = rt.stop();

@@ -60,10 +60,8 @@ fn wait_one<V: Verbs>(
         if n == 1 {
             if wc[0].status != WcStatus::Success {
                 return Err(format!(
-                    "Completion with error ({what}): status {:?} ({}) {}",
-                    wc[0].status,
-                    wc[0].status as u32,
-                    super::vendor_text(wc[0].vendor_err)
+                    "Completion with error ({what}): {}",
+                    super::wc_status_text(&wc[0])
                 ));
             }
             return Ok(wc[0]);

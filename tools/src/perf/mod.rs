@@ -26,6 +26,17 @@ pub fn vendor_text(code: u32) -> String {
     }
 }
 
+/// A failed completion's status (by name and number) and its vendor error, for the error
+/// messages of the bandwidth and latency tests.
+pub fn wc_status_text(c: &roce::verbs::Completion) -> String {
+    format!(
+        "status {:?} ({}) {}",
+        c.status,
+        c.status as u32,
+        vendor_text(c.vendor_err)
+    )
+}
+
 /// What a run measured before it ended early (SIGINT/SIGTERM, or an error after some rows):
 /// each side's document (`client`/`server`, as a successful run returns them) and the
 /// counters, so that `--json` reports them with the error instead of losing them.

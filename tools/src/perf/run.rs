@@ -291,6 +291,23 @@ fn stop_lat<V: Verbs>(s: &mut Session<'_, V>, size: u64, o: &lat::LatOut, factor
     super::INTERRUPTED.into()
 }
 
+/// Ends one message size of a latency test: its row, or after an interruption the partial
+/// row and the error (see [`stop_lat`]).
+fn lat_size_done<V: Verbs>(
+    s: &mut Session<'_, V>,
+    size: u64,
+    o: &lat::LatOut,
+    factor: f64,
+) -> Result<(), String> {
+    if o.interrupted {
+        return Err(stop_lat(s, size, o, factor));
+    }
+    s.verified += o.verified;
+    let r = LatResult::perftest(size, s.p.iters, &o.tposted, factor);
+    s.lat_row(&r);
+    Ok(())
+}
+
 fn check_gids<V: Verbs>(res: &Res<V>, rem: &[Key]) -> Result<(), String> {
     let mine = roce::types::Gid(res.gid.0).is_ipv4_mapped();
     for k in rem {
@@ -576,12 +593,7 @@ fn write_lat<V: Verbs>(s: &mut Session<'_, V>) -> Result<Option<()>, String> {
     for &size in &p.sizes.clone() {
         let rem = s.rem[0];
         let o = lat::write_lat(&mut s.res, p, size, &rem)?;
-        if o.interrupted {
-            return Err(stop_lat(s, size, &o, 2.0));
-        }
-        s.verified += o.verified;
-        let r = LatResult::perftest(size, p.iters, &o.tposted, 2.0);
-        s.lat_row(&r);
+        lat_size_done(s, size, &o, 2.0)?;
     }
     s.say(&format!("{RULE}\n"));
     Ok(None)
@@ -605,12 +617,7 @@ fn rd_atomic_lat<V: Verbs>(s: &mut Session<'_, V>) -> Result<Option<()>, String>
     for &size in &p.sizes.clone() {
         let rem = s.rem[0];
         let o = lat::rd_atomic_lat(&mut s.res, p, size, &rem)?;
-        if o.interrupted {
-            return Err(stop_lat(s, size, &o, 1.0));
-        }
-        s.verified += o.verified;
-        let r = LatResult::perftest(size, p.iters, &o.tposted, 1.0);
-        s.lat_row(&r);
+        lat_size_done(s, size, &o, 1.0)?;
     }
     s.say(&format!("{RULE}\n"));
     Ok(Some(()))
@@ -627,12 +634,7 @@ fn send_lat<V: Verbs>(s: &mut Session<'_, V>) -> Result<Option<()>, String> {
         s.round(0)?;
         let rem = s.rem[0];
         let o = lat::send_lat(&mut s.res, p, size, &rem)?;
-        if o.interrupted {
-            return Err(stop_lat(s, size, &o, 2.0));
-        }
-        s.verified += o.verified;
-        let r = LatResult::perftest(size, p.iters, &o.tposted, 2.0);
-        s.lat_row(&r);
+        lat_size_done(s, size, &o, 2.0)?;
     }
     s.say(&format!("{RULE}\n"));
     Ok(Some(()))
