@@ -5,6 +5,7 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod cm;
 pub mod engine;
 pub mod memory;
 pub mod pcap;

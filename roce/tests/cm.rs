@@ -1,0 +1,535 @@
+//! The connection manager's state machines on simulated time: two agents joined by a link
+//! that can lose chosen MADs, every handshake step, its losses and retries, rejection,
+//! disconnection, peers that vanish, bounds, and the REQ/REP ferroce builds compared byte
+//! for byte with what Linux's ib_cm sent in the corpus.
+
+use roce::cm::{reason, AcceptParams, CmAgent, CmConfig, CmEvent, ConnId, ConnectParams, OutMad};
+use roce::types::Gid;
+use roce::wire::cm::{service_id, Cm, PrivateData, CM_DATA_LEN};
+use roce::wire::mad::{attr, MadHeader, HEADER_LEN};
+
+const A_GID: Gid = Gid::from_ipv4([10, 99, 0, 2]);
+const B_GID: Gid = Gid::from_ipv4([10, 99, 0, 4]);
+const SID: u64 = 0x0106_1c06; // RDMA_PS_TCP, port 7174 (rping)
+const MS: u64 = 1_000_000;
+
+/// Two agents, A (active) at `A_GID` and B (passive) at `B_GID`, and the MADs in flight.
+struct Link {
+    a: CmAgent,
+    b: CmAgent,
+    now: u64,
+    /// Attribute IDs to lose, once each, in order of their sending.
+    lose: Vec<u16>,
+    /// Lose everything from A or from B.
+    a_gone: bool,
+    b_gone: bool,
+    /// What crossed, by attribute, as (from A, attr).
+    seen: Vec<(bool, u16)>,
+    a_events: Vec<CmEvent>,
+    b_events: Vec<CmEvent>,
+}
+
+fn cfg(guid: u64) -> CmConfig {
+    CmConfig {
+        ca_guid: guid,
+        ..CmConfig::default()
+    }
+}
+
+impl Link {
+    fn new() -> Link {
+        let mut b = CmAgent::new(cfg(0x5054_00ff_fe99_0004));
+        b.listen(SID).unwrap();
+        Link {
+            a: CmAgent::new(cfg(0x5054_00ff_fe99_0002)),
+            b,
+            now: 0,
+            lose: Vec::new(),
+            a_gone: false,
+            b_gone: false,
+            seen: Vec::new(),
+            a_events: Vec::new(),
+            b_events: Vec::new(),
+        }
+    }
+
+    fn deliver(&mut self, from_a: bool, m: OutMad) {
+        let attr = MadHeader::parse(&m.mad).unwrap().attr_id;
+        self.seen.push((from_a, attr));
+        if (from_a && self.a_gone) || (!from_a && self.b_gone) {
+            return;
+        }
+        if let Some(i) = self.lose.iter().position(|&x| x == attr) {
+            self.lose.remove(i);
+            return;
+        }
+        if from_a {
+            assert_eq!(m.dest, B_GID);
+            self.b.handle_mad(self.now, A_GID, &m.mad);
+        } else {
+            assert_eq!(m.dest, A_GID);
+            self.a.handle_mad(self.now, B_GID, &m.mad);
+        }
+    }
+
+    /// Moves MADs and events until nothing is in flight; with `wait`, also lets time run to
+    /// the next deadline while one is armed, up to `limit` of simulated time.
+    fn run(&mut self, wait: bool, limit: u64) {
+        let end = self.now + limit;
+        loop {
+            let mut moved = false;
+            while let Some(m) = self.a.poll_mad() {
+                self.deliver(true, m);
+                moved = true;
+            }
+            while let Some(m) = self.b.poll_mad() {
+                self.deliver(false, m);
+                moved = true;
+            }
+            while let Some(e) = self.a.poll_event() {
+                self.a_events.push(e);
+            }
+            while let Some(e) = self.b.poll_event() {
+                self.b_events.push(e);
+            }
+            if moved {
+                continue;
+            }
+            if !wait {
+                return;
+            }
+            let next = [self.a.poll_timeout(), self.b.poll_timeout()]
+                .into_iter()
+                .flatten()
+                .min();
+            match next {
+                Some(t) if t <= end => {
+                    self.now = self.now.max(t);
+                    self.a.handle_timeout(self.now);
+                    self.b.handle_timeout(self.now);
+                }
+                _ => return,
+            }
+        }
+    }
+
+    fn connect(&mut self) -> ConnId {
+        let p = ConnectParams {
+            service_id: SID,
+            local_gid: A_GID,
+            remote_gid: B_GID,
+            qpn: 0x31,
+            starting_psn: 0x58642a,
+            responder_resources: 1,
+            initiator_depth: 1,
+            path_mtu: 3,
+            retry_count: 7,
+            rnr_retry_count: 7,
+            hop_limit: 64,
+            ..Default::default()
+        };
+        self.a.connect(self.now, &p).unwrap()
+    }
+
+    /// B's newest connect request.
+    fn request(&self) -> ConnId {
+        self.b_events
+            .iter()
+            .rev()
+            .find_map(|e| match e {
+                CmEvent::ConnectRequest { id, .. } => Some(*id),
+                _ => None,
+            })
+            .expect("a connect request at B")
+    }
+
+    fn accept(&mut self, id: ConnId) {
+        let p = AcceptParams {
+            qpn: 0x38,
+            starting_psn: 0x8d06b3,
+            responder_resources: 1,
+            initiator_depth: 1,
+            rnr_retry_count: 7,
+            ..Default::default()
+        };
+        self.b.accept(self.now, id, &p).unwrap();
+    }
+
+    /// A full handshake; the two IDs.
+    fn establish(&mut self) -> (ConnId, ConnId) {
+        let a = self.connect();
+        self.run(false, 0);
+        let b = self.request();
+        self.accept(b);
+        self.run(false, 0);
+        assert!(matches!(self.a_events.last(), Some(CmEvent::RepReceived { id, .. }) if *id == a));
+        self.a.rtu(a).unwrap();
+        self.run(false, 0);
+        (a, b)
+    }
+
+    fn attrs(&self) -> Vec<(bool, u16)> {
+        self.seen.clone()
+    }
+}
+
+fn names(events: &[CmEvent]) -> Vec<&'static str> {
+    events
+        .iter()
+        .map(|e| match e {
+            CmEvent::ConnectRequest { .. } => "request",
+            CmEvent::RepReceived { .. } => "rep",
+            CmEvent::Established { .. } => "established",
+            CmEvent::Rejected { .. } => "rejected",
+            CmEvent::TimedOut { .. } => "timed out",
+            CmEvent::Disconnected { .. } => "disconnected",
+            CmEvent::Released { .. } => "released",
+        })
+        .collect()
+}
+
+#[test]
+fn connect_accept_establish_disconnect_and_release() {
+    let mut l = Link::new();
+    let (a, b) = l.establish();
+    let CmEvent::ConnectRequest { req, peer, .. } = l.b_events[0] else {
+        panic!()
+    };
+    assert_eq!(
+        (peer, req.local_qpn, req.starting_psn),
+        (A_GID, 0x31, 0x58642a)
+    );
+    let CmEvent::RepReceived { rep, .. } = l.a_events[0] else {
+        panic!()
+    };
+    assert_eq!((rep.local_qpn, rep.starting_psn), (0x38, 0x8d06b3));
+    assert_eq!(rep.remote_comm_id, a.0);
+    assert_eq!(names(&l.a_events), ["rep", "established"]);
+    assert_eq!(names(&l.b_events), ["request", "established"]);
+    l.a.disconnect(l.now, a).unwrap();
+    l.run(true, 60_000 * MS);
+    assert_eq!(
+        l.attrs().iter().map(|x| x.1).collect::<Vec<_>>(),
+        [attr::REQ, attr::REP, attr::RTU, attr::DREQ, attr::DREP]
+    );
+    assert_eq!(names(&l.a_events)[2..], ["disconnected", "released"]);
+    assert_eq!(names(&l.b_events)[2..], ["disconnected", "released"]);
+    assert!(matches!(l.b_events[3], CmEvent::Released { id } if id == b));
+    assert_eq!((l.a.conn_count(), l.b.conn_count()), (0, 0));
+    assert_eq!((l.a.poll_timeout(), l.b.poll_timeout()), (None, None));
+    assert_eq!(l.a.counters.retries + l.b.counters.retries, 0);
+}
+
+#[test]
+fn a_lost_req_is_sent_again_after_the_cm_timeout() {
+    let mut l = Link::new();
+    l.lose = vec![attr::REQ];
+    let a = l.connect();
+    l.run(false, 0);
+    assert!(l.b_events.is_empty());
+    // Linux's wait: 2 x packet lifetime (2^(18-8) ms) + response timeout (2^(20-8) ms).
+    assert_eq!(l.a.poll_timeout(), Some((2 * 1024 + 4096) * MS));
+    l.run(true, 10_000 * MS);
+    assert_eq!(l.a.counters.retries, 1);
+    let b = l.request();
+    l.accept(b);
+    l.run(false, 0);
+    l.a.rtu(a).unwrap();
+    l.run(false, 0);
+    assert_eq!(names(&l.b_events), ["request", "established"]);
+}
+
+#[test]
+fn a_lost_rep_is_answered_again_when_the_req_repeats() {
+    let mut l = Link::new();
+    l.lose = vec![attr::REP];
+    let a = l.connect();
+    l.run(false, 0);
+    let b = l.request();
+    // B answers a second later, so its own REP retry would come a second after A's REQ
+    // retry: the REP A gets is the answer to the duplicate.
+    l.now += 1000 * MS;
+    l.accept(b);
+    // A times out, sends the REQ again; B knows it and sends its REP again, once, as a
+    // duplicate (not a second connection).
+    l.run(true, 5_500 * MS);
+    assert_eq!(l.b.counters.rx_duplicates, 1);
+    assert_eq!(l.b.counters.retries, 0, "B's own REP retry is not due yet");
+    assert_eq!(l.b.conn_count(), 1);
+    assert_eq!(names(&l.b_events), ["request"]);
+    assert_eq!(names(&l.a_events), ["rep"]);
+    l.a.rtu(a).unwrap();
+    l.run(false, 0);
+    assert_eq!(names(&l.b_events), ["request", "established"]);
+}
+
+#[test]
+fn a_lost_rtu_is_sent_again_when_the_rep_repeats() {
+    let mut l = Link::new();
+    l.lose = vec![attr::RTU];
+    let (_a, _b) = l.establish();
+    assert_eq!(names(&l.b_events), ["request"]);
+    l.run(true, 10_000 * MS);
+    assert_eq!(l.a.counters.rx_duplicates, 1);
+    assert_eq!(names(&l.b_events), ["request", "established"]);
+    // Or the QP's first packet establishes it before any RTU.
+    let mut l = Link::new();
+    l.lose = vec![attr::RTU];
+    let (_, b) = l.establish();
+    l.b.established(b).unwrap();
+    l.run(false, 0);
+    assert_eq!(names(&l.b_events), ["request", "established"]);
+    assert_eq!(l.b.poll_timeout(), None, "no REP retry once established");
+}
+
+#[test]
+fn no_listener_is_rejected_as_an_invalid_service_id() {
+    let mut l = Link::new();
+    l.b.unlisten(SID);
+    let a = l.connect();
+    l.run(true, 60_000 * MS);
+    let CmEvent::Rejected { id, reason: r, .. } = l.a_events[0] else {
+        panic!("{:?}", l.a_events)
+    };
+    assert_eq!((id, r), (a, reason::INVALID_SERVICE_ID));
+    assert_eq!((l.a.conn_count(), l.b.conn_count()), (0, 0));
+    assert!(l.b_events.is_empty());
+}
+
+#[test]
+fn the_consumer_rejects_with_its_private_data() {
+    let mut l = Link::new();
+    let a = l.connect();
+    l.run(false, 0);
+    let b = l.request();
+    l.b.reject(b, reason::CONSUMER_DEFINED, b"busy").unwrap();
+    l.run(false, 0);
+    let CmEvent::Rejected {
+        id,
+        reason: r,
+        private_data,
+    } = l.a_events[0]
+    else {
+        panic!("{:?}", l.a_events)
+    };
+    assert_eq!((id, r), (a, reason::CONSUMER_DEFINED));
+    assert_eq!(&private_data.0[..4], b"busy");
+    assert_eq!((l.a.conn_count(), l.b.conn_count()), (0, 0));
+    assert_eq!(
+        l.b.reject(b, reason::CONSUMER_DEFINED, &[]),
+        Err(roce::cm::CmError::NotFound),
+        "the rejected connection is gone"
+    );
+}
+
+#[test]
+fn lost_dreq_and_lost_drep_are_retried_and_answered_again() {
+    for lost in [attr::DREQ, attr::DREP] {
+        let mut l = Link::new();
+        let (a, _b) = l.establish();
+        l.lose = vec![lost];
+        l.a.disconnect(l.now, a).unwrap();
+        l.run(true, 60_000 * MS);
+        assert_eq!(l.a.counters.retries, 1, "lost {lost:#x}");
+        assert_eq!(names(&l.a_events)[2..], ["disconnected", "released"]);
+        assert_eq!(names(&l.b_events)[2..], ["disconnected", "released"]);
+        if lost == attr::DREP {
+            // B's time wait (2^(19-8) ms) ends before A's retry (6 s): B answers a DREQ for
+            // a connection it no longer holds, as ib_cm does, so A stops retrying.
+            let dreps = l.seen.iter().filter(|x| **x == (false, attr::DREP)).count();
+            assert_eq!(dreps, 2);
+        }
+        assert_eq!((l.a.conn_count(), l.b.conn_count()), (0, 0));
+    }
+}
+
+#[test]
+fn a_peer_gone_mid_handshake_times_out_after_every_retry() {
+    // B vanishes before answering: A sends the REQ 1 + 15 times, then gives up.
+    let mut l = Link::new();
+    l.b_gone = true;
+    let a = l.connect();
+    l.run(false, 0);
+    l.run(true, 3_600_000 * MS);
+    assert_eq!(names(&l.a_events), ["timed out"]);
+    assert!(matches!(l.a_events[0], CmEvent::TimedOut { id } if id == a));
+    let reqs = l.seen.iter().filter(|x| **x == (true, attr::REQ)).count();
+    assert_eq!(reqs, 16);
+    assert_eq!(l.now, 16 * (2 * 1024 + 4096) * MS);
+    assert_eq!(l.a.conn_count(), 0);
+    // A vanishes after its REQ: B's REP goes 16 times, then B gives up.
+    let mut l = Link::new();
+    l.connect();
+    l.run(false, 0);
+    l.a_gone = true;
+    let b = l.request();
+    l.accept(b);
+    l.run(true, 3_600_000 * MS);
+    assert_eq!(names(&l.b_events), ["request", "timed out"]);
+    assert_eq!(l.b.conn_count(), 0);
+}
+
+#[test]
+fn both_sides_disconnecting_at_once_end_cleanly() {
+    let mut l = Link::new();
+    let (a, b) = l.establish();
+    l.a.disconnect(l.now, a).unwrap();
+    l.b.disconnect(l.now, b).unwrap();
+    l.run(true, 60_000 * MS);
+    assert_eq!(names(&l.a_events)[2..], ["disconnected", "released"]);
+    assert_eq!(names(&l.b_events)[2..], ["disconnected", "released"]);
+    assert_eq!((l.a.conn_count(), l.b.conn_count()), (0, 0));
+}
+
+#[test]
+fn a_thousand_connections_opened_and_closed_leave_nothing_behind() {
+    let mut l = Link::new();
+    for i in 0..1000 {
+        let (a, _) = l.establish();
+        if i % 2 == 0 {
+            l.a.disconnect(l.now, a).unwrap();
+        } else {
+            let b = l.request();
+            l.b.disconnect(l.now, b).unwrap();
+        }
+        l.run(true, 60_000 * MS);
+        assert_eq!((l.a.conn_count(), l.b.conn_count()), (0, 0), "round {i}");
+    }
+    assert_eq!((l.a.poll_timeout(), l.b.poll_timeout()), (None, None));
+    let ids: std::collections::HashSet<_> = l
+        .a_events
+        .iter()
+        .filter_map(|e| match e {
+            CmEvent::Established { id } => Some(*id),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(ids.len(), 1000, "no communication ID reused too soon");
+}
+
+#[test]
+fn a_req_flood_is_bounded_and_garbage_is_counted() {
+    let mut b = CmAgent::new(CmConfig {
+        max_conns: 8,
+        ..cfg(4)
+    });
+    b.listen(SID).unwrap();
+    let mut a = CmAgent::new(cfg(2));
+    let p = ConnectParams {
+        service_id: SID,
+        local_gid: A_GID,
+        remote_gid: B_GID,
+        ..Default::default()
+    };
+    for _ in 0..20 {
+        a.connect(0, &p).unwrap();
+    }
+    while let Some(m) = a.poll_mad() {
+        b.handle_mad(0, A_GID, &m.mad);
+    }
+    assert_eq!(b.conn_count(), 8);
+    let mut rejected = 0;
+    while let Some(m) = b.poll_mad() {
+        if let Ok(Some(Cm::Rej(r))) = Cm::parse(
+            MadHeader::parse(&m.mad).unwrap().attr_id,
+            &m.mad[HEADER_LEN..],
+        ) {
+            assert_eq!(r.reason, reason::NO_RESOURCES);
+            rejected += 1;
+        }
+    }
+    assert_eq!(rejected, 12);
+    // Not MADs, not CM, responses, unknown IDs: counted, nothing held.
+    let before = b.conn_count();
+    b.handle_mad(0, A_GID, &[1, 2, 3]);
+    let mut not_cm = [0u8; 256];
+    not_cm[0] = 1;
+    not_cm[1] = 0x04;
+    b.handle_mad(0, A_GID, &not_cm);
+    let mut rtu = [0u8; 256];
+    rtu[..4].copy_from_slice(&[1, 7, 2, 3]);
+    rtu[16..18].copy_from_slice(&attr::RTU.to_be_bytes());
+    rtu[HEADER_LEN..HEADER_LEN + 4].copy_from_slice(&0x1234u32.to_be_bytes());
+    b.handle_mad(0, A_GID, &rtu);
+    assert_eq!(b.counters.rx_bad, 2);
+    assert_eq!(b.counters.rx_unmatched, 1);
+    assert_eq!(b.conn_count(), before);
+}
+
+/// The REQ and REP this agent builds for the parameters rping used are the bytes Linux's
+/// ib_cm sent (communication IDs, the TID and the path's flow label aside, which are
+/// chosen per connection).
+#[test]
+fn req_and_rep_match_what_linux_sent_in_the_corpus() {
+    let data = std::fs::read(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/corpus/rping.pcap"),
+    )
+    .unwrap();
+    let mut linux = Vec::new();
+    for rec in roce::pcap::Reader::new(&data).unwrap() {
+        let f = rec.unwrap().data;
+        let Ok(p) = roce::wire::frame::parse(f) else {
+            continue;
+        };
+        if p.repr.transport.bth.dest_qp.value() == 1 {
+            linux.push(p.payload(f).to_vec());
+        }
+    }
+    let (lreq, lrep) = (&linux[0], &linux[1]);
+    let Ok(Some(Cm::Req(req))) = Cm::parse(attr::REQ, &lreq[HEADER_LEN..]) else {
+        panic!()
+    };
+    let Ok(Some(Cm::Rep(rep))) = Cm::parse(attr::REP, &lrep[HEADER_LEN..]) else {
+        panic!()
+    };
+    let mut a = CmAgent::new(cfg(req.local_ca_guid));
+    let mut b = CmAgent::new(cfg(rep.local_ca_guid));
+    b.listen(req.service_id).unwrap();
+    assert_eq!(req.service_id, service_id(0x0106, 7174));
+    let p = ConnectParams {
+        service_id: req.service_id,
+        local_gid: req.primary.local_gid,
+        remote_gid: req.primary.remote_gid,
+        qpn: req.local_qpn,
+        starting_psn: req.starting_psn,
+        responder_resources: req.responder_resources,
+        initiator_depth: req.initiator_depth,
+        path_mtu: req.path_mtu,
+        retry_count: req.retry_count,
+        rnr_retry_count: req.rnr_retry_count,
+        flow_label: req.primary.flow_label,
+        hop_limit: req.primary.hop_limit,
+        traffic_class: req.primary.traffic_class,
+        srq: req.srq,
+        private_data: req.private_data,
+    };
+    a.connect(0, &p).unwrap();
+    let mut ours = a.poll_mad().unwrap().mad;
+    // Linux's communication ID and TID in ours, then every byte must match.
+    ours[8..16].copy_from_slice(&lreq[8..16]);
+    ours[HEADER_LEN..HEADER_LEN + 4].copy_from_slice(&lreq[HEADER_LEN..HEADER_LEN + 4]);
+    assert_eq!(hex(&ours), hex(lreq), "REQ");
+    b.handle_mad(0, req.primary.local_gid, lreq);
+    let Some(CmEvent::ConnectRequest { id, .. }) = b.poll_event() else {
+        panic!()
+    };
+    let ap = AcceptParams {
+        qpn: rep.local_qpn,
+        starting_psn: rep.starting_psn,
+        responder_resources: rep.responder_resources,
+        initiator_depth: rep.initiator_depth,
+        rnr_retry_count: rep.rnr_retry_count,
+        srq: rep.srq,
+        private_data: PrivateData::default(),
+    };
+    b.accept(0, id, &ap).unwrap();
+    let mut ours = b.poll_mad().unwrap().mad;
+    assert_eq!(ours[8..16], lrep[8..16], "the REP echoes the REQ's TID");
+    ours[HEADER_LEN..HEADER_LEN + 4].copy_from_slice(&lrep[HEADER_LEN..HEADER_LEN + 4]);
+    assert_eq!(hex(&ours), hex(lrep), "REP");
+    assert_eq!(ours.len(), HEADER_LEN + CM_DATA_LEN);
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
