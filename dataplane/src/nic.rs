@@ -348,6 +348,7 @@ impl Nic {
                 default_pcp: cfg.pcp,
                 default_dscp: cfg.dscp,
             },
+            node_guid: roce::types::eui64(mac),
         });
         let max_qp = dev.config().limits.max_qp as usize;
         let hold_frames = cfg.ud_rx_hold_frames as usize;

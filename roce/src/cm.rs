@@ -214,6 +214,8 @@ pub enum CmEvent {
 /// A MAD for a peer's QP1.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct OutMad {
+    /// This side's GID (the source address).
+    pub src: Gid,
     /// The peer's GID.
     pub dest: Gid,
     /// The whole MAD.
@@ -276,6 +278,8 @@ struct Conn {
     id: ConnId,
     state: State,
     peer: Gid,
+    /// This side's GID on the connection.
+    local: Gid,
     remote_comm_id: u32,
     remote_guid: u64,
     remote_qpn: u32,
@@ -384,6 +388,7 @@ impl CmAgent {
             id,
             state: State::ReqSent,
             peer: p.remote_gid,
+            local: p.local_gid,
             remote_comm_id: 0,
             remote_guid: 0,
             remote_qpn: 0,
@@ -438,8 +443,8 @@ impl CmAgent {
             private_data: PrivateData::from_bytes(private_data).ok_or(CmError::TooLong)?,
             ..Default::default()
         };
-        let (peer, tid) = (c.peer, c.tid);
-        self.push_mad(peer, tid, &Cm::Rej(rej));
+        let (local, peer, tid) = (c.local, c.peer, c.tid);
+        self.push_mad(local, peer, tid, &Cm::Rej(rej));
         self.counters.rej_sent += 1;
         self.remove(id);
         Ok(())
@@ -457,8 +462,8 @@ impl CmAgent {
             remote_comm_id: c.remote_comm_id,
             ..Default::default()
         };
-        let (peer, tid) = (c.peer, c.tid);
-        self.push_mad(peer, tid, &Cm::Rtu(rtu));
+        let (local, peer, tid) = (c.local, c.peer, c.tid);
+        self.push_mad(local, peer, tid, &Cm::Rtu(rtu));
         self.conn_mut(id)?.state = State::Established;
         self.event(CmEvent::Established { id });
         Ok(())
@@ -508,6 +513,11 @@ impl CmAgent {
         self.out.pop_front()
     }
 
+    /// Whether events wait for the consumer.
+    pub fn has_events(&self) -> bool {
+        !self.events.is_empty()
+    }
+
     /// Takes the next event for the consumer.
     pub fn poll_event(&mut self) -> Option<CmEvent> {
         self.events.pop_front()
@@ -532,9 +542,9 @@ impl CmAgent {
                 State::ReqSent | State::RepSent | State::DreqSent if c.tries < max => {
                     c.tries += 1;
                     let Some((tid, m)) = c.last else { continue };
-                    let peer = c.peer;
+                    let (local, peer) = (c.local, c.peer);
                     self.counters.retries += 1;
-                    self.push_mad(peer, tid, &m);
+                    self.push_mad(local, peer, tid, &m);
                     self.arm(now, id);
                 }
                 State::ReqSent | State::RepSent => {
@@ -555,9 +565,9 @@ impl CmAgent {
         }
     }
 
-    /// A MAD that arrived on QP1 from `from` (untrusted: anything that is not a CM SEND
-    /// this agent can match is counted and dropped).
-    pub fn handle_mad(&mut self, now: u64, from: Gid, mad: &[u8]) {
+    /// A MAD that arrived on QP1 from `from`, addressed to this side's `to` (untrusted:
+    /// anything that is not a CM SEND this agent can match is counted and dropped).
+    pub fn handle_mad(&mut self, now: u64, from: Gid, to: Gid, mad: &[u8]) {
         let Ok(h) = MadHeader::parse(mad) else {
             self.counters.rx_bad += 1;
             return;
@@ -572,8 +582,8 @@ impl CmAgent {
         };
         self.counters.rx_mads += 1;
         match m {
-            Cm::Req(req) => self.on_req(from, h.tid, req),
-            Cm::Rep(rep) => self.on_rep(from, rep),
+            Cm::Req(req) => self.on_req(from, to, h.tid, req),
+            Cm::Rep(rep) => self.on_rep(from, to, rep),
             Cm::Rtu(rtu) => self.on_rtu(rtu),
             Cm::Rej(rej) => self.on_rej(rej),
             Cm::Mra(mra) => {
@@ -588,7 +598,7 @@ impl CmAgent {
                     None => self.counters.rx_unmatched += 1,
                 }
             }
-            Cm::Dreq(dreq) => self.on_dreq(now, from, h.tid, dreq),
+            Cm::Dreq(dreq) => self.on_dreq(now, from, to, h.tid, dreq),
             Cm::Drep(drep) => match self.matched(drep.remote_comm_id, drep.local_comm_id) {
                 Some(id) if self.state(id) == Some(State::DreqSent) => {
                     self.event(CmEvent::Disconnected { id });
@@ -599,24 +609,26 @@ impl CmAgent {
         }
     }
 
-    fn on_req(&mut self, from: Gid, tid: u64, req: Req) {
+    fn on_req(&mut self, from: Gid, to: Gid, tid: u64, req: Req) {
         let key = (req.local_comm_id, req.local_ca_guid);
         if let Some(&id) = self.by_remote.get(&key) {
             // A duplicate: our answer was lost, or the peer is slow.
             self.counters.rx_duplicates += 1;
             match self.conns[id.slot()].as_ref().map(|c| (c.state, c.last)) {
-                Some((State::RepSent, Some((t, m)))) => self.push_mad(from, t, &m),
-                Some((State::TimeWait, _)) => self.send_rej(from, tid, 0, &req, reason::STALE_CONN),
+                Some((State::RepSent, Some((t, m)))) => self.push_mad(to, from, t, &m),
+                Some((State::TimeWait, _)) => {
+                    self.send_rej(to, from, tid, 0, &req, reason::STALE_CONN)
+                }
                 _ => {}
             }
             return;
         }
         if !self.listening.contains(&req.service_id) {
-            self.send_rej(from, tid, 0, &req, reason::INVALID_SERVICE_ID);
+            self.send_rej(to, from, tid, 0, &req, reason::INVALID_SERVICE_ID);
             return;
         }
         let Some(id) = self.alloc() else {
-            self.send_rej(from, tid, 0, &req, reason::NO_RESOURCES);
+            self.send_rej(to, from, tid, 0, &req, reason::NO_RESOURCES);
             return;
         };
         // The REP waits as long as the REQ's sender says it takes to answer one.
@@ -625,6 +637,7 @@ impl CmAgent {
             id,
             state: State::ReqRcvd,
             peer: from,
+            local: to,
             remote_comm_id: req.local_comm_id,
             remote_guid: req.local_ca_guid,
             remote_qpn: req.local_qpn,
@@ -642,7 +655,7 @@ impl CmAgent {
         });
     }
 
-    fn on_rep(&mut self, from: Gid, rep: Rep) {
+    fn on_rep(&mut self, from: Gid, to: Gid, rep: Rep) {
         // The REP names our ID; its own ID is new to us.
         let Some(id) = self.local(rep.remote_comm_id) else {
             self.counters.rx_unmatched += 1;
@@ -667,7 +680,7 @@ impl CmAgent {
                 };
                 let tid = c.tid;
                 self.counters.rx_duplicates += 1;
-                self.push_mad(from, tid, &Cm::Rtu(rtu));
+                self.push_mad(to, from, tid, &Cm::Rtu(rtu));
             }
             _ => self.counters.rx_unmatched += 1,
         }
@@ -705,7 +718,7 @@ impl CmAgent {
         }
     }
 
-    fn on_dreq(&mut self, now: u64, from: Gid, tid: u64, dreq: Dreq) {
+    fn on_dreq(&mut self, now: u64, from: Gid, to: Gid, tid: u64, dreq: Dreq) {
         let id = self.matched(dreq.remote_comm_id, dreq.local_comm_id);
         let state = id.and_then(|id| self.state(id));
         let drep = |local: u32, remote| {
@@ -719,43 +732,48 @@ impl CmAgent {
             // Gone already (time wait over, or never known): answered all the same, as ib_cm
             // does, so a peer whose DREP was lost stops retrying. Nothing is held for it.
             self.counters.rx_unmatched += 1;
-            self.push_mad(from, tid, &drep(dreq.remote_comm_id, dreq.local_comm_id));
+            self.push_mad(
+                to,
+                from,
+                tid,
+                &drep(dreq.remote_comm_id, dreq.local_comm_id),
+            );
             return;
         };
         match state {
             // Both sides sent a DREQ: answer and finish as if ours was answered.
             State::Established | State::DreqSent | State::RepSent => {
-                self.push_mad(from, tid, &drep(id.0, dreq.local_comm_id));
+                self.push_mad(to, from, tid, &drep(id.0, dreq.local_comm_id));
                 self.event(CmEvent::Disconnected { id });
                 self.enter_timewait(now, id);
             }
             State::TimeWait => {
                 // Our DREP was lost: again.
                 self.counters.rx_duplicates += 1;
-                self.push_mad(from, tid, &drep(id.0, dreq.local_comm_id));
+                self.push_mad(to, from, tid, &drep(id.0, dreq.local_comm_id));
             }
             _ => self.counters.rx_unmatched += 1,
         }
     }
 
-    /// A REJ answering `req` (from a peer this agent holds nothing for).
-    fn send_rej(&mut self, to: Gid, tid: u64, local: u32, req: &Req, reason: u16) {
+    /// A REJ from `local` answering `req` from `peer` (for which nothing is held).
+    fn send_rej(&mut self, local: Gid, peer: Gid, tid: u64, local_id: u32, req: &Req, reason: u16) {
         let rej = Rej {
-            local_comm_id: local,
+            local_comm_id: local_id,
             remote_comm_id: req.local_comm_id,
             message: REJECTS_REQ,
             reason,
             ..Default::default()
         };
         self.counters.rej_sent += 1;
-        self.push_mad(to, tid, &Cm::Rej(rej));
+        self.push_mad(local, peer, tid, &Cm::Rej(rej));
     }
 
     fn send_request(&mut self, now: u64, id: ConnId, tid: u64, m: Cm) {
         let Ok(c) = self.conn_mut(id) else { return };
         c.last = Some((tid, m));
-        let peer = c.peer;
-        self.push_mad(peer, tid, &m);
+        let (local, peer) = (c.local, c.peer);
+        self.push_mad(local, peer, tid, &m);
         self.arm(now, id);
     }
 
@@ -792,7 +810,7 @@ impl CmAgent {
         }
     }
 
-    fn push_mad(&mut self, dest: Gid, tid: u64, m: &Cm) {
+    fn push_mad(&mut self, src: Gid, dest: Gid, tid: u64, m: &Cm) {
         if self.out.len() >= MAX_OUT {
             self.counters.tx_dropped += 1;
             return;
@@ -815,7 +833,7 @@ impl CmAgent {
         m.emit(body.try_into().expect("CM data length"));
         debug_assert_eq!(body.len(), CM_DATA_LEN);
         self.counters.tx_mads += 1;
-        self.out.push_back(OutMad { dest, mad });
+        self.out.push_back(OutMad { src, dest, mad });
     }
 
     fn event(&mut self, e: CmEvent) {

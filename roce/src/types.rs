@@ -276,23 +276,9 @@ impl Gid {
     /// The link-local GID `fe80::` + modified EUI-64 of `mac`, which rxe and hardware RNICs
     /// put at GID index 0.
     pub const fn link_local_from_mac(mac: [u8; 6]) -> Gid {
+        let e = eui64(mac).to_be_bytes();
         Gid([
-            0xfe,
-            0x80,
-            0,
-            0,
-            0,
-            0,
-            0,
-            0,
-            mac[0] ^ 0x02,
-            mac[1],
-            mac[2],
-            0xff,
-            0xfe,
-            mac[3],
-            mac[4],
-            mac[5],
+            0xfe, 0x80, 0, 0, 0, 0, 0, 0, e[0], e[1], e[2], e[3], e[4], e[5], e[6], e[7],
         ])
     }
 
@@ -341,6 +327,22 @@ impl fmt::Debug for Gid {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Gid({self})")
     }
+}
+
+/// The EUI-64 of a MAC address (the U/L bit flipped, 0xfffe in the middle), as a GUID: the
+/// node GUID RoCE devices derive from their port's MAC (rxe does), which the connection
+/// manager carries as the CA GUID.
+pub const fn eui64(mac: [u8; 6]) -> u64 {
+    u64::from_be_bytes([
+        mac[0] ^ 0x02,
+        mac[1],
+        mac[2],
+        0xff,
+        0xfe,
+        mac[3],
+        mac[4],
+        mac[5],
+    ])
 }
 
 #[cfg(test)]

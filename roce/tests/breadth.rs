@@ -317,7 +317,7 @@ fn ud_over_ipv6_gids_writes_the_ipv6_header_as_grh() {
 }
 
 #[test]
-fn mads_to_qp1_are_counted_and_dropped() {
+fn mads_to_qp1_are_counted_and_garbage_is_dropped() {
     let mut p = pair(5);
     let (a, _b) = ud_endpoints(&mut p);
     let gsi = Endpoint {
@@ -335,6 +335,9 @@ fn mads_to_qp1_are_counted_and_dropped() {
     .unwrap();
     p.run_until_idle(SEC);
     assert_eq!(p.b.dev.counters().0.rx_gsi_mads, 1);
+    // Zeros are no CM message: the connection manager counts it and answers nothing.
+    assert_eq!(p.b.dev.cm().counters.rx_bad, 1);
+    assert_eq!(p.b.dev.counters().0.tx_gsi_mads, 0);
 }
 
 // ---- SRQ ----

@@ -63,12 +63,13 @@ impl Link {
             self.lose.remove(i);
             return;
         }
+        assert_eq!(m.src, if from_a { A_GID } else { B_GID });
         if from_a {
             assert_eq!(m.dest, B_GID);
-            self.b.handle_mad(self.now, A_GID, &m.mad);
+            self.b.handle_mad(self.now, A_GID, B_GID, &m.mad);
         } else {
             assert_eq!(m.dest, A_GID);
-            self.a.handle_mad(self.now, B_GID, &m.mad);
+            self.a.handle_mad(self.now, B_GID, A_GID, &m.mad);
         }
     }
 
@@ -425,7 +426,7 @@ fn a_req_flood_is_bounded_and_garbage_is_counted() {
         a.connect(0, &p).unwrap();
     }
     while let Some(m) = a.poll_mad() {
-        b.handle_mad(0, A_GID, &m.mad);
+        b.handle_mad(0, A_GID, B_GID, &m.mad);
     }
     assert_eq!(b.conn_count(), 8);
     let mut rejected = 0;
@@ -441,16 +442,16 @@ fn a_req_flood_is_bounded_and_garbage_is_counted() {
     assert_eq!(rejected, 12);
     // Not MADs, not CM, responses, unknown IDs: counted, nothing held.
     let before = b.conn_count();
-    b.handle_mad(0, A_GID, &[1, 2, 3]);
+    b.handle_mad(0, A_GID, B_GID, &[1, 2, 3]);
     let mut not_cm = [0u8; 256];
     not_cm[0] = 1;
     not_cm[1] = 0x04;
-    b.handle_mad(0, A_GID, &not_cm);
+    b.handle_mad(0, A_GID, B_GID, &not_cm);
     let mut rtu = [0u8; 256];
     rtu[..4].copy_from_slice(&[1, 7, 2, 3]);
     rtu[16..18].copy_from_slice(&attr::RTU.to_be_bytes());
     rtu[HEADER_LEN..HEADER_LEN + 4].copy_from_slice(&0x1234u32.to_be_bytes());
-    b.handle_mad(0, A_GID, &rtu);
+    b.handle_mad(0, A_GID, B_GID, &rtu);
     assert_eq!(b.counters.rx_bad, 2);
     assert_eq!(b.counters.rx_unmatched, 1);
     assert_eq!(b.conn_count(), before);
@@ -509,7 +510,7 @@ fn req_and_rep_match_what_linux_sent_in_the_corpus() {
     ours[8..16].copy_from_slice(&lreq[8..16]);
     ours[HEADER_LEN..HEADER_LEN + 4].copy_from_slice(&lreq[HEADER_LEN..HEADER_LEN + 4]);
     assert_eq!(hex(&ours), hex(lreq), "REQ");
-    b.handle_mad(0, req.primary.local_gid, lreq);
+    b.handle_mad(0, req.primary.local_gid, req.primary.remote_gid, lreq);
     let Some(CmEvent::ConnectRequest { id, .. }) = b.poll_event() else {
         panic!()
     };
@@ -532,4 +533,118 @@ fn req_and_rep_match_what_linux_sent_in_the_corpus() {
 
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// Two transport engines connected by their connection managers over QP1, on simulated
+/// time, the way rdma_cm drives them: the passive side brings its QP up from the REQ and
+/// accepts, the active side from the REP and sends the RTU; then an RDMA WRITE crosses the
+/// connection and lands. The MADs on the wire are UD SEND-only to QP1 with QP1's Q_Key and
+/// UDP source port, as rxe sends them.
+#[test]
+fn the_cm_connects_two_engines_over_qp1_and_data_flows() {
+    use roce::sim::{bring_up, endpoint, node_gid, ConnectOpts, Pair};
+    use roce::types::{Qkey, Qpn};
+    use roce::verbs::WcStatus;
+    use roce::wire::opcode::Opcode;
+    let mut p = Pair::lossless();
+    p.record = true;
+    let o = ConnectOpts::default();
+    let ea = endpoint(&mut p.a.dev, &o, 0x10_0000_0000);
+    let eb = endpoint(&mut p.b.dev, &o, 0x20_0000_0000);
+    p.b.dev.cm().listen(SID).unwrap();
+    let (a_rq_psn, b_rq_psn) = (0x58642a, 0x8d06b3);
+    let params = ConnectParams {
+        service_id: SID,
+        local_gid: node_gid(0),
+        remote_gid: node_gid(1),
+        qpn: ea.qpn.value(),
+        starting_psn: a_rq_psn,
+        responder_resources: 16,
+        initiator_depth: 16,
+        path_mtu: 3,
+        retry_count: 7,
+        rnr_retry_count: 7,
+        hop_limit: 64,
+        ..Default::default()
+    };
+    let a_id = p.a.dev.cm().connect(p.now, &params).unwrap();
+    let deadline = p.now + 1_000 * MS;
+    assert!(p.run(deadline, |p| p.b.dev.cm().has_events()));
+    let Some(CmEvent::ConnectRequest { id, req, peer }) = p.b.dev.cm().poll_event() else {
+        panic!("no connect request");
+    };
+    assert_eq!((peer, req.local_qpn), (node_gid(0), ea.qpn.value()));
+    let b_id = id;
+    // As rdma_cm's passive side: the QP to RTS from the REQ, then the REP.
+    bring_up(
+        &mut p.b.dev,
+        &eb,
+        Qpn::new(req.local_qpn),
+        peer,
+        &o,
+        req.starting_psn,
+        b_rq_psn,
+    );
+    let accept = AcceptParams {
+        qpn: eb.qpn.value(),
+        starting_psn: b_rq_psn,
+        responder_resources: 16,
+        initiator_depth: 16,
+        rnr_retry_count: 7,
+        ..Default::default()
+    };
+    p.b.dev.cm().accept(p.now, id, &accept).unwrap();
+    let deadline = p.now + 1_000 * MS;
+    assert!(p.run(deadline, |p| p.a.dev.cm().has_events()));
+    let Some(CmEvent::RepReceived { id, rep }) = p.a.dev.cm().poll_event() else {
+        panic!("no REP");
+    };
+    assert_eq!(id, a_id);
+    bring_up(
+        &mut p.a.dev,
+        &ea,
+        Qpn::new(rep.local_qpn),
+        node_gid(1),
+        &o,
+        rep.starting_psn,
+        a_rq_psn,
+    );
+    p.a.dev.cm().rtu(id).unwrap();
+    let deadline = p.now + 1_000 * MS;
+    assert!(p.run(deadline, |p| p.b.dev.cm().has_events()));
+    assert_eq!(
+        p.b.dev.cm().poll_event(),
+        Some(CmEvent::Established { id: b_id })
+    );
+    // Data over the connection the CM set up.
+    let data: Vec<u8> = (0..4096u32).map(|i| (i * 7) as u8).collect();
+    assert_eq!(
+        p.write_status(&ea, eb.addr, eb.rkey, &data),
+        WcStatus::Success
+    );
+    let mut landed = vec![0u8; data.len()];
+    roce::memory::Memory::read(&*eb.mem, 0, &mut landed).unwrap();
+    assert_eq!(landed, data);
+    // What crossed to QP1.
+    let mads: Vec<_> = p
+        .recorded
+        .iter()
+        .filter_map(|(_, _, f)| roce::wire::frame::parse(f).ok().map(|x| (x, f.clone())))
+        .filter(|(x, _)| x.repr.transport.bth.dest_qp == Qpn::GSI)
+        .collect();
+    assert_eq!(mads.len(), 3, "REQ, REP, RTU");
+    for (x, f) in &mads {
+        let t = &x.repr.transport;
+        assert_eq!(t.bth.opcode, Opcode::UD_SEND_ONLY);
+        let d = t.ext.deth.unwrap();
+        assert_eq!((d.qkey, d.src_qp), (Qkey::GSI, Qpn::GSI));
+        assert_eq!(x.payload_len, 256);
+        assert_eq!(
+            u16::from_be_bytes([f[34], f[35]]),
+            55410,
+            "QP1's UDP source port"
+        );
+    }
+    assert_eq!(p.a.dev.counters().0.tx_gsi_mads, 2);
+    assert_eq!(p.b.dev.counters().0.rx_gsi_mads, 2);
 }

@@ -144,8 +144,11 @@ counters!(
         rx_dropped_no_qp,
         /// Packets whose opcode does not match the QP's transport.
         rx_dropped_wrong_transport,
-        /// MADs to QP1 (counted and dropped; RDMA CM comes later).
+        /// Packets to QP1 (the GSI: connection manager MADs; the CM counts what it could not
+        /// use).
         rx_gsi_mads,
+        /// MADs QP1 sent for the connection manager.
+        tx_gsi_mads,
         /// Packets to a destination GID that is not ours.
         rx_dropped_not_ours,
         /// Completions dropped because a CQ overflowed.

@@ -30,7 +30,7 @@ use crate::memory::{
     KeyError, Memory, MemoryError, MemoryRegion, MrRef, MrTable, MwType, PdId, Window,
 };
 use crate::table::Table;
-use crate::types::{Gid, Lkey, Qpn, Rkey};
+use crate::types::{Gid, Lkey, Psn, Qkey, Qpn, Rkey};
 use crate::verbs::{
     Access, AsyncEvent, Completion, Mtu, QpAttr, QpCaps, QpInfo, QpState, QpType, RecvWr,
     SendFlags, SendWr, Sge, WcStatus, WrOp,
@@ -170,6 +170,9 @@ pub struct DeviceConfig {
     /// a bandwidth share, IEEE 802.1Qaz), validated (`EtsConfig::validate`); `None`: every QP
     /// in one round robin.
     pub ets: Option<dcb::ets::EtsConfig>,
+    /// The node GUID (the EUI-64 of the port's MAC, [`crate::types::eui64`]): the CA GUID
+    /// the connection manager advertises.
+    pub node_guid: u64,
 }
 
 impl Default for DeviceConfig {
@@ -185,6 +188,7 @@ impl Default for DeviceConfig {
             cc: cc::CongestionConfig::default(),
             priorities: transmit::PriorityMap::default(),
             ets: None,
+            node_guid: 0,
         }
     }
 }
@@ -901,6 +905,10 @@ pub struct Device {
     paused: u8,
     parked: Vec<u32>,
     port_active: bool,
+    /// The connection manager of the port, fed by the GSI (QP1).
+    cm: crate::cm::CmAgent,
+    /// PSN of the next MAD the GSI sends (UD: it only counts).
+    gsi_psn: Psn,
 }
 
 impl std::fmt::Debug for Device {
@@ -950,6 +958,7 @@ impl Device {
         let max_mr = cfg.limits.max_mr as usize + cfg.limits.max_mw as usize;
         let l = cfg.limits;
         let cfg_ets = cfg.ets;
+        let node_guid = cfg.node_guid;
         Device {
             sh: Shared {
                 cfg,
@@ -974,7 +983,19 @@ impl Device {
             paused: 0,
             parked: Vec::new(),
             port_active: true,
+            cm: crate::cm::CmAgent::new(crate::cm::CmConfig {
+                ca_guid: node_guid,
+                ..Default::default()
+            }),
+            gsi_psn: Psn::new(0),
         }
+    }
+
+    /// The port's connection manager: the consumer (rdma_cm) listens, connects, accepts
+    /// and disconnects through it and takes its events; its MADs go out with
+    /// [`Device::poll_transmit`] and come in with the frames to QP1.
+    pub fn cm(&mut self) -> &mut crate::cm::CmAgent {
+        &mut self.cm
     }
 
     /// The configuration.
@@ -1892,6 +1913,65 @@ impl Device {
         }
     }
 
+    /// A packet to QP1, the GSI: a MAD for the connection manager if it is what the GSI
+    /// takes (UD SEND-only with QP1's Q_Key, IBA 10.2.4.1 and 13.5.1; a whole 256-byte
+    /// MAD); anything else is counted and dropped.
+    fn handle_gsi(
+        &mut self,
+        now: u64,
+        p: &ParsedFrame,
+        segs: &[&[u8]],
+        src_gid: Gid,
+        dst_gid: Gid,
+    ) {
+        let t = &p.repr.transport;
+        let ok = t.bth.opcode == Opcode::UD_SEND_ONLY
+            && t.ext.deth.is_some_and(|d| d.qkey == Qkey::GSI)
+            && p.payload_len == crate::wire::mad::MAD_LEN;
+        if !ok {
+            self.cm.counters.rx_bad += 1;
+            return;
+        }
+        let mut mad = [0u8; crate::wire::mad::MAD_LEN];
+        let mut n = 0;
+        let start = p.payload_offset;
+        for piece in SegmentRange::new(segs, start, start + mad.len()) {
+            mad[n..n + piece.len()].copy_from_slice(piece);
+            n += piece.len();
+        }
+        self.cm.handle_mad(now, src_gid, dst_gid, &mad[..n]);
+    }
+
+    /// Builds the next MAD the connection manager has for a peer, as QP1 sends it: UD
+    /// SEND-only to the peer's QP1 with QP1's Q_Key, P_Key 0xffff, the GSI's own PSN
+    /// sequence and UDP source port (as rxe's QP1 does).
+    fn next_gsi(&mut self, tx: &mut Transmit) -> bool {
+        let Some(m) = self.cm.poll_mad() else {
+            return false;
+        };
+        let psn = self.gsi_psn;
+        self.gsi_psn = psn.next();
+        let mut bth = BthRepr::new(Opcode::UD_SEND_ONLY, Qpn::GSI, psn);
+        bth.pkey = crate::types::Pkey::DEFAULT;
+        let mut t = frame::TransportRepr::new(bth);
+        t.ext.deth = Some(crate::wire::deth::DethRepr {
+            qkey: Qkey::GSI,
+            src_qp: Qpn::GSI,
+            resv: 0,
+        });
+        tx.qpn = Qpn::GSI;
+        tx.path = Path {
+            sgid: m.src,
+            dgid: m.dest,
+            udp_sport: transmit::udp_sport_ud(Qpn::GSI.value()),
+            ..Path::default()
+        };
+        tx.transport = t;
+        tx.payload.set_inline(&m.mad);
+        self.sh.counters.tx_gsi_mads += 1;
+        true
+    }
+
     /// Takes a frame the caller already parsed and verified (`frame::parse_segments`, with
     /// `segs` the segments it parsed): the dataplane parses each frame once and hands over
     /// the headers.
@@ -1910,8 +1990,8 @@ impl Device {
             return;
         }
         if t.bth.dest_qp == Qpn::GSI {
-            // Connection manager MADs: counted and dropped until RDMA CM is implemented.
             self.sh.counters.rx_gsi_mads += 1;
+            self.handle_gsi(now, p, segs, src_gid, dst_gid);
             return;
         }
         let Some(slot) = self.slot_of(t.bth.dest_qp) else {
@@ -2005,6 +2085,10 @@ impl Device {
     /// READ responses), then requests. A QP that DCQCN throttled sends data (requests, READ
     /// responses) only when its pacer allows, and its timer wakes it for the next packet.
     pub fn poll_transmit(&mut self, now: u64, tx: &mut Transmit) -> bool {
+        // Management datagrams first: few, and a connection's setup waits on them.
+        if self.next_gsi(tx) {
+            return true;
+        }
         while let Some(tc) = self.next_class() {
             let Some(slot) = self.ready[tc].pop_front() else {
                 break;
@@ -2107,6 +2191,15 @@ impl Device {
 
     /// The earliest deadline at which `handle_timeout` must be called.
     pub fn poll_timeout(&mut self) -> Option<u64> {
+        let qp = self.qp_timeout();
+        match (qp, self.cm.poll_timeout()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// The earliest QP deadline.
+    fn qp_timeout(&mut self) -> Option<u64> {
         // Drop entries whose QP no longer needs them (its deadline moved or was cancelled), so
         // callers never wake for nothing.
         while let Some(&Reverse((t, qpn))) = self.sh.timers.peek() {
@@ -2134,8 +2227,10 @@ impl Device {
         None
     }
 
-    /// Runs the timers due at `now` (ACK timeouts, RNR back-off ends).
+    /// Runs the timers due at `now` (ACK timeouts, RNR back-off ends, the connection
+    /// manager's retries and time waits).
     pub fn handle_timeout(&mut self, now: u64) {
+        self.cm.handle_timeout(now);
         while let Some(&Reverse((t, qpn))) = self.sh.timers.peek() {
             if t > now {
                 break;
