@@ -12,7 +12,7 @@
 //! [`crate::local::LocalChannel`]). Memory is named per client: another client's area ids
 //! mean nothing in its table.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
@@ -20,7 +20,7 @@ use ferroce_host::abi::area::Area;
 use ferroce_host::abi::ring::{ring, Consumer, Producer};
 use ferroce_host::abi::slots::{CqeSlot, EventSlot, Post, PostSlot, SlotError};
 use ferroce_host::abi::{
-    ClientLimits, HostCounters, HostLimits, EVENT_RING, POST_RING, QP_INDEX_BYTES,
+    ClientLimits, CmEventData, HostCounters, HostLimits, EVENT_RING, POST_RING, QP_INDEX_BYTES,
 };
 use ferroce_host::app::ClientRings;
 use roce::engine::{CqId, SrqId, VerbsError, VerbsResult};
@@ -59,6 +59,9 @@ pub struct Owners {
     pub(crate) qp: Vec<u16>,
     pub(crate) cq: Vec<u16>,
     pub(crate) srq: Vec<u16>,
+    /// rdma_cm connections by communication ID, and listened service IDs.
+    pub(crate) cm_conns: HashMap<u32, u16>,
+    pub(crate) cm_listeners: HashMap<u64, u16>,
 }
 
 /// No owner.
@@ -73,6 +76,8 @@ impl Owners {
             qp: vec![NOBODY; limits.max_qp as usize],
             cq: vec![NOBODY; limits.max_cq as usize],
             srq: vec![NOBODY; limits.max_srq as usize],
+            cm_conns: HashMap::new(),
+            cm_listeners: HashMap::new(),
         }
     }
 
@@ -184,7 +189,17 @@ pub struct Released {
     pub mrs: Vec<Lkey>,
     /// PDs.
     pub pds: Vec<PdId>,
+    /// rdma_cm connections.
+    pub cm_ids: Vec<u32>,
+    /// rdma_cm listened service IDs.
+    pub cm_listens: Vec<u64>,
 }
+
+/// rdma_cm events waiting for a client, at most (past it a connect request is rejected and
+/// other events are counted as dropped).
+pub const MAX_CM_EVENTS: usize = 1024;
+/// Service IDs one client may listen to.
+pub const MAX_CM_LISTENS: usize = 64;
 
 /// The worker's end of a client.
 pub struct HostEnd {
@@ -224,6 +239,10 @@ pub struct HostEnd {
     /// Memory windows, by their key at allocation (the index names them).
     pub(crate) mws: Vec<Rkey>,
     pub(crate) pds: Vec<PdId>,
+    /// rdma_cm connections and listens the client made, and its events waiting.
+    pub(crate) cm_ids: Vec<u32>,
+    pub(crate) cm_listens: Vec<u64>,
+    pub(crate) cm_events: VecDeque<CmEventData>,
     scratch: Vec<Completion>,
     /// Counters.
     pub counters: HostCounters,
@@ -263,6 +282,9 @@ impl HostEnd {
             mrs: Vec::new(),
             mws: Vec::new(),
             pds: Vec::new(),
+            cm_ids: Vec::new(),
+            cm_listens: Vec::new(),
+            cm_events: VecDeque::new(),
             scratch: Vec::with_capacity(64),
             counters: HostCounters::default(),
             closed: false,
@@ -422,6 +444,7 @@ impl HostEnd {
             false
         });
         self.pending_cqs.clear();
+        self.cm_events.clear();
         self.areas.clear();
         self.retired.clear();
         self.area_bytes = 0;
@@ -435,6 +458,8 @@ impl HostEnd {
             mws: std::mem::take(&mut self.mws),
             mrs: std::mem::take(&mut self.mrs),
             pds: std::mem::take(&mut self.pds),
+            cm_ids: std::mem::take(&mut self.cm_ids),
+            cm_listens: std::mem::take(&mut self.cm_listens),
         }
     }
 

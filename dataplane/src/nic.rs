@@ -280,6 +280,9 @@ pub struct Nic {
     vlan: Option<VlanTag>,
     /// Attached application contexts (by host id; `None` once closed).
     hosts: Table<HostEnd>,
+    /// The time of the current (or last) iteration: control calls between iterations act
+    /// at it (the connection manager's timers start from it).
+    now: u64,
     /// Which host owns each QP, CQ and SRQ.
     owners: Owners,
     /// What moved in the engine this iteration (reused, no allocation).
@@ -406,6 +409,7 @@ impl Nic {
             mac,
             vlan,
             hosts: Table::dense(crate::host::MAX_HOST_IDS),
+            now: 0,
             owners: Owners::new(limits),
             moved_qps: Vec::with_capacity(64),
             moved_srqs: Vec::with_capacity(16),
@@ -652,6 +656,7 @@ impl Nic {
                 work += self.move_completions(id, cq);
             }
         }
+        work += self.route_cm_events();
         while let Some(ev) = self.dev.poll_event() {
             use roce::verbs::AsyncEvent as E;
             let owner = match ev {
@@ -685,6 +690,7 @@ impl Nic {
 
     /// One iteration; returns the amount of work done (0 = idle).
     pub fn poll(&mut self, now: u64) -> usize {
+        self.now = now;
         let mut work = 0;
         // 1. Verbs commands first: a receive WR the application has posted is there for the
         // packets of this burst, as a doorbell is on a hardware NIC (processed after the

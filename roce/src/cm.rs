@@ -106,6 +106,7 @@ impl ConnId {
 
 /// What the active side asks for (the REQ's fields it chooses; the rest are the agent's).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct ConnectParams {
     /// Service ID (rdma_cm: [`crate::wire::cm::service_id`]).
     pub service_id: u64,
@@ -141,6 +142,7 @@ pub struct ConnectParams {
 
 /// What the passive side answers with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct AcceptParams {
     /// This side's QPN.
     pub qpn: u32,

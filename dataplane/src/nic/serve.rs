@@ -12,13 +12,16 @@ use std::sync::Arc;
 use ferroce_host::abi::area::Area;
 use ferroce_host::abi::ring::{ring_bytes, Producer};
 use ferroce_host::abi::slots::{CqeSlot, Post, MAX_HOST_SGE};
-use ferroce_host::abi::{Command, PortAttrData, ReplyData, POST_RING};
+use ferroce_host::abi::{CmEventData, Command, PortAttrData, ReplyData, POST_RING};
+use roce::cm::{reason, CmError, CmEvent, ConnId};
 use roce::engine::{CqId, Device, DeviceAttr, DeviceEvent, SrqId, VerbsError, VerbsResult};
 use roce::types::Qpn;
 use roce::verbs::{AsyncEvent, QpAttr, QpState, RecvWr, SendWr};
 
 use super::Nic;
-use crate::host::{populate_later, HostEnd, Owners, QueueKind, NOBODY};
+use crate::host::{
+    populate_later, HostEnd, Owners, QueueKind, MAX_CM_EVENTS, MAX_CM_LISTENS, NOBODY,
+};
 
 /// Device attributes as applications see them: work requests cross the host rings with at
 /// most `MAX_HOST_SGE` SGEs.
@@ -59,7 +62,7 @@ impl Nic {
                     h.counters.bad_slots += 1;
                     tracing::warn!(client = %h.label, error = %e, "closing the client");
                     h.deliver_event(&AsyncEvent::DeviceFatal);
-                    close(&mut self.dev, &mut self.owners, h);
+                    close(&mut self.dev, &mut self.owners, h, self.now);
                     break;
                 }
             }
@@ -171,13 +174,13 @@ impl Nic {
             return Err(VerbsError::DeviceFatal);
         }
         h.reap_areas();
-        execute(&mut self.dev, &mut self.owners, h, cmd, area)
+        execute(&mut self.dev, &mut self.owners, h, self.now, cmd, area)
     }
 
     /// Releases everything client `id` created (its process died or it closed the context).
     pub(super) fn release_host(&mut self, id: usize) {
         if let Some(h) = self.hosts.get_mut(id) {
-            close(&mut self.dev, &mut self.owners, h);
+            close(&mut self.dev, &mut self.owners, h, self.now);
         }
     }
 
@@ -237,8 +240,21 @@ pub(super) fn publish_srq(dev: &Device, h: &HostEnd, srq: SrqId) {
 
 /// Releases everything client `h` created, in dependency order ([`HostEnd::release_all`]),
 /// as the kernel does for a process that exits without cleaning up.
-fn close(dev: &mut Device, owners: &mut Owners, h: &mut HostEnd) {
+fn close(dev: &mut Device, owners: &mut Owners, h: &mut HostEnd, now: u64) {
     let held = h.release_all();
+    // rdma_cm first, as rdma_destroy_id does: no more REQs for the client, its connections
+    // disconnected (established) or rejected (waiting for it); the rest end by timeout.
+    for sid in held.cm_listens {
+        dev.cm().unlisten(sid);
+        owners.cm_listeners.remove(&sid);
+    }
+    for id in held.cm_ids {
+        let c = ConnId(id);
+        if dev.cm().disconnect(now, c).is_err() {
+            let _ = dev.cm().reject(c, reason::CONSUMER_DEFINED, &[]);
+        }
+        owners.cm_conns.remove(&id);
+    }
     for q in held.qps {
         if let Some(s) = dev.qp_index(q) {
             Owners::set(&mut owners.qp, s, NOBODY);
@@ -272,10 +288,20 @@ fn execute(
     dev: &mut Device,
     owners: &mut Owners,
     h: &mut HostEnd,
+    now: u64,
     cmd: Command,
     area: Option<Arc<Area>>,
 ) -> VerbsResult<ReplyData> {
     match cmd {
+        Command::CmListen { .. }
+        | Command::CmUnlisten { .. }
+        | Command::CmConnect { .. }
+        | Command::CmAccept { .. }
+        | Command::CmReject { .. }
+        | Command::CmRtu { .. }
+        | Command::CmEstablished { .. }
+        | Command::CmDisconnect { .. }
+        | Command::CmGetEvent => execute_cm(dev, owners, h, now, cmd),
         Command::QueryDevice => Ok(ReplyData::Device(device_attr(dev))),
         Command::QueryPort => Ok(ReplyData::Port(port_attr(dev))),
         Command::QueryGid { index } => dev
@@ -585,8 +611,206 @@ fn execute(
             Ok(ReplyData::Counters(vals))
         }
         Command::Close => {
-            close(dev, owners, h);
+            close(dev, owners, h, now);
             Ok(ReplyData::None)
         }
+    }
+}
+
+/// The connection manager's refusals as verbs errors (rdma_cm reports them as errnos).
+fn cm_error(call: &str, e: CmError) -> VerbsError {
+    match e {
+        CmError::NotFound => VerbsError::NotFound("rdma_cm connection"),
+        CmError::WrongState => {
+            VerbsError::InvalidArgument(format!("{call}: the connection is not in a state for it"))
+        }
+        CmError::Busy => VerbsError::NoResources("rdma_cm connections"),
+        CmError::TooLong => VerbsError::InvalidArgument(format!("{call}: private data too long")),
+    }
+}
+
+/// Executes an rdma_cm call of client `h`: the connection it names must be its own.
+fn execute_cm(
+    dev: &mut Device,
+    owners: &mut Owners,
+    h: &mut HostEnd,
+    now: u64,
+    cmd: Command,
+) -> VerbsResult<ReplyData> {
+    let own = |h: &HostEnd, id: u32| h.check_owned(h.cm_ids.contains(&id), "rdma_cm connection");
+    let none =
+        |r: Result<(), CmError>, call| r.map(|_| ReplyData::None).map_err(|e| cm_error(call, e));
+    match cmd {
+        Command::CmListen { service_id } => {
+            if h.cm_listens.len() >= MAX_CM_LISTENS {
+                return Err(VerbsError::NoResources("rdma_cm listens per client"));
+            }
+            dev.cm()
+                .listen(service_id)
+                .map_err(|_| VerbsError::Busy("service ID"))?;
+            h.cm_listens.push(service_id);
+            owners.cm_listeners.insert(service_id, h.id);
+            Ok(ReplyData::None)
+        }
+        Command::CmUnlisten { service_id } => {
+            h.check_owned(h.cm_listens.contains(&service_id), "rdma_cm listen")?;
+            dev.cm().unlisten(service_id);
+            h.cm_listens.retain(|s| *s != service_id);
+            owners.cm_listeners.remove(&service_id);
+            Ok(ReplyData::None)
+        }
+        Command::CmConnect { params } => {
+            h.check_owned(h.qps.contains(&Qpn::new(params.qpn)), "queue pair")?;
+            if h.cm_ids.len() as u32 >= h.client_limits.max_qps {
+                return Err(VerbsError::NoResources(
+                    "rdma_cm connections (host.max_qps)",
+                ));
+            }
+            if !dev.gids().contains(&params.local_gid) {
+                return Err(VerbsError::InvalidArgument(
+                    "cm_connect: the local GID is not the device's".into(),
+                ));
+            }
+            let id = dev
+                .cm()
+                .connect(now, &params)
+                .map_err(|e| cm_error("cm_connect", e))?;
+            h.cm_ids.push(id.0);
+            owners.cm_conns.insert(id.0, h.id);
+            Ok(ReplyData::CmId(id.0))
+        }
+        Command::CmAccept { id, params } => {
+            own(h, id)?;
+            h.check_owned(h.qps.contains(&Qpn::new(params.qpn)), "queue pair")?;
+            none(dev.cm().accept(now, ConnId(id), &params), "cm_accept")
+        }
+        Command::CmReject { id, private_data } => {
+            own(h, id)?;
+            let r = dev
+                .cm()
+                .reject(ConnId(id), reason::CONSUMER_DEFINED, &private_data);
+            if r.is_ok() {
+                // The connection is gone: no event will name it again.
+                h.cm_ids.retain(|c| *c != id);
+                owners.cm_conns.remove(&id);
+            }
+            none(r, "cm_reject")
+        }
+        Command::CmRtu { id } => {
+            own(h, id)?;
+            none(dev.cm().rtu(ConnId(id)), "cm_rtu")
+        }
+        Command::CmEstablished { id } => {
+            own(h, id)?;
+            none(dev.cm().established(ConnId(id)), "cm_established")
+        }
+        Command::CmDisconnect { id } => {
+            own(h, id)?;
+            none(dev.cm().disconnect(now, ConnId(id)), "cm_disconnect")
+        }
+        Command::CmGetEvent => Ok(ReplyData::CmEvent(h.cm_events.pop_front())),
+        _ => unreachable!("execute hands only rdma_cm calls here"),
+    }
+}
+
+/// The connection manager's event as a client receives it.
+fn cm_event_data(ev: &CmEvent) -> CmEventData {
+    match *ev {
+        CmEvent::ConnectRequest { id, peer, req } => CmEventData::ConnectRequest {
+            id: id.0,
+            service_id: req.service_id,
+            peer,
+            local: req.primary.remote_gid,
+            qpn: Qpn::new(req.local_qpn),
+            starting_psn: req.starting_psn,
+            responder_resources: req.responder_resources,
+            initiator_depth: req.initiator_depth,
+            path_mtu: req.path_mtu,
+            retry_count: req.retry_count,
+            rnr_retry_count: req.rnr_retry_count,
+            private_data: req.private_data.0.to_vec(),
+        },
+        CmEvent::RepReceived { id, rep } => CmEventData::RepReceived {
+            id: id.0,
+            qpn: Qpn::new(rep.local_qpn),
+            starting_psn: rep.starting_psn,
+            responder_resources: rep.responder_resources,
+            initiator_depth: rep.initiator_depth,
+            rnr_retry_count: rep.rnr_retry_count,
+            private_data: rep.private_data.0.to_vec(),
+        },
+        CmEvent::Established { id } => CmEventData::Established { id: id.0 },
+        CmEvent::Rejected {
+            id,
+            reason,
+            private_data,
+        } => CmEventData::Rejected {
+            id: id.0,
+            reason,
+            private_data: private_data.0.to_vec(),
+        },
+        CmEvent::TimedOut { id } => CmEventData::TimedOut { id: id.0 },
+        CmEvent::Disconnected { id } => CmEventData::Disconnected { id: id.0 },
+        CmEvent::Released { id } => CmEventData::Released { id: id.0 },
+    }
+}
+
+impl Nic {
+    /// Routes the connection manager's events to the clients they concern: a connect
+    /// request to the client listening to its service ID (which then owns the connection;
+    /// refused if nobody listens any more or the client has no room), the rest to the
+    /// connection's owner. Returns how many were delivered.
+    pub(super) fn route_cm_events(&mut self) -> usize {
+        let mut n = 0;
+        while let Some(ev) = self.dev.cm().poll_event() {
+            let data = cm_event_data(&ev);
+            let id = data.id();
+            let owner = match &ev {
+                CmEvent::ConnectRequest { req, .. } => {
+                    let owner = self.owners.cm_listeners.get(&req.service_id).copied();
+                    let room = owner
+                        .and_then(|o| self.hosts.get(o as usize))
+                        .is_some_and(|h| {
+                            h.cm_events.len() < MAX_CM_EVENTS
+                                && (h.cm_ids.len() as u32) < h.client_limits.max_qps
+                        });
+                    if !room {
+                        let r = if owner.is_some() {
+                            reason::NO_RESOURCES
+                        } else {
+                            reason::INVALID_SERVICE_ID
+                        };
+                        let _ = self.dev.cm().reject(ConnId(id), r, &[]);
+                        continue;
+                    }
+                    if let Some(h) = owner.and_then(|o| self.hosts.get_mut(o as usize)) {
+                        h.cm_ids.push(id);
+                    }
+                    if let Some(o) = owner {
+                        self.owners.cm_conns.insert(id, o);
+                    }
+                    owner
+                }
+                _ => self.owners.cm_conns.get(&id).copied(),
+            };
+            let done = matches!(
+                ev,
+                CmEvent::Rejected { .. } | CmEvent::TimedOut { .. } | CmEvent::Released { .. }
+            );
+            let Some(h) = owner.and_then(|o| self.hosts.get_mut(o as usize)) else {
+                continue;
+            };
+            if done {
+                h.cm_ids.retain(|c| *c != id);
+                self.owners.cm_conns.remove(&id);
+            }
+            if h.cm_events.len() >= MAX_CM_EVENTS {
+                h.counters.events_dropped += 1;
+                continue;
+            }
+            h.cm_events.push_back(data);
+            n += 1;
+        }
+        n
     }
 }

@@ -56,6 +56,27 @@ impl<const N: usize> PrivateData<N> {
     }
 }
 
+/// As a sequence of bytes (rnicd's JSON protocol carries private data); more than `N` do
+/// not deserialize.
+#[cfg(feature = "serde")]
+impl<const N: usize> serde::Serialize for PrivateData<N> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        // Trailing zeros are padding: not sent.
+        let used = self.0.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
+        s.collect_seq(&self.0[..used])
+    }
+}
+
+#[cfg(feature = "serde")]
+impl<'de, const N: usize> serde::Deserialize<'de> for PrivateData<N> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let v: Vec<u8> = serde::Deserialize::deserialize(d)?;
+        PrivateData::from_bytes(&v).ok_or_else(|| {
+            serde::de::Error::custom(format!("{} bytes of private data (at most {N})", v.len()))
+        })
+    }
+}
+
 /// The top `width` bits of byte `b`, after `skip` bits (IBA numbers bits from the MSB).
 fn bits(b: u8, skip: u32, width: u32) -> u8 {
     (b >> (8 - skip - width)) & ((1u16 << width) - 1) as u8

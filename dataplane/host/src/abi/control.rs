@@ -2,6 +2,7 @@
 //! area's layout, the limits a device announces and a client is held to, and the
 //! [`Command`]s an application sends to the worker with their [`ReplyData`].
 
+use roce::cm::{AcceptParams, ConnectParams};
 use roce::engine::{CqId, DeviceAttr, DeviceConfig, QpInit, SrqAttr, SrqId};
 use roce::memory::PdId;
 use roce::types::{Gid, Lkey, Qpn, Rkey};
@@ -233,8 +234,111 @@ pub enum Command {
     Counters {
         qpn: Option<Qpn>,
     },
+    /// rdma_cm: REQs for `service_id` come to this client (as `CmEventData::ConnectRequest`).
+    CmListen {
+        service_id: u64,
+    },
+    /// rdma_cm: no more REQs for `service_id`.
+    CmUnlisten {
+        service_id: u64,
+    },
+    /// rdma_cm: a REQ for the client's QP (reply: `CmId`).
+    CmConnect {
+        params: Box<ConnectParams>,
+    },
+    /// rdma_cm: accept a connect request with a REP (the QP is at RTS already).
+    CmAccept {
+        id: u32,
+        params: Box<AcceptParams>,
+    },
+    /// rdma_cm: reject a connect request (consumer defined, with private data).
+    CmReject {
+        id: u32,
+        private_data: Vec<u8>,
+    },
+    /// rdma_cm: after `RepReceived` (the QP at RTS), the RTU: the connection is up.
+    CmRtu {
+        id: u32,
+    },
+    /// rdma_cm: the passive side's QP saw its first packet before the RTU.
+    CmEstablished {
+        id: u32,
+    },
+    /// rdma_cm: a DREQ on an established connection.
+    CmDisconnect {
+        id: u32,
+    },
+    /// rdma_cm: the client's next connection event, if any (reply: `CmEvent`).
+    CmGetEvent,
     /// The application is going away: release everything it created.
     Close,
+}
+
+/// A connection event for the client (`roce::cm::CmEvent` as plain data).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[allow(missing_docs)]
+pub enum CmEventData {
+    /// A REQ for a service the client listens to: `accept` or `reject` it.
+    ConnectRequest {
+        id: u32,
+        service_id: u64,
+        /// The requester's GID and this side's (the address it was sent to).
+        peer: Gid,
+        local: Gid,
+        qpn: Qpn,
+        /// Where the requester's responder expects this side's requests to start.
+        starting_psn: u32,
+        responder_resources: u8,
+        initiator_depth: u8,
+        path_mtu: u8,
+        retry_count: u8,
+        rnr_retry_count: u8,
+        private_data: Vec<u8>,
+    },
+    /// The peer accepted: bring the QP up with this, then `rtu`.
+    RepReceived {
+        id: u32,
+        qpn: Qpn,
+        /// Where the peer's responder expects this side's requests to start.
+        starting_psn: u32,
+        responder_resources: u8,
+        initiator_depth: u8,
+        rnr_retry_count: u8,
+        private_data: Vec<u8>,
+    },
+    Established {
+        id: u32,
+    },
+    Rejected {
+        id: u32,
+        reason: u16,
+        private_data: Vec<u8>,
+    },
+    TimedOut {
+        id: u32,
+    },
+    Disconnected {
+        id: u32,
+    },
+    Released {
+        id: u32,
+    },
+}
+
+impl CmEventData {
+    /// The connection it is about.
+    pub fn id(&self) -> u32 {
+        match self {
+            CmEventData::ConnectRequest { id, .. }
+            | CmEventData::RepReceived { id, .. }
+            | CmEventData::Established { id }
+            | CmEventData::Rejected { id, .. }
+            | CmEventData::TimedOut { id }
+            | CmEventData::Disconnected { id }
+            | CmEventData::Released { id } => *id,
+        }
+    }
 }
 
 impl Command {
@@ -266,6 +370,15 @@ impl Command {
             Command::QueryQp { .. } => "query_qp",
             Command::DestroyQp { .. } => "destroy_qp",
             Command::Counters { .. } => "counters",
+            Command::CmListen { .. } => "cm_listen",
+            Command::CmUnlisten { .. } => "cm_unlisten",
+            Command::CmConnect { .. } => "cm_connect",
+            Command::CmAccept { .. } => "cm_accept",
+            Command::CmReject { .. } => "cm_reject",
+            Command::CmRtu { .. } => "cm_rtu",
+            Command::CmEstablished { .. } => "cm_established",
+            Command::CmDisconnect { .. } => "cm_disconnect",
+            Command::CmGetEvent => "cm_get_event",
             Command::Close => "close",
         }
     }
@@ -308,6 +421,10 @@ pub enum ReplyData {
     Mw(Rkey),
     /// A CQ's new size.
     Cqe(u32),
+    /// A new rdma_cm connection (its local communication ID).
+    CmId(u32),
+    /// The client's next connection event.
+    CmEvent(Option<CmEventData>),
 }
 
 /// The names of the values a `Counters` reply carries: the QP (or port total) counters, the
@@ -341,5 +458,49 @@ impl HostCounters {
     /// Values, in the order of `NAMES`.
     pub fn values(&self) -> [u64; 3] {
         [self.failed_posts, self.events_dropped, self.bad_slots]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// rdma_cm calls cross rnicd's socket as JSON: private data as bytes without its zero
+    /// padding, and more than a message holds is refused when the call is read, before the
+    /// worker sees it.
+    #[test]
+    fn cm_calls_in_json_and_private_data_bounds() {
+        let mut params = ConnectParams {
+            service_id: 0x0106_1c06,
+            qpn: 17,
+            ..Default::default()
+        };
+        params.private_data.0[..3].copy_from_slice(&[1, 2, 3]);
+        let json = serde_json::to_string(&Command::CmConnect {
+            params: Box::new(params),
+        })
+        .unwrap();
+        assert!(json.contains("\"private_data\":[1,2,3]"), "{json}");
+        let back: Command = serde_json::from_str(&json).unwrap();
+        assert!(matches!(back, Command::CmConnect { params: p } if *p == params));
+        let too_long = json.replace("[1,2,3]", &format!("{:?}", vec![7u8; 93]));
+        let e = serde_json::from_str::<Command>(&too_long).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("93 bytes of private data (at most 92)"),
+            "{e}"
+        );
+        let accept = format!(
+            "{{\"cm_accept\":{{\"id\":5,\"params\":{{\"qpn\":17,\"starting_psn\":1,\
+             \"responder_resources\":0,\"initiator_depth\":0,\"rnr_retry_count\":7,\
+             \"srq\":false,\"private_data\":{:?}}}}}}}",
+            vec![1u8; 196]
+        );
+        assert!(serde_json::from_str::<Command>(&accept).is_ok());
+        let accept = accept.replace(
+            &format!("{:?}", vec![1u8; 196]),
+            &format!("{:?}", vec![1u8; 197]),
+        );
+        assert!(serde_json::from_str::<Command>(&accept).is_err());
     }
 }

@@ -1020,3 +1020,6 @@ impl<C: Channel> Verbs for Client<C> {
         Ok(counter_names().zip(vals).collect())
     }
 }
+
+mod cm;
+pub use cm::CmQpPath;

@@ -45,7 +45,7 @@ mod client;
 pub mod remote;
 pub mod shadow;
 
-pub use client::{Client, ClientRings, CqNotifier};
+pub use client::{Client, ClientRings, CmQpPath, CqNotifier};
 
 /// How control calls reach the worker.
 pub trait Channel: Send {

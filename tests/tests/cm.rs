@@ -1,0 +1,233 @@
+//! rdma_cm between two applications on two ferroce RNICs in one process (joined by a DPDK
+//! ring pair): the connection manager's MADs cross the wire on QP1 through the dataplane,
+//! the QPs come up from what the REQ and REP carry, data flows, and the connection is torn
+//! down; a REQ nobody listens for, a rejection with private data, and a client that goes
+//! away with its connections, all through the host interface.
+
+use std::time::Duration;
+
+use dataplane::runtime::{test_config, Runtime};
+use dataplane::Context;
+use ferroce_host::abi::CmEventData;
+use ferroce_host::app::CmQpPath;
+use ferroce_tests::{post_signaled, side, wait_cq, wait_until, Side};
+use roce::cm::{reason, AcceptParams, ConnectParams};
+use roce::verbs::*;
+use roce::wire::cm::{service_id, CmaHeader, PrivateData};
+
+const WAIT: Duration = Duration::from_secs(10);
+
+fn rnics(name: &str) -> (Runtime, Side, Side) {
+    let rt = Runtime::loopback(name, test_config(3, 1024), test_config(4, 1024)).expect("rnics");
+    let a = side(rt.open(0).unwrap(), QpType::Rc, 1 << 20, 64);
+    let b = side(rt.open(1).unwrap(), QpType::Rc, 1 << 20, 64);
+    (rt, a, b)
+}
+
+/// A's REQ to B's `port`, with rdma_cm's addressing header as private data.
+fn connect(a: &mut Side, b: &Side, port: u16) -> u32 {
+    let mut pd = [0u8; 56];
+    let hdr = CmaHeader {
+        src: std::net::SocketAddr::new(a.gid.to_ipv4().unwrap().into(), 40000),
+        dst: b.gid.to_ipv4().unwrap().into(),
+    };
+    assert!(hdr.emit(&mut pd));
+    let params = ConnectParams {
+        service_id: service_id(0x0106, port),
+        local_gid: a.gid,
+        remote_gid: b.gid,
+        qpn: a.qpn.value(),
+        starting_psn: 0x58642a,
+        responder_resources: 16,
+        initiator_depth: 16,
+        path_mtu: 3,
+        retry_count: 7,
+        rnr_retry_count: 7,
+        hop_limit: 64,
+        private_data: PrivateData::from_bytes(&pd).unwrap(),
+        ..Default::default()
+    };
+    a.ctx.cm_connect(params).expect("cm_connect")
+}
+
+fn event(s: &mut Side) -> CmEventData {
+    s.ctx
+        .cm_wait_event(WAIT)
+        .expect("cm_wait_event")
+        .expect("an rdma_cm event")
+}
+
+#[test]
+fn rdma_cm_connects_two_applications_and_data_flows() {
+    let (_rt, mut a, mut b) = rnics("cm-connect");
+    let sid = service_id(0x0106, 7174);
+    b.ctx.cm_listen(sid).unwrap();
+    assert!(
+        b.ctx.cm_listen(sid).is_err(),
+        "a service is listened to once"
+    );
+    let a_id = connect(&mut a, &b, 7174);
+    // B: the REQ, with the requester's address in rdma_cm's header.
+    let CmEventData::ConnectRequest {
+        id: b_id,
+        peer,
+        local,
+        qpn,
+        starting_psn,
+        responder_resources,
+        private_data,
+        ..
+    } = event(&mut b)
+    else {
+        panic!("not a connect request");
+    };
+    assert_eq!((peer, local, qpn), (a.gid, b.gid, a.qpn));
+    let hdr = CmaHeader::parse(&private_data).expect("rdma_cm header");
+    assert_eq!(
+        hdr.src.ip(),
+        std::net::IpAddr::from(a.gid.to_ipv4().unwrap())
+    );
+    // B's QP to RTS from the REQ (it sends from the REQ's starting PSN), then the REP.
+    let b_rq_psn = 0x8d06b3;
+    let path = CmQpPath {
+        peer_gid: peer,
+        sgid_index: 1,
+        peer_qpn: qpn,
+        path_mtu: Mtu::M1024,
+        rq_psn: b_rq_psn,
+        sq_psn: starting_psn,
+        max_rd_atomic: responder_resources,
+        max_dest_rd_atomic: 16,
+        retry_cnt: 7,
+        rnr_retry: 7,
+        timeout: 14,
+    };
+    b.ctx.cm_bring_up(b.qpn, Access::ALL, &path).unwrap();
+    let accept = AcceptParams {
+        qpn: b.qpn.value(),
+        starting_psn: b_rq_psn,
+        responder_resources: 16,
+        initiator_depth: 16,
+        rnr_retry_count: 7,
+        private_data: PrivateData::from_bytes(b"welcome").unwrap(),
+        ..Default::default()
+    };
+    b.ctx.cm_accept(b_id, accept).unwrap();
+    // A: the REP, its QP to RTS, the RTU.
+    let CmEventData::RepReceived {
+        id,
+        qpn,
+        starting_psn,
+        responder_resources,
+        private_data,
+        ..
+    } = event(&mut a)
+    else {
+        panic!("not a REP");
+    };
+    assert_eq!((id, qpn), (a_id, b.qpn));
+    assert_eq!(&private_data[..7], b"welcome");
+    let path = CmQpPath {
+        peer_gid: b.gid,
+        peer_qpn: qpn,
+        rq_psn: 0x58642a,
+        sq_psn: starting_psn,
+        max_rd_atomic: responder_resources,
+        ..path
+    };
+    a.ctx.cm_bring_up(a.qpn, Access::ALL, &path).unwrap();
+    a.ctx.cm_rtu(a_id).unwrap();
+    assert_eq!(event(&mut a), CmEventData::Established { id: a_id });
+    assert_eq!(event(&mut b), CmEventData::Established { id: b_id });
+    // Data both ways over the connection the CM made: WRITE A -> B, READ it back.
+    let data: Vec<u8> = (0..65536u32).map(|i| (i * 13 + 7) as u8).collect();
+    a.buf.write(0, &data);
+    let op = WrOp::Write {
+        remote_addr: b.mr.addr,
+        rkey: b.mr.rkey.unwrap(),
+    };
+    post_signaled(&mut a, 1, op, 0, data.len() as u32);
+    let c = wait_cq(&mut a, 1, 10);
+    assert_eq!(
+        c.first().map(|c| c.status),
+        Some(WcStatus::Success),
+        "{c:?}"
+    );
+    assert_eq!(b.buf.to_vec(0, data.len()), data);
+    let op = WrOp::Read {
+        remote_addr: b.mr.addr,
+        rkey: b.mr.rkey.unwrap(),
+    };
+    post_signaled(&mut a, 2, op, 1 << 19, data.len() as u32);
+    let c = wait_cq(&mut a, 1, 10);
+    assert_eq!(
+        c.first().map(|c| c.status),
+        Some(WcStatus::Success),
+        "{c:?}"
+    );
+    assert_eq!(a.buf.to_vec(1 << 19, data.len()), data);
+    // Another client cannot name B's connection (IDs are small numbers anyone can guess).
+    let mut other: Context = _rt.open(1).unwrap();
+    assert!(other.cm_disconnect(b_id).is_err());
+    assert!(other.cm_reject(b_id, &[]).is_err());
+    assert_eq!(other.cm_get_event().unwrap(), None);
+    // Disconnect from B: both see it; the QPs go to error as rdma_cm's consumers do.
+    b.ctx.cm_disconnect(b_id).unwrap();
+    assert_eq!(event(&mut b), CmEventData::Disconnected { id: b_id });
+    assert_eq!(event(&mut a), CmEventData::Disconnected { id: a_id });
+    assert!(
+        b.ctx.cm_disconnect(b_id).is_err(),
+        "a connection is disconnected once"
+    );
+}
+
+#[test]
+fn no_listener_rejection_and_a_client_that_goes_away() {
+    let (rt, mut a, mut b) = rnics("cm-reject");
+    // Nobody listens on port 9: the REQ is rejected as an invalid service ID.
+    let id = connect(&mut a, &b, 9);
+    assert_eq!(
+        event(&mut a),
+        CmEventData::Rejected {
+            id,
+            reason: reason::INVALID_SERVICE_ID,
+            private_data: vec![0; 148],
+        }
+    );
+    // The application rejects with its own private data.
+    let sid = service_id(0x0106, 10);
+    b.ctx.cm_listen(sid).unwrap();
+    let id = connect(&mut a, &b, 10);
+    let CmEventData::ConnectRequest { id: b_id, .. } = event(&mut b) else {
+        panic!()
+    };
+    b.ctx.cm_reject(b_id, b"go away").unwrap();
+    let CmEventData::Rejected {
+        id: rid,
+        reason: r,
+        private_data,
+    } = event(&mut a)
+    else {
+        panic!()
+    };
+    assert_eq!((rid, r), (id, reason::CONSUMER_DEFINED));
+    assert_eq!(&private_data[..7], b"go away");
+    // A listening client that exits: its service is free again, and a REQ arriving for it
+    // meanwhile is rejected rather than left waiting.
+    drop(b);
+    let dropped_at = std::time::Instant::now();
+    let id = connect(&mut a, &side(rt.open(1).unwrap(), QpType::Rc, 4096, 4), 10);
+    let e = event(&mut a);
+    assert_eq!(
+        e,
+        CmEventData::Rejected {
+            id,
+            reason: reason::INVALID_SERVICE_ID,
+            private_data: vec![0; 148],
+        },
+        "after {:?}",
+        dropped_at.elapsed()
+    );
+    let mut c = side(rt.open(1).unwrap(), QpType::Rc, 4096, 4);
+    assert!(wait_until(5, || c.ctx.cm_listen(sid).is_ok()));
+}
