@@ -70,13 +70,16 @@ ibverbs-dir:
 			-Wl,--version-script=$(IBV_DIR)/stubs/$$l.map -Wl,-soname,lib$$l.so.1 \
 			|| exit 1; \
 	done
-	# librdmacm.so.1 until ferroce has a connection manager: every rdma_cm call fails
-	# (ENOSYS) and the first one says why, instead of libibverbs' bare failures.
+	# librdmacm.so.1: the rdma_cm calls ferroce serves (dataplane/ibverbs/rdmacm.c, forwarding
+	# to this libibverbs.so.1) and, for every other symbol of the installed librdmacm, a stub
+	# that fails (ENOSYS) and says why once.
 	python3 scripts/gen-dv-stubs.py --errno ENOSYS --int-error minus-one \
-		--note "ferroce has no RDMA connection manager (rdma_cm) yet: connect without it (perftest: drop -R)" \
+		--note "this rdma_cm call is not served by ferroce yet (rping's and ucmatose's are)" \
+		--implemented dataplane/ibverbs/rdmacm.c \
 		$(DV_LIBDIR)/librdmacm.so.1 rdma/rdma_cma.h,rdma/rdma_verbs.h,rdma/rsocket.h \
 		$(IBV_DIR)/stubs/rdmacm.c $(IBV_DIR)/stubs/rdmacm.map
 	$(CC) -shared -fPIC -O2 -Wall -o $(IBV_DIR)/librdmacm.so.1 $(IBV_DIR)/stubs/rdmacm.c \
+		dataplane/ibverbs/rdmacm.c -L$(IBV_DIR) -l:libibverbs.so.1 \
 		-Wl,--version-script=$(IBV_DIR)/stubs/rdmacm.map -Wl,-soname,librdmacm.so.1
 
 TOOLS = rnicd rnic-perf rnic-ctl rnic-pcap rnic-sim

@@ -16,13 +16,15 @@ value), ssize_t and functions returning a file descriptor -1, bool false, unsign
 types 0, void nothing.
 
 usage: gen-dv-stubs.py [--errno NAME] [--int-error errno|minus-one] [--note TEXT]
-                       LIBRARY HEADER[,HEADER...] OUT.c OUT.map
+                       [--implemented FILE.c] LIBRARY HEADER[,HEADER...] OUT.c OUT.map
   e.g. gen-dv-stubs.py /usr/lib/x86_64-linux-gnu/libmlx5.so.1 infiniband/mlx5dv.h mlx5.c mlx5.map
 
 --errno: the errno every stub sets (default EOPNOTSUPP). --int-error: what a function
 returning int answers, its errno value (the direct-verbs libraries' convention, default) or
 -1 (librdmacm's). --note: printed once on stderr by the first stub called, prefixed with the
-library's name, to say why.
+library's name, to say why. --implemented: a C file whose functions implement some of the
+library's symbols (ferroce's librdmacm): no stub for those, and the version map still binds
+each to its version.
 """
 
 import re
@@ -148,7 +150,7 @@ def stub(name, rt, fn, err, int_error):
 
 def main():
     args = sys.argv[1:]
-    err, int_error, note = "EOPNOTSUPP", "errno", None
+    err, int_error, note, implemented = "EOPNOTSUPP", "errno", None, set()
     while args and args[0].startswith("--"):
         if len(args) < 2:
             sys.exit(__doc__)
@@ -160,6 +162,12 @@ def main():
             int_error = val
         elif opt == "--note":
             note = val
+        elif opt == "--implemented":
+            with open(val) as f:
+                # Function definitions at the start of a line: `type name(...) {`.
+                implemented = set(
+                    re.findall(r"^[A-Za-z_][\w \*]*?\b(\w+)\([^;]*?\)\s*\{", f.read(), re.M | re.S)
+                )
         else:
             sys.exit(__doc__)
     if len(args) != 4:
@@ -189,6 +197,9 @@ def main():
     versioned = {n for n, _, d in syms if not d}
     for name, ver, is_default in sorted(syms):
         rt = return_type(decls, name)
+        if name in implemented and is_default and name not in versioned:
+            default.setdefault(ver, []).append(name)
+            continue
         if is_default and name not in versioned:
             c.append(stub(name, rt, name, err, int_error))
             default.setdefault(ver, []).append(name)

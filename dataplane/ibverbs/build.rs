@@ -28,6 +28,10 @@ fn main() {
         .allowlist_type("ib_uverbs_qp_attr")
         .allowlist_type("ib_uverbs_ah_attr")
         .allowlist_var("IBV_.*")
+        // librdmacm's structures (the rdma_cm calls this library serves for librdmacm.so.1).
+        .allowlist_type("rdma_.*")
+        .allowlist_var("RDMA_.*")
+        .allowlist_var("RAI_.*")
         .derive_default(true)
         .prepend_enum_name(false)
         .generate()

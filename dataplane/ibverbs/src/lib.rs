@@ -135,6 +135,7 @@ mod mr;
 mod mw;
 mod post;
 mod qp;
+mod rdmacm;
 mod srq;
 mod strings;
 mod unsupported;

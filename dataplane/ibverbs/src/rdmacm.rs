@@ -1,0 +1,1260 @@
+//! librdmacm's connection calls, for the `librdmacm.so.1` ferroce ships beside this library
+//! (`rdmacm.c` forwards each `rdma_*` symbol to the `ferroce_rdma_*` function of the same
+//! signature here): rdma_cm over ferroce's connection manager (IB CM on QP1, run by rnicd's
+//! worker), so programs written for librdmacm (rping, ucmatose, udaddy) run unmodified.
+//!
+//! As librdmacm: an `rdma_cm_id` gets a device when its address is bound or resolved (the
+//! device whose IPv4 address is the source, or for a destination the first device), the
+//! events of every ID come through its event channel (an eventfd counts them, so the channel's
+//! fd can be polled), `rdma_create_qp` creates the QP and moves it to INIT, and the library
+//! moves it to RTR and RTS when the connection is made (active side: on the REP, then the RTU;
+//! passive side: in `rdma_accept`), and to ERR on disconnection. Addresses are IPv4 (RoCEv2
+//! GIDs ::ffff:a.b.c.d); the active side's REQ carries rdma_cm's addressing header, so a Linux
+//! peer sees the request it expects.
+//!
+//! One background thread takes the connection events of every context an ID uses from rnicd
+//! (a control call per context, every 1 ms while IDs exist), turns them into `rdma_cm_event`s
+//! and queues each on its ID's channel.
+
+use super::*;
+
+use std::net::{Ipv4Addr, SocketAddrV4};
+
+use ferroce_host::abi::CmEventData;
+use roce::cm::{AcceptParams, ConnectParams};
+use roce::wire::cm::{service_id, CmaHeader, PrivateData, CMA_HDR_LEN};
+
+/// Private data an application may put in a REQ (92 bytes less rdma_cm's header).
+const REQ_PRIVATE: usize = 92 - CMA_HDR_LEN;
+/// The Q_Key rdma_cm gives UD QPs (RDMA_UDP_QKEY).
+const UDP_QKEY: u32 = 0x0123_4567;
+/// READ/atomic depth this side offers when the application passes no connection parameters.
+const DEFAULT_RD_ATOMIC: u8 = 16;
+
+/// An event channel: the application's `rdma_event_channel` (its fd, an eventfd counting the
+/// queued events) first.
+#[repr(C)]
+struct Channel {
+    ch: sys::rdma_event_channel,
+    efd: OwnedFd,
+    queue: Mutex<VecDeque<usize>>,
+}
+
+/// An event handed to the application, with room for its private data.
+#[repr(C)]
+struct Event {
+    ev: sys::rdma_cm_event,
+    private: [u8; 224],
+}
+
+/// What the library knows of an ID beyond the application's `rdma_cm_id`.
+#[derive(Default)]
+struct IdState {
+    /// The connection's communication ID, once there is one.
+    conn: Option<u32>,
+    /// The service listened to.
+    listening: Option<u64>,
+    /// This side's and the peer's address.
+    src: Option<SocketAddrV4>,
+    dst: Option<SocketAddrV4>,
+    /// The peer's QPN and where its requests start (from the REQ or the REP).
+    peer_qpn: u32,
+    peer_sq_psn: u32,
+    /// Where this side's receive queue expects the peer's requests.
+    my_rq_psn: u32,
+    /// Path MTU (IBA encoding) and the transport retries agreed.
+    path_mtu: u8,
+    retry_count: u8,
+    rnr_retry_count: u8,
+    /// READ/atomic depths: this side's responder resources and initiator depth.
+    responder_resources: u8,
+    initiator_depth: u8,
+    /// The REP's private data, handed with ESTABLISHED on the active side.
+    rep_private: Option<Vec<u8>>,
+    disconnected: bool,
+}
+
+/// An ID: the application's `rdma_cm_id` first.
+#[repr(C)]
+struct Id {
+    id: sys::rdma_cm_id,
+    st: Mutex<IdState>,
+}
+
+/// Every ID's connection and listen, by context, for the event thread.
+#[derive(Default)]
+struct Registry {
+    conns: HashMap<(usize, u32), usize>,
+    listeners: HashMap<(usize, u64), usize>,
+    /// Contexts opened for IDs, by device name (kept open, as librdmacm keeps its devices).
+    contexts: Vec<(String, usize)>,
+    ids: usize,
+    thread: bool,
+}
+
+static REG: OnceLock<Mutex<Registry>> = OnceLock::new();
+
+fn reg() -> std::sync::MutexGuard<'static, Registry> {
+    REG.get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+}
+
+fn st(id: *mut sys::rdma_cm_id) -> std::sync::MutexGuard<'static, IdState> {
+    // SAFETY: every rdma_cm_id this library hands out is the first field of an `Id`, live
+    // until rdma_destroy_id.
+    let id = unsafe { &*(id as *const Id) };
+    id.st.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn fail<T>(e: c_int, v: T) -> T {
+    set_errno(e);
+    v
+}
+
+/// The errno a verbs error maps to, said under FERROCE_VERBOSE.
+fn verr(e: &VerbsError) -> c_int {
+    errno_of(e)
+}
+
+/// A context of every device with its IPv4 address (opened once, kept).
+fn devices() -> Vec<(usize, Ipv4Addr)> {
+    let mut out = Vec::new();
+    for d in discover() {
+        let existing = reg()
+            .contexts
+            .iter()
+            .find(|(n, _)| *n == d.name)
+            .map(|(_, c)| *c);
+        let c = match existing {
+            Some(c) => c,
+            None => {
+                // SAFETY: a device from the list, opened as an application would.
+                let c = unsafe { ibv_open_device(&d.ibv as *const _ as *mut _) };
+                if c.is_null() {
+                    continue;
+                }
+                reg().contexts.push((d.name.clone(), c as usize));
+                c as usize
+            }
+        };
+        // SAFETY: the context just opened or kept.
+        let Some(ctx) = (unsafe { ctx_of(c as *mut sys::ibv_context) }) else {
+            continue;
+        };
+        // GID index 1 is the IPv4-mapped one (RoCEv2).
+        if let Some(ip) = client(ctx).query_gid(1).ok().and_then(|g| g.to_ipv4()) {
+            out.push((c, Ipv4Addr::from(ip)));
+        }
+    }
+    out
+}
+
+/// The device for a source address (unspecified: the first device).
+fn device_for_src(ip: Ipv4Addr) -> Option<(usize, Ipv4Addr)> {
+    let devs = devices();
+    if ip.is_unspecified() {
+        return devs.first().copied();
+    }
+    devs.into_iter().find(|(_, a)| *a == ip)
+}
+
+/// The device to reach `dst` from: another device on its /24 if there is one (the other end
+/// of a link between two of ferroce's RNICs), else the device that is `dst` (internal
+/// loopback), else the first.
+fn device_for_dst(dst: Ipv4Addr) -> Option<(usize, Ipv4Addr)> {
+    let devs = devices();
+    let net = |a: Ipv4Addr| u32::from(a) >> 8;
+    devs.iter()
+        .find(|(_, a)| *a != dst && net(*a) == net(dst))
+        .or_else(|| devs.iter().find(|(_, a)| *a == dst))
+        .or(devs.first())
+        .copied()
+}
+
+unsafe fn sockaddr_v4(a: *const sys::sockaddr) -> Option<SocketAddrV4> {
+    if a.is_null() || (*a).sa_family as c_int != libc::AF_INET {
+        return None;
+    }
+    let s = &*(a as *const sys::sockaddr_in);
+    Some(SocketAddrV4::new(
+        Ipv4Addr::from(u32::from_be(s.sin_addr.s_addr)),
+        u16::from_be(s.sin_port),
+    ))
+}
+
+fn to_sockaddr(a: SocketAddrV4) -> sys::sockaddr_in {
+    sys::sockaddr_in {
+        sin_family: libc::AF_INET as _,
+        sin_port: a.port().to_be(),
+        sin_addr: sys::in_addr {
+            s_addr: u32::from(*a.ip()).to_be(),
+        },
+        sin_zero: [0; 8],
+    }
+}
+
+/// A pseudo-random value (PSNs, ephemeral ports): time and a counter mixed.
+fn random() -> u32 {
+    static N: AtomicU64 = AtomicU64::new(0);
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let x = (t ^ N.fetch_add(0x9e37_79b9_7f4a_7c15, Ordering::Relaxed))
+        .wrapping_mul(0xff51_afd7_ed55_8ccd);
+    (x >> 32) as u32 ^ x as u32
+}
+
+/// Sets the ID's addresses in the application's `rdma_cm_id` (route.addr).
+unsafe fn show_addrs(id: *mut sys::rdma_cm_id, s: &IdState) {
+    let a = &mut (*id).route.addr;
+    if let Some(src) = s.src {
+        a.__bindgen_anon_1.src_sin = to_sockaddr(src);
+    }
+    if let Some(dst) = s.dst {
+        a.__bindgen_anon_2.dst_sin = to_sockaddr(dst);
+    }
+}
+
+fn gid_of(ip: Ipv4Addr) -> Gid {
+    Gid::from_ipv4(ip.octets())
+}
+
+/// Queues an event on the ID's channel and counts it on the channel's eventfd.
+unsafe fn deliver(
+    id: *mut sys::rdma_cm_id,
+    listen: *mut sys::rdma_cm_id,
+    kind: u32,
+    status: c_int,
+    conn: Option<(&[u8], &sys::rdma_conn_param)>,
+) {
+    let ch = (*id).channel as *mut Channel;
+    if ch.is_null() {
+        return;
+    }
+    let mut e = Box::new(Event {
+        ev: sys::rdma_cm_event {
+            id,
+            listen_id: listen,
+            event: kind,
+            status,
+            ..Default::default()
+        },
+        private: [0; 224],
+    });
+    if let Some((pd, p)) = conn {
+        let n = pd.len().min(e.private.len());
+        e.private[..n].copy_from_slice(&pd[..n]);
+        e.ev.param.conn = *p;
+        e.ev.param.conn.private_data_len = n as u8;
+        e.ev.param.conn.private_data = if n == 0 {
+            std::ptr::null()
+        } else {
+            e.private.as_ptr() as *const c_void
+        };
+    }
+    let ptr = Box::into_raw(e);
+    (*ch)
+        .queue
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push_back(ptr as usize);
+    let one = 1u64;
+    libc::write(
+        (*ch).efd.as_raw_fd(),
+        &one as *const u64 as *const c_void,
+        8,
+    );
+}
+
+/// Queues an event without connection parameters on the ID's channel.
+unsafe fn notify(id: *mut sys::rdma_cm_id, kind: u32, status: c_int) {
+    deliver(id, std::ptr::null_mut(), kind, status, None);
+}
+
+/// Starts the thread that takes connection events from rnicd (once).
+fn ensure_thread() {
+    let mut r = reg();
+    if r.thread {
+        return;
+    }
+    r.thread = true;
+    drop(r);
+    let _ = std::thread::Builder::new()
+        .name("ferroce-rdmacm".into())
+        .spawn(|| loop {
+            let contexts: Vec<usize> = {
+                let r = reg();
+                if r.ids == 0 {
+                    Vec::new()
+                } else {
+                    r.contexts.iter().map(|(_, c)| *c).collect()
+                }
+            };
+            let mut got = false;
+            for c in contexts {
+                // SAFETY: contexts the registry keeps are never closed.
+                let Some(ctx) = (unsafe { ctx_of(c as *mut sys::ibv_context) }) else {
+                    continue;
+                };
+                let moving = moving_read();
+                loop {
+                    let e = client(ctx).cm_get_event();
+                    match e {
+                        Ok(Some(e)) => {
+                            got = true;
+                            // SAFETY: the IDs the registry names are live (destroy unlists
+                            // them first, under the registry's lock).
+                            unsafe { dispatch(c, e) };
+                        }
+                        _ => break,
+                    }
+                }
+                drop(moving);
+            }
+            if !got {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        });
+}
+
+/// Moves the ID's QP to `state` with the attributes the connection agreed on.
+unsafe fn move_qp(id: *mut sys::rdma_cm_id, state: u32) -> c_int {
+    let qp = (*id).qp;
+    if qp.is_null() {
+        return 0;
+    }
+    let mut attr = sys::ibv_qp_attr::default();
+    let mut mask = 0;
+    let r = init_qp_attr(id, state, &mut attr, &mut mask);
+    if r != 0 {
+        return r;
+    }
+    ibv_modify_qp(qp, &mut attr, mask)
+}
+
+/// What `rdma_init_qp_attr` answers: the attributes of the QP's move to `state`.
+unsafe fn init_qp_attr(
+    id: *mut sys::rdma_cm_id,
+    state: u32,
+    a: &mut sys::ibv_qp_attr,
+    mask: &mut c_int,
+) -> c_int {
+    use roce::verbs::ibv::qp_attr_mask as m;
+    let s = st(id);
+    a.qp_state = state;
+    let ud = (*id).qp_type == sys::IBV_QPT_UD;
+    let bits = match state {
+        sys::IBV_QPS_INIT => {
+            a.pkey_index = 0;
+            a.port_num = 1;
+            if ud {
+                a.qkey = UDP_QKEY;
+                m::STATE | m::PKEY_INDEX | m::PORT | m::QKEY
+            } else {
+                a.qp_access_flags = sys::IBV_ACCESS_REMOTE_READ
+                    | sys::IBV_ACCESS_REMOTE_WRITE
+                    | sys::IBV_ACCESS_REMOTE_ATOMIC
+                    | sys::IBV_ACCESS_LOCAL_WRITE;
+                m::STATE | m::PKEY_INDEX | m::PORT | m::ACCESS_FLAGS
+            }
+        }
+        sys::IBV_QPS_RTR if ud => m::STATE,
+        sys::IBV_QPS_RTR => {
+            let (Some(dst), Some(_)) = (s.dst, s.conn) else {
+                return fail(libc::EINVAL, -1);
+            };
+            a.path_mtu = s.path_mtu.clamp(1, 5) as u32;
+            a.dest_qp_num = s.peer_qpn;
+            a.rq_psn = s.my_rq_psn;
+            a.max_dest_rd_atomic = s.responder_resources;
+            a.min_rnr_timer = 12;
+            a.ah_attr.is_global = 1;
+            a.ah_attr.port_num = 1;
+            a.ah_attr.grh.dgid.raw = gid_of(*dst.ip()).0;
+            a.ah_attr.grh.sgid_index = 1;
+            a.ah_attr.grh.hop_limit = 64;
+            m::STATE
+                | m::AV
+                | m::PATH_MTU
+                | m::DEST_QPN
+                | m::RQ_PSN
+                | m::MAX_DEST_RD_ATOMIC
+                | m::MIN_RNR_TIMER
+        }
+        sys::IBV_QPS_RTS if ud => {
+            a.sq_psn = s.my_rq_psn;
+            m::STATE | m::SQ_PSN
+        }
+        sys::IBV_QPS_RTS => {
+            a.sq_psn = s.peer_sq_psn;
+            a.timeout = 14;
+            a.retry_cnt = s.retry_count.min(7);
+            a.rnr_retry = s.rnr_retry_count.min(7);
+            a.max_rd_atomic = s.initiator_depth;
+            m::STATE | m::SQ_PSN | m::TIMEOUT | m::RETRY_CNT | m::RNR_RETRY | m::MAX_QP_RD_ATOMIC
+        }
+        sys::IBV_QPS_ERR | sys::IBV_QPS_RESET => m::STATE,
+        _ => return fail(libc::EINVAL, -1),
+    };
+    *mask = bits as c_int;
+    0
+}
+
+/// One connection event from rnicd for context `c`, made an `rdma_cm_event` of its ID.
+unsafe fn dispatch(c: usize, e: CmEventData) {
+    let conn_id = e.id();
+    let id = {
+        let r = reg();
+        match &e {
+            CmEventData::ConnectRequest { service_id, .. } => {
+                r.listeners.get(&(c, *service_id)).copied()
+            }
+            _ => r.conns.get(&(c, conn_id)).copied(),
+        }
+    };
+    let Some(id) = id.map(|p| p as *mut sys::rdma_cm_id) else {
+        return;
+    };
+    let mut p = sys::rdma_conn_param::default();
+    match e {
+        CmEventData::ConnectRequest {
+            id: cid,
+            peer,
+            local,
+            qpn,
+            starting_psn,
+            responder_resources,
+            initiator_depth,
+            path_mtu,
+            retry_count,
+            rnr_retry_count,
+            private_data,
+            service_id,
+        } => {
+            // A new ID for the request, on the listener's channel and device.
+            let child = new_id((*id).channel, (*id).context, (*id).ps, (*id).qp_type);
+            (*child).verbs = (*id).verbs;
+            (*child).port_num = 1;
+            let hdr = CmaHeader::parse(&private_data);
+            {
+                let mut s = st(child);
+                s.conn = Some(cid);
+                s.src = local
+                    .to_ipv4()
+                    .map(|a| SocketAddrV4::new(a.into(), service_id as u16));
+                s.dst = match hdr.map(|h| h.src) {
+                    Some(std::net::SocketAddr::V4(a)) => Some(a),
+                    _ => peer.to_ipv4().map(|a| SocketAddrV4::new(a.into(), 0)),
+                };
+                s.peer_qpn = qpn.value();
+                s.peer_sq_psn = starting_psn;
+                s.path_mtu = path_mtu;
+                s.retry_count = retry_count;
+                s.rnr_retry_count = rnr_retry_count;
+                show_addrs(child, &s);
+            }
+            reg().conns.insert((c, cid), child as usize);
+            // From the receiver's side: the requester's depth is what it may be asked to
+            // answer, and the other way round.
+            p.responder_resources = initiator_depth;
+            p.initiator_depth = responder_resources;
+            p.retry_count = retry_count;
+            p.rnr_retry_count = rnr_retry_count;
+            p.qp_num = qpn.value();
+            let user = if hdr.is_some() {
+                &private_data[CMA_HDR_LEN..]
+            } else {
+                &private_data[..]
+            };
+            deliver(
+                child,
+                id,
+                sys::RDMA_CM_EVENT_CONNECT_REQUEST,
+                0,
+                Some((user, &p)),
+            );
+        }
+        CmEventData::RepReceived {
+            qpn,
+            starting_psn,
+            responder_resources,
+            rnr_retry_count,
+            private_data,
+            ..
+        } => {
+            {
+                let mut s = st(id);
+                s.peer_qpn = qpn.value();
+                s.peer_sq_psn = starting_psn;
+                s.initiator_depth = s.initiator_depth.min(responder_resources);
+                s.rnr_retry_count = rnr_retry_count;
+                s.rep_private = Some(private_data.clone());
+            }
+            if (*id).qp.is_null() {
+                // The application moves its own QP, then calls rdma_establish.
+                p.qp_num = qpn.value();
+                p.responder_resources = responder_resources;
+                deliver(
+                    id,
+                    std::ptr::null_mut(),
+                    sys::RDMA_CM_EVENT_CONNECT_RESPONSE,
+                    0,
+                    Some((&private_data, &p)),
+                );
+                return;
+            }
+            let ok = move_qp(id, sys::IBV_QPS_RTR) == 0 && move_qp(id, sys::IBV_QPS_RTS) == 0;
+            let ctx = ctx_of((*id).verbs);
+            if !ok || ctx.is_none_or(|ctx| client(ctx).cm_rtu(conn_id).is_err()) {
+                notify(id, sys::RDMA_CM_EVENT_CONNECT_ERROR, -libc::EINVAL);
+            }
+        }
+        CmEventData::Established { .. } => {
+            let rep = st(id).rep_private.take();
+            let pd = rep.unwrap_or_default();
+            deliver(
+                id,
+                std::ptr::null_mut(),
+                sys::RDMA_CM_EVENT_ESTABLISHED,
+                0,
+                Some((&pd, &p)),
+            );
+        }
+        CmEventData::Rejected {
+            reason,
+            private_data,
+            ..
+        } => {
+            reg().conns.remove(&(c, conn_id));
+            st(id).conn = None;
+            deliver(
+                id,
+                std::ptr::null_mut(),
+                sys::RDMA_CM_EVENT_REJECTED,
+                reason as c_int,
+                Some((&private_data, &p)),
+            );
+        }
+        CmEventData::TimedOut { .. } => {
+            reg().conns.remove(&(c, conn_id));
+            st(id).conn = None;
+            notify(id, sys::RDMA_CM_EVENT_UNREACHABLE, -libc::ETIMEDOUT);
+        }
+        CmEventData::Disconnected { .. } => {
+            st(id).disconnected = true;
+            let _ = move_qp(id, sys::IBV_QPS_ERR);
+            notify(id, sys::RDMA_CM_EVENT_DISCONNECTED, 0);
+        }
+        CmEventData::Released { .. } => {
+            reg().conns.remove(&(c, conn_id));
+        }
+    }
+}
+
+unsafe fn new_id(
+    ch: *mut sys::rdma_event_channel,
+    context: *mut c_void,
+    ps: u32,
+    qp_type: u32,
+) -> *mut sys::rdma_cm_id {
+    let b = Box::new(Id {
+        id: sys::rdma_cm_id {
+            channel: ch,
+            context,
+            ps,
+            qp_type,
+            ..Default::default()
+        },
+        st: Mutex::new(IdState::default()),
+    });
+    reg().ids += 1;
+    Box::into_raw(b) as *mut sys::rdma_cm_id
+}
+
+/// Runs `f` with the ID's context (the device it was bound or resolved to); EINVAL without
+/// one. Panics become EFAULT, as for every call of this library.
+fn on_ctx(id: *mut sys::rdma_cm_id, f: impl FnOnce(&'static Ctx) -> c_int) -> c_int {
+    guard(-1, || match context(id) {
+        Some(ctx) => f(ctx),
+        None => fail(libc::EINVAL, -1),
+    })
+}
+
+fn context(id: *mut sys::rdma_cm_id) -> Option<&'static Ctx> {
+    // SAFETY: a live ID; its verbs is a context of this library or NULL.
+    unsafe { ctx_of((*id).verbs) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ferroce_rdma_create_event_channel() -> *mut sys::rdma_event_channel {
+    guard(std::ptr::null_mut(), || {
+        let Some(efd) = eventfd(libc::EFD_SEMAPHORE) else {
+            return fail(libc::EMFILE, std::ptr::null_mut());
+        };
+        ensure_thread();
+        let ch = Box::new(Channel {
+            ch: sys::rdma_event_channel {
+                fd: efd.as_raw_fd(),
+            },
+            efd,
+            queue: Mutex::new(VecDeque::new()),
+        });
+        Box::into_raw(ch) as *mut sys::rdma_event_channel
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ferroce_rdma_destroy_event_channel(ch: *mut sys::rdma_event_channel) {
+    guard((), || {
+        if ch.is_null() {
+            return;
+        }
+        let ch = Box::from_raw(ch as *mut Channel);
+        for e in ch.queue.lock().unwrap_or_else(|p| p.into_inner()).drain(..) {
+            drop(Box::from_raw(e as *mut Event));
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ferroce_rdma_create_id(
+    ch: *mut sys::rdma_event_channel,
+    id: *mut *mut sys::rdma_cm_id,
+    context: *mut c_void,
+    ps: u32,
+) -> c_int {
+    guard(-1, || {
+        if id.is_null() || ch.is_null() {
+            return fail(libc::EINVAL, -1);
+        }
+        let qp_type = if ps == sys::RDMA_PS_UDP || ps == sys::RDMA_PS_IPOIB {
+            sys::IBV_QPT_UD
+        } else {
+            sys::IBV_QPT_RC
+        };
+        *id = new_id(ch, context, ps, qp_type);
+        0
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ferroce_rdma_destroy_id(id: *mut sys::rdma_cm_id) -> c_int {
+    guard(-1, || {
+        if id.is_null() {
+            return fail(libc::EINVAL, -1);
+        }
+        let (conn, listening, disconnected) = {
+            let s = st(id);
+            (s.conn, s.listening, s.disconnected)
+        };
+        if let Some(ctx) = context(id) {
+            let c = (*id).verbs as usize;
+            let mut cl = client(ctx);
+            if let Some(sid) = listening {
+                let _ = cl.cm_unlisten(sid);
+                reg().listeners.remove(&(c, sid));
+            }
+            if let Some(cid) = conn {
+                if !disconnected {
+                    let _ = cl.cm_disconnect(cid);
+                }
+                reg().conns.remove(&(c, cid));
+            }
+        }
+        // Events still queued for it go with it.
+        let ch = (*id).channel as *mut Channel;
+        if !ch.is_null() {
+            (*ch)
+                .queue
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .retain(|e| {
+                    let ev = *e as *mut Event;
+                    let mine = (*ev).ev.id == id;
+                    if mine {
+                        drop(Box::from_raw(ev));
+                        let mut n = 0u64;
+                        libc::read((*ch).efd.as_raw_fd(), &mut n as *mut u64 as *mut c_void, 8);
+                    }
+                    !mine
+                });
+        }
+        reg().ids -= 1;
+        drop(Box::from_raw(id as *mut Id));
+        0
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ferroce_rdma_bind_addr(
+    id: *mut sys::rdma_cm_id,
+    addr: *mut sys::sockaddr,
+) -> c_int {
+    guard(-1, || {
+        let Some(a) = sockaddr_v4(addr) else {
+            return fail(libc::EAFNOSUPPORT, -1);
+        };
+        let Some((c, ip)) = device_for_src(*a.ip()) else {
+            return fail(libc::EADDRNOTAVAIL, -1);
+        };
+        (*id).verbs = c as *mut sys::ibv_context;
+        (*id).port_num = 1;
+        let port = if a.port() == 0 {
+            32768 + (random() % 28000) as u16
+        } else {
+            a.port()
+        };
+        let mut s = st(id);
+        s.src = Some(SocketAddrV4::new(
+            if a.ip().is_unspecified() { *a.ip() } else { ip },
+            port,
+        ));
+        show_addrs(id, &s);
+        0
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ferroce_rdma_listen(id: *mut sys::rdma_cm_id, _backlog: c_int) -> c_int {
+    on_ctx(id, |ctx| {
+        let Some(src) = st(id).src else {
+            return fail(libc::EINVAL, -1);
+        };
+        let sid = service_id((*id).ps as u16, src.port());
+        if let Err(e) = client(ctx).cm_listen(sid) {
+            return fail(
+                if matches!(e, VerbsError::Busy(_)) {
+                    libc::EADDRINUSE
+                } else {
+                    verr(&e)
+                },
+                -1,
+            );
+        }
+        st(id).listening = Some(sid);
+        reg()
+            .listeners
+            .insert(((*id).verbs as usize, sid), id as usize);
+        0
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ferroce_rdma_resolve_addr(
+    id: *mut sys::rdma_cm_id,
+    src: *mut sys::sockaddr,
+    dst: *mut sys::sockaddr,
+    _timeout_ms: c_int,
+) -> c_int {
+    guard(-1, || {
+        let Some(d) = sockaddr_v4(dst) else {
+            return fail(libc::EAFNOSUPPORT, -1);
+        };
+        if !src.is_null() && ferroce_rdma_bind_addr(id, src) != 0 {
+            return -1;
+        }
+        if (*id).verbs.is_null() || st(id).src.is_none_or(|s| s.ip().is_unspecified()) {
+            let Some((c, ip)) = device_for_dst(*d.ip()) else {
+                return fail(libc::EADDRNOTAVAIL, -1);
+            };
+            (*id).verbs = c as *mut sys::ibv_context;
+            (*id).port_num = 1;
+            let port = st(id).src.map_or(0, |s| s.port());
+            let port = if port == 0 {
+                32768 + (random() % 28000) as u16
+            } else {
+                port
+            };
+            st(id).src = Some(SocketAddrV4::new(ip, port));
+        }
+        let mut s = st(id);
+        s.dst = Some(d);
+        show_addrs(id, &s);
+        drop(s);
+        notify(id, sys::RDMA_CM_EVENT_ADDR_RESOLVED, 0);
+        0
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ferroce_rdma_resolve_route(
+    id: *mut sys::rdma_cm_id,
+    _timeout_ms: c_int,
+) -> c_int {
+    guard(-1, || {
+        if st(id).dst.is_none() {
+            return fail(libc::EINVAL, -1);
+        }
+        notify(id, sys::RDMA_CM_EVENT_ROUTE_RESOLVED, 0);
+        0
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ferroce_rdma_create_qp(
+    id: *mut sys::rdma_cm_id,
+    pd: *mut sys::ibv_pd,
+    attr: *mut sys::ibv_qp_init_attr,
+) -> c_int {
+    guard(-1, || {
+        if attr.is_null() || (*id).verbs.is_null() {
+            return fail(libc::EINVAL, -1);
+        }
+        let pd = if pd.is_null() { (*id).pd } else { pd };
+        let pd = if pd.is_null() {
+            let p = ibv_alloc_pd((*id).verbs);
+            if p.is_null() {
+                return -1;
+            }
+            p
+        } else {
+            pd
+        };
+        if (*pd).context != (*id).verbs {
+            return fail(libc::EINVAL, -1);
+        }
+        let qp = ibv_create_qp(pd, attr);
+        if qp.is_null() {
+            return -1;
+        }
+        (*id).qp = qp;
+        (*id).pd = pd;
+        (*id).qp_type = (*attr).qp_type;
+        (*id).send_cq = (*attr).send_cq;
+        (*id).recv_cq = (*attr).recv_cq;
+        let r = move_qp(id, sys::IBV_QPS_INIT);
+        if r != 0 {
+            ibv_destroy_qp(qp);
+            (*id).qp = std::ptr::null_mut();
+            return fail(r, -1);
+        }
+        if (*id).qp_type == sys::IBV_QPT_UD {
+            // UD is ready at once (rdma_cm moves it to RTS at creation).
+            let _ = move_qp(id, sys::IBV_QPS_RTR);
+            let _ = move_qp(id, sys::IBV_QPS_RTS);
+        }
+        0
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ferroce_rdma_destroy_qp(id: *mut sys::rdma_cm_id) {
+    guard((), || {
+        if !(*id).qp.is_null() {
+            ibv_destroy_qp((*id).qp);
+            (*id).qp = std::ptr::null_mut();
+        }
+    })
+}
+
+/// The application's connection parameters, or librdmacm's defaults.
+unsafe fn conn_param(p: *const sys::rdma_conn_param) -> sys::rdma_conn_param {
+    if p.is_null() {
+        sys::rdma_conn_param {
+            responder_resources: DEFAULT_RD_ATOMIC,
+            initiator_depth: DEFAULT_RD_ATOMIC,
+            retry_count: 7,
+            rnr_retry_count: 7,
+            ..Default::default()
+        }
+    } else {
+        *p
+    }
+}
+
+unsafe fn private(p: &sys::rdma_conn_param) -> &[u8] {
+    if p.private_data.is_null() {
+        &[]
+    } else {
+        std::slice::from_raw_parts(p.private_data as *const u8, p.private_data_len as usize)
+    }
+}
+
+/// The port's active MTU in IBA's encoding.
+unsafe fn active_mtu(c: *mut sys::ibv_context) -> u8 {
+    let mut pa = std::mem::zeroed::<sys::ibv_port_attr>();
+    if ibv_query_port(c, 1, &mut pa as *mut _ as *mut _) == 0 {
+        pa.active_mtu as u8
+    } else {
+        3
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ferroce_rdma_connect(
+    id: *mut sys::rdma_cm_id,
+    p: *mut sys::rdma_conn_param,
+) -> c_int {
+    on_ctx(id, |ctx| {
+        let p = conn_param(p);
+        let user = private(&p);
+        if user.len() > REQ_PRIVATE {
+            return fail(libc::EINVAL, -1);
+        }
+        let (Some(src), Some(dst)) = ({
+            let s = st(id);
+            (s.src, s.dst)
+        }) else {
+            return fail(libc::EINVAL, -1);
+        };
+        let qpn = if (*id).qp.is_null() {
+            p.qp_num
+        } else {
+            (*(*id).qp).qp_num
+        };
+        let mut pd = [0u8; 92];
+        let hdr = CmaHeader {
+            src: src.into(),
+            dst: (*dst.ip()).into(),
+        };
+        hdr.emit(&mut pd);
+        pd[CMA_HDR_LEN..CMA_HDR_LEN + user.len()].copy_from_slice(user);
+        let my_rq_psn = random() & 0xff_ffff;
+        let mtu = active_mtu((*id).verbs);
+        {
+            let mut s = st(id);
+            s.my_rq_psn = my_rq_psn;
+            s.path_mtu = mtu;
+            s.retry_count = p.retry_count;
+            s.rnr_retry_count = p.rnr_retry_count;
+            s.responder_resources = p.responder_resources;
+            s.initiator_depth = p.initiator_depth;
+        }
+        let params = ConnectParams {
+            service_id: service_id((*id).ps as u16, dst.port()),
+            local_gid: gid_of(*src.ip()),
+            remote_gid: gid_of(*dst.ip()),
+            qpn,
+            starting_psn: my_rq_psn,
+            responder_resources: p.responder_resources,
+            initiator_depth: p.initiator_depth,
+            path_mtu: mtu,
+            retry_count: p.retry_count.min(7),
+            rnr_retry_count: p.rnr_retry_count.min(7),
+            hop_limit: 64,
+            srq: p.srq != 0,
+            private_data: PrivateData(pd),
+            ..Default::default()
+        };
+        match client(ctx).cm_connect(params) {
+            Ok(cid) => {
+                st(id).conn = Some(cid);
+                reg().conns.insert(((*id).verbs as usize, cid), id as usize);
+                0
+            }
+            Err(e) => fail(verr(&e), -1),
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ferroce_rdma_accept(
+    id: *mut sys::rdma_cm_id,
+    p: *mut sys::rdma_conn_param,
+) -> c_int {
+    on_ctx(id, |ctx| {
+        let p = conn_param(p);
+        let Some(cid) = st(id).conn else {
+            return fail(libc::EINVAL, -1);
+        };
+        let my_rq_psn = random() & 0xff_ffff;
+        {
+            let mut s = st(id);
+            s.my_rq_psn = my_rq_psn;
+            s.responder_resources = p.responder_resources;
+            s.initiator_depth = p.initiator_depth;
+        }
+        let qpn = if (*id).qp.is_null() {
+            p.qp_num
+        } else {
+            (*(*id).qp).qp_num
+        };
+        if !(*id).qp.is_null()
+            && (move_qp(id, sys::IBV_QPS_RTR) != 0 || move_qp(id, sys::IBV_QPS_RTS) != 0)
+        {
+            return fail(libc::EINVAL, -1);
+        }
+        let Some(private_data) = PrivateData::from_bytes(private(&p)) else {
+            return fail(libc::EINVAL, -1);
+        };
+        let params = AcceptParams {
+            qpn,
+            starting_psn: my_rq_psn,
+            responder_resources: p.responder_resources,
+            initiator_depth: p.initiator_depth,
+            rnr_retry_count: p.rnr_retry_count.min(7),
+            srq: p.srq != 0,
+            private_data,
+        };
+        match client(ctx).cm_accept(cid, params) {
+            Ok(()) => 0,
+            Err(e) => fail(verr(&e), -1),
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ferroce_rdma_reject(
+    id: *mut sys::rdma_cm_id,
+    pd: *const c_void,
+    len: u8,
+) -> c_int {
+    on_ctx(id, |ctx| {
+        let Some(cid) = st(id).conn.take() else {
+            return fail(libc::EINVAL, -1);
+        };
+        let data = if pd.is_null() {
+            &[][..]
+        } else {
+            std::slice::from_raw_parts(pd as *const u8, len as usize)
+        };
+        reg().conns.remove(&((*id).verbs as usize, cid));
+        match client(ctx).cm_reject(cid, data) {
+            Ok(()) => 0,
+            Err(e) => fail(verr(&e), -1),
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ferroce_rdma_establish(id: *mut sys::rdma_cm_id) -> c_int {
+    guard(-1, || {
+        let (Some(ctx), Some(cid)) = (context(id), st(id).conn) else {
+            return fail(libc::EINVAL, -1);
+        };
+        match client(ctx).cm_rtu(cid) {
+            Ok(()) => 0,
+            Err(e) => fail(verr(&e), -1),
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ferroce_rdma_disconnect(id: *mut sys::rdma_cm_id) -> c_int {
+    on_ctx(id, |ctx| {
+        let _ = move_qp(id, sys::IBV_QPS_ERR);
+        let (conn, done) = {
+            let s = st(id);
+            (s.conn, s.disconnected)
+        };
+        let Some(cid) = conn else {
+            return fail(libc::EINVAL, -1);
+        };
+        if done {
+            // The peer disconnected first: nothing more to say.
+            return 0;
+        }
+        match client(ctx).cm_disconnect(cid) {
+            Ok(()) => 0,
+            Err(e) => fail(verr(&e), -1),
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ferroce_rdma_get_cm_event(
+    ch: *mut sys::rdma_event_channel,
+    ev: *mut *mut sys::rdma_cm_event,
+) -> c_int {
+    guard(-1, || {
+        if ch.is_null() || ev.is_null() {
+            return fail(libc::EINVAL, -1);
+        }
+        let c = ch as *mut Channel;
+        // One count per queued event: blocks (or EAGAIN on a non-blocking fd) until one is.
+        let mut n = 0u64;
+        loop {
+            let r = libc::read((*c).efd.as_raw_fd(), &mut n as *mut u64 as *mut c_void, 8);
+            if r == 8 {
+                break;
+            }
+            let e = *libc::__errno_location();
+            if e != libc::EINTR {
+                return fail(e, -1);
+            }
+        }
+        let Some(e) = (*c)
+            .queue
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .pop_front()
+        else {
+            return fail(libc::EAGAIN, -1);
+        };
+        let e = e as *mut Event;
+        (*(*e).ev.id).event = &mut (*e).ev;
+        *ev = &mut (*e).ev;
+        0
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ferroce_rdma_ack_cm_event(ev: *mut sys::rdma_cm_event) -> c_int {
+    guard(-1, || {
+        if ev.is_null() {
+            return fail(libc::EINVAL, -1);
+        }
+        let id = (*ev).id;
+        if !id.is_null() && (*id).event == ev {
+            (*id).event = std::ptr::null_mut();
+        }
+        drop(Box::from_raw(ev as *mut Event));
+        0
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ferroce_rdma_init_qp_attr(
+    id: *mut sys::rdma_cm_id,
+    attr: *mut sys::ibv_qp_attr,
+    mask: *mut c_int,
+) -> c_int {
+    guard(-1, || {
+        if attr.is_null() || mask.is_null() {
+            return fail(libc::EINVAL, -1);
+        }
+        let state = (*attr).qp_state;
+        init_qp_attr(id, state, &mut *attr, &mut *mask)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ferroce_rdma_migrate_id(
+    id: *mut sys::rdma_cm_id,
+    ch: *mut sys::rdma_event_channel,
+) -> c_int {
+    guard(-1, || {
+        if id.is_null() || ch.is_null() {
+            return fail(libc::EINVAL, -1);
+        }
+        (*id).channel = ch;
+        0
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ferroce_rdma_set_option(
+    _id: *mut sys::rdma_cm_id,
+    _level: c_int,
+    _optname: c_int,
+    _optval: *mut c_void,
+    _optlen: usize,
+) -> c_int {
+    // Timeouts, TOS and reuse options: the connection manager's defaults stand.
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ferroce_rdma_event_str(event: u32) -> *const c_char {
+    let s: &'static [u8] = match event {
+        sys::RDMA_CM_EVENT_ADDR_RESOLVED => b"RDMA_CM_EVENT_ADDR_RESOLVED\0",
+        sys::RDMA_CM_EVENT_ADDR_ERROR => b"RDMA_CM_EVENT_ADDR_ERROR\0",
+        sys::RDMA_CM_EVENT_ROUTE_RESOLVED => b"RDMA_CM_EVENT_ROUTE_RESOLVED\0",
+        sys::RDMA_CM_EVENT_ROUTE_ERROR => b"RDMA_CM_EVENT_ROUTE_ERROR\0",
+        sys::RDMA_CM_EVENT_CONNECT_REQUEST => b"RDMA_CM_EVENT_CONNECT_REQUEST\0",
+        sys::RDMA_CM_EVENT_CONNECT_RESPONSE => b"RDMA_CM_EVENT_CONNECT_RESPONSE\0",
+        sys::RDMA_CM_EVENT_CONNECT_ERROR => b"RDMA_CM_EVENT_CONNECT_ERROR\0",
+        sys::RDMA_CM_EVENT_UNREACHABLE => b"RDMA_CM_EVENT_UNREACHABLE\0",
+        sys::RDMA_CM_EVENT_REJECTED => b"RDMA_CM_EVENT_REJECTED\0",
+        sys::RDMA_CM_EVENT_ESTABLISHED => b"RDMA_CM_EVENT_ESTABLISHED\0",
+        sys::RDMA_CM_EVENT_DISCONNECTED => b"RDMA_CM_EVENT_DISCONNECTED\0",
+        sys::RDMA_CM_EVENT_DEVICE_REMOVAL => b"RDMA_CM_EVENT_DEVICE_REMOVAL\0",
+        sys::RDMA_CM_EVENT_MULTICAST_JOIN => b"RDMA_CM_EVENT_MULTICAST_JOIN\0",
+        sys::RDMA_CM_EVENT_MULTICAST_ERROR => b"RDMA_CM_EVENT_MULTICAST_ERROR\0",
+        sys::RDMA_CM_EVENT_ADDR_CHANGE => b"RDMA_CM_EVENT_ADDR_CHANGE\0",
+        sys::RDMA_CM_EVENT_TIMEWAIT_EXIT => b"RDMA_CM_EVENT_TIMEWAIT_EXIT\0",
+        _ => b"UNKNOWN EVENT\0",
+    };
+    s.as_ptr() as *const c_char
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ferroce_rdma_getaddrinfo(
+    node: *const c_char,
+    service: *const c_char,
+    hints: *const sys::rdma_addrinfo,
+    res: *mut *mut sys::rdma_addrinfo,
+) -> c_int {
+    guard(-1, || {
+        if res.is_null() {
+            return fail(libc::EINVAL, -1);
+        }
+        let mut h: libc::addrinfo = std::mem::zeroed();
+        h.ai_family = libc::AF_INET;
+        h.ai_socktype = libc::SOCK_STREAM;
+        let passive = !hints.is_null() && (*hints).ai_flags & sys::RAI_PASSIVE as c_int != 0;
+        if passive {
+            h.ai_flags |= libc::AI_PASSIVE;
+        }
+        if !hints.is_null() && (*hints).ai_flags & sys::RAI_NUMERICHOST as c_int != 0 {
+            h.ai_flags |= libc::AI_NUMERICHOST;
+        }
+        let mut found: *mut libc::addrinfo = std::ptr::null_mut();
+        let r = libc::getaddrinfo(node, service, &h, &mut found);
+        if r != 0 || found.is_null() {
+            return fail(libc::EADDRNOTAVAIL, -1);
+        }
+        let sa = libc::calloc(1, std::mem::size_of::<sys::sockaddr_in>()) as *mut sys::sockaddr;
+        let ai =
+            libc::calloc(1, std::mem::size_of::<sys::rdma_addrinfo>()) as *mut sys::rdma_addrinfo;
+        if sa.is_null() || ai.is_null() {
+            libc::freeaddrinfo(found);
+            return fail(libc::ENOMEM, -1);
+        }
+        std::ptr::copy_nonoverlapping(
+            (*found).ai_addr as *const u8,
+            sa as *mut u8,
+            std::mem::size_of::<sys::sockaddr_in>(),
+        );
+        libc::freeaddrinfo(found);
+        (*ai).ai_family = libc::AF_INET;
+        (*ai).ai_flags = if hints.is_null() {
+            0
+        } else {
+            (*hints).ai_flags
+        };
+        (*ai).ai_qp_type = if hints.is_null() || (*hints).ai_qp_type == 0 {
+            sys::IBV_QPT_RC as c_int
+        } else {
+            (*hints).ai_qp_type
+        };
+        (*ai).ai_port_space = if hints.is_null() || (*hints).ai_port_space == 0 {
+            sys::RDMA_PS_TCP as c_int
+        } else {
+            (*hints).ai_port_space
+        };
+        let len = std::mem::size_of::<sys::sockaddr_in>() as u32;
+        if passive {
+            (*ai).ai_src_addr = sa;
+            (*ai).ai_src_len = len;
+        } else {
+            (*ai).ai_dst_addr = sa;
+            (*ai).ai_dst_len = len;
+        }
+        *res = ai;
+        0
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ferroce_rdma_freeaddrinfo(res: *mut sys::rdma_addrinfo) {
+    let mut ai = res;
+    while !ai.is_null() {
+        let next = (*ai).ai_next;
+        libc::free((*ai).ai_src_addr as *mut c_void);
+        libc::free((*ai).ai_dst_addr as *mut c_void);
+        libc::free(ai as *mut c_void);
+        ai = next;
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ferroce_rpoll(
+    fds: *mut libc::pollfd,
+    nfds: libc::nfds_t,
+    timeout: c_int,
+) -> c_int {
+    // rsocket's poll on ordinary descriptors (rping polls its event channel with it).
+    libc::poll(fds, nfds, timeout)
+}
