@@ -6,8 +6,8 @@
 set -euo pipefail
 
 APT_PKGS=(libdpdk-dev pkg-config libclang-dev tshark tcpdump python3-pip fonts-dejavu-core
-  libibverbs-dev librdmacm-dev perftest ibverbs-utils python3-pyverbs infiniband-diags util-linux
-  binutils)
+  libibverbs-dev librdmacm-dev perftest ibverbs-utils rdmacm-utils python3-pyverbs infiniband-diags
+  util-linux binutils)
 PIP_PKGS=(scapy)
 
 missing=()
@@ -21,8 +21,10 @@ command -v tcpdump >/dev/null || missing+=(tcpdump)
 # ferroce's libibverbs.so.1 is bound (bindgen) to the installed <infiniband/verbs.h>; the tests
 # run Debian's unmodified perftest and rdma-core examples (ibverbs-utils) on it.
 [ -e /usr/include/infiniband/verbs.h ] || missing+=(libibverbs-dev)
-# The librdmacm stub is generated from librdmacm's headers.
+# ferroce's librdmacm.so.1 is built against librdmacm's headers; rping, ucmatose and udaddy
+# (rdmacm-utils) run on it in the tests.
 [ -e /usr/include/rdma/rdma_cma.h ] || missing+=(librdmacm-dev)
+command -v rping >/dev/null || missing+=(rdmacm-utils)
 command -v ib_write_bw >/dev/null || missing+=(perftest)
 command -v ibv_rc_pingpong >/dev/null || missing+=(ibverbs-utils)
 # Programs beyond those: pyverbs (rdma-core's Python binding, which links the direct-verbs
