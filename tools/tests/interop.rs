@@ -82,6 +82,10 @@ enum Side {
     /// Debian's own perftest binary through ferroce-run (ferroce's libibverbs.so.1) as a
     /// client process of rnicd.
     Verbs,
+    /// An rdma-core rdma_cm program (rping, ucmatose) through ferroce-run (ferroce's
+    /// librdmacm.so.1 and libibverbs.so.1), connecting through ferroce's connection manager;
+    /// `ferroce_args` is its whole command line after the tool.
+    Cm,
 }
 
 fn cases() -> Vec<Case> {
@@ -256,6 +260,52 @@ fn cases() -> Vec<Case> {
             switched: false,
         });
     }
+    // rdma_cm: rdma-core's rping (every ping's data verified, -V) and ucmatose, unmodified on
+    // both ends, connecting through the IB CM over QP1: rxe's in the guest, ferroce's behind
+    // its librdmacm.so.1.
+    for (i, (guest_client, tool, guest, ours)) in [
+        (
+            true,
+            "rping",
+            vec!["-c", "-a", "10.99.0.3", "-v", "-V", "-C", "10"],
+            vec!["-s", "-a", "10.99.0.3", "-v", "-V", "-C", "10"],
+        ),
+        (
+            false,
+            "rping",
+            vec!["-s", "-a", "10.99.0.2", "-v", "-V", "-C", "10"],
+            vec!["-c", "-a", "10.99.0.2", "-v", "-V", "-C", "10"],
+        ),
+        (
+            true,
+            "ucmatose",
+            vec!["-s", "10.99.0.3", "-c", "2", "-C", "10"],
+            vec!["-b", "10.99.0.3", "-c", "2", "-C", "10"],
+        ),
+        (
+            false,
+            "ucmatose",
+            vec!["-b", "10.99.0.2", "-c", "2", "-C", "10"],
+            vec!["-s", "10.99.0.2", "-c", "2", "-C", "10"],
+        ),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        v.push(Case {
+            id: format!("M{}", i + 1),
+            guest_client,
+            test: tool,
+            tool,
+            args: guest,
+            size: 0,
+            iters: 10,
+            side: Side::Cm,
+            ferroce_args: ours,
+            lossy: false,
+            switched: false,
+        });
+    }
     // Loss on ferroce's port (1 % of the frames it sends, seeded), against rxe in both roles,
     // with ferroce sending the data each time (READ responses to rxe's READs, WRITEs to rxe):
     // a lost data packet must be noticed and recovered (rxe sees a sequence gap and asks
@@ -308,6 +358,15 @@ fn cases() -> Vec<Case> {
 }
 
 fn guest_cmdline(c: &Case) -> String {
+    if c.side == Side::Cm {
+        // rdma_cm programs take their addresses in their own options.
+        let role = if c.guest_client {
+            "cm-client"
+        } else {
+            "cm-server"
+        };
+        return format!("{} {role} {} {}", c.id, c.tool, c.args.join(" "));
+    }
     let mut a: Vec<String> = vec![c.tool.to_string(), "-d".into(), "rxe0".into()];
     if c.tool.starts_with("ib_") {
         a.extend(["-x", "1", "-F"].map(String::from));
@@ -452,6 +511,9 @@ fn check_case(c: &Case, ferroce: &Output, guest: Option<&GuestCase>) -> Result<S
     let g = guest.ok_or("the guest never ran this case")?;
     if c.side == Side::Verbs {
         return check_perftest_case(c, ferroce, g);
+    }
+    if c.side == Side::Cm {
+        return check_cm_case(c, ferroce, g);
     }
     let fe = String::from_utf8_lossy(&ferroce.stderr);
     if g.rc != Some(0) {
@@ -621,6 +683,36 @@ fn check_perftest_case(c: &Case, ferroce: &Output, g: &GuestCase) -> Result<Stri
     Ok(result_line(row).unwrap_or_else(|| "ok".into()))
 }
 
+/// An rdma_cm program on both ends: both exit 0, and both saw every ping (rping -v prints
+/// each one's data, verified with -V) or completed their transfers (ucmatose).
+fn check_cm_case(c: &Case, ferroce: &Output, g: &GuestCase) -> Result<String, String> {
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&ferroce.stdout),
+        String::from_utf8_lossy(&ferroce.stderr)
+    );
+    if g.rc != Some(0) || !ferroce.status.success() {
+        return Err(format!(
+            "guest {} exited {:?}, ferroce's exited {:?}\nferroce's said:\n{text}\nguest said:\n{}",
+            c.tool, g.rc, ferroce.status, g.text
+        ));
+    }
+    let done = |t: &str| match c.tool {
+        "rping" => t.matches("ping data: rdma-ping-").count() as u64 == c.iters,
+        _ => t.contains("data transfers complete"),
+    };
+    if !done(&text) || !done(&g.text) {
+        return Err(format!(
+            "incomplete: ferroce's said:\n{text}\nguest said:\n{}",
+            g.text
+        ));
+    }
+    Ok(match c.tool {
+        "rping" => format!("{} pings verified both ways", c.iters),
+        _ => "data transfers complete".into(),
+    })
+}
+
 /// perftest's result row, whitespace-collapsed.
 fn result_line(text: &str) -> Option<String> {
     let mut lines = text
@@ -771,6 +863,14 @@ fn rnic_perf_against_linux_soft_roce() {
                     .args([c.tool, "-d", "ferroce0", "-x", "1", "-F"])
                     .env("FERROCE_LIBDIR", &libdir);
             }
+            Side::Cm => {
+                cmd.arg(repo().join("scripts/ferroce-run"))
+                    .arg("--socket")
+                    .arg(&sock)
+                    .arg(c.tool)
+                    .args(&c.ferroce_args)
+                    .env("FERROCE_LIBDIR", &libdir);
+            }
             Side::Rnicd => {
                 cmd.arg(env!("CARGO_BIN_EXE_rnic-perf"))
                     .arg(c.test)
@@ -794,24 +894,31 @@ fn rnic_perf_against_linux_soft_roce() {
                     .args(path_opt);
             }
         }
-        cmd.args(&c.args)
-            .args(&c.ferroce_args)
-            .env("RUST_LOG", "warn");
-        if !c.guest_client {
-            cmd.arg(GUEST_IP);
+        cmd.env("RUST_LOG", "warn");
+        if c.side != Side::Cm {
+            cmd.args(&c.args).args(&c.ferroce_args);
+            if !c.guest_client {
+                cmd.arg(GUEST_IP);
+            }
         }
         let t0 = Instant::now();
         let mut out = run_for(&mut cmd, Duration::from_secs(150));
         // Debian's perftest client tries to connect once; the guest's server may not be
         // listening yet (it starts when the guest reaches this case), so retry while it
         // cannot connect, as the guest does for its clients. rnic-perf retries by itself.
+        // An rdma_cm client finds no listener the same way: its REQ is rejected.
         let mut tries = 0;
-        while c.side == Side::Verbs
+        let not_yet = if c.side == Side::Cm {
+            "REJECTED"
+        } else {
+            "Couldn't connect"
+        };
+        while matches!(c.side, Side::Verbs | Side::Cm)
             && !c.guest_client
             && !out.status.success()
             && [&out.stdout, &out.stderr]
                 .iter()
-                .any(|t| String::from_utf8_lossy(t).contains("Couldn't connect"))
+                .any(|t| String::from_utf8_lossy(t).contains(not_yet))
             && tries < 90
         {
             tries += 1;
@@ -825,6 +932,7 @@ fn rnic_perf_against_linux_soft_roce() {
                 Side::Own => "",
                 Side::Rnicd => "via rnicd, ",
                 Side::Verbs => "perftest on ferroce's libibverbs, ",
+                Side::Cm => "rdma_cm on ferroce's librdmacm, ",
             },
             if c.guest_client {
                 "guest client ->"

@@ -8,7 +8,7 @@
 //! events of every ID come through its event channel (an eventfd counts them, so the channel's
 //! fd can be polled), `rdma_create_qp` creates the QP and moves it to INIT, and the library
 //! moves it to RTR and RTS when the connection is made (active side: on the REP, then the RTU;
-//! passive side: in `rdma_accept`), and to ERR on disconnection. Addresses are IPv4 (RoCEv2
+//! passive side: in `rdma_accept`), and to ERR in `rdma_disconnect`. Addresses are IPv4 (RoCEv2
 //! GIDs ::ffff:a.b.c.d); the active side's REQ carries rdma_cm's addressing header, so a Linux
 //! peer sees the request it expects.
 //!
@@ -93,6 +93,14 @@ struct Registry {
 }
 
 static REG: OnceLock<Mutex<Registry>> = OnceLock::new();
+
+/// Held while the event thread works on an ID and while an ID is destroyed, so an event
+/// never reaches an ID being freed. Taken before a client's lock and the registry's.
+static DISPATCH: Mutex<()> = Mutex::new(());
+
+fn dispatching() -> std::sync::MutexGuard<'static, ()> {
+    DISPATCH.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 fn reg() -> std::sync::MutexGuard<'static, Registry> {
     REG.get_or_init(Default::default)
@@ -303,8 +311,9 @@ fn ensure_thread() {
                     match e {
                         Ok(Some(e)) => {
                             got = true;
-                            // SAFETY: the IDs the registry names are live (destroy unlists
-                            // them first, under the registry's lock).
+                            // SAFETY: the IDs the registry names are live: destroy unlists
+                            // them while holding DISPATCH, which this holds.
+                            let _d = dispatching();
                             unsafe { dispatch(c, e) };
                         }
                         _ => break,
@@ -542,8 +551,9 @@ unsafe fn dispatch(c: usize, e: CmEventData) {
             notify(id, sys::RDMA_CM_EVENT_UNREACHABLE, -libc::ETIMEDOUT);
         }
         CmEventData::Disconnected { .. } => {
+            // The QP is left alone, as librdmacm leaves it: the application may already have
+            // destroyed it (rping calls ibv_destroy_qp itself), so `id->qp` can dangle.
             st(id).disconnected = true;
-            let _ = move_qp(id, sys::IBV_QPS_ERR);
             notify(id, sys::RDMA_CM_EVENT_DISCONNECTED, 0);
         }
         CmEventData::Released { .. } => {
@@ -644,6 +654,8 @@ pub unsafe extern "C" fn ferroce_rdma_destroy_id(id: *mut sys::rdma_cm_id) -> c_
         if id.is_null() {
             return fail(libc::EINVAL, -1);
         }
+        // No event is being handed to it meanwhile.
+        let _d = dispatching();
         let (conn, listening, disconnected) = {
             let s = st(id);
             (s.conn, s.listening, s.disconnected)

@@ -10,6 +10,10 @@
 #   ROLE server: the guest tool is the server; rnic-perf connects to 10.99.0.2.
 #   ROLE ping:   TOOL is an address; the guest waits (up to 60 s) until it answers one ping,
 #                then sends three more and shows the neighbour entry it learned by ARP.
+#   ROLE cm-server: an rdma_cm program (rping, ucmatose) run as given (its addresses are in
+#                ARGS).
+#   ROLE cm-client: the same as a client: retried while its request is rejected (ferroce's
+#                end may not listen yet).
 # Around every case the rxe0 error counters are printed, so the test can check that none moved.
 
 CNT=/sys/class/infiniband/rxe0/ports/1/hw_counters
@@ -30,6 +34,18 @@ while read -r id role tool args; do
     ping -c 3 -W 2 "$tool" >/tmp/out.$id 2>&1
     rc=$?
     ip neigh show "$tool" >>/tmp/out.$id 2>&1
+  elif [ "$role" = cm-client ]; then
+    tries=0
+    while :; do
+      timeout 60 $tool $args >/tmp/out.$id 2>&1
+      rc=$?
+      if [ $rc -ne 0 ] && grep -q "REJECTED" /tmp/out.$id && [ $tries -lt 90 ]; then
+        tries=$((tries + 1))
+        sleep 1
+        continue
+      fi
+      break
+    done
   elif [ "$role" = client ]; then
     tries=0
     while :; do
