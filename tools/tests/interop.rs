@@ -655,9 +655,9 @@ fn check_case(c: &Case, ferroce: &Output, guest: Option<&GuestCase>) -> Result<S
     Ok(summary + &recovered)
 }
 
-/// A case whose ferroce end is Debian's perftest itself: both ends exit 0 and print the
-/// same sizes and counts (a latency or READ server prints no row: the client measures).
-fn check_perftest_case(c: &Case, ferroce: &Output, g: &GuestCase) -> Result<String, String> {
+/// The output of a program on ferroce's end (stdout and stderr), if it and the guest's both
+/// exited 0.
+fn both_succeeded(c: &Case, ferroce: &Output, g: &GuestCase) -> Result<String, String> {
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&ferroce.stdout),
@@ -669,6 +669,13 @@ fn check_perftest_case(c: &Case, ferroce: &Output, g: &GuestCase) -> Result<Stri
             c.tool, g.rc, ferroce.status, g.text
         ));
     }
+    Ok(text)
+}
+
+/// A case whose ferroce end is Debian's perftest itself: both ends exit 0 and print the
+/// same sizes and counts (a latency or READ server prints no row: the client measures).
+fn check_perftest_case(c: &Case, ferroce: &Output, g: &GuestCase) -> Result<String, String> {
+    let text = both_succeeded(c, ferroce, g)?;
     let want = Some((c.size, c.iters));
     let silent = |client: bool| !client && (c.test.ends_with("_lat") || c.test == "read_bw");
     let (ours, theirs) = (guest_row(&text), guest_row(&g.text));
@@ -686,17 +693,7 @@ fn check_perftest_case(c: &Case, ferroce: &Output, g: &GuestCase) -> Result<Stri
 /// An rdma_cm program on both ends: both exit 0, and both saw every ping (rping -v prints
 /// each one's data, verified with -V) or completed their transfers (ucmatose).
 fn check_cm_case(c: &Case, ferroce: &Output, g: &GuestCase) -> Result<String, String> {
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&ferroce.stdout),
-        String::from_utf8_lossy(&ferroce.stderr)
-    );
-    if g.rc != Some(0) || !ferroce.status.success() {
-        return Err(format!(
-            "guest {} exited {:?}, ferroce's exited {:?}\nferroce's said:\n{text}\nguest said:\n{}",
-            c.tool, g.rc, ferroce.status, g.text
-        ));
-    }
+    let text = both_succeeded(c, ferroce, g)?;
     let done = |t: &str| match c.tool {
         "rping" => t.matches("ping data: rdma-ping-").count() as u64 == c.iters,
         _ => t.contains("data transfers complete"),
