@@ -33,6 +33,10 @@ int ferroce_rdma_getaddrinfo(const char *, const char *, const struct rdma_addri
 void ferroce_rdma_freeaddrinfo(struct rdma_addrinfo *);
 int ferroce_rdma_init_qp_attr(struct rdma_cm_id *, struct ibv_qp_attr *, int *);
 int ferroce_rpoll(struct pollfd *, nfds_t, int);
+int ferroce_rdma_create_ep(struct rdma_cm_id **, struct rdma_addrinfo *, struct ibv_pd *,
+                           struct ibv_qp_init_attr *);
+void ferroce_rdma_destroy_ep(struct rdma_cm_id *);
+int ferroce_rdma_get_request(struct rdma_cm_id *, struct rdma_cm_id **);
 
 struct rdma_event_channel *rdma_create_event_channel(void) { return ferroce_rdma_create_event_channel(); }
 void rdma_destroy_event_channel(struct rdma_event_channel *c) { ferroce_rdma_destroy_event_channel(c); }
@@ -65,3 +69,7 @@ void rdma_freeaddrinfo(struct rdma_addrinfo *r) { ferroce_rdma_freeaddrinfo(r); 
 int rdma_init_qp_attr(struct rdma_cm_id *id, struct ibv_qp_attr *a, int *m)
 { return ferroce_rdma_init_qp_attr(id, a, m); }
 int rpoll(struct pollfd *f, nfds_t n, int t) { return ferroce_rpoll(f, n, t); }
+int rdma_create_ep(struct rdma_cm_id **id, struct rdma_addrinfo *res, struct ibv_pd *pd,
+                   struct ibv_qp_init_attr *a) { return ferroce_rdma_create_ep(id, res, pd, a); }
+void rdma_destroy_ep(struct rdma_cm_id *id) { ferroce_rdma_destroy_ep(id); }
+int rdma_get_request(struct rdma_cm_id *l, struct rdma_cm_id **id) { return ferroce_rdma_get_request(l, id); }

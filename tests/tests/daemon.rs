@@ -777,7 +777,7 @@ fn ordinary_memory_registers_in_place_and_both_views_are_the_same_bytes() {
         "the new page got the WRITE"
     );
     assert_eq!(m[2 * 4096], 0x77, "its own contents were kept");
-    // A range that only partly overlaps the moved pages, and file-backed memory: refused.
+    // A range that only partly overlaps the moved pages: refused.
     let e = unsafe { a.ctx.reg_mr_addr(a.pd, base + 7000, 5000, Access::ALL) }.unwrap_err();
     assert!(e.to_string().contains("already moved"), "{e}");
     // Once no MR uses the earlier moves, their pages move again as one larger range (memory
@@ -814,8 +814,33 @@ fn ordinary_memory_registers_in_place_and_both_views_are_the_same_bytes() {
         )
     };
     assert_ne!(fm, libc::MAP_FAILED);
-    let e = unsafe { a.ctx.reg_mr_addr(a.pd, fm as u64, 100, Access::ALL) }.unwrap_err();
-    assert!(e.to_string().contains("file-backed"), "{e}");
+    // A private writable file mapping (as a program's .data/.bss, where static buffers live)
+    // moves like anonymous memory, its contents kept, and takes a WRITE.
+    // SAFETY: our mapping, 8 KiB.
+    let fb = unsafe { std::slice::from_raw_parts_mut(fm as *mut u8, 8192) };
+    fb[..4].copy_from_slice(b"data");
+    let mr7 = unsafe { a.ctx.reg_mr_addr(a.pd, fm as u64 + 100, 100, Access::ALL) }.unwrap();
+    assert_eq!(&fb[..4], b"data", "contents survive the move");
+    b.buf.write(0, &[0x5a; 8]);
+    write_ok(&mut b, (0, 8), fm as u64 + 100, &mr7);
+    assert_eq!(fb[100..108], [0x5a; 8]);
+    a.ctx.dereg_mr(&mr7).unwrap();
+    // A read-only or a shared file mapping is the file's: refused.
+    for (prot, flags) in [
+        (libc::PROT_READ, libc::MAP_PRIVATE),
+        (libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED),
+    ] {
+        // SAFETY: a fresh mapping of our file.
+        let ro = unsafe { libc::mmap(std::ptr::null_mut(), 4096, prot, flags, f.as_raw_fd(), 0) };
+        assert_ne!(ro, libc::MAP_FAILED);
+        let e = unsafe { a.ctx.reg_mr_addr(a.pd, ro as u64, 100, Access::ALL) }.unwrap_err();
+        assert!(
+            e.to_string().contains("read-only file-backed") || e.to_string().contains("shared"),
+            "{e}"
+        );
+        // SAFETY: our mapping.
+        unsafe { libc::munmap(ro, 4096) };
+    }
     // SAFETY: our mapping.
     unsafe { libc::munmap(fm, 8192) };
     let _ = std::fs::remove_file(&path);

@@ -308,8 +308,9 @@ fn perftest_binaries_run_between_two_processes() {
 
 /// rdma-core's rdma_cm programs, unmodified, through ferroce's librdmacm.so.1 and its
 /// connection manager: rping with data verification in both roles (server on ferroce1, client
-/// connecting from ferroce0 across the link), ucmatose with several connections, and udaddy,
-/// which needs SIDR (UD service resolution, not served yet) and must be refused cleanly.
+/// connecting from ferroce0 across the link), ucmatose with several connections,
+/// rdma_server/rdma_client (the synchronous endpoint API), and udaddy, which needs SIDR (UD
+/// service resolution, not served yet) and must be refused cleanly.
 #[test]
 fn rdma_cm_programs_connect_through_the_connection_manager() {
     let _one = serial();
@@ -343,6 +344,20 @@ fn rdma_cm_programs_connect_through_the_connection_manager() {
         assert!(
             text(o).contains("data transfers complete"),
             "ucmatose {who}: {}",
+            text(o)
+        );
+    }
+    // librdmacm's synchronous endpoint API (rdma_create_ep, rdma_get_request, static
+    // buffers registered in place): a message each way.
+    let (so, co) = pair(
+        run(r.sock(), &["rdma_server", "-s", "10.99.0.2", "-p", "7471"]),
+        run(r.sock(), &["rdma_client", "-s", "10.99.0.2", "-p", "7471"]),
+        Duration::from_secs(60),
+    );
+    for (o, who) in [(&so, "rdma_server"), (&co, "rdma_client")] {
+        assert!(
+            o.status.success() && text(o).contains(": end 0"),
+            "{who}: {}",
             text(o)
         );
     }

@@ -263,6 +263,11 @@ fn cases() -> Vec<Case> {
     // rdma_cm: rdma-core's rping (every ping's data verified, -V) and ucmatose, unmodified on
     // both ends, connecting through the IB CM over QP1: rxe's in the guest, ferroce's behind
     // its librdmacm.so.1.
+    let ferroce_tool = |t: &'static str| match t {
+        "rdma_client" => "rdma_server",
+        "rdma_server" => "rdma_client",
+        t => t,
+    };
     for (i, (guest_client, tool, guest, ours)) in [
         (
             true,
@@ -288,6 +293,20 @@ fn cases() -> Vec<Case> {
             vec!["-b", "10.99.0.2", "-c", "2", "-C", "10"],
             vec!["-s", "10.99.0.2", "-c", "2", "-C", "10"],
         ),
+        // librdmacm's synchronous endpoint API (rdma_create_ep, rdma_get_request): one
+        // message each way.
+        (
+            true,
+            "rdma_client",
+            vec!["-s", "10.99.0.3", "-p", "7471"],
+            vec!["-s", "10.99.0.3", "-p", "7471"],
+        ),
+        (
+            false,
+            "rdma_server",
+            vec!["-s", "10.99.0.2", "-p", "7472"],
+            vec!["-s", "10.99.0.2", "-p", "7472"],
+        ),
     ]
     .into_iter()
     .enumerate()
@@ -295,7 +314,8 @@ fn cases() -> Vec<Case> {
         v.push(Case {
             id: format!("M{}", i + 1),
             guest_client,
-            test: tool,
+            // ferroce's end runs the other half of a client/server pair.
+            test: ferroce_tool(tool),
             tool,
             args: guest,
             size: 0,
@@ -696,6 +716,7 @@ fn check_cm_case(c: &Case, ferroce: &Output, g: &GuestCase) -> Result<String, St
     let text = both_succeeded(c, ferroce, g)?;
     let done = |t: &str| match c.tool {
         "rping" => t.matches("ping data: rdma-ping-").count() as u64 == c.iters,
+        "rdma_client" | "rdma_server" => t.contains(": end 0"),
         _ => t.contains("data transfers complete"),
     };
     if !done(&text) || !done(&g.text) {
@@ -706,6 +727,7 @@ fn check_cm_case(c: &Case, ferroce: &Output, g: &GuestCase) -> Result<String, St
     }
     Ok(match c.tool {
         "rping" => format!("{} pings verified both ways", c.iters),
+        "rdma_client" | "rdma_server" => "a message each way".into(),
         _ => "data transfers complete".into(),
     })
 }
@@ -864,7 +886,7 @@ fn rnic_perf_against_linux_soft_roce() {
                 cmd.arg(repo().join("scripts/ferroce-run"))
                     .arg("--socket")
                     .arg(&sock)
-                    .arg(c.tool)
+                    .arg(c.test)
                     .args(&c.ferroce_args)
                     .env("FERROCE_LIBDIR", &libdir);
             }
@@ -905,17 +927,18 @@ fn rnic_perf_against_linux_soft_roce() {
         // cannot connect, as the guest does for its clients. rnic-perf retries by itself.
         // An rdma_cm client finds no listener the same way: its REQ is rejected.
         let mut tries = 0;
-        let not_yet = if c.side == Side::Cm {
-            "REJECTED"
+        let not_yet: &[&str] = if c.side == Side::Cm {
+            &["REJECTED", "Connection refused"]
         } else {
-            "Couldn't connect"
+            &["Couldn't connect"]
         };
         while matches!(c.side, Side::Verbs | Side::Cm)
             && !c.guest_client
             && !out.status.success()
-            && [&out.stdout, &out.stderr]
-                .iter()
-                .any(|t| String::from_utf8_lossy(t).contains(not_yet))
+            && [&out.stdout, &out.stderr].iter().any(|t| {
+                let t = String::from_utf8_lossy(t);
+                not_yet.iter().any(|n| t.contains(n))
+            })
             && tries < 90
         {
             tries += 1;

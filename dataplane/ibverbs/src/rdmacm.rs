@@ -72,6 +72,14 @@ struct IdState {
     /// The REP's private data, handed with ESTABLISHED on the active side.
     rep_private: Option<Vec<u8>>,
     disconnected: bool,
+    /// Synchronous (`rdma_create_ep`): calls wait for their event on the ID's own channel,
+    /// which goes with the ID.
+    sync: bool,
+    /// A synchronous listener's QP attributes (and PD) for the IDs `rdma_get_request` hands
+    /// out.
+    ep_qp: Option<(sys::ibv_qp_init_attr, usize)>,
+    /// CQs and completion channels the library made for the ID (`rdma_create_ep`).
+    made_cqs: bool,
 }
 
 /// An ID: the application's `rdma_cm_id` first.
@@ -236,7 +244,19 @@ unsafe fn deliver(
     status: c_int,
     conn: Option<(&[u8], &sys::rdma_conn_param)>,
 ) {
-    let ch = (*id).channel as *mut Channel;
+    deliver_on((*id).channel, id, listen, kind, status, conn)
+}
+
+/// [`deliver`] on channel `ch` (a synchronous listener's, for its requests).
+unsafe fn deliver_on(
+    ch: *mut sys::rdma_event_channel,
+    id: *mut sys::rdma_cm_id,
+    listen: *mut sys::rdma_cm_id,
+    kind: u32,
+    status: c_int,
+    conn: Option<(&[u8], &sys::rdma_conn_param)>,
+) {
+    let ch = ch as *mut Channel;
     if ch.is_null() {
         return;
     }
@@ -441,8 +461,16 @@ unsafe fn dispatch(c: usize, e: CmEventData) {
             private_data,
             service_id,
         } => {
-            // A new ID for the request, on the listener's channel and device.
-            let child = new_id((*id).channel, (*id).context, (*id).ps, (*id).qp_type);
+            // A new ID for the request, on the listener's channel and device; a synchronous
+            // listener's requests get their own channel, as synchronous IDs.
+            let sync = st(id).sync;
+            let ch = if sync {
+                ferroce_rdma_create_event_channel()
+            } else {
+                (*id).channel
+            };
+            let child = new_id(ch, (*id).context, (*id).ps, (*id).qp_type);
+            st(child).sync = sync;
             (*child).verbs = (*id).verbs;
             (*child).port_num = 1;
             let hdr = CmaHeader::parse(&private_data);
@@ -476,7 +504,15 @@ unsafe fn dispatch(c: usize, e: CmEventData) {
             } else {
                 &private_data[..]
             };
-            deliver(
+            // rdma_get_request waits on a synchronous listener's channel: the request goes
+            // there (the new ID's own channel takes the events after it).
+            let ch = if sync {
+                (*id).channel
+            } else {
+                (*child).channel
+            };
+            deliver_on(
+                ch,
                 child,
                 id,
                 sys::RDMA_CM_EVENT_CONNECT_REQUEST,
@@ -949,10 +985,14 @@ pub unsafe extern "C" fn ferroce_rdma_connect(
             private_data: PrivateData(pd),
             ..Default::default()
         };
-        match client(ctx).cm_connect(params) {
+        let r = client(ctx).cm_connect(params);
+        match r {
             Ok(cid) => {
                 st(id).conn = Some(cid);
                 reg().conns.insert(((*id).verbs as usize, cid), id as usize);
+                if is_sync(id) {
+                    return wait_for(id, sys::RDMA_CM_EVENT_ESTABLISHED);
+                }
                 0
             }
             Err(e) => fail(verr(&e), -1),
@@ -999,8 +1039,20 @@ pub unsafe extern "C" fn ferroce_rdma_accept(
             srq: p.srq != 0,
             private_data,
         };
-        match client(ctx).cm_accept(cid, params) {
-            Ok(()) => 0,
+        let r = client(ctx).cm_accept(cid, params);
+        match r {
+            Ok(()) => {
+                if is_sync(id) {
+                    // The request rdma_get_request handed out is answered now (an
+                    // asynchronous application acks its own events).
+                    let ev = (*id).event;
+                    if !ev.is_null() && (*ev).event == sys::RDMA_CM_EVENT_CONNECT_REQUEST {
+                        ferroce_rdma_ack_cm_event(ev);
+                    }
+                    return wait_for(id, sys::RDMA_CM_EVENT_ESTABLISHED);
+                }
+                0
+            }
             Err(e) => fail(verr(&e), -1),
         }
     })
@@ -1269,4 +1321,186 @@ pub unsafe extern "C" fn ferroce_rpoll(
 ) -> c_int {
     // rsocket's poll on ordinary descriptors (rping polls its event channel with it).
     libc::poll(fds, nfds, timeout)
+}
+
+/// A synchronous ID's call waits for `want` on the ID's own channel; another event there
+/// that ends the attempt (rejected, unreachable, an error) fails the call with `errno`.
+unsafe fn wait_for(id: *mut sys::rdma_cm_id, want: u32) -> c_int {
+    loop {
+        let mut ev: *mut sys::rdma_cm_event = std::ptr::null_mut();
+        if ferroce_rdma_get_cm_event((*id).channel, &mut ev) != 0 {
+            return -1;
+        }
+        let (kind, status) = ((*ev).event, (*ev).status);
+        ferroce_rdma_ack_cm_event(ev);
+        if kind == want {
+            return 0;
+        }
+        let e = match kind {
+            sys::RDMA_CM_EVENT_REJECTED => libc::ECONNREFUSED,
+            sys::RDMA_CM_EVENT_UNREACHABLE => libc::ETIMEDOUT,
+            sys::RDMA_CM_EVENT_ADDR_ERROR | sys::RDMA_CM_EVENT_ROUTE_ERROR => libc::EHOSTUNREACH,
+            sys::RDMA_CM_EVENT_CONNECT_ERROR | sys::RDMA_CM_EVENT_DISCONNECTED => libc::ECONNRESET,
+            _ => continue,
+        };
+        let _ = status;
+        return fail(e, -1);
+    }
+}
+
+/// Whether the ID is synchronous.
+fn is_sync(id: *mut sys::rdma_cm_id) -> bool {
+    st(id).sync
+}
+
+/// The QP of an endpoint: the application's attributes, with a send and a receive CQ (each
+/// with its own completion channel, the ID as their context, as `rdma_get_*_comp` expect)
+/// made when it gave none.
+unsafe fn endpoint_qp(
+    id: *mut sys::rdma_cm_id,
+    pd: *mut sys::ibv_pd,
+    attr: &sys::ibv_qp_init_attr,
+) -> c_int {
+    let mut a = *attr;
+    if a.qp_type == 0 {
+        // Not set: the ID's (from the address information), as librdmacm does.
+        a.qp_type = (*id).qp_type;
+    }
+    if a.send_cq.is_null() || a.recv_cq.is_null() {
+        let v = (*id).verbs;
+        let sch = ibv_create_comp_channel(v);
+        let rch = ibv_create_comp_channel(v);
+        let depth = |n: u32| n.max(1) as c_int;
+        let scq = ibv_create_cq(v, depth(a.cap.max_send_wr), id as *mut c_void, sch, 0);
+        let rcq = ibv_create_cq(v, depth(a.cap.max_recv_wr), id as *mut c_void, rch, 0);
+        if sch.is_null() || rch.is_null() || scq.is_null() || rcq.is_null() {
+            return fail(libc::ENOMEM, -1);
+        }
+        (*id).send_cq_channel = sch;
+        (*id).recv_cq_channel = rch;
+        a.send_cq = scq;
+        a.recv_cq = rcq;
+        st(id).made_cqs = true;
+    }
+    ferroce_rdma_create_qp(id, pd, &mut a)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ferroce_rdma_create_ep(
+    id: *mut *mut sys::rdma_cm_id,
+    res: *mut sys::rdma_addrinfo,
+    pd: *mut sys::ibv_pd,
+    attr: *mut sys::ibv_qp_init_attr,
+) -> c_int {
+    guard(-1, || {
+        if id.is_null() || res.is_null() {
+            return fail(libc::EINVAL, -1);
+        }
+        let ch = ferroce_rdma_create_event_channel();
+        if ch.is_null() {
+            return -1;
+        }
+        let ps = if (*res).ai_port_space == 0 {
+            sys::RDMA_PS_TCP
+        } else {
+            (*res).ai_port_space as u32
+        };
+        let mut new: *mut sys::rdma_cm_id = std::ptr::null_mut();
+        if ferroce_rdma_create_id(ch, &mut new, std::ptr::null_mut(), ps) != 0 {
+            ferroce_rdma_destroy_event_channel(ch);
+            return -1;
+        }
+        st(new).sync = true;
+        if (*res).ai_qp_type != 0 {
+            (*new).qp_type = (*res).ai_qp_type as u32;
+        }
+        let passive = (*res).ai_flags & sys::RAI_PASSIVE as c_int != 0;
+        let ok = if passive {
+            ferroce_rdma_bind_addr(new, (*res).ai_src_addr) == 0
+        } else {
+            ferroce_rdma_resolve_addr(new, (*res).ai_src_addr, (*res).ai_dst_addr, 2000) == 0
+                && wait_for(new, sys::RDMA_CM_EVENT_ADDR_RESOLVED) == 0
+                && ferroce_rdma_resolve_route(new, 2000) == 0
+                && wait_for(new, sys::RDMA_CM_EVENT_ROUTE_RESOLVED) == 0
+        };
+        if !ok {
+            let e = *libc::__errno_location();
+            ferroce_rdma_destroy_ep(new);
+            return fail(e, -1);
+        }
+        if !attr.is_null() {
+            if passive {
+                // Kept for the IDs rdma_get_request hands out.
+                st(new).ep_qp = Some((*attr, pd as usize));
+            } else if endpoint_qp(new, pd, &*attr) != 0 {
+                let e = *libc::__errno_location();
+                ferroce_rdma_destroy_ep(new);
+                return fail(e, -1);
+            }
+        }
+        *id = new;
+        0
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ferroce_rdma_destroy_ep(id: *mut sys::rdma_cm_id) {
+    guard((), || {
+        if id.is_null() {
+            return;
+        }
+        let (sync, made) = {
+            let s = st(id);
+            (s.sync, s.made_cqs)
+        };
+        ferroce_rdma_destroy_qp(id);
+        if made {
+            ibv_destroy_cq((*id).send_cq);
+            ibv_destroy_cq((*id).recv_cq);
+            ibv_destroy_comp_channel((*id).send_cq_channel);
+            ibv_destroy_comp_channel((*id).recv_cq_channel);
+        }
+        let ch = (*id).channel;
+        ferroce_rdma_destroy_id(id);
+        if sync {
+            ferroce_rdma_destroy_event_channel(ch);
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ferroce_rdma_get_request(
+    listen: *mut sys::rdma_cm_id,
+    id: *mut *mut sys::rdma_cm_id,
+) -> c_int {
+    guard(-1, || {
+        if listen.is_null() || id.is_null() || !is_sync(listen) {
+            return fail(libc::EINVAL, -1);
+        }
+        loop {
+            let mut ev: *mut sys::rdma_cm_event = std::ptr::null_mut();
+            if ferroce_rdma_get_cm_event((*listen).channel, &mut ev) != 0 {
+                return -1;
+            }
+            let (kind, child) = ((*ev).event, (*ev).id);
+            if kind != sys::RDMA_CM_EVENT_CONNECT_REQUEST {
+                ferroce_rdma_ack_cm_event(ev);
+                continue;
+            }
+            // The request stays the child's event until it is answered (as librdmacm).
+            (*child).event = ev;
+            let ep = st(listen).ep_qp;
+            if let Some((attr, pd)) = ep {
+                if endpoint_qp(child, pd as *mut sys::ibv_pd, &attr) != 0 {
+                    let e = *libc::__errno_location();
+                    let _ = ferroce_rdma_reject(child, std::ptr::null(), 0);
+                    ferroce_rdma_ack_cm_event(ev);
+                    ferroce_rdma_destroy_ep(child);
+                    return fail(e, -1);
+                }
+            }
+            *id = child;
+            return 0;
+        }
+    })
 }

@@ -237,9 +237,10 @@ pub trait Verbs {
     /// copy: the pages holding `[addr, addr + len)` move onto shared memory at the same
     /// addresses, keeping their contents ([`crate::app::shadow`]), while any registration in any
     /// context of the process lies within them; when the last one is deregistered they become
-    /// private anonymous memory again. Memory that cannot move (file-backed, shared,
-    /// hugetlbfs, the stack, pages moved for a registered range that does not contain this
-    /// one) is refused with `InvalidArgument` saying why.
+    /// private anonymous memory again. Memory that cannot move (read-only file mappings,
+    /// shared, hugetlbfs, the stack, pages moved for a registered range that does not contain
+    /// this one) is refused with `InvalidArgument` saying why; a program's static buffers
+    /// (.data, .bss: private writable file mappings) move like malloc'd memory.
     ///
     /// # Safety
     /// `[addr, addr + len)` must be memory of this process that no other thread writes

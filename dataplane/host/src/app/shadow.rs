@@ -4,9 +4,11 @@
 //! RNIC (in rnicd, another process) maps the same physical pages. This is the mechanism
 //! FreeFlow (NSDI'19) uses for its shadow memory; ranges round out to whole pages.
 //!
-//! Only private anonymous read-write memory can move. File-backed mappings, shared mappings,
-//! hugetlbfs pages, the stack, and pages already moved as part of a different range are
-//! refused with a clear error naming what to register instead.
+//! Only private read-write memory can move: anonymous, the heap, and private writable file
+//! mappings (a program's .data and .bss, where static buffers live: their pages are the
+//! process's own copies). Read-only file mappings, shared mappings, hugetlbfs pages, the stack,
+//! and pages already moved as part of a different range are refused with a clear error naming
+//! what to register instead.
 //!
 //! Moved ranges are process-wide ([`acquire`], [`release`]): every context of the process
 //! (a second device, a second `ibv_open_device`) that registers within a moved range shares
@@ -284,12 +286,16 @@ fn refusal(maps: &[Mapping], start: u64, end: u64, used: &[(u64, u64)]) -> Optio
                 "it is a shared mapping ({})",
                 display_path(&m.path)
             ))
-        } else if !m.path.is_empty() && m.path != "[heap]" {
-            if m.path.starts_with('[') {
-                Some(format!("it is {}", m.path))
-            } else {
-                Some(format!("it is a file-backed mapping of {}", m.path))
-            }
+        } else if m.path.starts_with('[') && m.path != "[heap]" {
+            Some(format!("it is {}", m.path))
+        } else if !m.path.is_empty() && m.path != "[heap]" && !m.perms.starts_with("rw") {
+            // A private writable file mapping (a program's .data and .bss, static buffers)
+            // moves like anonymous memory: its pages are the process's own copies. A
+            // read-only one (code, constants) is the file's.
+            Some(format!(
+                "it is a read-only file-backed mapping of {} ({})",
+                m.path, m.perms
+            ))
         } else if !m.perms.starts_with("rw") {
             Some(format!("it is not read-write ({})", m.perms))
         } else {
@@ -443,7 +449,7 @@ KernelPageSize:        4 kB
             "anonymous + heap move"
         );
         let why = |s: u64, e: u64| refusal(&m, base + s, base + e, &[]).unwrap();
-        assert!(why(0x3000, 0x4000).contains("file-backed mapping of /usr/lib/libc.so.6"));
+        assert!(why(0x3000, 0x4000).contains("read-only file-backed mapping of /usr/lib/libc.so.6"));
         // An earlier move moves again unless a registration uses it.
         assert_eq!(refusal(&m, base + 0x4000, base + 0x5000, &[]), None);
         let used = [(base + 0x4800, base + 0x6000)];
