@@ -37,6 +37,7 @@ int ferroce_rdma_create_ep(struct rdma_cm_id **, struct rdma_addrinfo *, struct 
                            struct ibv_qp_init_attr *);
 void ferroce_rdma_destroy_ep(struct rdma_cm_id *);
 int ferroce_rdma_get_request(struct rdma_cm_id *, struct rdma_cm_id **);
+int ferroce_rdma_create_qp_ex(struct rdma_cm_id *, struct ibv_qp_init_attr_ex *);
 
 struct rdma_event_channel *rdma_create_event_channel(void) { return ferroce_rdma_create_event_channel(); }
 void rdma_destroy_event_channel(struct rdma_event_channel *c) { ferroce_rdma_destroy_event_channel(c); }
@@ -73,3 +74,4 @@ int rdma_create_ep(struct rdma_cm_id **id, struct rdma_addrinfo *res, struct ibv
                    struct ibv_qp_init_attr *a) { return ferroce_rdma_create_ep(id, res, pd, a); }
 void rdma_destroy_ep(struct rdma_cm_id *id) { ferroce_rdma_destroy_ep(id); }
 int rdma_get_request(struct rdma_cm_id *l, struct rdma_cm_id **id) { return ferroce_rdma_get_request(l, id); }
+int rdma_create_qp_ex(struct rdma_cm_id *id, struct ibv_qp_init_attr_ex *a) { return ferroce_rdma_create_qp_ex(id, a); }

@@ -309,8 +309,8 @@ fn perftest_binaries_run_between_two_processes() {
 /// rdma-core's rdma_cm programs, unmodified, through ferroce's librdmacm.so.1 and its
 /// connection manager: rping with data verification in both roles (server on ferroce1, client
 /// connecting from ferroce0 across the link), ucmatose with several connections,
-/// rdma_server/rdma_client (the synchronous endpoint API), and udaddy, which needs SIDR (UD
-/// service resolution, not served yet) and must be refused cleanly.
+/// rdma_server/rdma_client (the synchronous endpoint API), perftest's -R, and udaddy, which
+/// needs SIDR (UD service resolution, not served yet) and must be refused cleanly.
 #[test]
 fn rdma_cm_programs_connect_through_the_connection_manager() {
     let _one = serial();
@@ -359,6 +359,28 @@ fn rdma_cm_programs_connect_through_the_connection_manager() {
             o.status.success() && text(o).contains(": end 0"),
             "{who}: {}",
             text(o)
+        );
+    }
+    // perftest's rdma_cm mode (-R; the server listens on the wildcard address, on every
+    // device): bandwidth and latency, sizes and counts as asked.
+    for (tool, args) in [
+        ("ib_write_bw", ["-s", "65536", "-n", "200"]),
+        ("ib_send_lat", ["-s", "64", "-n", "200"]),
+    ] {
+        let port = free_port().to_string();
+        let common = ["-x", "1", "-F", "-R", "-p", port.as_str()];
+        let mut s = run(r.sock(), &[tool, "-d", "ferroce1"]);
+        s.args(common).args(args);
+        let mut c = run(r.sock(), &[tool, "-d", "ferroce0"]);
+        c.args(common).args(args).arg("10.99.0.2");
+        let (so, co) = pair(s, c, Duration::from_secs(60));
+        assert!(so.status.success(), "{tool} -R server: {}", text(&so));
+        assert!(co.status.success(), "{tool} -R client: {}", text(&co));
+        let row = perftest_row(&text(&co)).unwrap_or_else(|| panic!("{}", text(&co)));
+        assert_eq!(
+            (row[0], row[1]),
+            (args[1].parse().unwrap(), 200.0),
+            "{tool} -R"
         );
     }
     // UD over rdma_cm resolves the service with SIDR, which ferroce does not speak yet: its
@@ -484,10 +506,11 @@ fn exports(lib: &Path) -> std::collections::BTreeSet<String> {
         .collect()
 }
 
-/// The stub libmlx5.so.1, libefa.so.1 and librdmacm.so.1 export every function of the
-/// installed libraries, with the same symbol versions (default and older ones), so any
-/// program linked against them loads under ferroce-run; and a program that uses rdma_cm
-/// (perftest's -R) is told why it cannot, instead of failing with libibverbs' bare error.
+/// The stub libmlx5.so.1, libefa.so.1 and ferroce's librdmacm.so.1 export every function of
+/// the installed libraries, with the same symbol versions (default and older ones), so any
+/// program linked against them loads under ferroce-run; and a program that uses an rdma_cm
+/// call ferroce does not serve yet (multicast: mckey) is told so, instead of failing with a
+/// bare error.
 #[test]
 fn the_direct_verbs_stubs_export_what_the_real_libraries_do() {
     let multiarch = Command::new("cc").arg("-print-multiarch").output().unwrap();
@@ -500,25 +523,15 @@ fn the_direct_verbs_stubs_export_what_the_real_libraries_do() {
         assert!(missing.is_empty(), "{lib} stub lacks {missing:?}");
     }
     let _one = serial();
-    let r = Rnicd::start("ibv-rdmacm", &[]);
-    let (o, _) = common::run_for(
-        &mut run(
-            r.sock(),
-            &[
-                "ib_write_bw",
-                "-R",
-                "-d",
-                "ferroce1",
-                "-x",
-                "1",
-                "127.0.0.1",
-            ],
-        ),
+    let r = Rnicd::start("ibv-rdmacm-stub", &[]);
+    // Multicast over rdma_cm is not served yet: mckey is told so, and fails cleanly.
+    let (o, killed) = common::run_for(
+        &mut run(r.sock(), &["mckey", "-m", "239.0.0.1", "-b", "10.99.0.2"]),
         Duration::from_secs(30),
     );
     let t = text(&o);
-    assert!(!o.status.success(), "{t}");
-    assert!(t.contains("ferroce has no RDMA connection manager"), "{t}");
+    assert!(!killed && !o.status.success(), "{t}");
+    assert!(t.contains("not served by ferroce yet"), "{t}");
 }
 
 /// Programs that look for the device before using it find it: `/dev/infiniband/<dev_name>`

@@ -54,6 +54,9 @@ struct IdState {
     conn: Option<u32>,
     /// The service listened to.
     listening: Option<u64>,
+    /// The contexts (devices) it listens on: every device for an ID bound to the wildcard
+    /// address, as Linux listens on every device.
+    listening_on: Vec<usize>,
     /// This side's and the peer's address.
     src: Option<SocketAddrV4>,
     dst: Option<SocketAddrV4>,
@@ -471,7 +474,8 @@ unsafe fn dispatch(c: usize, e: CmEventData) {
             };
             let child = new_id(ch, (*id).context, (*id).ps, (*id).qp_type);
             st(child).sync = sync;
-            (*child).verbs = (*id).verbs;
+            // The device the request came to (a wildcard listener listens on every one).
+            (*child).verbs = c as *mut sys::ibv_context;
             (*child).port_num = 1;
             let hdr = CmaHeader::parse(&private_data);
             {
@@ -692,17 +696,27 @@ pub unsafe extern "C" fn ferroce_rdma_destroy_id(id: *mut sys::rdma_cm_id) -> c_
         }
         // No event is being handed to it meanwhile.
         let _d = dispatching();
-        let (conn, listening, disconnected) = {
-            let s = st(id);
-            (s.conn, s.listening, s.disconnected)
+        let (conn, listening, disconnected, on) = {
+            let mut s = st(id);
+            (
+                s.conn,
+                s.listening,
+                s.disconnected,
+                std::mem::take(&mut s.listening_on),
+            )
         };
+        if let Some(sid) = listening {
+            for c in on {
+                // SAFETY: contexts the registry keeps are never closed.
+                if let Some(ctx) = ctx_of(c as *mut sys::ibv_context) {
+                    let _ = client(ctx).cm_unlisten(sid);
+                }
+                reg().listeners.remove(&(c, sid));
+            }
+        }
         if let Some(ctx) = context(id) {
             let c = (*id).verbs as usize;
             let mut cl = client(ctx);
-            if let Some(sid) = listening {
-                let _ = cl.cm_unlisten(sid);
-                reg().listeners.remove(&(c, sid));
-            }
             if let Some(cid) = conn {
                 if !disconnected {
                     let _ = cl.cm_disconnect(cid);
@@ -765,25 +779,47 @@ pub unsafe extern "C" fn ferroce_rdma_bind_addr(
 
 #[no_mangle]
 pub unsafe extern "C" fn ferroce_rdma_listen(id: *mut sys::rdma_cm_id, _backlog: c_int) -> c_int {
-    on_ctx(id, |ctx| {
+    on_ctx(id, |_| {
         let Some(src) = st(id).src else {
             return fail(libc::EINVAL, -1);
         };
         let sid = service_id((*id).ps as u16, src.port());
-        if let Err(e) = client(ctx).cm_listen(sid) {
-            return fail(
-                if matches!(e, VerbsError::Busy(_)) {
+        // The wildcard address listens on every device (requests come to the one they were
+        // sent to); a specific one on its own device.
+        let on: Vec<usize> = if src.ip().is_unspecified() {
+            devices().into_iter().map(|(c, _)| c).collect()
+        } else {
+            vec![(*id).verbs as usize]
+        };
+        let mut done = Vec::new();
+        for &c in &on {
+            let Some(ctx) = ctx_of(c as *mut sys::ibv_context) else {
+                continue;
+            };
+            let r = client(ctx).cm_listen(sid);
+            if let Err(e) = r {
+                for &d in &done {
+                    if let Some(ctx) = ctx_of(d as *mut sys::ibv_context) {
+                        let _ = client(ctx).cm_unlisten(sid);
+                    }
+                }
+                let errno = if matches!(e, VerbsError::Busy(_)) {
                     libc::EADDRINUSE
                 } else {
                     verr(&e)
-                },
-                -1,
-            );
+                };
+                return fail(errno, -1);
+            }
+            done.push(c);
         }
-        st(id).listening = Some(sid);
-        reg()
-            .listeners
-            .insert(((*id).verbs as usize, sid), id as usize);
+        let mut r = reg();
+        for &c in &done {
+            r.listeners.insert((c, sid), id as usize);
+        }
+        drop(r);
+        let mut s = st(id);
+        s.listening = Some(sid);
+        s.listening_on = done;
         0
     })
 }
@@ -839,6 +875,43 @@ pub unsafe extern "C" fn ferroce_rdma_resolve_route(
     })
 }
 
+/// The PD a QP of the ID goes on: the one given, else the ID's, else a new one on its device.
+unsafe fn qp_pd(id: *mut sys::rdma_cm_id, pd: *mut sys::ibv_pd) -> Option<*mut sys::ibv_pd> {
+    let pd = if pd.is_null() { (*id).pd } else { pd };
+    let pd = if pd.is_null() {
+        let p = ibv_alloc_pd((*id).verbs);
+        if p.is_null() {
+            return None;
+        }
+        p
+    } else {
+        pd
+    };
+    ((*pd).context == (*id).verbs)
+        .then_some(pd)
+        .or_else(|| fail(libc::EINVAL, None))
+}
+
+/// Makes `qp` the ID's and moves it to INIT (UD: on to RTS, ready at once, as rdma_cm does).
+unsafe fn adopt_qp(id: *mut sys::rdma_cm_id, qp: *mut sys::ibv_qp, pd: *mut sys::ibv_pd) -> c_int {
+    (*id).qp = qp;
+    (*id).pd = pd;
+    (*id).qp_type = (*qp).qp_type;
+    (*id).send_cq = (*qp).send_cq;
+    (*id).recv_cq = (*qp).recv_cq;
+    let r = move_qp(id, sys::IBV_QPS_INIT);
+    if r != 0 {
+        ibv_destroy_qp(qp);
+        (*id).qp = std::ptr::null_mut();
+        return fail(r, -1);
+    }
+    if (*id).qp_type == sys::IBV_QPT_UD {
+        let _ = move_qp(id, sys::IBV_QPS_RTR);
+        let _ = move_qp(id, sys::IBV_QPS_RTS);
+    }
+    0
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn ferroce_rdma_create_qp(
     id: *mut sys::rdma_cm_id,
@@ -849,40 +922,41 @@ pub unsafe extern "C" fn ferroce_rdma_create_qp(
         if attr.is_null() || (*id).verbs.is_null() {
             return fail(libc::EINVAL, -1);
         }
-        let pd = if pd.is_null() { (*id).pd } else { pd };
-        let pd = if pd.is_null() {
-            let p = ibv_alloc_pd((*id).verbs);
-            if p.is_null() {
-                return -1;
-            }
-            p
-        } else {
-            pd
+        let Some(pd) = qp_pd(id, pd) else {
+            return -1;
         };
-        if (*pd).context != (*id).verbs {
-            return fail(libc::EINVAL, -1);
-        }
         let qp = ibv_create_qp(pd, attr);
         if qp.is_null() {
             return -1;
         }
-        (*id).qp = qp;
-        (*id).pd = pd;
-        (*id).qp_type = (*attr).qp_type;
-        (*id).send_cq = (*attr).send_cq;
-        (*id).recv_cq = (*attr).recv_cq;
-        let r = move_qp(id, sys::IBV_QPS_INIT);
-        if r != 0 {
-            ibv_destroy_qp(qp);
-            (*id).qp = std::ptr::null_mut();
-            return fail(r, -1);
+        adopt_qp(id, qp, pd)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ferroce_rdma_create_qp_ex(
+    id: *mut sys::rdma_cm_id,
+    attr: *mut sys::ibv_qp_init_attr_ex,
+) -> c_int {
+    guard(-1, || {
+        if attr.is_null() || (*id).verbs.is_null() {
+            return fail(libc::EINVAL, -1);
         }
-        if (*id).qp_type == sys::IBV_QPT_UD {
-            // UD is ready at once (rdma_cm moves it to RTS at creation).
-            let _ = move_qp(id, sys::IBV_QPS_RTR);
-            let _ = move_qp(id, sys::IBV_QPS_RTS);
+        let given = if (*attr).comp_mask & sys::IBV_QP_INIT_ATTR_PD != 0 {
+            (*attr).pd
+        } else {
+            std::ptr::null_mut()
+        };
+        let Some(pd) = qp_pd(id, given) else {
+            return -1;
+        };
+        (*attr).pd = pd;
+        (*attr).comp_mask |= sys::IBV_QP_INIT_ATTR_PD;
+        let qp = create_qp_ex((*id).verbs, attr);
+        if qp.is_null() {
+            return -1;
         }
-        0
+        adopt_qp(id, qp, pd)
     })
 }
 
@@ -1109,8 +1183,12 @@ pub unsafe extern "C" fn ferroce_rdma_disconnect(id: *mut sys::rdma_cm_id) -> c_
             // The peer disconnected first: nothing more to say.
             return 0;
         }
-        match client(ctx).cm_disconnect(cid) {
+        let r = client(ctx).cm_disconnect(cid);
+        match r {
             Ok(()) => 0,
+            // Not established any more: the peer's DREQ got here first (its DISCONNECTED
+            // event is on its way) - the connection is going down, as asked.
+            Err(VerbsError::InvalidArgument(_)) => 0,
             Err(e) => fail(verr(&e), -1),
         }
     })
