@@ -74,7 +74,7 @@ ibverbs-dir:
 	# to this libibverbs.so.1) and, for every other symbol of the installed librdmacm, a stub
 	# that fails (ENOSYS) and says why once.
 	python3 scripts/gen-dv-stubs.py --errno ENOSYS --int-error minus-one \
-		--note "this rdma_cm call is not served by ferroce yet (rping's, ucmatose's and rdma_server's are)" \
+		--note "this rdma_cm call is not served by ferroce yet (multicast and rsockets are not)" \
 		--implemented dataplane/ibverbs/rdmacm.c \
 		$(DV_LIBDIR)/librdmacm.so.1 rdma/rdma_cma.h,rdma/rdma_verbs.h,rdma/rsocket.h \
 		$(IBV_DIR)/stubs/rdmacm.c $(IBV_DIR)/stubs/rdmacm.map

@@ -19,7 +19,9 @@
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 
 use crate::types::Gid;
-use crate::wire::cm::{Cm, Dreq, IdsOnly, PrivateData, Rej, Rep, Req, CM_DATA_LEN};
+use crate::wire::cm::{
+    Cm, Dreq, IdsOnly, PrivateData, Rej, Rep, Req, SidrRep, SidrReq, CM_DATA_LEN,
+};
 use crate::wire::mad::{MadHeader, CLASS_CM, HEADER_LEN, MAD_LEN};
 
 /// MAD method SEND (IBA 13.4.5): every CM message travels as one.
@@ -160,6 +162,27 @@ pub struct AcceptParams {
     pub private_data: PrivateData<196>,
 }
 
+/// A SIDR request: which UD service the active side asks for (rdma_cm over UDP).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct SidrParams {
+    /// Service ID.
+    pub service_id: u64,
+    /// This side's GID.
+    pub local_gid: Gid,
+    /// The peer's GID.
+    pub remote_gid: Gid,
+    /// Private data (rdma_cm: its addressing header first).
+    pub private_data: PrivateData<216>,
+}
+
+/// SIDR_REP status: the service's QP is named (IBA Table 121).
+pub const SIDR_VALID: u8 = 0;
+/// SIDR_REP status: nobody serves the service ID.
+pub const SIDR_UNSUPPORTED: u8 = 1;
+/// SIDR_REP status: the service rejected the request.
+pub const SIDR_REJECTED: u8 = 2;
+
 /// What the agent tells its consumer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CmEvent {
@@ -210,6 +233,24 @@ pub enum CmEvent {
     Released {
         /// The connection.
         id: ConnId,
+    },
+    /// Passive: a SIDR request for a service being listened to. Answer with `sidr_reply`.
+    SidrRequest {
+        /// The request (an ID only until it is answered).
+        id: ConnId,
+        /// Who asks.
+        peer: Gid,
+        /// The address it asked (this side's GID).
+        local: Gid,
+        /// The request.
+        req: SidrReq,
+    },
+    /// Active: the service answered a SIDR request (the request is done).
+    SidrReply {
+        /// The request.
+        id: ConnId,
+        /// The answer.
+        rep: SidrRep,
     },
 }
 
@@ -273,6 +314,10 @@ enum State {
     Established,
     DreqSent,
     TimeWait,
+    /// Active: SIDR_REQ sent, waiting for SIDR_REP.
+    SidrSent,
+    /// Passive: SIDR_REQ received, waiting for the consumer.
+    SidrRcvd,
 }
 
 #[derive(Debug, Clone)]
@@ -293,6 +338,8 @@ struct Conn {
     deadline: Option<u64>,
     /// Milliseconds to wait for an answer (per try).
     wait_ms: u64,
+    /// The service a SIDR request named.
+    service_id: u64,
 }
 
 /// The CM of one port.
@@ -383,23 +430,7 @@ impl CmAgent {
             private_data: p.private_data,
             ..Default::default()
         };
-        // As ib_cm forms it: the agent's number above the communication ID's bytes.
-        let tid = (self.cfg.tid_high as u64) << 32 | id.0.swap_bytes() as u64;
-        let wait_ms = 2 * iba_ms(self.cfg.packet_life_time) + iba_ms(self.cfg.cm_response_timeout);
-        self.insert(Conn {
-            id,
-            state: State::ReqSent,
-            peer: p.remote_gid,
-            local: p.local_gid,
-            remote_comm_id: 0,
-            remote_guid: 0,
-            remote_qpn: 0,
-            tid,
-            last: None,
-            tries: 0,
-            deadline: None,
-            wait_ms,
-        });
+        let tid = self.start_active(id, State::ReqSent, p.local_gid, p.remote_gid, 0);
         self.send_request(now, id, tid, Cm::Req(req));
         Ok(id)
     }
@@ -434,6 +465,10 @@ impl CmAgent {
     /// data); the connection is gone.
     pub fn reject(&mut self, id: ConnId, reason: u16, private_data: &[u8]) -> Result<(), CmError> {
         let c = self.conn(id)?;
+        if c.state == State::SidrRcvd {
+            // A SIDR request is refused with a SIDR_REP.
+            return self.sidr_reply(id, SIDR_REJECTED, 0, 0, private_data);
+        }
         if c.state != State::ReqRcvd {
             return Err(CmError::WrongState);
         }
@@ -510,6 +545,50 @@ impl CmAgent {
         Ok(())
     }
 
+    /// Active: asks for a UD service (SIDR_REQ); the answer comes as `SidrReply` or
+    /// `TimedOut`.
+    pub fn sidr_request(&mut self, now: u64, p: &SidrParams) -> Result<ConnId, CmError> {
+        let id = self.alloc().ok_or(CmError::Busy)?;
+        let tid = self.start_active(id, State::SidrSent, p.local_gid, p.remote_gid, p.service_id);
+        let req = SidrReq {
+            request_id: id.0,
+            pkey: 0xffff,
+            service_id: p.service_id,
+            private_data: p.private_data,
+        };
+        self.send_request(now, id, tid, Cm::SidrReq(req));
+        Ok(id)
+    }
+
+    /// Passive: answers a `SidrRequest` (`status` [`SIDR_VALID`] with the service's QP and
+    /// Q_Key, or a refusal); the request is done.
+    pub fn sidr_reply(
+        &mut self,
+        id: ConnId,
+        status: u8,
+        qpn: u32,
+        qkey: u32,
+        private_data: &[u8],
+    ) -> Result<(), CmError> {
+        let c = self.conn(id)?;
+        if c.state != State::SidrRcvd {
+            return Err(CmError::WrongState);
+        }
+        let rep = SidrRep {
+            request_id: c.remote_comm_id,
+            status,
+            qpn: qpn & 0xff_ffff,
+            service_id: c.service_id,
+            qkey,
+            private_data: PrivateData::from_bytes(private_data).ok_or(CmError::TooLong)?,
+            ..Default::default()
+        };
+        let (local, peer, tid) = (c.local, c.peer, c.tid);
+        self.push_mad(local, peer, tid, &Cm::SidrRep(rep));
+        self.remove(id);
+        Ok(())
+    }
+
     /// Takes the next MAD to send.
     pub fn poll_mad(&mut self) -> Option<OutMad> {
         self.out.pop_front()
@@ -541,7 +620,9 @@ impl CmAgent {
             let Ok(c) = self.conn_mut(id) else { continue };
             c.deadline = None;
             match c.state {
-                State::ReqSent | State::RepSent | State::DreqSent if c.tries < max => {
+                State::ReqSent | State::RepSent | State::DreqSent | State::SidrSent
+                    if c.tries < max =>
+                {
                     c.tries += 1;
                     let Some((tid, m)) = c.last else { continue };
                     let (local, peer) = (c.local, c.peer);
@@ -549,7 +630,7 @@ impl CmAgent {
                     self.push_mad(local, peer, tid, &m);
                     self.arm(now, id);
                 }
-                State::ReqSent | State::RepSent => {
+                State::ReqSent | State::RepSent | State::SidrSent => {
                     self.event(CmEvent::TimedOut { id });
                     self.remove(id);
                 }
@@ -562,7 +643,7 @@ impl CmAgent {
                     self.event(CmEvent::Released { id });
                     self.remove(id);
                 }
-                State::RepRcvd | State::ReqRcvd | State::Established => {}
+                State::RepRcvd | State::ReqRcvd | State::Established | State::SidrRcvd => {}
             }
         }
     }
@@ -601,6 +682,14 @@ impl CmAgent {
                 }
             }
             Cm::Dreq(dreq) => self.on_dreq(now, from, to, h.tid, dreq),
+            Cm::SidrReq(req) => self.on_sidr_req(from, to, h.tid, req),
+            Cm::SidrRep(rep) => match self.local(rep.request_id) {
+                Some(id) if self.state(id) == Some(State::SidrSent) => {
+                    self.event(CmEvent::SidrReply { id, rep });
+                    self.remove(id);
+                }
+                _ => self.counters.rx_unmatched += 1,
+            },
             Cm::Drep(drep) => match self.matched(drep.remote_comm_id, drep.local_comm_id) {
                 Some(id) if self.state(id) == Some(State::DreqSent) => {
                     self.event(CmEvent::Disconnected { id });
@@ -648,11 +737,65 @@ impl CmAgent {
             tries: 0,
             deadline: None,
             wait_ms,
+            service_id: 0,
         });
         self.by_remote.insert(key, id);
         self.event(CmEvent::ConnectRequest {
             id,
             peer: from,
+            req,
+        });
+    }
+
+    fn on_sidr_req(&mut self, from: Gid, to: Gid, tid: u64, req: SidrReq) {
+        // A request is named by its ID and its sender (SIDR carries no CA GUID).
+        let key = (
+            req.request_id,
+            u64::from_be_bytes(from.0[8..].try_into().expect("8")),
+        );
+        if self.by_remote.contains_key(&key) {
+            // The consumer has not answered yet; the answer goes to the retry too.
+            self.counters.rx_duplicates += 1;
+            return;
+        }
+        let refuse = |s: &mut Self, status| {
+            let rep = SidrRep {
+                request_id: req.request_id,
+                status,
+                service_id: req.service_id,
+                ..Default::default()
+            };
+            s.counters.rej_sent += 1;
+            s.push_mad(to, from, tid, &Cm::SidrRep(rep));
+        };
+        if !self.listening.contains(&req.service_id) {
+            refuse(self, SIDR_UNSUPPORTED);
+            return;
+        }
+        let Some(id) = self.alloc() else {
+            refuse(self, SIDR_REJECTED);
+            return;
+        };
+        self.insert(Conn {
+            id,
+            state: State::SidrRcvd,
+            peer: from,
+            local: to,
+            remote_comm_id: req.request_id,
+            remote_guid: key.1,
+            remote_qpn: 0,
+            tid,
+            last: None,
+            tries: 0,
+            deadline: None,
+            wait_ms: 0,
+            service_id: req.service_id,
+        });
+        self.by_remote.insert(key, id);
+        self.event(CmEvent::SidrRequest {
+            id,
+            peer: from,
+            local: to,
             req,
         });
     }
@@ -769,6 +912,37 @@ impl CmAgent {
         };
         self.counters.rej_sent += 1;
         self.push_mad(local, peer, tid, &Cm::Rej(rej));
+    }
+
+    /// Holds a new active-side request `id` in `state` and returns its transaction ID (as
+    /// ib_cm forms it: the agent's number above the communication ID's bytes); its answer is
+    /// awaited for 2 x packet lifetime + the response timeout, per try.
+    fn start_active(
+        &mut self,
+        id: ConnId,
+        state: State,
+        local: Gid,
+        peer: Gid,
+        service_id: u64,
+    ) -> u64 {
+        let tid = (self.cfg.tid_high as u64) << 32 | id.0.swap_bytes() as u64;
+        let wait_ms = 2 * iba_ms(self.cfg.packet_life_time) + iba_ms(self.cfg.cm_response_timeout);
+        self.insert(Conn {
+            id,
+            state,
+            peer,
+            local,
+            remote_comm_id: 0,
+            remote_guid: 0,
+            remote_qpn: 0,
+            tid,
+            last: None,
+            tries: 0,
+            deadline: None,
+            wait_ms,
+            service_id,
+        });
+        tid
     }
 
     fn send_request(&mut self, now: u64, id: ConnId, tid: u64, m: Cm) {

@@ -185,6 +185,8 @@ fn names(events: &[CmEvent]) -> Vec<&'static str> {
             CmEvent::TimedOut { .. } => "timed out",
             CmEvent::Disconnected { .. } => "disconnected",
             CmEvent::Released { .. } => "released",
+            CmEvent::SidrRequest { .. } => "sidr request",
+            CmEvent::SidrReply { .. } => "sidr reply",
         })
         .collect()
 }
@@ -647,4 +649,55 @@ fn the_cm_connects_two_engines_over_qp1_and_data_flows() {
     }
     assert_eq!(p.a.dev.counters().0.tx_gsi_mads, 2);
     assert_eq!(p.b.dev.counters().0.rx_gsi_mads, 2);
+}
+
+/// SIDR (UD services, rdma_cm over UDP): a request answered with the service's QP and
+/// Q_Key, a lost request sent again, and a request nobody listens for answered "not
+/// supported"; nothing held afterwards.
+#[test]
+fn sidr_requests_are_answered_retried_and_refused() {
+    use roce::cm::{SidrParams, SIDR_UNSUPPORTED, SIDR_VALID};
+    let mut l = Link::new();
+    l.lose = vec![attr::SIDR_REQ];
+    let mut pd = [0u8; 216];
+    pd[..5].copy_from_slice(b"hello");
+    let p = SidrParams {
+        service_id: SID,
+        local_gid: A_GID,
+        remote_gid: B_GID,
+        private_data: PrivateData(pd),
+    };
+    let a = l.a.sidr_request(l.now, &p).unwrap();
+    l.run(true, 10_000 * MS);
+    assert_eq!(l.a.counters.retries, 1, "the lost request went again");
+    let Some(CmEvent::SidrRequest { id, peer, req, .. }) = l.b_events.first().copied() else {
+        panic!("{:?}", l.b_events)
+    };
+    assert_eq!(
+        (peer, req.service_id, &req.private_data.0[..5]),
+        (A_GID, SID, &b"hello"[..])
+    );
+    l.b.sidr_reply(id, SIDR_VALID, 0x42, 0x0123_4567, b"ok")
+        .unwrap();
+    l.run(false, 0);
+    let Some(CmEvent::SidrReply { id: got, rep }) = l.a_events.first().copied() else {
+        panic!("{:?}", l.a_events)
+    };
+    assert_eq!(got, a);
+    assert_eq!(
+        (rep.status, rep.qpn, rep.qkey),
+        (SIDR_VALID, 0x42, 0x0123_4567)
+    );
+    assert_eq!(&rep.private_data.0[..2], b"ok");
+    assert_eq!((l.a.conn_count(), l.b.conn_count()), (0, 0));
+    // Nobody listens: "service ID not supported" at once.
+    l.b.unlisten(SID);
+    l.a.sidr_request(l.now, &p).unwrap();
+    l.run(true, 60_000 * MS);
+    let Some(CmEvent::SidrReply { rep, .. }) = l.a_events.last().copied() else {
+        panic!("{:?}", l.a_events)
+    };
+    assert_eq!(rep.status, SIDR_UNSUPPORTED);
+    assert_eq!((l.a.conn_count(), l.b.conn_count()), (0, 0));
+    assert_eq!(l.a.poll_timeout(), None);
 }

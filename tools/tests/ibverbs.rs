@@ -309,8 +309,8 @@ fn perftest_binaries_run_between_two_processes() {
 /// rdma-core's rdma_cm programs, unmodified, through ferroce's librdmacm.so.1 and its
 /// connection manager: rping with data verification in both roles (server on ferroce1, client
 /// connecting from ferroce0 across the link), ucmatose with several connections,
-/// rdma_server/rdma_client (the synchronous endpoint API), perftest's -R, and udaddy, which
-/// needs SIDR (UD service resolution, not served yet) and must be refused cleanly.
+/// rdma_server/rdma_client (the synchronous endpoint API), perftest's -R, and udaddy (UD
+/// services resolved with SIDR).
 #[test]
 fn rdma_cm_programs_connect_through_the_connection_manager() {
     let _one = serial();
@@ -383,13 +383,21 @@ fn rdma_cm_programs_connect_through_the_connection_manager() {
             "{tool} -R"
         );
     }
-    // UD over rdma_cm resolves the service with SIDR, which ferroce does not speak yet: its
-    // request goes out as a REQ that no listener takes, and is rejected at once (no hang).
-    let (o, killed) = common::run_for(
-        &mut run(r.sock(), &["udaddy", "-s", "10.99.0.2"]),
-        Duration::from_secs(30),
+    // UD over rdma_cm: the service is resolved with SIDR (udaddy: UD messages each way, the
+    // server answering through an address handle made from each receive).
+    let (so, co) = pair(
+        run(r.sock(), &["udaddy", "-b", "10.99.0.2", "-C", "20"]),
+        run(r.sock(), &["udaddy", "-s", "10.99.0.2", "-C", "20"]),
+        Duration::from_secs(60),
     );
-    assert!(!killed && !o.status.success(), "udaddy: {}", text(&o));
+    for (o, who) in [(&so, "server"), (&co, "client")] {
+        assert!(o.status.success(), "udaddy {who}: {}", text(o));
+        assert!(
+            text(o).contains("data transfers complete"),
+            "udaddy {who}: {}",
+            text(o)
+        );
+    }
     common::rnicd::wait_idle(r.sock());
 }
 

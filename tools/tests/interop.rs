@@ -332,6 +332,59 @@ fn cases() -> Vec<Case> {
                 "10.99.0.2",
             ],
         ),
+        (
+            false,
+            "ib_write_bw",
+            vec![
+                "-d", "rxe0", "-x", "1", "-F", "-R", "-s", "65536", "-n", "20",
+            ],
+            vec![
+                "-d",
+                "ferroce0",
+                "-x",
+                "1",
+                "-F",
+                "-R",
+                "-s",
+                "65536",
+                "-n",
+                "20",
+                "10.99.0.2",
+            ],
+        ),
+        (
+            true,
+            "ib_send_lat",
+            vec![
+                "-d",
+                "rxe0",
+                "-x",
+                "1",
+                "-F",
+                "-R",
+                "-s",
+                "64",
+                "-n",
+                "50",
+                "10.99.0.3",
+            ],
+            vec![
+                "-d", "ferroce0", "-x", "1", "-F", "-R", "-s", "64", "-n", "50",
+            ],
+        ),
+        // UD over rdma_cm (SIDR): udaddy's messages each way.
+        (
+            true,
+            "udaddy",
+            vec!["-s", "10.99.0.3", "-C", "10"],
+            vec!["-b", "10.99.0.3", "-C", "10"],
+        ),
+        (
+            false,
+            "udaddy",
+            vec!["-b", "10.99.0.2", "-C", "10"],
+            vec!["-s", "10.99.0.2", "-C", "10"],
+        ),
         // librdmacm's synchronous endpoint API (rdma_create_ep, rdma_get_request): one
         // message each way.
         (
@@ -976,7 +1029,12 @@ fn rnic_perf_against_linux_soft_roce() {
         // An rdma_cm client finds no listener the same way: its REQ is rejected.
         let mut tries = 0;
         let not_yet: &[&str] = if c.side == Side::Cm {
-            &["REJECTED", "Connection refused", "Unexpected CM event"]
+            &[
+                "REJECTED",
+                "UNREACHABLE",
+                "Connection refused",
+                "Unexpected CM event",
+            ]
         } else {
             &["Couldn't connect"]
         };

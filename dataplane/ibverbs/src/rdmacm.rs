@@ -21,7 +21,7 @@ use super::*;
 use std::net::{Ipv4Addr, SocketAddrV4};
 
 use ferroce_host::abi::CmEventData;
-use roce::cm::{AcceptParams, ConnectParams};
+use roce::cm::{AcceptParams, ConnectParams, SidrParams, SIDR_VALID};
 use roce::wire::cm::{service_id, CmaHeader, PrivateData, CMA_HDR_LEN};
 
 /// Private data an application may put in a REQ (92 bytes less rdma_cm's header).
@@ -259,11 +259,23 @@ unsafe fn deliver_on(
     status: c_int,
     conn: Option<(&[u8], &sys::rdma_conn_param)>,
 ) {
-    let ch = ch as *mut Channel;
-    if ch.is_null() {
-        return;
+    let mut e = new_event(id, listen, kind, status);
+    if let Some((pd, p)) = conn {
+        let n = e.keep_private(pd);
+        e.ev.param.conn = *p;
+        e.ev.param.conn.private_data_len = n as u8;
+        e.ev.param.conn.private_data = e.private_ptr(n);
     }
-    let mut e = Box::new(Event {
+    queue(ch, e);
+}
+
+fn new_event(
+    id: *mut sys::rdma_cm_id,
+    listen: *mut sys::rdma_cm_id,
+    kind: u32,
+    status: c_int,
+) -> Box<Event> {
+    Box::new(Event {
         ev: sys::rdma_cm_event {
             id,
             listen_id: listen,
@@ -272,17 +284,32 @@ unsafe fn deliver_on(
             ..Default::default()
         },
         private: [0; 224],
-    });
-    if let Some((pd, p)) = conn {
-        let n = pd.len().min(e.private.len());
-        e.private[..n].copy_from_slice(&pd[..n]);
-        e.ev.param.conn = *p;
-        e.ev.param.conn.private_data_len = n as u8;
-        e.ev.param.conn.private_data = if n == 0 {
+    })
+}
+
+impl Event {
+    /// Copies the private data in (as much as fits); how much.
+    fn keep_private(&mut self, pd: &[u8]) -> usize {
+        let n = pd.len().min(self.private.len());
+        self.private[..n].copy_from_slice(&pd[..n]);
+        n
+    }
+
+    /// The application's pointer to `n` bytes of kept private data (NULL for none).
+    fn private_ptr(&self, n: usize) -> *const c_void {
+        if n == 0 {
             std::ptr::null()
         } else {
-            e.private.as_ptr() as *const c_void
-        };
+            self.private.as_ptr() as *const c_void
+        }
+    }
+}
+
+/// Queues a finished event on channel `ch` and counts it on the channel's eventfd.
+unsafe fn queue(ch: *mut sys::rdma_event_channel, e: Box<Event>) {
+    let ch = ch as *mut Channel;
+    if ch.is_null() {
+        return;
     }
     let ptr = Box::into_raw(e);
     (*ch)
@@ -296,6 +323,96 @@ unsafe fn deliver_on(
         &one as *const u64 as *const c_void,
         8,
     );
+}
+
+/// Queues an event with UD parameters (rdma_cm over UDP: the peer's QP, Q_Key and path, and
+/// private data) on channel `ch`.
+unsafe fn deliver_ud(
+    ch: *mut sys::rdma_event_channel,
+    id: *mut sys::rdma_cm_id,
+    listen: *mut sys::rdma_cm_id,
+    kind: u32,
+    pd: &[u8],
+    ud: sys::rdma_ud_param,
+) {
+    let mut e = new_event(id, listen, kind, 0);
+    let n = e.keep_private(pd);
+    e.ev.param.ud = ud;
+    e.ev.param.ud.private_data_len = n as u8;
+    e.ev.param.ud.private_data = e.private_ptr(n);
+    queue(ch, e);
+}
+
+/// The address of a UD peer at `gid`, as an application's `ibv_ah_attr` (RoCE: global, GID
+/// index 1).
+fn ud_ah(gid: Gid) -> sys::ibv_ah_attr {
+    sys::ibv_ah_attr {
+        grh: sys::ibv_global_route {
+            dgid: sys::ibv_gid { raw: gid.0 },
+            sgid_index: 1,
+            hop_limit: 64,
+            ..Default::default()
+        },
+        is_global: 1,
+        port_num: 1,
+        ..Default::default()
+    }
+}
+
+/// A request (connect or SIDR) that came to a listener.
+struct Request {
+    /// The context (device) it came to.
+    c: usize,
+    listener: *mut sys::rdma_cm_id,
+    qp_type: u32,
+    /// The connection (or SIDR request) it opened.
+    conn: u32,
+    peer: Gid,
+    local: Gid,
+    service_id: u64,
+}
+
+/// A new ID for request `r`: on the listener's channel (a synchronous listener's requests get
+/// their own channel, as synchronous IDs), on the device the request came to (a wildcard
+/// listener listens on every one), with the addresses it names (this side: the address it
+/// was sent to; the peer: rdma_cm's header, else its GID). Returns the ID, the header, and
+/// the channel its request event goes to (rdma_get_request waits on a synchronous
+/// listener's; the new ID's own channel takes the events after it).
+unsafe fn request_id(
+    r: &Request,
+    private_data: &[u8],
+) -> (
+    *mut sys::rdma_cm_id,
+    Option<CmaHeader>,
+    *mut sys::rdma_event_channel,
+) {
+    let l = r.listener;
+    let sync = st(l).sync;
+    let ch = if sync {
+        ferroce_rdma_create_event_channel()
+    } else {
+        (*l).channel
+    };
+    let child = new_id(ch, (*l).context, (*l).ps, r.qp_type);
+    (*child).verbs = r.c as *mut sys::ibv_context;
+    (*child).port_num = 1;
+    let hdr = CmaHeader::parse(private_data);
+    {
+        let mut s = st(child);
+        s.sync = sync;
+        s.conn = Some(r.conn);
+        s.src = r
+            .local
+            .to_ipv4()
+            .map(|a| SocketAddrV4::new(a.into(), r.service_id as u16));
+        s.dst = match hdr.map(|h| h.src) {
+            Some(std::net::SocketAddr::V4(a)) => Some(a),
+            _ => r.peer.to_ipv4().map(|a| SocketAddrV4::new(a.into(), 0)),
+        };
+        show_addrs(child, &s);
+    }
+    reg().conns.insert((r.c, r.conn), child as usize);
+    (child, hdr, if sync { (*l).channel } else { ch })
 }
 
 /// Queues an event without connection parameters on the ID's channel.
@@ -439,7 +556,8 @@ unsafe fn dispatch(c: usize, e: CmEventData) {
     let id = {
         let r = reg();
         match &e {
-            CmEventData::ConnectRequest { service_id, .. } => {
+            CmEventData::ConnectRequest { service_id, .. }
+            | CmEventData::SidrRequest { service_id, .. } => {
                 r.listeners.get(&(c, *service_id)).copied()
             }
             _ => r.conns.get(&(c, conn_id)).copied(),
@@ -464,38 +582,24 @@ unsafe fn dispatch(c: usize, e: CmEventData) {
             private_data,
             service_id,
         } => {
-            // A new ID for the request, on the listener's channel and device; a synchronous
-            // listener's requests get their own channel, as synchronous IDs.
-            let sync = st(id).sync;
-            let ch = if sync {
-                ferroce_rdma_create_event_channel()
-            } else {
-                (*id).channel
+            let req = Request {
+                c,
+                listener: id,
+                qp_type: (*id).qp_type,
+                conn: cid,
+                peer,
+                local,
+                service_id,
             };
-            let child = new_id(ch, (*id).context, (*id).ps, (*id).qp_type);
-            st(child).sync = sync;
-            // The device the request came to (a wildcard listener listens on every one).
-            (*child).verbs = c as *mut sys::ibv_context;
-            (*child).port_num = 1;
-            let hdr = CmaHeader::parse(&private_data);
+            let (child, hdr, ch) = request_id(&req, &private_data);
             {
                 let mut s = st(child);
-                s.conn = Some(cid);
-                s.src = local
-                    .to_ipv4()
-                    .map(|a| SocketAddrV4::new(a.into(), service_id as u16));
-                s.dst = match hdr.map(|h| h.src) {
-                    Some(std::net::SocketAddr::V4(a)) => Some(a),
-                    _ => peer.to_ipv4().map(|a| SocketAddrV4::new(a.into(), 0)),
-                };
                 s.peer_qpn = qpn.value();
                 s.peer_sq_psn = starting_psn;
                 s.path_mtu = path_mtu;
                 s.retry_count = retry_count;
                 s.rnr_retry_count = rnr_retry_count;
-                show_addrs(child, &s);
             }
-            reg().conns.insert((c, cid), child as usize);
             // From the receiver's side: the requester's depth is what it may be asked to
             // answer, and the other way round.
             p.responder_resources = initiator_depth;
@@ -507,13 +611,6 @@ unsafe fn dispatch(c: usize, e: CmEventData) {
                 &private_data[CMA_HDR_LEN..]
             } else {
                 &private_data[..]
-            };
-            // rdma_get_request waits on a synchronous listener's channel: the request goes
-            // there (the new ID's own channel takes the events after it).
-            let ch = if sync {
-                (*id).channel
-            } else {
-                (*child).channel
             };
             deliver_on(
                 ch,
@@ -598,6 +695,65 @@ unsafe fn dispatch(c: usize, e: CmEventData) {
         }
         CmEventData::Released { .. } => {
             reg().conns.remove(&(c, conn_id));
+        }
+        CmEventData::SidrReply {
+            status,
+            qpn,
+            qkey,
+            private_data,
+            ..
+        } => {
+            reg().conns.remove(&(c, conn_id));
+            st(id).conn = None;
+            if status != SIDR_VALID {
+                notify(id, sys::RDMA_CM_EVENT_UNREACHABLE, status as c_int);
+                return;
+            }
+            let Some(dst) = st(id).dst else { return };
+            let ud = sys::rdma_ud_param {
+                ah_attr: ud_ah(gid_of(*dst.ip())),
+                qp_num: qpn.value(),
+                qkey,
+                ..Default::default()
+            };
+            deliver_ud(
+                (*id).channel,
+                id,
+                std::ptr::null_mut(),
+                sys::RDMA_CM_EVENT_ESTABLISHED,
+                &private_data,
+                ud,
+            );
+        }
+        CmEventData::SidrRequest {
+            id: rid,
+            service_id,
+            peer,
+            local,
+            private_data,
+        } => {
+            // As a connect request: a new ID on the listener's device, answered with
+            // rdma_accept (the SIDR_REP naming its QP) or rdma_reject.
+            let req = Request {
+                c,
+                listener: id,
+                qp_type: sys::IBV_QPT_UD,
+                conn: rid,
+                peer,
+                local,
+                service_id,
+            };
+            let (child, hdr, ch) = request_id(&req, &private_data);
+            let user = if hdr.is_some() {
+                &private_data[CMA_HDR_LEN..]
+            } else {
+                &private_data[..]
+            };
+            let ud = sys::rdma_ud_param {
+                ah_attr: ud_ah(peer),
+                ..Default::default()
+            };
+            deliver_ud(ch, child, id, sys::RDMA_CM_EVENT_CONNECT_REQUEST, user, ud);
         }
     }
 }
@@ -1011,6 +1167,9 @@ pub unsafe extern "C" fn ferroce_rdma_connect(
     on_ctx(id, |ctx| {
         let p = conn_param(p);
         let user = private(&p);
+        if (*id).qp_type == sys::IBV_QPT_UD {
+            return sidr_connect(ctx, id, user);
+        }
         if user.len() > REQ_PRIVATE {
             return fail(libc::EINVAL, -1);
         }
@@ -1084,6 +1243,22 @@ pub unsafe extern "C" fn ferroce_rdma_accept(
         let Some(cid) = st(id).conn else {
             return fail(libc::EINVAL, -1);
         };
+        if (*id).qp_type == sys::IBV_QPT_UD {
+            // The SIDR_REP names the ID's UD QP (or the application's qp_num) and rdma_cm's
+            // Q_Key; the request is then done.
+            let qpn = if (*id).qp.is_null() {
+                p.qp_num
+            } else {
+                (*(*id).qp).qp_num
+            };
+            let r = client(ctx).cm_sidr_reply(cid, SIDR_VALID, qpn, UDP_QKEY, private(&p));
+            st(id).conn = None;
+            reg().conns.remove(&((*id).verbs as usize, cid));
+            return match r {
+                Ok(()) => 0,
+                Err(e) => fail(verr(&e), -1),
+            };
+        }
         let my_rq_psn = random() & 0xff_ffff;
         {
             let mut s = st(id);
@@ -1581,4 +1756,43 @@ pub unsafe extern "C" fn ferroce_rdma_get_request(
             return 0;
         }
     })
+}
+
+/// rdma_connect on a UD ID: a SIDR request for the service (rdma_cm's addressing header,
+/// then the application's private data); ESTABLISHED carries the service's QP and Q_Key.
+unsafe fn sidr_connect(ctx: &Ctx, id: *mut sys::rdma_cm_id, user: &[u8]) -> c_int {
+    let (Some(src), Some(dst)) = ({
+        let s = st(id);
+        (s.src, s.dst)
+    }) else {
+        return fail(libc::EINVAL, -1);
+    };
+    let mut pd = [0u8; 216];
+    if user.len() > pd.len() - CMA_HDR_LEN {
+        return fail(libc::EINVAL, -1);
+    }
+    let hdr = CmaHeader {
+        src: src.into(),
+        dst: (*dst.ip()).into(),
+    };
+    hdr.emit(&mut pd);
+    pd[CMA_HDR_LEN..CMA_HDR_LEN + user.len()].copy_from_slice(user);
+    let params = SidrParams {
+        service_id: service_id((*id).ps as u16, dst.port()),
+        local_gid: gid_of(*src.ip()),
+        remote_gid: gid_of(*dst.ip()),
+        private_data: PrivateData(pd),
+    };
+    let r = client(ctx).cm_sidr_request(params);
+    match r {
+        Ok(cid) => {
+            st(id).conn = Some(cid);
+            reg().conns.insert(((*id).verbs as usize, cid), id as usize);
+            if is_sync(id) {
+                return wait_for(id, sys::RDMA_CM_EVENT_ESTABLISHED);
+            }
+            0
+        }
+        Err(e) => fail(verr(&e), -1),
+    }
 }

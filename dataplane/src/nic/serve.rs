@@ -13,7 +13,7 @@ use ferroce_host::abi::area::Area;
 use ferroce_host::abi::ring::{ring_bytes, Producer};
 use ferroce_host::abi::slots::{CqeSlot, Post, MAX_HOST_SGE};
 use ferroce_host::abi::{CmEventData, Command, PortAttrData, ReplyData, POST_RING};
-use roce::cm::{reason, CmError, CmEvent, ConnId};
+use roce::cm::{reason, CmError, CmEvent, ConnId, SIDR_VALID};
 use roce::engine::{CqId, Device, DeviceAttr, DeviceEvent, SrqId, VerbsError, VerbsResult};
 use roce::types::Qpn;
 use roce::verbs::{AsyncEvent, QpAttr, QpState, RecvWr, SendWr};
@@ -301,7 +301,9 @@ fn execute(
         | Command::CmRtu { .. }
         | Command::CmEstablished { .. }
         | Command::CmDisconnect { .. }
-        | Command::CmGetEvent => execute_cm(dev, owners, h, now, cmd),
+        | Command::CmGetEvent
+        | Command::CmSidrRequest { .. }
+        | Command::CmSidrReply { .. } => execute_cm(dev, owners, h, now, cmd),
         Command::QueryDevice => Ok(ReplyData::Device(device_attr(dev))),
         Command::QueryPort => Ok(ReplyData::Port(port_attr(dev))),
         Command::QueryGid { index } => dev
@@ -709,6 +711,46 @@ fn execute_cm(
             none(dev.cm().disconnect(now, ConnId(id)), "cm_disconnect")
         }
         Command::CmGetEvent => Ok(ReplyData::CmEvent(h.cm_events.pop_front())),
+        Command::CmSidrRequest { params } => {
+            if h.cm_ids.len() as u32 >= h.client_limits.max_qps {
+                return Err(VerbsError::NoResources(
+                    "rdma_cm connections (host.max_qps)",
+                ));
+            }
+            if !dev.gids().contains(&params.local_gid) {
+                return Err(VerbsError::InvalidArgument(
+                    "cm_sidr_request: the local GID is not the device's".into(),
+                ));
+            }
+            let id = dev
+                .cm()
+                .sidr_request(now, &params)
+                .map_err(|e| cm_error("cm_sidr_request", e))?;
+            h.cm_ids.push(id.0);
+            owners.cm_conns.insert(id.0, h.id);
+            Ok(ReplyData::CmId(id.0))
+        }
+        Command::CmSidrReply {
+            id,
+            status,
+            qpn,
+            qkey,
+            private_data,
+        } => {
+            own(h, id)?;
+            if status == SIDR_VALID {
+                h.check_owned(h.qps.contains(&Qpn::new(qpn)), "queue pair")?;
+            }
+            let r = dev
+                .cm()
+                .sidr_reply(ConnId(id), status, qpn, qkey, &private_data);
+            if r.is_ok() {
+                // Answered: the request is gone.
+                h.cm_ids.retain(|c| *c != id);
+                owners.cm_conns.remove(&id);
+            }
+            none(r, "cm_sidr_reply")
+        }
         _ => unreachable!("execute hands only rdma_cm calls here"),
     }
 }
@@ -752,6 +794,25 @@ fn cm_event_data(ev: &CmEvent) -> CmEventData {
         CmEvent::TimedOut { id } => CmEventData::TimedOut { id: id.0 },
         CmEvent::Disconnected { id } => CmEventData::Disconnected { id: id.0 },
         CmEvent::Released { id } => CmEventData::Released { id: id.0 },
+        CmEvent::SidrRequest {
+            id,
+            peer,
+            local,
+            req,
+        } => CmEventData::SidrRequest {
+            id: id.0,
+            service_id: req.service_id,
+            peer,
+            local,
+            private_data: req.private_data.0.to_vec(),
+        },
+        CmEvent::SidrReply { id, rep } => CmEventData::SidrReply {
+            id: id.0,
+            status: rep.status,
+            qpn: Qpn::new(rep.qpn),
+            qkey: rep.qkey,
+            private_data: rep.private_data.0.to_vec(),
+        },
     }
 }
 
@@ -766,8 +827,13 @@ impl Nic {
             let data = cm_event_data(&ev);
             let id = data.id();
             let owner = match &ev {
-                CmEvent::ConnectRequest { req, .. } => {
-                    let owner = self.owners.cm_listeners.get(&req.service_id).copied();
+                CmEvent::ConnectRequest { .. } | CmEvent::SidrRequest { .. } => {
+                    let sid = match &ev {
+                        CmEvent::ConnectRequest { req, .. } => req.service_id,
+                        CmEvent::SidrRequest { req, .. } => req.service_id,
+                        _ => unreachable!(),
+                    };
+                    let owner = self.owners.cm_listeners.get(&sid).copied();
                     let room = owner
                         .and_then(|o| self.hosts.get(o as usize))
                         .is_some_and(|h| {
@@ -795,7 +861,10 @@ impl Nic {
             };
             let done = matches!(
                 ev,
-                CmEvent::Rejected { .. } | CmEvent::TimedOut { .. } | CmEvent::Released { .. }
+                CmEvent::Rejected { .. }
+                    | CmEvent::TimedOut { .. }
+                    | CmEvent::Released { .. }
+                    | CmEvent::SidrReply { .. }
             );
             let Some(h) = owner.and_then(|o| self.hosts.get_mut(o as usize)) else {
                 continue;

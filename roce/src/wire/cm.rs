@@ -368,6 +368,42 @@ pub struct Dreq {
     pub private_data: PrivateData<220>,
 }
 
+/// SIDR_REQ: service ID resolution request, for UD services (IBA Table 119).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SidrReq {
+    /// Request ID (the reply names it).
+    pub request_id: u32,
+    /// P_Key.
+    pub pkey: u16,
+    /// Service ID.
+    pub service_id: u64,
+    /// Private data (rdma_cm: its addressing header first).
+    pub private_data: PrivateData<216>,
+}
+
+/// SIDR_REP: the service's answer (IBA Table 120).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SidrRep {
+    /// The request's ID.
+    pub request_id: u32,
+    /// Status (0 valid, 1 service ID not supported, 2 rejected by the service, 3 no QP).
+    pub status: u8,
+    /// Bytes of `additional_info` that count.
+    pub info_length: u8,
+    /// Vendor ID (24 bits, in two places).
+    pub vendor_id: u32,
+    /// The service's QPN (24 bits).
+    pub qpn: u32,
+    /// Service ID.
+    pub service_id: u64,
+    /// The service QP's Q_Key.
+    pub qkey: u32,
+    /// Additional information.
+    pub additional_info: PrivateData<72>,
+    /// Private data.
+    pub private_data: PrivateData<136>,
+}
+
 /// A CM message of one of the kinds ferroce speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Cm {
@@ -385,6 +421,10 @@ pub enum Cm {
     Dreq(Dreq),
     /// DREP.
     Drep(IdsOnly),
+    /// SIDR_REQ.
+    SidrReq(SidrReq),
+    /// SIDR_REP.
+    SidrRep(SidrRep),
 }
 
 impl Cm {
@@ -394,7 +434,15 @@ impl Cm {
     pub fn parse(attr_id: u16, data: &[u8]) -> Result<Option<Cm>, Error> {
         let known = matches!(
             attr_id,
-            attr::REQ | attr::MRA | attr::REJ | attr::REP | attr::RTU | attr::DREQ | attr::DREP
+            attr::REQ
+                | attr::MRA
+                | attr::REJ
+                | attr::REP
+                | attr::RTU
+                | attr::DREQ
+                | attr::DREP
+                | attr::SIDR_REQ
+                | attr::SIDR_REP
         );
         if !known {
             return Ok(None);
@@ -440,6 +488,23 @@ impl Cm {
                 local_ca_guid: get_u64(d, 28),
                 private_data: PrivateData::read(d, 36),
             }),
+            attr::SIDR_REQ => Cm::SidrReq(SidrReq {
+                request_id: get_u32(d, 0),
+                pkey: get_u16(d, 4),
+                service_id: get_u64(d, 8),
+                private_data: PrivateData::read(d, 16),
+            }),
+            attr::SIDR_REP => Cm::SidrRep(SidrRep {
+                request_id: get_u32(d, 0),
+                status: d[4],
+                info_length: d[5],
+                vendor_id: u32::from_be_bytes([0, d[6], d[7], d[11]]),
+                qpn: get_u24(d, 8),
+                service_id: get_u64(d, 12),
+                qkey: get_u32(d, 20),
+                additional_info: PrivateData::read(d, 24),
+                private_data: PrivateData::read(d, 96),
+            }),
             attr::RTU | attr::DREP => {
                 let m = IdsOnly {
                     local_comm_id: ids(d).0,
@@ -472,6 +537,8 @@ impl Cm {
             Cm::Rtu(_) => attr::RTU,
             Cm::Dreq(_) => attr::DREQ,
             Cm::Drep(_) => attr::DREP,
+            Cm::SidrReq(_) => attr::SIDR_REQ,
+            Cm::SidrRep(_) => attr::SIDR_REP,
         }
     }
 
@@ -525,6 +592,24 @@ impl Cm {
                 ids(d, m.local_comm_id, m.remote_comm_id);
                 put_u24(d, 8, m.remote_qpn);
                 m.private_data.write(d, 12);
+            }
+            Cm::SidrReq(m) => {
+                put_u32(d, 0, m.request_id);
+                put_u16(d, 4, m.pkey);
+                put_u64(d, 8, m.service_id);
+                m.private_data.write(d, 16);
+            }
+            Cm::SidrRep(m) => {
+                put_u32(d, 0, m.request_id);
+                d[4] = m.status;
+                d[5] = m.info_length;
+                let v = m.vendor_id.to_be_bytes();
+                (d[6], d[7], d[11]) = (v[1], v[2], v[3]);
+                put_u24(d, 8, m.qpn);
+                put_u64(d, 12, m.service_id);
+                put_u32(d, 20, m.qkey);
+                m.additional_info.write(d, 24);
+                m.private_data.write(d, 96);
             }
         }
     }
@@ -609,6 +694,8 @@ mod tests {
             attr::RTU,
             attr::DREQ,
             attr::DREP,
+            attr::SIDR_REQ,
+            attr::SIDR_REP,
         ] {
             let mut src = [0u8; CM_DATA_LEN];
             for (i, b) in src.iter_mut().enumerate() {
@@ -634,6 +721,7 @@ mod tests {
     fn short_or_unknown_input_is_an_error_or_none() {
         assert_eq!(Cm::parse(attr::REQ, &[0; 100]), Err(Error::Truncated));
         assert_eq!(Cm::parse(attr::LAP, &[0; CM_DATA_LEN]), Ok(None));
+        assert_eq!(Cm::parse(attr::SIDR_REQ, &[0; 100]), Err(Error::Truncated));
         assert_eq!(
             PrivateData::<4>::from_bytes(&[1, 2, 3, 4, 5]),
             None,

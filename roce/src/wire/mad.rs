@@ -315,7 +315,7 @@ impl CmMessage {
                 local_comm_id: m.local_comm_id,
                 remote_comm_id: m.remote_comm_id,
             },
-            None => CmMessage::Other { attr_id },
+            Some(Cm::SidrReq(_) | Cm::SidrRep(_)) | None => CmMessage::Other { attr_id },
         })
     }
 

@@ -39,7 +39,7 @@ while read -r id role tool args; do
     while :; do
       timeout 60 $tool $args >/tmp/out.$id 2>&1
       rc=$?
-      if [ $rc -ne 0 ] && grep -qE "REJECTED|Connection refused|Unexpected CM event" /tmp/out.$id && [ $tries -lt 90 ]; then
+      if [ $rc -ne 0 ] && grep -qE "REJECTED|UNREACHABLE|Connection refused|Unexpected CM event" /tmp/out.$id && [ $tries -lt 90 ]; then
         tries=$((tries + 1))
         sleep 1
         continue

@@ -2,7 +2,7 @@
 //! area's layout, the limits a device announces and a client is held to, and the
 //! [`Command`]s an application sends to the worker with their [`ReplyData`].
 
-use roce::cm::{AcceptParams, ConnectParams};
+use roce::cm::{AcceptParams, ConnectParams, SidrParams};
 use roce::engine::{CqId, DeviceAttr, DeviceConfig, QpInit, SrqAttr, SrqId};
 use roce::memory::PdId;
 use roce::types::{Gid, Lkey, Qpn, Rkey};
@@ -270,6 +270,18 @@ pub enum Command {
     },
     /// rdma_cm: the client's next connection event, if any (reply: `CmEvent`).
     CmGetEvent,
+    /// rdma_cm over UDP: a SIDR request for a UD service (reply: `CmId`).
+    CmSidrRequest {
+        params: Box<SidrParams>,
+    },
+    /// rdma_cm over UDP: answers a `sidr_request` event (status 0: the QP and Q_Key serve).
+    CmSidrReply {
+        id: u32,
+        status: u8,
+        qpn: u32,
+        qkey: u32,
+        private_data: Vec<u8>,
+    },
     /// The application is going away: release everything it created.
     Close,
 }
@@ -324,6 +336,22 @@ pub enum CmEventData {
     Released {
         id: u32,
     },
+    /// A SIDR request for a UD service the client listens to: `cm_sidr_reply` to it.
+    SidrRequest {
+        id: u32,
+        service_id: u64,
+        peer: Gid,
+        local: Gid,
+        private_data: Vec<u8>,
+    },
+    /// The service's answer to the client's SIDR request (status 0: its QP and Q_Key).
+    SidrReply {
+        id: u32,
+        status: u8,
+        qpn: Qpn,
+        qkey: u32,
+        private_data: Vec<u8>,
+    },
 }
 
 impl CmEventData {
@@ -336,7 +364,9 @@ impl CmEventData {
             | CmEventData::Rejected { id, .. }
             | CmEventData::TimedOut { id }
             | CmEventData::Disconnected { id }
-            | CmEventData::Released { id } => *id,
+            | CmEventData::Released { id }
+            | CmEventData::SidrRequest { id, .. }
+            | CmEventData::SidrReply { id, .. } => *id,
         }
     }
 }
@@ -379,6 +409,8 @@ impl Command {
             Command::CmEstablished { .. } => "cm_established",
             Command::CmDisconnect { .. } => "cm_disconnect",
             Command::CmGetEvent => "cm_get_event",
+            Command::CmSidrRequest { .. } => "cm_sidr_request",
+            Command::CmSidrReply { .. } => "cm_sidr_reply",
             Command::Close => "close",
         }
     }

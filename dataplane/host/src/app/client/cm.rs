@@ -13,7 +13,7 @@ use roce::verbs::{Access, AddressVector, Mtu, QpAttr, QpState};
 use super::Client;
 use crate::abi::{CmEventData, Command, ReplyData};
 use crate::app::Channel;
-use roce::cm::{AcceptParams, ConnectParams};
+use roce::cm::{AcceptParams, ConnectParams, SidrParams};
 
 /// What a QP needs to reach RTS on a connection the CM made (both sides compute it from
 /// the REQ and REP: see [`Client::cm_bring_up`]).
@@ -97,6 +97,40 @@ impl<C: Channel> Client<C> {
     /// Disconnects an established connection (DREQ); `Disconnected` follows.
     pub fn cm_disconnect(&mut self, id: u32) -> VerbsResult<()> {
         self.call(Command::CmDisconnect { id }).map(|_| ())
+    }
+
+    /// Asks for a UD service (SIDR, rdma_cm over UDP); the answer comes as `SidrReply` (or
+    /// `TimedOut`). Returns the request's ID.
+    pub fn cm_sidr_request(&mut self, params: SidrParams) -> VerbsResult<u32> {
+        match self.call(Command::CmSidrRequest {
+            params: Box::new(params),
+        })? {
+            ReplyData::CmId(id) => Ok(id),
+            o => Err(VerbsError::InvalidArgument(format!(
+                "unexpected reply {o:?}"
+            ))),
+        }
+    }
+
+    /// Answers a `SidrRequest`: status 0 with the UD QP and Q_Key that serve it, or a
+    /// refusal (2: rejected).
+    pub fn cm_sidr_reply(
+        &mut self,
+        id: u32,
+        status: u8,
+        qpn: u32,
+        qkey: u32,
+        private_data: &[u8],
+    ) -> VerbsResult<()> {
+        let private_data = private_data.to_vec();
+        self.call(Command::CmSidrReply {
+            id,
+            status,
+            qpn,
+            qkey,
+            private_data,
+        })
+        .map(|_| ())
     }
 
     /// The next connection event, if one is waiting.
