@@ -701,3 +701,72 @@ fn sidr_requests_are_answered_retried_and_refused() {
     assert_eq!((l.a.conn_count(), l.b.conn_count()), (0, 0));
     assert_eq!(l.a.poll_timeout(), None);
 }
+
+/// Hostile MADs: random bytes under every CM attribute (some of them REQs and SIDR requests
+/// for the service listened to, so they make connections), of every length, fed to an agent
+/// that listens: it never panics and never holds more than `max_conns` (requests nobody
+/// answers wait for the consumer, as in Linux; the dataplane rejects them when their client
+/// goes).
+#[test]
+fn random_mads_never_panic_and_hold_nothing_unbounded() {
+    use roce::sim::Rng;
+    let mut rng = Rng::new(7);
+    let mut b = CmAgent::new(CmConfig {
+        max_conns: 16,
+        ..cfg(4)
+    });
+    b.listen(SID).unwrap();
+    let attrs = [
+        attr::REQ,
+        attr::MRA,
+        attr::REJ,
+        attr::REP,
+        attr::RTU,
+        attr::DREQ,
+        attr::DREP,
+        attr::SIDR_REQ,
+        attr::SIDR_REP,
+        attr::LAP,
+        attr::APR,
+        0x7777,
+    ];
+    let mut now = 0;
+    for i in 0..20_000u64 {
+        let mut mad = [0u8; 256];
+        for x in mad.iter_mut() {
+            *x = rng.next_u64() as u8;
+        }
+        // A valid CM SEND header most of the time, so the messages get past it.
+        if i % 8 != 0 {
+            mad[0] = 1;
+            mad[1] = 0x07;
+            mad[3] = 0x03;
+        }
+        let a = attrs[(rng.next_u64() % attrs.len() as u64) as usize];
+        mad[16..18].copy_from_slice(&a.to_be_bytes());
+        if i % 5 == 0 {
+            // Our service (at byte 8 of both REQ and SIDR_REQ), so requests make connections.
+            mad[HEADER_LEN + 8..HEADER_LEN + 16].copy_from_slice(&SID.to_be_bytes());
+        }
+        let n = (rng.next_u64() % 257) as usize;
+        b.handle_mad(
+            now,
+            A_GID,
+            B_GID,
+            &mad[..n.max(if i % 3 == 0 { 256 } else { n })],
+        );
+        while b.poll_mad().is_some() {}
+        while b.poll_event().is_some() {}
+        assert!(b.conn_count() <= 16);
+        now += 1_000_000;
+        b.handle_timeout(now);
+    }
+    now += 3_600_000 * MS;
+    b.handle_timeout(now);
+    assert!(b.conn_count() <= 16);
+    assert!(
+        b.counters.rx_bad > 0 && b.counters.rx_mads > 0,
+        "{:?}",
+        b.counters
+    );
+}
