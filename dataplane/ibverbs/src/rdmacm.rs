@@ -99,6 +99,9 @@ struct Registry {
     listeners: HashMap<(usize, u64), usize>,
     /// Contexts opened for IDs, by device name (kept open, as librdmacm keeps its devices).
     contexts: Vec<(String, usize)>,
+    /// The devices and their IPv4 addresses, found once (rnicd's RNICs do not change while
+    /// it runs): binding, resolving and listening then cost no round trip to rnicd.
+    devices: Option<Vec<(usize, Ipv4Addr)>>,
     ids: usize,
     thread: bool,
 }
@@ -136,8 +139,11 @@ fn verr(e: &VerbsError) -> c_int {
     errno_of(e)
 }
 
-/// A context of every device with its IPv4 address (opened once, kept).
+/// A context of every device with its IPv4 address (opened and looked up once, kept).
 fn devices() -> Vec<(usize, Ipv4Addr)> {
+    if let Some(d) = &reg().devices {
+        return d.clone();
+    }
     let mut out = Vec::new();
     for d in discover() {
         let existing = reg()
@@ -165,6 +171,9 @@ fn devices() -> Vec<(usize, Ipv4Addr)> {
         if let Some(ip) = client(ctx).query_gid(1).ok().and_then(|g| g.to_ipv4()) {
             out.push((c, Ipv4Addr::from(ip)));
         }
+    }
+    if !out.is_empty() {
+        reg().devices = Some(out.clone());
     }
     out
 }
