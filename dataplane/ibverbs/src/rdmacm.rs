@@ -24,8 +24,6 @@ use ferroce_host::abi::CmEventData;
 use roce::cm::{AcceptParams, ConnectParams, SidrParams, SIDR_VALID};
 use roce::wire::cm::{service_id, CmaHeader, PrivateData, CMA_HDR_LEN};
 
-/// Private data an application may put in a REQ (92 bytes less rdma_cm's header).
-const REQ_PRIVATE: usize = 92 - CMA_HDR_LEN;
 /// The Q_Key rdma_cm gives UD QPs (RDMA_UDP_QKEY).
 const UDP_QKEY: u32 = 0x0123_4567;
 /// READ/atomic depth this side offers when the application passes no connection parameters.
@@ -1179,13 +1177,7 @@ pub unsafe extern "C" fn ferroce_rdma_connect(
         if (*id).qp_type == sys::IBV_QPT_UD {
             return sidr_connect(ctx, id, user);
         }
-        if user.len() > REQ_PRIVATE {
-            return fail(libc::EINVAL, -1);
-        }
-        let (Some(src), Some(dst)) = ({
-            let s = st(id);
-            (s.src, s.dst)
-        }) else {
+        let Some((src, dst, pd)) = request_private::<92>(id, user) else {
             return fail(libc::EINVAL, -1);
         };
         let qpn = if (*id).qp.is_null() {
@@ -1193,13 +1185,6 @@ pub unsafe extern "C" fn ferroce_rdma_connect(
         } else {
             (*(*id).qp).qp_num
         };
-        let mut pd = [0u8; 92];
-        let hdr = CmaHeader {
-            src: src.into(),
-            dst: (*dst.ip()).into(),
-        };
-        hdr.emit(&mut pd);
-        pd[CMA_HDR_LEN..CMA_HDR_LEN + user.len()].copy_from_slice(user);
         let my_rq_psn = random() & 0xff_ffff;
         let mtu = active_mtu((*id).verbs);
         {
@@ -1224,22 +1209,52 @@ pub unsafe extern "C" fn ferroce_rdma_connect(
             rnr_retry_count: p.rnr_retry_count.min(7),
             hop_limit: 64,
             srq: p.srq != 0,
-            private_data: PrivateData(pd),
+            private_data: pd,
             ..Default::default()
         };
         let r = client(ctx).cm_connect(params);
-        match r {
-            Ok(cid) => {
-                st(id).conn = Some(cid);
-                reg().conns.insert(((*id).verbs as usize, cid), id as usize);
-                if is_sync(id) {
-                    return wait_for(id, sys::RDMA_CM_EVENT_ESTABLISHED);
-                }
-                0
-            }
-            Err(e) => fail(verr(&e), -1),
-        }
+        opened(id, r)
     })
+}
+
+/// The ID's source and destination and the private data of its request: rdma_cm's
+/// addressing header, then the application's `user` bytes; `None` without both addresses or
+/// when `user` does not fit after the header.
+unsafe fn request_private<const N: usize>(
+    id: *mut sys::rdma_cm_id,
+    user: &[u8],
+) -> Option<(SocketAddrV4, SocketAddrV4, PrivateData<N>)> {
+    let (src, dst) = {
+        let s = st(id);
+        (s.src?, s.dst?)
+    };
+    if user.len() > N - CMA_HDR_LEN {
+        return None;
+    }
+    let mut pd = [0u8; N];
+    let hdr = CmaHeader {
+        src: src.into(),
+        dst: (*dst.ip()).into(),
+    };
+    hdr.emit(&mut pd);
+    pd[CMA_HDR_LEN..CMA_HDR_LEN + user.len()].copy_from_slice(user);
+    Some((src, dst, PrivateData(pd)))
+}
+
+/// Records the connection (or SIDR request) `r` opened for the ID; a synchronous ID then
+/// waits for ESTABLISHED.
+unsafe fn opened(id: *mut sys::rdma_cm_id, r: Result<u32, VerbsError>) -> c_int {
+    match r {
+        Ok(cid) => {
+            st(id).conn = Some(cid);
+            reg().conns.insert(((*id).verbs as usize, cid), id as usize);
+            if is_sync(id) {
+                return wait_for(id, sys::RDMA_CM_EVENT_ESTABLISHED);
+            }
+            0
+        }
+        Err(e) => fail(verr(&e), -1),
+    }
 }
 
 #[no_mangle]
@@ -1593,7 +1608,7 @@ unsafe fn wait_for(id: *mut sys::rdma_cm_id, want: u32) -> c_int {
         if ferroce_rdma_get_cm_event((*id).channel, &mut ev) != 0 {
             return -1;
         }
-        let (kind, status) = ((*ev).event, (*ev).status);
+        let kind = (*ev).event;
         ferroce_rdma_ack_cm_event(ev);
         if kind == want {
             return 0;
@@ -1605,7 +1620,6 @@ unsafe fn wait_for(id: *mut sys::rdma_cm_id, want: u32) -> c_int {
             sys::RDMA_CM_EVENT_CONNECT_ERROR | sys::RDMA_CM_EVENT_DISCONNECTED => libc::ECONNRESET,
             _ => continue,
         };
-        let _ = status;
         return fail(e, -1);
     }
 }
@@ -1770,38 +1784,15 @@ pub unsafe extern "C" fn ferroce_rdma_get_request(
 /// rdma_connect on a UD ID: a SIDR request for the service (rdma_cm's addressing header,
 /// then the application's private data); ESTABLISHED carries the service's QP and Q_Key.
 unsafe fn sidr_connect(ctx: &Ctx, id: *mut sys::rdma_cm_id, user: &[u8]) -> c_int {
-    let (Some(src), Some(dst)) = ({
-        let s = st(id);
-        (s.src, s.dst)
-    }) else {
+    let Some((src, dst, pd)) = request_private::<216>(id, user) else {
         return fail(libc::EINVAL, -1);
     };
-    let mut pd = [0u8; 216];
-    if user.len() > pd.len() - CMA_HDR_LEN {
-        return fail(libc::EINVAL, -1);
-    }
-    let hdr = CmaHeader {
-        src: src.into(),
-        dst: (*dst.ip()).into(),
-    };
-    hdr.emit(&mut pd);
-    pd[CMA_HDR_LEN..CMA_HDR_LEN + user.len()].copy_from_slice(user);
     let params = SidrParams {
         service_id: service_id((*id).ps as u16, dst.port()),
         local_gid: gid_of(*src.ip()),
         remote_gid: gid_of(*dst.ip()),
-        private_data: PrivateData(pd),
+        private_data: pd,
     };
     let r = client(ctx).cm_sidr_request(params);
-    match r {
-        Ok(cid) => {
-            st(id).conn = Some(cid);
-            reg().conns.insert(((*id).verbs as usize, cid), id as usize);
-            if is_sync(id) {
-                return wait_for(id, sys::RDMA_CM_EVENT_ESTABLISHED);
-            }
-            0
-        }
-        Err(e) => fail(verr(&e), -1),
-    }
+    opened(id, r)
 }

@@ -631,6 +631,40 @@ fn cm_error(call: &str, e: CmError) -> VerbsError {
     }
 }
 
+/// Refuses a new connection or SIDR request of client `h` past its limit (one per QP it may
+/// hold) or from a GID that is not the device's.
+fn check_new_request(
+    dev: &Device,
+    h: &HostEnd,
+    local: &roce::types::Gid,
+    call: &str,
+) -> VerbsResult<()> {
+    if h.cm_ids.len() as u32 >= h.client_limits.max_qps {
+        return Err(VerbsError::NoResources(
+            "rdma_cm connections (host.max_qps)",
+        ));
+    }
+    if !dev.gids().contains(local) {
+        return Err(VerbsError::InvalidArgument(format!(
+            "{call}: the local GID is not the device's"
+        )));
+    }
+    Ok(())
+}
+
+/// Records the connection (or SIDR request) the agent opened for client `h`.
+fn opened(
+    owners: &mut Owners,
+    h: &mut HostEnd,
+    r: Result<ConnId, CmError>,
+    call: &str,
+) -> VerbsResult<ReplyData> {
+    let id = r.map_err(|e| cm_error(call, e))?;
+    h.cm_ids.push(id.0);
+    owners.cm_conns.insert(id.0, h.id);
+    Ok(ReplyData::CmId(id.0))
+}
+
 /// Executes an rdma_cm call of client `h`: the connection it names must be its own.
 fn execute_cm(
     dev: &mut Device,
@@ -663,23 +697,9 @@ fn execute_cm(
         }
         Command::CmConnect { params } => {
             h.check_owned(h.qps.contains(&Qpn::new(params.qpn)), "queue pair")?;
-            if h.cm_ids.len() as u32 >= h.client_limits.max_qps {
-                return Err(VerbsError::NoResources(
-                    "rdma_cm connections (host.max_qps)",
-                ));
-            }
-            if !dev.gids().contains(&params.local_gid) {
-                return Err(VerbsError::InvalidArgument(
-                    "cm_connect: the local GID is not the device's".into(),
-                ));
-            }
-            let id = dev
-                .cm()
-                .connect(now, &params)
-                .map_err(|e| cm_error("cm_connect", e))?;
-            h.cm_ids.push(id.0);
-            owners.cm_conns.insert(id.0, h.id);
-            Ok(ReplyData::CmId(id.0))
+            check_new_request(dev, h, &params.local_gid, "cm_connect")?;
+            let r = dev.cm().connect(now, &params);
+            opened(owners, h, r, "cm_connect")
         }
         Command::CmAccept { id, params } => {
             own(h, id)?;
@@ -712,23 +732,9 @@ fn execute_cm(
         }
         Command::CmGetEvent => Ok(ReplyData::CmEvent(h.cm_events.pop_front())),
         Command::CmSidrRequest { params } => {
-            if h.cm_ids.len() as u32 >= h.client_limits.max_qps {
-                return Err(VerbsError::NoResources(
-                    "rdma_cm connections (host.max_qps)",
-                ));
-            }
-            if !dev.gids().contains(&params.local_gid) {
-                return Err(VerbsError::InvalidArgument(
-                    "cm_sidr_request: the local GID is not the device's".into(),
-                ));
-            }
-            let id = dev
-                .cm()
-                .sidr_request(now, &params)
-                .map_err(|e| cm_error("cm_sidr_request", e))?;
-            h.cm_ids.push(id.0);
-            owners.cm_conns.insert(id.0, h.id);
-            Ok(ReplyData::CmId(id.0))
+            check_new_request(dev, h, &params.local_gid, "cm_sidr_request")?;
+            let r = dev.cm().sidr_request(now, &params);
+            opened(owners, h, r, "cm_sidr_request")
         }
         Command::CmSidrReply {
             id,
@@ -826,13 +832,14 @@ impl Nic {
         while let Some(ev) = self.dev.cm().poll_event() {
             let data = cm_event_data(&ev);
             let id = data.id();
-            let owner = match &ev {
-                CmEvent::ConnectRequest { .. } | CmEvent::SidrRequest { .. } => {
-                    let sid = match &ev {
-                        CmEvent::ConnectRequest { req, .. } => req.service_id,
-                        CmEvent::SidrRequest { req, .. } => req.service_id,
-                        _ => unreachable!(),
-                    };
+            // A connect or SIDR request goes to the listener of its service.
+            let requested = match &ev {
+                CmEvent::ConnectRequest { req, .. } => Some(req.service_id),
+                CmEvent::SidrRequest { req, .. } => Some(req.service_id),
+                _ => None,
+            };
+            let owner = match requested {
+                Some(sid) => {
                     let owner = self.owners.cm_listeners.get(&sid).copied();
                     let room = owner
                         .and_then(|o| self.hosts.get(o as usize))
@@ -857,7 +864,7 @@ impl Nic {
                     }
                     owner
                 }
-                _ => self.owners.cm_conns.get(&id).copied(),
+                None => self.owners.cm_conns.get(&id).copied(),
             };
             let done = matches!(
                 ev,
