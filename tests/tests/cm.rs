@@ -9,7 +9,7 @@ use std::time::Duration;
 use dataplane::runtime::{test_config, Runtime};
 use dataplane::Context;
 use ferroce_host::abi::CmEventData;
-use ferroce_host::app::CmQpPath;
+use ferroce_host::app::{CmQpPath, RdmaCm};
 use ferroce_tests::{post_signaled, side, wait_cq, wait_until, Side};
 use roce::cm::{reason, AcceptParams, ConnectParams};
 use roce::verbs::*;

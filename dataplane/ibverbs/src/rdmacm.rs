@@ -21,11 +21,9 @@ use super::*;
 use std::net::{Ipv4Addr, SocketAddrV4};
 
 use ferroce_host::abi::CmEventData;
+use ferroce_host::app::RdmaCm;
 use roce::cm::{AcceptParams, ConnectParams, SidrParams, SIDR_VALID};
-use roce::wire::cm::{service_id, CmaHeader, PrivateData, CMA_HDR_LEN};
-
-/// The Q_Key rdma_cm gives UD QPs (RDMA_UDP_QKEY).
-const UDP_QKEY: u32 = 0x0123_4567;
+use roce::wire::cm::{service_id, CmaHeader, PrivateData, CMA_HDR_LEN, RDMA_UDP_QKEY as UDP_QKEY};
 /// READ/atomic depth this side offers when the application passes no connection parameters.
 const DEFAULT_RD_ATOMIC: u8 = 16;
 
@@ -954,6 +952,10 @@ pub unsafe extern "C" fn ferroce_rdma_listen(id: *mut sys::rdma_cm_id, _backlog:
         } else {
             vec![(*id).verbs as usize]
         };
+        // The CM hands over a request it held for this service (one that came before the
+        // listen, CmConfig::unclaimed_hold_ms) as soon as the listen is made: the event
+        // thread must not dispatch it before the registry names this ID as the listener.
+        let _d = dispatching();
         let mut done = Vec::new();
         for &c in &on {
             let Some(ctx) = ctx_of(c as *mut sys::ibv_context) else {

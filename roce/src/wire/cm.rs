@@ -672,6 +672,14 @@ impl CmaHeader {
     }
 }
 
+/// rdma_cm's port space of RC connections (RDMA_PS_TCP).
+pub const PS_TCP: u16 = 0x0106;
+/// rdma_cm's port space of UD services, reached by SIDR (RDMA_PS_UDP).
+pub const PS_UDP: u16 = 0x0111;
+/// The Q_Key rdma_cm gives UD QPs of the UDP port space (RDMA_UDP_QKEY in librdmacm's
+/// cma.h), which a SIDR_REP names.
+pub const RDMA_UDP_QKEY: u32 = 0x0123_4567;
+
 /// rdma_cm's service ID for `port` in the port space `space` (RDMA_PS_TCP 0x0106,
 /// RDMA_PS_UDP 0x0111, RDMA_PS_IB 0x013f): the inverse of [`super::mad::rdma_cm_port`].
 pub fn service_id(space: u16, port: u16) -> u64 {

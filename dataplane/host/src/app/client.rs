@@ -1022,4 +1022,4 @@ impl<C: Channel> Verbs for Client<C> {
 }
 
 mod cm;
-pub use cm::CmQpPath;
+pub use cm::{CmQpPath, RdmaCm};

@@ -45,7 +45,7 @@ mod client;
 pub mod remote;
 pub mod shadow;
 
-pub use client::{Client, ClientRings, CmQpPath, CqNotifier};
+pub use client::{Client, ClientRings, CmQpPath, CqNotifier, RdmaCm};
 
 /// How control calls reach the worker.
 pub trait Channel: Send {

@@ -16,7 +16,7 @@ use crate::app::Channel;
 use roce::cm::{AcceptParams, ConnectParams, SidrParams};
 
 /// What a QP needs to reach RTS on a connection the CM made (both sides compute it from
-/// the REQ and REP: see [`Client::cm_bring_up`]).
+/// the REQ and REP: see [`RdmaCm::cm_bring_up`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CmQpPath {
     /// The peer's GID.
@@ -43,131 +43,50 @@ pub struct CmQpPath {
     pub timeout: u8,
 }
 
-impl<C: Channel> Client<C> {
+/// rdma_cm for applications (see the module documentation); [`Client`] implements it, in
+/// the same process as the RNIC or through rnicd.
+pub trait RdmaCm: crate::app::Verbs {
     /// REQs for `service_id` (rdma_cm: `roce::wire::cm::service_id(port space, port)`) come
     /// to this client as `ConnectRequest` events.
-    pub fn cm_listen(&mut self, service_id: u64) -> VerbsResult<()> {
-        self.call(Command::CmListen { service_id }).map(|_| ())
-    }
-
+    fn cm_listen(&mut self, service_id: u64) -> VerbsResult<()>;
     /// No more REQs for `service_id`.
-    pub fn cm_unlisten(&mut self, service_id: u64) -> VerbsResult<()> {
-        self.call(Command::CmUnlisten { service_id }).map(|_| ())
-    }
-
+    fn cm_unlisten(&mut self, service_id: u64) -> VerbsResult<()>;
     /// Sends a REQ for the client's QP; the answer comes as `RepReceived`, `Rejected` or
     /// `TimedOut`. Returns the connection's ID.
-    pub fn cm_connect(&mut self, params: ConnectParams) -> VerbsResult<u32> {
-        match self.call(Command::CmConnect {
-            params: Box::new(params),
-        })? {
-            ReplyData::CmId(id) => Ok(id),
-            o => Err(VerbsError::InvalidArgument(format!(
-                "unexpected reply {o:?}"
-            ))),
-        }
-    }
-
+    fn cm_connect(&mut self, params: ConnectParams) -> VerbsResult<u32>;
     /// Accepts a `ConnectRequest` with a REP (the QP already at RTS: [`Self::cm_bring_up`]).
-    pub fn cm_accept(&mut self, id: u32, params: AcceptParams) -> VerbsResult<()> {
-        self.call(Command::CmAccept {
-            id,
-            params: Box::new(params),
-        })
-        .map(|_| ())
-    }
-
+    fn cm_accept(&mut self, id: u32, params: AcceptParams) -> VerbsResult<()>;
     /// Rejects a `ConnectRequest` (consumer defined, with `private_data`).
-    pub fn cm_reject(&mut self, id: u32, private_data: &[u8]) -> VerbsResult<()> {
-        let private_data = private_data.to_vec();
-        self.call(Command::CmReject { id, private_data })
-            .map(|_| ())
-    }
-
+    fn cm_reject(&mut self, id: u32, private_data: &[u8]) -> VerbsResult<()>;
     /// After `RepReceived` and the QP at RTS: the RTU; the connection is established.
-    pub fn cm_rtu(&mut self, id: u32) -> VerbsResult<()> {
-        self.call(Command::CmRtu { id }).map(|_| ())
-    }
-
+    fn cm_rtu(&mut self, id: u32) -> VerbsResult<()>;
     /// The passive side's QP received its first packet before the RTU.
-    pub fn cm_established(&mut self, id: u32) -> VerbsResult<()> {
-        self.call(Command::CmEstablished { id }).map(|_| ())
-    }
-
+    fn cm_established(&mut self, id: u32) -> VerbsResult<()>;
     /// Disconnects an established connection (DREQ); `Disconnected` follows.
-    pub fn cm_disconnect(&mut self, id: u32) -> VerbsResult<()> {
-        self.call(Command::CmDisconnect { id }).map(|_| ())
-    }
-
+    fn cm_disconnect(&mut self, id: u32) -> VerbsResult<()>;
     /// Asks for a UD service (SIDR, rdma_cm over UDP); the answer comes as `SidrReply` (or
     /// `TimedOut`). Returns the request's ID.
-    pub fn cm_sidr_request(&mut self, params: SidrParams) -> VerbsResult<u32> {
-        match self.call(Command::CmSidrRequest {
-            params: Box::new(params),
-        })? {
-            ReplyData::CmId(id) => Ok(id),
-            o => Err(VerbsError::InvalidArgument(format!(
-                "unexpected reply {o:?}"
-            ))),
-        }
-    }
-
+    fn cm_sidr_request(&mut self, params: SidrParams) -> VerbsResult<u32>;
     /// Answers a `SidrRequest`: status 0 with the UD QP and Q_Key that serve it, or a
     /// refusal (2: rejected).
-    pub fn cm_sidr_reply(
+    fn cm_sidr_reply(
         &mut self,
         id: u32,
         status: u8,
         qpn: u32,
         qkey: u32,
         private_data: &[u8],
-    ) -> VerbsResult<()> {
-        let private_data = private_data.to_vec();
-        self.call(Command::CmSidrReply {
-            id,
-            status,
-            qpn,
-            qkey,
-            private_data,
-        })
-        .map(|_| ())
-    }
-
+    ) -> VerbsResult<()>;
     /// The next connection event, if one is waiting.
-    pub fn cm_get_event(&mut self) -> VerbsResult<Option<CmEventData>> {
-        match self.call(Command::CmGetEvent)? {
-            ReplyData::CmEvent(e) => Ok(e),
-            o => Err(VerbsError::InvalidArgument(format!(
-                "unexpected reply {o:?}"
-            ))),
-        }
-    }
-
+    fn cm_get_event(&mut self) -> VerbsResult<Option<CmEventData>>;
     /// Waits up to `timeout` for the next connection event (`None` when none came). An
     /// in-process client drives the worker meanwhile; a remote one asks again after a
     /// growing pause (1 us doubling to 1 ms).
-    pub fn cm_wait_event(&mut self, timeout: Duration) -> VerbsResult<Option<CmEventData>> {
-        let deadline = Instant::now() + timeout;
-        let mut pause = Duration::from_micros(1);
-        loop {
-            if let Some(e) = self.cm_get_event()? {
-                return Ok(Some(e));
-            }
-            if Instant::now() >= deadline {
-                return Ok(None);
-            }
-            if !self.chan.progress() {
-                std::thread::sleep(pause);
-                pause = (pause * 2).min(Duration::from_millis(1));
-            }
-        }
-    }
-
+    fn cm_wait_event(&mut self, timeout: Duration) -> VerbsResult<Option<CmEventData>>;
     /// Moves `qpn` from RESET through INIT and RTR to RTS for the connection `p` describes,
     /// with `access` for remote operations: what librdmacm does with the attributes
     /// `rdma_init_qp_attr` returns.
-    pub fn cm_bring_up(&mut self, qpn: Qpn, access: Access, p: &CmQpPath) -> VerbsResult<()> {
-        use crate::app::Verbs;
+    fn cm_bring_up(&mut self, qpn: Qpn, access: Access, p: &CmQpPath) -> VerbsResult<()> {
         let init = QpAttr {
             state: Some(QpState::Init),
             pkey_index: Some(0),
@@ -197,5 +116,108 @@ impl<C: Channel> Client<C> {
             ..Default::default()
         };
         self.modify_qp(qpn, &rts)
+    }
+}
+
+impl<C: Channel> RdmaCm for Client<C> {
+    fn cm_listen(&mut self, service_id: u64) -> VerbsResult<()> {
+        self.call(Command::CmListen { service_id }).map(|_| ())
+    }
+
+    fn cm_unlisten(&mut self, service_id: u64) -> VerbsResult<()> {
+        self.call(Command::CmUnlisten { service_id }).map(|_| ())
+    }
+
+    fn cm_connect(&mut self, params: ConnectParams) -> VerbsResult<u32> {
+        match self.call(Command::CmConnect {
+            params: Box::new(params),
+        })? {
+            ReplyData::CmId(id) => Ok(id),
+            o => Err(VerbsError::InvalidArgument(format!(
+                "unexpected reply {o:?}"
+            ))),
+        }
+    }
+
+    fn cm_accept(&mut self, id: u32, params: AcceptParams) -> VerbsResult<()> {
+        self.call(Command::CmAccept {
+            id,
+            params: Box::new(params),
+        })
+        .map(|_| ())
+    }
+
+    fn cm_reject(&mut self, id: u32, private_data: &[u8]) -> VerbsResult<()> {
+        let private_data = private_data.to_vec();
+        self.call(Command::CmReject { id, private_data })
+            .map(|_| ())
+    }
+
+    fn cm_rtu(&mut self, id: u32) -> VerbsResult<()> {
+        self.call(Command::CmRtu { id }).map(|_| ())
+    }
+
+    fn cm_established(&mut self, id: u32) -> VerbsResult<()> {
+        self.call(Command::CmEstablished { id }).map(|_| ())
+    }
+
+    fn cm_disconnect(&mut self, id: u32) -> VerbsResult<()> {
+        self.call(Command::CmDisconnect { id }).map(|_| ())
+    }
+
+    fn cm_sidr_request(&mut self, params: SidrParams) -> VerbsResult<u32> {
+        match self.call(Command::CmSidrRequest {
+            params: Box::new(params),
+        })? {
+            ReplyData::CmId(id) => Ok(id),
+            o => Err(VerbsError::InvalidArgument(format!(
+                "unexpected reply {o:?}"
+            ))),
+        }
+    }
+
+    fn cm_sidr_reply(
+        &mut self,
+        id: u32,
+        status: u8,
+        qpn: u32,
+        qkey: u32,
+        private_data: &[u8],
+    ) -> VerbsResult<()> {
+        let private_data = private_data.to_vec();
+        self.call(Command::CmSidrReply {
+            id,
+            status,
+            qpn,
+            qkey,
+            private_data,
+        })
+        .map(|_| ())
+    }
+
+    fn cm_get_event(&mut self) -> VerbsResult<Option<CmEventData>> {
+        match self.call(Command::CmGetEvent)? {
+            ReplyData::CmEvent(e) => Ok(e),
+            o => Err(VerbsError::InvalidArgument(format!(
+                "unexpected reply {o:?}"
+            ))),
+        }
+    }
+
+    fn cm_wait_event(&mut self, timeout: Duration) -> VerbsResult<Option<CmEventData>> {
+        let deadline = Instant::now() + timeout;
+        let mut pause = Duration::from_micros(1);
+        loop {
+            if let Some(e) = self.cm_get_event()? {
+                return Ok(Some(e));
+            }
+            if Instant::now() >= deadline {
+                return Ok(None);
+            }
+            if !self.chan.progress() {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(1));
+            }
+        }
     }
 }
