@@ -73,6 +73,13 @@ pub struct CmConfig {
     pub max_conns: usize,
     /// High 32 bits of the transaction IDs this agent starts (Linux: the MAD agent's number).
     pub tid_high: u32,
+    /// How long a REQ or SIDR_REQ for a service nobody listens to is held for a listener that
+    /// may come, in milliseconds, before it is rejected ("invalid service ID", or SIDR "not
+    /// supported"); 0 rejects at once, as Linux does. An application that answers its peer
+    /// and only then listens (perftest's `-R` server, between its key round and its
+    /// `rdma_listen`) otherwise loses the race to a quick client, whose retry perftest
+    /// does not survive.
+    pub unclaimed_hold_ms: u64,
 }
 
 impl Default for CmConfig {
@@ -84,6 +91,7 @@ impl Default for CmConfig {
             packet_life_time: 18,
             max_conns: 4096,
             tid_high: 2,
+            unclaimed_hold_ms: 100,
         }
     }
 }
@@ -299,6 +307,8 @@ pub struct CmCounters {
     pub rej_sent: u64,
     /// Events dropped because the consumer did not take them.
     pub events_dropped: u64,
+    /// Requests held for a listener that had not come yet (`CmConfig::unclaimed_hold_ms`).
+    pub held: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -318,6 +328,25 @@ enum State {
     SidrSent,
     /// Passive: SIDR_REQ received, waiting for the consumer.
     SidrRcvd,
+    /// Passive: a REQ or SIDR_REQ for a service nobody listens to yet, held until a listener
+    /// comes or `unclaimed_hold_ms` passes.
+    Unclaimed,
+}
+
+/// Where a request came from: its sender, the GID it was sent to, its transaction ID, and
+/// the key its duplicates are known by (the sender's ID and CA GUID).
+struct Passive {
+    from: Gid,
+    to: Gid,
+    tid: u64,
+    key: (u32, u64),
+}
+
+/// The request an `Unclaimed` connection holds.
+#[derive(Debug, Clone)]
+enum Held {
+    Req(Req),
+    Sidr(SidrReq),
 }
 
 #[derive(Debug, Clone)]
@@ -338,8 +367,10 @@ struct Conn {
     deadline: Option<u64>,
     /// Milliseconds to wait for an answer (per try).
     wait_ms: u64,
-    /// The service a SIDR request named.
+    /// The service a SIDR request (or a held request) named.
     service_id: u64,
+    /// `Unclaimed`: the request waiting for a listener.
+    held: Option<Box<Held>>,
 }
 
 /// The CM of one port.
@@ -382,10 +413,41 @@ impl CmAgent {
         self.conns.len() - self.free.len()
     }
 
-    /// Accepts REQs for `service_id` from now on.
+    /// Accepts REQs for `service_id` from now on, and those held for it
+    /// (`CmConfig::unclaimed_hold_ms`) now.
     pub fn listen(&mut self, service_id: u64) -> Result<(), CmError> {
         if !self.listening.insert(service_id) {
             return Err(CmError::Busy);
+        }
+        let held: Vec<ConnId> = self
+            .conns
+            .iter()
+            .flatten()
+            .filter(|c| c.state == State::Unclaimed && c.service_id == service_id)
+            .map(|c| c.id)
+            .collect();
+        for id in held {
+            self.clear_timer(id);
+            let plt = self.cfg.packet_life_time;
+            let Ok(c) = self.conn_mut(id) else { continue };
+            let Some(h) = c.held.take() else { continue };
+            let (peer, local) = (c.peer, c.local);
+            match *h {
+                Held::Req(req) => {
+                    c.state = State::ReqRcvd;
+                    c.wait_ms = 2 * iba_ms(plt) + iba_ms(req.local_cm_response_timeout);
+                    self.event(CmEvent::ConnectRequest { id, peer, req });
+                }
+                Held::Sidr(req) => {
+                    c.state = State::SidrRcvd;
+                    self.event(CmEvent::SidrRequest {
+                        id,
+                        peer,
+                        local,
+                        req,
+                    });
+                }
+            }
         }
         Ok(())
     }
@@ -643,6 +705,20 @@ impl CmAgent {
                     self.event(CmEvent::Released { id });
                     self.remove(id);
                 }
+                State::Unclaimed => {
+                    // Nobody came to listen: the answer Linux gives at once.
+                    let (local, peer, tid, held) = (c.local, c.peer, c.tid, c.held.take());
+                    self.remove(id);
+                    match held.map(|h| *h) {
+                        Some(Held::Req(req)) => {
+                            self.send_rej(local, peer, tid, 0, &req, reason::INVALID_SERVICE_ID)
+                        }
+                        Some(Held::Sidr(req)) => {
+                            self.refuse_sidr(local, peer, tid, &req, SIDR_UNSUPPORTED)
+                        }
+                        None => {}
+                    }
+                }
                 State::RepRcvd | State::ReqRcvd | State::Established | State::SidrRcvd => {}
             }
         }
@@ -665,7 +741,7 @@ impl CmAgent {
         };
         self.counters.rx_mads += 1;
         match m {
-            Cm::Req(req) => self.on_req(from, to, h.tid, req),
+            Cm::Req(req) => self.on_req(now, from, to, h.tid, req),
             Cm::Rep(rep) => self.on_rep(from, to, rep),
             Cm::Rtu(rtu) => self.on_rtu(rtu),
             Cm::Rej(rej) => self.on_rej(rej),
@@ -682,7 +758,7 @@ impl CmAgent {
                 }
             }
             Cm::Dreq(dreq) => self.on_dreq(now, from, to, h.tid, dreq),
-            Cm::SidrReq(req) => self.on_sidr_req(from, to, h.tid, req),
+            Cm::SidrReq(req) => self.on_sidr_req(now, from, to, h.tid, req),
             Cm::SidrRep(rep) => match self.local(rep.request_id) {
                 Some(id) if self.state(id) == Some(State::SidrSent) => {
                     self.event(CmEvent::SidrReply { id, rep });
@@ -700,7 +776,7 @@ impl CmAgent {
         }
     }
 
-    fn on_req(&mut self, from: Gid, to: Gid, tid: u64, req: Req) {
+    fn on_req(&mut self, now: u64, from: Gid, to: Gid, tid: u64, req: Req) {
         let key = (req.local_comm_id, req.local_ca_guid);
         if let Some(&id) = self.by_remote.get(&key) {
             // A duplicate: our answer was lost, or the peer is slow.
@@ -714,7 +790,8 @@ impl CmAgent {
             }
             return;
         }
-        if !self.listening.contains(&req.service_id) {
+        let listened = self.listening.contains(&req.service_id);
+        if !listened && self.cfg.unclaimed_hold_ms == 0 {
             self.send_rej(to, from, tid, 0, &req, reason::INVALID_SERVICE_ID);
             return;
         }
@@ -722,6 +799,11 @@ impl CmAgent {
             self.send_rej(to, from, tid, 0, &req, reason::NO_RESOURCES);
             return;
         };
+        if !listened {
+            let p = Passive { from, to, tid, key };
+            self.hold(now, id, &p, req.service_id, Held::Req(req));
+            return;
+        }
         // The REP waits as long as the REQ's sender says it takes to answer one.
         let wait_ms = 2 * iba_ms(self.cfg.packet_life_time) + iba_ms(req.local_cm_response_timeout);
         self.insert(Conn {
@@ -738,6 +820,7 @@ impl CmAgent {
             deadline: None,
             wait_ms,
             service_id: 0,
+            held: None,
         });
         self.by_remote.insert(key, id);
         self.event(CmEvent::ConnectRequest {
@@ -747,7 +830,7 @@ impl CmAgent {
         });
     }
 
-    fn on_sidr_req(&mut self, from: Gid, to: Gid, tid: u64, req: SidrReq) {
+    fn on_sidr_req(&mut self, now: u64, from: Gid, to: Gid, tid: u64, req: SidrReq) {
         // A request is named by its ID and its sender (SIDR carries no CA GUID).
         let key = (
             req.request_id,
@@ -758,40 +841,22 @@ impl CmAgent {
             self.counters.rx_duplicates += 1;
             return;
         }
-        let refuse = |s: &mut Self, status| {
-            let rep = SidrRep {
-                request_id: req.request_id,
-                status,
-                service_id: req.service_id,
-                ..Default::default()
-            };
-            s.counters.rej_sent += 1;
-            s.push_mad(to, from, tid, &Cm::SidrRep(rep));
-        };
-        if !self.listening.contains(&req.service_id) {
-            refuse(self, SIDR_UNSUPPORTED);
+        let listened = self.listening.contains(&req.service_id);
+        if !listened && self.cfg.unclaimed_hold_ms == 0 {
+            self.refuse_sidr(to, from, tid, &req, SIDR_UNSUPPORTED);
             return;
         }
         let Some(id) = self.alloc() else {
-            refuse(self, SIDR_REJECTED);
+            self.refuse_sidr(to, from, tid, &req, SIDR_REJECTED);
             return;
         };
-        self.insert(Conn {
-            id,
-            state: State::SidrRcvd,
-            peer: from,
-            local: to,
-            remote_comm_id: req.request_id,
-            remote_guid: key.1,
-            remote_qpn: 0,
-            tid,
-            last: None,
-            tries: 0,
-            deadline: None,
-            wait_ms: 0,
-            service_id: req.service_id,
-        });
-        self.by_remote.insert(key, id);
+        if !listened {
+            let p = Passive { from, to, tid, key };
+            self.hold(now, id, &p, req.service_id, Held::Sidr(req));
+            return;
+        }
+        let p = Passive { from, to, tid, key };
+        self.insert_passive(id, State::SidrRcvd, &p, req.service_id, None);
         self.event(CmEvent::SidrRequest {
             id,
             peer: from,
@@ -901,6 +966,54 @@ impl CmAgent {
         }
     }
 
+    /// A SIDR_REP from `local` refusing `req` from `peer` with `status`.
+    fn refuse_sidr(&mut self, local: Gid, peer: Gid, tid: u64, req: &SidrReq, status: u8) {
+        let rep = SidrRep {
+            request_id: req.request_id,
+            status,
+            service_id: req.service_id,
+            ..Default::default()
+        };
+        self.counters.rej_sent += 1;
+        self.push_mad(local, peer, tid, &Cm::SidrRep(rep));
+    }
+
+    /// Holds request `held` as connection `id` until a listener for `service_id` comes or
+    /// `unclaimed_hold_ms` passes.
+    fn hold(&mut self, now: u64, id: ConnId, p: &Passive, service_id: u64, held: Held) {
+        self.insert_passive(id, State::Unclaimed, p, service_id, Some(held));
+        self.counters.held += 1;
+        self.set_timer(id, now + self.cfg.unclaimed_hold_ms * MS);
+    }
+
+    /// A passive connection `id` in `state` for a request (its duplicates known by its key).
+    fn insert_passive(
+        &mut self,
+        id: ConnId,
+        state: State,
+        p: &Passive,
+        service_id: u64,
+        held: Option<Held>,
+    ) {
+        self.insert(Conn {
+            id,
+            state,
+            peer: p.from,
+            local: p.to,
+            remote_comm_id: p.key.0,
+            remote_guid: p.key.1,
+            remote_qpn: 0,
+            tid: p.tid,
+            last: None,
+            tries: 0,
+            deadline: None,
+            wait_ms: 0,
+            service_id,
+            held: held.map(Box::new),
+        });
+        self.by_remote.insert(p.key, id);
+    }
+
     /// A REJ from `local` answering `req` from `peer` (for which nothing is held).
     fn send_rej(&mut self, local: Gid, peer: Gid, tid: u64, local_id: u32, req: &Req, reason: u16) {
         let rej = Rej {
@@ -941,6 +1054,7 @@ impl CmAgent {
             deadline: None,
             wait_ms,
             service_id,
+            held: None,
         });
         tid
     }

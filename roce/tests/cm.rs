@@ -290,13 +290,83 @@ fn no_listener_is_rejected_as_an_invalid_service_id() {
     let mut l = Link::new();
     l.b.unlisten(SID);
     let a = l.connect();
+    // Held for a listener that may come, then rejected as Linux rejects it at once.
+    l.run(false, 0);
+    assert!(l.a_events.is_empty(), "{:?}", l.a_events);
+    assert_eq!((l.b.conn_count(), l.b.counters.held), (1, 1));
     l.run(true, 60_000 * MS);
     let CmEvent::Rejected { id, reason: r, .. } = l.a_events[0] else {
         panic!("{:?}", l.a_events)
     };
     assert_eq!((id, r), (a, reason::INVALID_SERVICE_ID));
+    assert_eq!(l.now, CmConfig::default().unclaimed_hold_ms * MS);
     assert_eq!((l.a.conn_count(), l.b.conn_count()), (0, 0));
     assert!(l.b_events.is_empty());
+    assert_eq!(l.b.poll_timeout(), None);
+    // With no hold, at once.
+    let mut l = Link::new();
+    l.b = CmAgent::new(CmConfig {
+        unclaimed_hold_ms: 0,
+        ..cfg(0x5054_00ff_fe99_0004)
+    });
+    let a = l.connect();
+    l.run(false, 0);
+    assert!(
+        matches!(l.a_events[..], [CmEvent::Rejected { id, reason: reason::INVALID_SERVICE_ID, .. }] if id == a),
+        "{:?}",
+        l.a_events
+    );
+    assert_eq!(l.b.conn_count(), 0);
+}
+
+/// A REQ (or SIDR request) that comes before its listener, as perftest's -R client's does
+/// when its server answers a key round and only then listens: held, handed to the listener
+/// when it comes, and the connection (or service) is made.
+#[test]
+fn a_request_that_comes_before_its_listener_waits_for_it() {
+    let mut l = Link::new();
+    l.b.unlisten(SID);
+    let a = l.connect();
+    l.now += 10 * MS;
+    l.run(false, 0);
+    assert!(l.b_events.is_empty() && l.a_events.is_empty());
+    l.b.listen(SID).unwrap();
+    assert_eq!(l.b.poll_timeout(), None, "the hold ended");
+    l.run(false, 0);
+    let b = l.request();
+    l.accept(b);
+    l.run(false, 0);
+    let Some(CmEvent::RepReceived { id, .. }) = l.a_events.first().copied() else {
+        panic!("{:?}", l.a_events)
+    };
+    assert_eq!(id, a);
+    l.a.rtu(a).unwrap();
+    l.run(false, 0);
+    assert_eq!(names(&l.b_events), ["request", "established"]);
+    // SIDR the same way.
+    use roce::cm::{SidrParams, SIDR_VALID};
+    l.b.unlisten(SID);
+    let p = SidrParams {
+        service_id: SID,
+        local_gid: A_GID,
+        remote_gid: B_GID,
+        private_data: PrivateData([0; 216]),
+    };
+    let r = l.a.sidr_request(l.now, &p).unwrap();
+    l.run(false, 0);
+    l.b.listen(SID).unwrap();
+    l.run(false, 0);
+    let Some(CmEvent::SidrRequest { id, .. }) = l.b_events.last().copied() else {
+        panic!("{:?}", l.b_events)
+    };
+    l.b.sidr_reply(id, SIDR_VALID, 0x42, 0x0123_4567, b"")
+        .unwrap();
+    l.run(false, 0);
+    assert!(
+        matches!(l.a_events.last(), Some(CmEvent::SidrReply { id, rep }) if *id == r && rep.qpn == 0x42),
+        "{:?}",
+        l.a_events
+    );
 }
 
 #[test]
@@ -690,7 +760,7 @@ fn sidr_requests_are_answered_retried_and_refused() {
     );
     assert_eq!(&rep.private_data.0[..2], b"ok");
     assert_eq!((l.a.conn_count(), l.b.conn_count()), (0, 0));
-    // Nobody listens: "service ID not supported" at once.
+    // Nobody listens: "service ID not supported" once the hold for a listener ends.
     l.b.unlisten(SID);
     l.a.sidr_request(l.now, &p).unwrap();
     l.run(true, 60_000 * MS);
