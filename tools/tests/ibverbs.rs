@@ -454,6 +454,98 @@ fn perftest_against_rnic_perf() {
     common::rnicd::wait_idle(r.sock());
 }
 
+/// rnic-perf's -R against Debian's perftest -R (on ferroce's librdmacm) in both roles: the
+/// exchange's SENDs carry perftest's binary keys, and the test's QPs are connected by the
+/// connection manager (RC, several QPs) or resolved with SIDR (UD, with the client's QPN
+/// sent as perftest sends it).
+#[test]
+fn rnic_perf_rdma_cm_mode_against_perftest() {
+    let _one = serial();
+    let r = Rnicd::start("ibv-rpr", &[]);
+    for (tool, test, args, ours_serve) in [
+        (
+            "ib_write_bw",
+            "write_bw",
+            vec!["-s", "16384", "-n", "300", "-q", "2"],
+            false,
+        ),
+        (
+            "ib_write_bw",
+            "write_bw",
+            vec!["-s", "16384", "-n", "300", "-q", "2"],
+            true,
+        ),
+        (
+            "ib_send_lat",
+            "send_lat",
+            vec!["-s", "8", "-n", "200", "-c", "UD"],
+            false,
+        ),
+        (
+            "ib_send_lat",
+            "send_lat",
+            vec!["-s", "8", "-n", "200", "-c", "UD"],
+            true,
+        ),
+        (
+            "ib_read_bw",
+            "read_bw",
+            vec!["-s", "4096", "-n", "200"],
+            true,
+        ),
+    ] {
+        let port = free_port();
+        let p = port.to_string();
+        let theirs = |dev: &str, server: bool| {
+            let mut c = run(
+                r.sock(),
+                &[tool, "-d", dev, "-x", "1", "-F", "-R", "-p", &p],
+            );
+            c.args(&args);
+            if !server {
+                c.arg("10.99.0.1");
+            }
+            c
+        };
+        let mut a = args.clone();
+        a.extend_from_slice(&["-x", "1", "-R"]);
+        let (so, co, ours) = if ours_serve {
+            let s = perf(r.sock(), "ferroce0", test, port, &a, true);
+            let (so, co) = pair(s, theirs("ferroce1", false), Duration::from_secs(120));
+            (so, co, 0)
+        } else {
+            let mut c = perf(r.sock(), "ferroce1", test, port, &a, true);
+            c.arg("10.99.0.1");
+            let (so, co) = pair(theirs("ferroce0", true), c, Duration::from_secs(120));
+            (so, co, 1)
+        };
+        for (o, who) in [(&so, "server"), (&co, "client")] {
+            assert!(
+                o.status.success(),
+                "{tool}/{test} -R {args:?} {who}: {}",
+                text(o)
+            );
+        }
+        let mine = if ours == 0 { &so } else { &co };
+        let v: serde_json::Value = serde_json::from_slice(&mine.stdout)
+            .unwrap_or_else(|e| panic!("rnic-perf JSON ({e}): {}", text(mine)));
+        let n: u64 = args[3].parse().unwrap();
+        let qps: u64 = if args.contains(&"-q") { 2 } else { 1 };
+        let theirs_out = if ours == 0 { &co } else { &so };
+        if test.ends_with("_bw") {
+            // The client's figures; a bandwidth server prints the client's report.
+            assert_eq!(v["results"][0]["iterations"], n * qps, "{v}");
+            let row = perftest_row(&text(theirs_out)).expect("perftest row");
+            assert_eq!(row[1], (n * qps) as f64, "{tool}: {row:?}");
+        } else {
+            assert_eq!(v["results"][0]["iterations"], n, "{v}");
+            let row = perftest_row(&text(theirs_out)).expect("perftest row");
+            assert_eq!(row[1], n as f64, "{tool}: {row:?}");
+        }
+    }
+    common::rnicd::wait_idle(r.sock());
+}
+
 #[test]
 fn a_c_program_sees_the_verbs_errors_rdma_core_documents() {
     let _one = serial();

@@ -201,6 +201,42 @@ fn cases() -> Vec<Case> {
             64,
             50,
         ),
+        // rnic-perf's -R against perftest's -R on rxe: the exchange over an rdma_cm
+        // connection, the test's QPs connected by the two connection managers (two QPs), or
+        // resolved with SIDR (UD). send_lat with rxe's client is the order that raced with
+        // ferroce's perftest server (rnic-perf's server listens before the round).
+        (
+            true,
+            "write_bw",
+            "ib_write_bw",
+            vec!["-R", "-q", "2", "-s", "65536", "-n", "20"],
+            65536,
+            40,
+        ),
+        (
+            false,
+            "write_bw",
+            "ib_write_bw",
+            vec!["-R", "-s", "65536", "-n", "20"],
+            65536,
+            20,
+        ),
+        (
+            true,
+            "send_lat",
+            "ib_send_lat",
+            vec!["-R", "-s", "64", "-n", "50"],
+            64,
+            50,
+        ),
+        (
+            false,
+            "send_bw",
+            "ib_send_bw",
+            vec!["-R", "-c", "UD", "-s", "1024", "-n", "50"],
+            1024,
+            50,
+        ),
     ]
     .into_iter()
     .enumerate()
@@ -352,11 +388,30 @@ fn cases() -> Vec<Case> {
                 "10.99.0.2",
             ],
         ),
-        // ib_send_lat -R with rxe's client is left out (a known gap): when the REQ of its data
-        // connection comes before ferroce's perftest server listens again (about half the
-        // runs), rxe's perftest starts over from its comm connection, and the data QP ferroce
-        // then accepts answers every SEND with receiver-not-ready for ever (seen in the
-        // capture).
+        // ib_send_lat -R with rxe's client: its data connection's REQ often comes before
+        // ferroce's perftest server listens again (perftest listens only after answering its
+        // key round); ferroce's CM holds it for the listener instead of rejecting it at once,
+        // which perftest's client does not survive.
+        (
+            true,
+            "ib_send_lat",
+            vec![
+                "-d",
+                "rxe0",
+                "-x",
+                "1",
+                "-F",
+                "-R",
+                "-s",
+                "64",
+                "-n",
+                "50",
+                "10.99.0.3",
+            ],
+            vec![
+                "-d", "ferroce0", "-x", "1", "-F", "-R", "-s", "64", "-n", "50",
+            ],
+        ),
         // UD over rdma_cm (SIDR): udaddy's messages each way.
         (
             true,
@@ -475,10 +530,20 @@ fn guest_cmdline(c: &Case) -> String {
         a.extend(["-g", "1"].map(String::from));
     }
     a.extend(c.args.iter().map(|s| s.to_string()));
+    // perftest's -R client names ferroce's RDMA address and, like an rdma_cm program, is
+    // tried again while its request is rejected (ferroce's end may not listen yet).
+    let rdma_cm = c.args.contains(&"-R");
+    if rdma_cm && c.guest_client {
+        a.push(FERROCE_IP.split('/').next().unwrap().to_string());
+    }
     format!(
         "{} {} {}",
         c.id,
-        if c.guest_client { "client" } else { "server" },
+        match (c.guest_client, rdma_cm) {
+            (true, true) => "cm-client",
+            (true, false) => "client",
+            (false, _) => "server",
+        },
         a.join(" ")
     )
 }

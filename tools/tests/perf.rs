@@ -92,6 +92,66 @@ fn bandwidth_tests_move_and_verify_every_message() {
     }
 }
 
+/// perftest's -R between the two loopback RNICs: the exchange over an rdma_cm connection,
+/// the test's QPs connected by the connection manager (RC) or resolved with SIDR (UD), data
+/// verified; the MADs crossed the link on QP1 and the connections ended with DREQ/DREP.
+#[test]
+fn rdma_cm_mode_connects_through_the_connection_manager() {
+    let _one = serial();
+    for (test, extra, n, qps) in [
+        (
+            "write_bw",
+            vec!["-s", "4096", "-n", "300", "-q", "2"],
+            300,
+            2,
+        ),
+        ("read_bw", vec!["-s", "5000", "-n", "200"], 200, 1),
+        (
+            "send_bw",
+            vec!["-s", "1024", "-n", "300", "-c", "UD"],
+            300,
+            1,
+        ),
+        ("send_lat", vec!["-s", "64", "-n", "200"], 200, 1),
+        (
+            "send_lat",
+            vec!["-s", "64", "-n", "200", "-c", "UD"],
+            200,
+            1,
+        ),
+        ("read_lat", vec!["-s", "64", "-n", "200"], 200, 1),
+    ] {
+        let mut args = vec![test, "-R", "--verify"];
+        args.extend_from_slice(&extra);
+        let v = loopback(&args);
+        let c = rows(&v, "client");
+        assert_eq!(c.len(), 1, "{test} {extra:?}: {v}");
+        assert_eq!(c[0]["iterations"], n * qps, "{test} {extra:?}: {v}");
+        let verified = v["client"]["verified_messages"].as_u64().unwrap()
+            + v["server"]["verified_messages"].as_u64().unwrap();
+        assert!(verified >= n * qps, "{test} {extra:?}: {v}");
+        // QP1 carried the connection manager: the exchange's connection and one per QP
+        // (REQ, REP, RTU, DREQ, DREP; SIDR_REQ/SIDR_REP for UD).
+        let mads = |dev: &str, k: &str| v["counters"][dev][k].as_u64().unwrap_or(0);
+        let per_qp = if extra.contains(&"UD") { 1 } else { 2 };
+        for (dev, k) in [("ferroce0", "rx_gsi_mads"), ("ferroce1", "rx_gsi_mads")] {
+            assert!(
+                mads(dev, k) >= 2 + per_qp * qps,
+                "{test} {extra:?}: {dev} {k} {}",
+                mads(dev, k)
+            );
+        }
+    }
+    // perftest refuses UC with -R (librdmacm has no UC), and so does rnic-perf.
+    let out = rnic_perf(&["write_bw", "-R", "-c", "UC", "--loopback"]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("UC is not supported in librdmacm"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 #[test]
 fn latency_tests_and_pingpongs() {
     let _one = serial();
@@ -665,7 +725,10 @@ fn bad_arguments_are_clear_errors() {
             vec!["write_lat", "--loopback", "-e"],
             "-e is not available with write_lat",
         ),
-        (vec!["write_bw", "--loopback", "-R"], "-R (rdma_cm)"),
+        (
+            vec!["write_bw", "--loopback", "-R", "--ipv6"],
+            "-R: rdma_cm addresses are IPv4",
+        ),
         (
             vec!["write_bw", "--port", "18515", "10.99.0.1"],
             "perftest's TCP port is -p/--tcp-port here",

@@ -37,6 +37,11 @@ impl Job {
         matches!(self, Job::Perf(_, _, a) if a.output.is_some())
     }
 
+    /// Whether the job exchanges over rdma_cm (`-R`).
+    fn rdma_cm(&self) -> bool {
+        matches!(self, Job::Perf(_, _, a) if a.rdma_cm)
+    }
+
     fn tcp_port(&self) -> u16 {
         match self {
             Job::Perf(_, _, a) => a.tcp_port,
@@ -68,7 +73,7 @@ impl Job {
         Ok(())
     }
 
-    fn run<V: dataplane::Verbs>(
+    fn run<V: dataplane::Verbs + ferroce_host::app::RdmaCm>(
         &self,
         ctx: V,
         ep: Endpoint,
@@ -213,27 +218,49 @@ pub fn loopback(
     let ctx_s = rt.open(0).map_err(|e| e.to_string())?;
     let ctx_c = rt.open(1).map_err(|e| e.to_string())?;
     let v6 = matches!(job, Job::Perf(_, _, a) if a.ipv6);
-    let host = if v6 { "::1" } else { "127.0.0.1" };
-    let listener = TcpListener::bind((host, 0)).map_err(|e| e.to_string())?;
-    let port = listener.local_addr().map_err(|e| e.to_string())?.port();
+    let (host, ep_s, ep_c, port) = if job.rdma_cm() {
+        // -R: the exchange on rdma_cm connections of second contexts of the same RNICs; the
+        // client names the server RNIC's address.
+        let ip0 = cfg0
+            .ipv4
+            .first()
+            .map(|a| a.addr)
+            .ok_or("--loopback: the server RNIC has no IPv4 address")?;
+        let port = job.tcp_port();
+        let comm_s = rt.open(0).map_err(|e| e.to_string())?;
+        let comm_c = rt.open(1).map_err(|e| e.to_string())?;
+        // The server gives up once its client cannot have come any more.
+        let wait = Some(run::CONNECT_PATIENCE * 2);
+        (
+            ip0.to_string(),
+            super::cm::comm(comm_s, None, port, wait),
+            super::cm::comm(comm_c, Some(ip0), port, None),
+            port,
+        )
+    } else {
+        let host = if v6 { "::1" } else { "127.0.0.1" };
+        let listener = TcpListener::bind((host, 0)).map_err(|e| e.to_string())?;
+        let port = listener.local_addr().map_err(|e| e.to_string())?.port();
+        (
+            host.to_string(),
+            Endpoint::Listen(listener),
+            Endpoint::Connect(host.into(), port),
+            port,
+        )
+    };
     let job_s = job.with_server(None);
-    let job_c = job.with_server(Some(host));
+    let job_c = job.with_server(Some(&host));
     let (srv_res, cli_res) = std::thread::scope(|sc| {
         let h = sc.spawn(|| {
             let mut sink = Vec::new();
-            let r = job_s.run(ctx_s, Endpoint::Listen(listener), "ferroce0", &mut sink);
+            let r = job_s.run(ctx_s, ep_s, "ferroce0", &mut sink);
             (r, sink)
         });
-        let c = job_c.run(
-            ctx_c,
-            Endpoint::Connect(host.into(), port),
-            "ferroce1",
-            &mut *out,
-        );
-        if c.is_err() {
+        let c = job_c.run(ctx_c, ep_c, "ferroce1", &mut *out);
+        if c.is_err() && !job.rdma_cm() {
             // The server may still be waiting for its client: a connection that closes at
             // once ends its accept or read with an error.
-            let _ = std::net::TcpStream::connect((host, port));
+            let _ = std::net::TcpStream::connect((host.as_str(), port));
         }
         (h.join(), c)
     });
@@ -293,7 +320,12 @@ pub fn via_rnicd(
     job.validate()?;
     let ctx = ferroce_host::app::remote::connect(socket, device).map_err(|e| e.to_string())?;
     let name = device.unwrap_or("ferroce0").to_string();
-    let ep = endpoint(job)?;
+    let ep = if job.rdma_cm() {
+        let comm = ferroce_host::app::remote::connect(socket, device).map_err(|e| e.to_string())?;
+        cm_endpoint(job, comm)?
+    } else {
+        endpoint(job)?
+    };
     let r = job.run(ctx, ep, &name, out);
     if !job.quiet() {
         // The RNIC's counters as rnicd reports them (the RNIC is shared: they count every
@@ -333,6 +365,20 @@ fn endpoint(job: &Job) -> Result<Endpoint, String> {
     })
 }
 
+/// `-R`: the exchange on `comm`, a second context on the test's RNIC, as client of the job's
+/// server address (the server RNIC's IPv4 address, or a name for one) or as server on the
+/// job's port.
+fn cm_endpoint<V: dataplane::Verbs + ferroce_host::app::RdmaCm + Send + 'static>(
+    job: &Job,
+    comm: V,
+) -> Result<Endpoint, String> {
+    let server = match job.server_addr() {
+        Some(h) => Some(super::cm::resolve(h)?),
+        None => None,
+    };
+    Ok(super::cm::comm(comm, server, job.tcp_port(), None))
+}
+
 /// Runs `job` on one RNIC on the DPDK port `opts` describes, against a peer on the network:
 /// as server (listening on the job's TCP port) or as client of the job's server address.
 pub fn on_port(job: &Job, opts: &RnicOpts, out: &mut dyn Write) -> Result<Value, String> {
@@ -340,7 +386,11 @@ pub fn on_port(job: &Job, opts: &RnicOpts, out: &mut dyn Write) -> Result<Value,
     let cfg = opts.validate()?;
     let rt = Runtime::start("rnic-perf", vec![cfg.clone()]).map_err(|e| e.to_string())?;
     let ctx = rt.open(0).map_err(|e| e.to_string())?;
-    let ep = endpoint(job)?;
+    let ep = if job.rdma_cm() {
+        cm_endpoint(job, rt.open(0).map_err(|e| e.to_string())?)?
+    } else {
+        endpoint(job)?
+    };
     let r = job.run(ctx, ep, "ferroce0", out);
     let sw = rt.switch_stats(0);
     let snaps = rt.stop();

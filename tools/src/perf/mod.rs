@@ -4,6 +4,7 @@
 
 pub mod baseline;
 pub mod bw;
+pub mod cm;
 pub mod driver;
 pub mod lat;
 pub mod oob;
@@ -231,7 +232,9 @@ pub struct PerfArgs {
     /// Sleep on completion events instead of polling the CQs (perftest -e).
     #[arg(short = 'e', long = "events")]
     pub events: bool,
-    /// rdma_cm connection setup (perftest -R); not available yet.
+    /// Connect the test's QPs with rdma_cm and exchange the test's data over an rdma_cm
+    /// connection instead of TCP (perftest -R): the server listens on `-p` (an rdma_cm port),
+    /// the client names the server's RNIC address.
     #[arg(short = 'R', long = "rdma_cm")]
     pub rdma_cm: bool,
 }
@@ -307,6 +310,8 @@ pub struct Params {
     pub run_infinitely: bool,
     /// `-e`: sleep on completion events.
     pub events: bool,
+    /// `-R`: QPs connected by rdma_cm, data exchanged over an rdma_cm connection.
+    pub rdma_cm: bool,
 }
 
 /// `--output`: the one figure to print.
@@ -338,11 +343,13 @@ impl Params {
             // ib_write_lat waits by polling the buffer for the peer's WRITE, not a CQ.
             return Err("-e is not available with write_lat (it polls memory, not a CQ)".into());
         }
-        if a.rdma_cm {
+        if a.rdma_cm && a.conn == Conn::UC {
+            // perftest's refusal: rdma_cm connects RC (port space TCP) and UD (UDP) only.
+            return Err("-R: UC is not supported in librdmacm".into());
+        }
+        if a.rdma_cm && a.ipv6 {
             return Err(
-                "-R (rdma_cm) needs the connection manager, which ferroce does not have yet; \
-                 without -R the QPs are connected over TCP as perftest does by default"
-                    .into(),
+                "-R: rdma_cm addresses are IPv4 here (--ipv6 applies to the TCP exchange)".into(),
             );
         }
         if a.sl > 15 {
@@ -569,6 +576,7 @@ impl Params {
             ipv6: a.ipv6,
             run_infinitely: a.run_infinitely,
             events: a.events,
+            rdma_cm: a.rdma_cm,
         })
     }
 

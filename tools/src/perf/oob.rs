@@ -3,6 +3,8 @@
 //!
 //! perftest reads every item with one `read()` that must return the whole item, so each item is
 //! sent with one `write()`; the client writes first and the server reads first (section 1.2).
+//! With `-R` the same items travel as SENDs on an rdma_cm connection instead ([`Link`],
+//! section 10), keys in their binary form ([`Key::encode_binary`]).
 
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
@@ -104,6 +106,80 @@ impl Key {
     }
 }
 
+/// Size of a key as perftest SENDs it with `-R` (`struct pingpong_dest` on x86-64).
+pub const KEY_BIN_SIZE: usize = 56;
+
+impl Key {
+    /// The key as perftest's `rdma_write_keys` SENDs it: `struct pingpong_dest` with every
+    /// integer big-endian (`htobe32`/`htobe64`), the GID as is, padding zero; `gid_index` is
+    /// the sender's GID index.
+    pub fn encode_binary(&self, gid_index: u8) -> [u8; KEY_BIN_SIZE] {
+        let mut b = [0u8; KEY_BIN_SIZE];
+        b[0..4].copy_from_slice(&(self.lid as u32).to_be_bytes());
+        b[4..8].copy_from_slice(&(self.out_reads as u32).to_be_bytes());
+        b[8..12].copy_from_slice(&self.qpn.to_be_bytes());
+        b[12..16].copy_from_slice(&self.psn.to_be_bytes());
+        b[16..20].copy_from_slice(&self.rkey.to_be_bytes());
+        b[24..32].copy_from_slice(&self.vaddr.to_be_bytes());
+        b[32..48].copy_from_slice(&self.gid);
+        b[48..52].copy_from_slice(&self.srqn.to_be_bytes());
+        b[52..56].copy_from_slice(&(gid_index as u32).to_be_bytes());
+        b
+    }
+
+    /// Reads a binary key (`rdma_read_keys`). Every value is taken as sent; QPN and PSN are
+    /// 24-bit on the wire, so their high bytes must be zero (the peer is untrusted).
+    pub fn decode_binary(b: &[u8]) -> Result<Key, String> {
+        if b.len() < KEY_BIN_SIZE {
+            return Err(format!(
+                "key message of {} bytes, want {KEY_BIN_SIZE}",
+                b.len()
+            ));
+        }
+        let u32_at = |o: usize| u32::from_be_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
+        let (qpn, psn) = (u32_at(8), u32_at(12));
+        if qpn > 0xff_ffff || psn > 0xff_ffff {
+            return Err(format!(
+                "key with QPN {qpn:#x} / PSN {psn:#x}: more than 24 bits"
+            ));
+        }
+        let mut gid = [0u8; 16];
+        gid.copy_from_slice(&b[32..48]);
+        let mut va = [0u8; 8];
+        va.copy_from_slice(&b[24..32]);
+        Ok(Key {
+            lid: u32_at(0) as u16,
+            out_reads: u32_at(4).min(u16::MAX as u32) as u16,
+            qpn,
+            psn,
+            rkey: u32_at(16),
+            vaddr: u64::from_be_bytes(va),
+            gid,
+            srqn: u32_at(48),
+        })
+    }
+}
+
+/// A message channel that carries the exchange instead of TCP: each item is one message,
+/// delivered whole and in order (perftest `-R`: SENDs on an RC QP of an rdma_cm connection).
+pub trait Link {
+    /// Sends `item` as one message and waits until it is delivered.
+    fn send(&mut self, item: &[u8]) -> io::Result<()>;
+    /// The next message's first `n` bytes (it must hold at least `n`), waiting up to
+    /// `timeout` (None: until SIGINT/SIGTERM). A peer that went away is
+    /// `UnexpectedEof`, "the peer closed the connection".
+    fn recv(&mut self, n: usize, timeout: Option<Duration>) -> io::Result<Vec<u8>>;
+    /// Whether a message is waiting, or the peer went away (without waiting).
+    fn has_data(&mut self) -> bool;
+    /// Ends the connection and releases what it holds.
+    fn close(&mut self);
+}
+
+enum Transport {
+    Tcp(TcpStream),
+    Link(Box<dyn Link>),
+}
+
 /// A bandwidth report as exchanged after the test (section 1.5).
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct WireReport {
@@ -119,10 +195,12 @@ pub struct WireReport {
     pub msg_rate: f64,
 }
 
-/// The TCP connection to the peer tool.
+/// The connection to the peer tool: TCP, or a [`Link`] with `-R`.
 pub struct Oob {
-    stream: TcpStream,
+    t: Transport,
     role: Role,
+    /// `set_read_timeout` for a link (TCP keeps its own).
+    link_timeout: Option<Duration>,
 }
 
 impl Oob {
@@ -196,7 +274,25 @@ impl Oob {
     fn from_stream(stream: TcpStream, role: Role) -> io::Result<Oob> {
         // Items must leave as single segments promptly; the peer reads each one whole.
         stream.set_nodelay(true)?;
-        Ok(Oob { stream, role })
+        Ok(Oob {
+            t: Transport::Tcp(stream),
+            role,
+            link_timeout: None,
+        })
+    }
+
+    /// The exchange over `link` (perftest `-R`), as `role`.
+    pub fn from_link(link: Box<dyn Link>, role: Role) -> Oob {
+        Oob {
+            t: Transport::Link(link),
+            role,
+            link_timeout: None,
+        }
+    }
+
+    /// Whether the exchange runs over a [`Link`] (`-R`).
+    pub fn is_link(&self) -> bool {
+        matches!(self.t, Transport::Link(_))
     }
 
     /// This side's role.
@@ -205,41 +301,57 @@ impl Oob {
     }
 
     /// Whether the peer has sent something not read yet (without reading it or waiting).
-    pub fn peer_has_data(&self) -> bool {
-        if self.stream.set_nonblocking(true).is_err() {
+    pub fn peer_has_data(&mut self) -> bool {
+        let stream = match &mut self.t {
+            Transport::Tcp(s) => s,
+            Transport::Link(l) => return l.has_data(),
+        };
+        if stream.set_nonblocking(true).is_err() {
             return false;
         }
         let mut b = [0u8; 1];
-        let r = self.stream.peek(&mut b);
-        let _ = self.stream.set_nonblocking(false);
+        let r = stream.peek(&mut b);
+        let _ = stream.set_nonblocking(false);
         // Data waiting, or the connection closed (Ok(0)): either way the peer is done.
         r.is_ok()
     }
 
     /// Sets how long a read may wait (None: forever).
-    pub fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
-        self.stream.set_read_timeout(t)
+    pub fn set_read_timeout(&mut self, t: Option<Duration>) -> io::Result<()> {
+        match &self.t {
+            Transport::Tcp(s) => s.set_read_timeout(t),
+            Transport::Link(_) => {
+                self.link_timeout = t;
+                Ok(())
+            }
+        }
     }
 
-    /// Sends `item` in one write.
+    /// Sends `item` in one write (one message on a link).
     fn send(&mut self, item: &[u8]) -> io::Result<()> {
-        self.stream.write_all(item)
+        match &mut self.t {
+            Transport::Tcp(s) => s.write_all(item),
+            Transport::Link(l) => l.send(item),
+        }
     }
 
     fn recv(&mut self, n: usize) -> io::Result<Vec<u8>> {
+        let stream = match &mut self.t {
+            Transport::Tcp(s) => s,
+            Transport::Link(l) => return l.recv(n, self.link_timeout),
+        };
         let mut buf = vec![0u8; n];
         let mut got = 0;
         // Reads wake up now and then to notice SIGINT/SIGTERM; a read timeout set by the
         // caller (`set_read_timeout`) still applies to the whole item.
-        let user_timeout = self.stream.read_timeout()?;
+        let user_timeout = stream.read_timeout()?;
         let started = Instant::now();
-        self.stream
-            .set_read_timeout(Some(Duration::from_millis(200)))?;
+        stream.set_read_timeout(Some(Duration::from_millis(200)))?;
         let r = loop {
             if got == n {
                 break Ok(());
             }
-            match self.stream.read(&mut buf[got..]) {
+            match stream.read(&mut buf[got..]) {
                 Ok(0) => {
                     break Err(io::Error::new(
                         io::ErrorKind::UnexpectedEof,
@@ -268,7 +380,7 @@ impl Oob {
                 Err(e) => break Err(e),
             }
         };
-        self.stream.set_read_timeout(user_timeout)?;
+        stream.set_read_timeout(user_timeout)?;
         r.map(|_| buf)
     }
 
@@ -343,8 +455,14 @@ impl Oob {
         ))
     }
 
-    /// One key round.
-    pub fn keys(&mut self, mine: &Key) -> Result<Key, String> {
+    /// One key round (`gid_index`: ours, which the binary form carries).
+    pub fn keys(&mut self, mine: &Key, gid_index: u8) -> Result<Key, String> {
+        if self.is_link() {
+            let theirs = self
+                .xchg(&mine.encode_binary(gid_index))
+                .map_err(|e| format!("Couldn't read remote address: {e}"))?;
+            return Key::decode_binary(&theirs);
+        }
         let theirs = self
             .xchg(&mine.encode())
             .map_err(|e| format!("Couldn't read remote address: {e}"))?;
@@ -375,17 +493,27 @@ impl Oob {
         })
     }
 
-    /// `ctx_close_connection`: one key round, then "done" without waiting for the peer's.
-    pub fn close(mut self, mine: &Key) -> Result<(), String> {
-        self.keys(mine)?;
-        self.send(DONE).map_err(|e| format!("done: {e}"))?;
-        // Take the peer's "done" (or EOF) if it comes promptly, so it is not reset on close.
-        let _ = self
-            .stream
-            .set_read_timeout(Some(Duration::from_millis(500)));
-        let mut b = [0u8; 5];
-        let _ = self.stream.read(&mut b);
-        Ok(())
+    /// `ctx_close_connection`: one key round, then "done" without waiting for the peer's
+    /// (over a link only the key round; the link is then closed). `then` runs after the
+    /// round, before the connection ends.
+    pub fn close(mut self, mine: &Key, gid_index: u8, then: impl FnOnce()) -> Result<(), String> {
+        self.keys(mine, gid_index)?;
+        then();
+        match &mut self.t {
+            Transport::Link(l) => {
+                l.close();
+                Ok(())
+            }
+            Transport::Tcp(stream) => {
+                stream.write_all(DONE).map_err(|e| format!("done: {e}"))?;
+                // Take the peer's "done" (or EOF) if it comes promptly, so it is not reset on
+                // close.
+                let _ = stream.set_read_timeout(Some(Duration::from_millis(500)));
+                let mut b = [0u8; 5];
+                let _ = stream.read(&mut b);
+                Ok(())
+            }
+        }
     }
 
     /// The rdma-core pingpong exchange (section 7.1). `connect` runs on the server between
@@ -551,10 +679,13 @@ mod tests {
             let mut o = Oob::accept(l).unwrap();
             let n = o.negotiate(4096, 64, 5).unwrap();
             let k = o
-                .keys(&Key {
-                    qpn: 0x12,
-                    ..Default::default()
-                })
+                .keys(
+                    &Key {
+                        qpn: 0x12,
+                        ..Default::default()
+                    },
+                    1,
+                )
                 .unwrap();
             let r = o
                 .reports(&WireReport {
@@ -562,17 +693,20 @@ mod tests {
                     ..Default::default()
                 })
                 .unwrap();
-            o.close(&Key::default()).unwrap();
+            o.close(&Key::default(), 1, || {}).unwrap();
             (n, k, r)
         });
         let mut c = Oob::connect("127.0.0.1", port, Duration::from_secs(5)).unwrap();
         let n = c.negotiate(8192, 64, 3).unwrap();
         assert_eq!(n, ("6.06".to_string(), 8192, 64, 3));
         let k = c
-            .keys(&Key {
-                qpn: 0x11,
-                ..Default::default()
-            })
+            .keys(
+                &Key {
+                    qpn: 0x11,
+                    ..Default::default()
+                },
+                1,
+            )
             .unwrap();
         assert_eq!(k.qpn, 0x12);
         let rep = WireReport {
@@ -583,7 +717,7 @@ mod tests {
             msg_rate: 0.00025,
         };
         c.reports(&rep).unwrap();
-        c.close(&Key::default()).unwrap();
+        c.close(&Key::default(), 1, || {}).unwrap();
         let (sn, sk, sr) = srv.join().unwrap();
         // The server agrees on the smaller MTU and the larger cycle buffer.
         assert_eq!(sn, ("6.06".to_string(), 8192, 64, 3));
@@ -596,5 +730,74 @@ mod tests {
         // write_bw_4k: bw_peak 12.816... travels as 40 29 a1 ea a9 89 7a b2.
         let v = f64::from_be_bytes([0x40, 0x29, 0xa1, 0xea, 0xa9, 0x89, 0x7a, 0xb2]);
         assert!((v - 12.816).abs() < 0.001, "{v}");
+    }
+
+    /// Messages between two threads, as a [`Link`] sees them.
+    struct ChanLink {
+        tx: std::sync::mpsc::Sender<Vec<u8>>,
+        rx: std::sync::mpsc::Receiver<Vec<u8>>,
+    }
+
+    impl Link for ChanLink {
+        fn send(&mut self, item: &[u8]) -> io::Result<()> {
+            self.tx.send(item.to_vec()).map_err(io::Error::other)
+        }
+        fn recv(&mut self, n: usize, _t: Option<Duration>) -> io::Result<Vec<u8>> {
+            let m = self.rx.recv().map_err(io::Error::other)?;
+            assert!(m.len() >= n);
+            Ok(m[..n].to_vec())
+        }
+        fn has_data(&mut self) -> bool {
+            false
+        }
+        fn close(&mut self) {}
+    }
+
+    #[test]
+    fn exchange_over_a_link_sends_binary_keys_and_no_done() {
+        let (t1, r1) = std::sync::mpsc::channel();
+        let (t2, r2) = std::sync::mpsc::channel();
+        let srv = std::thread::spawn(move || {
+            let link = ChanLink { tx: t2, rx: r1 };
+            let mut o = Oob::from_link(Box::new(link), Role::Server);
+            let n = o.negotiate(4096, 64, 5).unwrap();
+            let k = o
+                .keys(
+                    &Key {
+                        qpn: 0x12,
+                        ..Default::default()
+                    },
+                    3,
+                )
+                .unwrap();
+            o.close(&Key::default(), 3, || {}).unwrap();
+            (n, k)
+        });
+        let link = ChanLink { tx: t1, rx: r2 };
+        let mut c = Oob::from_link(Box::new(link), Role::Client);
+        assert_eq!(c.negotiate(8192, 64, 3).unwrap().3, 3);
+        let mine = Key {
+            qpn: 0x11,
+            psn: 0xabcdef,
+            rkey: 0x1234,
+            vaddr: 0x7f00_0000_1000,
+            gid: [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 255, 255, 10, 99, 0, 2],
+            out_reads: 16,
+            ..Default::default()
+        };
+        assert_eq!(c.keys(&mine, 1).unwrap().qpn, 0x12);
+        c.close(&Key::default(), 1, || {}).unwrap();
+        let (sn, sk) = srv.join().unwrap();
+        assert_eq!(sn.3, 3);
+        assert_eq!(sk, mine);
+        let bin = mine.encode_binary(1);
+        assert_eq!(&bin[8..12], &[0, 0, 0, 0x11]);
+        assert_eq!(&bin[24..32], &[0, 0, 0x7f, 0, 0, 0, 0x10, 0]);
+        assert_eq!(&bin[52..56], &[0, 0, 0, 1]);
+        assert_eq!(Key::decode_binary(&bin).unwrap(), mine);
+        let mut bad = bin;
+        bad[8] = 1; // a QPN over 24 bits
+        assert!(Key::decode_binary(&bad).is_err());
+        assert!(Key::decode_binary(&bin[..40]).is_err());
     }
 }

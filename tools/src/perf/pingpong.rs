@@ -207,6 +207,7 @@ pub fn run<V: Verbs>(
         Endpoint::Listen(l) => Oob::accept(l).map_err(|e| format!("accept: {e}"))?,
         Endpoint::Connect(h, p) => Oob::connect(&h, p, CONNECT_PATIENCE)
             .map_err(|e| format!("Couldn't connect to {h}:{p}: {e}"))?,
+        Endpoint::Cm { .. } => return Err("the rdma-core pingpongs exchange over TCP only".into()),
     };
     let role = oob.role();
     let av_for = |peer: &PpDest| -> AddressVector {

@@ -114,6 +114,8 @@ pub struct Res<V: Verbs> {
     pub vslot: u64,
     /// `-e`: wait for completions by sleeping on CQ events.
     pub events: bool,
+    /// Q_Key of the UD QPs and of their peers' (perftest's 0x11111111; rdma_cm's with `-R`).
+    pub qkey: u32,
 }
 
 /// The port's facts a test needs before the exchange.
@@ -311,6 +313,7 @@ impl<V: Verbs> Res<V> {
             vbuf,
             vslot,
             events: p.events,
+            qkey: DEF_QKEY,
         })
     }
 
@@ -345,7 +348,7 @@ impl<V: Verbs> Res<V> {
                 ..Default::default()
             };
             if p.conn == Conn::UD {
-                init.qkey = Some(Qkey(DEF_QKEY));
+                init.qkey = Some(Qkey(self.qkey));
             } else {
                 init.access = Some(match p.verb {
                     Verb::Write => Access::REMOTE_WRITE,
@@ -443,7 +446,7 @@ impl<V: Verbs> Res<V> {
         UdDest {
             ah: self.av(r),
             remote_qpn: Qpn::new(r.qpn),
-            remote_qkey: Qkey(DEF_QKEY),
+            remote_qkey: Qkey(self.qkey),
         }
     }
 
