@@ -303,6 +303,17 @@ fn call_out<T, V>(
     })
 }
 
+/// Runs `call` on a context: 0, or its error as errno and the last-error text.
+fn call_unit(
+    ctx: *mut Context,
+    call: impl FnOnce(&mut Context) -> Result<(), VerbsError>,
+) -> c_int {
+    with_ctx(ctx, |c| {
+        let r = call(c);
+        c.done(r, |_, _| {})
+    })
+}
+
 fn cstr(p: *const c_char) -> Option<String> {
     if p.is_null() {
         return None;
@@ -460,10 +471,7 @@ pub unsafe extern "C" fn ferroce_alloc_pd(ctx: *mut Context, pd: *mut u32) -> c_
 
 #[no_mangle]
 pub unsafe extern "C" fn ferroce_dealloc_pd(ctx: *mut Context, pd: u32) -> c_int {
-    with_ctx(ctx, |c| {
-        let r = c.ctx.dealloc_pd(PdId(pd));
-        c.done(r, |_, _| {})
-    })
+    call_unit(ctx, |c| c.ctx.dealloc_pd(PdId(pd)))
 }
 
 #[no_mangle]
@@ -582,10 +590,7 @@ pub unsafe extern "C" fn ferroce_alloc_mw(
 
 #[no_mangle]
 pub unsafe extern "C" fn ferroce_dealloc_mw(ctx: *mut Context, rkey: u32) -> c_int {
-    with_ctx(ctx, |c| {
-        let r = c.ctx.dealloc_mw(Rkey(rkey));
-        c.done(r, |_, _| {})
-    })
+    call_unit(ctx, |c| c.ctx.dealloc_mw(Rkey(rkey)))
 }
 
 #[no_mangle]
@@ -802,10 +807,7 @@ pub unsafe extern "C" fn ferroce_create_srq(
 
 #[no_mangle]
 pub unsafe extern "C" fn ferroce_modify_srq(ctx: *mut Context, srq: u32, limit: u32) -> c_int {
-    with_ctx(ctx, |c| {
-        let r = c.ctx.modify_srq(SrqId(srq), limit);
-        c.done(r, |_, _| {})
-    })
+    call_unit(ctx, |c| c.ctx.modify_srq(SrqId(srq), limit))
 }
 
 #[no_mangle]
@@ -834,10 +836,7 @@ pub unsafe extern "C" fn ferroce_query_srq(
 
 #[no_mangle]
 pub unsafe extern "C" fn ferroce_destroy_srq(ctx: *mut Context, srq: u32) -> c_int {
-    with_ctx(ctx, |c| {
-        let r = c.ctx.destroy_srq(SrqId(srq));
-        c.done(r, |_, _| {})
-    })
+    call_unit(ctx, |c| c.ctx.destroy_srq(SrqId(srq)))
 }
 
 #[no_mangle]
@@ -994,10 +993,7 @@ pub unsafe extern "C" fn ferroce_query_qp(
 
 #[no_mangle]
 pub unsafe extern "C" fn ferroce_destroy_qp(ctx: *mut Context, qpn: u32) -> c_int {
-    with_ctx(ctx, |c| {
-        let r = c.ctx.destroy_qp(Qpn::new(qpn));
-        c.done(r, |_, _| {})
-    })
+    call_unit(ctx, |c| c.ctx.destroy_qp(Qpn::new(qpn)))
 }
 
 /// Copies a C SGE list (at most MAX_SGE entries).

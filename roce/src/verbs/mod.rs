@@ -317,6 +317,54 @@ pub enum WrOp {
 }
 
 impl WrOp {
+    /// One operation of each kind, with fields that differ from each other, for tests of the
+    /// encodings that carry them (ibverbs numbering, the host ring's post slot).
+    pub const SAMPLES: [WrOp; 11] = [
+        WrOp::Send,
+        WrOp::SendWithImm { imm: 7 },
+        WrOp::SendWithInv { rkey: Rkey(0x505) },
+        WrOp::Write {
+            remote_addr: 0xdead_0000,
+            rkey: Rkey(0x606),
+        },
+        WrOp::WriteWithImm {
+            remote_addr: 1,
+            rkey: Rkey(2),
+            imm: 3,
+        },
+        WrOp::Read {
+            remote_addr: 4,
+            rkey: Rkey(5),
+        },
+        WrOp::CompareSwap {
+            remote_addr: 8,
+            rkey: Rkey(9),
+            compare: 10,
+            swap: 11,
+        },
+        WrOp::FetchAdd {
+            remote_addr: 16,
+            rkey: Rkey(17),
+            add: 18,
+        },
+        WrOp::LocalInv { rkey: Rkey(19) },
+        WrOp::BindMw {
+            mw: Rkey(0x80301),
+            rkey: Rkey(0x80302),
+            mr: Lkey(0x1ff),
+            addr: 0x9000,
+            length: 512,
+            access: Access(Access::REMOTE_READ.0 | Access::ZERO_BASED.0),
+        },
+        WrOp::RegMr {
+            lkey: Lkey(0x2001),
+            key: 0x42,
+            addr: 0x7000,
+            length: 4096,
+            access: Access(Access::LOCAL_WRITE.0 | Access::REMOTE_WRITE.0),
+        },
+    ];
+
     /// The completion opcode this work request reports.
     pub const fn wc_opcode(&self) -> WcOpcode {
         match self {

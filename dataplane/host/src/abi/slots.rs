@@ -602,7 +602,6 @@ impl EventSlot {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use roce::types::Rkey;
     use roce::verbs::SendWr;
 
     #[test]
@@ -619,51 +618,7 @@ mod tests {
                 lkey: Lkey(0x402),
             },
         ];
-        for op in [
-            WrOp::Send,
-            WrOp::SendWithImm { imm: 7 },
-            WrOp::SendWithInv { rkey: Rkey(0x505) },
-            WrOp::Write {
-                remote_addr: 0xdead_0000,
-                rkey: Rkey(0x606),
-            },
-            WrOp::WriteWithImm {
-                remote_addr: 1,
-                rkey: Rkey(2),
-                imm: 3,
-            },
-            WrOp::Read {
-                remote_addr: 4,
-                rkey: Rkey(5),
-            },
-            WrOp::CompareSwap {
-                remote_addr: 8,
-                rkey: Rkey(9),
-                compare: 10,
-                swap: 11,
-            },
-            WrOp::FetchAdd {
-                remote_addr: 16,
-                rkey: Rkey(17),
-                add: 18,
-            },
-            WrOp::LocalInv { rkey: Rkey(19) },
-            WrOp::BindMw {
-                mw: Rkey(0x80301),
-                rkey: Rkey(0x80302),
-                mr: Lkey(0x1ff),
-                addr: 0x9000,
-                length: 512,
-                access: Access::REMOTE_READ | Access::ZERO_BASED,
-            },
-            WrOp::RegMr {
-                lkey: Lkey(0x2001),
-                key: 0x42,
-                addr: 0x7000,
-                length: 4096,
-                access: Access::LOCAL_WRITE | Access::REMOTE_WRITE,
-            },
-        ] {
+        for op in WrOp::SAMPLES {
             let ud = UdDest {
                 ah: AddressVector::new(Gid::from_ipv4([10, 99, 0, 2]), 1),
                 remote_qpn: Qpn::new(0x33),

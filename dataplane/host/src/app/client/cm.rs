@@ -129,14 +129,9 @@ impl<C: Channel> RdmaCm for Client<C> {
     }
 
     fn cm_connect(&mut self, params: ConnectParams) -> VerbsResult<u32> {
-        match self.call(Command::CmConnect {
+        self.call_cm_id(Command::CmConnect {
             params: Box::new(params),
-        })? {
-            ReplyData::CmId(id) => Ok(id),
-            o => Err(VerbsError::InvalidArgument(format!(
-                "unexpected reply {o:?}"
-            ))),
-        }
+        })
     }
 
     fn cm_accept(&mut self, id: u32, params: AcceptParams) -> VerbsResult<()> {
@@ -166,14 +161,9 @@ impl<C: Channel> RdmaCm for Client<C> {
     }
 
     fn cm_sidr_request(&mut self, params: SidrParams) -> VerbsResult<u32> {
-        match self.call(Command::CmSidrRequest {
+        self.call_cm_id(Command::CmSidrRequest {
             params: Box::new(params),
-        })? {
-            ReplyData::CmId(id) => Ok(id),
-            o => Err(VerbsError::InvalidArgument(format!(
-                "unexpected reply {o:?}"
-            ))),
-        }
+        })
     }
 
     fn cm_sidr_reply(
@@ -218,6 +208,18 @@ impl<C: Channel> RdmaCm for Client<C> {
                 std::thread::sleep(pause);
                 pause = (pause * 2).min(Duration::from_millis(1));
             }
+        }
+    }
+}
+
+impl<C: Channel> Client<C> {
+    /// A call that opens a connection or request and answers its ID.
+    fn call_cm_id(&mut self, cmd: Command) -> VerbsResult<u32> {
+        match self.call(cmd)? {
+            ReplyData::CmId(id) => Ok(id),
+            o => Err(VerbsError::InvalidArgument(format!(
+                "unexpected reply {o:?}"
+            ))),
         }
     }
 }
