@@ -1236,11 +1236,7 @@ impl Nic {
             self.counters.tx_dropped += 1;
             return;
         }
-        let (head, tail) = buf.split_at_mut(hlen + plen);
-        if repr
-            .emit_trailer(&head[..hlen], &[&head[hlen..]], tail)
-            .is_err()
-        {
+        if repr.emit_trailer_in_place(buf, plen).is_err() {
             return;
         }
         self.counters.tx_roce += 1;

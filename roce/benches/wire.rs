@@ -3,8 +3,9 @@
 //! * `icrc/<impl>/<size>`: CRC-32 throughput for 64, 256, 1024 and 4096 bytes with crc32fast
 //!   (what `roce::wire::icrc` uses) and crc-fast, beside `memcpy/<size>` of the same bytes as the
 //!   baseline measured in the same run.
-//! * `frame/parse_verify_4k_write` and `frame/build_4k_write`: a 4 KiB RDMA WRITE ONLY frame
-//!   parsed with ICRC verification, and built (headers + payload copy + ICRC).
+//! * `frame/parse_verify_{4k,64}_write` and `frame/build_{4k,64}_write`: a 4 KiB and a 64 B
+//!   RDMA WRITE ONLY frame parsed with ICRC verification, and built (headers + payload copy +
+//!   ICRC).
 
 use std::hint::black_box;
 
@@ -48,13 +49,13 @@ fn crc(c: &mut Criterion) {
     g.finish();
 }
 
-fn write_frame() -> (FrameRepr, Vec<u8>) {
+fn write_frame(len: usize) -> (FrameRepr, Vec<u8>) {
     let mut t = TransportRepr::new(BthRepr::new(Opcode(0x0a), Qpn::new(0x12), Psn::new(1)));
     t.bth.ack_req = true;
     t.ext.reth = Some(RethRepr {
         va: 0x1000,
         rkey: Rkey(0x1234),
-        len: 4096,
+        len: len as u32,
     });
     let repr = FrameRepr {
         eth: EthernetRepr {
@@ -78,24 +79,27 @@ fn write_frame() -> (FrameRepr, Vec<u8>) {
         udp_checksum: 0,
         transport: t,
     };
-    let payload = vec![0x5au8; 4096];
-    let mut buf = vec![0u8; repr.frame_len(4096).unwrap()];
+    let payload = vec![0x5au8; len];
+    let mut buf = vec![0u8; repr.frame_len(len).unwrap()];
     repr.emit(&mut buf, &payload).unwrap();
     (repr, buf)
 }
 
 fn frames(c: &mut Criterion) {
-    let (repr, buf) = write_frame();
-    let payload = vec![0x5au8; 4096];
-    let mut out = vec![0u8; buf.len()];
     let mut g = c.benchmark_group("frame");
     g.throughput(Throughput::Elements(1));
-    g.bench_function("parse_verify_4k_write", |b| {
-        b.iter(|| frame::parse(black_box(&buf)).unwrap())
-    });
-    g.bench_function("build_4k_write", |b| {
-        b.iter(|| repr.emit(black_box(&mut out), black_box(&payload)).unwrap())
-    });
+    // 4 KiB: the payload's passes dominate; 64 B: the per-packet work.
+    for (name, len) in [("4k", 4096usize), ("64", 64)] {
+        let (repr, buf) = write_frame(len);
+        let payload = vec![0x5au8; len];
+        let mut out = vec![0u8; buf.len()];
+        g.bench_function(format!("parse_verify_{name}_write"), |b| {
+            b.iter(|| frame::parse(black_box(&buf)).unwrap())
+        });
+        g.bench_function(format!("build_{name}_write"), |b| {
+            b.iter(|| repr.emit(black_box(&mut out), black_box(&payload)).unwrap())
+        });
+    }
     g.finish();
 }
 

@@ -2472,8 +2472,7 @@ impl Device {
         let hlen = repr.emit_headers(buf, plen)?;
         self.gather(tx, &mut buf[hlen..hlen + plen])
             .map_err(|_| crate::wire::Error::Malformed(crate::wire::Layer::ExtHeaders))?;
-        let (head, tail) = buf.split_at_mut(hlen + plen);
-        repr.emit_trailer(&head[..hlen], &[&head[hlen..hlen + plen]], tail)?;
+        repr.emit_trailer_in_place(&mut buf[..total], plen)?;
         Ok(total)
     }
 

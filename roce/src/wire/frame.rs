@@ -380,6 +380,27 @@ impl FrameRepr {
         Ok(need)
     }
 
+    /// As [`Self::emit_trailer`] for a frame built in one buffer: `frame` holds the headers
+    /// and `payload_len` bytes of payload, and room for the pad and ICRC after them, which
+    /// are written in one pass over the frame ([`icrc::compute_in_place`]). Returns the
+    /// trailer's length.
+    pub fn emit_trailer_in_place(&self, frame: &mut [u8], payload_len: usize) -> Result<usize> {
+        let hlen = self.header_len()?;
+        let pad = pad_for(payload_len);
+        let end = hlen + payload_len + pad;
+        if frame.len() < end + ICRC_LEN {
+            return Err(Error::BufferTooSmall {
+                need: end + ICRC_LEN,
+            });
+        }
+        frame[hlen + payload_len..end].fill(0);
+        let l3 = self.eth.buffer_len();
+        let crc =
+            icrc::compute_in_place(&mut frame[l3..end], self.ip.is_ipv6(), self.ip.header_len());
+        frame[end..end + ICRC_LEN].copy_from_slice(&crc.to_le_bytes());
+        Ok(pad + ICRC_LEN)
+    }
+
     /// Writes a complete frame (headers, payload, pad, ICRC) into `buf`; returns its length.
     pub fn emit(&self, buf: &mut [u8], payload: &[u8]) -> Result<usize> {
         let total = self.frame_len(payload.len())?;
@@ -388,8 +409,7 @@ impl FrameRepr {
         }
         let hlen = self.emit_headers(buf, payload.len())?;
         buf[hlen..hlen + payload.len()].copy_from_slice(payload);
-        let (head, tail) = buf.split_at_mut(hlen + payload.len());
-        self.emit_trailer(&head[..hlen], &[payload], tail)?;
+        self.emit_trailer_in_place(&mut buf[..total], payload.len())?;
         Ok(total)
     }
 }
@@ -460,10 +480,17 @@ const MAX_HEADERS: usize = 18 + 60 + 8 + 12 + 28;
 /// `icrc: bad`). Every other check is applied.
 pub fn inspect_segments(segments: &[&[u8]]) -> Result<ParsedFrame> {
     let total: usize = segments.iter().map(|s| s.len()).sum();
-    // Headers may straddle segments: gather the first bytes into a stack buffer.
-    let mut head = [0u8; MAX_HEADERS];
-    let head_len = copy_range(segments, 0, total.min(MAX_HEADERS), &mut head);
-    let head = &head[..head_len];
+    // Headers may straddle segments: gather the first bytes into a stack buffer, unless the
+    // first segment holds them all (the usual case: parsed where they lie).
+    let mut gathered = [0u8; MAX_HEADERS];
+    let want = total.min(MAX_HEADERS);
+    let head: &[u8] = match segments.first() {
+        Some(first) if first.len() >= want => &first[..want],
+        _ => {
+            let n = copy_range(segments, 0, want, &mut gathered);
+            &gathered[..n]
+        }
+    };
 
     let eth_frame = ethernet::Frame::new_checked(head)?;
     let eth = EthernetRepr::parse(&eth_frame)?;
