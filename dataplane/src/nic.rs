@@ -24,7 +24,7 @@ use roce::pcap;
 use roce::table::Table;
 use roce::types::Gid;
 use roce::wire::ethernet::{self, ethertype, VlanTag};
-use roce::wire::frame::{classify, parse_segments, FrameKind, ParsedFrame};
+use roce::wire::frame::{classify, parse_in_place, parse_segments, FrameKind, ParsedFrame};
 use roce::wire::opcode::Opcode;
 
 use crate::config::RnicConfig;
@@ -711,9 +711,9 @@ impl Nic {
         }
         // 2. Receive: internal loopback first (what this port sent to itself last
         // iteration), then the port's queue through the receive buffer.
-        while let Some(m) = self.loopback.pop_front() {
+        while let Some(mut m) = self.loopback.pop_front() {
             work += 1;
-            if let Some(p) = self.rx_frame(now, &m) {
+            if let Some(p) = self.rx_frame(now, &mut m) {
                 self.hold_ud(now, p, m);
             }
         }
@@ -822,7 +822,7 @@ impl Nic {
             if self.cfg.ud_rx_hold_us > 0 && self.held_rx.len() >= hold_cap {
                 break;
             }
-            let Some((p, charge, m)) = self.rx.frames.pop_front() else {
+            let Some((p, charge, mut m)) = self.rx.frames.pop_front() else {
                 break;
             };
             handled += 1;
@@ -834,7 +834,7 @@ impl Nic {
             {
                 self.send_pause(now, f);
             }
-            if let Some(parsed) = self.rx_frame(now, &m) {
+            if let Some(parsed) = self.rx_frame(now, &mut m) {
                 self.hold_ud(now, parsed, m);
             }
         }
@@ -848,14 +848,14 @@ impl Nic {
     /// once (a pause is honoured within a frame time, and MAC control frames are never
     /// buffered); another is charged to its priority, and dropped (counted) if that
     /// priority's buffer is full.
-    fn buffer_frame(&mut self, now: u64, m: Mbuf) {
+    fn buffer_frame(&mut self, now: u64, mut m: Mbuf) {
         let Some(ingress) = self.rx.ingress.as_mut() else {
             self.rx.frames.push_back((0, 0, m));
             return;
         };
         let d = m.data();
         if d.len() >= 14 && d[12..14] == ethertype::MAC_CONTROL.to_be_bytes() {
-            self.rx_frame(now, &m);
+            self.rx_frame(now, &mut m);
             return;
         }
         if self.rx.frames.len() >= self.rx.max_frames {
@@ -1030,11 +1030,30 @@ impl Nic {
     }
 
     /// Takes one received frame: filters it at layer 2, classifies it, and parses a RoCE
-    /// frame once (every header and the ICRC, `frame::parse_segments`), handing the engine
+    /// frame once (every header and the ICRC: `frame::parse_in_place` for a frame in one
+    /// segment of its own, else `frame::parse_segments`), handing the engine
     /// the parsed headers. Returns them for a UD message to hold (see `wants_hold`), which
     /// the caller then keeps with its mbuf.
-    fn rx_frame(&mut self, now: u64, m: &Mbuf) -> Option<ParsedFrame> {
+    fn rx_frame(&mut self, now: u64, m: &mut Mbuf) -> Option<ParsedFrame> {
         self.counters.rx_frames += 1;
+        // A frame in one segment this mbuf alone holds (the usual case): a RoCE frame is
+        // parsed and verified in place, its ICRC in one pass (`frame::parse_in_place`).
+        if m.nb_segs() == 1 && m.is_exclusive() {
+            if let Some(t) = self.tap.as_mut() {
+                t.write(now, &[m.data()]);
+            }
+            let first = m.data();
+            if !self.l2_accept(first) {
+                return None;
+            }
+            let kind = classify(first);
+            if matches!(kind, FrameKind::Roce | FrameKind::Cnp) {
+                self.counters.rx_roce += 1;
+                let r = parse_in_place(m.data_mut());
+                return self.rx_roce(now, r, &[m.data()], true);
+            }
+            return self.rx_other(now, kind, &[m.data()]);
+        }
         // Segments in place (no copy) for the engine. A frame in more segments than we keep
         // references for, or whose first segment is too short to classify, is linearised.
         let mut segs: [&[u8]; 8] = [&[]; 8];
@@ -1071,42 +1090,59 @@ impl Nic {
             self.scratch = scratch;
             return None;
         }
-        let mut hold = None;
-        match classify(first) {
-            FrameKind::Roce | FrameKind::Cnp => {
-                self.counters.rx_roce += 1;
-                match parse_segments(segs) {
-                    Err(e) => self.dev.reject_frame(&e),
-                    Ok(p) if segs.len() == 1 && m.nb_segs() == 1 && self.wants_hold(&p) => {
-                        hold = Some(p)
-                    }
-                    Ok(p) => self.dev.handle_parsed(now, &p, segs),
-                }
-            }
+        let kind = classify(first);
+        let hold = if matches!(kind, FrameKind::Roce | FrameKind::Cnp) {
+            self.counters.rx_roce += 1;
+            let single = segs.len() == 1 && m.nb_segs() == 1;
+            self.rx_roce(now, parse_segments(segs), segs, single)
+        } else {
+            self.rx_other(now, kind, segs)
+        };
+        self.scratch = scratch;
+        hold
+    }
+
+    /// A parsed RoCE frame to the engine, or back to the caller to hold (a UD message in one
+    /// segment waiting for a receive WQE; see `wants_hold`).
+    fn rx_roce(
+        &mut self,
+        now: u64,
+        parsed: Result<ParsedFrame, roce::wire::Error>,
+        segs: &[&[u8]],
+        single: bool,
+    ) -> Option<ParsedFrame> {
+        match parsed {
+            Err(e) => self.dev.reject_frame(&e),
+            Ok(p) if single && self.wants_hold(&p) => return Some(p),
+            Ok(p) => self.dev.handle_parsed(now, &p, segs),
+        }
+        None
+    }
+
+    /// A frame that is not RoCE: pause frames, ARP, ICMP and ND, the rest counted.
+    fn rx_other(&mut self, now: u64, kind: FrameKind, segs: &[&[u8]]) -> Option<ParsedFrame> {
+        let first = segs.first().copied().unwrap_or(&[]);
+        match kind {
             FrameKind::Pfc | FrameKind::Pause => self.pause_frame(now, first),
+            _ if is_ipv4_fragment(first) => self.counters.rx_ipv4_fragments += 1,
             kind => {
-                if is_ipv4_fragment(first) {
-                    self.counters.rx_ipv4_fragments += 1;
+                // ARP, ICMP and ND are small: a multi-segment one is joined (rare path).
+                let joined;
+                let f = if segs.len() == 1 {
+                    first
                 } else {
-                    // ARP, ICMP and ND are small: a multi-segment one is joined (rare path).
-                    let joined;
-                    let f = if segs.len() == 1 {
-                        first
-                    } else {
-                        joined = segs.concat();
-                        &joined[..]
-                    };
-                    let consumed = self.neigh.handle_frame(now, f);
-                    match (kind, consumed) {
-                        (FrameKind::Arp, _) => self.counters.rx_arp += 1,
-                        (_, true) => self.counters.rx_icmp += 1,
-                        _ => self.counters.rx_other += 1,
-                    }
+                    joined = segs.concat();
+                    &joined[..]
+                };
+                let consumed = self.neigh.handle_frame(now, f);
+                match (kind, consumed) {
+                    (FrameKind::Arp, _) => self.counters.rx_arp += 1,
+                    (_, true) => self.counters.rx_icmp += 1,
+                    _ => self.counters.rx_other += 1,
                 }
             }
         }
-        self.scratch = scratch;
-        hold
+        None
     }
 
     /// Whether a frame is addressed to this RNIC at layer 2 (a NIC's address filter; the

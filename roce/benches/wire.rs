@@ -3,9 +3,10 @@
 //! * `icrc/<impl>/<size>`: CRC-32 throughput for 64, 256, 1024 and 4096 bytes with crc32fast
 //!   (what `roce::wire::icrc` uses) and crc-fast, beside `memcpy/<size>` of the same bytes as the
 //!   baseline measured in the same run.
-//! * `frame/parse_verify_{4k,64}_write` and `frame/build_{4k,64}_write`: a 4 KiB and a 64 B
-//!   RDMA WRITE ONLY frame parsed with ICRC verification, and built (headers + payload copy +
-//!   ICRC).
+//! * `frame/parse_verify_{4k,64}_write`, `frame/parse_verify_in_place_{4k,64}_write` and
+//!   `frame/build_{4k,64}_write`: a 4 KiB and a 64 B RDMA WRITE ONLY frame parsed with ICRC
+//!   verification (from a borrowed frame, and in place in the caller's own), and built
+//!   (headers + payload copy + ICRC).
 
 use std::hint::black_box;
 
@@ -95,6 +96,10 @@ fn frames(c: &mut Criterion) {
         let mut out = vec![0u8; buf.len()];
         g.bench_function(format!("parse_verify_{name}_write"), |b| {
             b.iter(|| frame::parse(black_box(&buf)).unwrap())
+        });
+        let mut own = buf.clone();
+        g.bench_function(format!("parse_verify_in_place_{name}_write"), |b| {
+            b.iter(|| frame::parse_in_place(black_box(&mut own)).unwrap())
         });
         g.bench_function(format!("build_{name}_write"), |b| {
             b.iter(|| repr.emit(black_box(&mut out), black_box(&payload)).unwrap())

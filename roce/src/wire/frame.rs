@@ -460,6 +460,22 @@ pub fn parse(frame: &[u8]) -> Result<ParsedFrame> {
     parse_segments(&[frame])
 }
 
+/// As [`parse`], for a frame the caller owns: the ICRC is computed in one pass over it, its
+/// variant fields masked in place and restored ([`icrc::compute_in_place`]); the bytes are
+/// as they were when it returns.
+pub fn parse_in_place(frame: &mut [u8]) -> Result<ParsedFrame> {
+    let (mut p, ipv6, ip_hl) = inspect_headers(&[&*frame])?;
+    let icrc_off = p.frame_len - ICRC_LEN;
+    p.icrc_computed = icrc::compute_in_place(&mut frame[p.l3_offset..icrc_off], ipv6, ip_hl);
+    if !p.icrc_ok() {
+        return Err(Error::BadIcrc {
+            received: p.icrc_received,
+            computed: p.icrc_computed,
+        });
+    }
+    Ok(p)
+}
+
 /// Parses and verifies a frame held in several segments (e.g. an mbuf chain).
 pub fn parse_segments(segments: &[&[u8]]) -> Result<ParsedFrame> {
     let p = inspect_segments(segments)?;
@@ -479,6 +495,18 @@ const MAX_HEADERS: usize = 18 + 60 + 8 + 12 + 28;
 /// Parses a frame and computes its ICRC without failing on a mismatch (for tools that show
 /// `icrc: bad`). Every other check is applied.
 pub fn inspect_segments(segments: &[&[u8]]) -> Result<ParsedFrame> {
+    let (mut p, ipv6, ip_hl) = inspect_headers(segments)?;
+    p.icrc_computed = icrc::compute_segments(
+        SegmentRange::new(segments, p.l3_offset, p.frame_len - ICRC_LEN),
+        ipv6,
+        ip_hl,
+    );
+    Ok(p)
+}
+
+/// Every check of [`inspect_segments`] but the ICRC's computation (`icrc_computed` is 0);
+/// also whether the frame is IPv6 and its IP header's length, which the ICRC needs.
+fn inspect_headers(segments: &[&[u8]]) -> Result<(ParsedFrame, bool, usize)> {
     let total: usize = segments.iter().map(|s| s.len()).sum();
     // Headers may straddle segments: gather the first bytes into a stack buffer, unless the
     // first segment holds them all (the usual case: parsed where they lie).
@@ -540,12 +568,8 @@ pub fn inspect_segments(segments: &[&[u8]]) -> Result<ParsedFrame> {
     let icrc_off = bth_off + udp.payload_len - ICRC_LEN;
     let mut icrc_bytes = [0u8; 4];
     copy_range(segments, icrc_off, icrc_off + ICRC_LEN, &mut icrc_bytes);
-    let computed = icrc::compute_segments(
-        SegmentRange::new(segments, l3, icrc_off),
-        ip.is_ipv6(),
-        ip_hl,
-    );
-    Ok(ParsedFrame {
+    let ipv6 = ip.is_ipv6();
+    let p = ParsedFrame {
         repr: FrameRepr {
             eth,
             ip,
@@ -558,8 +582,9 @@ pub fn inspect_segments(segments: &[&[u8]]) -> Result<ParsedFrame> {
         l3_offset: l3,
         frame_len: icrc_off + ICRC_LEN,
         icrc_received: u32::from_le_bytes(icrc_bytes),
-        icrc_computed: computed,
-    })
+        icrc_computed: 0,
+    };
+    Ok((p, ipv6, ip_hl))
 }
 
 /// Contiguous form of [`inspect_segments`].
@@ -868,6 +893,19 @@ mod tests {
                     let (repr, buf) = write_frame(ipv6, vlan, &payload);
                     let p = parse(&buf).unwrap();
                     assert_eq!(p.payload(&buf), &payload[..]);
+                    // In place: the same, and the frame as it was.
+                    let mut own = buf.clone();
+                    assert_eq!(parse_in_place(&mut own).unwrap(), p);
+                    assert_eq!(own, buf);
+                    // A corrupted byte is caught in place too, and left as it came.
+                    let last = own.len() - 5;
+                    own[last] ^= 1;
+                    let bad = own.clone();
+                    assert!(matches!(
+                        parse_in_place(&mut own),
+                        Err(Error::BadIcrc { .. })
+                    ));
+                    assert_eq!(own, bad);
                     let mut expect = repr;
                     expect.eth.ethertype = if ipv6 {
                         ethertype::IPV6
