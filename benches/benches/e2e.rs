@@ -20,6 +20,9 @@
 //! (SMB Direct's fast-registration pattern in verbs terms), against the same I/O through the
 //! MR's key: the ratio is the cost of registering per I/O (`E2E_ONLY=fastreg` runs only this).
 //!
+//! Then 64 KiB WRITEs over one QP and over 16,000 QPs taken in turn (every QP active), and
+//! the resident memory per QP (`E2E_ONLY=qps` runs only this).
+//!
 //! And the same three through rnicd's host interface across processes: this process runs
 //! the two RNICs behind an rnicd `Daemon` (socket in a temporary directory), and re-executes
 //! itself twice as rnic-perf's server and client, each a client process of the daemon
@@ -354,6 +357,21 @@ fn via_ferroce_run(sock: &std::path::Path, tool: &str, args: &[&str], port: u16)
         .collect()
 }
 
+/// Two loopback RNICs (MTU 4096) and a context on each.
+fn two_rnics(
+    name: &str,
+) -> (
+    dataplane::runtime::Runtime,
+    dataplane::Context,
+    dataplane::Context,
+) {
+    let cfg = |h| driver::loopback_config(h, 4096, &RnicOpts::default()).expect("config");
+    let rt = dataplane::runtime::Runtime::loopback(name, cfg(1), cfg(2)).expect("runtime");
+    let a = rt.open(0).expect("a");
+    let b = rt.open(1).expect("b");
+    (rt, a, b)
+}
+
 /// 4 KiB RDMA WRITEs (or READs) from A into B, 64 in flight, for `n` I/Os; returns I/Os per
 /// second. With `windows`, each I/O follows SMB Direct's pattern in verbs terms: B binds a
 /// type 2 memory window over the I/O's 4 KiB with a fresh key (IBV_WR_BIND_MW, the
@@ -362,7 +380,6 @@ fn via_ferroce_run(sock: &std::path::Path, tool: &str, args: &[&str], port: u16)
 /// bind). Without, A uses the MR's key. Both ends are driven from this thread
 /// (run-to-completion).
 fn registered_io(read: bool, windows: bool, n: u64) -> f64 {
-    use dataplane::runtime::Runtime;
     use dataplane::Verbs;
     use ferroce_tools::dpdk_incast::{connect, rc_qp_init, End};
     use roce::memory::MwType;
@@ -370,10 +387,7 @@ fn registered_io(read: bool, windows: bool, n: u64) -> f64 {
     use roce::verbs::{Access, Completion, SendFlags, SendWr, WcStatus, WrOp};
     const SLOTS: u64 = 64;
     const IO: u32 = 4096;
-    let cfg = |h| driver::loopback_config(h, 4096, &RnicOpts::default()).expect("config");
-    let rt = Runtime::loopback("e2e-mw", cfg(1), cfg(2)).expect("runtime");
-    let mut a = rt.open(0).expect("a");
-    let mut b = rt.open(1).expect("b");
+    let (rt, mut a, mut b) = two_rnics("e2e-mw");
     let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
     let (ca, cb) = (a.create_cq(1024).unwrap(), b.create_cq(1024).unwrap());
     let qa = a.create_qp(&rc_qp_init(pa, ca, 256)).unwrap();
@@ -494,6 +508,113 @@ fn registered_io(read: bool, windows: bool, n: u64) -> f64 {
     rate
 }
 
+/// Heap bytes in use in this process, every thread's arena (glibc's `mallinfo2`: what
+/// malloc handed out and has not had back, in its arenas and in its own mappings). Resident
+/// memory would not do: a second run reuses the first's freed heap.
+fn heap_in_use() -> u64 {
+    // SAFETY: mallinfo2 has no preconditions; it only reads malloc's statistics.
+    let m = unsafe { libc::mallinfo2() };
+    (m.uordblks + m.hblkhd) as u64
+}
+
+/// 64 KiB RDMA WRITEs from A to B over `nqps` connected RC QP pairs, 64 in flight, each new
+/// WRITE on the next QP in turn (round robin: with many QPs every QP is active, one WRITE
+/// at a time), all QPs sharing one MR on each side and one CQ. Returns the goodput in Gb/s
+/// and the heap the QPs took, in bytes per QP (both RNICs' QPs counted: the engine's state,
+/// queues and tables, and the client's).
+fn many_qps(nqps: u32, n: u64) -> (f64, f64) {
+    use dataplane::Verbs;
+    use ferroce_tools::dpdk_incast::{connect, rc_qp_init, End};
+    use roce::verbs::{Access, Completion, SendFlags, SendWr, WcStatus, WrOp};
+    const MSG: u32 = 65536;
+    const IN_FLIGHT: u64 = 64;
+    let (rt, mut a, mut b) = two_rnics("e2e-qps");
+    let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
+    let (ca, cb) = (a.create_cq(1024).unwrap(), b.create_cq(1024).unwrap());
+    let len = MSG as usize;
+    let (ba, bb) = (a.alloc_buffer(len).unwrap(), b.alloc_buffer(len).unwrap());
+    let ma = a.reg_mr(pa, &ba, 0, len, Access::ALL).unwrap();
+    let mb = b.reg_mr(pb, &bb, 0, len, Access::ALL).unwrap();
+    let (ga, gb) = (a.query_gid(1).unwrap(), b.query_gid(1).unwrap());
+    let before = heap_in_use();
+    let mut qps = Vec::with_capacity(nqps as usize);
+    // Room for a QP's share of the WRITEs in flight (all 64 on one QP).
+    let depth = (IN_FLIGHT as u32).div_ceil(nqps).max(4);
+    for _ in 0..nqps {
+        let qa = a.create_qp(&rc_qp_init(pa, ca, depth)).expect("QP on A");
+        let qb = b.create_qp(&rc_qp_init(pb, cb, depth)).expect("QP on B");
+        let ea = End { qpn: qa, gid: ga };
+        let eb = End { qpn: qb, gid: gb };
+        connect(&mut a, &ea, &eb).expect("connect a");
+        connect(&mut b, &eb, &ea).expect("connect b");
+        qps.push(qa);
+    }
+    let per_qp = heap_in_use().saturating_sub(before) as f64 / (2.0 * nqps as f64);
+    let mut next = 0usize;
+    let mut post = |a: &mut dataplane::Context| {
+        let q = qps[next];
+        next = (next + 1) % qps.len();
+        a.post_send(
+            q,
+            &SendWr {
+                wr_id: 0,
+                op: WrOp::Write {
+                    remote_addr: mb.addr,
+                    rkey: mb.rkey.unwrap(),
+                },
+                sg_list: &[ma.sge(0, MSG)],
+                flags: SendFlags::SIGNALED,
+                ud: None,
+            },
+        )
+        .expect("post WRITE");
+    };
+    let start = Instant::now();
+    for _ in 0..IN_FLIGHT.min(n) {
+        post(&mut a);
+    }
+    let (mut done, mut posted) = (0u64, IN_FLIGHT.min(n));
+    let mut wc = [Completion::default(); 32];
+    while done < n {
+        let got = a.poll_cq(ca, &mut wc).unwrap();
+        for c in &wc[..got] {
+            assert_eq!(c.status, WcStatus::Success, "{c:?}");
+            done += 1;
+            if posted < n {
+                post(&mut a);
+                posted += 1;
+            }
+        }
+    }
+    let gbps = done as f64 * MSG as f64 * 8.0 / start.elapsed().as_secs_f64() / 1e9;
+    drop((a, b));
+    rt.stop();
+    (gbps, per_qp)
+}
+
+/// The many-QPs figures (issue 23): [`many_qps`] with 1 QP and with 16,000 (the default
+/// table holds 16,384 per RNIC), alternating, three runs each, medians compared.
+fn qp_scale() {
+    println!("many QPs (64 KiB WRITEs, 64 in flight, round robin over the QPs)");
+    let (mut one, mut many, mut mem) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..3 {
+        one.push(many_qps(1, 20_000).0);
+        let (g, b) = many_qps(16_000, 20_000);
+        many.push(g);
+        mem.push(b);
+    }
+    one.sort_by(f64::total_cmp);
+    many.sort_by(f64::total_cmp);
+    mem.sort_by(f64::total_cmp);
+    println!(
+        "  1 QP: {:8.2} Gb/s; 16,000 QPs: {:8.2} Gb/s: ratio {:.3}; {:.0} bytes of heap per QP",
+        one[1],
+        many[1],
+        many[1] / one[1],
+        mem[1]
+    );
+}
+
 /// The fast-registration figures: [`registered_io`] with and without a window per I/O,
 /// alternating, three runs each, medians compared.
 fn fast_registration() {
@@ -539,11 +660,16 @@ fn main() {
         child(&role);
         return;
     }
-    // E2E_ONLY=fastreg: that section alone (for profiling it).
-    if std::env::var("E2E_ONLY").as_deref() == Ok("fastreg") {
+    // E2E_ONLY=fastreg or qps: that section alone (for profiling it).
+    let only = std::env::var("E2E_ONLY").ok();
+    if matches!(only.as_deref(), Some("fastreg") | Some("qps")) {
         let cfg = driver::loopback_config(1, 4096, &RnicOpts::default()).expect("config");
         dataplane::runtime::init_eal("e2e", &cfg).expect("EAL");
-        fast_registration();
+        if only.as_deref() == Some("qps") {
+            qp_scale();
+        } else {
+            fast_registration();
+        }
         return;
     }
     // `cargo bench` passes --bench; this harness takes no options.
@@ -611,6 +737,7 @@ fn main() {
     );
 
     fast_registration();
+    qp_scale();
 
     println!("ferroce through rnicd (two RNICs behind the daemon, server and client as processes)");
     let dir = std::env::temp_dir().join(format!("ferroce-e2e-{}", std::process::id()));

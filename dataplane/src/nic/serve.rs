@@ -72,10 +72,9 @@ impl Nic {
         n
     }
 
-    /// Whether the live QP `qpn` is client `id`'s, in O(1) through [`Owners`]: the check of
-    /// every post (QP numbers are small and guessable).
+    /// Whether the live QP `qpn` is client `id`'s (see [`owns`]).
     fn owns_qp(&self, id: usize, qpn: Qpn) -> bool {
-        self.dev.qp_index(qpn).and_then(|s| self.owners.qp(s)) == Some(id)
+        owns_id(&self.dev, &self.owners, id, qpn)
     }
 
     /// Applies one decoded post of client `id`. A post the device refuses on arrival (the
@@ -576,17 +575,17 @@ fn execute(
             Ok(ReplyData::Qp(q, slot as u32))
         }
         Command::ModifyQp { qpn, attr } => {
-            h.check_owned(h.qps.contains(&qpn), "queue pair")?;
+            h.check_owned(owns(dev, owners, h, qpn), "queue pair")?;
             dev.modify_qp(qpn, &attr)?;
             publish_qp(dev, h, qpn);
             Ok(ReplyData::None)
         }
         Command::QueryQp { qpn } => {
-            h.check_owned(h.qps.contains(&qpn), "queue pair")?;
+            h.check_owned(owns(dev, owners, h, qpn), "queue pair")?;
             dev.query_qp(qpn).map(ReplyData::QpInfo)
         }
         Command::DestroyQp { qpn } => {
-            h.check_owned(h.qps.contains(&qpn), "queue pair")?;
+            h.check_owned(owns(dev, owners, h, qpn), "queue pair")?;
             let slot = dev.qp_index(qpn);
             dev.destroy_qp(qpn)?;
             h.qps.retain(|q| *q != qpn);
@@ -600,7 +599,7 @@ fn execute(
             let (devc, total) = dev.counters();
             let qc = match qpn {
                 Some(q) => {
-                    h.check_owned(h.qps.contains(&q), "queue pair")?;
+                    h.check_owned(owns(dev, owners, h, q), "queue pair")?;
                     dev.qp_counters(q)
                         .ok_or(VerbsError::NotFound("queue pair"))?
                 }
@@ -698,14 +697,14 @@ fn execute_cm(
             Ok(ReplyData::None)
         }
         Command::CmConnect { params } => {
-            h.check_owned(h.qps.contains(&Qpn::new(params.qpn)), "queue pair")?;
+            h.check_owned(owns(dev, owners, h, Qpn::new(params.qpn)), "queue pair")?;
             check_new_request(dev, h, &params.local_gid, "cm_connect")?;
             let r = dev.cm().connect(now, &params);
             opened(owners, h, r, "cm_connect")
         }
         Command::CmAccept { id, params } => {
             own(h, id)?;
-            h.check_owned(h.qps.contains(&Qpn::new(params.qpn)), "queue pair")?;
+            h.check_owned(owns(dev, owners, h, Qpn::new(params.qpn)), "queue pair")?;
             none(dev.cm().accept(now, ConnId(id), &params), "cm_accept")
         }
         Command::CmReject { id, private_data } => {
@@ -747,7 +746,7 @@ fn execute_cm(
         } => {
             own(h, id)?;
             if status == SIDR_VALID {
-                h.check_owned(h.qps.contains(&Qpn::new(qpn)), "queue pair")?;
+                h.check_owned(owns(dev, owners, h, Qpn::new(qpn)), "queue pair")?;
             }
             let r = dev
                 .cm()
@@ -891,4 +890,16 @@ impl Nic {
         }
         n
     }
+}
+
+/// Whether the live QP `qpn` is client `id`'s, in O(1) through [`Owners`]: the check of
+/// every post and every call naming a QP (QP numbers are small and guessable; a client's
+/// list of its QPs would make each check grow with its QPs).
+fn owns_id(dev: &Device, owners: &Owners, id: usize, qpn: Qpn) -> bool {
+    dev.qp_index(qpn).and_then(|s| owners.qp(s)) == Some(id)
+}
+
+/// [`owns_id`] for client `h`.
+fn owns(dev: &Device, owners: &Owners, h: &HostEnd, qpn: Qpn) -> bool {
+    owns_id(dev, owners, h.id as usize, qpn)
 }

@@ -27,6 +27,12 @@ macro_rules! counters {
                 $(self.$field += o.$field;)*
             }
 
+            /// Subtracts every counter of `o` (wrapping: `o` is an earlier snapshot of
+            /// counters that only grow, so the result is what they grew by).
+            pub fn sub(&mut self, o: &$name) {
+                $(self.$field = self.$field.wrapping_sub(o.$field);)*
+            }
+
             /// The value of the counter called `name`.
             pub fn get(&self, name: &str) -> Option<u64> {
                 self.iter().find(|(n, _)| *n == name).map(|(_, v)| v)

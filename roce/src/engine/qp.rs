@@ -415,6 +415,9 @@ pub(crate) struct Qp {
     /// Requests between roles, consumed when the addressed role next runs.
     pub ev: RoleEvents,
     pub counters: QpCounters,
+    /// `counters` as the device's running port totals last took them in
+    /// (`Device::counters_incremental`).
+    pub counted: QpCounters,
     /// In the device's ready list.
     pub queued: bool,
     /// The SQ drained event was delivered for the current SQD period.
@@ -511,6 +514,7 @@ impl Qp {
             },
             ev: RoleEvents::default(),
             counters: QpCounters::default(),
+            counted: QpCounters::default(),
             queued: false,
             sqd_notified: false,
             udp_sport: 0xc000,
