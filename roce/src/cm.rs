@@ -311,6 +311,11 @@ pub struct CmCounters {
     pub held: u64,
 }
 
+/// Requests held for a listener at once, at most: past it a request for a service nobody
+/// listens to is answered at once as Linux answers it, so held requests cannot take the
+/// connections' room (`max_conns`) from real ones.
+pub const MAX_HELD: usize = 64;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
     /// Active: REQ sent, waiting for REP.
@@ -382,6 +387,8 @@ pub struct CmAgent {
     /// Times each slot was reused, for the high bits of its next communication ID.
     generation: Vec<u16>,
     listening: HashSet<u64>,
+    /// Requests held now (`State::Unclaimed`).
+    held_now: usize,
     /// Passive connections by (the peer's communication ID, its CA GUID): duplicate REQs.
     by_remote: HashMap<(u32, u64), ConnId>,
     timers: BTreeSet<(u64, ConnId)>,
@@ -400,6 +407,7 @@ impl CmAgent {
             free: VecDeque::new(),
             generation: Vec::new(),
             listening: HashSet::new(),
+            held_now: 0,
             by_remote: HashMap::new(),
             timers: BTreeSet::new(),
             out: VecDeque::new(),
@@ -435,6 +443,8 @@ impl CmAgent {
             match *h {
                 Held::Req(req) => {
                     c.state = State::ReqRcvd;
+                    // The DREQ names it; Linux drops a DREQ whose QPN is not the one it knows.
+                    c.remote_qpn = req.local_qpn;
                     c.wait_ms = 2 * iba_ms(plt) + iba_ms(req.local_cm_response_timeout);
                     self.event(CmEvent::ConnectRequest { id, peer, req });
                 }
@@ -448,6 +458,7 @@ impl CmAgent {
                     });
                 }
             }
+            self.held_now -= 1;
         }
         Ok(())
     }
@@ -748,13 +759,20 @@ impl CmAgent {
             Cm::Mra(mra) => {
                 // The peer needs longer: wait its service timeout more for this try.
                 match self.matched(mra.remote_comm_id, mra.local_comm_id) {
-                    Some(id) => {
+                    // Only a request of ours waiting for its answer waits longer (a held
+                    // request must not be kept alive by its sender).
+                    Some(id)
+                        if matches!(
+                            self.state(id),
+                            Some(State::ReqSent | State::RepSent | State::DreqSent)
+                        ) =>
+                    {
                         let extra =
                             iba_ms(mra.service_timeout) + 2 * iba_ms(self.cfg.packet_life_time);
                         self.clear_timer(id);
                         self.set_timer(id, now + extra * MS);
                     }
-                    None => self.counters.rx_unmatched += 1,
+                    _ => self.counters.rx_unmatched += 1,
                 }
             }
             Cm::Dreq(dreq) => self.on_dreq(now, from, to, h.tid, dreq),
@@ -791,7 +809,7 @@ impl CmAgent {
             return;
         }
         let listened = self.listening.contains(&req.service_id);
-        if !listened && self.cfg.unclaimed_hold_ms == 0 {
+        if !listened && !self.may_hold() {
             self.send_rej(to, from, tid, 0, &req, reason::INVALID_SERVICE_ID);
             return;
         }
@@ -842,7 +860,7 @@ impl CmAgent {
             return;
         }
         let listened = self.listening.contains(&req.service_id);
-        if !listened && self.cfg.unclaimed_hold_ms == 0 {
+        if !listened && !self.may_hold() {
             self.refuse_sidr(to, from, tid, &req, SIDR_UNSUPPORTED);
             return;
         }
@@ -978,11 +996,17 @@ impl CmAgent {
         self.push_mad(local, peer, tid, &Cm::SidrRep(rep));
     }
 
+    /// Whether a request nobody listens for may be held (see [`MAX_HELD`]).
+    fn may_hold(&self) -> bool {
+        self.cfg.unclaimed_hold_ms > 0 && self.held_now < MAX_HELD
+    }
+
     /// Holds request `held` as connection `id` until a listener for `service_id` comes or
     /// `unclaimed_hold_ms` passes.
     fn hold(&mut self, now: u64, id: ConnId, p: &Passive, service_id: u64, held: Held) {
         self.insert_passive(id, State::Unclaimed, p, service_id, Some(held));
         self.counters.held += 1;
+        self.held_now += 1;
         self.set_timer(id, now + self.cfg.unclaimed_hold_ms * MS);
     }
 
@@ -1201,6 +1225,9 @@ impl CmAgent {
     fn remove(&mut self, id: ConnId) {
         self.clear_timer(id);
         if let Some(c) = self.conns.get_mut(id.slot()).and_then(|c| c.take()) {
+            if c.state == State::Unclaimed {
+                self.held_now -= 1;
+            }
             let key = (c.remote_comm_id, c.remote_guid);
             if self.by_remote.get(&key) == Some(&id) {
                 self.by_remote.remove(&key);

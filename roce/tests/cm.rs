@@ -343,6 +343,17 @@ fn a_request_that_comes_before_its_listener_waits_for_it() {
     l.a.rtu(a).unwrap();
     l.run(false, 0);
     assert_eq!(names(&l.b_events), ["request", "established"]);
+    // B's DREQ names A's QP, as the held REQ gave it (Linux drops a DREQ for another QPN).
+    let b = l.request();
+    l.b.disconnect(l.now, b).unwrap();
+    let m = l.b.poll_mad().expect("a DREQ");
+    let h = MadHeader::parse(&m.mad).unwrap();
+    let Ok(Some(Cm::Dreq(dreq))) = Cm::parse(h.attr_id, &m.mad[HEADER_LEN..]) else {
+        panic!("not a DREQ")
+    };
+    assert_eq!(dreq.remote_qpn, 0x31);
+    l.deliver(false, m);
+    l.run(false, 0);
     // SIDR the same way.
     use roce::cm::{SidrParams, SIDR_VALID};
     l.b.unlisten(SID);
@@ -839,4 +850,40 @@ fn random_mads_never_panic_and_hold_nothing_unbounded() {
         "{:?}",
         b.counters
     );
+}
+
+/// Requests held for a listener are bounded (`MAX_HELD`): past it a request for a service
+/// nobody listens to is rejected at once, and the held ones still get theirs when their
+/// hold ends; nothing stays behind.
+#[test]
+fn held_requests_are_bounded() {
+    use roce::cm::MAX_HELD;
+    let mut l = Link::new();
+    l.b.unlisten(SID);
+    for _ in 0..MAX_HELD + 10 {
+        l.connect();
+    }
+    l.run(false, 0);
+    let rejected = |e: &Vec<CmEvent>| {
+        e.iter()
+            .filter(|e| {
+                matches!(
+                    e,
+                    CmEvent::Rejected {
+                        reason: reason::INVALID_SERVICE_ID,
+                        ..
+                    }
+                )
+            })
+            .count()
+    };
+    assert_eq!(rejected(&l.a_events), 10, "past the bound: at once");
+    assert_eq!(l.b.conn_count(), MAX_HELD);
+    l.run(true, 60_000 * MS);
+    assert_eq!(rejected(&l.a_events), MAX_HELD + 10);
+    assert_eq!((l.a.conn_count(), l.b.conn_count()), (0, 0));
+    // And holding works again afterwards.
+    l.connect();
+    l.run(false, 0);
+    assert_eq!(l.b.conn_count(), 1);
 }

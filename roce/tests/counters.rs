@@ -54,4 +54,12 @@ fn running_qp_totals_equal_the_exact_sum_once_every_qp_is_visited() {
     let exact = p.a.dev.counters().1;
     assert!(exact.sent_pkts > got.sent_pkts);
     assert_eq!(p.a.dev.counters_incremental(usize::MAX).1, exact);
+    // A QP moved to RESET keeps its counters, and the totals do not take them in twice.
+    let reset = roce::verbs::QpAttr {
+        state: Some(roce::verbs::QpState::Reset),
+        ..Default::default()
+    };
+    p.a.dev.modify_qp(pairs[3].0.qpn, &reset).unwrap();
+    assert_eq!(p.a.dev.counters_incremental(usize::MAX).1, exact);
+    assert_eq!(p.a.dev.counters().1, exact);
 }

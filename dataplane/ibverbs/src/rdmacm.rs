@@ -22,7 +22,7 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 
 use ferroce_host::abi::CmEventData;
 use ferroce_host::app::RdmaCm;
-use roce::cm::{AcceptParams, ConnectParams, SidrParams, SIDR_VALID};
+use roce::cm::{AcceptParams, ConnectParams, SidrParams, SIDR_REJECTED, SIDR_VALID};
 use roce::wire::cm::{service_id, CmaHeader, PrivateData, CMA_HDR_LEN, RDMA_UDP_QKEY as UDP_QKEY};
 /// READ/atomic depth this side offers when the application passes no connection parameters.
 const DEFAULT_RD_ATOMIC: u8 = 16;
@@ -569,6 +569,19 @@ unsafe fn dispatch(c: usize, e: CmEventData) {
         }
     };
     let Some(id) = id.map(|p| p as *mut sys::rdma_cm_id) else {
+        // A request for a listener that is gone (destroyed, or a listen on several devices
+        // that failed on a later one): refused, so that nothing waits for an answer.
+        if let Some(ctx) = ctx_of(c as *mut sys::ibv_context) {
+            match e {
+                CmEventData::ConnectRequest { .. } => {
+                    let _ = client(ctx).cm_reject(conn_id, &[]);
+                }
+                CmEventData::SidrRequest { .. } => {
+                    let _ = client(ctx).cm_sidr_reply(conn_id, SIDR_REJECTED, 0, 0, &[]);
+                }
+                _ => {}
+            }
+        }
         return;
     };
     let mut p = sys::rdma_conn_param::default();

@@ -1479,7 +1479,7 @@ impl Device {
         // a late packet for a destroyed QP does not land on the next QP created: a number
         // comes back only after 2^24 creations. The slot is the number modulo max_qp.
         let max_qp = self.sh.cfg.limits.max_qp as usize;
-        if self.qps.iter().flatten().count() >= max_qp {
+        if self.live_qps as usize >= max_qp {
             return Err(VerbsError::NoResources("queue pairs"));
         }
         let (seq, slot) = loop {
@@ -2451,15 +2451,16 @@ impl Device {
     }
 
     /// As [`Device::counters`], at a cost bounded however many QPs exist: the port totals
-    /// are kept running and brought up to date for at most `budget` QP slots per call, in
-    /// turn from where the last call stopped. With more QPs than `budget`, a QP's latest
-    /// counts show within (QP slots / `budget`) calls; with fewer, the totals are exact. For
-    /// a snapshot taken every millisecond: summing 16K QPs' counters each time took most of
-    /// a worker's cycles (their cache lines, scattered over the QPs).
+    /// are kept running and brought up to date for at most `budget` live QPs per call, in
+    /// turn from where the last call stopped (empty slots are passed over: a pointer each).
+    /// With more QPs than `budget`, a QP's latest counts show within (QPs / `budget`) calls;
+    /// with fewer, the totals are exact. For a snapshot taken every millisecond: summing 16K
+    /// QPs' counters each time took most of a worker's cycles (their cache lines, scattered
+    /// over the QPs).
     pub fn counters_incremental(&mut self, budget: usize) -> (DeviceCounters, QpCounters) {
         let n = self.qps.len();
-        let mut done = 0;
-        while done < budget.min(n) {
+        let (mut visited, mut taken) = (0, 0);
+        while visited < n && taken < budget {
             if self.running_cursor >= n {
                 self.running_cursor = 0;
             }
@@ -2467,9 +2468,10 @@ impl Device {
                 self.running_qp_counters.add(&q.counters);
                 self.running_qp_counters.sub(&q.counted);
                 q.counted = q.counters;
+                taken += 1;
             }
             self.running_cursor += 1;
-            done += 1;
+            visited += 1;
         }
         (self.sh.counters, self.running_qp_counters)
     }

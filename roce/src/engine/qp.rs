@@ -842,11 +842,14 @@ impl Qp {
                 sq_sig_all: self.sq_sig_all,
             },
         );
-        let counters = self.counters;
+        let (counters, counted) = (self.counters, self.counted);
         let queued = self.queued;
         let (taken, noted) = (self.positions_taken, self.moved_noted);
         *self = fresh;
+        // The counters go on (port totals, `rdma statistic`), and so does what the running
+        // totals took of them: reset, they would be taken in twice.
         self.counters = counters;
+        self.counted = counted;
         self.queued = queued;
         // Positions go back to 0: hosts must see that (and the moved list may hold us).
         self.positions_taken = taken;

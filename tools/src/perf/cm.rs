@@ -31,9 +31,10 @@ use roce::verbs::{
 };
 use roce::wire::cm::{service_id, CmaHeader, PrivateData, PS_TCP, PS_UDP, RDMA_UDP_QKEY};
 
-/// How long one CM step may take before the test gives up (the CM's own retries included:
-/// a REQ is sent 16 times over about 70 s before the CM reports a timeout).
-const STEP: Duration = Duration::from_secs(60);
+/// How long one CM step may take before the test gives up: longer than the CM's own retries
+/// (a REQ is sent 16 times, 2 x packet lifetime + response timeout apart, about 98 s, before
+/// the CM reports a timeout), so that its `TimedOut` is what ends a step.
+const STEP: Duration = Duration::from_secs(120);
 /// Pause before trying a connection again after "nobody listens" (perftest's 100 ms).
 const RETRY_PAUSE: Duration = Duration::from_millis(100);
 /// What a SEND of the exchange may hold (`struct pingpong_dest`, the largest item, is 56).
@@ -580,10 +581,10 @@ impl<V: Verbs + RdmaCm> CmLink<V> {
         let local = Local::of(&mut l.ctx)?;
         let mtu = l.active_mtu()?;
         let sid = service_id(PS_TCP, port);
+        l.post_recv()?;
         l.ctx
             .cm_listen(sid)
             .map_err(|e| format!("rdma_listen on port {port}: {e}"))?;
-        l.post_recv()?;
         let wait = wait.unwrap_or(Duration::from_secs(u32::MAX as u64));
         let r = accept_rc(&mut l.ctx, &local, l.qp, &Self::opts(mtu), wait);
         let _ = l.ctx.cm_unlisten(sid);
@@ -650,7 +651,23 @@ impl<V: Verbs + RdmaCm> super::oob::Link for CmLink<V> {
                 },
             )
             .map_err(|e| io::Error::other(format!("post send: {e}")))?;
-        let c = poll_one(&mut self.ctx, self.scq, None)?;
+        // Waits in slices, looking for the peer's disconnection between them (a SEND to a
+        // peer that stopped receiving retries for ever: RNR retries are unlimited here).
+        let c = loop {
+            match poll_one(&mut self.ctx, self.scq, Some(Duration::from_millis(50))) {
+                Ok(c) => break c,
+                Err(e) if e.kind() == io::ErrorKind::TimedOut => {
+                    if self.peer_disconnected() {
+                        self.broken = true;
+                        return Err(io::Error::new(
+                            io::ErrorKind::UnexpectedEof,
+                            "the peer closed the connection",
+                        ));
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        };
         if c.status != WcStatus::Success || c.opcode != WcOpcode::Send {
             return Err(self.gone(&c));
         }
@@ -692,6 +709,8 @@ impl<V: Verbs + RdmaCm> super::oob::Link for CmLink<V> {
             return Err(self.gone(&c));
         }
         if (c.byte_len as usize) < n {
+            // The receive is consumed: post it again so the link stays usable.
+            self.post_recv().map_err(io::Error::other)?;
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
                 format!("the peer sent {} bytes where {n} were expected", c.byte_len),
