@@ -600,6 +600,36 @@ impl<V: Verbs + RdmaCm> CmLink<V> {
             .active_mtu)
     }
 
+    /// One completion of `cq` within `timeout` (None: until SIGINT/SIGTERM), waiting in
+    /// slices and looking between them for the peer's disconnection.
+    fn wait(&mut self, cq: CqId, timeout: Option<Duration>) -> io::Result<Completion> {
+        let started = Instant::now();
+        let slice = Duration::from_millis(50);
+        loop {
+            let left = timeout.map(|t| t.saturating_sub(started.elapsed()));
+            match poll_one(
+                &mut self.ctx,
+                cq,
+                Some(left.map_or(slice, |l| l.min(slice))),
+            ) {
+                Ok(c) => return Ok(c),
+                Err(e) if e.kind() == io::ErrorKind::TimedOut => {
+                    if left.is_some_and(|l| l <= slice) {
+                        return Err(e);
+                    }
+                    if self.peer_disconnected() {
+                        self.broken = true;
+                        return Err(io::Error::new(
+                            io::ErrorKind::UnexpectedEof,
+                            "the peer closed the connection",
+                        ));
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
     /// Whether the CM reported the exchange's connection ended.
     fn peer_disconnected(&mut self) -> bool {
         while let Ok(Some(e)) = self.ctx.cm_get_event() {
@@ -651,23 +681,9 @@ impl<V: Verbs + RdmaCm> super::oob::Link for CmLink<V> {
                 },
             )
             .map_err(|e| io::Error::other(format!("post send: {e}")))?;
-        // Waits in slices, looking for the peer's disconnection between them (a SEND to a
-        // peer that stopped receiving retries for ever: RNR retries are unlimited here).
-        let c = loop {
-            match poll_one(&mut self.ctx, self.scq, Some(Duration::from_millis(50))) {
-                Ok(c) => break c,
-                Err(e) if e.kind() == io::ErrorKind::TimedOut => {
-                    if self.peer_disconnected() {
-                        self.broken = true;
-                        return Err(io::Error::new(
-                            io::ErrorKind::UnexpectedEof,
-                            "the peer closed the connection",
-                        ));
-                    }
-                }
-                Err(e) => return Err(e),
-            }
-        };
+        // A SEND to a peer that stopped receiving retries for ever (RNR retries are
+        // unlimited here): the wait watches for the peer's disconnection.
+        let c = self.wait(self.scq, None)?;
         if c.status != WcStatus::Success || c.opcode != WcOpcode::Send {
             return Err(self.gone(&c));
         }
@@ -675,35 +691,11 @@ impl<V: Verbs + RdmaCm> super::oob::Link for CmLink<V> {
     }
 
     fn recv(&mut self, n: usize, timeout: Option<Duration>) -> io::Result<Vec<u8>> {
-        let started = Instant::now();
-        let c = loop {
-            if let Some(c) = self.pending.take() {
-                break c;
-            }
-            // Waits in slices, looking between them for the peer's disconnection (a peer
-            // that went away without a word leaves a pending receive waiting forever).
-            let slice = Duration::from_millis(50);
-            let left = timeout.map(|t| t.saturating_sub(started.elapsed()));
-            match poll_one(
-                &mut self.ctx,
-                self.rcq,
-                Some(left.map_or(slice, |l| l.min(slice))),
-            ) {
-                Ok(c) => break c,
-                Err(e) if e.kind() == io::ErrorKind::TimedOut => {
-                    if left.is_some_and(|l| l <= slice) {
-                        return Err(e);
-                    }
-                    if self.peer_disconnected() {
-                        self.broken = true;
-                        return Err(io::Error::new(
-                            io::ErrorKind::UnexpectedEof,
-                            "the peer closed the connection",
-                        ));
-                    }
-                }
-                Err(e) => return Err(e),
-            }
+        // A peer that went away without a word leaves a pending receive waiting for ever:
+        // the wait watches for the peer's disconnection.
+        let c = match self.pending.take() {
+            Some(c) => c,
+            None => self.wait(self.rcq, timeout)?,
         };
         if c.status != WcStatus::Success || c.opcode != WcOpcode::Recv {
             return Err(self.gone(&c));
