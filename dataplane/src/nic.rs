@@ -1039,20 +1039,13 @@ impl Nic {
         // A frame in one segment this mbuf alone holds (the usual case): a RoCE frame is
         // parsed and verified in place, its ICRC in one pass (`frame::parse_in_place`).
         if m.nb_segs() == 1 && m.is_exclusive() {
-            if let Some(t) = self.tap.as_mut() {
-                t.write(now, &[m.data()]);
-            }
-            let first = m.data();
-            if !self.l2_accept(first) {
-                return None;
-            }
-            let kind = classify(first);
-            if matches!(kind, FrameKind::Roce | FrameKind::Cnp) {
-                self.counters.rx_roce += 1;
-                let r = parse_in_place(m.data_mut());
-                return self.rx_roce(now, r, &[m.data()], true);
-            }
-            return self.rx_other(now, kind, &[m.data()]);
+            return match self.rx_kind(now, &[m.data()])? {
+                FrameKind::Roce | FrameKind::Cnp => {
+                    let r = parse_in_place(m.data_mut());
+                    self.rx_roce(now, r, &[m.data()], true)
+                }
+                kind => self.rx_other(now, kind, &[m.data()]),
+            };
         }
         // Segments in place (no copy) for the engine. A frame in more segments than we keep
         // references for, or whose first segment is too short to classify, is linearised.
@@ -1082,24 +1075,25 @@ impl Nic {
         } else {
             &segs[..n]
         };
+        let hold = match self.rx_kind(now, segs) {
+            None => None,
+            Some(FrameKind::Roce | FrameKind::Cnp) => {
+                let single = segs.len() == 1 && m.nb_segs() == 1;
+                self.rx_roce(now, parse_segments(segs), segs, single)
+            }
+            Some(kind) => self.rx_other(now, kind, segs),
+        };
+        self.scratch = scratch;
+        hold
+    }
+
+    /// A received frame's capture and layer-2 filter, then its kind (`None`: filtered out).
+    fn rx_kind(&mut self, now: u64, segs: &[&[u8]]) -> Option<FrameKind> {
         if let Some(t) = self.tap.as_mut() {
             t.write(now, segs);
         }
         let first = segs.first().copied().unwrap_or(&[]);
-        if !self.l2_accept(first) {
-            self.scratch = scratch;
-            return None;
-        }
-        let kind = classify(first);
-        let hold = if matches!(kind, FrameKind::Roce | FrameKind::Cnp) {
-            self.counters.rx_roce += 1;
-            let single = segs.len() == 1 && m.nb_segs() == 1;
-            self.rx_roce(now, parse_segments(segs), segs, single)
-        } else {
-            self.rx_other(now, kind, segs)
-        };
-        self.scratch = scratch;
-        hold
+        self.l2_accept(first).then(|| classify(first))
     }
 
     /// A parsed RoCE frame to the engine, or back to the caller to hold (a UD message in one
@@ -1111,6 +1105,7 @@ impl Nic {
         segs: &[&[u8]],
         single: bool,
     ) -> Option<ParsedFrame> {
+        self.counters.rx_roce += 1;
         match parsed {
             Err(e) => self.dev.reject_frame(&e),
             Ok(p) if single && self.wants_hold(&p) => return Some(p),

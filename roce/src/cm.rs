@@ -427,6 +427,9 @@ impl CmAgent {
         if !self.listening.insert(service_id) {
             return Err(CmError::Busy);
         }
+        if self.held_now == 0 {
+            return Ok(());
+        }
         let held: Vec<ConnId> = self
             .conns
             .iter()

@@ -5,7 +5,7 @@
 
 use roce::cm::{reason, AcceptParams, CmAgent, CmConfig, CmEvent, ConnId, ConnectParams, OutMad};
 use roce::types::Gid;
-use roce::wire::cm::{service_id, Cm, PrivateData, CM_DATA_LEN};
+use roce::wire::cm::{service_id, Cm, PrivateData, CM_DATA_LEN, PS_TCP};
 use roce::wire::mad::{attr, MadHeader, HEADER_LEN};
 
 const A_GID: Gid = Gid::from_ipv4([10, 99, 0, 2]);
@@ -569,7 +569,7 @@ fn req_and_rep_match_what_linux_sent_in_the_corpus() {
     let mut a = CmAgent::new(cfg(req.local_ca_guid));
     let mut b = CmAgent::new(cfg(rep.local_ca_guid));
     b.listen(req.service_id).unwrap();
-    assert_eq!(req.service_id, service_id(0x0106, 7174));
+    assert_eq!(req.service_id, service_id(PS_TCP, 7174));
     let p = ConnectParams {
         service_id: req.service_id,
         local_gid: req.primary.local_gid,
@@ -797,20 +797,10 @@ fn random_mads_never_panic_and_hold_nothing_unbounded() {
         ..cfg(4)
     });
     b.listen(SID).unwrap();
-    let attrs = [
-        attr::REQ,
-        attr::MRA,
-        attr::REJ,
-        attr::REP,
-        attr::RTU,
-        attr::DREQ,
-        attr::DREP,
-        attr::SIDR_REQ,
-        attr::SIDR_REP,
-        attr::LAP,
-        attr::APR,
-        0x7777,
-    ];
+    let attrs: Vec<u16> = attr::CM_MESSAGES
+        .into_iter()
+        .chain([attr::LAP, attr::APR, 0x7777])
+        .collect();
     let mut now = 0;
     for i in 0..20_000u64 {
         let mut mad = [0u8; 256];

@@ -334,7 +334,7 @@ fn cm_messages_rebuild_byte_for_byte() {
 /// again, it is the same bytes.
 #[test]
 fn rping_req_carries_rdma_cm_addresses() {
-    use roce::wire::cm::{service_id, Cm, CmaHeader, CMA_HDR_LEN};
+    use roce::wire::cm::{service_id, Cm, CmaHeader, CMA_HDR_LEN, PS_TCP};
     use roce::wire::mad::{attr, MadHeader, HEADER_LEN};
     let data = std::fs::read(corpus_dir().join("rping.pcap")).unwrap();
     let req = Reader::new(&data)
@@ -355,7 +355,7 @@ fn rping_req_carries_rdma_cm_addresses() {
     assert_eq!(h.src.ip().to_string(), "10.99.0.2");
     assert_eq!(h.dst.to_string(), "10.99.0.4");
     assert_ne!(h.src.port(), 0);
-    assert_eq!(req.service_id, service_id(0x0106, 7174));
+    assert_eq!(req.service_id, service_id(PS_TCP, 7174));
     let mut again = [0u8; CMA_HDR_LEN];
     assert!(h.emit(&mut again));
     assert_eq!(&again[..], &pd[..CMA_HDR_LEN]);

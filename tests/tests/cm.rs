@@ -13,7 +13,7 @@ use ferroce_host::app::{CmQpPath, RdmaCm};
 use ferroce_tests::{post_signaled, side, wait_cq, wait_until, Side};
 use roce::cm::{reason, AcceptParams, ConnectParams};
 use roce::verbs::*;
-use roce::wire::cm::{service_id, CmaHeader, PrivateData};
+use roce::wire::cm::{service_id, CmaHeader, PrivateData, PS_TCP};
 
 const WAIT: Duration = Duration::from_secs(10);
 
@@ -33,7 +33,7 @@ fn connect(a: &mut Side, b: &Side, port: u16) -> u32 {
     };
     assert!(hdr.emit(&mut pd));
     let params = ConnectParams {
-        service_id: service_id(0x0106, port),
+        service_id: service_id(PS_TCP, port),
         local_gid: a.gid,
         remote_gid: b.gid,
         qpn: a.qpn.value(),
@@ -60,7 +60,7 @@ fn event(s: &mut Side) -> CmEventData {
 #[test]
 fn rdma_cm_connects_two_applications_and_data_flows() {
     let (_rt, mut a, mut b) = rnics("cm-connect");
-    let sid = service_id(0x0106, 7174);
+    let sid = service_id(PS_TCP, 7174);
     b.ctx.cm_listen(sid).unwrap();
     assert!(
         b.ctx.cm_listen(sid).is_err(),
@@ -195,7 +195,7 @@ fn no_listener_rejection_and_a_client_that_goes_away() {
         }
     );
     // The application rejects with its own private data.
-    let sid = service_id(0x0106, 10);
+    let sid = service_id(PS_TCP, 10);
     b.ctx.cm_listen(sid).unwrap();
     let id = connect(&mut a, &b, 10);
     let CmEventData::ConnectRequest { id: b_id, .. } = event(&mut b) else {

@@ -694,17 +694,7 @@ mod tests {
     /// bits, which come back zero (and emit then parse is the identity).
     #[test]
     fn every_message_round_trips_and_reserved_bits_come_back_zero() {
-        for a in [
-            attr::REQ,
-            attr::MRA,
-            attr::REJ,
-            attr::REP,
-            attr::RTU,
-            attr::DREQ,
-            attr::DREP,
-            attr::SIDR_REQ,
-            attr::SIDR_REP,
-        ] {
+        for a in attr::CM_MESSAGES {
             let mut src = [0u8; CM_DATA_LEN];
             for (i, b) in src.iter_mut().enumerate() {
                 *b = (i as u8).wrapping_mul(37).wrapping_add(a as u8) | 0x81;

@@ -150,6 +150,8 @@ pub mod attr {
     pub const LAP: u16 = 0x0019;
     /// Alternate path response.
     pub const APR: u16 = 0x001a;
+    /// The CM messages `wire::cm::Cm` carries (all but LAP and APR).
+    pub const CM_MESSAGES: [u16; 9] = [REQ, MRA, REJ, REP, RTU, DREQ, DREP, SIDR_REQ, SIDR_REP];
 }
 
 /// A CM message's fields (the ones a capture reader wants). Serialized (feature `serde`) as an

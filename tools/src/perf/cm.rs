@@ -31,6 +31,8 @@ use roce::verbs::{
 };
 use roce::wire::cm::{service_id, CmaHeader, PrivateData, PS_TCP, PS_UDP, RDMA_UDP_QKEY};
 
+use super::res::random_psn;
+
 /// How long one CM step may take before the test gives up: longer than the CM's own retries
 /// (a REQ is sent 16 times, 2 x packet lifetime + response timeout apart, about 98 s, before
 /// the CM reports a timeout), so that its `TimedOut` is what ends a step.
@@ -53,17 +55,9 @@ impl Local {
     /// The context's first IPv4-mapped GID (rdma_cm here addresses peers by IPv4).
     pub fn of<V: Verbs>(ctx: &mut V) -> Result<Local, String> {
         let port = ctx.query_port().map_err(|e| format!("query port: {e}"))?;
-        for i in 0..port.gid_tbl_len.min(16) as u8 {
-            if let Ok(g) = ctx.query_gid(i) {
-                if g.is_ipv4_mapped() {
-                    return Ok(Local {
-                        gid: g,
-                        gid_index: i,
-                    });
-                }
-            }
-        }
-        Err("-R: the RNIC has no IPv4 address for rdma_cm".into())
+        let (gid_index, gid) = super::res::first_ipv4_gid(ctx, port.gid_tbl_len)
+            .ok_or("-R: the RNIC has no IPv4 address for rdma_cm")?;
+        Ok(Local { gid, gid_index })
     }
 
     fn ip(&self) -> Ipv4Addr {
@@ -115,10 +109,6 @@ pub struct Connected {
     pub peer_qpn: Qpn,
     /// The peer's Q_Key (UD).
     pub peer_qkey: u32,
-}
-
-fn random_psn() -> u32 {
-    super::res::random_psn()
 }
 
 /// The next CM event `want` accepts, waiting up to `timeout` and stopping on

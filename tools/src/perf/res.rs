@@ -130,6 +130,17 @@ pub struct PortFacts {
     pub max_rd_atom: u8,
 }
 
+/// The first IPv4-mapped GID among the port's first `gid_tbl_len` (at most 16): its index
+/// and the GID.
+pub fn first_ipv4_gid<V: Verbs>(ctx: &mut V, gid_tbl_len: u32) -> Option<(u8, Gid)> {
+    (0..gid_tbl_len.min(16) as u8).find_map(|i| {
+        ctx.query_gid(i)
+            .ok()
+            .filter(|g| g.is_ipv4_mapped())
+            .map(|g| (i, g))
+    })
+}
+
 /// Queries the port and picks the GID (`-x`, or the first IPv4-mapped GID as perftest's
 /// `get_best_gid_index` prefers, else 0).
 pub fn port_facts<V: Verbs>(ctx: &mut V, p: &Params) -> Result<PortFacts, String> {
@@ -143,21 +154,10 @@ pub fn port_facts<V: Verbs>(ctx: &mut V, p: &Params) -> Result<PortFacts, String
             ctx.query_gid(i)
                 .map_err(|e| format!("-x {i}: no such GID ({e})"))?,
         ),
-        None => {
-            let mut pick = None;
-            for i in 0..port.gid_tbl_len.min(16) as u8 {
-                if let Ok(g) = ctx.query_gid(i) {
-                    if g.is_ipv4_mapped() {
-                        pick = Some((i, g));
-                        break;
-                    }
-                }
-            }
-            match pick {
-                Some(x) => x,
-                None => (0, ctx.query_gid(0).map_err(|e| format!("GID 0: {e}"))?),
-            }
-        }
+        None => match first_ipv4_gid(ctx, port.gid_tbl_len) {
+            Some(x) => x,
+            None => (0, ctx.query_gid(0).map_err(|e| format!("GID 0: {e}"))?),
+        },
     };
     Ok(PortFacts {
         active_mtu: port.active_mtu,

@@ -97,7 +97,7 @@ fn addr_line(p: &Params, side: &str, k: &Key) -> String {
     s
 }
 
-fn header<V: Verbs + RdmaCm>(p: &Params, r: &Res<V>, dev: &str) -> String {
+fn header<V: Verbs>(p: &Params, r: &Res<V>, dev: &str) -> String {
     let mut h = Vec::new();
     h.push(RULE.to_string());
     h.push(format!("                    {}", p.title()));
@@ -378,7 +378,7 @@ fn lat_size_done<V: Verbs + RdmaCm>(
     Ok(())
 }
 
-fn check_gids<V: Verbs + RdmaCm>(res: &Res<V>, rem: &[Key]) -> Result<(), String> {
+fn check_gids<V: Verbs>(res: &Res<V>, rem: &[Key]) -> Result<(), String> {
     let mine = roce::types::Gid(res.gid.0).is_ipv4_mapped();
     for k in rem {
         if roce::types::Gid(k.gid).is_ipv4_mapped() != mine {
