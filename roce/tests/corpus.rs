@@ -359,4 +359,12 @@ fn rping_req_carries_rdma_cm_addresses() {
     let mut again = [0u8; CMA_HDR_LEN];
     assert!(h.emit(&mut again));
     assert_eq!(&again[..], &pd[..CMA_HDR_LEN]);
+    // The whole private data as rdma_cm builds it (rping adds no bytes of its own), and
+    // user bytes that do not fit after the header refused.
+    assert_eq!(h.private_data::<92>(&[]).unwrap().0, *pd);
+    assert!(h.private_data::<92>(&[0; 57]).is_none());
+    assert_eq!(
+        &h.private_data::<92>(b"ab").unwrap().0[CMA_HDR_LEN..CMA_HDR_LEN + 3],
+        b"ab\0"
+    );
 }

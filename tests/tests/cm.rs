@@ -26,12 +26,10 @@ fn rnics(name: &str) -> (Runtime, Side, Side) {
 
 /// A's REQ to B's `port`, with rdma_cm's addressing header as private data.
 fn connect(a: &mut Side, b: &Side, port: u16) -> u32 {
-    let mut pd = [0u8; 56];
     let hdr = CmaHeader {
         src: std::net::SocketAddr::new(a.gid.to_ipv4().unwrap().into(), 40000),
         dst: b.gid.to_ipv4().unwrap().into(),
     };
-    assert!(hdr.emit(&mut pd));
     let params = ConnectParams {
         service_id: service_id(PS_TCP, port),
         local_gid: a.gid,
@@ -44,7 +42,7 @@ fn connect(a: &mut Side, b: &Side, port: u16) -> u32 {
         retry_count: 7,
         rnr_retry_count: 7,
         hop_limit: 64,
-        private_data: PrivateData::from_bytes(&pd).unwrap(),
+        private_data: hdr.private_data(&[]).unwrap(),
         ..Default::default()
     };
     a.ctx.cm_connect(params).expect("cm_connect")

@@ -1243,17 +1243,11 @@ unsafe fn request_private<const N: usize>(
         let s = st(id);
         (s.src?, s.dst?)
     };
-    if user.len() > N - CMA_HDR_LEN {
-        return None;
-    }
-    let mut pd = [0u8; N];
     let hdr = CmaHeader {
         src: src.into(),
         dst: (*dst.ip()).into(),
     };
-    hdr.emit(&mut pd);
-    pd[CMA_HDR_LEN..CMA_HDR_LEN + user.len()].copy_from_slice(user);
-    Some((src, dst, PrivateData(pd)))
+    Some((src, dst, hdr.private_data(user)?))
 }
 
 /// Records the connection (or SIDR request) `r` opened for the ID; a synchronous ID then

@@ -670,6 +670,21 @@ impl CmaHeader {
         pd[20..36].copy_from_slice(&dst.octets());
         true
     }
+
+    /// A request's private data as rdma_cm sends it: this header, then `user`'s bytes, the
+    /// rest zero; `None` if `user` does not fit after the header or the addresses are of
+    /// different families.
+    pub fn private_data<const N: usize>(&self, user: &[u8]) -> Option<PrivateData<N>> {
+        if N < CMA_HDR_LEN || user.len() > N - CMA_HDR_LEN {
+            return None;
+        }
+        let mut pd = [0u8; N];
+        if !self.emit(&mut pd) {
+            return None;
+        }
+        pd[CMA_HDR_LEN..CMA_HDR_LEN + user.len()].copy_from_slice(user);
+        Some(PrivateData(pd))
+    }
 }
 
 /// rdma_cm's port space of RC connections (RDMA_PS_TCP).

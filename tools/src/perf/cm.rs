@@ -146,14 +146,13 @@ pub fn next_event<V: RdmaCm>(
 
 /// rdma_cm's private data of a request from `local` (an ephemeral source port) to `dst`.
 fn request_private<const N: usize>(local: &Local, dst: Ipv4Addr) -> PrivateData<N> {
-    let mut pd = [0u8; N];
     let port = 0xc000 | (random_psn() as u16 & 0x3fff);
     let hdr = CmaHeader {
         src: SocketAddr::new(local.ip().into(), port),
         dst: dst.into(),
     };
-    hdr.emit(&mut pd);
-    PrivateData(pd)
+    // Both IPv4, and no user bytes: it always fits.
+    hdr.private_data(&[]).unwrap_or_default()
 }
 
 /// The active side of an RC connection from `qpn` (in RESET) to `dst`:`port`: the REQ, then
