@@ -29,7 +29,7 @@ use ferroce_host::abi::proto::{
     VERSION,
 };
 use ferroce_host::abi::ring::ring_bytes;
-use ferroce_host::abi::slots::{CqeSlot, EventSlot, PostSlot};
+use ferroce_host::abi::slots::{CqeSlot, EventSlot, PostCell};
 use ferroce_host::abi::{ClientLimits, Command};
 use ferroce_host::Channel;
 
@@ -441,7 +441,7 @@ fn welcome(shared: &Shared, nic: usize, client_limits: &ClientLimits) -> Welcome
         limits,
         client_limits: *client_limits,
         ring_bytes: [
-            ring_bytes::<PostSlot>(ferroce_host::abi::POST_RING) as u64,
+            ring_bytes::<PostCell>(ferroce_host::abi::POST_RING) as u64,
             ring_bytes::<EventSlot>(ferroce_host::abi::EVENT_RING) as u64,
             limits.index_bytes() as u64,
         ],

@@ -18,7 +18,7 @@ use std::sync::{Arc, OnceLock};
 
 use ferroce_host::abi::area::Area;
 use ferroce_host::abi::ring::{ring, Consumer, Producer};
-use ferroce_host::abi::slots::{CqeSlot, EventSlot, Post, PostSlot, SlotError};
+use ferroce_host::abi::slots::{CqeSlot, EventSlot, PostBuf, PostCell, SlotError};
 use ferroce_host::abi::{
     ClientLimits, CmEventData, HostCounters, HostLimits, EVENT_RING, POST_RING, QP_INDEX_BYTES,
 };
@@ -38,7 +38,7 @@ pub fn host_end(
     client_limits: ClientLimits,
     who: &str,
 ) -> std::io::Result<(ClientRings, HostEnd)> {
-    let (posts, _, post_c) = ring::<PostSlot>(POST_RING, &format!("{who}-posts"))?;
+    let (posts, _, post_c) = ring::<PostCell>(POST_RING, &format!("{who}-posts"))?;
     let (events, ev_p, _) = ring::<EventSlot>(EVENT_RING, &format!("{who}-events"))?;
     let index = Arc::new(Area::new(limits.index_bytes(), &format!("{who}-index"))?);
     let host = HostEnd::new(post_c, ev_p, index.clone(), limits, client_limits);
@@ -165,8 +165,8 @@ pub(crate) fn populate_later(mem: &Arc<Area>, off: usize, len: usize) {
 /// (the RNIC then closes it, with the device-fatal event).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum PostError {
-    /// A slot that does not decode.
-    #[error("bad post slot: {0}")]
+    /// A post that does not decode.
+    #[error("bad post: {0}")]
     Slot(#[from] SlotError),
     /// Ring indices that claim more posts than the ring holds.
     #[error("post ring indices corrupted")]
@@ -215,7 +215,7 @@ pub struct HostEnd {
     pub uid: u32,
     /// Its command name.
     pub comm: String,
-    posts: Consumer<PostSlot>,
+    posts: Consumer<PostCell>,
     events: Producer<EventSlot>,
     /// CQ rings by CQ id; `true` while the CQ has completions the ring had no room for.
     /// Its CQs' rings by CQ id (a mirror of the device's ids), with whether completions wait.
@@ -252,7 +252,7 @@ pub struct HostEnd {
 impl HostEnd {
     /// A host end over the worker's ends of a client's rings.
     pub fn new(
-        posts: Consumer<PostSlot>,
+        posts: Consumer<PostCell>,
         events: Producer<EventSlot>,
         index: Arc<Area>,
         limits: HostLimits,
@@ -324,19 +324,33 @@ impl HostEnd {
         }
     }
 
-    /// Takes the client's next post out of its ring: copied out of shared memory first, then
-    /// decoded with every field checked. `None` once the ring is empty (or the client is
-    /// closed); `Some(Err)` for a slot that breaks the protocol, or for producer indices that
-    /// claim more than the ring holds (a corrupted or hostile client).
-    pub fn next_post(&mut self) -> Option<Result<Post, PostError>> {
+    /// Takes the client's next post out of its ring and decodes it into `buf`, with every
+    /// field checked: each cell is copied out of shared memory before it is read. `None`
+    /// once the ring is empty (or the client is closed); `Some(Err)` for a post that breaks
+    /// the protocol (a head that does not check, fewer cells published than it calls for),
+    /// or for producer indices that claim more than the ring holds (a corrupted or hostile
+    /// client).
+    pub fn next_post(&mut self, buf: &mut PostBuf) -> Option<Result<(), PostError>> {
         if self.closed {
             return None;
         }
-        match self.posts.pop() {
-            Some(slot) => Some(slot.decode().map_err(PostError::Slot)),
-            None if self.posts.rejected > 0 => Some(Err(PostError::Indices)),
-            None => None,
+        let Some(head) = self.posts.peek(0) else {
+            return (self.posts.rejected > 0).then_some(Err(PostError::Indices));
+        };
+        let head = head.head();
+        let need = match head.cells() {
+            Ok(n) => n,
+            Err(e) => return Some(Err(e.into())),
+        };
+        // A producer publishes a post's cells with one store: fewer is a broken protocol.
+        if !self.posts.ready(need) {
+            let have = self.posts.published();
+            return Some(Err(SlotError::Truncated { have, need }.into()));
         }
+        let posts = &self.posts;
+        let r = buf.decode(&head, |i| posts.get(i).unwrap_or_default());
+        self.posts.advance(need);
+        Some(r.map_err(PostError::Slot))
     }
 
     /// Stops counting retired areas once no MR holds them any more (they are unmapped).

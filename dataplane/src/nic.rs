@@ -310,6 +310,8 @@ pub struct Nic {
     watchdog: Option<Watchdog>,
     storm_events: Vec<StormEvent>,
     scratch: Vec<u8>,
+    /// The buffer clients' posts are decoded into (`serve_posts`), kept between batches.
+    post_buf: Option<Box<ferroce_host::abi::slots::PostBuf>>,
     /// Counters.
     pub counters: NicCounters,
 }
@@ -429,6 +431,7 @@ impl Nic {
             watchdog,
             storm_events: Vec::new(),
             scratch: Vec::with_capacity(16384),
+            post_buf: None,
             counters,
         })
     }

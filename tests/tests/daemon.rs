@@ -15,6 +15,7 @@ use dataplane::daemon::Daemon;
 use dataplane::runtime::{test_config, Runtime};
 use dataplane::Verbs;
 use ferroce_host::abi::area::Area;
+use ferroce_host::abi::slots::{post_kind, PostCells};
 use ferroce_host::abi::proto::{
     AdminRequest, Body, Hello, Reply, ReplyBody, Request, Role, SeqPacket, WireError, VERSION,
 };
@@ -455,6 +456,28 @@ fn a_hostile_client_harms_neither_rnicd_nor_another_client() {
     std::thread::sleep(Duration::from_millis(100));
     let (r, _) = raw(
         &s2,
+        2,
+        Body::Call(ferroce_host::abi::Command::QueryPort),
+        &[],
+    );
+    assert_eq!(r.status, libc::EIO, "{r:?}");
+    // A third one publishing half a post: a well-formed head that calls for two cells,
+    // and a producer index that publishes only the head.
+    let s3 = SeqPacket::connect(&cfg.socket).unwrap();
+    let (_, fds3) = raw(&s3, 1, hello("ferroce0"), &[]);
+    let posts3 = Area::from_fd(fds3.into_iter().next().unwrap(), 4096).unwrap();
+    let sges = [Sge::default(); 2];
+    let post = PostCells::recv(post_kind::RECV, 0x11, 1, &sges).unwrap();
+    assert_eq!(post.cells(), 2);
+    let mut first = None;
+    post.write(|c| {
+        first.get_or_insert(*c);
+    });
+    posts3.write_at(128, &first.unwrap().0).unwrap();
+    posts3.write_at(64, &1u64.to_le_bytes()).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    let (r, _) = raw(
+        &s3,
         2,
         Body::Call(ferroce_host::abi::Command::QueryPort),
         &[],

@@ -46,20 +46,23 @@ pub(super) fn port_attr(dev: &Device) -> PortAttrData {
 
 impl Nic {
     /// Executes up to `budget` posts from client `id`'s ring; returns how many it took. A
-    /// client that breaks the protocol (a slot that does not decode, corrupted ring indices)
-    /// gets the device-fatal event and is closed, its objects released.
+    /// client that breaks the protocol (a post that does not decode, corrupted ring
+    /// indices) gets the device-fatal event and is closed, its objects released.
     pub(super) fn serve_posts(&mut self, id: usize, budget: usize) -> usize {
         let mut n = 0;
+        // Every post of the batch is decoded into this one buffer and applied by reference:
+        // a decoded post is some 600 bytes, and moving it showed in the per-message profile.
+        let mut buf = self.post_buf.take().unwrap_or_default();
         while n < budget {
             let Some(h) = self.hosts.get_mut(id) else {
                 break;
             };
-            let Some(next) = h.next_post() else { break };
+            let Some(next) = h.next_post(&mut buf) else {
+                break;
+            };
             n += 1;
             match next {
-                // By reference: a decoded post is some 600 bytes, and moving it again for the
-                // call showed in the per-message profile.
-                Ok(post) => self.execute_post(id, &post),
+                Ok(()) => self.execute_post(id, buf.post()),
                 Err(e) => {
                     h.counters.bad_slots += 1;
                     tracing::warn!(client = %h.label, error = %e, "closing the client");
@@ -69,6 +72,7 @@ impl Nic {
                 }
             }
         }
+        self.post_buf = Some(buf);
         n
     }
 
@@ -81,9 +85,9 @@ impl Nic {
     /// QP went to the error state, its queue is full) completes in order with LOC_QP_OP_ERR
     /// and frees its queue place when it retires: the application counted it as posted. A
     /// post naming another client's object is counted and dropped.
-    fn execute_post(&mut self, id: usize, post: &Post) {
-        let refused = match *post {
-            Post::Send { qpn, ref wr } => {
+    fn execute_post(&mut self, id: usize, post: Post<'_>) {
+        let refused = match post {
+            Post::Send { qpn, wr } => {
                 let own = self.owns_qp(id, qpn);
                 let r = if !own {
                     Err(VerbsError::NotFound("queue pair"))
@@ -107,17 +111,12 @@ impl Nic {
                 }
                 r.is_err()
             }
-            Post::Recv {
-                qpn,
-                wr_id,
-                nsge,
-                ref sges,
-            } => {
+            Post::Recv { qpn, wr_id, sges } => {
                 let own = self.owns_qp(id, qpn);
                 let r = if own {
                     let wr = RecvWr {
                         wr_id,
-                        sg_list: &sges[..nsge],
+                        sg_list: sges,
                     };
                     self.dev.post_recv(qpn, &wr)
                 } else {
@@ -129,19 +128,14 @@ impl Nic {
                 }
                 r.is_err()
             }
-            Post::SrqRecv {
-                srq,
-                wr_id,
-                nsge,
-                ref sges,
-            } => {
+            Post::SrqRecv { srq, wr_id, sges } => {
                 let srq = SrqId(srq);
                 // No QP to complete a refused one on: counted (the application checked
                 // fullness before posting, so this means the SRQ went away meanwhile).
                 if self.owners.srq(srq) == Some(id) {
                     let wr = RecvWr {
                         wr_id,
-                        sg_list: &sges[..nsge],
+                        sg_list: sges,
                     };
                     self.dev.post_srq_recv(srq, &wr).is_err()
                 } else {

@@ -8,8 +8,8 @@ use roce::memory::PdId;
 use roce::types::{Gid, Lkey, Qpn, Rkey};
 use roce::verbs::{Access, QpAttr, QpInfo};
 
-/// Post ring depth.
-pub const POST_RING: usize = 4096;
+/// Post ring depth, in 64-byte cells (a post takes one to seven).
+pub const POST_RING: usize = 8192;
 /// Event ring depth.
 pub const EVENT_RING: usize = 1024;
 /// Per-QP published indices: (send WQEs retired, receive WQEs retired).

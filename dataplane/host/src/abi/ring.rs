@@ -77,6 +77,8 @@ pub struct Producer<T: Plain> {
     /// says the ring is full (rte_ring's and liburing's cached index), so a push does not
     /// pull the consumer's cache line every time.
     cached_head: u64,
+    /// Entries written after `tail` and not yet published ([`Producer::stage`]).
+    staged: u64,
     _t: PhantomData<*const T>,
 }
 
@@ -108,6 +110,7 @@ impl<T: Plain> Producer<T> {
             cap: capacity as u64,
             tail,
             cached_head,
+            staged: 0,
             _t: PhantomData,
         }
     }
@@ -166,18 +169,46 @@ impl<T: Plain> Producer<T> {
         self.cap.saturating_sub(self.tail.wrapping_sub(head)) as usize
     }
 
-    /// Appends `v`; false when full.
+    /// Appends `v` and publishes it (with anything staged before it); false when full.
     #[inline]
     pub fn push(&mut self, v: &T) -> bool {
-        if self.tail.wrapping_sub(self.cached_head) >= self.cap {
-            self.cached_head = idx(&self.area, HEAD).load(Ordering::Acquire);
-            if self.tail.wrapping_sub(self.cached_head) >= self.cap {
-                return false;
-            }
+        if !self.stage(v) {
+            return false;
         }
-        let slot = (self.tail & (self.cap - 1)) as usize;
+        self.publish();
+        true
+    }
+
+    /// Whether `n` more entries fit after those staged, reading the consumer's index again
+    /// only when the cached one says they do not.
+    #[inline]
+    pub fn room(&mut self, n: usize) -> bool {
+        if self.fits(self.cached_head, n) {
+            return true;
+        }
+        self.cached_head = idx(&self.area, HEAD).load(Ordering::Acquire);
+        self.fits(self.cached_head, n)
+    }
+
+    /// Whether `n` more entries fit after those staged with the consumer at `head`. A
+    /// consumer index past ours (a corrupted or hostile consumer) reads as a full ring.
+    fn fits(&self, head: u64, n: usize) -> bool {
+        let used = self.tail.wrapping_sub(head);
+        used <= self.cap && self.cap - used >= self.staged + n as u64
+    }
+
+    /// Writes `v` after the entries staged so far without publishing it: the consumer sees
+    /// every staged entry at once, at the next [`Producer::publish`] (several entries, one
+    /// release store: a multi-cell post, or a batch). False when full.
+    #[inline]
+    pub fn stage(&mut self, v: &T) -> bool {
+        if !self.room(1) {
+            return false;
+        }
+        let slot = (self.tail.wrapping_add(self.staged) & (self.cap - 1)) as usize;
         // SAFETY: slot < cap and the area holds cap slots after SLOTS; T is plain data; the
-        // consumer does not read this slot until the release store below.
+        // consumer has freed this slot (room above) and does not read it until the release
+        // store in `publish`.
         unsafe {
             let p = self
                 .area
@@ -185,9 +216,18 @@ impl<T: Plain> Producer<T> {
                 .add(SLOTS + slot * std::mem::size_of::<T>()) as *mut T;
             std::ptr::write_unaligned(p, *v);
         }
-        self.tail = self.tail.wrapping_add(1);
-        idx(&self.area, TAIL).store(self.tail, Ordering::Release);
+        self.staged += 1;
         true
+    }
+
+    /// Publishes the staged entries (one release store).
+    #[inline]
+    pub fn publish(&mut self) {
+        if self.staged != 0 {
+            self.tail = self.tail.wrapping_add(self.staged);
+            self.staged = 0;
+            idx(&self.area, TAIL).store(self.tail, Ordering::Release);
+        }
     }
 }
 
@@ -327,6 +367,63 @@ impl<T: Plain> Consumer<T> {
         self.head = self.head.wrapping_add(1);
         idx(&self.area, HEAD).store(self.head, Ordering::Release);
         Some(v)
+    }
+
+    /// A copy of the `i`-th entry not yet taken (0: the oldest), if it is published.
+    #[inline]
+    pub fn peek(&mut self, i: usize) -> Option<T> {
+        if !self.ready(i + 1) {
+            return None;
+        }
+        self.get(i)
+    }
+
+    /// Whether `n` entries are published and not yet taken, reading the producer's index
+    /// again only when the cached one says there are fewer.
+    #[inline]
+    pub fn ready(&mut self, n: usize) -> bool {
+        if self.cached_tail.wrapping_sub(self.head) >= n as u64 {
+            return true;
+        }
+        self.cached_tail = self.head;
+        self.available() >= n as u64
+    }
+
+    /// A copy of the `i`-th entry not yet taken, if [`Consumer::ready`] or
+    /// [`Consumer::peek`] has seen it published.
+    #[inline]
+    pub fn get(&self, i: usize) -> Option<T> {
+        if self.cached_tail.wrapping_sub(self.head) <= i as u64 {
+            return None;
+        }
+        let slot = (self.head.wrapping_add(i as u64) & (self.cap - 1)) as usize;
+        // SAFETY: the producer published this entry (acquire in `available`) and does not
+        // touch it until HEAD moves past it; in bounds; plain data.
+        Some(unsafe {
+            let p = self
+                .area
+                .as_ptr()
+                .add(SLOTS + slot * std::mem::size_of::<T>()) as *const T;
+            std::ptr::read_unaligned(p)
+        })
+    }
+
+    /// Entries published and not yet taken (the producer's index read again).
+    pub fn published(&mut self) -> usize {
+        self.cached_tail = self.head;
+        self.available() as usize
+    }
+
+    /// Takes the `n` oldest entries (read with [`Consumer::peek`]) and hands their slots
+    /// back to the producer (one release store). Only entries [`Consumer::ready`] or
+    /// [`Consumer::peek`] has seen published are taken.
+    #[inline]
+    pub fn advance(&mut self, n: usize) {
+        let n = (n as u64).min(self.cached_tail.wrapping_sub(self.head));
+        if n > 0 {
+            self.head = self.head.wrapping_add(n);
+            idx(&self.area, HEAD).store(self.head, Ordering::Release);
+        }
     }
 
     /// Entries published and not yet taken: from the cached producer index, read again (with
@@ -496,6 +593,44 @@ mod tests {
             }
             assert!(c.pop().is_none());
         }
+    }
+
+    /// Staged entries are invisible until published, then all at once; a reader peeks
+    /// several entries before it takes them, across the ring's end.
+    #[test]
+    fn staged_entries_publish_together_and_are_peeked_before_taken() {
+        let (_, mut p, mut c) = ring::<Slot>(8, "t").unwrap();
+        let slot = |a| Slot { a, b: [0; 3] };
+        let mut next = 0u64;
+        for round in 0..10 {
+            let n = 1 + round % 4;
+            assert!(p.room(n));
+            for _ in 0..n {
+                assert!(p.stage(&slot(next)));
+                next += 1;
+            }
+            assert!(c.peek(0).is_none(), "nothing published yet");
+            assert!(!c.ready(1));
+            p.publish();
+            assert!(c.ready(n) && !c.ready(n + 1));
+            for i in 0..n {
+                assert_eq!(c.get(i).unwrap().a, next - (n - i) as u64);
+            }
+            assert!(c.get(n).is_none());
+            c.advance(n);
+            assert!(c.peek(0).is_none());
+        }
+        // Room counts what is staged: eight fit, a ninth does not.
+        for i in 0..8 {
+            assert!(p.stage(&slot(i)));
+        }
+        assert!(!p.room(1) && !p.stage(&slot(9)));
+        p.publish();
+        c.advance(3);
+        assert!(!p.room(1), "entries not seen by the reader are not taken");
+        assert!(c.ready(3));
+        c.advance(3);
+        assert!(p.room(3) && !p.room(4));
     }
 
     #[test]

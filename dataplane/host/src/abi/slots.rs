@@ -2,159 +2,220 @@
 //! `repr(C)` structs of integers and byte arrays only, valid for every bit pattern, so the
 //! reader never interprets memory another process wrote as a Rust enum, bool or Option.
 //!
-//! Each slot is copied out of the ring first and then decoded with every tag, count and length
-//! checked ([`PostSlot::decode`]); a slot that does not decode is a protocol error of the
-//! writer, reported as a [`SlotError`] - never trusted, never a panic.
+//! A work request goes into the post ring as one to seven 64-byte cells (one cache line
+//! each, as NVMe's and io_uring's 64-byte entries): a head cell that holds the common fields
+//! and the first SGE, then only the extension cells the WR calls for (docs/host-protocol.md
+//! 5.3). A one-SGE WRITE or SEND is one cell. The worker copies each cell out of the ring
+//! before it reads it and decodes the post with every tag, count and length checked
+//! ([`PostBuf::decode`]), into a buffer it reuses; a post that does not decode is a protocol
+//! error of the writer, reported as a [`SlotError`] - never trusted, never a panic.
 
 use roce::types::{Gid, Lkey, Qkey, Qpn};
 use roce::verbs::{
-    ibv, Access, AddressVector, AsyncEvent, Completion, SendFlags, Sge, UdDest, WcFlags, WcOpcode,
-    WcStatus, WrOp,
+    ibv, Access, AddressVector, AsyncEvent, Completion, SendFlags, SendWr, Sge, UdDest, WcFlags,
+    WcOpcode, WcStatus, WrOp,
 };
 
 use crate::abi::ring::Plain;
 
 /// Most SGEs a work request can carry through the host interface.
 pub const MAX_HOST_SGE: usize = 16;
-/// Bytes a post slot holds for SGEs (16 bytes each) or, in their place, inline data.
-pub const POST_PAYLOAD: usize = MAX_HOST_SGE * 16;
-const _: () = assert!(roce::engine::MAX_INLINE <= POST_PAYLOAD);
+/// Bytes of one post cell: a cache line.
+pub const CELL_BYTES: usize = 64;
+/// SGEs (16 bytes each) in one extension cell.
+const SGES_PER_CELL: usize = CELL_BYTES / 16;
+/// Inline bytes the head cell holds (in the first SGE's place).
+const HEAD_INLINE: usize = 16;
+/// Most cells one post takes: the head, an operand cell, a UD cell, and the SGEs past the
+/// first (15, in 4 cells) or the inline bytes past the first 16 (240, in 4 cells).
+pub const MAX_POST_CELLS: usize = 3 + (MAX_HOST_SGE - 1).div_ceil(SGES_PER_CELL);
+const _: () = assert!(
+    (roce::engine::MAX_INLINE - HEAD_INLINE).div_ceil(CELL_BYTES)
+        <= (MAX_HOST_SGE - 1).div_ceil(SGES_PER_CELL)
+);
 
-/// What a post slot asks for (`PostSlot::kind`).
+/// What a post asks for (`PostHead::kind`).
 pub mod post_kind {
     /// A send WR on the QP `handle`.
-    pub const SEND: u32 = 1;
+    pub const SEND: u8 = 1;
     /// A receive WR on the QP `handle`.
-    pub const RECV: u32 = 2;
+    pub const RECV: u8 = 2;
     /// A receive WR on the SRQ `handle`.
-    pub const SRQ_RECV: u32 = 3;
+    pub const SRQ_RECV: u8 = 3;
 }
 
-/// ferroce's own send operation code in `PostSlot::opcode`, beside libibverbs'
+/// ferroce's own send operation code in `PostHead::opcode`, beside libibverbs'
 /// `ibv_wr_opcode` values (`roce::verbs::ibv::wr_opcode`), which every other operation uses:
 /// fast registration, which `ibv_wr_opcode` has no code for (verbs registers with a call).
-pub const WR_REG_MR: u32 = 0x80;
+pub const WR_REG_MR: u8 = 0x80;
 
-/// `PostSlot::ud_flags`: the WR carries a UD destination.
+/// `PostHead::ud`: a UD cell follows.
 const UD_PRESENT: u8 = 1;
-/// `PostSlot::ud_flags`: the address handle names the destination MAC.
+/// `PostHead::ud`: the UD cell names the destination MAC.
 const UD_DMAC: u8 = 2;
 
-/// A posted work request (send, receive, SRQ receive) in the command ring.
+/// One cell of the post ring: 64 bytes, one cache line. A post is a [`PostHead`] cell and
+/// the extension cells it calls for, in this order: an [`OperandCell`] (compare-and-swap,
+/// bind, fast registration), a [`UdCell`] (UD sends), then the SGEs past the first (four
+/// to a cell, 16 bytes each) or the inline bytes past the first 16 (64 to a cell).
+#[repr(C, align(64))]
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct PostCell(pub [u8; CELL_BYTES]);
+
+impl Default for PostCell {
+    fn default() -> Self {
+        PostCell([0; CELL_BYTES])
+    }
+}
+
+/// The first cell of a post.
 #[repr(C)]
-#[derive(Clone, Copy)]
-pub struct PostSlot {
+#[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
+pub struct PostHead {
     /// `post_kind::*`.
-    pub kind: u32,
+    pub kind: u8,
+    /// Send WRs: `ibv_wr_opcode`, or `WR_REG_MR`.
+    pub opcode: u8,
+    /// Send WRs: `SendFlags` bits.
+    pub flags: u8,
+    /// SGE count (0..=MAX_HOST_SGE); 0 for inline data.
+    pub nsge: u8,
     /// QP number (send, receive) or SRQ id.
     pub handle: u32,
     /// Work request id.
     pub wr_id: u64,
-    /// `wr_opcode::*` (send WRs).
-    pub opcode: u32,
-    /// `SendFlags` bits.
-    pub flags: u32,
-    /// SGE count (0..=MAX_HOST_SGE); 0 for inline data.
-    pub nsge: u32,
-    /// Inline bytes in `payload` (with the INLINE flag).
-    pub inline_len: u32,
-    /// WRITE/READ/ATOMIC: remote address. REG_MR: the new start address.
+    /// WRITE/READ/ATOMIC: remote address. REG_MR: the new start address. BIND_MW: the
+    /// window's first address.
     pub remote_addr: u64,
     /// WRITE/READ/ATOMIC: rkey. SEND_WITH_INV/LOCAL_INV: the key. REG_MR: the MR's lkey.
+    /// BIND_MW: the window's current key.
     pub rkey: u32,
-    /// Immediate data. REG_MR: the new access flags.
+    /// Immediate data. REG_MR, BIND_MW: the access flags.
     pub imm: u32,
-    /// ATOMIC: compare (CAS) or add (FETCH_AND_ADD). REG_MR: the new length.
+    /// ATOMIC: compare (CAS) or add (FETCH_AND_ADD). REG_MR, BIND_MW: the length.
     pub compare_add: u64,
-    /// ATOMIC CAS: swap. REG_MR: the new key byte.
-    pub swap: u64,
-    /// UD: destination QP.
-    pub ud_qpn: u32,
-    /// UD: Q_Key.
-    pub ud_qkey: u32,
-    /// UD: destination GID.
-    pub ud_dgid: [u8; 16],
-    /// UD: flow label.
-    pub ud_flow_label: u32,
-    /// UD: source GID index, hop limit, traffic class, service level.
-    pub ud_sgid_index: u8,
-    /// UD: hop limit.
-    pub ud_hop_limit: u8,
-    /// UD: traffic class.
-    pub ud_traffic_class: u8,
-    /// UD: service level.
-    pub ud_sl: u8,
-    /// UD: destination MAC (with `UD_DMAC`).
-    pub ud_dmac: [u8; 6],
+    /// Inline bytes (with the INLINE flag).
+    pub inline_len: u16,
     /// `UD_PRESENT` | `UD_DMAC`.
-    pub ud_flags: u8,
-    /// Padding.
-    pub pad: u8,
-    /// SGEs (address u64, length u32, lkey u32; little-endian) or inline bytes.
-    pub payload: [u8; POST_PAYLOAD],
+    pub ud: u8,
+    /// Cells the post takes, this one included (checked against what the fields call for).
+    pub cells: u8,
+    /// Ignored.
+    pub reserved: u32,
+    /// The first SGE (address u64, length u32, lkey u32), or the first 16 inline bytes.
+    pub first: [u8; 16],
+}
+
+/// The operand cell (after the head): CMP_AND_SWP's swap value; REG_MR's new key byte (low
+/// 8 bits); BIND_MW's new key (low 32 bits) and the MR's lkey (high 32 bits).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OperandCell {
+    /// See the type.
+    pub swap: u64,
+    /// Ignored.
+    pub reserved: [u8; 56],
+}
+
+/// The UD destination cell (a UD QP's send WR).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UdCell {
+    /// Destination QP (masked to 24 bits).
+    pub qpn: u32,
+    /// Q_Key (bit 31 set: the QP's own).
+    pub qkey: u32,
+    /// Destination GID.
+    pub dgid: [u8; 16],
+    /// Flow label (masked to 20 bits).
+    pub flow_label: u32,
+    /// Source GID index.
+    pub sgid_index: u8,
+    /// Hop limit.
+    pub hop_limit: u8,
+    /// Traffic class.
+    pub traffic_class: u8,
+    /// Service level (masked to 4 bits).
+    pub sl: u8,
+    /// Destination MAC (with `UD_DMAC` in the head).
+    pub dmac: [u8; 6],
+    /// Ignored.
+    pub reserved: [u8; 26],
 }
 
 // SAFETY: repr(C) of integers and byte arrays: no pointers, every bit pattern valid.
-unsafe impl Plain for PostSlot {}
+unsafe impl Plain for PostCell {}
+// SAFETY: as PostCell.
+unsafe impl Plain for PostHead {}
+// SAFETY: as PostCell.
+unsafe impl Plain for OperandCell {}
+// SAFETY: as PostCell.
+unsafe impl Plain for UdCell {}
 
-// The layout is an ABI shared with the C client (and the offsets the tests poke at).
+// The layout is an ABI (docs/host-protocol.md 5.3): every cell type is one cache line.
 const _: () = {
     use std::mem::{offset_of, size_of};
-    assert!(offset_of!(PostSlot, opcode) == 16);
-    assert!(offset_of!(PostSlot, flags) == 20);
-    assert!(offset_of!(PostSlot, nsge) == 24);
-    assert!(offset_of!(PostSlot, inline_len) == 28);
-    assert!(offset_of!(PostSlot, payload) == 104);
-    assert!(size_of::<PostSlot>() == 104 + POST_PAYLOAD);
+    assert!(size_of::<PostCell>() == CELL_BYTES);
+    assert!(size_of::<PostHead>() == CELL_BYTES);
+    assert!(size_of::<OperandCell>() == CELL_BYTES);
+    assert!(size_of::<UdCell>() == CELL_BYTES);
+    assert!(offset_of!(PostHead, handle) == 4);
+    assert!(offset_of!(PostHead, wr_id) == 8);
+    assert!(offset_of!(PostHead, remote_addr) == 16);
+    assert!(offset_of!(PostHead, rkey) == 24);
+    assert!(offset_of!(PostHead, imm) == 28);
+    assert!(offset_of!(PostHead, compare_add) == 32);
+    assert!(offset_of!(PostHead, inline_len) == 40);
+    assert!(offset_of!(PostHead, ud) == 42);
+    assert!(offset_of!(PostHead, cells) == 43);
+    assert!(offset_of!(PostHead, first) == 48);
+    assert!(offset_of!(UdCell, flow_label) == 24);
+    assert!(offset_of!(UdCell, dmac) == 32);
 };
 
-impl Default for PostSlot {
-    fn default() -> Self {
-        PostSlot {
-            kind: 0,
-            handle: 0,
-            wr_id: 0,
-            opcode: 0,
-            flags: 0,
-            nsge: 0,
-            inline_len: 0,
-            remote_addr: 0,
-            rkey: 0,
-            imm: 0,
-            compare_add: 0,
-            swap: 0,
-            ud_qpn: 0,
-            ud_qkey: 0,
-            ud_dgid: [0; 16],
-            ud_flow_label: 0,
-            ud_sgid_index: 0,
-            ud_hop_limit: 0,
-            ud_traffic_class: 0,
-            ud_sl: 0,
-            ud_dmac: [0; 6],
-            ud_flags: 0,
-            pad: 0,
-            payload: [0; POST_PAYLOAD],
-        }
+/// The cell types, each one cache line of plain data.
+trait CellLayout: Plain {}
+impl CellLayout for PostHead {}
+impl CellLayout for OperandCell {}
+impl CellLayout for UdCell {}
+
+impl PostCell {
+    /// The cell holding `v`'s bytes.
+    fn of<T: CellLayout>(v: &T) -> PostCell {
+        // SAFETY: every CellLayout type is Plain and CELL_BYTES long (asserted above); any
+        // bytes are a valid PostCell.
+        unsafe { std::ptr::read_unaligned(v as *const T as *const PostCell) }
+    }
+
+    /// The cell's bytes read as `T`.
+    fn view<T: CellLayout>(&self) -> T {
+        // SAFETY: as `of`, the other way: T is Plain (valid for every bit pattern) and the
+        // same size.
+        unsafe { std::ptr::read_unaligned(self as *const PostCell as *const T) }
+    }
+
+    /// The cell read as a post's head.
+    pub fn head(&self) -> PostHead {
+        self.view()
     }
 }
 
-/// Why a slot did not decode (the writer broke the protocol).
+/// Why a post did not decode (the writer broke the protocol).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum SlotError {
     /// Unknown `kind`.
     #[error("unknown post kind {0}")]
-    Kind(u32),
+    Kind(u8),
     /// Unknown send opcode.
     #[error("unknown send opcode {0}")]
-    Opcode(u32),
+    Opcode(u8),
     /// Flag bits ferroce does not define.
     #[error("unknown send flags {0:#x}")]
-    Flags(u32),
-    /// More SGEs than a slot holds.
+    Flags(u8),
+    /// More SGEs than a post holds.
     #[error("{0} SGEs (at most 16)")]
     Sges(u32),
-    /// More inline bytes than a slot holds.
+    /// More inline bytes than a post holds.
     #[error("{0} inline bytes (at most 256)")]
     Inline(u32),
     /// Inline data on an operation that cannot carry it, or both SGEs and inline data.
@@ -163,155 +224,117 @@ pub enum SlotError {
     /// Access flags ferroce does not define.
     #[error("unknown access flags {0:#x}")]
     Access(u32),
+    /// The head's cell count is not what its fields call for.
+    #[error("the head says {said} cells where its fields call for {need}")]
+    Cells {
+        /// `PostHead::cells`.
+        said: u8,
+        /// What the fields call for.
+        need: usize,
+    },
+    /// The ring holds fewer cells than the post's head says (a producer publishes whole
+    /// posts).
+    #[error("a post cut short: {have} of its {need} cells published")]
+    Truncated {
+        /// Cells published.
+        have: usize,
+        /// Cells the head calls for.
+        need: usize,
+    },
 }
 
-/// A post slot, decoded and checked.
-// Lives on the stack for one post: boxing the large variant would allocate per send.
-#[allow(clippy::large_enum_variant)]
+/// Whether a send opcode carries an operand cell.
+fn has_operand(opcode: u8) -> bool {
+    opcode == WR_REG_MR
+        || matches!(
+            opcode as u32,
+            ibv::wr_opcode::ATOMIC_CMP_AND_SWP | ibv::wr_opcode::BIND_MW
+        )
+}
+
+/// Extension cells for SGEs past the first, or inline bytes past the head's.
+fn data_cells(nsge: usize, inline_len: usize) -> usize {
+    nsge.saturating_sub(1).div_ceil(SGES_PER_CELL)
+        + inline_len.saturating_sub(HEAD_INLINE).div_ceil(CELL_BYTES)
+}
+
+fn put_sge(b: &mut [u8], sge: &Sge) {
+    b[..8].copy_from_slice(&sge.addr.to_le_bytes());
+    b[8..12].copy_from_slice(&sge.length.to_le_bytes());
+    b[12..16].copy_from_slice(&sge.lkey.0.to_le_bytes());
+}
+
+fn get_sge(b: &[u8]) -> Sge {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[..8]);
+    let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+    Sge {
+        addr: u64::from_le_bytes(a),
+        length: u32_at(8),
+        lkey: Lkey(u32_at(12)),
+    }
+}
+
+/// A post encoded for the ring: [`PostCells::cells`] says how many cells it takes (check the
+/// ring's room for them), [`PostCells::write`] hands them out in order.
 #[derive(Debug, Clone, Copy)]
-pub enum Post {
-    /// A send WR for the QP.
-    Send {
-        /// QP.
-        qpn: Qpn,
-        /// Its fields (SGEs in `sges[..nsge]`, inline bytes in `inline[..inline_len]`).
-        wr: DecodedSend,
-    },
-    /// A receive WR for the QP.
-    Recv {
-        /// QP.
-        qpn: Qpn,
-        /// Work request id.
-        wr_id: u64,
-        /// SGE count.
-        nsge: usize,
-        /// SGEs.
-        sges: [Sge; MAX_HOST_SGE],
-    },
-    /// A receive WR for the SRQ.
-    SrqRecv {
-        /// SRQ id.
-        srq: u32,
-        /// Work request id.
-        wr_id: u64,
-        /// SGE count.
-        nsge: usize,
-        /// SGEs.
-        sges: [Sge; MAX_HOST_SGE],
-    },
+pub struct PostCells<'a> {
+    head: PostHead,
+    swap: Option<u64>,
+    ud: Option<UdCell>,
+    sges: &'a [Sge],
+    inline: &'a [u8],
 }
 
-/// A send WR decoded from a slot.
-#[derive(Debug, Clone, Copy)]
-pub struct DecodedSend {
-    /// Work request id.
-    pub wr_id: u64,
-    /// Operation.
-    pub op: WrOp,
-    /// Flags.
-    pub flags: SendFlags,
-    /// UD destination.
-    pub ud: Option<UdDest>,
-    /// SGE count.
-    pub nsge: usize,
-    /// SGEs.
-    pub sges: [Sge; MAX_HOST_SGE],
-    /// Inline byte count.
-    pub inline_len: usize,
-    /// Inline bytes.
-    pub inline: [u8; POST_PAYLOAD],
-}
-
-impl DecodedSend {
-    /// The WR as the engine takes it (its inline bytes apart: `inline()`).
-    pub fn as_wr(&self) -> roce::verbs::SendWr<'_> {
-        roce::verbs::SendWr {
-            wr_id: self.wr_id,
-            op: self.op,
-            sg_list: &self.sges[..self.nsge],
-            flags: self.flags,
-            ud: self.ud,
-        }
-    }
-
-    /// The inline bytes, if this is an inline WR.
-    pub fn inline(&self) -> Option<&[u8]> {
-        (self.flags.contains(SendFlags::INLINE) && !self.op.is_read_or_atomic())
-            .then(|| &self.inline[..self.inline_len])
-    }
-}
-
-fn put_sges(payload: &mut [u8; POST_PAYLOAD], list: &[Sge]) {
-    for (sge, b) in list.iter().zip(payload.chunks_exact_mut(16)) {
-        b[..8].copy_from_slice(&sge.addr.to_le_bytes());
-        b[8..12].copy_from_slice(&sge.length.to_le_bytes());
-        b[12..].copy_from_slice(&sge.lkey.0.to_le_bytes());
-    }
-}
-
-fn get_sges(payload: &[u8; POST_PAYLOAD], n: usize) -> [Sge; MAX_HOST_SGE] {
-    let mut out = [Sge::default(); MAX_HOST_SGE];
-    for (o, b) in out.iter_mut().zip(payload.chunks_exact(16)).take(n) {
-        let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
-        let mut a = [0u8; 8];
-        a.copy_from_slice(&b[..8]);
-        *o = Sge {
-            addr: u64::from_le_bytes(a),
-            length: u32_at(8),
-            lkey: Lkey(u32_at(12)),
-        };
-    }
-    out
-}
-
-impl PostSlot {
+impl<'a> PostCells<'a> {
     /// A receive WR (QP or SRQ per `kind`).
-    pub fn recv(kind: u32, handle: u32, wr_id: u64, sges: &[Sge]) -> Result<PostSlot, SlotError> {
+    pub fn recv(kind: u8, handle: u32, wr_id: u64, sges: &'a [Sge]) -> Result<Self, SlotError> {
         if sges.len() > MAX_HOST_SGE {
             return Err(SlotError::Sges(sges.len() as u32));
         }
-        let mut s = PostSlot {
+        let mut head = PostHead {
             kind,
             handle,
             wr_id,
-            nsge: sges.len() as u32,
-            ..PostSlot::default()
+            nsge: sges.len() as u8,
+            ..PostHead::default()
         };
-        put_sges(&mut s.payload, sges);
-        Ok(s)
+        head.cells = (1 + data_cells(sges.len(), 0)) as u8;
+        Ok(PostCells {
+            head,
+            swap: None,
+            ud: None,
+            sges,
+            inline: &[],
+        })
     }
 
-    /// A send WR on QP `qpn`; `inline` carries the payload of an inline WR (copied here).
-    pub fn send(
-        qpn: Qpn,
-        wr: &roce::verbs::SendWr<'_>,
-        inline: Option<&[u8]>,
-    ) -> Result<PostSlot, SlotError> {
-        let mut s = PostSlot {
+    /// A send WR on QP `qpn`; `inline` carries the payload of an inline WR (its SGEs are
+    /// then not sent).
+    pub fn send(qpn: Qpn, wr: &SendWr<'a>, inline: Option<&'a [u8]>) -> Result<Self, SlotError> {
+        let mut head = PostHead {
             kind: post_kind::SEND,
             handle: qpn.value(),
             wr_id: wr.wr_id,
-            flags: wr.flags.0,
-            ..PostSlot::default()
+            flags: wr.flags.0 as u8,
+            ..PostHead::default()
         };
+        let mut swap = None;
         match wr.op.to_ibv() {
             Some((opcode, f)) => {
-                s.opcode = opcode;
-                (s.remote_addr, s.rkey, s.imm, s.compare_add, s.swap) =
-                    (f.remote_addr, f.rkey, f.imm, f.compare_add, f.swap);
+                head.opcode = opcode as u8;
+                (head.remote_addr, head.rkey, head.imm, head.compare_add) =
+                    (f.remote_addr, f.rkey, f.imm, f.compare_add);
                 match opcode {
                     ibv::wr_opcode::LOCAL_INV | ibv::wr_opcode::SEND_WITH_INV => {
-                        s.rkey = f.invalidate_rkey
+                        head.rkey = f.invalidate_rkey
                     }
+                    ibv::wr_opcode::ATOMIC_CMP_AND_SWP => swap = Some(f.swap),
                     ibv::wr_opcode::BIND_MW => {
                         let b = f.bind;
-                        (s.rkey, s.swap, s.remote_addr, s.compare_add, s.imm) = (
-                            b.mw,
-                            b.rkey as u64 | (b.mr as u64) << 32,
-                            b.addr,
-                            b.length,
-                            b.access,
-                        );
+                        (head.rkey, head.remote_addr, head.compare_add, head.imm) =
+                            (b.mw, b.addr, b.length, b.access);
+                        swap = Some(b.rkey as u64 | (b.mr as u64) << 32);
                     }
                     _ => {}
                 }
@@ -327,147 +350,363 @@ impl PostSlot {
                 else {
                     unreachable!("only fast registration has no ibv_wr_opcode")
                 };
-                s.opcode = WR_REG_MR;
-                (s.rkey, s.swap, s.remote_addr, s.compare_add, s.imm) =
-                    (lkey.0, key as u64, addr, length, access.0);
+                head.opcode = WR_REG_MR;
+                (head.rkey, head.remote_addr, head.compare_add, head.imm) =
+                    (lkey.0, addr, length, access.0);
+                swap = Some(key as u64);
             }
         }
-        if let Some(ud) = &wr.ud {
-            s.ud_flags = UD_PRESENT;
-            s.ud_qpn = ud.remote_qpn.value();
-            s.ud_qkey = ud.remote_qkey.0;
-            s.ud_dgid = ud.ah.dgid.0;
-            s.ud_flow_label = ud.ah.flow_label;
-            s.ud_sgid_index = ud.ah.sgid_index;
-            s.ud_hop_limit = ud.ah.hop_limit;
-            s.ud_traffic_class = ud.ah.traffic_class;
-            s.ud_sl = ud.ah.sl;
-            if let Some(m) = ud.ah.dmac {
-                s.ud_flags |= UD_DMAC;
-                s.ud_dmac = m;
+        let ud = wr.ud.as_ref().map(|ud| {
+            head.ud = UD_PRESENT | if ud.ah.dmac.is_some() { UD_DMAC } else { 0 };
+            UdCell {
+                qpn: ud.remote_qpn.value(),
+                qkey: ud.remote_qkey.0,
+                dgid: ud.ah.dgid.0,
+                flow_label: ud.ah.flow_label,
+                sgid_index: ud.ah.sgid_index,
+                hop_limit: ud.ah.hop_limit,
+                traffic_class: ud.ah.traffic_class,
+                sl: ud.ah.sl,
+                dmac: ud.ah.dmac.unwrap_or_default(),
+                reserved: [0; 26],
             }
-        }
-        match inline {
+        });
+        let (sges, inline): (&[Sge], &[u8]) = match inline {
             Some(d) => {
                 if d.len() > roce::engine::MAX_INLINE {
                     return Err(SlotError::Inline(d.len() as u32));
                 }
-                s.payload[..d.len()].copy_from_slice(d);
-                s.inline_len = d.len() as u32;
+                head.inline_len = d.len() as u16;
+                (&[], d)
             }
             None => {
                 if wr.sg_list.len() > MAX_HOST_SGE {
                     return Err(SlotError::Sges(wr.sg_list.len() as u32));
                 }
-                put_sges(&mut s.payload, wr.sg_list);
-                s.nsge = wr.sg_list.len() as u32;
+                head.nsge = wr.sg_list.len() as u8;
+                (wr.sg_list, &[])
             }
-        }
-        Ok(s)
-    }
-
-    /// Decodes and checks a slot copied out of a ring.
-    pub fn decode(&self) -> Result<Post, SlotError> {
-        if self.nsge as usize > MAX_HOST_SGE {
-            return Err(SlotError::Sges(self.nsge));
-        }
-        let nsge = self.nsge as usize;
-        match self.kind {
-            post_kind::RECV | post_kind::SRQ_RECV => {
-                let sges = get_sges(&self.payload, nsge);
-                Ok(if self.kind == post_kind::RECV {
-                    Post::Recv {
-                        qpn: Qpn::new(self.handle),
-                        wr_id: self.wr_id,
-                        nsge,
-                        sges,
-                    }
-                } else {
-                    Post::SrqRecv {
-                        srq: self.handle,
-                        wr_id: self.wr_id,
-                        nsge,
-                        sges,
-                    }
-                })
-            }
-            post_kind::SEND => self.decode_send().map(|wr| Post::Send {
-                qpn: Qpn::new(self.handle),
-                wr,
-            }),
-            k => Err(SlotError::Kind(k)),
-        }
-    }
-
-    fn decode_send(&self) -> Result<DecodedSend, SlotError> {
-        let all = SendFlags::FENCE.0
-            | SendFlags::SIGNALED.0
-            | SendFlags::SOLICITED.0
-            | SendFlags::INLINE.0;
-        if self.flags & !all != 0 {
-            return Err(SlotError::Flags(self.flags));
-        }
-        let flags = SendFlags(self.flags);
-        let op = if self.opcode == WR_REG_MR {
-            if self.imm & !Access::ALL.0 != 0 {
-                return Err(SlotError::Access(self.imm));
-            }
-            WrOp::RegMr {
-                lkey: Lkey(self.rkey),
-                key: self.swap as u8,
-                addr: self.remote_addr,
-                length: self.compare_add,
-                access: Access(self.imm),
-            }
-        } else {
-            let f = ibv::IbvSendFields {
-                remote_addr: self.remote_addr,
-                rkey: self.rkey,
-                imm: self.imm,
-                invalidate_rkey: self.rkey,
-                compare_add: self.compare_add,
-                swap: self.swap,
-                bind: ibv::IbvBind {
-                    mw: self.rkey,
-                    rkey: self.swap as u32,
-                    mr: (self.swap >> 32) as u32,
-                    addr: self.remote_addr,
-                    length: self.compare_add,
-                    access: self.imm,
-                },
-            };
-            WrOp::from_ibv(self.opcode, &f).map_err(|_| SlotError::Opcode(self.opcode))?
         };
-        let inline = flags.contains(SendFlags::INLINE) && !op.is_read_or_atomic();
-        if self.inline_len as usize > roce::engine::MAX_INLINE {
-            return Err(SlotError::Inline(self.inline_len));
-        }
-        if (inline && self.nsge != 0) || (!inline && self.inline_len != 0) {
-            return Err(SlotError::InlineMisuse);
-        }
-        let ud = (self.ud_flags & UD_PRESENT != 0).then(|| UdDest {
-            ah: AddressVector {
-                dgid: Gid(self.ud_dgid),
-                sgid_index: self.ud_sgid_index,
-                flow_label: self.ud_flow_label & 0xfffff,
-                hop_limit: self.ud_hop_limit,
-                traffic_class: self.ud_traffic_class,
-                sl: self.ud_sl & 0xf,
-                dmac: (self.ud_flags & UD_DMAC != 0).then_some(self.ud_dmac),
-            },
-            remote_qpn: Qpn::new(self.ud_qpn & 0xff_ffff),
-            remote_qkey: Qkey(self.ud_qkey),
-        });
-        Ok(DecodedSend {
-            wr_id: self.wr_id,
-            op,
-            flags,
+        head.cells = (1
+            + swap.is_some() as usize
+            + ud.is_some() as usize
+            + data_cells(sges.len(), inline.len())) as u8;
+        Ok(PostCells {
+            head,
+            swap,
             ud,
-            nsge: self.nsge as usize,
-            sges: get_sges(&self.payload, self.nsge as usize),
-            inline_len: if inline { self.inline_len as usize } else { 0 },
-            inline: self.payload,
+            sges,
+            inline,
         })
+    }
+
+    /// Cells the post takes in the ring.
+    pub fn cells(&self) -> usize {
+        self.head.cells as usize
+    }
+
+    /// Hands the post's cells to `out`, in ring order.
+    pub fn write(&self, mut out: impl FnMut(&PostCell)) {
+        let mut head = self.head;
+        if let Some(s) = self.sges.first() {
+            put_sge(&mut head.first, s);
+        }
+        let n = self.inline.len().min(HEAD_INLINE);
+        head.first[..n].copy_from_slice(&self.inline[..n]);
+        out(&PostCell::of(&head));
+        if let Some(swap) = self.swap {
+            out(&PostCell::of(&OperandCell {
+                swap,
+                reserved: [0; 56],
+            }));
+        }
+        if let Some(ud) = &self.ud {
+            out(&PostCell::of(ud));
+        }
+        for chunk in self.sges.get(1..).unwrap_or(&[]).chunks(SGES_PER_CELL) {
+            let mut c = PostCell::default();
+            for (s, b) in chunk.iter().zip(c.0.chunks_exact_mut(16)) {
+                put_sge(b, s);
+            }
+            out(&c);
+        }
+        for chunk in self
+            .inline
+            .get(HEAD_INLINE..)
+            .unwrap_or(&[])
+            .chunks(CELL_BYTES)
+        {
+            let mut c = PostCell::default();
+            c.0[..chunk.len()].copy_from_slice(chunk);
+            out(&c);
+        }
+    }
+}
+
+/// A send WR decoded from a post.
+#[derive(Debug, Clone, Copy)]
+pub struct DecodedSend {
+    /// Work request id.
+    pub wr_id: u64,
+    /// Operation.
+    pub op: WrOp,
+    /// Flags.
+    pub flags: SendFlags,
+    /// UD destination.
+    pub ud: Option<UdDest>,
+    /// SGE count.
+    pub nsge: usize,
+    /// SGEs (the first `nsge`).
+    pub sges: [Sge; MAX_HOST_SGE],
+    /// Inline byte count.
+    pub inline_len: usize,
+    /// Inline bytes (the first `inline_len`).
+    pub inline: [u8; roce::engine::MAX_INLINE],
+}
+
+impl DecodedSend {
+    /// The WR as the engine takes it (its inline bytes apart: `inline()`).
+    pub fn as_wr(&self) -> SendWr<'_> {
+        SendWr {
+            wr_id: self.wr_id,
+            op: self.op,
+            sg_list: &self.sges[..self.nsge],
+            flags: self.flags,
+            ud: self.ud,
+        }
+    }
+
+    /// The inline bytes, if this is an inline WR.
+    pub fn inline(&self) -> Option<&[u8]> {
+        (self.flags.contains(SendFlags::INLINE) && !self.op.is_read_or_atomic())
+            .then(|| &self.inline[..self.inline_len])
+    }
+}
+
+/// A decoded post, as [`PostBuf::post`] shows it.
+#[derive(Debug, Clone, Copy)]
+pub enum Post<'a> {
+    /// A send WR for the QP.
+    Send {
+        /// QP.
+        qpn: Qpn,
+        /// Its fields.
+        wr: &'a DecodedSend,
+    },
+    /// A receive WR for the QP.
+    Recv {
+        /// QP.
+        qpn: Qpn,
+        /// Work request id.
+        wr_id: u64,
+        /// SGEs.
+        sges: &'a [Sge],
+    },
+    /// A receive WR for the SRQ.
+    SrqRecv {
+        /// SRQ id.
+        srq: u32,
+        /// Work request id.
+        wr_id: u64,
+        /// SGEs.
+        sges: &'a [Sge],
+    },
+}
+
+/// A post decoded and checked, in a buffer its reader keeps and decodes every post into:
+/// only what a post carries is written (a one-SGE WRITE writes one SGE), and nothing of
+/// some 600 bytes is moved per post.
+#[derive(Debug, Clone)]
+pub struct PostBuf {
+    kind: u8,
+    handle: u32,
+    send: DecodedSend,
+}
+
+impl Default for PostBuf {
+    fn default() -> Self {
+        PostBuf {
+            kind: post_kind::RECV,
+            handle: 0,
+            send: DecodedSend {
+                wr_id: 0,
+                op: WrOp::Send,
+                flags: SendFlags::default(),
+                ud: None,
+                nsge: 0,
+                sges: [Sge::default(); MAX_HOST_SGE],
+                inline_len: 0,
+                inline: [0; roce::engine::MAX_INLINE],
+            },
+        }
+    }
+}
+
+impl PostHead {
+    /// Cells the post this head starts takes, with the head's counts and tags checked (the
+    /// first steps of [`PostBuf::decode`]): what a reader must know before it takes the
+    /// post's other cells.
+    pub fn cells(&self) -> Result<usize, SlotError> {
+        let nsge = self.nsge as usize;
+        if nsge > MAX_HOST_SGE {
+            return Err(SlotError::Sges(nsge as u32));
+        }
+        let need = match self.kind {
+            post_kind::RECV | post_kind::SRQ_RECV => 1 + data_cells(nsge, 0),
+            post_kind::SEND => {
+                if self.inline_len as usize > roce::engine::MAX_INLINE {
+                    return Err(SlotError::Inline(self.inline_len as u32));
+                }
+                1 + has_operand(self.opcode) as usize
+                    + (self.ud & UD_PRESENT != 0) as usize
+                    + data_cells(nsge, self.inline_len as usize)
+            }
+            k => return Err(SlotError::Kind(k)),
+        };
+        if self.cells as usize != need {
+            return Err(SlotError::Cells {
+                said: self.cells,
+                need,
+            });
+        }
+        Ok(need)
+    }
+}
+
+impl PostBuf {
+    /// The post last decoded.
+    pub fn post(&self) -> Post<'_> {
+        let s = &self.send;
+        match self.kind {
+            post_kind::SEND => Post::Send {
+                qpn: Qpn::new(self.handle),
+                wr: s,
+            },
+            post_kind::SRQ_RECV => Post::SrqRecv {
+                srq: self.handle,
+                wr_id: s.wr_id,
+                sges: &s.sges[..s.nsge],
+            },
+            _ => Post::Recv {
+                qpn: Qpn::new(self.handle),
+                wr_id: s.wr_id,
+                sges: &s.sges[..s.nsge],
+            },
+        }
+    }
+
+    /// Decodes the post that `head` starts; `cell(i)` is the post's `i`-th cell (1 for the
+    /// first after the head), already copied out of the ring. Every field is checked
+    /// (docs/host-protocol.md 5.3); on an error the buffer holds nothing usable.
+    pub fn decode(
+        &mut self,
+        head: &PostHead,
+        cell: impl Fn(usize) -> PostCell,
+    ) -> Result<(), SlotError> {
+        head.cells()?;
+        let nsge = head.nsge as usize;
+        let s = &mut self.send;
+        let mut next = 1;
+        if head.kind == post_kind::SEND {
+            let all = SendFlags::FENCE.0
+                | SendFlags::SIGNALED.0
+                | SendFlags::SOLICITED.0
+                | SendFlags::INLINE.0;
+            if head.flags as u32 & !all != 0 {
+                return Err(SlotError::Flags(head.flags));
+            }
+            let flags = SendFlags(head.flags as u32);
+            let swap = if has_operand(head.opcode) {
+                next += 1;
+                cell(1).view::<OperandCell>().swap
+            } else {
+                0
+            };
+            let op = if head.opcode == WR_REG_MR {
+                if head.imm & !Access::ALL.0 != 0 {
+                    return Err(SlotError::Access(head.imm));
+                }
+                WrOp::RegMr {
+                    lkey: Lkey(head.rkey),
+                    key: swap as u8,
+                    addr: head.remote_addr,
+                    length: head.compare_add,
+                    access: Access(head.imm),
+                }
+            } else {
+                let f = ibv::IbvSendFields {
+                    remote_addr: head.remote_addr,
+                    rkey: head.rkey,
+                    imm: head.imm,
+                    invalidate_rkey: head.rkey,
+                    compare_add: head.compare_add,
+                    swap,
+                    bind: ibv::IbvBind {
+                        mw: head.rkey,
+                        rkey: swap as u32,
+                        mr: (swap >> 32) as u32,
+                        addr: head.remote_addr,
+                        length: head.compare_add,
+                        access: head.imm,
+                    },
+                };
+                WrOp::from_ibv(head.opcode as u32, &f)
+                    .map_err(|_| SlotError::Opcode(head.opcode))?
+            };
+            let inline = flags.contains(SendFlags::INLINE) && !op.is_read_or_atomic();
+            if (inline && nsge != 0) || (!inline && head.inline_len != 0) {
+                return Err(SlotError::InlineMisuse);
+            }
+            s.ud = if head.ud & UD_PRESENT != 0 {
+                let u = cell(next).view::<UdCell>();
+                next += 1;
+                Some(UdDest {
+                    ah: AddressVector {
+                        dgid: Gid(u.dgid),
+                        sgid_index: u.sgid_index,
+                        flow_label: u.flow_label & 0xfffff,
+                        hop_limit: u.hop_limit,
+                        traffic_class: u.traffic_class,
+                        sl: u.sl & 0xf,
+                        dmac: (head.ud & UD_DMAC != 0).then_some(u.dmac),
+                    },
+                    remote_qpn: Qpn::new(u.qpn & 0xff_ffff),
+                    remote_qkey: Qkey(u.qkey),
+                })
+            } else {
+                None
+            };
+            (s.op, s.flags) = (op, flags);
+            let len = head.inline_len as usize;
+            let first = len.min(HEAD_INLINE);
+            s.inline[..first].copy_from_slice(&head.first[..first]);
+            let mut at = first;
+            while at < len {
+                let c = cell(next);
+                next += 1;
+                let take = (len - at).min(CELL_BYTES);
+                s.inline[at..at + take].copy_from_slice(&c.0[..take]);
+                at += take;
+            }
+            s.inline_len = len;
+        }
+        if nsge > 0 {
+            s.sges[0] = get_sge(&head.first);
+        }
+        let mut i = 1;
+        while i < nsge {
+            let c = cell(next);
+            next += 1;
+            for b in c.0.chunks_exact(16).take(nsge - i) {
+                s.sges[i] = get_sge(b);
+                i += 1;
+            }
+        }
+        s.nsge = nsge;
+        s.wr_id = head.wr_id;
+        self.kind = head.kind;
+        self.handle = head.handle;
+        Ok(())
     }
 }
 
@@ -602,53 +841,118 @@ impl EventSlot {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use roce::verbs::SendWr;
+
+    /// Encodes a post and decodes it back, as the two ends of the ring do.
+    fn round_trip(p: &PostCells<'_>) -> Result<PostBuf, SlotError> {
+        let mut cells = Vec::new();
+        p.write(|c| cells.push(*c));
+        assert_eq!(cells.len(), p.cells());
+        let mut buf = PostBuf::default();
+        buf.decode(&cells[0].head(), |i| cells[i])?;
+        Ok(buf)
+    }
 
     #[test]
     fn sends_receives_completions_and_events_round_trip() {
-        let sges = [
-            Sge {
-                addr: 0x1234_5678_9abc,
-                length: 77,
-                lkey: Lkey(0x301),
+        let sges: Vec<Sge> = (0..MAX_HOST_SGE as u64)
+            .map(|i| Sge {
+                addr: 0x1234_5678_9abc + i,
+                length: 77 + i as u32,
+                lkey: Lkey(0x301 + i as u32),
+            })
+            .collect();
+        let ud = UdDest {
+            ah: AddressVector {
+                dmac: Some([2, 0, 0, 0x99, 0, 7]),
+                flow_label: 0x12345,
+                sl: 3,
+                ..AddressVector::new(Gid::from_ipv4([10, 99, 0, 2]), 1)
             },
-            Sge {
-                addr: 9,
-                length: 1,
-                lkey: Lkey(0x402),
-            },
-        ];
+            remote_qpn: Qpn::new(0x33),
+            remote_qkey: Qkey(0x1111_1111),
+        };
+        // Every operation, with and without a UD destination, with 0, 1, 5 and 16 SGEs:
+        // one cell for a one-SGE WRITE or SEND, an operand cell for CAS, bind and
+        // registration, a UD cell, four SGEs to each cell past the head's.
         for op in WrOp::SAMPLES {
-            let ud = UdDest {
-                ah: AddressVector::new(Gid::from_ipv4([10, 99, 0, 2]), 1),
-                remote_qpn: Qpn::new(0x33),
-                remote_qkey: Qkey(0x1111_1111),
-            };
+            for ud in [None, Some(ud)] {
+                for n in [0, 1, 5, MAX_HOST_SGE] {
+                    let wr = SendWr {
+                        wr_id: 99,
+                        op,
+                        sg_list: &sges[..n],
+                        flags: SendFlags::SIGNALED | SendFlags::FENCE,
+                        ud,
+                    };
+                    let p = PostCells::send(Qpn::new(0x12), &wr, None).unwrap();
+                    let operand = matches!(
+                        op,
+                        WrOp::CompareSwap { .. } | WrOp::BindMw { .. } | WrOp::RegMr { .. }
+                    );
+                    assert_eq!(
+                        p.cells(),
+                        1 + operand as usize + ud.is_some() as usize + (n.max(1) - 1).div_ceil(4),
+                        "{op:?} {n}"
+                    );
+                    let buf = round_trip(&p).unwrap();
+                    let Post::Send { qpn, wr: d } = buf.post() else {
+                        panic!()
+                    };
+                    assert_eq!(qpn, Qpn::new(0x12));
+                    assert_eq!(d.as_wr(), wr, "{op:?}");
+                    assert_eq!(d.inline(), None);
+                }
+            }
+        }
+        // Inline data of every length that changes the cell count.
+        let data: Vec<u8> = (0..roce::engine::MAX_INLINE)
+            .map(|i| i as u8 ^ 0x5a)
+            .collect();
+        for len in [0, 1, 16, 17, 80, 81, 255, 256] {
             let wr = SendWr {
-                wr_id: 99,
-                op,
-                sg_list: &sges,
-                flags: SendFlags::SIGNALED | SendFlags::FENCE,
-                ud: Some(ud),
+                wr_id: 7,
+                op: WrOp::Send,
+                sg_list: &[],
+                flags: SendFlags::INLINE,
+                ud: None,
             };
-            let slot = PostSlot::send(Qpn::new(0x12), &wr, None).unwrap();
-            let Post::Send { qpn, wr: d } = slot.decode().unwrap() else {
+            let p = PostCells::send(Qpn::new(0x12), &wr, Some(&data[..len])).unwrap();
+            assert_eq!(p.cells(), 1 + len.saturating_sub(16).div_ceil(64), "{len}");
+            let buf = round_trip(&p).unwrap();
+            let Post::Send { wr: d, .. } = buf.post() else {
                 panic!()
             };
-            assert_eq!(qpn, Qpn::new(0x12));
-            assert_eq!(d.as_wr(), wr, "{op:?}");
+            assert_eq!(d.inline(), Some(&data[..len]));
         }
-        let slot = PostSlot::recv(post_kind::SRQ_RECV, 3, 5, &sges).unwrap();
-        let Post::SrqRecv {
-            srq,
-            wr_id,
-            nsge,
-            sges: got,
-        } = slot.decode().unwrap()
-        else {
-            panic!()
-        };
-        assert_eq!((srq, wr_id, &got[..nsge]), (3, 5, &sges[..]));
+        for n in [0, 1, 2, 16] {
+            let p = PostCells::recv(post_kind::SRQ_RECV, 3, 5, &sges[..n]).unwrap();
+            let buf = round_trip(&p).unwrap();
+            let Post::SrqRecv {
+                srq,
+                wr_id,
+                sges: got,
+            } = buf.post()
+            else {
+                panic!()
+            };
+            assert_eq!((srq, wr_id, got), (3, 5, &sges[..n]));
+            let p = PostCells::recv(post_kind::RECV, 0x13, 6, &sges[..n]).unwrap();
+            let buf = round_trip(&p).unwrap();
+            let Post::Recv {
+                qpn,
+                wr_id,
+                sges: got,
+            } = buf.post()
+            else {
+                panic!()
+            };
+            assert_eq!((qpn, wr_id, got), (Qpn::new(0x13), 6, &sges[..n]));
+        }
+        let too_many = vec![Sge::default(); MAX_HOST_SGE + 1];
+        assert_eq!(
+            PostCells::recv(post_kind::RECV, 1, 1, &too_many).unwrap_err(),
+            SlotError::Sges(17)
+        );
         let c = Completion {
             wr_id: 5,
             status: WcStatus::RemAccessErr,
@@ -675,36 +979,53 @@ mod tests {
         }
     }
 
-    /// Any bytes at all decode to a checked post or an error, never a panic.
+    /// Any bytes at all decode to a checked post or an error, never a panic; a head whose
+    /// cell count disagrees with its fields is refused.
     #[test]
-    fn garbage_slots_are_errors_not_panics() {
+    fn garbage_cells_are_errors_not_panics() {
         let mut rng = roce::sim::Rng::new(7);
         let mut ok = 0;
+        let mut buf = PostBuf::default();
         for _ in 0..20_000 {
-            let mut bytes = [0u8; std::mem::size_of::<PostSlot>()];
-            for b in bytes.iter_mut() {
-                *b = rng.next_u64() as u8;
+            let mut cells = [PostCell::default(); MAX_POST_CELLS];
+            for c in cells.iter_mut() {
+                for b in c.0.iter_mut() {
+                    *b = rng.next_u64() as u8;
+                }
             }
-            // Small kinds and opcodes now and then, to reach the deeper checks.
-            bytes[0] = (rng.below(4)) as u8;
-            bytes[1..4].fill(0);
-            bytes[16] = rng.below(12) as u8;
-            bytes[17..20].fill(0);
-            // Flags, SGE count and inline length in range now and then too.
+            // Small kinds, opcodes, flags and counts now and then, to reach the deeper checks.
+            let h = &mut cells[0].0;
+            h[0] = rng.below(4) as u8;
+            h[1] = rng.below(12) as u8;
             if rng.below(2) == 0 {
-                bytes[21..24].fill(0);
-                bytes[24] = rng.below(18) as u8;
-                bytes[25..28].fill(0);
-                bytes[28] = rng.below(255) as u8;
-                bytes[29..32].fill(0);
+                h[2] &= 0x1f;
+                h[3] = rng.below(18) as u8;
+                h[40] = rng.below(255) as u8;
+                h[41] = 0;
+                h[42] &= 3;
+                h[43] = rng.below(8) as u8;
             }
-            // SAFETY: PostSlot is valid for every bit pattern (Plain).
-            let slot: PostSlot = unsafe { std::mem::transmute(bytes) };
-            if slot.decode().is_ok() {
-                ok += 1;
+            let head = cells[0].head();
+            if let Ok(n) = head.cells() {
+                assert!((1..=MAX_POST_CELLS).contains(&n));
+                if buf.decode(&head, |i| cells[i]).is_ok() {
+                    ok += 1;
+                }
             }
         }
-        assert!(ok > 0, "some random slots are well-formed");
+        assert!(ok > 0, "some random posts are well-formed");
+        // A valid post whose head claims one cell more, or one fewer, is refused.
+        let sge = [Sge::default(); 2];
+        let p = PostCells::recv(post_kind::RECV, 1, 1, &sge).unwrap();
+        let mut cells = Vec::new();
+        p.write(|c| cells.push(*c));
+        for said in [1u8, 3] {
+            cells[0].0[43] = said;
+            assert_eq!(
+                cells[0].head().cells(),
+                Err(SlotError::Cells { said, need: 2 })
+            );
+        }
         let c: CqeSlot = CqeSlot {
             status: 999,
             opcode: 77,

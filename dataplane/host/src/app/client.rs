@@ -20,7 +20,7 @@ use roce::verbs::{
 use super::{Buffer, BufferInner, Channel, Mr, Released, Verbs};
 use crate::abi::area::Area;
 use crate::abi::ring::{ring, Consumer, Producer};
-use crate::abi::slots::{post_kind, CqeSlot, EventSlot, PostSlot, MAX_HOST_SGE};
+use crate::abi::slots::{post_kind, CqeSlot, EventSlot, PostCell, PostCells, MAX_HOST_SGE};
 use crate::abi::{
     counter_names, Command, HostLimits, PortAttrData, ReplyData, Translation, EVENT_RING,
     POST_RING, QP_INDEX_BYTES,
@@ -86,7 +86,7 @@ impl CqNotifier {
 /// An application's handle on an RNIC: [`Verbs`] over a [`Channel`].
 pub struct Client<C: Channel> {
     chan: C,
-    posts: Producer<PostSlot>,
+    posts: Producer<PostCell>,
     events: Consumer<EventSlot>,
     index: Arc<Area>,
     limits: HostLimits,
@@ -196,19 +196,26 @@ impl<C: Channel> Client<C> {
         self.chan.call(cmd, area)
     }
 
-    /// Pushes a slot into the post ring, waiting while it is full.
-    fn push(&mut self, slot: &PostSlot) -> VerbsResult<()> {
+    /// Puts a post's cells into the post ring, waiting while it has no room for them, and
+    /// publishes them at once (the worker never sees part of a post).
+    fn push(&mut self, post: &PostCells<'_>) -> VerbsResult<()> {
         let mut spins = 0u32;
-        while !self.posts.push(slot) {
+        while !self.posts.room(post.cells()) {
             if !self.alive() {
                 return Err(VerbsError::DeviceFatal);
             }
             spins += 1;
             backoff(spins);
         }
+        let posts = &mut self.posts;
+        post.write(|c| {
+            let staged = posts.stage(c);
+            debug_assert!(staged, "room was checked");
+        });
+        posts.publish();
         // A worker that went to sleep armed the ring: wake it (one fence and one load
         // otherwise).
-        self.posts.notify(true);
+        posts.notify(true);
         Ok(())
     }
 
@@ -508,7 +515,7 @@ impl<C: Channel> Client<C> {
             inline.map(|d| d.len()),
         )?;
         let is_inline = wr.flags.contains(SendFlags::INLINE) && !wr.op.is_read_or_atomic();
-        let slot = if is_inline {
+        if is_inline {
             let mut bytes = [0u8; MAX_INLINE];
             let data: &[u8] = match inline {
                 Some(d) => d,
@@ -521,17 +528,19 @@ impl<C: Channel> Client<C> {
                 sg_list: &[],
                 ..wr.clone()
             };
-            PostSlot::send(qpn, &bare, Some(data))
+            PostCells::send(qpn, &bare, Some(data))
+                .map_err(|e| VerbsError::InvalidArgument(e.to_string()))
+                .and_then(|p| self.push(&p))?;
         } else {
             if inline.is_some() {
                 return Err(VerbsError::InvalidArgument(
                     "inline data needs the INLINE flag on a SEND or WRITE".into(),
                 ));
             }
-            PostSlot::send(qpn, wr, None)
+            let p = PostCells::send(qpn, wr, None)
+                .map_err(|e| VerbsError::InvalidArgument(e.to_string()))?;
+            self.push(&p)?;
         }
-        .map_err(|e| VerbsError::InvalidArgument(e.to_string()))?;
-        self.push(&slot)?;
         if let Ok(q) = self.qp_mut(qpn) {
             q.sq_posted += 1;
         }
@@ -885,9 +894,9 @@ impl<C: Channel> Verbs for Client<C> {
                 q.caps.max_recv_sge
             )));
         }
-        let s = PostSlot::recv(post_kind::RECV, qpn.value(), wr.wr_id, wr.sg_list)
+        let p = PostCells::recv(post_kind::RECV, qpn.value(), wr.wr_id, wr.sg_list)
             .map_err(|e| VerbsError::InvalidArgument(e.to_string()))?;
-        self.push(&s)?;
+        self.push(&p)?;
         if let Ok(q) = self.qp_mut(qpn) {
             q.rq_posted += 1;
         }
@@ -946,9 +955,9 @@ impl<C: Channel> Verbs for Client<C> {
         if s.posted.wrapping_sub(retired(&index, off)) >= s.max_wr as u64 {
             return Err(VerbsError::QueueFull);
         }
-        let slot = PostSlot::recv(post_kind::SRQ_RECV, srq.0, wr.wr_id, wr.sg_list)
+        let p = PostCells::recv(post_kind::SRQ_RECV, srq.0, wr.wr_id, wr.sg_list)
             .map_err(|e| VerbsError::InvalidArgument(e.to_string()))?;
-        self.push(&slot)?;
+        self.push(&p)?;
         if let Some(s) = self.srqs.get_mut(srq.0 as usize) {
             s.posted += 1;
         }

@@ -6,8 +6,9 @@
 //!
 //! Per client (application context) there are, in shared memory (memfd
 //! `Area`s, layouts in [`crate::abi`]):
-//! - a post ring (application -> worker) of [`PostSlot`](crate::abi::slots::PostSlot)s: send,
-//!   receive and SRQ receive work requests, with inline data copied in when posted;
+//! - a post ring (application -> worker) of 64-byte [`PostCell`](crate::abi::slots::PostCell)s:
+//!   send, receive and SRQ receive work requests, one to seven cells each (a one-SGE WRITE
+//!   is one), with inline data copied in when posted;
 //! - one completion ring per CQ (worker -> application);
 //! - an event ring (worker -> application);
 //! - an index area where the worker publishes each QP's send/receive and each SRQ's consumer

@@ -284,7 +284,7 @@ pub fn connect(socket: Option<&Path>, device: Option<&str>) -> Result<RemoteCont
         index: map(index, w.ring_bytes[2], "index area")?,
     };
     let expect = [
-        crate::abi::ring::ring_bytes::<crate::abi::slots::PostSlot>(crate::abi::POST_RING),
+        crate::abi::ring::ring_bytes::<crate::abi::slots::PostCell>(crate::abi::POST_RING),
         crate::abi::ring::ring_bytes::<crate::abi::slots::EventSlot>(crate::abi::EVENT_RING),
         w.limits.index_bytes(),
     ];
