@@ -47,6 +47,17 @@ fn crc(c: &mut Criterion) {
             })
         });
     }
+    // A frame's ICRC region below the folding threshold (a 64 B WRITE's is 120 bytes):
+    // crc32fast's byte loop against the zero-padded fold (`icrc::compute_short`).
+    for size in [40usize, 120] {
+        let data: Vec<u8> = (0..size).map(|i| i as u8).collect();
+        g.bench_with_input(BenchmarkId::new("region_byte_loop", size), &data, |b, d| {
+            b.iter(|| roce::wire::icrc::compute(black_box(d), false, 20))
+        });
+        g.bench_with_input(BenchmarkId::new("region_folded", size), &data, |b, d| {
+            b.iter(|| roce::wire::icrc::compute_short(black_box(d), false, 20))
+        });
+    }
     g.finish();
 }
 

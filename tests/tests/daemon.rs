@@ -15,10 +15,10 @@ use dataplane::daemon::Daemon;
 use dataplane::runtime::{test_config, Runtime};
 use dataplane::Verbs;
 use ferroce_host::abi::area::Area;
-use ferroce_host::abi::slots::{post_kind, PostCells};
 use ferroce_host::abi::proto::{
     AdminRequest, Body, Hello, Reply, ReplyBody, Request, Role, SeqPacket, WireError, VERSION,
 };
+use ferroce_host::abi::slots::{post_kind, PostCells};
 use ferroce_host::app::remote::{connect, Admin, ConnectError, RemoteContext};
 use ferroce_tests::{connect_pair, post_recv_one, post_signaled, side, wait_cq, wait_until, Side};
 use roce::engine::VerbsError;

@@ -62,10 +62,10 @@ pub const RNR_TIMER_NS: [u64; 32] = [
 
 /// The largest credit code whose count does not exceed `wqes` (what a responder advertises).
 pub fn credits_to_code(wqes: u32) -> u8 {
-    match CREDIT_TABLE.iter().rposition(|&c| c <= wqes) {
-        Some(i) => i as u8,
-        None => 0,
-    }
+    // The table rises: a binary search (every ACK a responder queues asks this).
+    CREDIT_TABLE
+        .partition_point(|&c| c <= wqes)
+        .saturating_sub(1) as u8
 }
 
 /// NAK codes (IBA Table 43).
@@ -277,6 +277,15 @@ mod tests {
         assert_eq!(credits_to_code(0), 0);
         assert_eq!(credits_to_code(5), 4);
         assert_eq!(credits_to_code(100_000), 30);
+        // The largest code whose count does not exceed the WQEs, at every count.
+        for wqes in 0..40_000u32 {
+            let code = credits_to_code(wqes) as usize;
+            assert!(CREDIT_TABLE[code] <= wqes);
+            assert!(
+                CREDIT_TABLE.get(code + 1).is_none_or(|&c| c > wqes),
+                "{wqes}"
+            );
+        }
         assert_eq!(RNR_TIMER_NS[12], 640_000);
     }
 }

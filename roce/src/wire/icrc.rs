@@ -106,8 +106,12 @@ pub fn compute(l3: &[u8], ipv6: bool, ip_header_len: usize) -> u32 {
 /// in one pass over it: the variant fields are set to ones in place for the computation and
 /// restored after, so `l3` must be the caller's own bytes (a frame being built). One CRC call
 /// instead of one per piece: what a packet's ICRC costs on transmit is mostly per call for
-/// short frames.
+/// short frames. A region shorter than [`FOLD_MIN`] (a small message's frame) is
+/// computed by [`compute_short`] instead.
 pub fn compute_in_place(l3: &mut [u8], ipv6: bool, ip_header_len: usize) -> u32 {
+    if l3.len() < FOLD_MIN {
+        return compute_short(l3, ipv6, ip_header_len);
+    }
     let prefix = (ip_header_len + udp::HEADER_LEN + bth::HEADER_LEN)
         .min(l3.len())
         .min(MAX_PREFIX);
@@ -118,6 +122,51 @@ pub fn compute_in_place(l3: &mut [u8], ipv6: bool, ip_header_len: usize) -> u32 
     h.update(l3);
     l3[..prefix].copy_from_slice(&saved[..prefix]);
     h.finalize()
+}
+
+/// Inputs shorter than this take crc32fast's byte-table loop, which costs some 5
+/// instructions a byte (570 for a 64 B WRITE's 120-byte region, counted with callgrind);
+/// from this length on it folds 16 bytes at a time with carry-less multiplication.
+pub const FOLD_MIN: usize = 128;
+
+/// The CRC-32 register (not inverted) after `n` zero bytes fed from the state that follows
+/// the LRH stand-in, for every `n` below [`FOLD_MIN`] (bit by bit, reflected polynomial
+/// 0xEDB88320, at compile time).
+const SHIFTED_SEED: [u32; FOLD_MIN] = {
+    let mut t = [0u32; FOLD_MIN];
+    let mut r = !SEED_AFTER_LRH;
+    let mut n = 0;
+    while n < FOLD_MIN {
+        t[n] = r;
+        let mut bit = 0;
+        while bit < 8 {
+            r = (r >> 1) ^ (0xEDB8_8320 & (r & 1).wrapping_neg());
+            bit += 1;
+        }
+        n += 1;
+    }
+    t
+};
+
+/// ICRC of a region shorter than [`FOLD_MIN`], through the folding path: the masked region
+/// is copied to the end of a zeroed [`FOLD_MIN`]-byte block, whose CRC is taken from a zero
+/// register. CRC is linear: the register after `seed, data` is the register after `0, data`
+/// XOR the seed's register moved through `len(data)` zero bytes ([`SHIFTED_SEED`]), and
+/// zero bytes fed to a zero register leave it zero, so the leading zeros change nothing.
+/// Reads `l3` only (the mask is applied to the copy).
+pub fn compute_short(l3: &[u8], ipv6: bool, ip_header_len: usize) -> u32 {
+    let n = l3.len().min(FOLD_MIN - 1);
+    let mut block = [0u8; FOLD_MIN];
+    let start = FOLD_MIN - n;
+    block[start..].copy_from_slice(&l3[..n]);
+    let prefix = (ip_header_len + udp::HEADER_LEN + bth::HEADER_LEN).min(n);
+    mask_prefix(&mut block[start..start + prefix], ipv6, ip_header_len);
+    // A zero register is the finalised (inverted) state 0xFFFF_FFFF; finalising inverts
+    // back, so the hasher returns NOT(register) and the XOR below lands on NOT(result's
+    // register), which is the CRC.
+    let mut h = crc32fast::Hasher::new_with_initial(0xFFFF_FFFF);
+    h.update(&block);
+    h.finalize() ^ SHIFTED_SEED[n]
 }
 
 /// ICRC of a region held in several segments (e.g. an mbuf chain), starting at the IP header
@@ -198,6 +247,27 @@ mod tests {
         let before = v6.clone();
         assert_eq!(compute_in_place(&mut v6, true, 40), want);
         assert_eq!(v6, before);
+    }
+
+    /// The short-frame path agrees with the piecewise computation at every length it takes,
+    /// for IPv4 and IPv6, and the in-place one uses it below `FOLD_MIN` (leaving the bytes).
+    #[test]
+    fn short_regions_agree_with_the_byte_loop() {
+        let mut rng = crate::sim::Rng::new(3);
+        for len in 0..FOLD_MIN + 8 {
+            for (ipv6, hl) in [(false, 20), (true, 40)] {
+                let mut l3: Vec<u8> = (0..len).map(|_| rng.next_u64() as u8).collect();
+                let want = compute(&l3, ipv6, hl);
+                if len < FOLD_MIN {
+                    assert_eq!(compute_short(&l3, ipv6, hl), want, "len {len} v6 {ipv6}");
+                }
+                let before = l3.clone();
+                assert_eq!(compute_in_place(&mut l3, ipv6, hl), want, "len {len}");
+                assert_eq!(l3, before);
+            }
+        }
+        let f = hex(CX4_CNP);
+        assert_eq!(compute_short(&f[14..f.len() - 4], false, 20), 0x2a00_fd82);
     }
 
     #[test]
