@@ -518,10 +518,14 @@ impl HostEnd {
             }
             self.scratch.resize(room.min(64), Completion::default());
             let n = poll(&mut self.scratch);
+            // Staged and published together: one release store of the producer index per
+            // batch, not per completion.
             for c in &self.scratch[..n] {
-                ring.push(&CqeSlot::encode(c));
+                let staged = ring.stage(&CqeSlot::encode(c));
+                debug_assert!(staged, "no more than the ring's room was polled");
                 solicited |= c.solicited || c.status != roce::verbs::WcStatus::Success;
             }
+            ring.publish();
             moved += n;
             if n < self.scratch.len() {
                 break;

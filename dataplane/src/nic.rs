@@ -24,7 +24,7 @@ use roce::pcap;
 use roce::table::Table;
 use roce::types::Gid;
 use roce::wire::ethernet::{self, ethertype, VlanTag};
-use roce::wire::frame::{classify, parse_in_place, parse_segments, FrameKind, ParsedFrame};
+use roce::wire::frame::{classify, parse_in_place_into, parse_segments, FrameKind, ParsedFrame};
 use roce::wire::opcode::Opcode;
 
 use crate::config::RnicConfig;
@@ -312,6 +312,8 @@ pub struct Nic {
     scratch: Vec<u8>,
     /// The buffer clients' posts are decoded into (`serve_posts`), kept between batches.
     post_buf: Option<Box<ferroce_host::abi::slots::PostBuf>>,
+    /// The headers of the frame being received (`rx_frame`), kept between frames.
+    rx_parsed: Option<Box<ParsedFrame>>,
     /// Counters.
     pub counters: NicCounters,
 }
@@ -432,6 +434,7 @@ impl Nic {
             storm_events: Vec::new(),
             scratch: Vec::with_capacity(16384),
             post_buf: None,
+            rx_parsed: None,
             counters,
         })
     }
@@ -1044,8 +1047,15 @@ impl Nic {
         if m.nb_segs() == 1 && m.is_exclusive() {
             return match self.rx_kind(now, &[m.data()])? {
                 FrameKind::Roce | FrameKind::Cnp => {
-                    let r = parse_in_place(m.data_mut());
-                    self.rx_roce(now, r, &[m.data()], true)
+                    // Parsed into the Nic's one ParsedFrame (some 290 bytes), not moved.
+                    let mut p = self
+                        .rx_parsed
+                        .take()
+                        .unwrap_or_else(|| Box::new(ParsedFrame::blank()));
+                    let r = parse_in_place_into(m.data_mut(), &mut p).map(|()| &*p);
+                    let hold = self.rx_roce(now, r, &[m.data()], true);
+                    self.rx_parsed = Some(p);
+                    hold
                 }
                 kind => self.rx_other(now, kind, &[m.data()]),
             };
@@ -1082,7 +1092,8 @@ impl Nic {
             None => None,
             Some(FrameKind::Roce | FrameKind::Cnp) => {
                 let single = segs.len() == 1 && m.nb_segs() == 1;
-                self.rx_roce(now, parse_segments(segs), segs, single)
+                let parsed = parse_segments(segs);
+                self.rx_roce(now, parsed.as_ref().map_err(|e| *e), segs, single)
             }
             Some(kind) => self.rx_other(now, kind, segs),
         };
@@ -1104,15 +1115,15 @@ impl Nic {
     fn rx_roce(
         &mut self,
         now: u64,
-        parsed: Result<ParsedFrame, roce::wire::Error>,
+        parsed: Result<&ParsedFrame, roce::wire::Error>,
         segs: &[&[u8]],
         single: bool,
     ) -> Option<ParsedFrame> {
         self.counters.rx_roce += 1;
         match parsed {
             Err(e) => self.dev.reject_frame(&e),
-            Ok(p) if single && self.wants_hold(&p) => return Some(p),
-            Ok(p) => self.dev.handle_parsed(now, &p, segs),
+            Ok(p) if single && self.wants_hold(p) => return Some(*p),
+            Ok(p) => self.dev.handle_parsed(now, p, segs),
         }
         None
     }
