@@ -21,7 +21,8 @@
 //! MR's key: the ratio is the cost of registering per I/O (`E2E_ONLY=fastreg` runs only this).
 //!
 //! Then 64 KiB WRITEs over one QP and over 16,000 QPs taken in turn (every QP active), and
-//! the resident memory per QP (`E2E_ONLY=qps` runs only this).
+//! the resident memory per QP (`E2E_ONLY=qps` runs only this). Then the loopback pair on one
+//! worker thread against one each (`E2E_ONLY=workers`).
 //!
 //! And the same three through rnicd's host interface across processes: this process runs
 //! the two RNICs behind an rnicd `Daemon` (socket in a temporary directory), and re-executes
@@ -228,6 +229,11 @@ fn spsc_half_rtt(n: usize) -> f64 {
 }
 
 fn ferroce(verb: Verb, kind: Kind, args: &[&str]) -> Value {
+    ferroce_on(1, verb, kind, args)
+}
+
+/// As [`ferroce`], with the two RNICs on `workers` worker threads (1 or 2).
+fn ferroce_on(workers: u32, verb: Verb, kind: Kind, args: &[&str]) -> Value {
     let mut v = vec!["x"];
     v.extend_from_slice(args);
     let a = A::parse_from(v).a;
@@ -237,6 +243,7 @@ fn ferroce(verb: Verb, kind: Kind, args: &[&str]) -> Value {
         4096,
         &RnicOpts::default(),
         &Default::default(),
+        workers,
         &mut sink,
     )
     .unwrap_or_else(|e| panic!("{args:?}: {e}"));
@@ -655,6 +662,50 @@ fn build_libibverbs() -> bool {
         .unwrap_or(false)
 }
 
+/// The loopback pair on one worker thread and on two (each RNIC its own, its application
+/// thread running it): 64 KiB WRITE goodput and 64 B WRITE message rate, three runs each,
+/// alternating, medians (`E2E_ONLY=workers` runs only this).
+fn workers() {
+    println!("worker threads (the two loopback RNICs on one worker, or one each)");
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(|a, b| a.total_cmp(b));
+        v[v.len() / 2]
+    };
+    for (what, args, key, unit) in [
+        (
+            "64 KiB WRITE",
+            &["-s", "65536", "-n", "30000", "-m", "4096"][..],
+            "bw_avg_Gbps",
+            "Gb/s",
+        ),
+        (
+            "64 B WRITE",
+            &["-s", "64", "-n", "1000000"][..],
+            "msg_rate_Mpps",
+            "Mmsg/s",
+        ),
+    ] {
+        let (mut one, mut two) = (Vec::new(), Vec::new());
+        for _ in 0..3 {
+            one.push(
+                ferroce_on(1, Verb::Write, Kind::Bw, args)[key]
+                    .as_f64()
+                    .unwrap(),
+            );
+            two.push(
+                ferroce_on(2, Verb::Write, Kind::Bw, args)[key]
+                    .as_f64()
+                    .unwrap(),
+            );
+        }
+        let (a, b) = (median(one), median(two));
+        println!(
+            "  {what}: 1 worker {a:8.3} {unit}, 2 workers {b:8.3} {unit}: ratio {:.2}",
+            b / a
+        );
+    }
+}
+
 fn main() {
     if let Ok(role) = std::env::var(ROLE) {
         child(&role);
@@ -662,13 +713,16 @@ fn main() {
     }
     // E2E_ONLY=fastreg or qps: that section alone (for profiling it).
     let only = std::env::var("E2E_ONLY").ok();
-    if matches!(only.as_deref(), Some("fastreg") | Some("qps")) {
+    if matches!(
+        only.as_deref(),
+        Some("fastreg") | Some("qps") | Some("workers")
+    ) {
         let cfg = driver::loopback_config(1, 4096, &RnicOpts::default()).expect("config");
         dataplane::runtime::init_eal("e2e", &cfg).expect("EAL");
-        if only.as_deref() == Some("qps") {
-            qp_scale();
-        } else {
-            fast_registration();
+        match only.as_deref() {
+            Some("qps") => qp_scale(),
+            Some("workers") => workers(),
+            _ => fast_registration(),
         }
         return;
     }
@@ -738,6 +792,7 @@ fn main() {
 
     fast_registration();
     qp_scale();
+    workers();
 
     println!("ferroce through rnicd (two RNICs behind the daemon, server and client as processes)");
     let dir = std::env::temp_dir().join(format!("ferroce-e2e-{}", std::process::id()));

@@ -62,6 +62,8 @@ pub const DEFAULT_SEND_WINDOW: u32 = 128;
 /// The most `roce.send_window` may be: well inside half the 24-bit PSN space, where PSN
 /// comparisons stay unambiguous.
 pub const MAX_SEND_WINDOW: u32 = 1 << 22;
+/// Highest `worker.thread` (worker threads are numbered from 0).
+pub const MAX_WORKER_THREAD: u32 = 63;
 
 /// The file as written (every field optional; defaults applied in [`RawConfig::validate`]).
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
@@ -377,6 +379,8 @@ pub struct RawWorker {
     pub idle_pause: Option<u32>,
     /// Sleep when idle, in microseconds.
     pub idle_sleep_us: Option<u32>,
+    /// The worker thread that drives this RNIC (RNICs with the same number share one).
+    pub thread: Option<u32>,
 }
 
 /// `[capture]`
@@ -633,6 +637,9 @@ pub struct RnicConfig {
     pub idle_pause: u32,
     /// Idle sleep (us).
     pub idle_sleep_us: u32,
+    /// The worker thread that drives this RNIC (`worker.thread`; RNICs with the same number
+    /// share one; 0 by default: one worker for all).
+    pub worker_thread: u32,
     /// Capture file.
     pub pcap: Option<PathBuf>,
     /// Bytes kept per captured frame.
@@ -962,6 +969,9 @@ impl RawConfig {
             }
             "worker.idle_sleep_us" => {
                 self.worker.idle_sleep_us = Some(small(value, u32::MAX as u64)? as u32)
+            }
+            "worker.thread" => {
+                self.worker.thread = Some(small(value, MAX_WORKER_THREAD as u64)? as u32)
             }
             "capture.pcap" => self.capture.pcap = Some(value.into()),
             "capture.snaplen" => self.capture.snaplen = Some(small(value, u32::MAX as u64)? as u32),
@@ -1337,6 +1347,7 @@ impl RawConfig {
             idle_spin: self.worker.idle_spin.unwrap_or(256),
             idle_pause: self.worker.idle_pause.unwrap_or(4096),
             idle_sleep_us: self.worker.idle_sleep_us.unwrap_or(100),
+            worker_thread: self.worker.thread.unwrap_or(0),
             pcap: self.capture.pcap.as_ref().map(PathBuf::from),
             snaplen,
             capture_enabled: self.capture.enabled.unwrap_or(true),
@@ -1956,6 +1967,7 @@ impl RnicConfig {
         line("idle_spin", self.idle_spin.to_string());
         line("idle_pause", self.idle_pause.to_string());
         line("idle_sleep_us", self.idle_sleep_us.to_string());
+        line("thread", self.worker_thread.to_string());
         out.push_str(&std::mem::take(&mut t));
         out.push_str("\n[capture]\n");
         let mut line = |k: &str, v: String| {

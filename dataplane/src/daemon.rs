@@ -13,7 +13,7 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -692,18 +692,15 @@ fn send_reply(conn: &SeqPacket, reply: Reply) -> io::Result<()> {
     conn.send_json(&Reply::err(reply.id, e), &[])
 }
 
-/// The worker's report of every RNIC.
+/// The workers' report of every RNIC.
 fn inspect(shared: &Shared, qp_counters: bool) -> Result<Vec<NicReport>, WireError> {
     if !shared.rt.alive() {
         return Err(WireError::DeviceFatal);
     }
-    let (tx, rx) = mpsc::sync_channel(1);
-    shared.rt.control(Control::Inspect {
-        qp_counters,
-        reply: tx,
-    });
-    rx.recv_timeout(Duration::from_secs(5))
-        .map_err(|_| WireError::DeviceFatal)
+    shared
+        .rt
+        .inspect(qp_counters, Duration::from_secs(5))
+        .ok_or(WireError::DeviceFatal)
 }
 
 fn mac_str(m: [u8; 6]) -> String {

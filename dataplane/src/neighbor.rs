@@ -181,6 +181,9 @@ pub struct Neighbors {
     max_entries: usize,
     /// Deadlines (lazily deleted: an item is live while its entry still has that deadline).
     timers: BinaryHeap<Reverse<(u64, IpAddr)>>,
+    /// Whether the heap's top item is known to be live (checked by `poll_timeout` since the
+    /// last change): the worker asks every iteration, and the check is a hash lookup.
+    top_live: bool,
     generation: u64,
     out: VecDeque<Vec<u8>>,
     /// Counters.
@@ -237,6 +240,7 @@ impl Neighbors {
             entries: HashMap::with_capacity(max_entries.min(MAX_ENTRIES)),
             max_entries: max_entries.max(1),
             timers: BinaryHeap::new(),
+            top_live: false,
             generation: 0,
             out: VecDeque::new(),
             counters: NeighborCounters::default(),
@@ -303,6 +307,7 @@ impl Neighbors {
             self.evict_one();
         }
         self.entries.insert(ip, Entry { state, updated });
+        self.top_live = false;
         if let Some(t) = state.deadline() {
             self.timers.push(Reverse((t, ip)));
         }
@@ -326,6 +331,7 @@ impl Neighbors {
         if let Some(ip) = victim {
             tracing::debug!(%ip, "neighbour evicted: table full");
             self.entries.remove(&ip);
+            self.top_live = false;
             self.counters.evicted += 1;
             self.generation += 1;
         }
@@ -409,9 +415,15 @@ impl Neighbors {
 
     /// The next deadline (retries, ageing).
     pub fn poll_timeout(&mut self) -> Option<u64> {
+        if self.top_live {
+            return self.timers.peek().map(|&Reverse((t, _))| t);
+        }
         while let Some(&Reverse((t, ip))) = self.timers.peek() {
             match self.entries.get(&ip).and_then(|e| e.state.deadline()) {
-                Some(d) if d == t => return Some(t),
+                Some(d) if d == t => {
+                    self.top_live = true;
+                    return Some(t);
+                }
                 _ => {
                     self.timers.pop();
                 }
@@ -427,6 +439,7 @@ impl Neighbors {
                 break;
             }
             self.timers.pop();
+            self.top_live = false;
             let Some(e) = self.entries.get(&ip).copied() else {
                 continue;
             };

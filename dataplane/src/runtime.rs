@@ -133,11 +133,22 @@ impl Drop for AliveGuard {
 /// Frames a ring link between an RNIC and an emulated switch holds (see
 /// [`Runtime::switched`]).
 pub const SWITCH_LINK_DESC: u16 = 16;
-/// Running RNICs and their worker.
+/// A worker thread of a runtime: its control queue, the worker itself (which in-process
+/// contexts of its RNICs may run while they wait) and its thread.
+struct WorkerSlot {
+    control: crate::worker::ControlQueue,
+    cell: Arc<WorkerCell>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+/// Running RNICs and their workers: one worker thread per distinct `worker.thread` among
+/// the RNICs' configurations (one for all by default), each owning its RNICs outright.
 pub struct Runtime {
     stop: Arc<AtomicBool>,
     alive: Arc<AtomicBool>,
-    control: crate::worker::ControlQueue,
+    workers: Vec<WorkerSlot>,
+    /// Where RNIC `i` runs: its worker, and its index among that worker's RNICs.
+    placement: Vec<(usize, usize)>,
     stats: Vec<Arc<Mutex<NicSnapshot>>>,
     switch_stats: Mutex<Vec<Arc<Mutex<SwitchStats>>>>,
     switch_samples: Mutex<Vec<Arc<Mutex<Vec<QueueSample>>>>>,
@@ -145,13 +156,11 @@ pub struct Runtime {
     macs: Vec<[u8; 6]>,
     limits: Vec<HostLimits>,
     dev_limits: Vec<roce::engine::DeviceLimits>,
-    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
-    /// The worker, which in-process contexts may run themselves while they wait.
-    cell: Arc<WorkerCell>,
 }
 
 impl Runtime {
-    /// Starts one RNIC per configuration on its own port, all driven by one worker.
+    /// Starts one RNIC per configuration on its own port, driven by the workers their
+    /// `worker.thread` names (one for all by default).
     pub fn start(program: &str, cfgs: Vec<RnicConfig>) -> Result<Runtime, StartError> {
         let first = cfgs
             .first()
@@ -286,52 +295,96 @@ impl Runtime {
         Self::spawn_with(nics, Vec::new())
     }
 
-    /// Starts the worker over `nics` and `switches` (numbered in this order for
-    /// [`Runtime::switch_stats`]).
+    /// Starts the workers over `nics` and `switches` (numbered in this order for
+    /// [`Runtime::switch_stats`]): one per distinct `worker.thread` of the RNICs, in
+    /// ascending order; the switches run on the first.
     fn spawn_with(nics: Vec<Nic>, switches: Vec<SwitchDev>) -> Result<Runtime, StartError> {
         let stop = Arc::new(AtomicBool::new(false));
         let alive = Arc::new(AtomicBool::new(true));
-        let control = crate::worker::control_queue();
         let stats: Vec<_> = nics
             .iter()
             .map(|_| Arc::new(Mutex::new(NicSnapshot::default())))
             .collect();
-        let configs = nics.iter().map(|n| n.config().clone()).collect();
+        let configs: Vec<RnicConfig> = nics.iter().map(|n| n.config().clone()).collect();
         let macs = nics.iter().map(|n| n.mac()).collect();
         let limits = nics.iter().map(|n| n.host_limits()).collect();
         let dev_limits = nics.iter().map(|n| n.device_limits()).collect();
-        let c = &nics[0].config();
-        let backoff = Backoff {
-            spin: c.idle_spin,
-            pause: c.idle_pause,
-            sleep_us: c.idle_sleep_us,
-        };
-        let mut worker = Worker::new(nics, backoff, control.clone(), stats.clone());
+        let mut threads: Vec<u32> = configs.iter().map(|c| c.worker_thread).collect();
+        threads.sort_unstable();
+        threads.dedup();
+        let mut groups: Vec<Vec<(usize, Nic)>> = threads.iter().map(|_| Vec::new()).collect();
+        let mut placement = Vec::with_capacity(nics.len());
+        for (i, nic) in nics.into_iter().enumerate() {
+            let w = threads
+                .binary_search(&configs[i].worker_thread)
+                .expect("every RNIC's thread is listed");
+            placement.push((w, groups[w].len()));
+            groups[w].push((i, nic));
+        }
+        let mut switches = Some(switches);
         let mut switch_stats = Vec::new();
         let mut switch_samples = Vec::new();
-        for sw in switches {
-            let slot = Arc::new(Mutex::new(SwitchStats::default()));
-            switch_stats.push(slot.clone());
-            switch_samples.push(sw.samples());
-            worker.add_switch(sw, slot);
-        }
-        let cell = Arc::new(WorkerCell::new(worker, stop.clone(), alive.clone()));
-        let (a2, cell2) = (alive.clone(), cell.clone());
-        let thread = std::thread::Builder::new()
-            .name("ferroce-worker".into())
-            .spawn(move || {
+        let mut workers = Vec::new();
+        for (w, group) in groups.into_iter().enumerate() {
+            let (indices, nics): (Vec<usize>, Vec<Nic>) = group.into_iter().unzip();
+            let c = &configs[indices[0]];
+            let backoff = Backoff {
+                spin: c.idle_spin,
+                pause: c.idle_pause,
+                sleep_us: c.idle_sleep_us,
+            };
+            let control = crate::worker::control_queue();
+            let own_stats = indices.iter().map(|&i| stats[i].clone()).collect();
+            let mut worker = Worker::new(nics, backoff, control.clone(), own_stats);
+            worker.name_devices(&indices);
+            for sw in switches.take().into_iter().flatten() {
+                let slot = Arc::new(Mutex::new(SwitchStats::default()));
+                switch_stats.push(slot.clone());
+                switch_samples.push(sw.samples());
+                worker.add_switch(sw, slot);
+            }
+            let cell = Arc::new(WorkerCell::new(worker, stop.clone(), alive.clone()));
+            let (a2, cell2) = (alive.clone(), cell.clone());
+            // Thread names are cut at 15 bytes.
+            let name = match w {
+                0 => "ferroce-worker".to_string(),
+                _ => format!("ferroce-wk{w}"),
+            };
+            let spawned = std::thread::Builder::new().name(name).spawn(move || {
                 // Cleared when this thread ends, also by a panic (the guard drops while
-                // unwinding), so applications get DeviceFatal instead of waiting forever.
+                // unwinding), so applications get DeviceFatal instead of waiting forever;
+                // the other workers see it and stop too.
                 let _alive = AliveGuard(a2);
                 // An EAL-registered thread gets an lcore id, hence mempool caches.
                 let _reg = Eal::get().and_then(|e| e.register_thread().ok());
                 cell2.run();
-            })
-            .map_err(|e| StartError::Other(format!("cannot start the worker: {e}")))?;
+            });
+            let thread = match spawned {
+                Ok(t) => t,
+                Err(e) => {
+                    // Stop the workers already running before giving up.
+                    stop.store(true, Ordering::Release);
+                    for s in &workers {
+                        let s: &WorkerSlot = s;
+                        s.control.wake();
+                        if let Some(t) = s.thread.lock().ok().and_then(|mut t| t.take()) {
+                            let _ = t.join();
+                        }
+                    }
+                    return Err(StartError::Other(format!("cannot start a worker: {e}")));
+                }
+            };
+            workers.push(WorkerSlot {
+                control,
+                cell,
+                thread: Mutex::new(Some(thread)),
+            });
+        }
         Ok(Runtime {
             stop,
             alive,
-            control,
+            workers,
+            placement,
             stats,
             switch_stats: Mutex::new(switch_stats),
             switch_samples: Mutex::new(switch_samples),
@@ -339,9 +392,69 @@ impl Runtime {
             macs,
             limits,
             dev_limits,
-            thread: Mutex::new(Some(thread)),
-            cell,
         })
+    }
+
+    /// RNIC `index`'s worker and its index there.
+    fn place(&self, index: usize) -> (&WorkerSlot, usize) {
+        let (w, i) = self.placement[index];
+        (&self.workers[w], i)
+    }
+
+    /// How many worker threads run.
+    pub fn workers(&self) -> usize {
+        self.workers.len()
+    }
+
+    /// How many worker threads are still running (a worker's death stops the others; a
+    /// stopped runtime has none).
+    pub fn workers_running(&self) -> usize {
+        self.workers
+            .iter()
+            .filter(|w| {
+                w.thread
+                    .lock()
+                    .map(|t| t.as_ref().is_some_and(|t| !t.is_finished()))
+                    .unwrap_or(false)
+            })
+            .count()
+    }
+
+    /// The worker that drives RNIC `index`.
+    pub fn worker_of(&self, index: usize) -> Option<usize> {
+        self.placement.get(index).map(|&(w, _)| w)
+    }
+
+    /// Every RNIC's report ([`crate::nic::Nic::report`]), in RNIC order, gathered from every
+    /// worker; `None` if a worker does not answer within `timeout`.
+    pub fn inspect(
+        &self,
+        qp_counters: bool,
+        timeout: std::time::Duration,
+    ) -> Option<Vec<crate::nic::NicReport>> {
+        let deadline = std::time::Instant::now() + timeout;
+        let replies: Vec<_> = self
+            .workers
+            .iter()
+            .map(|w| {
+                let (tx, rx) = std::sync::mpsc::sync_channel(1);
+                w.control.push(Control::Inspect {
+                    qp_counters,
+                    reply: tx,
+                });
+                rx
+            })
+            .collect();
+        let mut per_worker = Vec::new();
+        for rx in replies {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            per_worker.push(rx.recv_timeout(left).ok()?);
+        }
+        let mut out = Vec::with_capacity(self.placement.len());
+        for &(w, i) in &self.placement {
+            out.push(per_worker[w].get(i)?.clone());
+        }
+        Some(out)
     }
 
     /// Opens an application context on RNIC `index`.
@@ -349,15 +462,16 @@ impl Runtime {
         if index >= self.configs.len() {
             return Err(StartError::Other(format!("no RNIC {index}")));
         }
+        let (w, i) = self.place(index);
         let (ctx, host) = context(
-            self.control.clone(),
-            index,
+            w.control.clone(),
+            i,
             self.limits[index],
             self.alive.clone(),
-            Some(self.cell.clone()),
+            Some(w.cell.clone()),
         )
         .map_err(|e| StartError::Other(e.to_string()))?;
-        self.control.push(Control::AddHost(index, Box::new(host)));
+        w.control.push(Control::AddHost(i, Box::new(host)));
         Ok(ctx)
     }
 
@@ -384,14 +498,9 @@ impl Runtime {
         host.label = format!("pid {pid} ({comm})");
         // rnicd's connection threads relay remote clients' calls: the worker's own thread
         // answers them (the clients run in other processes and cannot run it).
-        let chan = LocalChannel::new(
-            self.control.clone(),
-            index,
-            host.token,
-            self.alive.clone(),
-            None,
-        );
-        self.control.push(Control::AddHost(index, Box::new(host)));
+        let (w, i) = self.place(index);
+        let chan = LocalChannel::new(w.control.clone(), i, host.token, self.alive.clone(), None);
+        w.control.push(Control::AddHost(i, Box::new(host)));
         Ok((rings, chan))
     }
 
@@ -420,9 +529,30 @@ impl Runtime {
         self.alive.load(Ordering::Acquire)
     }
 
-    /// Sends a request to the worker (rnicd's admin requests).
-    pub fn control(&self, c: Control) {
-        self.control.push(c);
+    /// Sends a request to the worker of the RNIC it names (rnicd's admin requests; RNIC
+    /// indices are the runtime's). `Inspect` goes to every worker, its reports gathered in
+    /// RNIC order ([`Runtime::inspect`] waits for them itself); `Panic` to the first.
+    pub fn control(&self, mut c: Control) {
+        if let Some(nic) = c.nic_mut() {
+            // An index past the RNICs: dropped, as a worker drops one past its own.
+            if let Some(&(w, i)) = self.placement.get(*nic) {
+                *nic = i;
+                self.workers[w].control.push(c);
+            }
+            return;
+        }
+        match c {
+            Control::Inspect { qp_counters, reply } => {
+                if let [w] = &self.workers[..] {
+                    w.control.push(Control::Inspect { qp_counters, reply });
+                } else if let Some(r) = self.inspect(qp_counters, std::time::Duration::from_secs(5))
+                {
+                    let _ = reply.try_send(r);
+                }
+            }
+            // The first worker: a worker's death stops the others (WorkerCell::run).
+            c => self.workers[0].control.push(c),
+        }
     }
 
     /// Switches RNIC `index`'s capture on or off (it needs `capture.pcap`); false if there
@@ -430,17 +560,18 @@ impl Runtime {
     pub fn set_capture(&self, index: usize, on: bool) -> bool {
         match self.configs.get(index) {
             Some(c) if c.pcap.is_some() => {
-                self.control.push(Control::SetCapture(index, on));
+                self.control(Control::SetCapture(index, on));
                 true
             }
             _ => false,
         }
     }
 
-    /// Makes the worker panic (for tests of what applications see when the dataplane dies).
+    /// Makes the (first) worker panic (for tests of what applications see when the
+    /// dataplane dies; the other workers stop with it).
     #[doc(hidden)]
     pub fn inject_worker_panic(&self) {
-        self.control.push(Control::Panic);
+        self.control(Control::Panic);
     }
 
     /// Configuration of RNIC `index`.
@@ -473,10 +604,14 @@ impl Runtime {
     fn shutdown(&self) {
         self.stop.store(true, Ordering::Release);
         // A sleeping worker sees the flag now, not at the end of its sleep.
-        self.control.wake();
-        let t = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take();
-        if let Some(t) = t {
-            let _ = t.join();
+        for w in &self.workers {
+            w.control.wake();
+        }
+        for w in &self.workers {
+            let t = w.thread.lock().unwrap_or_else(|p| p.into_inner()).take();
+            if let Some(t) = t {
+                let _ = t.join();
+            }
         }
     }
 }

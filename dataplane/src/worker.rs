@@ -96,6 +96,20 @@ pub enum Control {
     Panic,
 }
 
+impl Control {
+    /// The RNIC index the request names, if it names one (to route it to that RNIC's
+    /// worker and renumber it there).
+    pub fn nic_mut(&mut self) -> Option<&mut usize> {
+        match self {
+            Control::AddHost(nic, _)
+            | Control::SetCapture(nic, _)
+            | Control::Call { nic, .. }
+            | Control::Close { nic, .. } => Some(nic),
+            Control::Inspect { .. } | Control::Panic => None,
+        }
+    }
+}
+
 /// The queue through which other threads reach a worker, and the word a sleeping worker
 /// also waits on, so a request wakes it at once.
 #[derive(Default)]
@@ -334,6 +348,15 @@ impl Worker {
         work
     }
 
+    /// Names the RNICs' log spans after their indices in the runtime (`ferroce{i}`): a
+    /// worker of several owns only some of them.
+    pub fn name_devices(&mut self, indices: &[usize]) {
+        self.spans = indices
+            .iter()
+            .map(|i| tracing::debug_span!(target: "roce", "rnic", dev = %format!("ferroce{i}")))
+            .collect();
+    }
+
     /// Publishes counter snapshots now, the QP totals brought up to date for at most
     /// `qps` QPs per RNIC (see `Device::counters_incremental`).
     pub fn publish_stats(&mut self, qps: usize) {
@@ -546,7 +569,9 @@ impl WorkerCell {
             Ok(w) => w.control.clone(),
             Err(_) => return,
         };
-        while !self.stop.load(Ordering::Relaxed) {
+        // A worker that died (its panic cleared `alive`) takes the others down with it:
+        // their clients are told the device is gone, as the dead one's are.
+        while !self.stop.load(Ordering::Relaxed) && self.alive.load(Ordering::Acquire) {
             let driven = self.driven_at.load(Ordering::Relaxed);
             if driven != 0 && self.clock.now().saturating_sub(driven) < APP_DRIVE_WINDOW_NS {
                 std::thread::sleep(std::time::Duration::from_micros(APP_DRIVE_SLEEP_US));

@@ -106,6 +106,54 @@ fn uc_and_ud_between_two_rnics() {
     drop(rt);
 }
 
+/// WRITEs of sizes from 1 B to 300 KB, then SENDs and READs back, from `a` to `b`: every
+/// one completes successfully and every byte arrives as written (`seed` varies the data).
+fn mixed_traffic_arrives(a: &mut Side, b: &mut Side, seed: u32) {
+    let sizes = [1usize, 1000, 4096, 20_000, 100_000, 300_000];
+    let mut off = 0u64;
+    for (i, &len) in sizes.iter().enumerate() {
+        a.buf.write(off as usize, &pattern(seed + i as u32, len));
+        post_write_at(a, b, i as u64, off, len as u32);
+        off += len as u64;
+    }
+    for i in 0..4u64 {
+        post_recv_one(b, i, (4 << 20) + i * 65536, 65536);
+        post_signaled(a, 100 + i, WrOp::Send, i * 1000, 30_000);
+        post_signaled(
+            a,
+            200 + i,
+            WrOp::Read {
+                remote_addr: b.mr.addr,
+                rkey: b.mr.rkey.unwrap(),
+            },
+            (6 << 20) + i * 65536,
+            50_000,
+        );
+    }
+    let c = wait_cq(a, sizes.len() + 8, 60);
+    assert_eq!(c.len(), sizes.len() + 8, "{c:?}");
+    assert!(c.iter().all(|c| c.status == WcStatus::Success), "{c:?}");
+    let mut off = 0;
+    for (i, &len) in sizes.iter().enumerate() {
+        assert_eq!(b.buf.to_vec(off, len), pattern(seed + i as u32, len));
+        off += len;
+    }
+    for i in 0..4usize {
+        assert_eq!(
+            a.buf.to_vec((6 << 20) + i * 65536, 50_000),
+            b.buf.to_vec(0, 50_000)
+        );
+        assert_eq!(
+            b.buf.to_vec((4 << 20) + i * 65536, 30_000),
+            a.buf.to_vec(i * 1000, 30_000)
+        );
+    }
+    let r = wait_cq(b, 4, 10);
+    assert!(r
+        .iter()
+        .all(|c| c.status == WcStatus::Success && c.byte_len == 30_000));
+}
+
 #[test]
 fn rc_recovers_over_a_faulty_link() {
     let faulty = |h: u8| {
@@ -118,46 +166,7 @@ fn rc_recovers_over_a_faulty_link() {
         c
     };
     let (rt, mut a, mut b) = pair_with(faulty(3), faulty(4), QpType::Rc);
-    let sizes = [1usize, 1000, 4096, 20_000, 100_000, 300_000];
-    let mut off = 0u64;
-    for (i, &len) in sizes.iter().enumerate() {
-        a.buf.write(off as usize, &pattern(i as u32, len));
-        post_write_at(&mut a, &b, i as u64, off, len as u32);
-        off += len as u64;
-    }
-    // And READs back, and SENDs.
-    for i in 0..4u64 {
-        post_recv_one(&mut b, i, (4 << 20) + i * 65536, 65536);
-        post_signaled(&mut a, 100 + i, WrOp::Send, i * 1000, 30_000);
-        post_signaled(
-            &mut a,
-            200 + i,
-            WrOp::Read {
-                remote_addr: b.mr.addr,
-                rkey: b.mr.rkey.unwrap(),
-            },
-            (6 << 20) + i * 65536,
-            50_000,
-        );
-    }
-    let c = wait_cq(&mut a, sizes.len() + 8, 60);
-    assert_eq!(c.len(), sizes.len() + 8, "{c:?}");
-    assert!(c.iter().all(|c| c.status == WcStatus::Success), "{c:?}");
-    let mut off = 0;
-    for (i, &len) in sizes.iter().enumerate() {
-        assert_eq!(b.buf.to_vec(off, len), pattern(i as u32, len));
-        off += len;
-    }
-    for i in 0..4usize {
-        assert_eq!(
-            a.buf.to_vec((6 << 20) + i * 65536, 50_000),
-            b.buf.to_vec(0, 50_000)
-        );
-    }
-    let r = wait_cq(&mut b, 4, 10);
-    assert!(r
-        .iter()
-        .all(|c| c.status == WcStatus::Success && c.byte_len == 30_000));
+    mixed_traffic_arrives(&mut a, &mut b, 0);
     let snaps = rt.stop();
     let faults = snaps[0].nic.fault_lost + snaps[0].nic.fault_corrupted + snaps[1].nic.fault_lost;
     assert!(faults > 0, "faults were injected");
@@ -171,6 +180,51 @@ fn rc_recovers_over_a_faulty_link() {
         "corruption caught by the ICRC"
     );
     assert!(snaps[1].qps.duplicate_request + snaps[1].qps.out_of_sequence > 0);
+}
+
+/// Two RNICs, each on a worker thread of its own (`worker.thread`), over a lossy link:
+/// WRITEs, READs and SENDs of every size complete with the right data (timers and
+/// retransmissions run on both workers), each application thread drives its own RNIC's
+/// worker, reports come back in RNIC order, and one worker dying takes the other down.
+#[test]
+fn rnics_on_two_workers_carry_verified_traffic() {
+    let lossy = |h: u8, thread: u32| {
+        let mut c = test_config(h, 1024);
+        c.fault.loss = 0.01;
+        c.fault.seed = h as u64;
+        c.worker_thread = thread;
+        c
+    };
+    let (rt, mut a, mut b) = pair_with(lossy(5, 3), lossy(6, 7), QpType::Rc);
+    // Threads 3 and 7: two workers, numbered in the threads' order.
+    assert_eq!(rt.workers(), 2);
+    assert_eq!((rt.worker_of(0), rt.worker_of(1)), (Some(0), Some(1)));
+    mixed_traffic_arrives(&mut a, &mut b, 40);
+    // Each worker reports its own RNIC; the runtime puts them in RNIC order.
+    let reports = rt.inspect(false, Duration::from_secs(5)).expect("reports");
+    assert_eq!(reports.len(), 2);
+    assert_eq!((reports[0].mac, reports[1].mac), (rt.mac(0), rt.mac(1)));
+    assert!(reports.iter().all(|r| r.clients.len() == 1));
+    // One worker's death is everyone's: the other worker's thread ends too, and both
+    // applications are told.
+    assert_eq!(rt.workers_running(), 2);
+    rt.inject_worker_panic();
+    assert!(ferroce_tests::wait_until(10, || !rt.alive()));
+    assert!(
+        ferroce_tests::wait_until(10, || rt.workers_running() == 0),
+        "the second worker stopped with the first"
+    );
+    for ctx in [&mut a.ctx, &mut b.ctx] {
+        assert!(ferroce_tests::wait_until(10, || matches!(
+            ctx.alloc_pd(),
+            Err(roce::engine::VerbsError::DeviceFatal)
+        )));
+    }
+    let snaps = rt.stop();
+    assert!(
+        snaps[0].nic.fault_lost + snaps[1].nic.fault_lost > 0,
+        "faults were injected"
+    );
 }
 
 /// `fault.delay_us` holds every frame an RNIC sends: an RC WRITE's completion waits for the

@@ -60,6 +60,22 @@ fn bandwidth_tests_move_and_verify_every_message() {
         ("send_bw", vec!["-s", "9000", "-n", "200", "-c", "UC"], 9000),
         ("atomic_bw", vec!["-n", "500"], 8),
         ("atomic_bw", vec!["-n", "500", "-A", "CMP_AND_SWAP"], 8),
+        // Each RNIC on a worker thread of its own.
+        (
+            "write_bw",
+            vec!["-s", "65536", "-n", "300", "--workers", "2"],
+            65536,
+        ),
+        (
+            "read_bw",
+            vec!["-s", "5000", "-n", "300", "--workers", "2"],
+            5000,
+        ),
+        (
+            "send_bw",
+            vec!["-s", "1500", "-n", "600", "--workers", "2"],
+            1500,
+        ),
     ] {
         let mut args = vec![test, "--verify"];
         args.extend_from_slice(&extra);
@@ -681,6 +697,14 @@ fn bad_arguments_are_clear_errors() {
         (vec!["atomic_bw", "--loopback", "-s", "64"], "8-byte"),
         (vec!["write_bw", "--loopback", "-m", "1000"], "-m 1000"),
         (vec!["write_lat", "--loopback", "-q", "2"], "-q"),
+        (
+            vec!["write_bw", "--loopback", "--workers", "3"],
+            "--workers",
+        ),
+        (
+            vec!["write_bw", "--workers", "2", "--port", "net_null0"],
+            "--workers",
+        ),
         (
             vec!["write_bw", "--loopback", "10.99.0.1"],
             "no server address",

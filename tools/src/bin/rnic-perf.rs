@@ -41,6 +41,10 @@ struct Rnic {
     /// DPDK link (10.99.0.1 and 10.99.0.2); needs no port, hugepages or configuration.
     #[arg(long)]
     loopback: bool,
+    /// With --loopback: worker threads for the two RNICs (1: one drives both; 2: each its
+    /// own, so the client's and the server's RNICs run on two cores).
+    #[arg(long, default_value_t = 1, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=2))]
+    workers: u32,
     /// Use an RNIC of a running rnicd instead of starting one in this process: the RNIC is
     /// named with -d (default ferroce0); SOCKET defaults to $FERROCE_SOCKET or
     /// /run/ferroce/rnicd.sock.
@@ -199,6 +203,12 @@ fn main() -> ExitCode {
     };
     let r = if rnic.switch.asked() && !rnic.loopback {
         Err("the emulated switch (--switch-*) joins the two RNICs of --loopback".to_string())
+    } else if rnic.workers != 1 && !rnic.loopback {
+        Err(
+            "--workers spreads the two RNICs of --loopback over worker threads (an RNIC on a \
+             port or in rnicd has its own: worker.thread)"
+                .to_string(),
+        )
     } else if let Some(sock) = &rnic.rnicd {
         if rnic.loopback || rnic.opts.any() {
             Err(
@@ -211,7 +221,7 @@ fn main() -> ExitCode {
             driver::via_rnicd(&job, sock.as_deref(), dev.as_deref(), &mut *out)
         }
     } else if rnic.loopback {
-        driver::loopback(&job, mtu, &rnic.opts, &rnic.switch, &mut *out)
+        driver::loopback(&job, mtu, &rnic.opts, &rnic.switch, rnic.workers, &mut *out)
     } else {
         driver::on_port(&job, &rnic.opts, &mut *out)
     };

@@ -39,6 +39,10 @@ struct Cli {
     /// Path MTU of the --loopback RNICs.
     #[arg(long, default_value_t = 4096, value_name = "BYTES")]
     loopback_mtu: u32,
+    /// With --loopback: worker threads for its two RNICs (1: one drives both; 2: each its
+    /// own). RNICs from files choose theirs with worker.thread.
+    #[arg(long, default_value_t = 1, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=2))]
+    workers: u32,
     #[command(flatten)]
     switch: ferroce_tools::rnic_opts::SwitchOpts,
     /// A further RNIC, configured by its own file (ferroce1, ferroce2, ... in order;
@@ -107,10 +111,21 @@ fn configs(cli: &Cli) -> Result<Vec<RnicConfig>, String> {
             .map(|&h| {
                 let mut r = dataplane::runtime::loopback_raw_config(h, cli.loopback_mtu);
                 o.apply_overrides(&mut r)?;
+                if cli.workers == 2 {
+                    r.set("worker.thread", &(h - 1).to_string())
+                        .map_err(|e| e.to_string())?;
+                }
                 socket(&mut r)?;
                 r.validate().map_err(|e| e.to_string())
             })
             .collect();
+    }
+    if cli.workers != 1 {
+        return Err(
+            "--workers spreads the two RNICs of --loopback over worker threads: RNICs from \
+             files choose theirs with worker.thread"
+                .into(),
+        );
     }
     let mut first = cli.rnic.raw()?;
     socket(&mut first)?;

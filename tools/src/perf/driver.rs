@@ -180,13 +180,15 @@ pub fn counters_line(name: &str, cfg: &RnicConfig, s: &NicSnapshot) -> String {
 }
 
 /// Runs `job` on two ferroce RNICs in this process joined back to back by a DPDK ring link
-/// (10.99.0.1 serves, 10.99.0.2 is the client; path MTU `mtu`). The client's text goes to
+/// (10.99.0.1 serves, 10.99.0.2 is the client; path MTU `mtu`), on one worker thread or,
+/// with `workers` 2, one each. The client's text goes to
 /// `out`. Returns `{"client", "server", "counters"}`.
 pub fn loopback(
     job: &Job,
     mtu: u32,
     opts: &RnicOpts,
     switch: &crate::rnic_opts::SwitchOpts,
+    workers: u32,
     out: &mut dyn Write,
 ) -> Result<Value, String> {
     if job.server_addr().is_some() {
@@ -202,6 +204,10 @@ pub fn loopback(
     job.validate()?;
     let mut cfg0 = loopback_config(1, mtu, opts)?;
     let mut cfg1 = loopback_config(2, mtu, opts)?;
+    if workers == 2 {
+        // The server's RNIC on a worker thread of its own (worker.thread).
+        (cfg0.worker_thread, cfg1.worker_thread) = (0, 1);
+    }
     let settings = switch.settings()?;
     let rt = match &settings {
         None => Runtime::loopback("rnic-perf", cfg0.clone(), cfg1.clone()),
