@@ -299,6 +299,9 @@ impl Runtime {
     /// [`Runtime::switch_stats`]): one per distinct `worker.thread` of the RNICs, in
     /// ascending order; the switches run on the first.
     fn spawn_with(nics: Vec<Nic>, switches: Vec<SwitchDev>) -> Result<Runtime, StartError> {
+        if nics.is_empty() {
+            return Err(StartError::Other("no RNIC configured".into()));
+        }
         let stop = Arc::new(AtomicBool::new(false));
         let alive = Arc::new(AtomicBool::new(true));
         let stats: Vec<_> = nics

@@ -62,7 +62,11 @@ impl Nic {
             };
             n += 1;
             match next {
-                Ok(()) => self.execute_post(id, buf.post()),
+                Ok(()) => {
+                    if let Some(post) = buf.post() {
+                        self.execute_post(id, post);
+                    }
+                }
                 Err(e) => {
                     h.counters.bad_slots += 1;
                     tracing::warn!(client = %h.label, error = %e, "closing the client");

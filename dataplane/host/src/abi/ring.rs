@@ -163,7 +163,8 @@ impl<T: Plain> Producer<T> {
         true
     }
 
-    /// Free slots now.
+    /// Free slots now, by the consumer's index as it is in shared memory (entries staged
+    /// and not yet published are not counted as taken: see [`Producer::room_left`]).
     pub fn free(&self) -> usize {
         let head = idx(&self.area, HEAD).load(Ordering::Acquire);
         self.cap.saturating_sub(self.tail.wrapping_sub(head)) as usize
@@ -177,6 +178,18 @@ impl<T: Plain> Producer<T> {
         }
         self.publish();
         true
+    }
+
+    /// How many more entries fit after those staged, the consumer's index read again; as
+    /// many [`Producer::stage`] calls then succeed, whatever the consumer writes meanwhile
+    /// (they check against the index read here).
+    pub fn room_left(&mut self) -> usize {
+        self.cached_head = idx(&self.area, HEAD).load(Ordering::Acquire);
+        let used = self.tail.wrapping_sub(self.cached_head);
+        if used > self.cap {
+            return 0;
+        }
+        (self.cap - used).saturating_sub(self.staged) as usize
     }
 
     /// Whether `n` more entries fit after those staged, reading the consumer's index again

@@ -526,7 +526,7 @@ pub struct PostBuf {
 impl Default for PostBuf {
     fn default() -> Self {
         PostBuf {
-            kind: post_kind::RECV,
+            kind: 0,
             handle: 0,
             send: DecodedSend {
                 wr_id: 0,
@@ -557,12 +557,17 @@ impl PostHead {
                 if self.inline_len as usize > roce::engine::MAX_INLINE {
                     return Err(SlotError::Inline(self.inline_len as u32));
                 }
+                // SGEs or inline bytes, never both: at most MAX_POST_CELLS cells.
+                if nsge != 0 && self.inline_len != 0 {
+                    return Err(SlotError::InlineMisuse);
+                }
                 1 + has_operand(self.opcode) as usize
                     + (self.ud & UD_PRESENT != 0) as usize
                     + data_cells(nsge, self.inline_len as usize)
             }
             k => return Err(SlotError::Kind(k)),
         };
+        debug_assert!(need <= MAX_POST_CELLS);
         if self.cells as usize != need {
             return Err(SlotError::Cells {
                 said: self.cells,
@@ -574,10 +579,10 @@ impl PostHead {
 }
 
 impl PostBuf {
-    /// The post last decoded.
-    pub fn post(&self) -> Post<'_> {
+    /// The post last decoded; `None` before the first or after one that did not decode.
+    pub fn post(&self) -> Option<Post<'_>> {
         let s = &self.send;
-        match self.kind {
+        Some(match self.kind {
             post_kind::SEND => Post::Send {
                 qpn: Qpn::new(self.handle),
                 wr: s,
@@ -587,22 +592,25 @@ impl PostBuf {
                 wr_id: s.wr_id,
                 sges: &s.sges[..s.nsge],
             },
-            _ => Post::Recv {
+            post_kind::RECV => Post::Recv {
                 qpn: Qpn::new(self.handle),
                 wr_id: s.wr_id,
                 sges: &s.sges[..s.nsge],
             },
-        }
+            _ => return None,
+        })
     }
 
     /// Decodes the post that `head` starts; `cell(i)` is the post's `i`-th cell (1 for the
     /// first after the head), already copied out of the ring. Every field is checked
-    /// (docs/host-protocol.md 5.3); on an error the buffer holds nothing usable.
+    /// (docs/host-protocol.md 5.3); on an error [`PostBuf::post`] shows nothing.
     pub fn decode(
         &mut self,
         head: &PostHead,
         cell: impl Fn(usize) -> PostCell,
     ) -> Result<(), SlotError> {
+        // Nothing usable until the post decodes in full.
+        self.kind = 0;
         head.cells()?;
         let nsge = head.nsge as usize;
         let s = &mut self.send;
@@ -895,7 +903,7 @@ mod tests {
                         "{op:?} {n}"
                     );
                     let buf = round_trip(&p).unwrap();
-                    let Post::Send { qpn, wr: d } = buf.post() else {
+                    let Post::Send { qpn, wr: d } = buf.post().unwrap() else {
                         panic!()
                     };
                     assert_eq!(qpn, Qpn::new(0x12));
@@ -919,7 +927,7 @@ mod tests {
             let p = PostCells::send(Qpn::new(0x12), &wr, Some(&data[..len])).unwrap();
             assert_eq!(p.cells(), 1 + len.saturating_sub(16).div_ceil(64), "{len}");
             let buf = round_trip(&p).unwrap();
-            let Post::Send { wr: d, .. } = buf.post() else {
+            let Post::Send { wr: d, .. } = buf.post().unwrap() else {
                 panic!()
             };
             assert_eq!(d.inline(), Some(&data[..len]));
@@ -931,7 +939,7 @@ mod tests {
                 srq,
                 wr_id,
                 sges: got,
-            } = buf.post()
+            } = buf.post().unwrap()
             else {
                 panic!()
             };
@@ -942,7 +950,7 @@ mod tests {
                 qpn,
                 wr_id,
                 sges: got,
-            } = buf.post()
+            } = buf.post().unwrap()
             else {
                 panic!()
             };
@@ -1003,17 +1011,36 @@ mod tests {
                 h[40] = rng.below(255) as u8;
                 h[41] = 0;
                 h[42] &= 3;
-                h[43] = rng.below(8) as u8;
+                h[43] = rng.below(16) as u8;
             }
             let head = cells[0].head();
             if let Ok(n) = head.cells() {
                 assert!((1..=MAX_POST_CELLS).contains(&n));
                 if buf.decode(&head, |i| cells[i]).is_ok() {
                     ok += 1;
+                    assert!(buf.post().is_some());
+                } else {
+                    assert!(
+                        buf.post().is_none(),
+                        "a post that did not decode shows nothing"
+                    );
                 }
             }
         }
         assert!(ok > 0, "some random posts are well-formed");
+        // SGEs and inline bytes together would take more than MAX_POST_CELLS: refused
+        // before any cell past the head is looked for.
+        let both = PostHead {
+            kind: post_kind::SEND,
+            opcode: ibv::wr_opcode::ATOMIC_CMP_AND_SWP as u8,
+            flags: SendFlags::INLINE.0 as u8,
+            nsge: 16,
+            inline_len: 256,
+            ud: UD_PRESENT,
+            cells: 11,
+            ..PostHead::default()
+        };
+        assert_eq!(both.cells(), Err(SlotError::InlineMisuse));
         // A valid post whose head claims one cell more, or one fewer, is refused.
         let sge = [Sge::default(); 2];
         let p = PostCells::recv(post_kind::RECV, 1, 1, &sge).unwrap();
