@@ -16,6 +16,45 @@ fn rc_pair() -> (Runtime, Side, Side) {
     loopback_pair("ferroce-host", configs, QpType::Rc, 1 << 20, (100, 200))
 }
 
+/// Posts made inside `Client::batch` reach the worker together when it ends (one ring
+/// doorbell for a list of WRs, as ibv_post_send with chained WRs): none completes while the
+/// batch lasts, even with the worker running, and all of them complete after it.
+#[test]
+fn a_batch_of_posts_is_published_at_its_end() {
+    let (rt, mut a, b) = rc_pair();
+    let (qpn, cq, mr) = (a.qpn, a.cq, a.mr);
+    let (raddr, rkey) = (b.mr.addr, b.mr.rkey.unwrap());
+    a.buf.write(0, &[7u8; 4096]);
+    a.ctx.batch(|c| {
+        for i in 0..8u64 {
+            let wr = SendWr {
+                wr_id: i,
+                op: WrOp::Write {
+                    remote_addr: raddr + i * 512,
+                    rkey,
+                },
+                sg_list: &[mr.sge(i * 512, 512)],
+                flags: SendFlags::SIGNALED,
+                ud: None,
+            };
+            c.post_send(qpn, &wr).expect("post");
+        }
+        // The worker runs meanwhile (its own thread, and this poll drives it): it has
+        // nothing to take.
+        let mut wc = [Completion::default(); 8];
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_millis(50) {
+            assert_eq!(c.poll_cq(cq, &mut wc), Ok(0), "a post escaped the batch");
+        }
+    });
+    let c = wait_cq(&mut a, 8, 10);
+    assert_eq!(c.len(), 8);
+    assert!(c.iter().all(|c| c.status == WcStatus::Success), "{c:?}");
+    assert_eq!(b.buf.to_vec(0, 4096), vec![7u8; 4096]);
+    drop((a, b));
+    rt.stop();
+}
+
 /// IBV_SEND_INLINE lets the application reuse the buffer as soon as post_send returns: the
 /// bytes are copied then, from memory that need not be registered. Every message is
 /// overwritten right after its post; each must arrive as it was when posted.

@@ -163,18 +163,21 @@ pub(crate) unsafe extern "C" fn post_send(
     let qpn = (*(qp as *mut Qp)).qpn;
     let ud_qp = (*qp).qp_type == sys::IBV_QPT_UD;
     let mut cl = client(ctx);
-    let mut w = wr;
-    while !w.is_null() {
-        let e = one_send(&mut cl, qpn, ud_qp, &*w);
-        if e != 0 {
-            if !bad.is_null() {
-                *bad = w;
+    // A chain of WRs rings the worker's doorbell once (published together at the end).
+    cl.batch(|cl| {
+        let mut w = wr;
+        while !w.is_null() {
+            let e = one_send(cl, qpn, ud_qp, &*w);
+            if e != 0 {
+                if !bad.is_null() {
+                    *bad = w;
+                }
+                return e;
             }
-            return e;
+            w = (*w).next;
         }
-        w = (*w).next;
-    }
-    0
+        0
+    })
 }
 
 pub(crate) unsafe fn recv_chain(
@@ -216,7 +219,7 @@ pub(crate) unsafe extern "C" fn post_recv(
     };
     let qpn = (*(qp as *mut Qp)).qpn;
     let mut cl = client(ctx);
-    recv_chain(wr, bad, |r| cl.post_recv(qpn, r))
+    cl.batch(|cl| recv_chain(wr, bad, |r| cl.post_recv(qpn, r)))
 }
 
 pub(crate) unsafe extern "C" fn post_srq_recv(
@@ -229,5 +232,5 @@ pub(crate) unsafe extern "C" fn post_srq_recv(
     };
     let id = (*(srq as *mut Srq)).id;
     let mut cl = client(ctx);
-    recv_chain(wr, bad, |r| cl.post_srq_recv(id, r))
+    cl.batch(|cl| recv_chain(wr, bad, |r| cl.post_srq_recv(id, r)))
 }

@@ -203,25 +203,28 @@ pub(crate) unsafe fn complete_batch(qp: *mut sys::ibv_qp_ex) -> c_int {
         b.wrs.clear();
         return libc::ENOMEM;
     }
-    let mut r = 0;
-    for w in b.wrs.iter() {
-        let inline = w.inline_len.map(|n| &w.inline[..n]);
-        r = submit(
-            &mut cl,
-            q.qpn,
-            w.wr_id,
-            w.op,
-            &w.sges[..w.nsge],
-            w.flags,
-            w.ud,
-            inline,
-        );
-        if r != 0 {
-            // A failure the checks above could not see (the QP left RTS meanwhile):
-            // the WRs before it are posted, as with ibv_post_send's bad_wr.
-            break;
+    // ibv_wr_complete rings the doorbell once for the whole batch.
+    let r = cl.batch(|cl| {
+        for w in b.wrs.iter() {
+            let inline = w.inline_len.map(|n| &w.inline[..n]);
+            let r = submit(
+                cl,
+                q.qpn,
+                w.wr_id,
+                w.op,
+                &w.sges[..w.nsge],
+                w.flags,
+                w.ud,
+                inline,
+            );
+            if r != 0 {
+                // A failure the checks above could not see (the QP left RTS meanwhile):
+                // the WRs before it are posted, as with ibv_post_send's bad_wr.
+                return r;
+            }
         }
-    }
+        0
+    });
     b.wrs.clear();
     r
 }

@@ -111,6 +111,8 @@ pub struct Client<C: Channel> {
     closed: bool,
     /// Consecutive polls that found a CQ empty.
     empty_polls: u32,
+    /// Inside [`Client::batch`]: posts are staged, published together at its end.
+    batching: bool,
 }
 
 /// A moved range of application pages ([`crate::app::shadow`]) as one context uses it: added to
@@ -173,6 +175,7 @@ impl<C: Channel> Client<C> {
             fatal_reported: false,
             closed: false,
             empty_polls: 0,
+            batching: false,
         }
     }
 
@@ -197,10 +200,13 @@ impl<C: Channel> Client<C> {
     }
 
     /// Puts a post's cells into the post ring, waiting while it has no room for them, and
-    /// publishes them at once (the worker never sees part of a post).
+    /// publishes them at once (the worker never sees part of a post) - or, inside
+    /// [`Client::batch`], with the batch's other posts at its end.
     fn push(&mut self, post: &PostCells<'_>) -> VerbsResult<()> {
         let mut spins = 0u32;
         while !self.posts.room(post.cells()) {
+            // What is staged goes first: the worker makes the room by taking it.
+            self.publish_posts();
             if !self.alive() {
                 return Err(VerbsError::DeviceFatal);
             }
@@ -212,11 +218,31 @@ impl<C: Channel> Client<C> {
             let staged = posts.stage(c);
             debug_assert!(staged, "room was checked");
         });
-        posts.publish();
-        // A worker that went to sleep armed the ring: wake it (one fence and one load
-        // otherwise).
-        posts.notify(true);
+        if !self.batching {
+            self.publish_posts();
+        }
         Ok(())
+    }
+
+    /// Publishes the staged posts (one store of the ring's producer index) and, if the
+    /// worker went to sleep and armed the ring, wakes it (otherwise one fence and one load).
+    fn publish_posts(&mut self) {
+        self.posts.publish();
+        self.posts.notify(true);
+    }
+
+    /// Runs `f` (which posts) with the posts it makes published together when it returns:
+    /// one ring doorbell for a list of work requests, as `ibv_post_send` with chained WRs
+    /// rings one. A post that fails inside does not undo the ones before it (verbs' `bad_wr`
+    /// semantics: those are posted).
+    pub fn batch<R>(&mut self, f: impl FnOnce(&mut Self) -> R) -> R {
+        let outer = std::mem::replace(&mut self.batching, true);
+        let r = f(self);
+        self.batching = outer;
+        if !outer {
+            self.publish_posts();
+        }
+        r
     }
 
     fn reg_at(
