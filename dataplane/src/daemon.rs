@@ -841,6 +841,7 @@ fn admin(shared: &Shared, id: u64, req: AdminRequest, cred: Option<PeerCred>) ->
                         device: shared.names[i].clone(),
                         port,
                         qps,
+                        rnics: Vec::new(),
                     }
                 })
                 .collect();
@@ -851,8 +852,20 @@ fn admin(shared: &Shared, id: u64, req: AdminRequest, cred: Option<PeerCred>) ->
                     device: format!("switch{i}"),
                     port: s.counters(),
                     qps: Vec::new(),
+                    rnics: Vec::new(),
                 });
                 i += 1;
+            }
+            // Each worker thread's load, and the RNICs it drives.
+            let mut w = 0;
+            while let Some((load, rnics)) = shared.rt.worker_load(w) {
+                all.push(DeviceStats {
+                    device: format!("worker{w}"),
+                    port: load.iter().map(|(k, v)| (k.to_string(), v)).collect(),
+                    qps: Vec::new(),
+                    rnics: rnics.iter().map(|&r| shared.names[r].clone()).collect(),
+                });
+                w += 1;
             }
             ReplyBody::Stats(all)
         }),

@@ -12,7 +12,7 @@ use crate::host::host_end;
 use crate::local::{context, Context, LocalChannel};
 use crate::nic::Nic;
 use crate::switch::{QueueSample, SwitchDev, SwitchSettings, SwitchStats};
-use crate::worker::{Backoff, Control, NicSnapshot, Worker, WorkerCell};
+use crate::worker::{Backoff, Control, NicSnapshot, Worker, WorkerCell, WorkerLoad};
 use ferroce_host::abi::{ClientLimits, HostLimits};
 use ferroce_host::app::ClientRings;
 
@@ -139,6 +139,10 @@ struct WorkerSlot {
     control: crate::worker::ControlQueue,
     cell: Arc<WorkerCell>,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// Its load, as it last published it.
+    load: Arc<Mutex<WorkerLoad>>,
+    /// The runtime's indices of its RNICs.
+    rnics: Vec<usize>,
 }
 
 /// Running RNICs and their workers: one worker thread per distinct `worker.thread` among
@@ -340,6 +344,8 @@ impl Runtime {
             let own_stats = indices.iter().map(|&i| stats[i].clone()).collect();
             let mut worker = Worker::new(nics, backoff, control.clone(), own_stats);
             worker.name_devices(&indices);
+            let load = Arc::new(Mutex::new(WorkerLoad::default()));
+            worker.publish_load_to(load.clone());
             for sw in switches.take().into_iter().flatten() {
                 let slot = Arc::new(Mutex::new(SwitchStats::default()));
                 switch_stats.push(slot.clone());
@@ -381,6 +387,8 @@ impl Runtime {
                 control,
                 cell,
                 thread: Mutex::new(Some(thread)),
+                load,
+                rnics: indices,
             });
         }
         Ok(Runtime {
@@ -421,6 +429,14 @@ impl Runtime {
                     .unwrap_or(false)
             })
             .count()
+    }
+
+    /// Worker `w`'s load as it last published it (about every millisecond), and the
+    /// runtime's indices of its RNICs.
+    pub fn worker_load(&self, w: usize) -> Option<(WorkerLoad, Vec<usize>)> {
+        let slot = self.workers.get(w)?;
+        let load = slot.load.lock().map(|l| *l).unwrap_or_default();
+        Some((load, slot.rnics.clone()))
     }
 
     /// The worker that drives RNIC `index`.

@@ -56,6 +56,49 @@ pub struct NicSnapshot {
     pub area_bytes: u64,
 }
 
+/// A worker's load, published for tools with its RNICs' counters (about every
+/// millisecond): every field counts up from the worker's start.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WorkerLoad {
+    /// Iterations of the loop, by the worker's thread or an application thread.
+    pub polls: u64,
+    /// Iterations that found work.
+    pub busy_polls: u64,
+    /// Iterations an application thread ran (run-to-completion).
+    pub driven_polls: u64,
+    /// Time from the start of each iteration that found work to the start of the next
+    /// (ns): the worker's busy time, measured with the one clock read an iteration makes.
+    pub busy_ns: u64,
+    /// Times the worker's thread went to sleep for want of work.
+    pub sleeps: u64,
+    /// Time since the worker started (ns).
+    pub elapsed_ns: u64,
+}
+
+impl WorkerLoad {
+    /// The counters by name (rnic-ctl stat shows them, with rates).
+    pub fn iter(&self) -> impl Iterator<Item = (&'static str, u64)> {
+        [
+            ("polls", self.polls),
+            ("busy_polls", self.busy_polls),
+            ("driven_polls", self.driven_polls),
+            ("busy_ns", self.busy_ns),
+            ("sleeps", self.sleeps),
+            ("elapsed_ns", self.elapsed_ns),
+        ]
+        .into_iter()
+    }
+
+    /// The share of the time between `earlier` and `self` the worker was busy (0..=1).
+    pub fn busy_since(&self, earlier: &WorkerLoad) -> f64 {
+        let t = self.elapsed_ns.saturating_sub(earlier.elapsed_ns);
+        if t == 0 {
+            return 0.0;
+        }
+        (self.busy_ns.saturating_sub(earlier.busy_ns) as f64 / t as f64).min(1.0)
+    }
+}
+
 /// Requests from other threads to a running worker.
 pub enum Control {
     /// Attach an application context to RNIC `index`.
@@ -244,6 +287,12 @@ pub struct Worker {
     spans: Vec<tracing::Span>,
     /// Emulated switches polled in the same loop, and where their counters are published.
     switches: Vec<(SwitchDev, Arc<Mutex<SwitchStats>>)>,
+    /// The load counters, and where they are published.
+    load: WorkerLoad,
+    load_slot: Option<Arc<Mutex<WorkerLoad>>>,
+    /// When the last iteration started, and whether it found work.
+    last_poll: u64,
+    last_busy: bool,
 }
 
 impl Worker {
@@ -267,7 +316,16 @@ impl Worker {
             stats,
             last_stats: 0,
             switches: Vec::new(),
+            load: WorkerLoad::default(),
+            load_slot: None,
+            last_poll: 0,
+            last_busy: false,
         }
+    }
+
+    /// Publishes the worker's load into `slot` with its counters.
+    pub fn publish_load_to(&mut self, slot: Arc<Mutex<WorkerLoad>>) {
+        self.load_slot = Some(slot);
     }
 
     /// Adds an emulated switch to the loop; its counters are published into `slot`.
@@ -283,6 +341,10 @@ impl Worker {
     /// One iteration over every RNIC; returns the work done.
     pub fn poll_once(&mut self) -> usize {
         let now = self.clock.now();
+        if self.last_busy {
+            self.load.busy_ns += now.saturating_sub(self.last_poll);
+        }
+        self.last_poll = now;
         let mut work = 0;
         for (nic, span) in self.nics.iter_mut().zip(&self.spans) {
             let _in = span.enter();
@@ -297,6 +359,9 @@ impl Worker {
             self.last_stats = now;
             self.publish_stats(STATS_QPS_PER_SNAPSHOT);
         }
+        self.last_busy = work > 0;
+        self.load.polls += 1;
+        self.load.busy_polls += self.last_busy as u64;
         work
     }
 
@@ -381,6 +446,14 @@ impl Worker {
                 *s = sw.snapshot();
             }
         }
+        if let Some(slot) = &self.load_slot {
+            if let Ok(mut l) = slot.lock() {
+                *l = WorkerLoad {
+                    elapsed_ns: self.clock.now(),
+                    ..self.load
+                };
+            }
+        }
     }
 
     /// Backs off after an iteration that did `work`.
@@ -429,6 +502,7 @@ impl Worker {
                 c.asleep.store(false, Ordering::Release);
                 return Idle::Spin;
             }
+            self.load.sleeps += 1;
             Idle::Sleep(b.sleep_us)
         } else {
             Idle::Yield
@@ -545,7 +619,10 @@ impl WorkerCell {
         REGISTERED.with(|r| {
             r.get_or_init(|| Eal::get().and_then(|e| e.register_thread().ok()));
         });
-        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| w.poll_once()));
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            w.load.driven_polls += 1;
+            w.poll_once()
+        }));
         drop(w);
         match r {
             Ok(work) => {

@@ -200,6 +200,14 @@ fn rnics_on_two_workers_carry_verified_traffic() {
     assert_eq!(rt.workers(), 2);
     assert_eq!((rt.worker_of(0), rt.worker_of(1)), (Some(0), Some(1)));
     mixed_traffic_arrives(&mut a, &mut b, 40);
+    // Each worker published its load: both found work, and its RNIC is its own.
+    for w in 0..2 {
+        assert!(ferroce_tests::wait_until(5, || {
+            let (l, rnics) = rt.worker_load(w).unwrap();
+            rnics == [w] && l.busy_polls > 0 && l.busy_ns > 0 && l.busy_ns <= l.elapsed_ns
+        }));
+    }
+    assert!(rt.worker_load(2).is_none());
     // Each worker reports its own RNIC; the runtime puts them in RNIC order.
     let reports = rt.inspect(false, Duration::from_secs(5)).expect("reports");
     assert_eq!(reports.len(), 2);

@@ -160,7 +160,8 @@ fn a_killed_client_is_reclaimed_and_its_peer_sees_retries_exhausted() {
 #[test]
 fn rnic_ctl_shows_devices_objects_and_counters() {
     let _one = serial();
-    let mut r = Rnicd::start("ctl", &[]);
+    // Each RNIC on a worker thread of its own: rnic-ctl stat shows both workers' load.
+    let mut r = Rnicd::start("ctl", &["--workers", "2"]);
     let o = ctl(r.sock(), &["dev"]);
     let t = String::from_utf8_lossy(&o.stdout);
     assert!(o.status.success());
@@ -267,8 +268,27 @@ fn rnic_ctl_is_a_well_behaved_cli() {
     let t = String::from_utf8_lossy(&o.stdout).to_string();
     assert!(t.lines().all(|l| l.len() < 100), "{t}");
     assert!(t.contains("b/s") && t.contains("pps"), "{t}");
+    assert!(
+        t.contains("worker0 (ferroce0)") && t.contains("worker1 (ferroce1)"),
+        "{t}"
+    );
     wait_child(srv, Duration::from_secs(60));
     wait_child(cli, Duration::from_secs(60));
+    // Both workers carried the traffic (the sender's and the receiver's RNIC), each busy a
+    // part of the time it has run.
+    let v = ctl_json(r.sock(), &["stat"]);
+    for (w, rnic) in [("worker0", "ferroce0"), ("worker1", "ferroce1")] {
+        let d = v
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|d| d["device"] == w)
+            .unwrap_or_else(|| panic!("no {w}: {v}"));
+        assert_eq!(d["rnics"], serde_json::json!([rnic]), "{d}");
+        let c = |k: &str| d["port"][k].as_u64().unwrap_or(0);
+        assert!(c("busy_polls") > 0 && c("polls") >= c("busy_polls"), "{d}");
+        assert!(c("busy_ns") > 0 && c("busy_ns") <= c("elapsed_ns"), "{d}");
+    }
 }
 
 #[test]

@@ -342,9 +342,12 @@ fn print_stats(s: &[DeviceStats], prev: Option<(&[DeviceStats], f64)>) {
         }
     };
     for d in s {
-        // The emulated switch is no RDMA link: its name alone.
+        // The emulated switch is no RDMA link: its name alone; a worker thread with the
+        // RNICs it drives.
         let title = if d.device.starts_with("switch") {
             d.device.clone()
+        } else if !d.rnics.is_empty() {
+            format!("{} ({})", d.device, d.rnics.join(", "))
         } else {
             format!("link {}/1", d.device)
         };
@@ -372,13 +375,17 @@ fn stats_json(s: &[DeviceStats]) -> serde_json::Value {
     serde_json::Value::Array(
         s.iter()
             .map(|d| {
-                serde_json::json!({
+                let mut v = serde_json::json!({
                     "device": d.device,
                     "port": obj(&d.port),
                     "qps": serde_json::Value::Object(
                         d.qps.iter().map(|(q, c)| (q.to_string(), obj(c))).collect()
                     ),
-                })
+                });
+                if !d.rnics.is_empty() {
+                    v["rnics"] = serde_json::json!(d.rnics);
+                }
+                v
             })
             .collect(),
     )

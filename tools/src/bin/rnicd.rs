@@ -19,7 +19,7 @@ use clap::Parser;
 use dataplane::config::{Check, RawConfig, RnicConfig};
 use dataplane::daemon::Daemon;
 use dataplane::runtime::Runtime;
-use dataplane::worker::NicSnapshot;
+use dataplane::worker::{NicSnapshot, WorkerLoad};
 use ferroce_tools::perf::driver::all_counters;
 use ferroce_tools::rnic_opts::{init_logging, install_signal_handlers, stop_requested, RnicOpts};
 
@@ -82,6 +82,30 @@ fn print_stats(names: &[String], snaps: &[NicSnapshot]) {
             s.mbufs_in_use,
             s.hosts
         );
+    }
+}
+
+/// One line per worker thread: its RNICs and, since the last print (`prev`, updated), the
+/// share of the time it was busy, its iterations and how many an application thread ran.
+fn print_workers(rt: &Runtime, names: &[String], prev: &mut Vec<WorkerLoad>) {
+    for w in 0..rt.workers() {
+        let Some((load, rnics)) = rt.worker_load(w) else {
+            continue;
+        };
+        let before = prev.get(w).copied().unwrap_or_default();
+        let polls = load.polls.saturating_sub(before.polls);
+        let driven = load.driven_polls.saturating_sub(before.driven_polls);
+        let rnics: Vec<&str> = rnics.iter().map(|&i| names[i].as_str()).collect();
+        println!(
+            "rnicd: worker{w} ({}): busy {:.1}%, {polls} polls ({driven} by applications), {} sleeps",
+            rnics.join(", "),
+            100.0 * load.busy_since(&before),
+            load.sleeps.saturating_sub(before.sleeps),
+        );
+        if prev.len() <= w {
+            prev.resize(w + 1, WorkerLoad::default());
+        }
+        prev[w] = load;
     }
 }
 
@@ -268,6 +292,8 @@ fn main() -> ExitCode {
     let start = Instant::now();
     let mut last = Instant::now();
     let mut failed = false;
+    // Each worker's load at the last print, for the share of the interval it was busy.
+    let mut loads = Vec::new();
     while !stop_requested() {
         std::thread::sleep(Duration::from_millis(100));
         if cli.duration > 0 && start.elapsed() >= Duration::from_secs(cli.duration) {
@@ -285,6 +311,7 @@ fn main() -> ExitCode {
                 .collect();
             print_stats(&names, &snaps);
             print_switches(daemon.runtime());
+            print_workers(daemon.runtime(), &names, &mut loads);
         }
     }
     print_switches(daemon.runtime());

@@ -363,12 +363,15 @@ pub struct Resources {
 /// Counters of one RNIC, and of each of its QPs when asked.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct DeviceStats {
-    /// RNIC.
+    /// RNIC (or `switchN`, an emulated switch; `workerN`, a worker thread).
     pub device: String,
-    /// Port, neighbour, engine and QP-total counters, by name.
+    /// Port, neighbour, engine and QP-total counters, by name (a worker: its load).
     pub port: Vec<(String, u64)>,
     /// Per QP: (QPN, counters by name).
     pub qps: Vec<(u32, Vec<(String, u64)>)>,
+    /// A worker's RNICs, by name (empty for an RNIC or a switch).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rnics: Vec<String>,
 }
 
 /// What a request returns.
