@@ -160,8 +160,7 @@ fn a_killed_client_is_reclaimed_and_its_peer_sees_retries_exhausted() {
 #[test]
 fn rnic_ctl_shows_devices_objects_and_counters() {
     let _one = serial();
-    // Each RNIC on a worker thread of its own: rnic-ctl stat shows both workers' load.
-    let mut r = Rnicd::start("ctl", &["--workers", "2"]);
+    let mut r = Rnicd::start("ctl", &[]);
     let o = ctl(r.sock(), &["dev"]);
     let t = String::from_utf8_lossy(&o.stdout);
     assert!(o.status.success());
@@ -233,7 +232,8 @@ fn rnic_ctl_shows_devices_objects_and_counters() {
 #[test]
 fn rnic_ctl_is_a_well_behaved_cli() {
     let _one = serial();
-    let r = Rnicd::start("ctl-cli", &[]);
+    // Each RNIC on a worker thread of its own: rnic-ctl stat shows both workers' load.
+    let r = Rnicd::start("ctl-cli", &["--workers", "2"]);
     let t = String::from_utf8_lossy(&ctl(r.sock(), &["res"]).stdout).to_string();
     assert!(t.contains("no clients"), "{t}");
     let o = ctl(r.sock(), &["stat", "--watch", "0"]);
