@@ -372,14 +372,7 @@ impl Runtime {
                 Ok(t) => t,
                 Err(e) => {
                     // Stop the workers already running before giving up.
-                    stop.store(true, Ordering::Release);
-                    for s in &workers {
-                        let s: &WorkerSlot = s;
-                        s.control.wake();
-                        if let Some(t) = s.thread.lock().ok().and_then(|mut t| t.take()) {
-                            let _ = t.join();
-                        }
-                    }
+                    stop_workers(&stop, &workers);
                     return Err(StartError::Other(format!("cannot start a worker: {e}")));
                 }
             };
@@ -621,16 +614,21 @@ impl Runtime {
     }
 
     fn shutdown(&self) {
-        self.stop.store(true, Ordering::Release);
-        // A sleeping worker sees the flag now, not at the end of its sleep.
-        for w in &self.workers {
-            w.control.wake();
-        }
-        for w in &self.workers {
-            let t = w.thread.lock().unwrap_or_else(|p| p.into_inner()).take();
-            if let Some(t) = t {
-                let _ = t.join();
-            }
+        stop_workers(&self.stop, &self.workers);
+    }
+}
+
+/// Sets `stop` and waits for every worker's thread to end.
+fn stop_workers(stop: &AtomicBool, workers: &[WorkerSlot]) {
+    stop.store(true, Ordering::Release);
+    // A sleeping worker sees the flag now, not at the end of its sleep.
+    for w in workers {
+        w.control.wake();
+    }
+    for w in workers {
+        let t = w.thread.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(t) = t {
+            let _ = t.join();
         }
     }
 }

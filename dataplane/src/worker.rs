@@ -56,39 +56,28 @@ pub struct NicSnapshot {
     pub area_bytes: u64,
 }
 
-/// A worker's load, published for tools with its RNICs' counters (about every
-/// millisecond): every field counts up from the worker's start.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct WorkerLoad {
-    /// Iterations of the loop, by the worker's thread or an application thread.
-    pub polls: u64,
-    /// Iterations that found work.
-    pub busy_polls: u64,
-    /// Iterations an application thread ran (run-to-completion).
-    pub driven_polls: u64,
-    /// Time from the start of each iteration that found work to the start of the next
-    /// (ns): the worker's busy time, measured with the one clock read an iteration makes.
-    pub busy_ns: u64,
-    /// Times the worker's thread went to sleep for want of work.
-    pub sleeps: u64,
-    /// Time since the worker started (ns).
-    pub elapsed_ns: u64,
-}
+roce::counters!(
+    /// A worker's load, published for tools with its RNICs' counters (about every
+    /// millisecond): every field counts up from the worker's start.
+    WorkerLoad {
+        /// Iterations of the loop, by the worker's thread or an application thread.
+        polls,
+        /// Iterations that found work.
+        busy_polls,
+        /// Iterations an application thread ran (run-to-completion).
+        driven_polls,
+        /// Time from the start of each iteration that found work to the start of the next
+        /// (ns): the worker's busy time, measured with the one clock read an iteration
+        /// makes.
+        busy_ns,
+        /// Times the worker's thread went to sleep for want of work.
+        sleeps,
+        /// Time since the worker started (ns).
+        elapsed_ns,
+    }
+);
 
 impl WorkerLoad {
-    /// The counters by name (rnic-ctl stat shows them, with rates).
-    pub fn iter(&self) -> impl Iterator<Item = (&'static str, u64)> {
-        [
-            ("polls", self.polls),
-            ("busy_polls", self.busy_polls),
-            ("driven_polls", self.driven_polls),
-            ("busy_ns", self.busy_ns),
-            ("sleeps", self.sleeps),
-            ("elapsed_ns", self.elapsed_ns),
-        ]
-        .into_iter()
-    }
-
     /// The share of the time between `earlier` and `self` the worker was busy (0..=1).
     pub fn busy_since(&self, earlier: &WorkerLoad) -> f64 {
         let t = self.elapsed_ns.saturating_sub(earlier.elapsed_ns);

@@ -163,13 +163,6 @@ impl<T: Plain> Producer<T> {
         true
     }
 
-    /// Free slots now, by the consumer's index as it is in shared memory (entries staged
-    /// and not yet published are not counted as taken: see [`Producer::room_left`]).
-    pub fn free(&self) -> usize {
-        let head = idx(&self.area, HEAD).load(Ordering::Acquire);
-        self.cap.saturating_sub(self.tail.wrapping_sub(head)) as usize
-    }
-
     /// Appends `v` and publishes it (with anything staged before it); false when full.
     #[inline]
     pub fn push(&mut self, v: &T) -> bool {
