@@ -557,7 +557,7 @@ fn a_c_program_sees_the_verbs_errors_rdma_core_documents() {
     let o = Command::new(&cc)
         .args(["-std=gnu11", "-O2", "-Wall", "-Wextra", "-Werror"])
         .arg(ws.join("dataplane/ibverbs/tests/verbs_check.c"))
-        .args(["-libverbs", "-pthread", "-o"])
+        .args(["-libverbs", "-lrdmacm", "-pthread", "-o"])
         .arg(&exe)
         .output()
         .expect("a C compiler (cc)");

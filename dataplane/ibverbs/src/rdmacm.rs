@@ -18,6 +18,7 @@
 
 use super::*;
 
+use std::collections::HashSet;
 use std::net::{Ipv4Addr, SocketAddrV4};
 
 use ferroce_host::abi::CmEventData;
@@ -98,7 +99,12 @@ struct Registry {
     /// The devices and their IPv4 addresses, found once (rnicd's RNICs do not change while
     /// it runs): binding, resolving and listening then cost no round trip to rnicd.
     devices: Option<Vec<(usize, Ipv4Addr)>>,
-    ids: usize,
+    /// The IDs and event channels handed out and not yet destroyed. A pointer an application
+    /// passes back is used only when it is one of these: a destroyed ID or channel used again
+    /// (Debian's perftest 4.5-0.17 does so when it retries a rejected connection) is EINVAL,
+    /// not a use after free.
+    ids: HashSet<usize>,
+    channels: HashSet<usize>,
     thread: bool,
 }
 
@@ -123,6 +129,19 @@ fn st(id: *mut sys::rdma_cm_id) -> std::sync::MutexGuard<'static, IdState> {
     // until rdma_destroy_id.
     let id = unsafe { &*(id as *const Id) };
     id.st.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// `guard` for a call on an ID: EINVAL unless `id` is a live ID of this library.
+fn guard_id<T>(id: *mut sys::rdma_cm_id, err: T, f: impl FnOnce() -> T) -> T {
+    if !reg().ids.contains(&(id as usize)) {
+        return fail(libc::EINVAL, err);
+    }
+    guard(err, f)
+}
+
+/// Whether `ch` is a live event channel of this library.
+fn live_channel(ch: *mut sys::rdma_event_channel) -> bool {
+    reg().channels.contains(&(ch as usize))
 }
 
 fn fail<T>(e: c_int, v: T) -> T {
@@ -438,7 +457,7 @@ fn ensure_thread() {
         .spawn(|| loop {
             let contexts: Vec<usize> = {
                 let r = reg();
-                if r.ids == 0 {
+                if r.ids.is_empty() {
                     Vec::new()
                 } else {
                     r.contexts.iter().map(|(_, c)| *c).collect()
@@ -792,14 +811,15 @@ unsafe fn new_id(
         },
         st: Mutex::new(IdState::default()),
     });
-    reg().ids += 1;
-    Box::into_raw(b) as *mut sys::rdma_cm_id
+    let id = Box::into_raw(b) as *mut sys::rdma_cm_id;
+    reg().ids.insert(id as usize);
+    id
 }
 
 /// Runs `f` with the ID's context (the device it was bound or resolved to); EINVAL without
 /// one. Panics become EFAULT, as for every call of this library.
 fn on_ctx(id: *mut sys::rdma_cm_id, f: impl FnOnce(&'static Ctx) -> c_int) -> c_int {
-    guard(-1, || match context(id) {
+    guard_id(id, -1, || match context(id) {
         Some(ctx) => f(ctx),
         None => fail(libc::EINVAL, -1),
     })
@@ -824,14 +844,17 @@ pub unsafe extern "C" fn ferroce_rdma_create_event_channel() -> *mut sys::rdma_e
             efd,
             queue: Mutex::new(VecDeque::new()),
         });
-        Box::into_raw(ch) as *mut sys::rdma_event_channel
+        let ch = Box::into_raw(ch) as *mut sys::rdma_event_channel;
+        reg().channels.insert(ch as usize);
+        ch
     })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn ferroce_rdma_destroy_event_channel(ch: *mut sys::rdma_event_channel) {
     guard((), || {
-        if ch.is_null() {
+        if !reg().channels.remove(&(ch as usize)) {
+            set_errno(libc::EINVAL);
             return;
         }
         let ch = Box::from_raw(ch as *mut Channel);
@@ -849,7 +872,7 @@ pub unsafe extern "C" fn ferroce_rdma_create_id(
     ps: u32,
 ) -> c_int {
     guard(-1, || {
-        if id.is_null() || ch.is_null() {
+        if id.is_null() || !live_channel(ch) {
             return fail(libc::EINVAL, -1);
         }
         let qp_type = if ps == sys::RDMA_PS_UDP || ps == sys::RDMA_PS_IPOIB {
@@ -864,7 +887,7 @@ pub unsafe extern "C" fn ferroce_rdma_create_id(
 
 #[no_mangle]
 pub unsafe extern "C" fn ferroce_rdma_destroy_id(id: *mut sys::rdma_cm_id) -> c_int {
-    guard(-1, || {
+    guard_id(id, -1, || {
         if id.is_null() {
             return fail(libc::EINVAL, -1);
         }
@@ -916,7 +939,7 @@ pub unsafe extern "C" fn ferroce_rdma_destroy_id(id: *mut sys::rdma_cm_id) -> c_
                     !mine
                 });
         }
-        reg().ids -= 1;
+        reg().ids.remove(&(id as usize));
         drop(Box::from_raw(id as *mut Id));
         0
     })
@@ -927,7 +950,7 @@ pub unsafe extern "C" fn ferroce_rdma_bind_addr(
     id: *mut sys::rdma_cm_id,
     addr: *mut sys::sockaddr,
 ) -> c_int {
-    guard(-1, || {
+    guard_id(id, -1, || {
         let Some(a) = sockaddr_v4(addr) else {
             return fail(libc::EAFNOSUPPORT, -1);
         };
@@ -1009,7 +1032,7 @@ pub unsafe extern "C" fn ferroce_rdma_resolve_addr(
     dst: *mut sys::sockaddr,
     _timeout_ms: c_int,
 ) -> c_int {
-    guard(-1, || {
+    guard_id(id, -1, || {
         let Some(d) = sockaddr_v4(dst) else {
             return fail(libc::EAFNOSUPPORT, -1);
         };
@@ -1044,7 +1067,7 @@ pub unsafe extern "C" fn ferroce_rdma_resolve_route(
     id: *mut sys::rdma_cm_id,
     _timeout_ms: c_int,
 ) -> c_int {
-    guard(-1, || {
+    guard_id(id, -1, || {
         if st(id).dst.is_none() {
             return fail(libc::EINVAL, -1);
         }
@@ -1096,7 +1119,7 @@ pub unsafe extern "C" fn ferroce_rdma_create_qp(
     pd: *mut sys::ibv_pd,
     attr: *mut sys::ibv_qp_init_attr,
 ) -> c_int {
-    guard(-1, || {
+    guard_id(id, -1, || {
         if attr.is_null() || (*id).verbs.is_null() {
             return fail(libc::EINVAL, -1);
         }
@@ -1116,7 +1139,7 @@ pub unsafe extern "C" fn ferroce_rdma_create_qp_ex(
     id: *mut sys::rdma_cm_id,
     attr: *mut sys::ibv_qp_init_attr_ex,
 ) -> c_int {
-    guard(-1, || {
+    guard_id(id, -1, || {
         if attr.is_null() || (*id).verbs.is_null() {
             return fail(libc::EINVAL, -1);
         }
@@ -1140,7 +1163,7 @@ pub unsafe extern "C" fn ferroce_rdma_create_qp_ex(
 
 #[no_mangle]
 pub unsafe extern "C" fn ferroce_rdma_destroy_qp(id: *mut sys::rdma_cm_id) {
-    guard((), || {
+    guard_id(id, (), || {
         if !(*id).qp.is_null() {
             ibv_destroy_qp((*id).qp);
             (*id).qp = std::ptr::null_mut();
@@ -1365,7 +1388,7 @@ pub unsafe extern "C" fn ferroce_rdma_reject(
 
 #[no_mangle]
 pub unsafe extern "C" fn ferroce_rdma_establish(id: *mut sys::rdma_cm_id) -> c_int {
-    guard(-1, || {
+    guard_id(id, -1, || {
         let (Some(ctx), Some(cid)) = (context(id), st(id).conn) else {
             return fail(libc::EINVAL, -1);
         };
@@ -1408,7 +1431,7 @@ pub unsafe extern "C" fn ferroce_rdma_get_cm_event(
     ev: *mut *mut sys::rdma_cm_event,
 ) -> c_int {
     guard(-1, || {
-        if ch.is_null() || ev.is_null() {
+        if !live_channel(ch) || ev.is_null() {
             return fail(libc::EINVAL, -1);
         }
         let c = ch as *mut Channel;
@@ -1460,7 +1483,7 @@ pub unsafe extern "C" fn ferroce_rdma_init_qp_attr(
     attr: *mut sys::ibv_qp_attr,
     mask: *mut c_int,
 ) -> c_int {
-    guard(-1, || {
+    guard_id(id, -1, || {
         if attr.is_null() || mask.is_null() {
             return fail(libc::EINVAL, -1);
         }
@@ -1474,8 +1497,8 @@ pub unsafe extern "C" fn ferroce_rdma_migrate_id(
     id: *mut sys::rdma_cm_id,
     ch: *mut sys::rdma_event_channel,
 ) -> c_int {
-    guard(-1, || {
-        if id.is_null() || ch.is_null() {
+    guard_id(id, -1, || {
+        if id.is_null() || !live_channel(ch) {
             return fail(libc::EINVAL, -1);
         }
         (*id).channel = ch;
@@ -1730,7 +1753,7 @@ pub unsafe extern "C" fn ferroce_rdma_create_ep(
 
 #[no_mangle]
 pub unsafe extern "C" fn ferroce_rdma_destroy_ep(id: *mut sys::rdma_cm_id) {
-    guard((), || {
+    guard_id(id, (), || {
         if id.is_null() {
             return;
         }
@@ -1758,7 +1781,7 @@ pub unsafe extern "C" fn ferroce_rdma_get_request(
     listen: *mut sys::rdma_cm_id,
     id: *mut *mut sys::rdma_cm_id,
 ) -> c_int {
-    guard(-1, || {
+    guard_id(listen, -1, || {
         if listen.is_null() || id.is_null() || !is_sync(listen) {
             return fail(libc::EINVAL, -1);
         }

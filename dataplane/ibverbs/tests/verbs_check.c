@@ -5,7 +5,8 @@
  * (ibv_query_device_ex, ibv_create_cq_ex polling, ibv_create_qp_ex and the ibv_wr_* API),
  * unsupported verbs answering EOPNOTSUPP, async events with their element, and destroy of
  * objects still in use (EBUSY). Both QPs live on one device and talk to its own GID
- * (internal loopback).
+ * (internal loopback). Under ferroce's librdmacm, a destroyed rdma_cm ID or event channel
+ * passed again is refused with EINVAL (rdma-core's would read freed memory).
  *
  * usage: verbs_check [-d DEVICE] [-g GID_INDEX]
  * Prints one "ok"/"FAIL" line per check; exits 1 if any check failed.
@@ -24,6 +25,7 @@
 #include <unistd.h>
 
 #include <infiniband/verbs.h>
+#include <rdma/rdma_cma.h>
 
 static int failures;
 
@@ -1596,6 +1598,38 @@ static void check_registration_lifecycle(struct ibv_device *dev)
 	CHECK(ibv_dealloc_pd(pd2) == 0 && ibv_close_device(ctx2) == 0, "second context closed");
 }
 
+/* A destroyed ID or channel used again (Debian's perftest 4.5-0.17 does it when it retries a
+ * rejected connection) is EINVAL in ferroce's librdmacm, not a use after free. */
+static void check_rdmacm_stale_handles(void)
+{
+	struct rdma_event_channel *ch = rdma_create_event_channel();
+	MUST(ch, "rdma_create_event_channel");
+	struct rdma_cm_id *id = NULL;
+	MUST(rdma_create_id(ch, &id, NULL, RDMA_PS_TCP) == 0 && id, "rdma_create_id");
+	CHECK(rdma_destroy_id(id) == 0, "rdma_destroy_id");
+	struct sockaddr_in dst = {.sin_family = AF_INET, .sin_port = htons(7471)};
+	dst.sin_addr.s_addr = htonl(0x0a630002);
+	errno = 0;
+	int rc = rdma_resolve_addr(id, NULL, (struct sockaddr *)&dst, 2000);
+	CHECK(rc == -1 && errno == EINVAL, "rdma_resolve_addr on a destroyed ID: EINVAL (%d, %d)",
+	      rc, errno);
+	errno = 0;
+	rc = rdma_destroy_id(id);
+	CHECK(rc == -1 && errno == EINVAL, "rdma_destroy_id twice: EINVAL (%d, %d)", rc, errno);
+	rdma_destroy_event_channel(ch);
+	struct rdma_cm_id *id2 = NULL;
+	errno = 0;
+	rc = rdma_create_id(ch, &id2, NULL, RDMA_PS_TCP);
+	CHECK(rc == -1 && errno == EINVAL && !id2, "rdma_create_id on a destroyed channel: EINVAL");
+	struct rdma_cm_event *ev = NULL;
+	errno = 0;
+	rc = rdma_get_cm_event(ch, &ev);
+	CHECK(rc == -1 && errno == EINVAL, "rdma_get_cm_event on a destroyed channel: EINVAL");
+	errno = 0;
+	rdma_destroy_event_channel(ch);
+	CHECK(errno == EINVAL, "rdma_destroy_event_channel twice: refused");
+}
+
 int main(int argc, char **argv)
 {
 	const char *name = NULL;
@@ -1646,6 +1680,7 @@ int main(int argc, char **argv)
 	check_resize_cq();
 	check_rereg_keeps_keys();
 	check_registration_lifecycle(dev);
+	check_rdmacm_stale_handles();
 	ibv_free_device_list(list);
 
 	CHECK(ibv_dealloc_pd(pd) == 0, "ibv_dealloc_pd");
