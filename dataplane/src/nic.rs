@@ -1302,8 +1302,10 @@ impl Nic {
             }
             self.counters.tx_held += 1;
             self.pending.push_back((ip, dgid, priority, m));
-            self.dev
-                .handle_event(DeviceEvent::PathHeld { qpn: self.tx.qpn });
+            self.dev.handle_event(DeviceEvent::PathHeld {
+                qpn: self.tx.qpn,
+                dgid,
+            });
             return;
         }
         if let Some(t) = self.tap.as_mut() {

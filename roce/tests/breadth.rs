@@ -204,6 +204,46 @@ fn ud_send_delivers_grh_source_qp_and_immediate() {
     assert!(!t.bth.ack_req);
 }
 
+/// A UD QP whose datagram the driver holds for a next hop (`DeviceEvent::PathHeld`) sends
+/// nothing more until that hop resolves or fails, and then the rest of its queue goes, in
+/// order; a QP released before its next turn is never left parked.
+#[test]
+fn a_ud_qp_held_for_a_next_hop_goes_on_when_it_resolves_or_fails() {
+    use roce::engine::{DeviceEvent, Transmit};
+    let mut p = pair(1);
+    let (a, b) = ud_endpoints(&mut p);
+    let dest = ud_dest(&b, node_gid(1), 0x1111_1111);
+    for i in 0..5 {
+        post_ud(&mut p, &a, i, WrOp::Send, 8, dest).unwrap();
+    }
+    let dev = &mut p.node(0).dev;
+    let mut tx = Transmit::default();
+    let held = DeviceEvent::PathHeld {
+        qpn: a.qpn,
+        dgid: node_gid(1),
+    };
+    let resolved = |dgid| DeviceEvent::PathResolved { dgid, now: 0 };
+    assert!(dev.poll_transmit(0, &mut tx));
+    dev.handle_event(held);
+    assert!(!dev.poll_transmit(0, &mut tx), "held for node 1");
+    // Another destination's resolution does not release it; its own does.
+    assert_eq!(dev.handle_event(resolved(node_gid(0))), 0);
+    assert!(!dev.poll_transmit(0, &mut tx));
+    assert_eq!(dev.handle_event(resolved(node_gid(1))), 1);
+    assert!(dev.poll_transmit(0, &mut tx));
+    // Held and released before its next turn: it still sends.
+    dev.handle_event(held);
+    dev.handle_event(resolved(node_gid(1)));
+    assert!(dev.poll_transmit(0, &mut tx));
+    // Unreachable: the datagram is lost, the QP goes on (UD has no connection to fail).
+    dev.handle_event(held);
+    assert!(!dev.poll_transmit(0, &mut tx));
+    dev.handle_event(DeviceEvent::PathUnreachable { dgid: node_gid(1) });
+    assert!(dev.poll_transmit(0, &mut tx));
+    assert!(dev.poll_transmit(0, &mut tx));
+    assert!(!dev.poll_transmit(0, &mut tx), "five datagrams in all");
+}
+
 #[test]
 fn ud_qkey_mismatch_is_dropped_and_privileged_qkey_uses_the_qps() {
     let mut p = pair(2);

@@ -190,6 +190,18 @@ pub fn wait_cq<V: Verbs>(s: &mut Side<V>, n: usize, secs: u64) -> Vec<Completion
 /// Posts one signaled send WR `op` on `s`'s QP with one SGE: `len` bytes at `off` of `s`'s
 /// registered buffer.
 pub fn post_signaled<V: Verbs>(s: &mut Side<V>, wr_id: u64, op: WrOp, off: u64, len: u32) {
+    post_signaled_to(s, wr_id, op, off, len, None);
+}
+
+/// [`post_signaled`] with a UD destination (`ud`: the address handle, QPN and Q_Key).
+pub fn post_signaled_to<V: Verbs>(
+    s: &mut Side<V>,
+    wr_id: u64,
+    op: WrOp,
+    off: u64,
+    len: u32,
+    ud: Option<UdDest>,
+) {
     let sge = s.mr.sge(off, len);
     s.ctx
         .post_send(
@@ -199,7 +211,7 @@ pub fn post_signaled<V: Verbs>(s: &mut Side<V>, wr_id: u64, op: WrOp, off: u64, 
                 op,
                 sg_list: &[sge],
                 flags: SendFlags::SIGNALED,
-                ud: None,
+                ud,
             },
         )
         .expect("post_send");

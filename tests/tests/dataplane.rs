@@ -10,8 +10,8 @@ use dataplane::nic::Nic;
 use dataplane::runtime::{test_config, Runtime};
 use dataplane::Verbs;
 use ferroce_tests::{
-    connect_pair_with, connect_with, loopback_pair, post_recv_one, post_signaled, post_write_at,
-    side, wait_cq, Side, ACK_TIMEOUT,
+    connect_pair_with, connect_with, loopback_pair, post_recv_one, post_signaled, post_signaled_to,
+    post_write_at, side, wait_cq, Side, ACK_TIMEOUT,
 };
 use pmd_bindings::{ring_pair, Mbuf, Port};
 use roce::types::{Gid, Psn, Qkey, Qpn};
@@ -605,6 +605,74 @@ fn unresolvable_peer_fails_the_qp_with_a_clear_error() {
     let snap = rt.stop();
     assert_eq!(snap[0].nic.qps_failed_unresolved, 1);
     assert!(snap[0].neigh.arp_requests_tx >= 6, "six ARP attempts");
+}
+
+/// A UD QP's burst to a peer whose MAC is not known yet: while ARP resolves, the QP sends
+/// nothing beyond its first datagram (held for the address) and the rest wait in its send
+/// queue, so a burst far larger than the dataplane's hold list (256 frames) reaches the wire
+/// whole, in order, once the peer answers. (Before, every datagram was built at once and
+/// those past the hold list were dropped.)
+#[test]
+fn ud_sends_wait_in_the_send_queue_while_the_next_hop_resolves() {
+    const N: u64 = 600;
+    let cfg = test_config(3, 1024);
+    let (rt, mut rx, mut tx, pool) = raw_pair(cfg, "udheld");
+    let ours = rt.mac(0);
+    let peer_mac = [0x52, 0x54, 0, 0x99, 0, 2];
+    let mut a = side(rt.open(0).unwrap(), QpType::Ud, 65536, 1024);
+    connect_with(
+        &mut a,
+        Qpn::new(0),
+        Gid::from_ipv4([10, 99, 0, 2]),
+        Mtu::M1024,
+        1,
+        1,
+        QpType::Ud,
+        14,
+    );
+    let ud = UdDest {
+        ah: AddressVector::new(Gid::from_ipv4([10, 99, 0, 2]), 1),
+        remote_qpn: Qpn::new(0x77),
+        remote_qkey: Qkey(0x1111_1111),
+    };
+    for i in 0..N {
+        a.buf.write(i as usize * 64, &i.to_be_bytes());
+        post_signaled_to(&mut a, i, WrOp::Send, i * 64, 64, Some(ud));
+    }
+    // The peer is slow to answer: its first ARP request is answered 100 ms later.
+    let mut burst: Vec<Mbuf> = Vec::with_capacity(32);
+    let t0 = Instant::now();
+    let mut asked = None;
+    let mut answered = false;
+    let mut got: Vec<u64> = Vec::new();
+    while t0.elapsed() < Duration::from_secs(10) && got.len() < N as usize {
+        rx.rx_burst(&mut burst);
+        for m in burst.drain(..) {
+            let f = m.to_vec();
+            if f[12..14] == [0x08, 0x06] && f[20..22] == [0, 1] && f[38..42] == [10, 99, 0, 2] {
+                asked.get_or_insert_with(Instant::now);
+            } else if frame::classify(&f) == FrameKind::Roce {
+                assert_eq!(f[..6], peer_mac, "sent to the resolved MAC");
+                // Ethernet 14 + IPv4 20 + UDP 8 + BTH 12 + DETH 8: the payload's first bytes.
+                got.push(u64::from_be_bytes(f[62..70].try_into().unwrap()));
+            }
+        }
+        if !answered && asked.is_some_and(|t| t.elapsed() >= Duration::from_millis(100)) {
+            answered = true;
+            let mut r = pool.alloc().unwrap();
+            r.extend_from_slice(&arp_reply(peer_mac, [10, 99, 0, 2], ours, [10, 99, 0, 3]));
+            tx.tx_one(r).unwrap();
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    assert!(answered, "ferroce asked for the peer's MAC");
+    assert_eq!(got, (0..N).collect::<Vec<_>>(), "every datagram, in order");
+    let c = wait_cq(&mut a, N as usize, 10);
+    assert_eq!(c.len(), N as usize);
+    assert!(c.iter().all(|c| c.status == WcStatus::Success));
+    let snap = rt.stop();
+    assert_eq!(snap[0].nic.tx_held_dropped, 0);
+    assert!(snap[0].nic.tx_held >= 1);
 }
 
 /// An ARP reply from `mac`/`ip` to `to_mac`/`to_ip`.

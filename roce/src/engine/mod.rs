@@ -841,11 +841,14 @@ fn scatter_iter<'b>(
 /// it took from an application but could not hand over): [`Device::handle_event`].
 #[derive(Debug, Clone, Copy)]
 pub enum DeviceEvent<'a> {
-    /// The driver holds `qpn`'s packets while it resolves the next hop: until
-    /// `PathResolved`, the QP's ACK timeouts cost no retry (the packets have not left).
+    /// The driver holds `qpn`'s packet while it resolves the next hop towards `dgid`: until
+    /// `PathResolved`, an RC QP's ACK timeouts cost no retry (the packets have not left),
+    /// and a UD QP sends nothing more (its next sends wait in its send queue).
     PathHeld {
         /// The QP.
         qpn: Qpn,
+        /// The held packet's destination.
+        dgid: Gid,
     },
     /// The next hop towards `dgid` is resolved and the held packets left at `now`: QPs
     /// holding for it count their ACK timeout from then.
@@ -857,7 +860,8 @@ pub enum DeviceEvent<'a> {
     },
     /// The next hop towards `dgid` cannot be resolved: every connected QP on that path goes
     /// to ERR with a QP_FATAL event (vendor_err PEER_UNREACHABLE), so applications get a
-    /// clear error instead of waiting for the retry counter.
+    /// clear error instead of waiting for the retry counter. A UD QP held for it goes on
+    /// (its datagram is lost, as on a network).
     PathUnreachable {
         /// The destination.
         dgid: Gid,
@@ -2112,9 +2116,11 @@ impl Device {
                 continue;
             };
             let qp: &mut Qp = qp;
-            if self.paused != 0 && self.paused & (1 << qp.tx_priority(&self.sh)) != 0 {
+            let paused = self.paused != 0 && self.paused & (1 << qp.tx_priority(&self.sh)) != 0;
+            if paused || qp.ud_held_for.is_some() {
                 // Its class is paused: every packet of the QP waits (ACKs and READ
-                // responses travel in their QP's class), the other classes go on.
+                // responses travel in their QP's class), the other classes go on. Or a
+                // UD QP waits for a next hop (`hold_path`).
                 qp.queued = false;
                 if !qp.parked {
                     qp.parked = true;
@@ -2288,12 +2294,17 @@ impl Device {
     /// returns how many QPs it affected.
     pub fn handle_event(&mut self, ev: DeviceEvent<'_>) -> usize {
         match ev {
-            DeviceEvent::PathHeld { qpn } => {
-                self.hold_path(qpn);
+            DeviceEvent::PathHeld { qpn, dgid } => {
+                self.hold_path(qpn, dgid);
                 1
             }
-            DeviceEvent::PathResolved { dgid, now } => self.release_paths_to(&dgid, now),
-            DeviceEvent::PathUnreachable { dgid } => self.fail_qps_to(&dgid),
+            DeviceEvent::PathResolved { dgid, now } => {
+                self.release_ud_held(&dgid) + self.release_paths_to(&dgid, now)
+            }
+            DeviceEvent::PathUnreachable { dgid } => {
+                self.release_ud_held(&dgid);
+                self.fail_qps_to(&dgid)
+            }
             DeviceEvent::SendRejected { qpn, wr } => {
                 self.reject_posted_send(qpn, wr);
                 1
@@ -2368,12 +2379,43 @@ impl Device {
 
     /// The dataplane holds `qpn`'s packets until the next hop's MAC is resolved: until
     /// `release_paths_to`, the QP's ACK timeouts cost no retries (the packets have not left).
-    fn hold_path(&mut self, qpn: Qpn) {
+    fn hold_path(&mut self, qpn: Qpn, dgid: Gid) {
         if let Some(slot) = self.slot_of(qpn) {
             if let Some(Some(qp)) = self.qps.get_mut(slot) {
-                qp.path_held = qp.qp_type == QpType::Rc;
+                match qp.qp_type {
+                    QpType::Rc => qp.path_held = true,
+                    QpType::Ud => qp.ud_held_for = Some(dgid),
+                    _ => {}
+                }
             }
         }
+    }
+
+    /// UD QPs held for `dgid` (`hold_path`) send again: off the parked list, back in line.
+    fn release_ud_held(&mut self, dgid: &Gid) -> usize {
+        let mut unparked = Vec::new();
+        let mut n = 0;
+        for (slot, qp) in self.qps.iter_mut().enumerate() {
+            let Some(qp) = qp.as_deref_mut() else {
+                continue;
+            };
+            if qp.ud_held_for == Some(*dgid) {
+                qp.ud_held_for = None;
+                n += 1;
+                // One not parked yet is still in line and sends on its turn.
+                if qp.parked {
+                    qp.parked = false;
+                    unparked.push(slot as u32);
+                }
+            }
+        }
+        if !unparked.is_empty() {
+            self.parked.retain(|s| !unparked.contains(s));
+            for slot in unparked {
+                self.mark_ready(slot);
+            }
+        }
+        n
     }
 
     /// The next hop towards `dgid` is resolved and the held packets left at `now`: QPs

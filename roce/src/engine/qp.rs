@@ -434,6 +434,12 @@ pub(crate) struct Qp {
     /// The dataplane holds this QP's packets while it resolves the next hop: they have not
     /// left, so an ACK timeout then costs no retry (`DeviceEvent::PathHeld`).
     pub path_held: bool,
+    /// A UD QP whose last packet waits for the next hop towards this GID: it sends nothing
+    /// more until that resolves or fails (`DeviceEvent::PathHeld`), so a burst of sends
+    /// during address resolution waits in the send queue instead of overflowing the
+    /// dataplane's hold list. A NIC resolves the MAC when the AH is created; this is where
+    /// ferroce learns it.
+    pub ud_held_for: Option<crate::Gid>,
     /// Why the QP went to error when the cause is not in the completion status (a
     /// `verbs::vendor_err` code carried by its error completions; 0: none).
     pub error_cause: u32,
@@ -522,6 +528,7 @@ impl Qp {
             positions_taken: (0, 0),
             moved_noted: false,
             path_held: false,
+            ud_held_for: None,
             error_cause: 0,
             cc: None,
             parked: false,
