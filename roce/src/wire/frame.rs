@@ -50,36 +50,18 @@ pub struct ExtHeaders {
 }
 
 impl ExtHeaders {
-    fn present(&self, h: ExtHeader) -> bool {
-        match h {
-            ExtHeader::Reth => self.reth.is_some(),
-            ExtHeader::AtomicEth => self.atomic_eth.is_some(),
-            ExtHeader::Deth => self.deth.is_some(),
-            ExtHeader::Feth => self.feth.is_some(),
-            ExtHeader::ImmDt => self.imm.is_some(),
-            ExtHeader::Ieth => self.ieth.is_some(),
-            ExtHeader::Aeth => self.aeth.is_some(),
-            ExtHeader::AtomicAckEth => self.atomic_ack.is_some(),
-            ExtHeader::CnpBody => self.cnp.is_some(),
-        }
-    }
-
-    /// How many extended headers are set.
-    fn count(&self) -> usize {
-        [
-            self.reth.is_some(),
-            self.atomic_eth.is_some(),
-            self.deth.is_some(),
-            self.feth.is_some(),
-            self.imm.is_some(),
-            self.ieth.is_some(),
-            self.aeth.is_some(),
-            self.atomic_ack.is_some(),
-            self.cnp.is_some(),
-        ]
-        .into_iter()
-        .filter(|&b| b)
-        .count()
+    /// The extended headers set, as [`OpcodeInfo::ext_mask`] lists an opcode's.
+    fn mask(&self) -> u16 {
+        let bit = |set: bool, h: ExtHeader| (set as u16) << h as u16;
+        bit(self.reth.is_some(), ExtHeader::Reth)
+            | bit(self.atomic_eth.is_some(), ExtHeader::AtomicEth)
+            | bit(self.deth.is_some(), ExtHeader::Deth)
+            | bit(self.feth.is_some(), ExtHeader::Feth)
+            | bit(self.imm.is_some(), ExtHeader::ImmDt)
+            | bit(self.ieth.is_some(), ExtHeader::Ieth)
+            | bit(self.aeth.is_some(), ExtHeader::Aeth)
+            | bit(self.atomic_ack.is_some(), ExtHeader::AtomicAckEth)
+            | bit(self.cnp.is_some(), ExtHeader::CnpBody)
     }
 }
 
@@ -191,10 +173,8 @@ impl TransportRepr {
     /// headers set are not exactly those the opcode calls for.
     pub fn emit(&self, buf: &mut [u8]) -> Result<usize> {
         let info = self.info()?;
-        // Exactly the opcode's headers: as many set as it has, and each of its own set.
-        if self.ext.count() != info.headers.len()
-            || info.headers.iter().any(|&h| !self.ext.present(h))
-        {
+        // Exactly the opcode's headers, no more and no fewer.
+        if self.ext.mask() != info.ext_mask {
             return Err(Error::HeadersMismatch(info.opcode));
         }
         let total = bth::HEADER_LEN + info.ext_len;
@@ -572,13 +552,16 @@ pub fn inspect_segments(segments: &[&[u8]]) -> Result<ParsedFrame> {
 fn inspect_headers(segments: &[&[u8]], out: &mut ParsedFrame) -> Result<(bool, usize)> {
     let total: usize = segments.iter().map(|s| s.len()).sum();
     // Headers may straddle segments: gather the first bytes into a stack buffer, unless the
-    // first segment holds them all (the usual case: parsed where they lie).
-    let mut gathered = [0u8; MAX_HEADERS];
+    // first segment holds them all (the usual case: parsed where they lie, and the buffer is
+    // never zeroed).
+    let gathered: [u8; MAX_HEADERS];
     let want = total.min(MAX_HEADERS);
     let head: &[u8] = match segments.first() {
         Some(first) if first.len() >= want => &first[..want],
         _ => {
-            let n = copy_range(segments, 0, want, &mut gathered);
+            let mut g = [0u8; MAX_HEADERS];
+            let n = copy_range(segments, 0, want, &mut g);
+            gathered = g;
             &gathered[..n]
         }
     };
@@ -1108,6 +1091,9 @@ mod tests {
         t.ext.aeth = Some(AethRepr::ack(31, Msn::new(0)));
         assert_eq!(t.emit(&mut b), Ok(16));
         t.ext.reth = Some(RethRepr::default());
+        assert_eq!(t.emit(&mut b), Err(Error::HeadersMismatch(0x11)));
+        // As many headers as the opcode has, but another one.
+        t.ext.aeth = None;
         assert_eq!(t.emit(&mut b), Err(Error::HeadersMismatch(0x11)));
         t.bth.opcode = Opcode(0x15);
         assert_eq!(t.emit(&mut b), Err(Error::UnknownOpcode(0x15)));

@@ -108,6 +108,8 @@ pub struct OpcodeInfo {
     pub headers: &'static [ExtHeader],
     /// Total length of the extended headers.
     pub ext_len: usize,
+    /// The extended headers as a set: bit `h as u16` for each `h` in `headers`.
+    pub ext_mask: u16,
     /// Carries (or may carry) a payload.
     pub has_payload: bool,
     /// Sent by a requester (else by a responder, or a CNP).
@@ -154,6 +156,16 @@ const fn ext_len(h: &[ExtHeader]) -> usize {
         i += 1;
     }
     n
+}
+
+const fn ext_mask(h: &[ExtHeader]) -> u16 {
+    let mut i = 0;
+    let mut m = 0;
+    while i < h.len() {
+        m |= 1 << h[i] as u16;
+        i += 1;
+    }
+    m
 }
 
 const fn contains(h: &[ExtHeader], x: ExtHeader) -> bool {
@@ -205,6 +217,7 @@ const fn row(
         last,
         headers,
         ext_len: ext_len(headers),
+        ext_mask: ext_mask(headers),
         has_payload,
         is_request,
         needs_ack: is_request && matches!(transport, T::Rc),
