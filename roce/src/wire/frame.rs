@@ -172,6 +172,12 @@ impl TransportRepr {
     /// Writes the BTH and the extended headers, in the table's order. Fails if the extended
     /// headers set are not exactly those the opcode calls for.
     pub fn emit(&self, buf: &mut [u8]) -> Result<usize> {
+        self.emit_padded(buf, self.bth.pad_count)
+    }
+
+    /// [`Self::emit`] with the BTH's pad count `pad` in place of `bth.pad_count` (the frame
+    /// builder knows it from the payload; no copy of the whole header set to change it).
+    fn emit_padded(&self, buf: &mut [u8], pad: u8) -> Result<usize> {
         let info = self.info()?;
         // Exactly the opcode's headers, no more and no fewer.
         if self.ext.mask() != info.ext_mask {
@@ -181,7 +187,11 @@ impl TransportRepr {
         if buf.len() < total {
             return Err(Error::BufferTooSmall { need: total });
         }
-        self.bth.emit(buf)?;
+        BthRepr {
+            pad_count: pad,
+            ..self.bth
+        }
+        .emit(buf)?;
         let mut off = bth::HEADER_LEN;
         for &h in info.headers {
             let b = &mut buf[off..off + h.len()];
@@ -341,9 +351,7 @@ impl FrameRepr {
         }
         .emit(&mut hdr[off..])?;
         off += udp::HEADER_LEN;
-        let mut t = self.transport;
-        t.bth.pad_count = pad as u8;
-        off += t.emit(&mut hdr[off..])?;
+        off += self.transport.emit_padded(&mut hdr[off..], pad as u8)?;
         debug_assert_eq!(off, hlen);
         Ok(hlen)
     }

@@ -231,13 +231,19 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
 
 /// RFC 1071 one's-complement checksum of `data` (0 when a header with its checksum verifies).
 pub fn checksum(data: &[u8]) -> u16 {
-    let mut sum: u32 = 0;
-    let mut chunks = data.chunks_exact(2);
-    for c in &mut chunks {
-        sum += u16::from_be_bytes([c[0], c[1]]) as u32;
+    // Summed four bytes at a time: the one's-complement sum is the same in any word size
+    // once folded, as 2^16 = 1 modulo 2^16 - 1 (RFC 1071 section 2(B)).
+    let mut sum: u64 = 0;
+    let mut words = data.chunks_exact(4);
+    for w in &mut words {
+        sum += u32::from_be_bytes([w[0], w[1], w[2], w[3]]) as u64;
     }
-    if let [b] = chunks.remainder() {
-        sum += (*b as u32) << 8;
+    let mut rest = words.remainder().chunks_exact(2);
+    for c in &mut rest {
+        sum += u16::from_be_bytes([c[0], c[1]]) as u64;
+    }
+    if let [b] = rest.remainder() {
+        sum += (*b as u64) << 8;
     }
     while sum >> 16 != 0 {
         sum = (sum & 0xffff) + (sum >> 16);
@@ -360,6 +366,36 @@ mod tests {
         0x45, 0x00, 0x00, 0x30, 0x00, 0x01, 0x40, 0x00, 0x40, 0x11, 0x00, 0x00, 10, 99, 0, 4, 10,
         99, 0, 2,
     ];
+
+    #[test]
+    fn checksum_matches_the_sixteen_bit_sum() {
+        // The header of RFC 1071's usual worked example: checksum 0xb861.
+        let h = [
+            0x45, 0x00, 0x00, 0x73, 0x00, 0x00, 0x40, 0x00, 0x40, 0x11, 0x00, 0x00, 0xc0, 0xa8,
+            0x00, 0x01, 0xc0, 0xa8, 0x00, 0xc7,
+        ];
+        assert_eq!(checksum(&h), 0xb861);
+        // Every length (odd ones, remainders of 1-3 bytes) against a sum of 16-bit words.
+        let reference = |d: &[u8]| {
+            let mut sum: u32 = 0;
+            for (i, b) in d.iter().enumerate() {
+                sum += if i % 2 == 0 {
+                    (*b as u32) << 8
+                } else {
+                    *b as u32
+                };
+            }
+            while sum >> 16 != 0 {
+                sum = (sum & 0xffff) + (sum >> 16);
+            }
+            !(sum as u16)
+        };
+        let data: Vec<u8> = (0..80u32).map(|i| (i * 167 + 0xf3) as u8).collect();
+        for n in 0..=data.len() {
+            assert_eq!(checksum(&data[..n]), reference(&data[..n]), "length {n}");
+        }
+        assert_eq!(checksum(&[0xff; 60]), reference(&[0xff; 60]));
+    }
 
     #[test]
     fn emit_fills_a_verifying_checksum() {
