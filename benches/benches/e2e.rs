@@ -22,7 +22,8 @@
 //!
 //! Then 64 KiB WRITEs over one QP and over 16,000 QPs taken in turn (every QP active), and
 //! the resident memory per QP (`E2E_ONLY=qps` runs only this). Then the loopback pair on one
-//! worker thread against one each (`E2E_ONLY=workers`).
+//! worker thread against one each (`E2E_ONLY=workers`). And 64 KiB, 1 MiB and 8 MiB WRITEs and
+//! READs moving the same bytes (`E2E_ONLY=large`).
 //!
 //! And the same three through rnicd's host interface across processes: this process runs
 //! the two RNICs behind an rnicd `Daemon` (socket in a temporary directory), and re-executes
@@ -706,6 +707,54 @@ fn workers() {
     }
 }
 
+/// Large messages (issue 22: 1 MiB and 8 MiB WRITE and READ at the goodput of 64 KiB): each
+/// size moves the same 1 GiB in process, three runs each, sizes alternating, medians, the
+/// ratio to 64 KiB of the same verb, and memcpy over the same working set (one message's
+/// buffer) beside it, since a message larger than the caches costs memory bandwidth
+/// (`E2E_ONLY=large` runs only this).
+fn large_messages() {
+    println!("message sizes (1 GiB moved per run, MTU 4096, in process)");
+    const TOTAL: u64 = 1 << 30;
+    let sizes = [65536u64, 1 << 20, 8 << 20];
+    let mc: Vec<f64> = sizes
+        .iter()
+        .map(|&s| ferroce_tools::perf::baseline::memcpy(s as usize, 7).best_bps / 1e9)
+        .collect();
+    println!(
+        "  memcpy (best of 7): 64 KiB {:7.2} Gb/s, 1 MiB {:7.2} Gb/s, 8 MiB {:7.2} Gb/s",
+        mc[0], mc[1], mc[2]
+    );
+    for verb in [Verb::Write, Verb::Read] {
+        let mut runs: Vec<Vec<f64>> = vec![Vec::new(); sizes.len()];
+        for _ in 0..3 {
+            for (i, &size) in sizes.iter().enumerate() {
+                let (s, n) = (size.to_string(), (TOTAL / size).to_string());
+                let r = ferroce(verb, Kind::Bw, &["-s", &s, "-n", &n, "-m", "4096"]);
+                runs[i].push(r["bw_avg_Gbps"].as_f64().unwrap());
+            }
+        }
+        let med: Vec<f64> = runs
+            .into_iter()
+            .map(|mut v| {
+                v.sort_by(f64::total_cmp);
+                v[1]
+            })
+            .collect();
+        let name = if verb == Verb::Read { "READ" } else { "WRITE" };
+        println!(
+            "  {name}: 64 KiB {:7.2} Gb/s, 1 MiB {:7.2} Gb/s ({:.2}), 8 MiB {:7.2} Gb/s ({:.2}); of memcpy: {:.3}, {:.3}, {:.3}",
+            med[0],
+            med[1],
+            med[1] / med[0],
+            med[2],
+            med[2] / med[0],
+            med[0] / mc[0],
+            med[1] / mc[1],
+            med[2] / mc[2]
+        );
+    }
+}
+
 fn main() {
     if let Ok(role) = std::env::var(ROLE) {
         child(&role);
@@ -715,13 +764,14 @@ fn main() {
     let only = std::env::var("E2E_ONLY").ok();
     if matches!(
         only.as_deref(),
-        Some("fastreg") | Some("qps") | Some("workers")
+        Some("fastreg") | Some("qps") | Some("workers") | Some("large")
     ) {
         let cfg = driver::loopback_config(1, 4096, &RnicOpts::default()).expect("config");
         dataplane::runtime::init_eal("e2e", &cfg).expect("EAL");
         match only.as_deref() {
             Some("qps") => qp_scale(),
             Some("workers") => workers(),
+            Some("large") => large_messages(),
             _ => fast_registration(),
         }
         return;
@@ -790,6 +840,7 @@ fn main() {
         lat["p99_us"].as_f64().unwrap()
     );
 
+    large_messages();
     fast_registration();
     qp_scale();
     workers();
