@@ -105,7 +105,42 @@ struct Registry {
     /// not a use after free.
     ids: HashSet<usize>,
     channels: HashSet<usize>,
+    /// Destroyed IDs and channels, kept allocated a while (oldest freed first, `QUARANTINE`)
+    /// so that their addresses are not handed out again at once: a stale pointer used right
+    /// after its destroy finds no live entry rather than a new ID at the same address.
+    dead_ids: VecDeque<usize>,
+    dead_channels: VecDeque<usize>,
     thread: bool,
+}
+
+/// How many destroyed IDs, and channels, stay allocated (see `Registry::dead_ids`).
+const QUARANTINE: usize = 64;
+
+/// Retires a destroyed ID (`channel` false) or event channel (true), no longer in the live
+/// sets: it is freed `QUARANTINE` destroys later.
+///
+/// # Safety
+/// `ptr` is an `Id` or a `Channel` this library allocated, destroyed once.
+unsafe fn bury(ptr: usize, channel: bool) {
+    let old = {
+        let mut r = reg();
+        let dead = if channel {
+            &mut r.dead_channels
+        } else {
+            &mut r.dead_ids
+        };
+        dead.push_back(ptr);
+        if dead.len() > QUARANTINE {
+            dead.pop_front()
+        } else {
+            None
+        }
+    };
+    match old {
+        Some(p) if channel => drop(Box::from_raw(p as *mut Channel)),
+        Some(p) => drop(Box::from_raw(p as *mut Id)),
+        None => {}
+    }
 }
 
 static REG: OnceLock<Mutex<Registry>> = OnceLock::new();
@@ -857,10 +892,16 @@ pub unsafe extern "C" fn ferroce_rdma_destroy_event_channel(ch: *mut sys::rdma_e
             set_errno(libc::EINVAL);
             return;
         }
-        let ch = Box::from_raw(ch as *mut Channel);
-        for e in ch.queue.lock().unwrap_or_else(|p| p.into_inner()).drain(..) {
+        let c = ch as *mut Channel;
+        for e in (*c)
+            .queue
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain(..)
+        {
             drop(Box::from_raw(e as *mut Event));
         }
+        bury(ch as usize, true);
     })
 }
 
@@ -887,8 +928,10 @@ pub unsafe extern "C" fn ferroce_rdma_create_id(
 
 #[no_mangle]
 pub unsafe extern "C" fn ferroce_rdma_destroy_id(id: *mut sys::rdma_cm_id) -> c_int {
-    guard_id(id, -1, || {
-        if id.is_null() {
+    guard(-1, || {
+        // Claimed first: a second destroy of the same ID (another thread's, or a stale
+        // pointer's) finds it gone.
+        if !reg().ids.remove(&(id as usize)) {
             return fail(libc::EINVAL, -1);
         }
         // No event is being handed to it meanwhile.
@@ -921,9 +964,10 @@ pub unsafe extern "C" fn ferroce_rdma_destroy_id(id: *mut sys::rdma_cm_id) -> c_
                 reg().conns.remove(&(c, cid));
             }
         }
-        // Events still queued for it go with it.
+        // Events still queued for it go with it (on a channel still live: an application
+        // may have destroyed the channel first).
         let ch = (*id).channel as *mut Channel;
-        if !ch.is_null() {
+        if live_channel(ch as *mut sys::rdma_event_channel) {
             (*ch)
                 .queue
                 .lock()
@@ -939,8 +983,13 @@ pub unsafe extern "C" fn ferroce_rdma_destroy_id(id: *mut sys::rdma_cm_id) -> c_
                     !mine
                 });
         }
-        reg().ids.remove(&(id as usize));
-        drop(Box::from_raw(id as *mut Id));
+        // A synchronous ID's channel is its own (rdma_create_ep, rdma_get_request): it goes
+        // with the ID, as in rdma-core's rdma_destroy_id.
+        let sync = st(id).sync;
+        bury(id as usize, false);
+        if sync {
+            ferroce_rdma_destroy_event_channel(ch as *mut sys::rdma_event_channel);
+        }
         0
     })
 }
@@ -1757,10 +1806,7 @@ pub unsafe extern "C" fn ferroce_rdma_destroy_ep(id: *mut sys::rdma_cm_id) {
         if id.is_null() {
             return;
         }
-        let (sync, made) = {
-            let s = st(id);
-            (s.sync, s.made_cqs)
-        };
+        let made = st(id).made_cqs;
         ferroce_rdma_destroy_qp(id);
         if made {
             ibv_destroy_cq((*id).send_cq);
@@ -1768,11 +1814,8 @@ pub unsafe extern "C" fn ferroce_rdma_destroy_ep(id: *mut sys::rdma_cm_id) {
             ibv_destroy_comp_channel((*id).send_cq_channel);
             ibv_destroy_comp_channel((*id).recv_cq_channel);
         }
-        let ch = (*id).channel;
+        // A synchronous ID's own channel goes with it (`ferroce_rdma_destroy_id`).
         ferroce_rdma_destroy_id(id);
-        if sync {
-            ferroce_rdma_destroy_event_channel(ch);
-        }
     })
 }
 

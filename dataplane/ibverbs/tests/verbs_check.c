@@ -1607,6 +1607,10 @@ static void check_rdmacm_stale_handles(void)
 	struct rdma_cm_id *id = NULL;
 	MUST(rdma_create_id(ch, &id, NULL, RDMA_PS_TCP) == 0 && id, "rdma_create_id");
 	CHECK(rdma_destroy_id(id) == 0, "rdma_destroy_id");
+	/* A new ID made at once does not make the old pointer live again (malloc would hand the
+	 * freed block straight back). */
+	struct rdma_cm_id *fresh = NULL;
+	MUST(rdma_create_id(ch, &fresh, NULL, RDMA_PS_TCP) == 0 && fresh, "rdma_create_id");
 	struct sockaddr_in dst = {.sin_family = AF_INET, .sin_port = htons(7471)};
 	dst.sin_addr.s_addr = htonl(0x0a630002);
 	errno = 0;
@@ -1616,6 +1620,7 @@ static void check_rdmacm_stale_handles(void)
 	errno = 0;
 	rc = rdma_destroy_id(id);
 	CHECK(rc == -1 && errno == EINVAL, "rdma_destroy_id twice: EINVAL (%d, %d)", rc, errno);
+	CHECK(rdma_destroy_id(fresh) == 0, "rdma_destroy_id of the new ID");
 	rdma_destroy_event_channel(ch);
 	struct rdma_cm_id *id2 = NULL;
 	errno = 0;
