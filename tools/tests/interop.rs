@@ -549,14 +549,24 @@ fn guest_cmdline(c: &Case) -> String {
 }
 
 /// Asks the guest to kill and start again its server of case `id` (perftest-cases.sh's
-/// cm-server role), and waits until it says it did by removing the request.
-fn restart_guest_server(share: &Path, id: &str) {
-    let req = share.join(format!("restart.{id}"));
-    std::fs::write(&req, b"").unwrap();
+/// cm-server role) and waits for its answer: true once the new server runs, false when the
+/// guest has left the case (its server ended by itself) or did not answer in 30 s.
+fn restart_guest_server(share: &Path, id: &str) -> bool {
+    let done = share.join(format!("restarted.{id}"));
+    let ended = share.join(format!("ended.{id}"));
+    let _ = std::fs::remove_file(&done);
+    std::fs::write(share.join(format!("restart.{id}")), b"").unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
-    while req.exists() && Instant::now() < deadline {
+    while Instant::now() < deadline {
+        if std::fs::remove_file(&done).is_ok() {
+            return true;
+        }
+        if ended.exists() {
+            return false;
+        }
         std::thread::sleep(Duration::from_millis(100));
     }
+    false
 }
 
 fn run_for(cmd: &mut Command, limit: Duration) -> Output {
@@ -1090,6 +1100,12 @@ fn rnic_perf_against_linux_soft_roce() {
                 cmd.arg(GUEST_IP);
             }
         }
+        if c.side == Side::Cm && !c.guest_client {
+            // What an earlier run left of the restart protocol (`restart_guest_server`).
+            for f in ["restart", "restarted", "ended"] {
+                let _ = std::fs::remove_file(share.join(format!("{f}.{}", c.id)));
+            }
+        }
         let t0 = Instant::now();
         let mut out = run_for(&mut cmd, Duration::from_secs(150));
         // Debian's perftest client tries to connect once; the guest's server may not be
@@ -1128,11 +1144,10 @@ fn rnic_perf_against_linux_soft_roce() {
             // (The key exchange's own connection fails with "Unexpected CM event" instead.)
             let data_stage = ["Failed to create RDMA CM connection", "RDMA CM event error"];
             if c.side == Side::Cm && data_stage.iter().any(|m| said.contains(m)) {
-                if restarts == 10 {
+                if restarts == 10 || !restart_guest_server(&share, &c.id) {
                     break;
                 }
                 restarts += 1;
-                restart_guest_server(&share, &c.id);
             } else if !not_yet.iter().any(|n| said.contains(n)) {
                 break;
             }

@@ -12,7 +12,8 @@
 #                then sends three more and shows the neighbour entry it learned by ARP.
 #   ROLE cm-server: an rdma_cm program (rping, ucmatose) run as given (its addresses are in
 #                ARGS). When the host writes /mnt/share/restart.ID, the server is killed and
-#                started again, and the file removed to say so: Debian's perftest (4.5-0.17)
+#                started again, and /mnt/share/restarted.ID says so; /mnt/share/ended.ID says
+#                the case is over (no more restarts). Debian's perftest (4.5-0.17)
 #                cannot retry its data connection's REQ when the server does not listen yet
 #                (fixed upstream in perftest 3d9d8d0), and a server left waiting for that
 #                connection would take the host client's next try for it.
@@ -63,27 +64,35 @@ while read -r id role tool args; do
       break
     done
   elif [ "$role" = cm-server ]; then
-    rm -f /mnt/share/restart.$id
+    share=/mnt/share
+    # (restart.ID is not cleared here: the host may ask before this case starts; it clears
+    # what an earlier run left before its first try.)
+    rm -f $share/restarted.$id $share/ended.$id
     restarts=0
     while :; do
       timeout 120 $tool $args >/tmp/out.$id 2>&1 &
       pid=$!
-      while kill -0 $pid 2>/dev/null && [ ! -e /mnt/share/restart.$id ]; do
+      # A restart is acknowledged once the new server runs.
+      [ $restarts -gt 0 ] && touch $share/restarted.$id
+      while kill -0 $pid 2>/dev/null && [ ! -e $share/restart.$id ]; do
         sleep 0.2 2>/dev/null || sleep 1
       done
-      if [ -e /mnt/share/restart.$id ] && [ $restarts -lt 10 ]; then
+      if [ -e $share/restart.$id ] && [ $restarts -lt 10 ]; then
+        rm -f $share/restart.$id
         kill $pid 2>/dev/null
         wait $pid
         restarts=$((restarts + 1))
         echo "restart $id: server started again ($restarts)"
-        rm -f /mnt/share/restart.$id
         continue
       fi
       wait $pid
       rc=$?
-      rm -f /mnt/share/restart.$id
       break
     done
+    # The host stops asking for restarts of this case (a request it made meanwhile is
+    # answered by this).
+    touch $share/ended.$id
+    rm -f $share/restart.$id
   else
     timeout 120 $tool $args >/tmp/out.$id 2>&1
     rc=$?
