@@ -607,72 +607,91 @@ fn unresolvable_peer_fails_the_qp_with_a_clear_error() {
     assert!(snap[0].neigh.arp_requests_tx >= 6, "six ARP attempts");
 }
 
-/// A UD QP's burst to a peer whose MAC is not known yet: while ARP resolves, the QP sends
-/// nothing beyond its first datagram (held for the address) and the rest wait in its send
-/// queue, so a burst far larger than the dataplane's hold list (256 frames) reaches the wire
-/// whole, in order, once the peer answers. (Before, every datagram was built at once and
-/// those past the hold list were dropped.)
+/// A UD (and a UC) QP's burst to a peer whose MAC is not known yet: while ARP resolves, the
+/// QP sends nothing beyond its first packet (held for the address) and the rest wait in its
+/// send queue, so a burst far larger than the dataplane's hold list (256 frames) reaches the
+/// wire whole, in order, once the peer answers. (Before, every packet was built at once, and
+/// those past the hold list were dropped while their sends completed successfully.)
 #[test]
-fn ud_sends_wait_in_the_send_queue_while_the_next_hop_resolves() {
-    const N: u64 = 600;
+fn unacknowledged_sends_wait_in_the_send_queue_while_the_next_hop_resolves() {
+    // One RNIC for both (each raw_pair adds a mempool, and this binary's tests share a
+    // bounded EAL memory): a UD burst to one unresolved peer, then a UC burst to another.
     let cfg = test_config(3, 1024);
-    let (rt, mut rx, mut tx, pool) = raw_pair(cfg, "udheld");
-    let ours = rt.mac(0);
-    let peer_mac = [0x52, 0x54, 0, 0x99, 0, 2];
-    let mut a = side(rt.open(0).unwrap(), QpType::Ud, 65536, 1024);
-    connect_with(
-        &mut a,
-        Qpn::new(0),
-        Gid::from_ipv4([10, 99, 0, 2]),
-        Mtu::M1024,
-        1,
-        1,
-        QpType::Ud,
-        14,
-    );
-    let ud = UdDest {
-        ah: AddressVector::new(Gid::from_ipv4([10, 99, 0, 2]), 1),
+    let (rt, mut rx, mut tx, pool) = raw_pair(cfg, "held_uxd");
+    let mut link = RawLink {
+        ours: rt.mac(0),
+        rx: &mut rx,
+        tx: &mut tx,
+        pool: &pool,
+    };
+    burst_waits_for_the_next_hop(&rt, &mut link, QpType::Ud, 2);
+    burst_waits_for_the_next_hop(&rt, &mut link, QpType::Uc, 5);
+    let snap = rt.stop();
+    assert_eq!(snap[0].nic.tx_held_dropped, 0);
+    assert!(snap[0].nic.tx_held >= 2);
+}
+
+/// The hand-driven end of a [`raw_pair`].
+struct RawLink<'a> {
+    ours: [u8; 6],
+    rx: &'a mut pmd_bindings::RxQueue,
+    tx: &'a mut pmd_bindings::TxQueue,
+    pool: &'a pmd_bindings::Mempool,
+}
+
+/// 600 sends on a new `t` QP to 10.99.0.`host`, whose ARP answer comes 100 ms late: all
+/// reach the wire, in order, and complete.
+fn burst_waits_for_the_next_hop(rt: &Runtime, link: &mut RawLink<'_>, t: QpType, host: u8) {
+    const N: u64 = 600;
+    let peer_ip = [10, 99, 0, host];
+    let peer_mac = [0x52, 0x54, 0, 0x99, 0, host];
+    let peer_gid = Gid::from_ipv4(peer_ip);
+    let mut a = side(rt.open(0).unwrap(), t, 65536, 1024);
+    connect_with(&mut a, Qpn::new(0x77), peer_gid, Mtu::M1024, 1, 1, t, 14);
+    let ud = (t == QpType::Ud).then_some(UdDest {
+        ah: AddressVector::new(peer_gid, 1),
         remote_qpn: Qpn::new(0x77),
         remote_qkey: Qkey(0x1111_1111),
-    };
+    });
     for i in 0..N {
         a.buf.write(i as usize * 64, &i.to_be_bytes());
-        post_signaled_to(&mut a, i, WrOp::Send, i * 64, 64, Some(ud));
+        post_signaled_to(&mut a, i, WrOp::Send, i * 64, 64, ud);
     }
-    // The peer is slow to answer: its first ARP request is answered 100 ms later.
+    // Ethernet 14 + IPv4 20 + UDP 8 + BTH 12 (+ DETH 8 for UD): the payload's first bytes.
+    let at = if t == QpType::Ud { 62 } else { 54 };
     let mut burst: Vec<Mbuf> = Vec::with_capacity(32);
     let t0 = Instant::now();
     let mut asked = None;
     let mut answered = false;
     let mut got: Vec<u64> = Vec::new();
     while t0.elapsed() < Duration::from_secs(10) && got.len() < N as usize {
-        rx.rx_burst(&mut burst);
+        link.rx.rx_burst(&mut burst);
         for m in burst.drain(..) {
             let f = m.to_vec();
-            if f[12..14] == [0x08, 0x06] && f[20..22] == [0, 1] && f[38..42] == [10, 99, 0, 2] {
+            if f[12..14] == [0x08, 0x06] && f[20..22] == [0, 1] && f[38..42] == peer_ip {
                 asked.get_or_insert_with(Instant::now);
-            } else if frame::classify(&f) == FrameKind::Roce {
+            } else if frame::classify(&f) == FrameKind::Roce && f[30..34] == peer_ip {
                 assert_eq!(f[..6], peer_mac, "sent to the resolved MAC");
-                // Ethernet 14 + IPv4 20 + UDP 8 + BTH 12 + DETH 8: the payload's first bytes.
-                got.push(u64::from_be_bytes(f[62..70].try_into().unwrap()));
+                got.push(u64::from_be_bytes(f[at..at + 8].try_into().unwrap()));
             }
         }
         if !answered && asked.is_some_and(|t| t.elapsed() >= Duration::from_millis(100)) {
             answered = true;
-            let mut r = pool.alloc().unwrap();
-            r.extend_from_slice(&arp_reply(peer_mac, [10, 99, 0, 2], ours, [10, 99, 0, 3]));
-            tx.tx_one(r).unwrap();
+            let mut r = link.pool.alloc().unwrap();
+            r.extend_from_slice(&arp_reply(peer_mac, peer_ip, link.ours, [10, 99, 0, 3]));
+            link.tx.tx_one(r).unwrap();
         }
         std::thread::sleep(Duration::from_micros(200));
     }
-    assert!(answered, "ferroce asked for the peer's MAC");
-    assert_eq!(got, (0..N).collect::<Vec<_>>(), "every datagram, in order");
+    assert!(answered, "{t:?}: ferroce asked for the peer's MAC");
+    assert_eq!(
+        got,
+        (0..N).collect::<Vec<_>>(),
+        "{t:?}: every packet, in order"
+    );
     let c = wait_cq(&mut a, N as usize, 10);
     assert_eq!(c.len(), N as usize);
     assert!(c.iter().all(|c| c.status == WcStatus::Success));
-    let snap = rt.stop();
-    assert_eq!(snap[0].nic.tx_held_dropped, 0);
-    assert!(snap[0].nic.tx_held >= 1);
 }
 
 /// An ARP reply from `mac`/`ip` to `to_mac`/`to_ip`.

@@ -843,7 +843,7 @@ fn scatter_iter<'b>(
 pub enum DeviceEvent<'a> {
     /// The driver holds `qpn`'s packet while it resolves the next hop towards `dgid`: until
     /// `PathResolved`, an RC QP's ACK timeouts cost no retry (the packets have not left),
-    /// and a UD QP sends nothing more (its next sends wait in its send queue).
+    /// and a UD or UC QP sends nothing more (its next sends wait in its send queue).
     PathHeld {
         /// The QP.
         qpn: Qpn,
@@ -861,7 +861,7 @@ pub enum DeviceEvent<'a> {
     /// The next hop towards `dgid` cannot be resolved: every connected QP on that path goes
     /// to ERR with a QP_FATAL event (vendor_err PEER_UNREACHABLE), so applications get a
     /// clear error instead of waiting for the retry counter. A UD QP held for it goes on
-    /// (its datagram is lost, as on a network).
+    /// (its datagram is lost, as on a network); a UC QP goes to ERR like an RC one.
     PathUnreachable {
         /// The destination.
         dgid: Gid,
@@ -2117,10 +2117,10 @@ impl Device {
             };
             let qp: &mut Qp = qp;
             let paused = self.paused != 0 && self.paused & (1 << qp.tx_priority(&self.sh)) != 0;
-            if paused || qp.ud_held_for.is_some() {
+            if paused || qp.held_for.is_some() {
                 // Its class is paused: every packet of the QP waits (ACKs and READ
                 // responses travel in their QP's class), the other classes go on. Or a
-                // UD QP waits for a next hop (`hold_path`).
+                // UD or UC QP waits for a next hop (`hold_path`).
                 qp.queued = false;
                 if !qp.parked {
                     qp.parked = true;
@@ -2299,10 +2299,10 @@ impl Device {
                 1
             }
             DeviceEvent::PathResolved { dgid, now } => {
-                self.release_ud_held(&dgid) + self.release_paths_to(&dgid, now)
+                self.release_held(&dgid) + self.release_paths_to(&dgid, now)
             }
             DeviceEvent::PathUnreachable { dgid } => {
-                self.release_ud_held(&dgid);
+                self.release_held(&dgid);
                 self.fail_qps_to(&dgid)
             }
             DeviceEvent::SendRejected { qpn, wr } => {
@@ -2384,23 +2384,23 @@ impl Device {
             if let Some(Some(qp)) = self.qps.get_mut(slot) {
                 match qp.qp_type {
                     QpType::Rc => qp.path_held = true,
-                    QpType::Ud => qp.ud_held_for = Some(dgid),
-                    _ => {}
+                    QpType::Ud | QpType::Uc => qp.held_for = Some(dgid),
                 }
             }
         }
     }
 
-    /// UD QPs held for `dgid` (`hold_path`) send again: off the parked list, back in line.
-    fn release_ud_held(&mut self, dgid: &Gid) -> usize {
+    /// UD and UC QPs held for `dgid` (`hold_path`) send again: off the parked list, back in
+    /// line.
+    fn release_held(&mut self, dgid: &Gid) -> usize {
         let mut unparked = Vec::new();
         let mut n = 0;
         for (slot, qp) in self.qps.iter_mut().enumerate() {
             let Some(qp) = qp.as_deref_mut() else {
                 continue;
             };
-            if qp.ud_held_for == Some(*dgid) {
-                qp.ud_held_for = None;
+            if qp.held_for == Some(*dgid) {
+                qp.held_for = None;
                 n += 1;
                 // One not parked yet is still in line and sends on its turn.
                 if qp.parked {

@@ -434,12 +434,13 @@ pub(crate) struct Qp {
     /// The dataplane holds this QP's packets while it resolves the next hop: they have not
     /// left, so an ACK timeout then costs no retry (`DeviceEvent::PathHeld`).
     pub path_held: bool,
-    /// A UD QP whose last packet waits for the next hop towards this GID: it sends nothing
-    /// more until that resolves or fails (`DeviceEvent::PathHeld`), so a burst of sends
-    /// during address resolution waits in the send queue instead of overflowing the
-    /// dataplane's hold list. A NIC resolves the MAC when the AH is created; this is where
-    /// ferroce learns it.
-    pub ud_held_for: Option<crate::Gid>,
+    /// A UD or UC QP (one that completes a send when it is built, with no ACK to wait for)
+    /// whose last packet waits for the next hop towards this GID: it sends nothing more until
+    /// that resolves or fails (`DeviceEvent::PathHeld`), so a burst of sends during address
+    /// resolution waits in the send queue instead of overflowing the dataplane's hold list.
+    /// A NIC resolves the MAC when the AH or the QP's path is set; this is where ferroce
+    /// learns it.
+    pub held_for: Option<crate::Gid>,
     /// Why the QP went to error when the cause is not in the completion status (a
     /// `verbs::vendor_err` code carried by its error completions; 0: none).
     pub error_cause: u32,
@@ -528,7 +529,7 @@ impl Qp {
             positions_taken: (0, 0),
             moved_noted: false,
             path_held: false,
-            ud_held_for: None,
+            held_for: None,
             error_cause: 0,
             cc: None,
             parked: false,
