@@ -435,7 +435,7 @@ impl Qp {
                 {
                     return;
                 }
-                if self.path_held {
+                if self.held_for.is_some() {
                     // Nothing left: the packets wait for the next hop's address. Wait again
                     // rather than spend a retry on packets the peer never saw.
                     self.counters.ack_timeouts_held += 1;

@@ -2117,7 +2117,9 @@ impl Device {
             };
             let qp: &mut Qp = qp;
             let paused = self.paused != 0 && self.paused & (1 << qp.tx_priority(&self.sh)) != 0;
-            if paused || qp.held_for.is_some() {
+            // An RC QP held for its next hop still sends (its packets wait in the driver's
+            // hold list, and its ACK timer costs no retry meanwhile).
+            if paused || (qp.held_for.is_some() && qp.qp_type != QpType::Rc) {
                 // Its class is paused: every packet of the QP waits (ACKs and READ
                 // responses travel in their QP's class), the other classes go on. Or a
                 // UD or UC QP waits for a next hop (`hold_path`).
@@ -2298,11 +2300,9 @@ impl Device {
                 self.hold_path(qpn, dgid);
                 1
             }
-            DeviceEvent::PathResolved { dgid, now } => {
-                self.release_held(&dgid) + self.release_paths_to(&dgid, now)
-            }
+            DeviceEvent::PathResolved { dgid, now } => self.release_held(&dgid, Some(now)),
             DeviceEvent::PathUnreachable { dgid } => {
-                self.release_held(&dgid);
+                self.release_held(&dgid, None);
                 self.fail_qps_to(&dgid)
             }
             DeviceEvent::SendRejected { qpn, wr } => {
@@ -2377,62 +2377,46 @@ impl Device {
         }
     }
 
-    /// The dataplane holds `qpn`'s packets until the next hop's MAC is resolved: until
-    /// `release_paths_to`, the QP's ACK timeouts cost no retries (the packets have not left).
+    /// The dataplane holds `qpn`'s packet until the next hop towards `dgid` is resolved
+    /// (`Qp::held_for`): an RC QP's ACK timeouts meanwhile cost no retries (the packets have
+    /// not left); a UD or UC QP sends nothing more.
     fn hold_path(&mut self, qpn: Qpn, dgid: Gid) {
         if let Some(slot) = self.slot_of(qpn) {
             if let Some(Some(qp)) = self.qps.get_mut(slot) {
-                match qp.qp_type {
-                    QpType::Rc => qp.path_held = true,
-                    QpType::Ud | QpType::Uc => qp.held_for = Some(dgid),
-                }
+                qp.held_for = Some(dgid);
             }
         }
     }
 
-    /// UD and UC QPs held for `dgid` (`hold_path`) send again: off the parked list, back in
-    /// line.
-    fn release_held(&mut self, dgid: &Gid) -> usize {
+    /// QPs held for `dgid` go on: at `now` when the held packets left (an RC QP counts its
+    /// ACK timeout from then), or with `None` when they were dropped. A UD or UC QP comes off
+    /// the parked list, back in line. Returns how many QPs were held.
+    fn release_held(&mut self, dgid: &Gid, now: Option<u64>) -> usize {
         let mut unparked = Vec::new();
         let mut n = 0;
         for (slot, qp) in self.qps.iter_mut().enumerate() {
             let Some(qp) = qp.as_deref_mut() else {
                 continue;
             };
-            if qp.held_for == Some(*dgid) {
-                qp.held_for = None;
-                n += 1;
-                // One not parked yet is still in line and sends on its turn.
-                if qp.parked {
-                    qp.parked = false;
-                    unparked.push(slot as u32);
+            if qp.held_for != Some(*dgid) {
+                continue;
+            }
+            qp.held_for = None;
+            n += 1;
+            if qp.qp_type == QpType::Rc {
+                if let (Some(now), Some(_)) = (now, qp.comp.ack_deadline) {
+                    qp.restart_ack_timer(&mut self.sh, now);
                 }
+            } else if qp.parked {
+                // One not parked yet is still in line and sends on its turn.
+                qp.parked = false;
+                unparked.push(slot as u32);
             }
         }
         if !unparked.is_empty() {
             self.parked.retain(|s| !unparked.contains(s));
             for slot in unparked {
                 self.mark_ready(slot);
-            }
-        }
-        n
-    }
-
-    /// The next hop towards `dgid` is resolved and the held packets left at `now`: QPs
-    /// holding for it count their ACK timeout from now.
-    fn release_paths_to(&mut self, dgid: &Gid, now: u64) -> usize {
-        let mut n = 0;
-        for qp in self.qps.iter_mut().flatten() {
-            if !qp.path_held {
-                continue;
-            }
-            let to_peer = qp.attr.av.is_some_and(|av| av.dgid == *dgid);
-            if to_peer {
-                qp.path_held = false;
-                n += 1;
-                if qp.comp.ack_deadline.is_some() {
-                    qp.restart_ack_timer(&mut self.sh, now);
-                }
             }
         }
         n

@@ -431,15 +431,13 @@ pub(crate) struct Qp {
     /// and whether it is on that list now.
     pub positions_taken: (u64, u64),
     pub moved_noted: bool,
-    /// The dataplane holds this QP's packets while it resolves the next hop: they have not
-    /// left, so an ACK timeout then costs no retry (`DeviceEvent::PathHeld`).
-    pub path_held: bool,
-    /// A UD or UC QP (one that completes a send when it is built, with no ACK to wait for)
-    /// whose last packet waits for the next hop towards this GID: it sends nothing more until
-    /// that resolves or fails (`DeviceEvent::PathHeld`), so a burst of sends during address
-    /// resolution waits in the send queue instead of overflowing the dataplane's hold list.
-    /// A NIC resolves the MAC when the AH or the QP's path is set; this is where ferroce
-    /// learns it.
+    /// The dataplane holds this QP's last packet while it resolves the next hop towards
+    /// this GID (`DeviceEvent::PathHeld`). An RC QP's packets have not left, so an ACK
+    /// timeout then costs no retry. A UD or UC QP (which completes a send when it is built,
+    /// with no ACK to wait for) sends nothing more until the hop resolves or fails, so a
+    /// burst during address resolution waits in the send queue instead of overflowing the
+    /// dataplane's hold list. A NIC resolves the MAC when the AH or the QP's path is set;
+    /// this is where ferroce learns it.
     pub held_for: Option<crate::Gid>,
     /// Why the QP went to error when the cause is not in the completion status (a
     /// `verbs::vendor_err` code carried by its error completions; 0: none).
@@ -528,7 +526,6 @@ impl Qp {
             timer_queued: None,
             positions_taken: (0, 0),
             moved_noted: false,
-            path_held: false,
             held_for: None,
             error_cause: 0,
             cc: None,
