@@ -128,7 +128,7 @@ pub struct OpcodeInfo {
 impl OpcodeInfo {
     /// Whether this opcode carries the given extended header.
     pub fn has(&self, h: ExtHeader) -> bool {
-        self.headers.contains(&h)
+        self.ext_mask & 1 << h as u16 != 0
     }
 
     /// Byte offset of header `h` after the BTH, if present.
@@ -168,17 +168,6 @@ const fn ext_mask(h: &[ExtHeader]) -> u16 {
     m
 }
 
-const fn contains(h: &[ExtHeader], x: ExtHeader) -> bool {
-    let mut i = 0;
-    while i < h.len() {
-        if h[i] as u8 == x as u8 {
-            return true;
-        }
-        i += 1;
-    }
-    false
-}
-
 /// Packet position in a message.
 #[derive(Clone, Copy)]
 enum P {
@@ -207,7 +196,8 @@ const fn row(
         O::ReadResponse | O::Acknowledge | O::AtomicAcknowledge | O::Cnp
     );
     let has_payload = matches!(op, O::Send | O::Write | O::ReadResponse | O::AtomicWrite);
-    let has_imm = contains(headers, ImmDt);
+    let mask = ext_mask(headers);
+    let has_imm = mask & 1 << ImmDt as u16 != 0;
     OpcodeInfo {
         opcode,
         name,
@@ -217,13 +207,13 @@ const fn row(
         last,
         headers,
         ext_len: ext_len(headers),
-        ext_mask: ext_mask(headers),
+        ext_mask: mask,
         has_payload,
         is_request,
         needs_ack: is_request && matches!(transport, T::Rc),
         consumes_recv_wqe: matches!(op, O::Send) || (matches!(op, O::Write) && has_imm),
         has_imm,
-        has_inv: contains(headers, Ieth),
+        has_inv: mask & 1 << Ieth as u16 != 0,
     }
 }
 
