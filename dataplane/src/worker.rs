@@ -437,8 +437,9 @@ impl Worker {
         }
         if let Some(slot) = &self.load_slot {
             if let Ok(mut l) = slot.lock() {
+                // The iteration's own clock reading (publishing reads no clock of its own).
                 *l = WorkerLoad {
-                    elapsed_ns: self.clock.now(),
+                    elapsed_ns: self.last_poll,
                     ..self.load
                 };
             }

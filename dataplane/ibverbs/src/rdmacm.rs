@@ -1547,7 +1547,7 @@ pub unsafe extern "C" fn ferroce_rdma_migrate_id(
     ch: *mut sys::rdma_event_channel,
 ) -> c_int {
     guard_id(id, -1, || {
-        if id.is_null() || !live_channel(ch) {
+        if !live_channel(ch) {
             return fail(libc::EINVAL, -1);
         }
         (*id).channel = ch;
@@ -1803,9 +1803,6 @@ pub unsafe extern "C" fn ferroce_rdma_create_ep(
 #[no_mangle]
 pub unsafe extern "C" fn ferroce_rdma_destroy_ep(id: *mut sys::rdma_cm_id) {
     guard_id(id, (), || {
-        if id.is_null() {
-            return;
-        }
         let made = st(id).made_cqs;
         ferroce_rdma_destroy_qp(id);
         if made {
@@ -1825,7 +1822,7 @@ pub unsafe extern "C" fn ferroce_rdma_get_request(
     id: *mut *mut sys::rdma_cm_id,
 ) -> c_int {
     guard_id(listen, -1, || {
-        if listen.is_null() || id.is_null() || !is_sync(listen) {
+        if id.is_null() || !is_sync(listen) {
             return fail(libc::EINVAL, -1);
         }
         loop {
