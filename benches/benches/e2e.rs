@@ -600,6 +600,12 @@ fn many_qps(nqps: u32, n: u64) -> (f64, f64) {
     (gbps, per_qp)
 }
 
+/// The median of some runs (the middle one of an odd count).
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
 /// The many-QPs figures (issue 23): [`many_qps`] with 1 QP and with 16,000 (the default
 /// table holds 16,384 per RNIC), alternating, three runs each, medians compared.
 fn qp_scale() {
@@ -611,15 +617,10 @@ fn qp_scale() {
         many.push(g);
         mem.push(b);
     }
-    one.sort_by(f64::total_cmp);
-    many.sort_by(f64::total_cmp);
-    mem.sort_by(f64::total_cmp);
+    let (one, many, mem) = (median(one), median(many), median(mem));
     println!(
-        "  1 QP: {:8.2} Gb/s; 16,000 QPs: {:8.2} Gb/s: ratio {:.3}; {:.0} bytes of heap per QP",
-        one[1],
-        many[1],
-        many[1] / one[1],
-        mem[1]
+        "  1 QP: {one:8.2} Gb/s; 16,000 QPs: {many:8.2} Gb/s: ratio {:.3}; {mem:.0} bytes of heap per QP",
+        many / one,
     );
 }
 
@@ -634,13 +635,10 @@ fn fast_registration() {
             plain.push(registered_io(read, false, 100_000));
             mw.push(registered_io(read, true, 100_000));
         }
-        plain.sort_by(f64::total_cmp);
-        mw.sort_by(f64::total_cmp);
+        let (plain, mw) = (median(plain), median(mw));
         println!(
-            "  4 KiB {verb}, 64 in flight: {:8.0} I/O/s with a window bound and invalidated per I/O, {:8.0} without: ratio {:.3}",
-            mw[1],
-            plain[1],
-            mw[1] / plain[1]
+            "  4 KiB {verb}, 64 in flight: {mw:8.0} I/O/s with a window bound and invalidated per I/O, {plain:8.0} without: ratio {:.3}",
+            mw / plain
         );
     }
 }
@@ -668,10 +666,6 @@ fn build_libibverbs() -> bool {
 /// alternating, medians (`E2E_ONLY=workers` runs only this).
 fn workers() {
     println!("worker threads (the two loopback RNICs on one worker, or one each)");
-    let median = |mut v: Vec<f64>| {
-        v.sort_by(|a, b| a.total_cmp(b));
-        v[v.len() / 2]
-    };
     for (what, args, key, unit) in [
         (
             "64 KiB WRITE",
@@ -733,13 +727,7 @@ fn large_messages() {
                 runs[i].push(r["bw_avg_Gbps"].as_f64().unwrap());
             }
         }
-        let med: Vec<f64> = runs
-            .into_iter()
-            .map(|mut v| {
-                v.sort_by(f64::total_cmp);
-                v[1]
-            })
-            .collect();
+        let med: Vec<f64> = runs.into_iter().map(median).collect();
         let name = if verb == Verb::Read { "READ" } else { "WRITE" };
         println!(
             "  {name}: 64 KiB {:7.2} Gb/s, 1 MiB {:7.2} Gb/s ({:.2}), 8 MiB {:7.2} Gb/s ({:.2}); of memcpy: {:.3}, {:.3}, {:.3}",
@@ -929,12 +917,8 @@ fn main() {
             dl.push(l[4]);
             rl.push(st);
         }
-        let median = |v: &mut Vec<f64>| {
-            v.sort_by(f64::total_cmp);
-            v[v.len() / 2]
-        };
-        let (dlat, st) = (median(&mut dl), median(&mut rl));
-        let (dgbps, rgbps) = (median(&mut dw), median(&mut rw));
+        let (dlat, st) = (median(dl), median(rl));
+        let (dgbps, rgbps) = (median(dw), median(rw));
         println!(
             "  medians: ib_write_bw {dgbps:.2} Gb/s, rnic-perf write_bw {rgbps:.2} Gb/s; \
              ib_send_lat {dlat:.3} us, rnic-perf send_lat {st:.3} us"
