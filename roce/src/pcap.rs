@@ -164,7 +164,7 @@ impl<'a> Reader<'a> {
                 return Some(Err(PcapError::Truncated(at)));
             };
             let blen = blen as usize;
-            if blen < 12 || blen % 4 != 0 || at + blen > d.len() {
+            if blen < 12 || !blen.is_multiple_of(4) || at + blen > d.len() {
                 return Some(Err(PcapError::BadBlock(at)));
             }
             let body = &d[at + 8..at + blen - 4];

@@ -253,7 +253,7 @@ fn real_engines(n: usize, params: RpParams, red: Red, cnp_interval: u64, duratio
                 }
             }
         }
-        if now >= half && now % 1_000 == 0 {
+        if now >= half && now.is_multiple_of(1_000) {
             qsum += queued as f64;
             qn += 1;
         }

@@ -151,7 +151,7 @@ fn the_cli_writes_csv_and_png() {
         .map(|l| l.split(',').map(|v| v.parse().unwrap()).collect())
         .collect();
     assert!(
-        rows.len() > 300 && rows.len() % 3 == 0,
+        rows.len() > 300 && rows.len().is_multiple_of(3),
         "{} rows",
         rows.len()
     );

@@ -525,7 +525,7 @@ impl Qp {
         }
         // A misaligned target is an invalid request (IBA 9.4.5: the VA must be 8-byte
         // aligned; rxe's RESPST_ERR_MISALIGNED_ATOMIC answers NAK Invalid Request).
-        if a.va % 8 != 0 {
+        if !a.va.is_multiple_of(8) {
             self.reject(sh, psn, INVALID);
             return;
         }

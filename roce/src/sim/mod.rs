@@ -370,7 +370,7 @@ impl Pair {
         l.stats.bytes += frame.len() as u64;
         if is_ack && l.cfg.ack_every > 1 {
             l.acks_seen += 1;
-            if l.acks_seen % l.cfg.ack_every as u64 != 0 {
+            if !l.acks_seen.is_multiple_of(l.cfg.ack_every as u64) {
                 l.stats.acks_suppressed += 1;
                 return;
             }

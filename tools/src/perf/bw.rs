@@ -376,7 +376,7 @@ pub fn run<V: Verbs>(
                 poll_backoff(idle);
             }
             // The clock and the watchdogs, once per 256 idle turns.
-            if idle % 256 != 0 {
+            if !idle.is_multiple_of(256) {
                 continue;
             }
             if std::mem::take(&mut progress_unclocked) {
@@ -684,7 +684,7 @@ pub fn sender_result(p: &Params, size: u64, out: &BwOut) -> BwResult {
                 consider(j);
                 j += cq;
             }
-            if n % cq != 0 {
+            if !n.is_multiple_of(cq) {
                 consider(n - 1);
             }
         }

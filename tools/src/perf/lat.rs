@@ -74,7 +74,7 @@ fn wait_one<V: Verbs>(
         }
         // The clock is read once per 1024 idle polls: reading it on every poll cost an
         // eighth of a latency test's time (clock_gettime in a profile of send_lat).
-        if idle % 1024 == 0 {
+        if idle.is_multiple_of(1024) {
             if super::interrupted() {
                 return Err(super::INTERRUPTED.into());
             }
@@ -141,7 +141,7 @@ pub fn write_lat<V: Verbs>(
             while res.buf.load_u8(poll_off) != want {
                 idle += 1;
                 backoff(idle.min(4000));
-                if idle % 1024 != 0 {
+                if !idle.is_multiple_of(1024) {
                     continue; // the clock and the stop flag, once per 1024 idle turns
                 }
                 if super::interrupted() {
