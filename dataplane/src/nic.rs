@@ -19,7 +19,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use pmd_bindings::{Mbuf, Mempool, Port, RxQueue, TxQueue};
-use roce::engine::{CreditMode, Device, DeviceConfig, DeviceEvent, Transmit};
+use roce::engine::{CreditMode, Device, DeviceConfig, DeviceEvent, EmitError, Transmit};
 use roce::pcap;
 use roce::table::Table;
 use roce::types::Gid;
@@ -1269,20 +1269,14 @@ impl Nic {
             self.counters.tx_dropped += 1;
             return;
         };
-        let Ok(hlen) = repr.emit_headers(buf, plen) else {
-            return;
-        };
-        if self
-            .dev
-            .gather(&self.tx, &mut buf[hlen..hlen + plen])
-            .is_err()
-        {
-            // The MR went away while the packet was queued.
-            self.counters.tx_dropped += 1;
-            return;
-        }
-        if repr.emit_trailer_in_place(buf, plen).is_err() {
-            return;
+        match self.dev.emit_frame(&self.tx, &repr, buf) {
+            Ok(()) => {}
+            Err(EmitError::Memory(_)) => {
+                // The MR went away while the packet was queued.
+                self.counters.tx_dropped += 1;
+                return;
+            }
+            Err(EmitError::Wire(_)) => return,
         }
         self.counters.tx_roce += 1;
         if local {

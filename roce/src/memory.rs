@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use crate::types::{Lkey, Rkey};
 use crate::verbs::Access;
+use crate::wire::icrc::Icrc;
 
 /// Why a memory access was refused by the backing itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -44,6 +45,15 @@ pub trait Memory: Send + Sync {
 
     /// Copies `dst.len()` bytes at `offset` into `dst`.
     fn read(&self, offset: usize, dst: &mut [u8]) -> Result<(), MemoryError>;
+
+    /// As [`Memory::read`], also feeding the bytes to `icrc` (a packet being built). A backing
+    /// that can hand out its bytes in place overrides it with [`Icrc::copy_from_raw`], which
+    /// reads each byte once for both.
+    fn read_summed(&self, off: usize, dst: &mut [u8], crc: &mut Icrc) -> Result<(), MemoryError> {
+        self.read(off, dst)?;
+        crc.update(dst);
+        Ok(())
+    }
 
     /// Copies `src` to `offset` (ascending, last byte last).
     fn write(&self, offset: usize, src: &[u8]) -> Result<(), MemoryError>;
@@ -169,7 +179,7 @@ impl Memory for HeapMemory {
 
     fn compare_swap(&self, offset: usize, compare: u64, swap: u64) -> Result<u64, MemoryError> {
         check(self.len, offset, 8)?;
-        if offset % 8 != 0 {
+        if !offset.is_multiple_of(8) {
             return Err(MemoryError::Misaligned);
         }
         let w = &self.words[offset / 8];
@@ -182,7 +192,7 @@ impl Memory for HeapMemory {
 
     fn fetch_add(&self, offset: usize, add: u64) -> Result<u64, MemoryError> {
         check(self.len, offset, 8)?;
-        if offset % 8 != 0 {
+        if !offset.is_multiple_of(8) {
             return Err(MemoryError::Misaligned);
         }
         Ok(self.words[offset / 8].fetch_add(add, Ordering::AcqRel))

@@ -200,7 +200,7 @@ fn stale_read_reply_never_carries_another_pds_memory() {
     assert!(dev.poll_transmit(0, &mut tx));
     assert_eq!(tx.transport.bth.opcode, Opcode(0x0d), "READ RESPONSE FIRST");
     let mut buf = vec![0u8; tx.payload.len()];
-    dev.gather(&tx, &mut buf).unwrap();
+    dev.gather(&tx, &mut buf, None).unwrap();
     assert_eq!(buf, vec![0x11; MTU]);
 
     let pd = dev.alloc_pd().unwrap();
@@ -214,7 +214,7 @@ fn stale_read_reply_never_carries_another_pds_memory() {
         let mut buf = vec![0u8; tx.payload.len()];
         // A payload segment that no longer resolves fails to gather; one that resolves must
         // not be the victim's.
-        if dev.gather(&tx, &mut buf).is_ok() {
+        if dev.gather(&tx, &mut buf, None).is_ok() {
             assert!(
                 !buf.contains(&0xee),
                 "a READ reply carried the victim's memory"
@@ -246,7 +246,7 @@ fn payload_segments_do_not_follow_a_reused_key() {
     recycle_key_to(&mut p, &b, pd, victim);
     let mut buf = vec![0u8; tx.payload.len()];
     assert!(
-        p.node(1).dev.gather(&tx, &mut buf).is_err(),
+        p.node(1).dev.gather(&tx, &mut buf, None).is_err(),
         "the segment's registration is gone"
     );
     assert!(!buf.contains(&0xee));

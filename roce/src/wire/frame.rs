@@ -323,7 +323,9 @@ impl FrameRepr {
 
     /// Writes every header into `hdr`, with the lengths, IPv4 checksum and BTH pad count that
     /// a payload of `payload_len` bytes implies. Returns the header length. The payload goes
-    /// right after, then the trailer from [`FrameRepr::emit_trailer`].
+    /// right after, then the trailer: [`FrameRepr::header_icrc`] and
+    /// [`FrameRepr::finish_trailer`] around a payload fed separately, or
+    /// [`FrameRepr::emit_trailer_in_place`].
     pub fn emit_headers(&self, hdr: &mut [u8], payload_len: usize) -> Result<usize> {
         let tlen = self.transport.buffer_len()?;
         let hlen = self.header_len()?;
@@ -356,17 +358,10 @@ impl FrameRepr {
         Ok(hlen)
     }
 
-    /// Computes the trailer (zero pad bytes, then the ICRC least-significant byte first) of a
-    /// frame whose headers `hdr` were written by [`FrameRepr::emit_headers`] and whose payload
-    /// is the concatenation of `payload`. Writes it to `trailer`; returns its length. The
-    /// payload segments are read in place.
-    pub fn emit_trailer(&self, hdr: &[u8], payload: &[&[u8]], trailer: &mut [u8]) -> Result<usize> {
-        let payload_len: usize = payload.iter().map(|s| s.len()).sum();
-        let pad = pad_for(payload_len);
-        let need = pad + ICRC_LEN;
-        if trailer.len() < need {
-            return Err(Error::BufferTooSmall { need });
-        }
+    /// The ICRC computation over the headers `hdr` written by [`FrameRepr::emit_headers`]
+    /// (the variant fields masked), ready to take the payload; [`FrameRepr::finish_trailer`]
+    /// completes it.
+    pub fn header_icrc(&self, hdr: &[u8]) -> Result<Icrc> {
         let l3 = self.eth.buffer_len();
         let hlen = self.header_len()?;
         if hdr.len() < hlen {
@@ -377,18 +372,32 @@ impl FrameRepr {
         let mut c = Icrc::new();
         c.update_masked_prefix(&hdr[l3..prefix_end], self.ip.is_ipv6(), ip_hl);
         c.update(&hdr[prefix_end..hlen]);
-        for seg in payload {
-            c.update(seg);
+        Ok(c)
+    }
+
+    /// Writes the trailer (zero pad, then the ICRC) to `trailer` for a computation from
+    /// [`FrameRepr::header_icrc`] that has taken the `payload_len` bytes of payload; returns
+    /// the trailer's length.
+    pub fn finish_trailer(
+        &self,
+        mut icrc: Icrc,
+        payload_len: usize,
+        trailer: &mut [u8],
+    ) -> Result<usize> {
+        let pad = pad_for(payload_len);
+        let need = pad + ICRC_LEN;
+        if trailer.len() < need {
+            return Err(Error::BufferTooSmall { need });
         }
-        c.update_zeros(pad);
+        icrc.update_zeros(pad);
         trailer[..pad].fill(0);
-        trailer[pad..need].copy_from_slice(&c.finish().to_le_bytes());
+        trailer[pad..need].copy_from_slice(&icrc.finish().to_le_bytes());
         Ok(need)
     }
 
-    /// As [`Self::emit_trailer`] for a frame built in one buffer: `frame` holds the headers
-    /// and `payload_len` bytes of payload, and room for the pad and ICRC after them, which
-    /// are written in one pass over the frame ([`icrc::compute_in_place`]). Returns the
+    /// The trailer (zero pad bytes, then the ICRC least-significant byte first) of a frame
+    /// built in one buffer: `frame` holds the headers and `payload_len` bytes of payload, and
+    /// room for the pad and ICRC after them, which are written in one pass over the frame ([`icrc::compute_in_place`]). Returns the
     /// trailer's length.
     pub fn emit_trailer_in_place(&self, frame: &mut [u8], payload_len: usize) -> Result<usize> {
         let hlen = self.header_len()?;
