@@ -1209,13 +1209,18 @@ impl Nic {
         self.push_tx(now, m);
     }
 
+    /// Starts resolving the next hop towards `dgid` if it is not known yet (nothing is held:
+    /// the QP's first packet finds the answer, or waits for it as usual).
+    pub(crate) fn prime_next_hop(&mut self, dgid: Gid) {
+        if !self.dev.gids().contains(&dgid) {
+            let _ = self.neigh.resolve(self.now, gid_ip(dgid));
+        }
+    }
+
     /// Builds the engine's packet in `self.tx` into an mbuf and queues it.
     fn emit(&mut self, now: u64) {
         let dgid = self.tx.path.dgid;
-        let ip = match dgid.to_ipv4() {
-            Some(a) => IpAddr::from(a),
-            None => IpAddr::V6(dgid.to_ipv6()),
-        };
+        let ip = gid_ip(dgid);
         // To one of our own GIDs: internal loopback (as rxe and hardware RNICs do), the
         // frame addressed to our MAC and received by this port without touching the wire.
         let local = self.dev.gids().contains(&dgid);
@@ -1656,4 +1661,12 @@ pub struct NicReport {
     pub mac: [u8; 6],
     /// Clients and their objects.
     pub clients: Vec<ClientReport>,
+}
+
+/// The IP address a GID stands for (IPv4-mapped GIDs are IPv4).
+fn gid_ip(gid: Gid) -> IpAddr {
+    match gid.to_ipv4() {
+        Some(a) => IpAddr::from(a),
+        None => IpAddr::V6(gid.to_ipv6()),
+    }
 }

@@ -574,12 +574,22 @@ fn frames_for_other_stations_or_vlans_are_dropped() {
 #[test]
 fn unresolvable_peer_fails_the_qp_with_a_clear_error() {
     let cfg = test_config(3, 1024);
-    let (rt, _rx, _tx, _pool) = raw_pair(cfg, "unres");
+    let (rt, mut rx, _tx, _pool) = raw_pair(cfg, "unres");
     let mut a = side(rt.open(0).unwrap(), QpType::Rc, 65536, 16);
     // Nobody answers ARP for 10.99.0.9. While the packet waits for the address, ACK timeouts
     // cost no retries; resolution fails after 6 tries (2.55 s) and the QP reports that.
     let (q, g) = (Qpn::new(0x55), Gid::from_ipv4([10, 99, 0, 9]));
     connect_with(&mut a, q, g, Mtu::M1024, 1, 1, QpType::Rc, 18);
+    // The destination is resolved when the QP moves to RTR, before anything is posted (as
+    // an RNIC's driver resolves the destination MAC in modify_qp), so a QP's first packets
+    // need not wait for ARP.
+    let asked = receive_until(&mut rx, 2, |f| {
+        f[12..14] == [0x08, 0x06] && f[20..22] == [0, 1] && f[38..42] == [10, 99, 0, 9]
+    });
+    assert!(
+        asked.is_some(),
+        "no ARP request when the QP got its destination"
+    );
     post_signaled(
         &mut a,
         1,

@@ -173,7 +173,19 @@ impl Nic {
             return Err(VerbsError::DeviceFatal);
         }
         h.reap_areas();
-        execute(&mut self.dev, &mut self.owners, h, self.now, cmd, area)
+        // A connected QP given its destination: resolve the next hop now, as an RNIC's driver
+        // resolves the destination MAC when the QP moves to RTR (Linux: ib_resolve_eth_dmac
+        // in modify_qp), so its first packets leave at once instead of waiting for ARP/ND.
+        let dgid = match &cmd {
+            Command::ModifyQp { attr, .. } => attr.av.filter(|av| av.dmac.is_none()),
+            _ => None,
+        }
+        .map(|av| av.dgid);
+        let r = execute(&mut self.dev, &mut self.owners, h, self.now, cmd, area);
+        if let (Ok(_), Some(dgid)) = (&r, dgid) {
+            self.prime_next_hop(dgid);
+        }
+        r
     }
 
     /// Releases everything client `id` created (its process died or it closed the context).
