@@ -1209,6 +1209,11 @@ impl Nic {
         self.push_tx(now, m);
     }
 
+    /// The mempool its frames come from.
+    pub(crate) fn pool(&self) -> &Arc<Mempool> {
+        &self.pool
+    }
+
     /// Starts resolving the next hop towards `dgid` if it is not known yet (nothing is held:
     /// the QP's first packet finds the answer, or waits for it as usual).
     pub(crate) fn prime_next_hop(&mut self, dgid: Gid) {

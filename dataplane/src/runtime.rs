@@ -55,7 +55,12 @@ static POOL_SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::ne
 fn pool_for(cfg: &RnicConfig) -> Result<Arc<Mempool>, StartError> {
     let n = POOL_SEQ.fetch_add(1, Ordering::Relaxed);
     let name = format!("rnic{}_{}", std::process::id() % 100_000, n);
-    Ok(Mempool::new(&name, cfg.mbufs, 256, ROCE_4K_DATA_ROOM)?)
+    Ok(Mempool::new(
+        &name,
+        cfg.mbufs,
+        crate::worker::MEMPOOL_CACHE,
+        ROCE_4K_DATA_ROOM,
+    )?)
 }
 
 fn port_config(cfg: &RnicConfig) -> PortConfig {
@@ -365,7 +370,10 @@ impl Runtime {
                 // the other workers see it and stop too.
                 let _alive = AliveGuard(a2);
                 // An EAL-registered thread gets an lcore id, hence mempool caches.
-                let _reg = Eal::get().and_then(|e| e.register_thread().ok());
+                let reg = Eal::get().and_then(|e| e.register_thread().ok());
+                if reg.is_some() {
+                    cell2.warm();
+                }
                 cell2.run();
             });
             let thread = match spawned {

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use crossbeam_queue::SegQueue;
 use ferroce_host::abi::ring::{wait_any, WaitWord};
-use pmd_bindings::Eal;
+use pmd_bindings::{Eal, Mempool};
 
 use crate::host::HostEnd;
 use crate::neighbor::NeighborCounters;
@@ -284,7 +284,27 @@ pub struct Worker {
     last_busy: bool,
 }
 
+/// Per-lcore mbuf cache of the RNICs' mempools, and how many mbufs a thread warms before it
+/// runs a data path ([`Worker::warm_pools`]): one cache's worth.
+pub const MEMPOOL_CACHE: u32 = 256;
+
 impl Worker {
+    /// Warms every mempool of the worker's RNICs for the calling thread
+    /// (`Mempool::warm`: one lcore cache's worth of mbufs written and given back), so the
+    /// first frames it builds do not each start with cache misses on a cold mbuf. Called
+    /// once per thread, when it registers with the EAL to run the worker (the worker's own
+    /// thread, or an application thread driving it).
+    pub fn warm_pools(&self) {
+        let mut warmed: Vec<&Arc<Mempool>> = Vec::new();
+        for n in &self.nics {
+            let p = n.pool();
+            if !warmed.iter().any(|w| Arc::ptr_eq(w, p)) {
+                p.warm(MEMPOOL_CACHE as usize);
+                warmed.push(p);
+            }
+        }
+    }
+
     /// A worker over `nics`.
     pub fn new(
         nics: Vec<Nic>,
@@ -607,7 +627,13 @@ impl WorkerCell {
             return false;
         };
         REGISTERED.with(|r| {
-            r.get_or_init(|| Eal::get().and_then(|e| e.register_thread().ok()));
+            r.get_or_init(|| {
+                let reg = Eal::get().and_then(|e| e.register_thread().ok());
+                if reg.is_some() {
+                    w.warm_pools();
+                }
+                reg
+            });
         });
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             w.load.driven_polls += 1;
@@ -624,6 +650,14 @@ impl WorkerCell {
                 self.alive.store(false, Ordering::Release);
                 false
             }
+        }
+    }
+
+    /// Warms the worker's mempools for the calling thread ([`Worker::warm_pools`]); for the
+    /// worker's own thread, once it is registered with the EAL.
+    pub fn warm(&self) {
+        if let Ok(w) = self.worker.lock() {
+            w.warm_pools();
         }
     }
 

@@ -113,6 +113,25 @@ impl Mempool {
         unsafe { sys::ferroce_mempool_avail_count(self.raw.as_ptr()) }
     }
 
+    /// Writes the whole data room of up to `n` mbufs and gives them back. Called by a thread
+    /// that is about to run a data path: its first allocations then take these mbufs from its
+    /// lcore cache (last freed, first taken) with their lines already owned by its CPU,
+    /// instead of paying a miss per cache line of every cold mbuf the first time through
+    /// (the first 64 frames of a 4 KiB WRITE stream were built five times slower than the
+    /// next). Takes at most a quarter of the mbufs available, so other threads running
+    /// meanwhile are not starved, and never fails: it stops early when the pool runs out.
+    pub fn warm(&self, n: usize) {
+        let n = n.min(self.available() as usize / 4);
+        let mut held = Vec::with_capacity(n);
+        while held.len() < n {
+            let Ok(mut m) = self.alloc() else { break };
+            if let Some(room) = m.append(self.max_frame_len()) {
+                room.fill(0);
+            }
+            held.push(m);
+        }
+    }
+
     /// Allocates one mbuf (empty, headroom reserved).
     #[inline]
     pub fn alloc(&self) -> Result<Mbuf> {

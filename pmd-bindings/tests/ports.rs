@@ -426,3 +426,18 @@ fn flow_control_on_a_virtual_port_is_not_supported() {
     let x = a.xstats().unwrap();
     assert!(x.iter().any(|(n, _)| n == "rx_good_packets"), "{x:?}");
 }
+
+/// Warming a pool for a thread writes mbufs and gives every one back, also when the pool
+/// has fewer than asked for; the mbufs it hands out next are whole and empty.
+#[test]
+fn warming_a_pool_gives_every_mbuf_back() {
+    let pool = pool("warm", 64, 0);
+    let baseline = pool.in_use();
+    pool.warm(16);
+    assert_eq!(pool.in_use(), baseline, "mbufs kept by warm");
+    pool.warm(1000);
+    assert_eq!(pool.in_use(), baseline, "mbufs kept when the pool ran out");
+    let m = pool.alloc().unwrap();
+    assert_eq!(m.data_len(), 0);
+    assert_eq!(pool.available(), pool.capacity() - 1);
+}
