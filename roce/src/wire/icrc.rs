@@ -195,12 +195,11 @@ mod fold512 {
         let n = dst.len();
         debug_assert!(n >= 256);
         let d = dst.as_mut_ptr();
-        // SAFETY (both closures): `at + 64 <= n` at every call below; unaligned accesses.
-        let load = |at: usize| unsafe { _mm512_loadu_si512(src.add(at) as *const _) };
-        let store = |at: usize, v: __m512i| unsafe { _mm512_storeu_si512(d.add(at) as *mut _, v) };
-        let mut x = [load(0), load(64), load(128), load(192)];
-        for (i, v) in x.iter().enumerate() {
-            store(i * 64, *v);
+        let mut x = [_mm512_setzero_si512(); 4];
+        for (i, lane) in x.iter_mut().enumerate() {
+            // SAFETY (every access below): `at + 64 <= n`; unaligned loads and stores.
+            *lane = unsafe { _mm512_loadu_si512(src.add(i * 64) as *const _) };
+            unsafe { _mm512_storeu_si512(d.add(i * 64) as *mut _, *lane) };
         }
         // The initial register goes into the first four bytes.
         x[0] = _mm512_xor_si512(x[0], _mm512_castsi128_si512(_mm_cvtsi32_si128(!crc as i32)));
@@ -208,8 +207,8 @@ mod fold512 {
         let mut at = 256;
         while n - at >= 256 {
             for (i, lane) in x.iter_mut().enumerate() {
-                let v = load(at + i * 64);
-                store(at + i * 64, v);
+                let v = unsafe { _mm512_loadu_si512(src.add(at + i * 64) as *const _) };
+                unsafe { _mm512_storeu_si512(d.add(at + i * 64) as *mut _, v) };
                 *lane = fold(*lane, k256, v);
             }
             at += 256;
@@ -217,8 +216,8 @@ mod fold512 {
         let k64 = constants(BY_64);
         let mut acc = fold(fold(fold(x[0], k64, x[1]), k64, x[2]), k64, x[3]);
         while n - at >= 64 {
-            let v = load(at);
-            store(at, v);
+            let v = unsafe { _mm512_loadu_si512(src.add(at) as *const _) };
+            unsafe { _mm512_storeu_si512(d.add(at) as *mut _, v) };
             acc = fold(acc, k64, v);
             at += 64;
         }
