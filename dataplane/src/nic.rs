@@ -263,6 +263,19 @@ struct HeldUd {
     mbuf: Mbuf,
 }
 
+/// A frame waiting for its next hop's address (`Nic::pending`).
+struct Held {
+    ip: IpAddr,
+    gid: Gid,
+    /// Its priority: a frame of a paused priority is not released when the address comes,
+    /// but when the pause ends.
+    prio: u8,
+    /// The engine was told the address is known (`DeviceEvent::PathKnown`) while the frame
+    /// waits for a pause: told once, not on every retry.
+    known: bool,
+    m: Mbuf,
+}
+
 /// A software RNIC on one port.
 pub struct Nic {
     /// Port name.
@@ -291,9 +304,8 @@ pub struct Nic {
     ready_cqs: Vec<roce::engine::CqId>,
     /// Next hop per QP (by `Device::qp_index`).
     hops: Vec<NextHop>,
-    /// Frames waiting for their next hop's address, with their priority (a frame of a
-    /// paused priority is not released when the address comes, but when the pause ends).
-    pending: VecDeque<(IpAddr, Gid, u8, Mbuf)>,
+    /// Frames waiting for their next hop's address.
+    pending: VecDeque<Held>,
     /// Packets to our own GIDs, received at the start of the next receive phase.
     loopback: VecDeque<Mbuf>,
     /// UD messages waiting for a receive WQE: (arrival time, QP, frame), in arrival order.
@@ -1305,7 +1317,13 @@ impl Nic {
                 return;
             }
             self.counters.tx_held += 1;
-            self.pending.push_back((ip, dgid, priority, m));
+            self.pending.push_back(Held {
+                ip,
+                gid: dgid,
+                prio: priority,
+                known: false,
+                m,
+            });
             self.dev.handle_event(DeviceEvent::PathHeld {
                 qpn: self.tx.qpn,
                 dgid,
@@ -1364,32 +1382,40 @@ impl Nic {
                 self.pending.rotate_right(kept);
                 break;
             }
-            let Some((ip, gid, prio, mut m)) = self.pending.pop_front() else {
+            let Some(mut h) = self.pending.pop_front() else {
                 break;
             };
-            match self.neigh.resolve(now, ip) {
+            match self.neigh.resolve(now, h.ip) {
                 // Built before the pause, held for the address: it waits for the pause too
-                // (PFC holds what the RNIC has not sent yet).
-                Resolve::Mac(_) if paused & (1 << prio) != 0 => {
-                    self.pending.push_back((ip, gid, prio, m))
+                // (PFC holds what the RNIC has not sent yet). Its QP need not: a UD QP's
+                // datagrams on other priorities go on (RC QPs stay held until their packets
+                // leave, which is what their ACK timers count from).
+                Resolve::Mac(_) if paused & (1 << h.prio) != 0 => {
+                    if !h.known {
+                        h.known = true;
+                        self.dev
+                            .handle_event(DeviceEvent::PathKnown { dgid: h.gid });
+                    }
+                    self.pending.push_back(h)
                 }
                 Resolve::Mac(mac) => {
-                    if released != Some(gid) {
-                        released = Some(gid);
+                    if released != Some(h.gid) {
+                        released = Some(h.gid);
                         self.dev
-                            .handle_event(DeviceEvent::PathResolved { dgid: gid, now });
+                            .handle_event(DeviceEvent::PathResolved { dgid: h.gid, now });
                     }
                     // The destination MAC is not covered by the ICRC: patch it in place.
+                    let mut m = h.m;
                     m.data_mut()[..6].copy_from_slice(&mac);
                     if let Some(t) = self.tap.as_mut() {
                         t.write_mbuf(now, &m);
                     }
                     self.push_tx(now, m);
                 }
-                Resolve::Pending => self.pending.push_back((ip, gid, prio, m)),
+                Resolve::Pending => self.pending.push_back(h),
                 Resolve::Unreachable => {
                     self.counters.tx_held_dropped += 1;
-                    self.unreachable(gid, ip);
+                    self.unreachable(h.gid, h.ip);
                 }
             }
         }

@@ -213,7 +213,7 @@ fn a_ud_qp_held_for_a_next_hop_goes_on_when_it_resolves_or_fails() {
     let mut p = pair(1);
     let (a, b) = ud_endpoints(&mut p);
     let dest = ud_dest(&b, node_gid(1), 0x1111_1111);
-    for i in 0..5 {
+    for i in 0..6 {
         post_ud(&mut p, &a, i, WrOp::Send, 8, dest).unwrap();
     }
     let dev = &mut p.node(0).dev;
@@ -235,13 +235,42 @@ fn a_ud_qp_held_for_a_next_hop_goes_on_when_it_resolves_or_fails() {
     dev.handle_event(held);
     dev.handle_event(resolved(node_gid(1)));
     assert!(dev.poll_transmit(0, &mut tx));
+    // Resolved while the held datagram waits for a PFC pause: the QP goes on with the rest.
+    dev.handle_event(held);
+    assert!(!dev.poll_transmit(0, &mut tx));
+    assert_eq!(
+        dev.handle_event(DeviceEvent::PathKnown { dgid: node_gid(1) }),
+        1
+    );
+    assert!(dev.poll_transmit(0, &mut tx));
     // Unreachable: the datagram is lost, the QP goes on (UD has no connection to fail).
     dev.handle_event(held);
     assert!(!dev.poll_transmit(0, &mut tx));
     dev.handle_event(DeviceEvent::PathUnreachable { dgid: node_gid(1) });
     assert!(dev.poll_transmit(0, &mut tx));
     assert!(dev.poll_transmit(0, &mut tx));
-    assert!(!dev.poll_transmit(0, &mut tx), "five datagrams in all");
+    assert!(!dev.poll_transmit(0, &mut tx), "six datagrams in all");
+}
+
+/// An RC QP held for its next hop is not released when the address comes while the held
+/// packets wait for a PFC pause (`PathKnown`, which releases UD and UC QPs): its ACK timer
+/// counts from when they leave (`PathResolved`).
+#[test]
+fn an_rc_qp_stays_held_until_its_packets_leave() {
+    use roce::engine::{DeviceEvent, Transmit};
+    let (mut p, a, _b) = common::connected(9, &ConnectOpts::default());
+    let write = WrOp::Write {
+        remote_addr: 0,
+        rkey: Rkey(0),
+    };
+    p.post(0, &a, 1, write, &[a.sge(0, 8)]);
+    let dev = &mut p.node(0).dev;
+    assert!(dev.poll_transmit(0, &mut Transmit::default()));
+    let dgid = node_gid(1);
+    dev.handle_event(DeviceEvent::PathHeld { qpn: a.qpn, dgid });
+    assert_eq!(dev.handle_event(DeviceEvent::PathKnown { dgid }), 0);
+    let left = DeviceEvent::PathResolved { dgid, now: 1 };
+    assert_eq!(dev.handle_event(left), 1, "released when its packets leave");
 }
 
 #[test]

@@ -1106,6 +1106,9 @@ const PEER_MAC: [u8; 6] = [0x52, 0x54, 0, 0x99, 0, 2];
 impl PfcRig {
     fn new(name: &str, watchdog: Option<dataplane::config::PfcWatchdog>) -> PfcRig {
         let mut cfg = test_config(3, 1024);
+        // A smaller pool than the default 8192 mbufs: this binary's raw pairs keep theirs to
+        // the end (their ports stay open), in one bounded EAL memory.
+        cfg.mbufs = (cfg.rx_desc as u32 + cfg.tx_desc as u32 + 1024).max(2560);
         cfg.speed_gbps = 1;
         cfg.pfc = dataplane::config::PfcConfig {
             mode: dcb::pfc::Mode::Pfc { enabled: 1 << 3 },
@@ -1145,25 +1148,33 @@ impl PfcRig {
         let mut ah = AddressVector::new(Gid::from_ipv4([10, 99, 0, 4]), 0);
         ah.dmac = Some(PEER_MAC);
         ah.sl = if i == 0 { 3 } else { 0 };
-        let s = &mut self.qps[i];
-        let sge = s.mr.sge(0, 64);
-        s.ctx
-            .post_send(
-                s.qpn,
-                &SendWr {
-                    wr_id: self.sent,
-                    op: WrOp::Send,
-                    sg_list: &[sge],
-                    flags: SendFlags::SIGNALED,
-                    ud: Some(UdDest {
-                        ah,
-                        remote_qpn: Qpn::new(0x99),
-                        remote_qkey: Qkey(0x1111_1111),
-                    }),
-                },
-            )
-            .unwrap();
+        self.post(i, ah, self.sent, 0);
         self.sent
+    }
+
+    /// Posts a 64-byte UD SEND on QP `i` at service level `sl` (3 or 0: the priority) to
+    /// the peer without its MAC (the RNIC resolves it), its payload starting with `marker`.
+    fn send_unresolved(&mut self, i: usize, sl: u8, marker: u8) {
+        let mut ah = AddressVector::new(Gid::from_ipv4([10, 99, 0, 4]), 0);
+        ah.sl = sl;
+        let at = marker as u64 * 64;
+        self.qps[i].buf.write(at as usize, &[marker; 64]);
+        self.post(i, ah, marker as u64, at);
+    }
+
+    /// A signaled 64-byte UD SEND on QP `i` from offset `at` of its buffer, along `ah`.
+    fn post(&mut self, i: usize, ah: AddressVector, wr_id: u64, at: u64) {
+        let dest = UdDest {
+            ah,
+            remote_qpn: Qpn::new(0x99),
+            remote_qkey: Qkey(0x1111_1111),
+        };
+        post_signaled_to(&mut self.qps[i], wr_id, WrOp::Send, at, 64, Some(dest));
+    }
+
+    /// The first payload byte of every UD frame the RNIC sent since the last call.
+    fn markers(&mut self) -> Vec<u8> {
+        self.ud_frames().into_iter().map(|(_, b)| b).collect()
     }
 
     /// Sends a PFC frame for priority 3 from the peer and waits until the RNIC counted it.
@@ -1184,15 +1195,34 @@ impl PfcRig {
         }
     }
 
+    /// Keeps priority 3 paused for `ms` milliseconds (XOFF refreshed every 2 ms); returns
+    /// the UD frames the RNIC sent meanwhile ([`PfcRig::ud_frames`]).
+    fn keep_paused(&mut self, ms: u64) -> Vec<(Qpn, u8)> {
+        let t = Instant::now();
+        let mut seen = Vec::new();
+        while t.elapsed() < Duration::from_millis(ms) {
+            seen.extend(self.ud_frames());
+            self.pfc(0xffff);
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        seen
+    }
+
     /// The source QPs of the UD frames the RNIC sent since the last call.
     fn senders(&mut self) -> Vec<Qpn> {
+        self.ud_frames().into_iter().map(|(q, _)| q).collect()
+    }
+
+    /// The UD frames the RNIC sent since the last call: source QP and first payload byte.
+    fn ud_frames(&mut self) -> Vec<(Qpn, u8)> {
         let mut out = Vec::new();
         let mut burst: Vec<Mbuf> = Vec::with_capacity(32);
         self.rx.rx_burst(&mut burst);
         for m in burst.drain(..) {
-            if let Ok(p) = frame::parse(&m.to_vec()) {
-                if let Some(d) = p.repr.transport.ext.deth {
-                    out.push(d.src_qp);
+            let f = m.to_vec();
+            if let Ok(p) = frame::parse(&f) {
+                if let (Some(d), Some(&b)) = (p.repr.transport.ext.deth, f.get(p.payload_offset)) {
+                    out.push((d.src_qp, b));
                 }
             }
         }
@@ -1233,13 +1263,7 @@ fn pfc_pauses_one_priority_while_another_flows() {
     r.pfc(0xffff);
     r.send(0);
     r.send(1);
-    let t = Instant::now();
-    let mut seen = Vec::new();
-    while t.elapsed() < Duration::from_millis(20) {
-        seen.extend(r.senders());
-        r.pfc(0xffff);
-        std::thread::sleep(Duration::from_millis(2));
-    }
+    let seen: Vec<Qpn> = r.keep_paused(20).into_iter().map(|(q, _)| q).collect();
     assert!(seen.contains(&r.qps[1].qpn), "priority 0 flows");
     assert!(
         !seen.contains(&r.qps[0].qpn),
@@ -1270,6 +1294,43 @@ fn pfc_pauses_one_priority_while_another_flows() {
         s[0].nic.pfc_hw_priorities, 0,
         "a ring port does PFC in software"
     );
+}
+
+/// A UD datagram on priority 3 waits for the peer's MAC; priority 3 is paused; the MAC
+/// comes. The datagram now waits for the pause, but its QP need not: its next datagram, on
+/// priority 0, leaves at once, and the held one follows the XON. (Before, the QP stayed
+/// parked for the address until the pause ended.)
+#[test]
+fn a_ud_qp_goes_on_while_its_resolved_datagram_waits_for_a_pause() {
+    let mut r = PfcRig::new("pfc_known", None);
+    let peer = [10, 99, 0, 4];
+    r.send_unresolved(0, 3, 1);
+    let asked = receive_until(&mut r.rx, 5, |f| {
+        f[12..14] == [0x08, 0x06] && f[20..22] == [0, 1] && f[38..42] == peer
+    });
+    assert!(asked.is_some(), "no ARP request for the peer");
+    r.pfc(0xffff);
+    r.send_unresolved(0, 0, 2);
+    let mut m = r.pool.alloc().unwrap();
+    assert!(m.extend_from_slice(&arp_reply(PEER_MAC, peer, r.rt.mac(0), [10, 99, 0, 3])));
+    assert_eq!(r.tx.tx_burst(&mut vec![m]), 1);
+    let mut seen: Vec<u8> = r.keep_paused(20).into_iter().map(|(_, b)| b).collect();
+    assert_eq!(
+        seen,
+        [2],
+        "the priority 0 datagram goes, the priority 3 one waits"
+    );
+    r.pfc(0);
+    let t = Instant::now();
+    while !seen.contains(&1) {
+        assert!(t.elapsed() < Duration::from_secs(5), "not released by XON");
+        seen.extend(r.markers());
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    let c = wait_cq(&mut r.qps[0], 2, 5);
+    assert!(c.iter().all(|c| c.status == WcStatus::Success), "{c:?}");
+    let s = r.rt.stop();
+    assert_eq!(s[0].nic.tx_held, 1);
 }
 
 /// A peer that pauses priority 3 forever trips the watchdog: after the detection time the

@@ -240,6 +240,17 @@ pub struct PortAttr {
     pub link_layer: &'static str,
 }
 
+/// How a next hop that held packets ended ([`Device::handle_event`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum HopOutcome {
+    /// Resolved, and the held packets left at this time.
+    Left(u64),
+    /// Resolved, the held packets still wait (for a PFC pause).
+    Known,
+    /// Not resolvable.
+    Failed,
+}
+
 /// Why [`Device::emit_frame`] built no frame.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum EmitError {
@@ -869,6 +880,15 @@ pub enum DeviceEvent<'a> {
         dgid: Gid,
         /// When the held packets left.
         now: u64,
+    },
+    /// The next hop towards `dgid` is resolved but the held packets cannot leave yet (their
+    /// priority is paused by PFC): UD and UC QPs held for it go on with their other sends (a
+    /// UD QP's datagrams on an unpaused priority need not wait for the pause; anything on
+    /// the paused one waits for it as usual), while RC QPs stay held until `PathResolved`
+    /// says their packets left, which is what their ACK timers count from.
+    PathKnown {
+        /// The destination.
+        dgid: Gid,
     },
     /// The next hop towards `dgid` cannot be resolved: every connected QP on that path goes
     /// to ERR with a QP_FATAL event (vendor_err PEER_UNREACHABLE), so applications get a
@@ -2312,9 +2332,12 @@ impl Device {
                 self.hold_path(qpn, dgid);
                 1
             }
-            DeviceEvent::PathResolved { dgid, now } => self.release_held(&dgid, Some(now)),
+            DeviceEvent::PathResolved { dgid, now } => {
+                self.release_held(&dgid, HopOutcome::Left(now))
+            }
+            DeviceEvent::PathKnown { dgid } => self.release_held(&dgid, HopOutcome::Known),
             DeviceEvent::PathUnreachable { dgid } => {
-                self.release_held(&dgid, None);
+                self.release_held(&dgid, HopOutcome::Failed);
                 self.fail_qps_to(&dgid)
             }
             DeviceEvent::SendRejected { qpn, wr } => {
@@ -2400,23 +2423,26 @@ impl Device {
         }
     }
 
-    /// QPs held for `dgid` go on: at `now` when the held packets left (an RC QP counts its
-    /// ACK timeout from then), or with `None` when they were dropped. A UD or UC QP comes off
-    /// the parked list, back in line. Returns how many QPs were held.
-    fn release_held(&mut self, dgid: &Gid, now: Option<u64>) -> usize {
+    /// QPs held for `dgid` go on: when the held packets left (an RC QP counts its ACK
+    /// timeout from then), when they were dropped, or - UD and UC QPs only - when the address
+    /// is known but the packets wait for a pause. A UD or UC QP comes off the parked list,
+    /// back in line. Returns how many QPs were released.
+    fn release_held(&mut self, dgid: &Gid, outcome: HopOutcome) -> usize {
         let mut unparked = Vec::new();
         let mut n = 0;
         for (slot, qp) in self.qps.iter_mut().enumerate() {
             let Some(qp) = qp.as_deref_mut() else {
                 continue;
             };
-            if qp.held_for != Some(*dgid) {
+            if qp.held_for != Some(*dgid)
+                || (qp.qp_type == QpType::Rc && outcome == HopOutcome::Known)
+            {
                 continue;
             }
             qp.held_for = None;
             n += 1;
             if qp.qp_type == QpType::Rc {
-                if let (Some(now), Some(_)) = (now, qp.comp.ack_deadline) {
+                if let (HopOutcome::Left(now), Some(_)) = (outcome, qp.comp.ack_deadline) {
                     qp.restart_ack_timer(&mut self.sh, now);
                 }
             } else if qp.parked {
