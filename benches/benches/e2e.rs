@@ -9,6 +9,9 @@
 //!   the other (the ring PMD passes pointers, so the echo alone never touches the bytes);
 //! - memcpy bandwidth over the same working set (one 64 KiB message), best of seven runs with
 //!   the median and the slowest (`rnic-perf --baseline`'s measurement);
+//! - the per-byte work of a WRITE when one core runs both ends, over the same 64 KiB in
+//!   4 KiB packets: the transmit copy with its ICRC (one pass), the receive ICRC, the
+//!   receive copy (the floor the 64 KiB goodput sits on before any per-packet cost);
 //! - the half round trip of a token passed between two threads through one shared word (the
 //!   barest cross-thread handoff, what an application thread and a worker thread cost).
 //!
@@ -516,6 +519,31 @@ fn registered_io(read: bool, windows: bool, n: u64) -> f64 {
     rate
 }
 
+/// The per-byte work one core does for a WRITE when it runs both ends, with nothing else:
+/// over a 64 KiB message in 4 KiB packets, the sender's payload copied into a frame buffer
+/// with its ICRC in one pass (`Icrc::copy_from`, as the frame builder does), the receiver's
+/// ICRC over the frame, then its copy into the destination. What the 64 KiB goodput is
+/// bounded by before any per-packet cost (docs/performance.md).
+fn icrc_floor() -> ferroce_tools::perf::baseline::Baseline {
+    use roce::wire::icrc::Icrc;
+    const MSG: usize = 65536;
+    const PKT: usize = 4096;
+    let src: Vec<u8> = (0..MSG).map(|i| (i * 31) as u8).collect();
+    let mut dst = vec![0u8; MSG];
+    let mut frames = vec![[0u8; PKT]; 16];
+    ferroce_tools::perf::baseline::measure(MSG, 7, || {
+        for (i, f) in frames.iter_mut().enumerate() {
+            let mut out = Icrc::new();
+            out.copy_from(f, std::hint::black_box(&src[i * PKT..(i + 1) * PKT]));
+            let mut inn = Icrc::new();
+            inn.update(f);
+            std::hint::black_box((out.finish(), inn.finish()));
+            dst[i * PKT..(i + 1) * PKT].copy_from_slice(f);
+        }
+        std::hint::black_box(&mut dst);
+    })
+}
+
 /// Heap bytes in use in this process, every thread's arena (glibc's `mallinfo2`: what
 /// malloc handed out and has not had back, in its arenas and in its own mappings). Resident
 /// memory would not do: a second run reuses the first's freed heap.
@@ -781,6 +809,13 @@ fn main() {
         b.median_bps / 8e9,
         b.worst_bps / 8e9
     );
+    let floor = icrc_floor();
+    println!(
+        "  ICRC + copies, both ends, 4 KiB packets: {:8.2} Gb/s (best of {}; median {:.2}; one core: one-pass copy + ICRC out, ICRC + copy in)",
+        floor.best_bps / 1e9,
+        floor.runs,
+        floor.median_bps / 1e9
+    );
     let (f_small, _) = raw_echo(&pool, "e2e_s", 122, 3.0);
     println!(
         "  DPDK ring echo, 122 B frames:         {:8.2} Mframes/s across the link",
@@ -954,6 +989,10 @@ fn main() {
     println!(
         "  WRITE 64 KiB goodput / memcpy bandwidth:      {:.3}",
         gbps / (mc * 8.0)
+    );
+    println!(
+        "  WRITE 64 KiB goodput / ICRC + copies floor:   {:.3}",
+        gbps * 1e9 / floor.best_bps
     );
     println!(
         "  64 B WRITE rate / raw 122 B frame rate:       {:.3}",

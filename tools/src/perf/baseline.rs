@@ -31,17 +31,26 @@ pub fn memcpy(size: usize, runs: usize) -> Baseline {
     let size = size.max(64);
     let src: Vec<u8> = (0..size).map(|i| (i * 31) as u8).collect();
     let mut dst = vec![0u8; size];
-    // Copies per run: at least 64 MiB, then as many as fill 20 ms.
+    measure(size, runs, || {
+        dst.copy_from_slice(std::hint::black_box(&src));
+        std::hint::black_box(&mut dst);
+    })
+}
+
+/// Measures `op`, which moves `size` bytes each call, `runs` times the same way as
+/// [`memcpy`]: warmed up, each run at least 64 MiB and 20 ms, best, median and slowest.
+pub fn measure(size: usize, runs: usize, mut op: impl FnMut()) -> Baseline {
+    let size = size.max(1);
+    // Calls per run: at least 64 MiB, then as many as fill 20 ms.
     let mut per_run = (64usize << 20).div_ceil(size).max(1);
-    let copy = |dst: &mut [u8], n: usize| {
+    let mut run = |n: usize| {
         for _ in 0..n {
-            dst.copy_from_slice(std::hint::black_box(&src));
-            std::hint::black_box(&mut *dst);
+            op();
         }
     };
-    copy(&mut dst, per_run.min(1024)); // warm the caches and pages
+    run(per_run.min(1024)); // warm the caches and pages
     let t = Instant::now();
-    copy(&mut dst, per_run);
+    run(per_run);
     let first = t.elapsed();
     if first < Duration::from_millis(20) {
         let scale = 20e-3 / first.as_secs_f64().max(1e-9);
@@ -50,7 +59,7 @@ pub fn memcpy(size: usize, runs: usize) -> Baseline {
     let mut bps: Vec<f64> = (0..runs.max(1))
         .map(|_| {
             let t = Instant::now();
-            copy(&mut dst, per_run);
+            run(per_run);
             let s = t.elapsed().as_secs_f64().max(1e-9);
             (per_run * size) as f64 * 8.0 / s
         })
