@@ -369,11 +369,7 @@ impl Runtime {
                 // unwinding), so applications get DeviceFatal instead of waiting forever;
                 // the other workers see it and stop too.
                 let _alive = AliveGuard(a2);
-                // An EAL-registered thread gets an lcore id, hence mempool caches.
-                let reg = Eal::get().and_then(|e| e.register_thread().ok());
-                if reg.is_some() {
-                    cell2.warm();
-                }
+                // Registers the thread with the EAL (`worker::register`) and runs the worker.
                 cell2.run();
             });
             let thread = match spawned {

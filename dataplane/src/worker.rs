@@ -584,6 +584,21 @@ thread_local! {
         const { std::cell::OnceCell::new() };
 }
 
+/// Registers the calling thread with the EAL the first time it runs a worker (the worker's
+/// own thread, or an application thread driving it) and then warms `w`'s mempools for it
+/// ([`Worker::warm_pools`]); later calls on the thread do nothing.
+fn register(w: &Worker) {
+    REGISTERED.with(|r| {
+        r.get_or_init(|| {
+            let reg = Eal::get().and_then(|e| e.register_thread().ok());
+            if reg.is_some() {
+                w.warm_pools();
+            }
+            reg
+        });
+    });
+}
+
 /// A worker shared by its own thread and the in-process application threads that run it
 /// while they wait for it (run-to-completion, as DPDK's model and eRPC have it): a thread
 /// that polls an empty CQ or waits for a control call's reply takes the worker if no one
@@ -626,15 +641,7 @@ impl WorkerCell {
         let Ok(mut w) = self.worker.try_lock() else {
             return false;
         };
-        REGISTERED.with(|r| {
-            r.get_or_init(|| {
-                let reg = Eal::get().and_then(|e| e.register_thread().ok());
-                if reg.is_some() {
-                    w.warm_pools();
-                }
-                reg
-            });
-        });
+        register(&w);
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             w.load.driven_polls += 1;
             w.poll_once()
@@ -653,21 +660,16 @@ impl WorkerCell {
         }
     }
 
-    /// Warms the worker's mempools for the calling thread ([`Worker::warm_pools`]); for the
-    /// worker's own thread, once it is registered with the EAL.
-    pub fn warm(&self) {
-        if let Ok(w) = self.worker.lock() {
-            w.warm_pools();
-        }
-    }
-
     /// The worker's own thread: runs the worker until `stop`, keeping out of the way while
     /// application threads drive it, then finishes it (`Worker::finish`). Returns at once if
     /// a panic in another thread poisoned the worker.
     pub fn run(&self) {
         let mut waits = Vec::new();
         let control = match self.worker.lock() {
-            Ok(w) => w.control.clone(),
+            Ok(w) => {
+                register(&w);
+                w.control.clone()
+            }
             Err(_) => return,
         };
         // A worker that died (its panic cleared `alive`) takes the others down with it:
