@@ -397,8 +397,8 @@ impl FrameRepr {
 
     /// The trailer (zero pad bytes, then the ICRC least-significant byte first) of a frame
     /// built in one buffer: `frame` holds the headers and `payload_len` bytes of payload, and
-    /// room for the pad and ICRC after them, which are written in one pass over the frame ([`icrc::compute_in_place`]). Returns the
-    /// trailer's length.
+    /// room for the pad and ICRC after them, which are written in one pass over the frame
+    /// ([`icrc::compute_in_place`]). Returns the trailer's length.
     pub fn emit_trailer_in_place(&self, frame: &mut [u8], payload_len: usize) -> Result<usize> {
         let hlen = self.header_len()?;
         let pad = pad_for(payload_len);
@@ -571,14 +571,13 @@ fn inspect_headers(segments: &[&[u8]], out: &mut ParsedFrame) -> Result<(bool, u
     // Headers may straddle segments: gather the first bytes into a stack buffer, unless the
     // first segment holds them all (the usual case: parsed where they lie, and the buffer is
     // never zeroed).
-    let gathered: [u8; MAX_HEADERS];
+    let mut gathered: [u8; MAX_HEADERS];
     let want = total.min(MAX_HEADERS);
     let head: &[u8] = match segments.first() {
         Some(first) if first.len() >= want => &first[..want],
         _ => {
-            let mut g = [0u8; MAX_HEADERS];
-            let n = copy_range(segments, 0, want, &mut g);
-            gathered = g;
+            gathered = [0u8; MAX_HEADERS];
+            let n = copy_range(segments, 0, want, &mut gathered);
             &gathered[..n]
         }
     };
