@@ -19,12 +19,15 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use pmd_bindings::{Mbuf, Mempool, Port, RxQueue, TxQueue};
+use roce::engine::transmit::Path;
 use roce::engine::{CreditMode, Device, DeviceConfig, DeviceEvent, EmitError, Transmit};
 use roce::pcap;
 use roce::table::Table;
 use roce::types::Gid;
 use roce::wire::ethernet::{self, ethertype, VlanTag};
-use roce::wire::frame::{classify, parse_in_place_into, parse_segments, FrameKind, ParsedFrame};
+use roce::wire::frame::{
+    classify, parse_in_place_into, parse_segments, FrameKind, HeaderTemplate, ParsedFrame,
+};
 use roce::wire::opcode::Opcode;
 
 use crate::config::RnicConfig;
@@ -167,6 +170,24 @@ struct NextHop {
     gen: u64,
 }
 
+/// A QP's header template (Ethernet, IP, UDP) and what it was built from: used while the
+/// packet's path, source and destination MACs and VLAN tag are the same (a connected QP's
+/// always are, until it is modified or its next hop moves; a UD QP's while it sends to one
+/// address).
+struct CachedTemplate {
+    key: TemplateKey,
+    tmpl: HeaderTemplate,
+}
+
+/// What a header template is built from, besides the transport headers.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct TemplateKey {
+    path: Path,
+    src: [u8; 6],
+    dst: [u8; 6],
+    vlan: Option<VlanTag>,
+}
+
 impl NextHop {
     const NONE: NextHop = NextHop {
         dgid: Gid([0; 16]),
@@ -304,6 +325,8 @@ pub struct Nic {
     ready_cqs: Vec<roce::engine::CqId>,
     /// Next hop per QP (by `Device::qp_index`).
     hops: Vec<NextHop>,
+    /// Header template per QP (by `Device::qp_index`), made by the QP's first packet.
+    templates: Vec<Option<Box<CachedTemplate>>>,
     /// Frames waiting for their next hop's address.
     pending: VecDeque<Held>,
     /// Packets to our own GIDs, received at the start of the next receive phase.
@@ -431,6 +454,7 @@ impl Nic {
             moved_srqs: Vec::with_capacity(16),
             ready_cqs: Vec::with_capacity(16),
             hops: vec![NextHop::NONE; max_qp],
+            templates: std::iter::repeat_with(|| None).take(max_qp).collect(),
             pending: VecDeque::with_capacity(MAX_PENDING),
             loopback: VecDeque::with_capacity(MAX_LOOPBACK),
             held_rx: VecDeque::with_capacity(hold_frames),
@@ -1237,17 +1261,17 @@ impl Nic {
     /// Builds the engine's packet in `self.tx` into an mbuf and queues it.
     fn emit(&mut self, now: u64) {
         let dgid = self.tx.path.dgid;
-        let ip = gid_ip(dgid);
         // To one of our own GIDs: internal loopback (as rxe and hardware RNICs do), the
         // frame addressed to our MAC and received by this port without touching the wire.
         let local = self.dev.gids().contains(&dgid);
+        let slot = self.dev.qp_index(self.tx.qpn);
         let resolved = match self.tx.path.dmac {
             _ if local => Resolve::Mac(self.mac),
             Some(m) => Resolve::Mac(m),
-            None => self.next_hop(now, dgid, ip),
+            None => self.next_hop(now, slot, dgid),
         };
         if resolved == Resolve::Unreachable {
-            self.unreachable(dgid, ip);
+            self.unreachable(dgid, gid_ip(dgid));
             return;
         }
         // DSCP and ECN: the path's traffic class, or the port's defaults (roce.dscp/ecn).
@@ -1277,9 +1301,54 @@ impl Nic {
             _ => [0; 6],
         };
         self.ident = self.ident.wrapping_add(1);
-        let repr = self.tx.frame_repr(self.mac, dst, vlan, self.ident);
+        // The QP's header template, made again when what it was made from changed: the
+        // Ethernet, IP and UDP headers are then one copy and four fields per packet.
+        let mut kept = slot
+            .and_then(|s| self.templates.get_mut(s))
+            .and_then(Option::take);
+        let same = |k: &TemplateKey| {
+            k.path == self.tx.path && k.dst == dst && k.vlan == vlan && k.src == self.mac
+        };
+        if !kept.as_ref().is_some_and(|c| same(&c.key)) {
+            let key = TemplateKey {
+                path: self.tx.path,
+                src: self.mac,
+                dst,
+                vlan,
+            };
+            let repr = self.tx.frame_repr(self.mac, dst, vlan, self.ident);
+            let Ok(tmpl) = HeaderTemplate::new(&repr) else {
+                return;
+            };
+            match kept.as_mut() {
+                Some(c) => **c = CachedTemplate { key, tmpl },
+                None if slot.is_some() => kept = Some(Box::new(CachedTemplate { key, tmpl })),
+                // Not a QP of this device's table: nothing to keep the template with.
+                None => return self.emit_with(now, &tmpl, local, resolved, dgid, priority),
+            }
+        }
+        let Some(c) = kept else {
+            return;
+        };
+        self.emit_with(now, &c.tmpl, local, resolved, dgid, priority);
+        if let Some(t) = slot.and_then(|s| self.templates.get_mut(s)) {
+            *t = Some(c);
+        }
+    }
+
+    /// Builds the packet in `self.tx` with the headers of `tmpl` into an mbuf and queues it
+    /// (the second half of [`Nic::emit`]).
+    fn emit_with(
+        &mut self,
+        now: u64,
+        tmpl: &HeaderTemplate,
+        local: bool,
+        resolved: Resolve,
+        dgid: Gid,
+        priority: u8,
+    ) {
         let plen = self.tx.payload.len();
-        let Ok(total) = repr.frame_len(plen) else {
+        let Ok(total) = tmpl.frame_len(&self.tx.transport, plen) else {
             return;
         };
         let Ok(mut m) = self.pool.alloc() else {
@@ -1291,7 +1360,7 @@ impl Nic {
             self.counters.tx_dropped += 1;
             return;
         };
-        match self.dev.emit_frame(&self.tx, &repr, buf) {
+        match self.dev.emit_frame_from(&self.tx, tmpl, self.ident, buf) {
             Ok(()) => {}
             Err(EmitError::Memory(_)) => {
                 // The MR went away while the packet was queued.
@@ -1318,7 +1387,7 @@ impl Nic {
             }
             self.counters.tx_held += 1;
             self.pending.push_back(Held {
-                ip,
+                ip: gid_ip(dgid),
                 gid: dgid,
                 prio: priority,
                 known: false,
@@ -1339,14 +1408,13 @@ impl Nic {
     /// The MAC for the packet in `self.tx`: from its QP's cached next hop while the
     /// neighbour table has not changed since (no table lookup per packet), else resolved and
     /// cached again.
-    fn next_hop(&mut self, now: u64, dgid: Gid, ip: IpAddr) -> Resolve {
-        let slot = self.dev.qp_index(self.tx.qpn);
+    fn next_hop(&mut self, now: u64, slot: Option<usize>, dgid: Gid) -> Resolve {
         if let Some(h) = slot.and_then(|s| self.hops.get(s)) {
             if h.gen == self.neigh.generation() && h.dgid == dgid {
                 return Resolve::Mac(h.mac);
             }
         }
-        let r = self.neigh.resolve(now, ip);
+        let r = self.neigh.resolve(now, gid_ip(dgid));
         if let (Resolve::Mac(mac), Some(h)) = (r, slot.and_then(|s| self.hops.get_mut(s))) {
             *h = NextHop {
                 dgid,

@@ -11,7 +11,7 @@ use roce::wire::cnp::CnpRepr;
 use roce::wire::deth::DethRepr;
 use roce::wire::ethernet::{ethertype, EthernetRepr, VlanTag};
 use roce::wire::feth::FethRepr;
-use roce::wire::frame::{self, pad_for, FrameRepr, IpRepr, TransportRepr};
+use roce::wire::frame::{self, pad_for, FrameRepr, HeaderTemplate, IpRepr, TransportRepr};
 use roce::wire::ieth::IethRepr;
 use roce::wire::imm::ImmRepr;
 use roce::wire::ipv4::{Ecn, Ipv4Repr};
@@ -182,6 +182,36 @@ proptest! {
         let mut again = vec![0u8; buf.len()];
         got.emit(&mut again, p.payload(&buf)).unwrap();
         prop_assert_eq!(again, buf);
+    }
+
+    #[test]
+    fn a_template_builds_the_frame_the_repr_builds(repr in frame_repr(), ident in any::<u16>(),
+                                                   len in prop_oneof![0usize..300, 65400usize..65600]) {
+        // Any identification and payload length, up to past what the IP length field holds:
+        // headers byte for byte the same, or the same error.
+        let mut by_repr = repr;
+        if let IpRepr::V4(r) = &mut by_repr.ip {
+            r.ident = ident;
+        }
+        let tmpl = HeaderTemplate::new(&repr).unwrap();
+        let hlen = by_repr.header_len().unwrap();
+        prop_assert_eq!(tmpl.frame_len(&repr.transport, len).unwrap(), by_repr.frame_len(len).unwrap());
+        let mut a = vec![0xa5u8; hlen];
+        let mut b = vec![0x5au8; hlen];
+        let ra = by_repr.emit_headers(&mut a, len);
+        let rb = tmpl.emit_headers(&repr.transport, ident, len, &mut b);
+        match (ra, rb) {
+            (Ok(n), Ok(layout)) => {
+                prop_assert_eq!(n, hlen);
+                prop_assert_eq!(layout, by_repr.layout().unwrap());
+                prop_assert_eq!(a, b);
+            }
+            (Err(x), Err(y)) => prop_assert_eq!(x, y),
+            (x, y) => prop_assert!(false, "repr {:?}, template {:?}", x, y),
+        }
+        // Too short a buffer is an error, not a panic.
+        let mut short = vec![0u8; hlen - 1];
+        prop_assert!(tmpl.emit_headers(&repr.transport, ident, 0, &mut short).is_err());
     }
 
     #[test]

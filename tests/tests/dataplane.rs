@@ -636,6 +636,7 @@ fn unacknowledged_sends_wait_in_the_send_queue_while_the_next_hop_resolves() {
     };
     burst_waits_for_the_next_hop(&rt, &mut link, QpType::Ud, 2);
     burst_waits_for_the_next_hop(&rt, &mut link, QpType::Uc, 5);
+    each_datagram_gets_its_own_headers(&rt, &mut link);
     let snap = rt.stop();
     assert_eq!(snap[0].nic.tx_held_dropped, 0);
     assert!(snap[0].nic.tx_held >= 2);
@@ -702,6 +703,70 @@ fn burst_waits_for_the_next_hop(rt: &Runtime, link: &mut RawLink<'_>, t: QpType,
     let c = wait_cq(&mut a, N as usize, 10);
     assert_eq!(c.len(), N as usize);
     assert!(c.iter().all(|c| c.status == WcStatus::Success));
+}
+
+/// A UD QP sending to two destinations in turn, with different MACs, traffic classes and
+/// hop limits: the QP's header template is made for one and must be made again for the
+/// other, so every frame carries its own destination's Ethernet and IP header (and a
+/// correct IPv4 checksum and ICRC), never the previous datagram's.
+fn each_datagram_gets_its_own_headers(rt: &Runtime, link: &mut RawLink<'_>) {
+    const N: u64 = 40;
+    let mut a = side(rt.open(0).unwrap(), QpType::Ud, 65536, 256);
+    let dests = [
+        ([10, 99, 0, 7], [0x52, 0x54, 0, 0x99, 0, 7], 0x68u8, 9u8),
+        ([10, 99, 0, 8], [0x52, 0x54, 0, 0x99, 0, 8], 0xb8, 33),
+    ];
+    connect_with(
+        &mut a,
+        Qpn::new(0x78),
+        Gid::from_ipv4(dests[0].0),
+        Mtu::M1024,
+        1,
+        1,
+        QpType::Ud,
+        14,
+    );
+    for i in 0..N {
+        let (ip, mac, tc, ttl) = dests[i as usize % 2];
+        let mut ah = AddressVector::new(Gid::from_ipv4(ip), 1);
+        ah.dmac = Some(mac);
+        ah.traffic_class = tc;
+        ah.hop_limit = ttl;
+        let ud = UdDest {
+            ah,
+            remote_qpn: Qpn::new(0x78),
+            remote_qkey: Qkey(0x1111_1111),
+        };
+        a.buf.write(i as usize * 64, &i.to_be_bytes());
+        post_signaled_to(&mut a, i, WrOp::Send, i * 64, 64, Some(ud));
+    }
+    let mut burst: Vec<Mbuf> = Vec::with_capacity(32);
+    let t0 = Instant::now();
+    let mut got = 0;
+    while t0.elapsed() < Duration::from_secs(10) && got < N {
+        link.rx.rx_burst(&mut burst);
+        for m in burst.drain(..) {
+            let f = m.to_vec();
+            if frame::classify(&f) != FrameKind::Roce {
+                continue;
+            }
+            let p = frame::parse(&f).expect("a valid frame (IPv4 checksum included)");
+            assert_eq!(p.icrc_received, p.icrc_computed, "ICRC");
+            // The payload's first 8 bytes are the datagram's index.
+            let i = u64::from_be_bytes(f[62..70].try_into().unwrap());
+            assert_eq!(i, got, "in order");
+            let (ip, mac, tc, ttl) = dests[i as usize % 2];
+            assert_eq!(f[..6], mac, "datagram {i}: its destination's MAC");
+            assert_eq!(f[30..34], ip, "datagram {i}: its destination's IP");
+            assert_eq!(f[15] & !3, tc & !3, "datagram {i}: its DSCP");
+            assert_eq!(f[22], ttl, "datagram {i}: its TTL");
+            got += 1;
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    assert_eq!(got, N, "every datagram reached the wire");
+    let c = wait_cq(&mut a, N as usize, 10);
+    assert!(c.len() == N as usize && c.iter().all(|c| c.status == WcStatus::Success));
 }
 
 /// An ARP reply from `mac`/`ip` to `to_mac`/`to_ip`.

@@ -36,7 +36,9 @@ use crate::verbs::{
     SendFlags, SendWr, Sge, WcStatus, WrOp,
 };
 use crate::wire::ethernet::VlanTag;
-use crate::wire::frame::{self, ExtHeaders, FrameRepr, ParsedFrame, SegmentRange};
+use crate::wire::frame::{
+    self, ExtHeaders, FrameLayout, FrameRepr, HeaderTemplate, ParsedFrame, SegmentRange,
+};
 use crate::wire::icrc::{self, Icrc};
 use crate::wire::opcode::{Opcode, OpcodeInfo, Transport};
 use crate::wire::{bth::BthRepr, ipv4::Ecn};
@@ -2571,30 +2573,56 @@ impl Device {
     }
 
     /// Writes the frame for `tx` (headers from `repr`, the gathered payload, pad and ICRC)
-    /// into `frame`, which holds exactly `repr.frame_len(payload)` bytes. The one place a
-    /// transmitted packet is built: a payload of [`icrc::FUSED_MIN`] bytes or more is copied
-    /// and summed in one pass; a shorter one is copied, then the whole frame is summed in one
-    /// CRC call ([`FrameRepr::emit_trailer_in_place`]), which costs less per packet than the
-    /// three calls of the other way.
+    /// into `frame`, which holds exactly `repr.frame_len(payload)` bytes.
     pub fn emit_frame(
         &self,
         tx: &Transmit,
         repr: &FrameRepr,
         frame: &mut [u8],
     ) -> Result<(), EmitError> {
+        repr.emit_headers(frame, tx.payload.len())?;
+        self.emit_payload(tx, repr.layout()?, frame)
+    }
+
+    /// [`Device::emit_frame`] with the Ethernet, IP and UDP headers from a template of the
+    /// QP's path (the dataplane keeps one per QP) and IPv4 identification `ident`: the same
+    /// frame for less work per packet. `frame` holds exactly
+    /// `tmpl.frame_len(&tx.transport, payload)` bytes.
+    pub fn emit_frame_from(
+        &self,
+        tx: &Transmit,
+        tmpl: &HeaderTemplate,
+        ident: u16,
+        frame: &mut [u8],
+    ) -> Result<(), EmitError> {
+        let layout = tmpl.emit_headers(&tx.transport, ident, tx.payload.len(), frame)?;
+        self.emit_payload(tx, layout, frame)
+    }
+
+    /// The payload and trailer of a frame whose headers are written: the one place a
+    /// transmitted packet's payload is gathered. A payload of [`icrc::FUSED_MIN`] bytes or
+    /// more is copied and summed in one pass; a shorter one is copied, then the whole frame
+    /// is summed in one CRC call ([`FrameLayout::emit_trailer_in_place`]), which costs less
+    /// per packet than the three calls of the other way.
+    fn emit_payload(
+        &self,
+        tx: &Transmit,
+        layout: FrameLayout,
+        frame: &mut [u8],
+    ) -> Result<(), EmitError> {
         let plen = tx.payload.len();
-        let hlen = repr.emit_headers(frame, plen)?;
+        let hlen = layout.header_len;
         let need = crate::wire::Error::BufferTooSmall { need: hlen + plen };
         if plen >= icrc::FUSED_MIN {
-            let (hdr, rest) = frame.split_at_mut(hlen);
+            let (hdr, rest) = frame.split_at_mut_checked(hlen).ok_or(need)?;
             let (payload, trailer) = rest.split_at_mut_checked(plen).ok_or(need)?;
-            let mut c = repr.header_icrc(hdr)?;
+            let mut c = layout.header_icrc(hdr)?;
             self.gather(tx, payload, Some(&mut c))?;
-            repr.finish_trailer(c, plen, trailer)?;
+            layout.finish_trailer(c, plen, trailer)?;
         } else {
             let payload = frame.get_mut(hlen..hlen + plen).ok_or(need)?;
             self.gather(tx, payload, None)?;
-            repr.emit_trailer_in_place(frame, plen)?;
+            layout.emit_trailer_in_place(frame, plen)?;
         }
         Ok(())
     }

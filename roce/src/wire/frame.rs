@@ -22,7 +22,7 @@ use super::ipv6::{self, Ipv6Repr};
 use super::opcode::{ExtHeader, Opcode, OpcodeInfo};
 use super::reth::{self, RethRepr};
 use super::udp::{self, UdpRepr};
-use super::{Error, Layer, Result, ICRC_LEN, ROCEV2_PORT};
+use super::{get_u16, put_u16, Error, Layer, Result, ICRC_LEN, ROCEV2_PORT};
 use crate::types::{Psn, Qpn};
 
 /// The extended transport headers of one packet. Which are present is dictated by the opcode
@@ -358,26 +358,67 @@ impl FrameRepr {
         Ok(hlen)
     }
 
-    /// The ICRC computation over the headers `hdr` written by [`FrameRepr::emit_headers`]
-    /// (the variant fields masked), ready to take the payload; [`FrameRepr::finish_trailer`]
-    /// completes it.
-    pub fn header_icrc(&self, hdr: &[u8]) -> Result<Icrc> {
-        let l3 = self.eth.buffer_len();
-        let hlen = self.header_len()?;
-        if hdr.len() < hlen {
-            return Err(Error::BufferTooSmall { need: hlen });
+    /// Where this frame's headers end and its IP header lies: what the trailer's ICRC needs
+    /// ([`FrameLayout`]).
+    pub fn layout(&self) -> Result<FrameLayout> {
+        Ok(FrameLayout {
+            l3: self.eth.buffer_len(),
+            ip_header_len: self.ip.header_len(),
+            ipv6: self.ip.is_ipv6(),
+            header_len: self.header_len()?,
+        })
+    }
+
+    /// Writes a complete frame (headers, payload, pad, ICRC) into `buf`; returns its length.
+    pub fn emit(&self, buf: &mut [u8], payload: &[u8]) -> Result<usize> {
+        let total = self.frame_len(payload.len())?;
+        if buf.len() < total {
+            return Err(Error::BufferTooSmall { need: total });
         }
-        let ip_hl = self.ip.header_len();
-        let prefix_end = l3 + ip_hl + udp::HEADER_LEN + bth::HEADER_LEN;
+        let hlen = self.emit_headers(buf, payload.len())?;
+        buf[hlen..hlen + payload.len()].copy_from_slice(payload);
+        self.layout()?
+            .emit_trailer_in_place(&mut buf[..total], payload.len())?;
+        Ok(total)
+    }
+}
+
+/// Where the parts of a built frame lie, as far as its trailer is concerned: the ICRC
+/// covers the frame from the IP header on, with the variant fields of the IP, UDP and BTH
+/// headers masked (IBA 17.3.3, roce-wire.md). A [`FrameRepr`] and a [`HeaderTemplate`] both
+/// give one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FrameLayout {
+    /// Offset of the IP header (the Ethernet header's length).
+    pub l3: usize,
+    /// Length of the IP header.
+    pub ip_header_len: usize,
+    /// Whether the IP header is IPv6.
+    pub ipv6: bool,
+    /// Bytes of headers before the payload.
+    pub header_len: usize,
+}
+
+impl FrameLayout {
+    /// The ICRC computation over the headers `hdr` (the variant fields masked), ready to
+    /// take the payload; [`FrameLayout::finish_trailer`] completes it.
+    pub fn header_icrc(&self, hdr: &[u8]) -> Result<Icrc> {
+        let hlen = self.header_len;
+        let prefix_end = self.l3 + self.ip_header_len + udp::HEADER_LEN + bth::HEADER_LEN;
+        if hdr.len() < hlen || hlen < prefix_end {
+            return Err(Error::BufferTooSmall {
+                need: hlen.max(prefix_end),
+            });
+        }
         let mut c = Icrc::new();
-        c.update_masked_prefix(&hdr[l3..prefix_end], self.ip.is_ipv6(), ip_hl);
+        c.update_masked_prefix(&hdr[self.l3..prefix_end], self.ipv6, self.ip_header_len);
         c.update(&hdr[prefix_end..hlen]);
         Ok(c)
     }
 
     /// Writes the trailer (zero pad, then the ICRC) to `trailer` for a computation from
-    /// [`FrameRepr::header_icrc`] that has taken the `payload_len` bytes of payload; returns
-    /// the trailer's length.
+    /// [`FrameLayout::header_icrc`] that has taken the `payload_len` bytes of payload;
+    /// returns the trailer's length.
     pub fn finish_trailer(
         &self,
         mut icrc: Icrc,
@@ -400,33 +441,163 @@ impl FrameRepr {
     /// room for the pad and ICRC after them, which are written in one pass over the frame
     /// ([`icrc::compute_in_place`]). Returns the trailer's length.
     pub fn emit_trailer_in_place(&self, frame: &mut [u8], payload_len: usize) -> Result<usize> {
-        let hlen = self.header_len()?;
         let pad = pad_for(payload_len);
-        let end = hlen + payload_len + pad;
-        if frame.len() < end + ICRC_LEN {
+        let end = self.header_len + payload_len + pad;
+        if frame.len() < end + ICRC_LEN || end < self.l3 {
             return Err(Error::BufferTooSmall {
                 need: end + ICRC_LEN,
             });
         }
-        frame[hlen + payload_len..end].fill(0);
-        let l3 = self.eth.buffer_len();
-        let crc =
-            icrc::compute_in_place(&mut frame[l3..end], self.ip.is_ipv6(), self.ip.header_len());
+        frame[self.header_len + payload_len..end].fill(0);
+        let crc = icrc::compute_in_place(&mut frame[self.l3..end], self.ipv6, self.ip_header_len);
         frame[end..end + ICRC_LEN].copy_from_slice(&crc.to_le_bytes());
         Ok(pad + ICRC_LEN)
     }
+}
 
-    /// Writes a complete frame (headers, payload, pad, ICRC) into `buf`; returns its length.
-    pub fn emit(&self, buf: &mut [u8], payload: &[u8]) -> Result<usize> {
-        let total = self.frame_len(payload.len())?;
-        if buf.len() < total {
-            return Err(Error::BufferTooSmall { need: total });
+/// Longest Ethernet + IP + UDP header a template holds (802.1Q tag, IPv6).
+pub const MAX_TEMPLATE_LEN: usize =
+    ethernet::TAGGED_HEADER_LEN + ipv6::HEADER_LEN + udp::HEADER_LEN;
+
+/// The Ethernet, IP and UDP headers of one flow's frames, written once: a frame is then one
+/// copy of them plus the few fields that change per packet (the IP and UDP lengths, the
+/// IPv4 identification and checksum), where [`FrameRepr::emit_headers`] writes and
+/// checksums every field of every header. A hardware RNIC keeps such a header per QP in
+/// its QP context; the dataplane keeps one per QP and builds it again when the QP's path,
+/// next hop or VLAN tag changes. The BTH and extended headers are written per packet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeaderTemplate {
+    bytes: [u8; MAX_TEMPLATE_LEN],
+    /// Offset of the IP header.
+    l3: u8,
+    /// Offset of the UDP header.
+    l4: u8,
+    ipv6: bool,
+    /// IPv4: the one's-complement sum (folded) of the header's 16-bit words other than the
+    /// total length, the identification and the checksum, to which those two are added per
+    /// packet (RFC 1071's sum is associative: RFC 1624).
+    sum: u16,
+}
+
+impl HeaderTemplate {
+    /// The template of `repr`'s frames; its transport headers, IP length fields, IPv4
+    /// identification and UDP length are not part of it.
+    pub fn new(repr: &FrameRepr) -> Result<HeaderTemplate> {
+        let mut bytes = [0u8; MAX_TEMPLATE_LEN];
+        let eth = EthernetRepr {
+            ethertype: repr.ip.ethertype(),
+            ..repr.eth
+        };
+        eth.emit(&mut bytes)?;
+        let l3 = eth.buffer_len();
+        let mut sum = 0;
+        match repr.ip {
+            IpRepr::V4(r) => {
+                let r = Ipv4Repr {
+                    ident: 0,
+                    payload_len: 0,
+                    ..r
+                };
+                r.emit(&mut bytes[l3..])?;
+                let h = &mut bytes[l3..l3 + ipv4::HEADER_LEN];
+                // The checksum with the length at its least (20) and no identification:
+                // turned back into the sum of the other words.
+                let c = get_u16(h, ipv4::field::CHECKSUM.start);
+                h[ipv4::field::LENGTH].fill(0);
+                h[ipv4::field::CHECKSUM].fill(0);
+                sum = ones_add(!c, !(ipv4::HEADER_LEN as u16));
+            }
+            IpRepr::V6(r) => Ipv6Repr {
+                payload_len: 0,
+                ..r
+            }
+            .emit(&mut bytes[l3..])?,
         }
-        let hlen = self.emit_headers(buf, payload.len())?;
-        buf[hlen..hlen + payload.len()].copy_from_slice(payload);
-        self.emit_trailer_in_place(&mut buf[..total], payload.len())?;
-        Ok(total)
+        let l4 = l3 + repr.ip.header_len();
+        UdpRepr {
+            src_port: repr.udp_src_port,
+            dst_port: ROCEV2_PORT,
+            payload_len: 0,
+            checksum: repr.udp_checksum,
+        }
+        .emit(&mut bytes[l4..])?;
+        Ok(HeaderTemplate {
+            bytes,
+            l3: l3 as u8,
+            l4: l4 as u8,
+            ipv6: repr.ip.is_ipv6(),
+            sum,
+        })
     }
+
+    /// Bytes of the Ethernet, IP and UDP headers: where the BTH starts.
+    pub fn udp_end(&self) -> usize {
+        self.l4 as usize + udp::HEADER_LEN
+    }
+
+    /// Bytes of the whole frame for `transport` and a payload of `payload_len` bytes.
+    pub fn frame_len(&self, transport: &TransportRepr, payload_len: usize) -> Result<usize> {
+        Ok(
+            self.udp_end()
+                + transport.buffer_len()?
+                + payload_len
+                + pad_for(payload_len)
+                + ICRC_LEN,
+        )
+    }
+
+    /// Writes every header of a frame into `hdr`, as [`FrameRepr::emit_headers`] does for
+    /// the repr this template was made from with `transport` and IPv4 identification
+    /// `ident`: byte for byte the same frame. Returns where its parts lie.
+    pub fn emit_headers(
+        &self,
+        transport: &TransportRepr,
+        ident: u16,
+        payload_len: usize,
+        hdr: &mut [u8],
+    ) -> Result<FrameLayout> {
+        let l4 = self.l4 as usize;
+        let udp_end = l4 + udp::HEADER_LEN;
+        let tlen = transport.buffer_len()?;
+        let hlen = udp_end + tlen;
+        if hdr.len() < hlen {
+            return Err(Error::BufferTooSmall { need: hlen });
+        }
+        let pad = pad_for(payload_len);
+        let udp_len = udp::HEADER_LEN + tlen + payload_len + pad + ICRC_LEN;
+        let l3 = self.l3 as usize;
+        // The IP length bounds the UDP length: checked first, as the IP header is written
+        // first by `FrameRepr::emit_headers`.
+        let ip_len = if self.ipv6 {
+            udp_len
+        } else {
+            ipv4::HEADER_LEN + udp_len
+        };
+        let ip_len = u16::try_from(ip_len).map_err(|_| Error::PayloadTooLong)?;
+        hdr[..udp_end].copy_from_slice(&self.bytes[..udp_end]);
+        if self.ipv6 {
+            put_u16(hdr, l3 + ipv6::field::LENGTH.start, ip_len);
+        } else {
+            put_u16(hdr, l3 + ipv4::field::LENGTH.start, ip_len);
+            put_u16(hdr, l3 + ipv4::field::IDENT.start, ident);
+            let sum = ones_add(ones_add(self.sum, ip_len), ident);
+            put_u16(hdr, l3 + ipv4::field::CHECKSUM.start, !sum);
+        }
+        put_u16(hdr, l4 + udp::field::LENGTH.start, udp_len as u16);
+        transport.emit_padded(&mut hdr[udp_end..], pad as u8)?;
+        Ok(FrameLayout {
+            l3,
+            ip_header_len: l4 - l3,
+            ipv6: self.ipv6,
+            header_len: hlen,
+        })
+    }
+}
+
+/// One's-complement sum of two 16-bit words (RFC 1071).
+fn ones_add(a: u16, b: u16) -> u16 {
+    let (s, carry) = a.overflowing_add(b);
+    s + carry as u16
 }
 
 /// A parsed frame: its headers and where its payload lies.
