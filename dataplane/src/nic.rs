@@ -286,7 +286,6 @@ struct HeldUd {
 
 /// A frame waiting for its next hop's address (`Nic::pending`).
 struct Held {
-    ip: IpAddr,
     gid: Gid,
     /// Its priority: a frame of a paused priority is not released when the address comes,
     /// but when the pause ends.
@@ -1303,50 +1302,46 @@ impl Nic {
         self.ident = self.ident.wrapping_add(1);
         // The QP's header template, made again when what it was made from changed: the
         // Ethernet, IP and UDP headers are then one copy and four fields per packet.
-        let mut kept = slot
-            .and_then(|s| self.templates.get_mut(s))
-            .and_then(Option::take);
         let same = |k: &TemplateKey| {
             k.path == self.tx.path && k.dst == dst && k.vlan == vlan && k.src == self.mac
         };
-        if !kept.as_ref().is_some_and(|c| same(&c.key)) {
-            let key = TemplateKey {
-                path: self.tx.path,
-                src: self.mac,
-                dst,
-                vlan,
-            };
-            let repr = self.tx.frame_repr(self.mac, dst, vlan, self.ident);
-            let Ok(tmpl) = HeaderTemplate::new(&repr) else {
-                return;
-            };
-            match kept.as_mut() {
-                Some(c) => **c = CachedTemplate { key, tmpl },
-                None if slot.is_some() => kept = Some(Box::new(CachedTemplate { key, tmpl })),
-                // Not a QP of this device's table: nothing to keep the template with.
-                None => return self.emit_with(now, &tmpl, local, resolved, dgid, priority),
+        let make = || HeaderTemplate::new(&self.tx.frame_repr(self.mac, dst, vlan, self.ident));
+        let scratch;
+        let tmpl = match slot.and_then(|s| self.templates.get_mut(s)) {
+            Some(entry) => {
+                if !entry.as_ref().is_some_and(|c| same(&c.key)) {
+                    let Ok(tmpl) = make() else {
+                        return;
+                    };
+                    let made = CachedTemplate {
+                        key: TemplateKey {
+                            path: self.tx.path,
+                            src: self.mac,
+                            dst,
+                            vlan,
+                        },
+                        tmpl,
+                    };
+                    // The QP's box is reused: no allocation after its first packet.
+                    match entry {
+                        Some(c) => **c = made,
+                        None => *entry = Some(Box::new(made)),
+                    }
+                }
+                match entry {
+                    Some(c) => &c.tmpl,
+                    None => return,
+                }
             }
-        }
-        let Some(c) = kept else {
-            return;
+            // Not a QP of this device's table: nothing to keep the template with.
+            None => {
+                let Ok(t) = make() else {
+                    return;
+                };
+                scratch = t;
+                &scratch
+            }
         };
-        self.emit_with(now, &c.tmpl, local, resolved, dgid, priority);
-        if let Some(t) = slot.and_then(|s| self.templates.get_mut(s)) {
-            *t = Some(c);
-        }
-    }
-
-    /// Builds the packet in `self.tx` with the headers of `tmpl` into an mbuf and queues it
-    /// (the second half of [`Nic::emit`]).
-    fn emit_with(
-        &mut self,
-        now: u64,
-        tmpl: &HeaderTemplate,
-        local: bool,
-        resolved: Resolve,
-        dgid: Gid,
-        priority: u8,
-    ) {
         let plen = self.tx.payload.len();
         let Ok(total) = tmpl.frame_len(&self.tx.transport, plen) else {
             return;
@@ -1387,7 +1382,6 @@ impl Nic {
             }
             self.counters.tx_held += 1;
             self.pending.push_back(Held {
-                ip: gid_ip(dgid),
                 gid: dgid,
                 prio: priority,
                 known: false,
@@ -1453,7 +1447,7 @@ impl Nic {
             let Some(mut h) = self.pending.pop_front() else {
                 break;
             };
-            match self.neigh.resolve(now, h.ip) {
+            match self.neigh.resolve(now, gid_ip(h.gid)) {
                 // Built before the pause, held for the address: it waits for the pause too
                 // (PFC holds what the RNIC has not sent yet). Its QP need not: a UD QP's
                 // datagrams on other priorities go on (RC QPs stay held until their packets
@@ -1483,7 +1477,7 @@ impl Nic {
                 Resolve::Pending => self.pending.push_back(h),
                 Resolve::Unreachable => {
                     self.counters.tx_held_dropped += 1;
-                    self.unreachable(h.gid, h.ip);
+                    self.unreachable(h.gid, gid_ip(h.gid));
                 }
             }
         }

@@ -323,9 +323,9 @@ impl FrameRepr {
 
     /// Writes every header into `hdr`, with the lengths, IPv4 checksum and BTH pad count that
     /// a payload of `payload_len` bytes implies. Returns the header length. The payload goes
-    /// right after, then the trailer: [`FrameRepr::header_icrc`] and
-    /// [`FrameRepr::finish_trailer`] around a payload fed separately, or
-    /// [`FrameRepr::emit_trailer_in_place`].
+    /// right after, then the trailer from [`FrameRepr::layout`]: [`FrameLayout::header_icrc`]
+    /// and [`FrameLayout::finish_trailer`] around a payload fed separately, or
+    /// [`FrameLayout::emit_trailer_in_place`].
     pub fn emit_headers(&self, hdr: &mut [u8], payload_len: usize) -> Result<usize> {
         let tlen = self.transport.buffer_len()?;
         let hlen = self.header_len()?;
