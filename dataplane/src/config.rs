@@ -381,6 +381,9 @@ pub struct RawWorker {
     pub idle_sleep_us: Option<u32>,
     /// The worker thread that drives this RNIC (RNICs with the same number share one).
     pub thread: Option<u32>,
+    /// How many worker threads share this RNIC's QPs: `thread`, `thread + 1`, ... (1 by
+    /// default).
+    pub count: Option<u32>,
 }
 
 /// `[capture]`
@@ -640,6 +643,10 @@ pub struct RnicConfig {
     /// The worker thread that drives this RNIC (`worker.thread`; RNICs with the same number
     /// share one; 0 by default: one worker for all).
     pub worker_thread: u32,
+    /// How many worker threads share the RNIC's QPs (`worker.count`): threads
+    /// `worker_thread ..= worker_thread + worker_count - 1`, the first owning the port
+    /// (docs/ARCHITECTURE.md, "Several workers per RNIC").
+    pub worker_count: u32,
     /// Capture file.
     pub pcap: Option<PathBuf>,
     /// Bytes kept per captured frame.
@@ -973,6 +980,9 @@ impl RawConfig {
             "worker.thread" => {
                 self.worker.thread = Some(small(value, MAX_WORKER_THREAD as u64)? as u32)
             }
+            "worker.count" => {
+                self.worker.count = Some(small(value, MAX_WORKER_THREAD as u64 + 1)? as u32)
+            }
             "capture.pcap" => self.capture.pcap = Some(value.into()),
             "capture.snaplen" => self.capture.snaplen = Some(small(value, u32::MAX as u64)? as u32),
             "capture.enabled" => self.capture.enabled = Some(boolean(value)?),
@@ -1234,6 +1244,24 @@ impl RawConfig {
                 format!("{max_qp} is not in 1..={MAX_QP_LIMIT}"),
             );
         }
+        let worker_thread = self.worker.thread.unwrap_or(0);
+        let worker_count = self.worker.count.unwrap_or(1);
+        if worker_count == 0 || worker_thread + worker_count > MAX_WORKER_THREAD + 1 {
+            return err(
+                "worker.count",
+                format!(
+                    "{worker_count} workers from thread {worker_thread}: threads are numbered \
+                     0..={MAX_WORKER_THREAD} and an RNIC needs at least one"
+                ),
+            );
+        }
+        if !max_qp.is_multiple_of(worker_count) {
+            // Each worker's device holds an equal stripe of the QP numbers (QpnStripe).
+            return err(
+                "worker.count",
+                format!("roce.max_qp ({max_qp}) must be a multiple of it ({worker_count})"),
+            );
+        }
         let send_window = self.roce.send_window.unwrap_or(DEFAULT_SEND_WINDOW);
         if !(1..=MAX_SEND_WINDOW).contains(&send_window) {
             return err(
@@ -1347,7 +1375,8 @@ impl RawConfig {
             idle_spin: self.worker.idle_spin.unwrap_or(256),
             idle_pause: self.worker.idle_pause.unwrap_or(4096),
             idle_sleep_us: self.worker.idle_sleep_us.unwrap_or(100),
-            worker_thread: self.worker.thread.unwrap_or(0),
+            worker_thread,
+            worker_count,
             pcap: self.capture.pcap.as_ref().map(PathBuf::from),
             snaplen,
             capture_enabled: self.capture.enabled.unwrap_or(true),
@@ -1968,6 +1997,7 @@ impl RnicConfig {
         line("idle_pause", self.idle_pause.to_string());
         line("idle_sleep_us", self.idle_sleep_us.to_string());
         line("thread", self.worker_thread.to_string());
+        line("count", self.worker_count.to_string());
         out.push_str(&std::mem::take(&mut t));
         out.push_str("\n[capture]\n");
         let mut line = |k: &str, v: String| {
@@ -2477,6 +2507,32 @@ mod tests {
         let e = bad("[port]\ndevice='x'\nbogus=1");
         assert!(e.key.starts_with("line"), "{e}");
         assert!(e.problem.contains("bogus"), "{e}");
+    }
+
+    #[test]
+    fn worker_count_spreads_an_rnic_over_threads() {
+        let mut r = RawConfig::default();
+        r.set("port.device", "net_ring0").unwrap();
+        assert_eq!(
+            r.validate().unwrap().worker_count,
+            1,
+            "one worker by default"
+        );
+        r.set("worker.count", "2").unwrap();
+        r.set("worker.thread", "3").unwrap();
+        let c = r.validate().unwrap();
+        assert_eq!((c.worker_thread, c.worker_count), (3, 2));
+        assert!(c.to_toml().contains("count = 2"), "{}", c.to_toml());
+        // No worker, past the last thread, or a QP table the workers cannot share equally.
+        r.set("worker.count", "0").unwrap();
+        assert_eq!(r.validate().unwrap_err().key, "worker.count");
+        r.set("worker.count", "62").unwrap();
+        assert_eq!(r.validate().unwrap_err().key, "worker.count");
+        r.set("worker.count", "3").unwrap();
+        let e = r.validate().unwrap_err();
+        assert!(e.problem.contains("multiple"), "{e}");
+        r.set("roce.max_qp", "3072").unwrap();
+        assert_eq!(r.validate().unwrap().worker_count, 3);
     }
 
     #[test]

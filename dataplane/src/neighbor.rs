@@ -186,6 +186,8 @@ pub struct Neighbors {
     top_live: bool,
     generation: u64,
     out: VecDeque<Vec<u8>>,
+    /// Learns from what it sees but answers nothing (`set_learn_only`).
+    learn_only: bool,
     /// Counters.
     pub counters: NeighborCounters,
 }
@@ -243,8 +245,17 @@ impl Neighbors {
             top_live: false,
             generation: 0,
             out: VecDeque::new(),
+            learn_only: false,
             counters: NeighborCounters::default(),
         }
+    }
+
+    /// Makes this table learn from the frames it is given without answering any (no ARP
+    /// reply, neighbour advertisement or echo reply): the table of a worker that is not its
+    /// RNIC's voice on the link, which gets copies of what the port's owner receives. It
+    /// still asks for the addresses it needs.
+    pub fn set_learn_only(&mut self) {
+        self.learn_only = true;
     }
 
     /// Whether `ip` is one of ours.
@@ -608,6 +619,9 @@ impl Neighbors {
     }
 
     fn ndisc_advert(&mut self, target: Ipv6Addr, dst: Ipv6Addr, dst_mac: [u8; 6], solicited: bool) {
+        if self.learn_only {
+            return;
+        }
         let mut flags = NdiscNeighborFlags::OVERRIDE;
         if solicited {
             flags |= NdiscNeighborFlags::SOLICITED;
@@ -664,7 +678,9 @@ impl Neighbors {
             for_us,
         );
         match operation {
-            ArpOperation::Request if for_us && source_protocol_addr != target_protocol_addr => {
+            ArpOperation::Request
+                if for_us && source_protocol_addr != target_protocol_addr && !self.learn_only =>
+            {
                 self.counters.arp_requests_rx += 1;
                 self.arp(
                     ArpOperation::Reply,
@@ -681,6 +697,9 @@ impl Neighbors {
     }
 
     fn handle_ipv4(&mut self, src_mac: [u8; 6], body: &[u8]) -> bool {
+        if self.learn_only {
+            return false;
+        }
         let caps = ChecksumCapabilities::default();
         let Ok(p) = Ipv4Packet::new_checked(body) else {
             return false;
@@ -794,7 +813,7 @@ impl Neighbors {
                 ident,
                 seq_no,
                 data,
-            } if self.v6.contains(&ip.dst_addr) => {
+            } if self.v6.contains(&ip.dst_addr) && !self.learn_only => {
                 let reply = Icmpv6Repr::EchoReply {
                     ident,
                     seq_no,

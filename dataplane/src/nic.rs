@@ -18,7 +18,7 @@ use std::io::BufWriter;
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use pmd_bindings::{Mbuf, Mempool, Port, RxQueue, TxQueue};
+use pmd_bindings::{Mbuf, Mempool, Port};
 use roce::engine::transmit::Path;
 use roce::engine::{CreditMode, Device, DeviceConfig, DeviceEvent, EmitError, Transmit};
 use roce::pcap;
@@ -35,10 +35,13 @@ use crate::fault::Faults;
 use crate::host::{HostEnd, Owners};
 
 mod serve;
+mod shard;
 use crate::neighbor::{Neighbors, Resolve};
 use dcb::pfc::{Ingress, PauseFrame, PauseState, StormAction, StormEvent, Watchdog};
 use ferroce_host::abi::{Command, HostLimits, ReplyData};
 use roce::engine::{VerbsError, VerbsResult};
+pub use shard::ShardLinks;
+use shard::{Shard, Wire};
 
 /// The group address of MAC control frames (PAUSE, PFC; IEEE 802.3 Annex 31B).
 const MAC_CONTROL_GROUP: [u8; 6] = [0x01, 0x80, 0xc2, 0x00, 0x00, 0x01];
@@ -141,6 +144,13 @@ roce::counters!(
         tx_loopback,
         /// Loopback packets dropped because the loopback queue was full.
         tx_loopback_dropped,
+        /// Received RoCE frames the port's owner handed to the worker that owns their
+        /// destination QP (an RNIC spread over several workers, `worker.count`).
+        rx_steered,
+        /// Frames dropped because the owning worker's inbox was full.
+        rx_steer_dropped,
+        /// Frames other workers of the RNIC built, sent by the port's owner.
+        tx_forwarded,
         /// Faults injected: lost.
         fault_lost,
         /// Faults injected: duplicated.
@@ -301,8 +311,10 @@ pub struct Nic {
     /// Port name.
     pub name: String,
     _port: Port,
-    rxq: RxQueue,
-    txq: TxQueue,
+    /// Where frames come from and go: the port's queues, or the port owner's rings.
+    wire: Wire,
+    /// Its place in an RNIC spread over several workers (`None`: the RNIC's only one).
+    shard: Option<Shard>,
     pool: Arc<Mempool>,
     /// The transport engine.
     pub dev: Device,
@@ -355,6 +367,15 @@ pub struct Nic {
 impl Nic {
     /// An RNIC on `port` (started, with rx/tx queue 0 free), using `pool` for transmit mbufs.
     pub fn new(cfg: RnicConfig, port: Port, pool: Arc<Mempool>) -> Result<Nic, String> {
+        Self::build(cfg, port, pool, None)
+    }
+
+    fn build(
+        cfg: RnicConfig,
+        port: Port,
+        pool: Arc<Mempool>,
+        shard: Option<Shard>,
+    ) -> Result<Nic, String> {
         let mut mac = port
             .mac_addr()
             .map_err(|e| format!("{}: {e}", port.name()))?;
@@ -364,8 +385,16 @@ impl Nic {
             let _ = port.set_mac_addr(m);
             mac = m;
         }
-        let rxq = port.rx_queue(0).map_err(|e| e.to_string())?;
-        let txq = port.tx_queue(0).map_err(|e| e.to_string())?;
+        let wire = match &shard {
+            Some(sh) if sh.index > 0 => Wire::Shard(sh.links.clone(), sh.index as usize),
+            _ => Wire::Port {
+                rxq: port.rx_queue(0).map_err(|e| e.to_string())?,
+                txq: port.tx_queue(0).map_err(|e| e.to_string())?,
+            },
+        };
+        // The port's owner is the RNIC's voice on the link: the others capture nothing,
+        // inject no fault, keep no receive buffer and answer no neighbour (see `shard`).
+        let owner = shard.as_ref().is_none_or(|s| s.index == 0);
         let gids = cfg.gids(mac);
         let dev = Device::new(DeviceConfig {
             gids,
@@ -380,6 +409,12 @@ impl Nic {
                 max_qp: cfg.max_qp,
                 ..Default::default()
             },
+            qpn_stripe: shard.as_ref().map_or(roce::engine::QpnStripe::ALL, |s| {
+                roce::engine::QpnStripe {
+                    index: s.index,
+                    count: s.count,
+                }
+            }),
             max_unacked_psns: cfg.send_window,
             ack_every: cfg.ack_every,
             cc: cfg.dcqcn,
@@ -395,17 +430,21 @@ impl Nic {
         let hold_frames = cfg.ud_rx_hold_frames as usize;
         let limits = HostLimits::of(dev.config());
         let mut neigh = Neighbors::new(mac, &cfg);
-        neigh.announce();
+        if owner {
+            neigh.announce();
+        } else {
+            neigh.set_learn_only();
+        }
         let tap = match &cfg.pcap {
-            None => None,
-            Some(p) => Some(Tap::create(
+            Some(p) if owner => Some(Tap::create(
                 p,
                 cfg.snaplen,
                 cfg.capture_enabled,
                 "capture.pcap",
             )?),
+            _ => None,
         };
-        let fault = cfg.fault.any().then(|| Faults::new(cfg.fault));
+        let fault = (owner && cfg.fault.any()).then(|| Faults::new(cfg.fault));
         let vlan = cfg.vlan.map(|vid| VlanTag {
             pcp: cfg.pcp,
             dei: false,
@@ -417,7 +456,7 @@ impl Nic {
             frames: VecDeque::with_capacity(2 * RX_BURSTS * BURST),
             // A port whose hardware does PFC sends it from its own buffer, which only it
             // sees; the software buffer then only feeds the engine.
-            ingress: (cfg.pfc.mode != dcb::pfc::Mode::Off && pfc_hw == 0)
+            ingress: (owner && cfg.pfc.mode != dcb::pfc::Mode::Off && pfc_hw == 0)
                 .then(|| rx_ingress(&cfg, cfg.speed_gbps.max(1) as u64 * 1000)),
             max_frames: (cfg.mbufs as usize / 4).max(RX_BURSTS * BURST),
             tokens: 0,
@@ -438,8 +477,8 @@ impl Nic {
         Ok(Nic {
             name: port.name().to_string(),
             _port: port,
-            rxq,
-            txq,
+            wire,
+            shard,
             pool,
             dev,
             neigh,
@@ -478,7 +517,7 @@ impl Nic {
     /// to `out`; returns whether work is already waiting (posts, or received frames not yet
     /// handled), so the worker must not sleep.
     pub fn prepare_sleep(&self, out: &mut Vec<ferroce_host::abi::ring::WaitWord>) -> bool {
-        let mut busy = !self.rx.frames.is_empty() || !self.loopback.is_empty();
+        let mut busy = !self.rx.frames.is_empty() || !self.loopback.is_empty() || self.links_busy();
         for h in self.hosts.values() {
             busy |= h.prepare_sleep(out);
         }
@@ -759,6 +798,9 @@ impl Nic {
             }
         }
         work += self.receive(now);
+        // The port's owner: what the other workers built goes out, what they addressed to
+        // its QPs comes in.
+        work += self.serve_shards(now);
         // 3. Timers.
         let pausing = self.poll_pause(now) | self.refresh_pauses(now);
         if self.dev.poll_timeout().is_some_and(|t| t <= now) {
@@ -842,7 +884,7 @@ impl Nic {
                 break;
             }
             let want = if room == 0 { BURST } else { room.min(BURST) };
-            let n = self.rxq.rx_burst_max(&mut self.rxbuf, want);
+            let n = self.wire.rx_burst(&mut self.rxbuf, want);
             if n == 0 {
                 break;
             }
@@ -863,7 +905,7 @@ impl Nic {
             if self.cfg.ud_rx_hold_us > 0 && self.held_rx.len() >= hold_cap {
                 break;
             }
-            let Some((p, charge, mut m)) = self.rx.frames.pop_front() else {
+            let Some((p, charge, m)) = self.rx.frames.pop_front() else {
                 break;
             };
             handled += 1;
@@ -875,6 +917,10 @@ impl Nic {
             {
                 self.send_pause(now, f);
             }
+            // An RNIC over several workers: the frame may be another's to handle.
+            let Some(mut m) = self.steer(now, m) else {
+                continue;
+            };
             if let Some(parsed) = self.rx_frame(now, &mut m) {
                 self.hold_ud(now, parsed, m);
             }
@@ -1076,6 +1122,21 @@ impl Nic {
     /// the parsed headers. Returns them for a UD message to hold (see `wants_hold`), which
     /// the caller then keeps with its mbuf.
     fn rx_frame(&mut self, now: u64, m: &mut Mbuf) -> Option<ParsedFrame> {
+        // A copy of what the port's owner received (an RNIC over several workers): learnt
+        // from or obeyed, counted where it was received.
+        if self.shard.as_ref().is_some_and(|s| s.index > 0) {
+            let kind = classify(m.data());
+            if self.is_copy(kind) {
+                let d = m.data();
+                match kind {
+                    FrameKind::Pfc | FrameKind::Pause => self.pause_frame(now, d),
+                    _ => {
+                        self.neigh.handle_frame(now, d);
+                    }
+                }
+                return None;
+            }
+        }
         self.counters.rx_frames += 1;
         // A frame in one segment this mbuf alone holds (the usual case): a RoCE frame is
         // parsed and verified in place, its ICRC in one pass (`frame::parse_in_place`).
@@ -1366,6 +1427,10 @@ impl Nic {
         }
         self.counters.tx_roce += 1;
         if local {
+            // To a QP another worker of this RNIC owns: to that worker (not captured).
+            let Err(m) = self.loop_to_shard(m) else {
+                return;
+            };
             // Captured once, by the receive path.
             if self.loopback.len() >= MAX_LOOPBACK {
                 self.counters.tx_loopback_dropped += 1;
@@ -1625,7 +1690,7 @@ impl Nic {
         }
         let before = self.txbuf.len();
         let bytes: u64 = self.txbuf.iter().map(|m| m.pkt_len() as u64).sum();
-        let sent = self.txq.tx_burst(&mut self.txbuf);
+        let sent = self.wire.tx_burst(&mut self.txbuf);
         self.counters.tx_frames += sent as u64;
         // Approximate bytes of what went (leftovers are at the front now).
         let left: u64 = self.txbuf.iter().map(|m| m.pkt_len() as u64).sum();

@@ -1,7 +1,7 @@
 //! Starting ferroce: EAL, pools, ports, RNICs and the worker that polls them; opening
 //! application contexts on them.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use pmd_bindings::mempool::ROCE_4K_DATA_ROOM;
@@ -81,9 +81,13 @@ fn nic_on(
     mut cfg: RnicConfig,
     port: Port,
     pool: Arc<Mempool>,
-) -> Result<(Nic, Option<SwitchDev>), StartError> {
+) -> Result<(Vec<Nic>, Option<SwitchDev>), StartError> {
     let Some(settings) = cfg.switch.clone() else {
-        return Ok((Nic::new(cfg, port, pool).map_err(StartError::Other)?, None));
+        let count = cfg.worker_count;
+        return Ok((
+            Nic::sharded(cfg, port, pool, count).map_err(StartError::Other)?,
+            None,
+        ));
     };
     if cfg.mac.is_none() {
         cfg.mac = Some(
@@ -97,20 +101,20 @@ fn nic_on(
         .copied()
         .unwrap_or(settings.rate_mbps);
     let n = POOL_SEQ.fetch_add(1, Ordering::Relaxed);
-    let (nic, p_sw) = switch_link(cfg, rnic_mbps, &format!("swp{n}"), &pool)?;
+    let (nics, p_sw) = switch_link(cfg, rnic_mbps, &format!("swp{n}"), &pool)?;
     let mut sw = SwitchDev::new(vec![p_sw, port], pool, &settings).map_err(StartError::Other)?;
-    sw.pin(nic.mac(), 0);
-    Ok((nic, Some(sw)))
+    sw.pin(nics[0].mac(), 0);
+    Ok((nics, Some(sw)))
 }
 
-/// An RNIC on a ring link named `name` to a switch port, the link at `mbps`; returns the
-/// RNIC and the switch's end.
+/// An RNIC (its shards, `worker.count`) on a ring link named `name` to a switch port, the
+/// link at `mbps`; returns the RNIC and the switch's end.
 fn switch_link(
     mut cfg: RnicConfig,
     mbps: f64,
     name: &str,
     pool: &Arc<Mempool>,
-) -> Result<(Nic, Port), StartError> {
+) -> Result<(Vec<Nic>, Port), StartError> {
     // Both ends of a link agree on its speed: pause quanta are bit times of the link, and
     // DCQCN's line rate defaults to it.
     cfg.speed_gbps = ((mbps / 1000.0).ceil() as u32).max(1);
@@ -121,9 +125,12 @@ fn switch_link(
     pc.rx_desc = pc.rx_desc.min(SWITCH_LINK_DESC);
     pc.tx_desc = pc.tx_desc.min(SWITCH_LINK_DESC);
     let (p_rnic, p_sw) = ring_pair(name, &pc, pool.clone())?;
-    let mut nic = Nic::new(cfg, p_rnic, pool.clone()).map_err(StartError::Other)?;
-    nic.set_link_mbps(mbps as u64);
-    Ok((nic, p_sw))
+    let count = cfg.worker_count;
+    let mut nics = Nic::sharded(cfg, p_rnic, pool.clone(), count).map_err(StartError::Other)?;
+    for nic in &mut nics {
+        nic.set_link_mbps(mbps as u64);
+    }
+    Ok((nics, p_sw))
 }
 
 /// Clears the worker's liveness flag when dropped.
@@ -146,19 +153,25 @@ struct WorkerSlot {
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
     /// Its load, as it last published it.
     load: Arc<Mutex<WorkerLoad>>,
-    /// The runtime's indices of its RNICs.
+    /// The runtime's indices of its RNICs (of their shards it drives).
     rnics: Vec<usize>,
 }
 
 /// Running RNICs and their workers: one worker thread per distinct `worker.thread` among
-/// the RNICs' configurations (one for all by default), each owning its RNICs outright.
+/// the RNICs' configurations (one for all by default; an RNIC with `worker.count` n runs on
+/// threads `worker.thread` to `worker.thread + n - 1`, one shard on each), each owning its
+/// RNICs (shards) outright.
 pub struct Runtime {
     stop: Arc<AtomicBool>,
     alive: Arc<AtomicBool>,
     workers: Vec<WorkerSlot>,
-    /// Where RNIC `i` runs: its worker, and its index among that worker's RNICs.
-    placement: Vec<(usize, usize)>,
-    stats: Vec<Arc<Mutex<NicSnapshot>>>,
+    /// Where RNIC `i` runs: for each of its shards, its worker and its index among that
+    /// worker's RNICs.
+    placement: Vec<Vec<(usize, usize)>>,
+    /// The shard the next client of RNIC `i` is given (round robin).
+    next_shard: Vec<AtomicUsize>,
+    /// Each RNIC's shards' counter snapshots.
+    stats: Vec<Vec<Arc<Mutex<NicSnapshot>>>>,
     switch_stats: Mutex<Vec<Arc<Mutex<SwitchStats>>>>,
     switch_samples: Mutex<Vec<Arc<Mutex<Vec<QueueSample>>>>>,
     configs: Vec<RnicConfig>,
@@ -301,44 +314,68 @@ impl Runtime {
     }
 
     fn spawn(nics: Vec<Nic>) -> Result<Runtime, StartError> {
-        Self::spawn_with(nics, Vec::new())
+        Self::spawn_with(nics.into_iter().map(|n| vec![n]).collect(), Vec::new())
     }
 
-    /// Starts the workers over `nics` and `switches` (numbered in this order for
-    /// [`Runtime::switch_stats`]): one per distinct `worker.thread` of the RNICs, in
+    /// Starts the workers over `rnics` (each RNIC's shards, see `Nic::sharded`) and
+    /// `switches` (numbered in this order for [`Runtime::switch_stats`]): one per distinct
+    /// worker thread of the shards (shard k of an RNIC runs on `worker.thread + k`), in
     /// ascending order; the switches run on the first.
-    fn spawn_with(nics: Vec<Nic>, switches: Vec<SwitchDev>) -> Result<Runtime, StartError> {
-        if nics.is_empty() {
+    fn spawn_with(rnics: Vec<Vec<Nic>>, switches: Vec<SwitchDev>) -> Result<Runtime, StartError> {
+        if rnics.is_empty() || rnics.iter().any(|r| r.is_empty()) {
             return Err(StartError::Other("no RNIC configured".into()));
         }
         let stop = Arc::new(AtomicBool::new(false));
         let alive = Arc::new(AtomicBool::new(true));
-        let stats: Vec<_> = nics
+        let stats: Vec<Vec<_>> = rnics
             .iter()
-            .map(|_| Arc::new(Mutex::new(NicSnapshot::default())))
+            .map(|r| {
+                r.iter()
+                    .map(|_| Arc::new(Mutex::new(NicSnapshot::default())))
+                    .collect()
+            })
             .collect();
-        let configs: Vec<RnicConfig> = nics.iter().map(|n| n.config().clone()).collect();
-        let macs = nics.iter().map(|n| n.mac()).collect();
-        let limits = nics.iter().map(|n| n.host_limits()).collect();
-        let dev_limits = nics.iter().map(|n| n.device_limits()).collect();
-        let mut threads: Vec<u32> = configs.iter().map(|c| c.worker_thread).collect();
+        let configs: Vec<RnicConfig> = rnics.iter().map(|r| r[0].config().clone()).collect();
+        let macs = rnics.iter().map(|r| r[0].mac()).collect();
+        let limits = rnics.iter().map(|r| r[0].host_limits()).collect();
+        let dev_limits = rnics.iter().map(|r| r[0].device_limits()).collect();
+        let thread_of = |i: usize, k: usize| configs[i].worker_thread + k as u32;
+        let mut threads: Vec<u32> = rnics
+            .iter()
+            .enumerate()
+            .flat_map(|(i, r)| (0..r.len()).map(move |k| (i, k)))
+            .map(|(i, k)| thread_of(i, k))
+            .collect();
         threads.sort_unstable();
         threads.dedup();
-        let mut groups: Vec<Vec<(usize, Nic)>> = threads.iter().map(|_| Vec::new()).collect();
-        let mut placement = Vec::with_capacity(nics.len());
-        for (i, nic) in nics.into_iter().enumerate() {
-            let w = threads
-                .binary_search(&configs[i].worker_thread)
-                .expect("every RNIC's thread is listed");
-            placement.push((w, groups[w].len()));
-            groups[w].push((i, nic));
+        // Per worker: (RNIC index, shard's stats slot, shard).
+        type Placed = (usize, Arc<Mutex<NicSnapshot>>, Nic);
+        let mut groups: Vec<Vec<Placed>> = threads.iter().map(|_| Vec::new()).collect();
+        let mut placement = Vec::with_capacity(rnics.len());
+        for (i, shards) in rnics.into_iter().enumerate() {
+            let mut places = Vec::with_capacity(shards.len());
+            for (k, nic) in shards.into_iter().enumerate() {
+                let w = threads
+                    .binary_search(&thread_of(i, k))
+                    .expect("every shard's thread is listed");
+                places.push((w, groups[w].len()));
+                groups[w].push((i, stats[i][k].clone(), nic));
+            }
+            placement.push(places);
         }
         let mut switches = Some(switches);
         let mut switch_stats = Vec::new();
         let mut switch_samples = Vec::new();
         let mut workers = Vec::new();
         for (w, group) in groups.into_iter().enumerate() {
-            let (indices, nics): (Vec<usize>, Vec<Nic>) = group.into_iter().unzip();
+            let mut indices = Vec::with_capacity(group.len());
+            let mut own_stats = Vec::with_capacity(group.len());
+            let mut nics = Vec::with_capacity(group.len());
+            for (i, slot, nic) in group {
+                indices.push(i);
+                own_stats.push(slot);
+                nics.push(nic);
+            }
             let c = &configs[indices[0]];
             let backoff = Backoff {
                 spin: c.idle_spin,
@@ -346,7 +383,6 @@ impl Runtime {
                 sleep_us: c.idle_sleep_us,
             };
             let control = crate::worker::control_queue();
-            let own_stats = indices.iter().map(|&i| stats[i].clone()).collect();
             let mut worker = Worker::new(nics, backoff, control.clone(), own_stats);
             worker.name_devices(&indices);
             let load = Arc::new(Mutex::new(WorkerLoad::default()));
@@ -392,6 +428,7 @@ impl Runtime {
             stop,
             alive,
             workers,
+            next_shard: placement.iter().map(|_| AtomicUsize::new(0)).collect(),
             placement,
             stats,
             switch_stats: Mutex::new(switch_stats),
@@ -403,10 +440,19 @@ impl Runtime {
         })
     }
 
-    /// RNIC `index`'s worker and its index there.
+    /// The worker and index there of the shard of RNIC `index` that takes its next client:
+    /// clients are spread over an RNIC's shards in turn, each client's objects all on one.
     fn place(&self, index: usize) -> (&WorkerSlot, usize) {
-        let (w, i) = self.placement[index];
+        let shards = &self.placement[index];
+        let k = self.next_shard[index].fetch_add(1, Ordering::Relaxed) % shards.len();
+        let (w, i) = shards[k];
         (&self.workers[w], i)
+    }
+
+    /// How many workers RNIC `index` is spread over (`worker.count`; 0 if there is no
+    /// such RNIC).
+    pub fn shards(&self, index: usize) -> usize {
+        self.placement.get(index).map_or(0, |p| p.len())
     }
 
     /// How many worker threads run.
@@ -436,9 +482,9 @@ impl Runtime {
         Some((load, slot.rnics.clone()))
     }
 
-    /// The worker that drives RNIC `index`.
+    /// The worker that drives RNIC `index` (the one owning its port, if it has several).
     pub fn worker_of(&self, index: usize) -> Option<usize> {
-        self.placement.get(index).map(|&(w, _)| w)
+        self.placement.get(index).map(|p| p[0].0)
     }
 
     /// Every RNIC's report ([`crate::nic::Nic::report`]), in RNIC order, gathered from every
@@ -467,8 +513,15 @@ impl Runtime {
             per_worker.push(rx.recv_timeout(left).ok()?);
         }
         let mut out = Vec::with_capacity(self.placement.len());
-        for &(w, i) in &self.placement {
-            out.push(per_worker[w].get(i)?.clone());
+        for shards in &self.placement {
+            // One report per RNIC: the port's owner's, with every shard's clients.
+            let (w, i) = shards[0];
+            let mut r: crate::nic::NicReport = per_worker[w].get(i)?.clone();
+            for &(w, i) in &shards[1..] {
+                r.clients
+                    .extend(per_worker[w].get(i)?.clients.iter().cloned());
+            }
+            out.push(r);
         }
         Some(out)
     }
@@ -551,9 +604,26 @@ impl Runtime {
     pub fn control(&self, mut c: Control) {
         if let Some(nic) = c.nic_mut() {
             // An index past the RNICs: dropped, as a worker drops one past its own.
-            if let Some(&(w, i)) = self.placement.get(*nic) {
-                *nic = i;
-                self.workers[w].control.push(c);
+            let Some(shards) = self.placement.get(*nic) else {
+                return;
+            };
+            match c {
+                // A client is on one shard: the others know no such token and ignore it.
+                Control::Close { token, .. } => {
+                    for &(w, i) in shards {
+                        self.workers[w]
+                            .control
+                            .push(Control::Close { nic: i, token });
+                    }
+                }
+                // The capture, and what names no client, are the port's owner's.
+                mut c => {
+                    let (w, i) = shards[0];
+                    if let Some(nic) = c.nic_mut() {
+                        *nic = i;
+                    }
+                    self.workers[w].control.push(c);
+                }
             }
             return;
         }
@@ -600,9 +670,17 @@ impl Runtime {
         self.macs[index]
     }
 
-    /// Latest counter snapshot of RNIC `index` (about 1 ms old).
+    /// Latest counter snapshot of RNIC `index` (about 1 ms old), summed over its shards.
     pub fn stats(&self, index: usize) -> NicSnapshot {
-        self.stats[index].lock().map(|s| *s).unwrap_or_default()
+        let mut sum = NicSnapshot::default();
+        for (k, slot) in self.stats[index].iter().enumerate() {
+            let s = slot.lock().map(|s| *s).unwrap_or_default();
+            match k {
+                0 => sum = s,
+                _ => sum.merge_shard(&s),
+            }
+        }
+        sum
     }
 
     /// Stops the worker; RNICs, ports and pools are released.

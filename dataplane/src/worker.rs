@@ -56,6 +56,26 @@ pub struct NicSnapshot {
     pub area_bytes: u64,
 }
 
+impl NicSnapshot {
+    /// Adds another shard's snapshot of the same RNIC (`worker.count`): its port, engine,
+    /// QP and object counters and its clients. The neighbour counters and the pool level
+    /// stay this one's (the first shard's): the others' tables only learn from copies of
+    /// what it received, and the pool is the RNIC's one pool.
+    pub fn merge_shard(&mut self, o: &NicSnapshot) {
+        self.nic.add(&o.nic);
+        self.dev.add(&o.dev);
+        self.qps.add(&o.qps);
+        let (a, b) = (&mut self.objects, &o.objects);
+        a.pds += b.pds;
+        a.mrs += b.mrs;
+        a.cqs += b.cqs;
+        a.qps += b.qps;
+        a.srqs += b.srqs;
+        self.hosts += o.hosts;
+        self.area_bytes += o.area_bytes;
+    }
+}
+
 roce::counters!(
     /// A worker's load, published for tools with its RNICs' counters (about every
     /// millisecond): every field counts up from the worker's start.

@@ -165,6 +165,9 @@ impl Nic {
         // One ring's worth: all that was posted before the call fits; a client refilling its
         // ring meanwhile cannot hold the worker here.
         self.serve_posts(id, POST_RING);
+        // The connection manager's MADs reach QP1, which the port's owner keeps: on a
+        // worker other than the first, a client's CM agent would never hear its peers.
+        let cm_here = self.shard().0 == 0;
         let Some(h) = self.hosts.get_mut(id) else {
             return Err(VerbsError::DeviceFatal);
         };
@@ -181,7 +184,15 @@ impl Nic {
             _ => None,
         }
         .map(|av| av.dgid);
-        let r = execute(&mut self.dev, &mut self.owners, h, self.now, cmd, area);
+        let r = execute(
+            &mut self.dev,
+            &mut self.owners,
+            h,
+            self.now,
+            cmd,
+            area,
+            cm_here,
+        );
         if let (Ok(_), Some(dgid)) = (&r, dgid) {
             self.prime_next_hop(dgid);
         }
@@ -302,6 +313,7 @@ fn execute(
     now: u64,
     cmd: Command,
     area: Option<Arc<Area>>,
+    cm_here: bool,
 ) -> VerbsResult<ReplyData> {
     match cmd {
         Command::CmListen { .. }
@@ -314,7 +326,14 @@ fn execute(
         | Command::CmDisconnect { .. }
         | Command::CmGetEvent
         | Command::CmSidrRequest { .. }
-        | Command::CmSidrReply { .. } => execute_cm(dev, owners, h, now, cmd),
+        | Command::CmSidrReply { .. } => match cm_here {
+            true => execute_cm(dev, owners, h, now, cmd),
+            false => Err(VerbsError::InvalidArgument(
+                "the connection manager runs on the RNIC's first worker only: with \
+                 worker.count > 1 this client was placed on another"
+                    .into(),
+            )),
+        },
         Command::QueryDevice => Ok(ReplyData::Device(device_attr(dev))),
         Command::QueryPort => Ok(ReplyData::Port(port_attr(dev))),
         Command::QueryGid { index } => dev

@@ -176,6 +176,38 @@ pub struct DeviceConfig {
     /// The node GUID (the EUI-64 of the port's MAC, [`crate::types::eui64`]): the CA GUID
     /// the connection manager advertises.
     pub node_guid: u64,
+    /// The QP numbers this device hands out (all of them unless the RNIC is spread over
+    /// several workers).
+    pub qpn_stripe: QpnStripe,
+}
+
+/// Which QP numbers a device hands out: those whose sequence number (`qpn - QPN_BASE`) is
+/// `index` modulo `count`. An RNIC spread over several workers runs one device per worker,
+/// each with its own stripe, so that a QP number alone names the worker that owns the QP
+/// ([`QpnStripe::owner`]): a received frame is steered by its BTH's destination QP without a
+/// table lookup. A stripe holds `max_qp / count` QPs, so the RNIC as a whole holds `max_qp`
+/// (every slot `seq mod max_qp` of a stripe is `index` modulo `count` when `count` divides
+/// `max_qp`, which the configuration ensures).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpnStripe {
+    /// This device's stripe, below `count`.
+    pub index: u32,
+    /// How many stripes (devices) share the QP number space.
+    pub count: u32,
+}
+
+impl QpnStripe {
+    /// The whole number space: one device.
+    pub const ALL: QpnStripe = QpnStripe { index: 0, count: 1 };
+
+    /// The stripe of `count` that owns QP number `qpn`: the special QPs below `QPN_BASE`
+    /// (QP1, the GSI) belong to stripe 0.
+    pub fn owner(qpn: Qpn, count: u32) -> u32 {
+        match qpn.value().checked_sub(QPN_BASE) {
+            Some(seq) if count > 1 => seq % count,
+            _ => 0,
+        }
+    }
 }
 
 impl Default for DeviceConfig {
@@ -192,6 +224,7 @@ impl Default for DeviceConfig {
             priorities: transmit::PriorityMap::default(),
             ets: None,
             node_guid: 0,
+            qpn_stripe: QpnStripe::ALL,
         }
     }
 }
@@ -1003,6 +1036,7 @@ impl Device {
         let max_mr = cfg.limits.max_mr as usize + cfg.limits.max_mw as usize;
         let l = cfg.limits;
         let cfg_ets = cfg.ets;
+        let cfg_stripe = cfg.qpn_stripe;
         let node_guid = cfg.node_guid;
         Device {
             sh: Shared {
@@ -1019,7 +1053,7 @@ impl Device {
                 ready_cqs: Vec::with_capacity(16),
             },
             qps: Vec::new(),
-            next_qpn_seq: 0,
+            next_qpn_seq: cfg_stripe.index,
             destroyed_qp_counters: QpCounters::default(),
             running_qp_counters: QpCounters::default(),
             running_cursor: 0,
@@ -1515,14 +1549,20 @@ impl Device {
         }
         // QP numbers are handed out cyclically over the 24-bit space (as rxe's pool does), so
         // a late packet for a destroyed QP does not land on the next QP created: a number
-        // comes back only after 2^24 creations. The slot is the number modulo max_qp.
+        // comes back only after 2^24 creations. The slot is the number modulo max_qp. A
+        // device with a stripe of the number space (`QpnStripe`) steps over the others'.
         let max_qp = self.sh.cfg.limits.max_qp as usize;
-        if self.live_qps as usize >= max_qp {
+        let stripe = self.sh.cfg.qpn_stripe;
+        let step = stripe.count.max(1);
+        if self.live_qps as usize >= max_qp / step as usize {
             return Err(VerbsError::NoResources("queue pairs"));
         }
         let (seq, slot) = loop {
             let seq = self.next_qpn_seq;
-            self.next_qpn_seq = (seq + 1) % QPN_SPACE;
+            self.next_qpn_seq = match seq + step {
+                n if n >= QPN_SPACE => stripe.index,
+                n => n,
+            };
             let slot = seq as usize % max_qp;
             if self.qps.get(slot).is_none_or(|q| q.is_none()) {
                 break (seq, slot);

@@ -939,6 +939,14 @@ pub fn classify(frame: &[u8]) -> FrameKind {
     }
 }
 
+/// The destination QP of a RoCEv2 frame, read from its BTH without validating the rest
+/// (`None` if the first bytes are not a RoCEv2 frame's): where a receiver steers it.
+pub fn dest_qpn(frame: &[u8]) -> Option<Qpn> {
+    let o = bth_offset(frame)?;
+    let b = frame.get(o + 5..o + 8)?;
+    Some(Qpn::new(u32::from_be_bytes([0, b[0], b[1], b[2]])))
+}
+
 /// Where the BTH starts in a RoCEv2 frame (IPv4 or IPv6, UDP to port 4791), found from the
 /// first bytes without validating the rest.
 fn bth_offset(frame: &[u8]) -> Option<usize> {
