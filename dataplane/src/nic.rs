@@ -147,7 +147,8 @@ roce::counters!(
         /// Received RoCE frames the port's owner handed to the worker that owns their
         /// destination QP (an RNIC spread over several workers, `worker.count`).
         rx_steered,
-        /// Frames dropped because the owning worker's inbox was full.
+        /// Frames dropped on the way to another worker of the RNIC: its inbox was full, or
+        /// (a copy of an ARP, ND or pause frame) its copy queue was full or no mbuf was free.
         rx_steer_dropped,
         /// Frames other workers of the RNIC built, sent by the port's owner.
         tx_forwarded,
@@ -1122,21 +1123,6 @@ impl Nic {
     /// the parsed headers. Returns them for a UD message to hold (see `wants_hold`), which
     /// the caller then keeps with its mbuf.
     fn rx_frame(&mut self, now: u64, m: &mut Mbuf) -> Option<ParsedFrame> {
-        // A copy of what the port's owner received (an RNIC over several workers): learnt
-        // from or obeyed, counted where it was received.
-        if self.shard.as_ref().is_some_and(|s| s.index > 0) {
-            let kind = classify(m.data());
-            if self.is_copy(kind) {
-                let d = m.data();
-                match kind {
-                    FrameKind::Pfc | FrameKind::Pause => self.pause_frame(now, d),
-                    _ => {
-                        self.neigh.handle_frame(now, d);
-                    }
-                }
-                return None;
-            }
-        }
         self.counters.rx_frames += 1;
         // A frame in one segment this mbuf alone holds (the usual case): a RoCE frame is
         // parsed and verified in place, its ICRC in one pass (`frame::parse_in_place`).
@@ -1228,7 +1214,10 @@ impl Nic {
     fn rx_other(&mut self, now: u64, kind: FrameKind, segs: &[&[u8]]) -> Option<ParsedFrame> {
         let first = segs.first().copied().unwrap_or(&[]);
         match kind {
-            FrameKind::Pfc | FrameKind::Pause => self.pause_frame(now, first),
+            FrameKind::Pfc | FrameKind::Pause => {
+                self.pause_frame(now, first);
+                self.copy_to_shards(segs);
+            }
             _ if is_ipv4_fragment(first) => self.counters.rx_ipv4_fragments += 1,
             kind => {
                 // ARP, ICMP and ND are small: a multi-segment one is joined (rare path).
@@ -1240,6 +1229,9 @@ impl Nic {
                     &joined[..]
                 };
                 let consumed = self.neigh.handle_frame(now, f);
+                if consumed || kind == FrameKind::Arp {
+                    self.copy_to_shards(&[f]);
+                }
                 match (kind, consumed) {
                     (FrameKind::Arp, _) => self.counters.rx_arp += 1,
                     (_, true) => self.counters.rx_icmp += 1,
@@ -1458,9 +1450,7 @@ impl Nic {
             });
             return;
         }
-        if let Some(t) = self.tap.as_mut() {
-            t.write_mbuf(now, &m);
-        }
+        self.tap_mbuf(now, &m);
         self.push_tx(now, m);
     }
 
@@ -1534,9 +1524,7 @@ impl Nic {
                     // The destination MAC is not covered by the ICRC: patch it in place.
                     let mut m = h.m;
                     m.data_mut()[..6].copy_from_slice(&mac);
-                    if let Some(t) = self.tap.as_mut() {
-                        t.write_mbuf(now, &m);
-                    }
+                    self.tap_mbuf(now, &m);
                     self.push_tx(now, m);
                 }
                 Resolve::Pending => self.pending.push_back(h),

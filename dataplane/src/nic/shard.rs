@@ -7,8 +7,9 @@
 //! the RNIC's voice on the link: it answers ARP, ND and ping, announces the addresses, keeps
 //! the receive buffer that sends PFC, captures and injects faults. A received RoCE frame whose
 //! destination QP another shard owns is handed over whole (the mbuf, no copy) through that
-//! shard's inbox; ARP, ND and PFC/PAUSE frames are copied to every other shard, whose
-//! neighbour tables learn from them without answering and whose engines honour the pauses.
+//! shard's inbox; the ARP, ND and PFC/PAUSE frames it accepts are copied to every other
+//! shard through their own queue, whose neighbour tables learn from them without answering
+//! and whose engines honour the pauses (they are counted once, by the port's owner).
 //! The other shards hand what they build to the port's owner through one outbox. A frame
 //! to one of the RNIC's own GIDs goes straight to the inbox of the shard owning its QP.
 //!
@@ -29,12 +30,16 @@ use crate::config::RnicConfig;
 
 /// Frames an inbox or the outbox holds at most.
 const LINK_FRAMES: usize = 4096;
+/// Copies of control frames a shard's copy queue holds at most.
+const COPY_FRAMES: usize = 256;
 
 /// The queues between the shards of one RNIC.
 pub struct ShardLinks {
-    /// Frames for each shard: received frames steered to it, copies of ARP, ND and pause
-    /// frames, and frames other shards address to its QPs.
+    /// Frames for each shard: received frames steered to it and frames other shards
+    /// address to its QPs.
     inbox: Vec<ArrayQueue<Mbuf>>,
+    /// Copies of the ARP, ND and pause frames the port's owner accepted, for each shard.
+    copies: Vec<ArrayQueue<Mbuf>>,
     /// Frames the shards other than the first hand to it for the port.
     outbox: ArrayQueue<Mbuf>,
 }
@@ -43,6 +48,7 @@ impl ShardLinks {
     fn new(count: usize) -> ShardLinks {
         ShardLinks {
             inbox: (0..count).map(|_| ArrayQueue::new(LINK_FRAMES)).collect(),
+            copies: (0..count).map(|_| ArrayQueue::new(COPY_FRAMES)).collect(),
             outbox: ArrayQueue::new(LINK_FRAMES),
         }
     }
@@ -146,73 +152,74 @@ impl Nic {
     /// Whether frames wait in this shard's inbox or (the port's owner) in the outbox.
     pub(super) fn links_busy(&self) -> bool {
         self.shard.as_ref().is_some_and(|s| {
-            !s.links.inbox[s.index as usize].is_empty()
-                || (s.index == 0 && !s.links.outbox.is_empty())
+            let i = s.index as usize;
+            !s.links.inbox[i].is_empty()
+                || !s.links.copies[i].is_empty()
+                || (i == 0 && !s.links.outbox.is_empty())
         })
     }
 
     /// The port's owner, for a frame it took off the port: a RoCE frame whose destination
     /// QP another shard owns goes to that shard's inbox (captured here first, the capture
-    /// being the port's); ARP, ND and pause frames are copied to the other shards and also
-    /// kept. Returns the frame if this shard handles it.
+    /// being the port's). Returns the frame if this shard handles it (a frame whose headers
+    /// are not all in its first segment too: rare, and still verified here).
     pub(super) fn steer(&mut self, now: u64, m: Mbuf) -> Option<Mbuf> {
         let Some(sh) = self.shard.as_ref() else {
             return Some(m);
         };
-        let kind = classify(m.data());
-        match kind {
-            FrameKind::Roce | FrameKind::Cnp => {
-                // Headers past the first segment: handled here (the engine's steering
-                // needs the BTH; such frames are rare and still verified).
-                let Some(qpn) = dest_qpn(m.data()) else {
-                    return Some(m);
-                };
-                let owner = QpnStripe::owner(qpn, sh.count);
-                if owner == sh.index {
-                    return Some(m);
-                }
-                let links = sh.links.clone();
-                self.tap_mbuf(now, &m);
-                match links.inbox[owner as usize].push(m) {
-                    Ok(()) => self.counters.rx_steered += 1,
-                    Err(_) => {
-                        self.counters.rx_frames += 1;
-                        self.counters.rx_steer_dropped += 1;
-                    }
-                }
-                None
-            }
-            FrameKind::Arp | FrameKind::Pfc | FrameKind::Pause | FrameKind::Other => {
-                if kind != FrameKind::Other || is_nd(m.data()) {
-                    let links = sh.links.clone();
-                    let me = sh.index as usize;
-                    for (k, inbox) in links.inbox.iter().enumerate() {
-                        if k != me {
-                            self.copy_to(inbox, &m);
-                        }
-                    }
-                }
-                Some(m)
-            }
+        let Some(qpn) = dest_qpn(m.data()) else {
+            return Some(m);
+        };
+        let owner = QpnStripe::owner(qpn, sh.count) as usize;
+        if owner == sh.index as usize {
+            return Some(m);
+        }
+        self.tap_mbuf(now, &m);
+        let pushed = self
+            .shard
+            .as_ref()
+            .is_some_and(|s| s.links.inbox[owner].push(m).is_ok());
+        if pushed {
+            self.counters.rx_steered += 1;
+        } else {
+            self.counters.rx_frames += 1;
+            self.counters.rx_steer_dropped += 1;
+        }
+        None
+    }
+
+    /// The port's owner: copies an ARP, ND or pause frame it accepted to every other shard.
+    pub(super) fn copy_to_shards(&mut self, segs: &[&[u8]]) {
+        let Some(links) = self
+            .shard
+            .as_ref()
+            .filter(|s| s.index == 0)
+            .map(|s| s.links.clone())
+        else {
+            return;
+        };
+        for q in &links.copies[1..] {
+            self.copy_to(q, segs);
         }
     }
 
-    fn tap_mbuf(&mut self, now: u64, m: &Mbuf) {
+    /// Captures a frame in an mbuf, if the capture is on.
+    pub(super) fn tap_mbuf(&mut self, now: u64, m: &Mbuf) {
         if let Some(t) = self.tap.as_mut() {
             t.write_mbuf(now, m);
         }
     }
 
-    fn copy_to(&mut self, inbox: &ArrayQueue<Mbuf>, m: &Mbuf) {
+    fn copy_to(&mut self, q: &ArrayQueue<Mbuf>, segs: &[&[u8]]) {
         let Ok(mut c) = self.pool.alloc() else {
             self.counters.rx_steer_dropped += 1;
             return;
         };
         let mut ok = true;
-        for s in m.segments() {
+        for s in segs {
             ok &= c.extend_from_slice(s);
         }
-        if !ok || inbox.push(c).is_err() {
+        if !ok || q.push(c).is_err() {
             self.counters.rx_steer_dropped += 1;
         }
     }
@@ -234,18 +241,32 @@ impl Nic {
         Ok(())
     }
 
-    /// The port's owner: sends what the other shards built (captured and through the fault
-    /// injector, as its own frames are), and receives what they addressed to its QPs;
-    /// returns how many frames moved.
+    /// The port's owner sends what the other shards built (captured and through the fault
+    /// injector, as its own frames are) and receives what they addressed to its QPs; the
+    /// others learn from or obey the copies it made of control frames. Returns how many
+    /// frames moved.
     pub(super) fn serve_shards(&mut self, now: u64) -> usize {
+        if !self.links_busy() {
+            return 0;
+        }
         let Some(sh) = self.shard.as_ref() else {
             return 0;
         };
-        if sh.index != 0 {
-            return 0;
-        }
-        let links = sh.links.clone();
+        let (index, links) = (sh.index as usize, sh.links.clone());
         let mut work = 0;
+        while let Some(c) = links.copies[index].pop() {
+            work += 1;
+            let d = c.data();
+            match classify(d) {
+                FrameKind::Pfc | FrameKind::Pause => self.pause_frame(now, d),
+                _ => {
+                    self.neigh.handle_frame(now, d);
+                }
+            }
+        }
+        if index != 0 {
+            return work;
+        }
         while work < 4 * BURST {
             let Some(mut m) = links.inbox[0].pop() else {
                 break;
@@ -268,25 +289,8 @@ impl Nic {
         self.flush();
         work + sent
     }
-
-    /// Whether a frame another shard copied here is one this shard only learns from
-    /// (ARP, ND, pause): it is then not counted as received again.
-    pub(super) fn is_copy(&self, kind: FrameKind) -> bool {
-        self.shard.as_ref().is_some_and(|s| s.index > 0)
-            && !matches!(kind, FrameKind::Roce | FrameKind::Cnp)
-    }
 }
 
 /// Frames the port's owner keeps waiting for its transmit queue before it stops taking the
 /// other shards' frames (they then wait in the outbox, and their builders behind it).
 const MAX_FORWARD_BACKLOG: usize = 2 * BURST;
-
-/// Whether a frame is IPv6 ICMP (neighbour discovery; ping too, which the other shards'
-/// tables ignore without answering).
-fn is_nd(f: &[u8]) -> bool {
-    let Ok(eth) = roce::wire::ethernet::Frame::new_checked(f) else {
-        return false;
-    };
-    let l3 = eth.header_len();
-    eth.ethertype() == roce::wire::ethernet::ethertype::IPV6 && f.get(l3 + 6) == Some(&58)
-}
