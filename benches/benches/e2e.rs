@@ -25,7 +25,8 @@
 //!
 //! Then 64 KiB WRITEs over one QP and over 16,000 QPs taken in turn (every QP active), and
 //! the resident memory per QP (`E2E_ONLY=qps` runs only this). Then the loopback pair on one
-//! worker thread against one each (`E2E_ONLY=workers`). And 64 KiB, 1 MiB and 8 MiB WRITEs and
+//! worker thread against one each (`E2E_ONLY=workers`), and two pairs of clients on RNICs of
+//! one worker against RNICs spread over two (`worker.count`, `E2E_ONLY=shards`). And 64 KiB, 1 MiB and 8 MiB WRITEs and
 //! READs moving the same bytes (`E2E_ONLY=large`).
 //!
 //! And the same three through rnicd's host interface across processes: this process runs
@@ -392,7 +393,7 @@ fn two_rnics(
 /// (run-to-completion).
 fn registered_io(read: bool, windows: bool, n: u64) -> f64 {
     use dataplane::Verbs;
-    use ferroce_tools::dpdk_incast::{connect, rc_qp_init, End};
+    use ferroce_tools::dpdk_incast::rc_qp_init;
     use roce::memory::MwType;
     use roce::types::Rkey;
     use roce::verbs::{Access, Completion, SendFlags, SendWr, WcStatus, WrOp};
@@ -407,16 +408,7 @@ fn registered_io(read: bool, windows: bool, n: u64) -> f64 {
     let (ba, bb) = (a.alloc_buffer(len).unwrap(), b.alloc_buffer(len).unwrap());
     let ma = a.reg_mr(pa, &ba, 0, len, Access::ALL).unwrap();
     let mb = b.reg_mr(pb, &bb, 0, len, Access::ALL).unwrap();
-    let ea = End {
-        qpn: qa,
-        gid: a.query_gid(1).unwrap(),
-    };
-    let eb = End {
-        qpn: qb,
-        gid: b.query_gid(1).unwrap(),
-    };
-    connect(&mut a, &ea, &eb).expect("connect a");
-    connect(&mut b, &eb, &ea).expect("connect b");
+    connect_rc(&mut a, qa, &mut b, qb);
     let mws: Vec<Rkey> = (0..SLOTS)
         .map(|_| b.alloc_mw(pb, MwType::Two).unwrap())
         .collect();
@@ -561,7 +553,7 @@ fn heap_in_use() -> u64 {
 fn many_qps(nqps: u32, n: u64) -> (f64, f64) {
     use dataplane::Verbs;
     use ferroce_tools::dpdk_incast::{connect, rc_qp_init, End};
-    use roce::verbs::{Access, Completion, SendFlags, SendWr, WcStatus, WrOp};
+    use roce::verbs::Access;
     const MSG: u32 = 65536;
     const IN_FLIGHT: u64 = 64;
     let (rt, mut a, mut b) = two_rnics("e2e-qps");
@@ -587,45 +579,93 @@ fn many_qps(nqps: u32, n: u64) -> (f64, f64) {
     }
     let per_qp = heap_in_use().saturating_sub(before) as f64 / (2.0 * nqps as f64);
     let mut next = 0usize;
-    let mut post = |a: &mut dataplane::Context| {
+    let start = Instant::now();
+    stream_writes(&mut a, ca, n, IN_FLIGHT, |a| {
         let q = qps[next];
         next = (next + 1) % qps.len();
-        a.post_send(
-            q,
-            &SendWr {
-                wr_id: 0,
-                op: WrOp::Write {
-                    remote_addr: mb.addr,
-                    rkey: mb.rkey.unwrap(),
-                },
-                sg_list: &[ma.sge(0, MSG)],
-                flags: SendFlags::SIGNALED,
-                ud: None,
-            },
-        )
-        .expect("post WRITE");
+        post_write(a, q, &ma, &mb, MSG);
+    });
+    let gbps = n as f64 * MSG as f64 * 8.0 / start.elapsed().as_secs_f64() / 1e9;
+    drop((a, b));
+    rt.stop();
+    (gbps, per_qp)
+}
+
+/// Connects RC QP `qa` of `a` and `qb` of `b` to each other (GID index 1 at both ends).
+fn connect_rc(
+    a: &mut dataplane::Context,
+    qa: roce::types::Qpn,
+    b: &mut dataplane::Context,
+    qb: roce::types::Qpn,
+) {
+    use dataplane::Verbs;
+    use ferroce_tools::dpdk_incast::{connect, End};
+    let ea = End {
+        qpn: qa,
+        gid: a.query_gid(1).unwrap(),
     };
-    let start = Instant::now();
-    for _ in 0..IN_FLIGHT.min(n) {
-        post(&mut a);
+    let eb = End {
+        qpn: qb,
+        gid: b.query_gid(1).unwrap(),
+    };
+    connect(a, &ea, &eb).expect("connect a");
+    connect(b, &eb, &ea).expect("connect b");
+}
+
+/// Posts one signaled WRITE on `qpn` of `len` bytes from the start of `from` to the start of
+/// `to`.
+fn post_write(
+    a: &mut dataplane::Context,
+    qpn: roce::types::Qpn,
+    from: &dataplane::Mr,
+    to: &dataplane::Mr,
+    len: u32,
+) {
+    use dataplane::Verbs;
+    use roce::verbs::{SendFlags, SendWr, WrOp};
+    a.post_send(
+        qpn,
+        &SendWr {
+            wr_id: 0,
+            op: WrOp::Write {
+                remote_addr: to.addr,
+                rkey: to.rkey.expect("an rkey"),
+            },
+            sg_list: &[from.sge(0, len)],
+            flags: SendFlags::SIGNALED,
+            ud: None,
+        },
+    )
+    .expect("post WRITE");
+}
+
+/// Keeps `in_flight` WRITEs posted by `post` until `n` have completed on `cq`, each one
+/// successfully.
+fn stream_writes(
+    a: &mut dataplane::Context,
+    cq: roce::engine::CqId,
+    n: u64,
+    in_flight: u64,
+    mut post: impl FnMut(&mut dataplane::Context),
+) {
+    use dataplane::Verbs;
+    use roce::verbs::{Completion, WcStatus};
+    for _ in 0..in_flight.min(n) {
+        post(a);
     }
-    let (mut done, mut posted) = (0u64, IN_FLIGHT.min(n));
+    let (mut done, mut posted) = (0u64, in_flight.min(n));
     let mut wc = [Completion::default(); 32];
     while done < n {
-        let got = a.poll_cq(ca, &mut wc).unwrap();
+        let got = a.poll_cq(cq, &mut wc).unwrap();
         for c in &wc[..got] {
             assert_eq!(c.status, WcStatus::Success, "{c:?}");
             done += 1;
             if posted < n {
-                post(&mut a);
+                post(a);
                 posted += 1;
             }
         }
     }
-    let gbps = done as f64 * MSG as f64 * 8.0 / start.elapsed().as_secs_f64() / 1e9;
-    drop((a, b));
-    rt.stop();
-    (gbps, per_qp)
 }
 
 /// The median of some runs (the middle one of an odd count).
@@ -729,6 +769,72 @@ fn workers() {
     }
 }
 
+/// 64 KiB WRITEs over two pairs of clients between two loopback RNICs (MTU 4096) spread
+/// over `count` workers (`worker.count` 1 or 2): clients are placed on an RNIC's workers in
+/// turn, so with 2 the k-th client of each RNIC is on worker k and each pair has a worker to
+/// itself at both ends. Each pair moves `n` WRITEs, 32 in flight, from its own application
+/// thread (which also runs its worker while it waits). Returns the aggregate goodput in Gb/s.
+fn sharded_goodput(count: u32, n: u64) -> f64 {
+    use dataplane::Verbs;
+    use ferroce_tools::dpdk_incast::rc_qp_init;
+    use roce::verbs::Access;
+    const MSG: u32 = 65536;
+    const IN_FLIGHT: u64 = 32;
+    let cfg = |h| {
+        let mut c = driver::loopback_config(h, 4096, &RnicOpts::default()).expect("config");
+        c.worker_count = count;
+        c
+    };
+    let rt = dataplane::runtime::Runtime::loopback("e2e-shards", cfg(1), cfg(2)).expect("rt");
+    let mut pairs = Vec::new();
+    for _ in 0..2 {
+        let (mut a, mut b) = (rt.open(0).expect("a"), rt.open(1).expect("b"));
+        let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
+        let (ca, cb) = (a.create_cq(256).unwrap(), b.create_cq(16).unwrap());
+        let len = MSG as usize;
+        let (ba, bb) = (a.alloc_buffer(len).unwrap(), b.alloc_buffer(len).unwrap());
+        let ma = a.reg_mr(pa, &ba, 0, len, Access::ALL).unwrap();
+        let mb = b.reg_mr(pb, &bb, 0, len, Access::ALL).unwrap();
+        let qa = a.create_qp(&rc_qp_init(pa, ca, 64)).expect("QP on A");
+        let qb = b.create_qp(&rc_qp_init(pb, cb, 64)).expect("QP on B");
+        connect_rc(&mut a, qa, &mut b, qb);
+        pairs.push((a, b, ca, qa, ba, bb, ma, mb));
+    }
+    let start = Instant::now();
+    let threads: Vec<_> = pairs
+        .into_iter()
+        .map(|(mut a, b, ca, qa, ba, bb, ma, mb)| {
+            std::thread::spawn(move || {
+                stream_writes(&mut a, ca, n, IN_FLIGHT, |a| {
+                    post_write(a, qa, &ma, &mb, MSG)
+                });
+                drop((a, b, ba, bb));
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().expect("a stream");
+    }
+    let gbps = 2.0 * n as f64 * MSG as f64 * 8.0 / start.elapsed().as_secs_f64() / 1e9;
+    rt.stop();
+    gbps
+}
+
+/// [`sharded_goodput`] on one worker and on two, alternating, three runs each, medians.
+fn shards() {
+    println!("one RNIC over several workers (worker.count; two client pairs, 64 KiB WRITEs)");
+    let (mut one, mut two) = (Vec::new(), Vec::new());
+    for _ in 0..3 {
+        one.push(sharded_goodput(1, 20_000));
+        two.push(sharded_goodput(2, 20_000));
+    }
+    let (a, b) = (median(one), median(two));
+    println!(
+        "  1 worker {a:8.2} Gb/s, 2 workers {b:8.2} Gb/s: ratio {:.2}",
+        b / a
+    );
+}
+
 /// Large messages (issue 22: 1 MiB and 8 MiB WRITE and READ at the goodput of 64 KiB): each
 /// size moves the same 1 GiB in process, three runs each, sizes alternating, medians, the
 /// ratio to 64 KiB of the same verb, and memcpy over the same working set (one message's
@@ -780,13 +886,14 @@ fn main() {
     let only = std::env::var("E2E_ONLY").ok();
     if matches!(
         only.as_deref(),
-        Some("fastreg") | Some("qps") | Some("workers") | Some("large")
+        Some("fastreg") | Some("qps") | Some("workers") | Some("shards") | Some("large")
     ) {
         let cfg = driver::loopback_config(1, 4096, &RnicOpts::default()).expect("config");
         dataplane::runtime::init_eal("e2e", &cfg).expect("EAL");
         match only.as_deref() {
             Some("qps") => qp_scale(),
             Some("workers") => workers(),
+            Some("shards") => shards(),
             Some("large") => large_messages(),
             _ => fast_registration(),
         }
@@ -867,6 +974,7 @@ fn main() {
     fast_registration();
     qp_scale();
     workers();
+    shards();
 
     println!("ferroce through rnicd (two RNICs behind the daemon, server and client as processes)");
     let dir = std::env::temp_dir().join(format!("ferroce-e2e-{}", std::process::id()));
