@@ -2181,6 +2181,23 @@ impl RnicConfig {
         out
     }
 
+    /// The rx and tx queues the RNIC asks of its port: one per worker (`worker.count`), so
+    /// that each worker receives and sends on its own, unless something must see every
+    /// frame in one place (a capture, fault injection, the receive rate limit, or the PFC
+    /// receive buffer, all of which the port's owner keeps): then one, which the port's
+    /// owner serves for all (docs/ARCHITECTURE.md, "Several workers per RNIC").
+    pub fn port_queues(&self) -> u16 {
+        let one_place = self.pcap.is_some()
+            || self.fault.any()
+            || self.fault.rx_pps > 0
+            || self.pfc.mode != dcb::pfc::Mode::Off;
+        if one_place {
+            1
+        } else {
+            self.worker_count as u16
+        }
+    }
+
     /// One line describing the RNIC with the MAC in use.
     pub fn summary(&self, mac: [u8; 6]) -> String {
         self.describe(Some(mac))
@@ -2522,6 +2539,18 @@ mod tests {
         r.set("worker.thread", "3").unwrap();
         let c = r.validate().unwrap();
         assert_eq!((c.worker_thread, c.worker_count), (3, 2));
+        assert_eq!(c.port_queues(), 2, "a queue pair per worker");
+        // What needs to see every frame in one place keeps the port to one queue pair.
+        for (k, v) in [
+            ("capture.pcap", "/tmp/x.pcap"),
+            ("fault.loss", "0.01"),
+            ("fault.rx_pps", "1000"),
+            ("pfc.mode", "pfc"),
+        ] {
+            let mut r = r.clone();
+            r.set(k, v).unwrap();
+            assert_eq!(r.validate().unwrap().port_queues(), 1, "{k}");
+        }
         assert!(c.to_toml().contains("count = 2"), "{}", c.to_toml());
         // No worker, past the last thread, or a QP table the workers cannot share equally.
         r.set("worker.count", "0").unwrap();

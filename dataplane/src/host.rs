@@ -62,7 +62,15 @@ pub struct Owners {
     /// rdma_cm connections by communication ID, and listened service IDs.
     pub(crate) cm_conns: HashMap<u32, u16>,
     pub(crate) cm_listeners: HashMap<u64, u16>,
+    /// On an RNIC over several workers: the services listened to on any of them, by worker
+    /// (shared by the workers; the port's owner steers REQs by it), and this one's index.
+    pub(crate) services: Option<(ServiceMap, u32)>,
 }
+
+/// Listened service IDs and the worker whose client listens, shared by an RNIC's workers
+/// (`worker.count`). Taken by a listen or unlisten and, on the port's owner, by a received
+/// REQ or SIDR_REQ: never by a data packet.
+pub type ServiceMap = std::sync::Arc<std::sync::Mutex<HashMap<u64, u32>>>;
 
 /// No owner.
 pub(crate) const NOBODY: u16 = u16::MAX;
@@ -78,6 +86,33 @@ impl Owners {
             srq: vec![NOBODY; limits.max_srq as usize],
             cm_conns: HashMap::new(),
             cm_listeners: HashMap::new(),
+            services: None,
+        }
+    }
+
+    /// Records that client `host` listens to `sid`; false (nothing recorded) if a client on
+    /// another worker of the RNIC does already: one listener per service per RNIC, as on a
+    /// device with one connection manager.
+    pub(crate) fn add_listener(&mut self, sid: u64, host: u16) -> bool {
+        if let Some((map, me)) = &self.services {
+            let mut m = map.lock().unwrap_or_else(|e| e.into_inner());
+            if m.get(&sid).is_some_and(|w| w != me) {
+                return false;
+            }
+            m.insert(sid, *me);
+        }
+        self.cm_listeners.insert(sid, host);
+        true
+    }
+
+    /// Forgets the listener of `sid`.
+    pub(crate) fn remove_listener(&mut self, sid: u64) {
+        self.cm_listeners.remove(&sid);
+        if let Some((map, me)) = &self.services {
+            let mut m = map.lock().unwrap_or_else(|e| e.into_inner());
+            if m.get(&sid) == Some(me) {
+                m.remove(&sid);
+            }
         }
     }
 

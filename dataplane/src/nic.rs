@@ -386,11 +386,16 @@ impl Nic {
             let _ = port.set_mac_addr(m);
             mac = m;
         }
+        // Queue k of the port is shard k's where the port has one for it (port_queues); a
+        // shard without goes through the port's owner.
+        let q = shard.as_ref().map_or(0, |s| s.index as u16);
         let wire = match &shard {
-            Some(sh) if sh.index > 0 => Wire::Shard(sh.links.clone(), sh.index as usize),
+            Some(sh) if q >= port.rx_queue_count().min(port.tx_queue_count()) => {
+                Wire::Shard(sh.links.clone(), sh.index as usize)
+            }
             _ => Wire::Port {
-                rxq: port.rx_queue(0).map_err(|e| e.to_string())?,
-                txq: port.tx_queue(0).map_err(|e| e.to_string())?,
+                rxq: port.rx_queue(q).map_err(|e| e.to_string())?,
+                txq: port.tx_queue(q).map_err(|e| e.to_string())?,
             },
         };
         // The port's owner is the RNIC's voice on the link: the others capture nothing,
@@ -430,6 +435,8 @@ impl Nic {
         let max_qp = dev.config().limits.max_qp as usize;
         let hold_frames = cfg.ud_rx_hold_frames as usize;
         let limits = HostLimits::of(dev.config());
+        let mut owners = Owners::new(limits);
+        owners.services = shard.as_ref().map(|s| (s.links.services.clone(), s.index));
         let mut neigh = Neighbors::new(mac, &cfg);
         if owner {
             neigh.announce();
@@ -488,7 +495,7 @@ impl Nic {
             vlan,
             hosts: Table::dense(crate::host::MAX_HOST_IDS),
             now: 0,
-            owners: Owners::new(limits),
+            owners,
             moved_qps: Vec::with_capacity(64),
             moved_srqs: Vec::with_capacity(16),
             ready_cqs: Vec::with_capacity(16),

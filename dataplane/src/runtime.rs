@@ -65,8 +65,9 @@ fn pool_for(cfg: &RnicConfig) -> Result<Arc<Mempool>, StartError> {
 
 fn port_config(cfg: &RnicConfig) -> PortConfig {
     PortConfig {
-        rx_queues: 1,
-        tx_queues: 1,
+        rx_queues: cfg.port_queues(),
+        tx_queues: cfg.port_queues(),
+        fit_queues: true,
         rx_desc: cfg.rx_desc,
         tx_desc: cfg.tx_desc,
         mtu: Some(cfg.mtu as u16),
@@ -122,6 +123,8 @@ fn switch_link(
     // frames: kept short, so what still arrives after an XOFF (the ring and one burst) fits
     // the switch's headroom.
     let mut pc = port_config(&cfg);
+    // The switch serves one queue of each of its ports.
+    (pc.rx_queues, pc.tx_queues) = (1, 1);
     pc.rx_desc = pc.rx_desc.min(SWITCH_LINK_DESC);
     pc.tx_desc = pc.tx_desc.min(SWITCH_LINK_DESC);
     let (p_rnic, p_sw) = ring_pair(name, &pc, pool.clone())?;
@@ -217,7 +220,13 @@ impl Runtime {
         // RNIC transmits from it too.
         let pool = pool_for(&a)?;
         let n = POOL_SEQ.fetch_add(1, Ordering::Relaxed);
-        let (pa, pb) = ring_pair(&format!("lo{n}"), &port_config(&a), pool.clone())?;
+        // Queue q of one end's transmit is queue q of the other's receive: both ends take a
+        // queue per worker only if both have as many (each end polls only its own).
+        let mut pc = port_config(&a);
+        if b.port_queues() != a.port_queues() {
+            (pc.rx_queues, pc.tx_queues) = (1, 1);
+        }
+        let (pa, pb) = ring_pair(&format!("lo{n}"), &pc, pool.clone())?;
         let (na, sa) = nic_on(a, pa, pool.clone())?;
         let (nb, sb) = nic_on(b, pb, pool)?;
         Self::spawn_with(vec![na, nb], sa.into_iter().chain(sb).collect())

@@ -35,6 +35,10 @@ pub struct PortConfig {
     pub mtu: Option<u16>,
     /// Enable promiscuous mode (ignored where the driver has no such notion).
     pub promiscuous: bool,
+    /// Take at most the queues the driver allows rather than fail with more: rx and tx
+    /// queues alike, at most the smaller of the driver's two limits (the port's
+    /// `rx_queue_count` and `tx_queue_count` then say what it got).
+    pub fit_queues: bool,
 }
 
 impl Default for PortConfig {
@@ -46,6 +50,7 @@ impl Default for PortConfig {
             tx_desc: 1024,
             mtu: None,
             promiscuous: true,
+            fit_queues: false,
         }
     }
 }
@@ -239,6 +244,15 @@ impl Port {
             Ok(i) => i,
             Err(e) => return fail(e, &origin),
         };
+        let mut config = config.clone();
+        if config.fit_queues {
+            // Queues are wanted in pairs (an rx and a tx queue per poller): both kinds fit
+            // the smaller of the two limits.
+            let n = info.max_rx_queues.min(info.max_tx_queues).max(1);
+            config.rx_queues = config.rx_queues.min(n);
+            config.tx_queues = config.tx_queues.min(n);
+        }
+        let config = &config;
         if config.rx_queues > info.max_rx_queues || config.tx_queues > info.max_tx_queues {
             return fail(
                 Error::InvalidArgument(format!(

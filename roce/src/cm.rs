@@ -80,6 +80,11 @@ pub struct CmConfig {
     /// `rdma_listen`) otherwise loses the race to a quick client, whose retry perftest
     /// does not survive.
     pub unclaimed_hold_ms: u64,
+    /// The communication IDs this agent hands out: those whose generation (the bits above
+    /// the slot) is `index` modulo `count`, so that, on an RNIC running one agent per worker
+    /// (`QpnStripe`), a MAD naming one of ours tells which worker's agent it is for
+    /// ([`comm_id_owner`]).
+    pub id_stripe: crate::engine::QpnStripe,
 }
 
 impl Default for CmConfig {
@@ -92,8 +97,46 @@ impl Default for CmConfig {
             max_conns: 4096,
             tid_high: 2,
             unclaimed_hold_ms: 100,
+            id_stripe: crate::engine::QpnStripe::ALL,
         }
     }
+}
+
+/// The agent of `count` (one per worker, [`CmConfig::id_stripe`]) that handed out
+/// communication ID `id`.
+pub fn comm_id_owner(id: u32, count: u32) -> u32 {
+    (id >> SLOT_BITS) % count.max(1)
+}
+
+/// What a received CM MAD names on this side: a service (REQ, SIDR_REQ) or one of our
+/// connections by its communication ID (every other message).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MadRoute {
+    /// The service a request is for (its listener's).
+    Service(u64),
+    /// Our communication ID (SIDR_REP: our request ID).
+    Conn(u32),
+}
+
+/// Where a CM MAD (a QP1 payload) goes on an RNIC with one agent per worker; `None` for one
+/// that is not a CM message ferroce speaks (any agent drops it, counted).
+pub fn mad_route(mad: &[u8]) -> Option<MadRoute> {
+    let h = MadHeader::parse(mad).ok()?;
+    if h.class != CLASS_CM {
+        return None;
+    }
+    Some(
+        match Cm::parse(h.attr_id, &mad[HEADER_LEN.min(mad.len())..]).ok()?? {
+            Cm::Req(r) => MadRoute::Service(r.service_id),
+            Cm::SidrReq(r) => MadRoute::Service(r.service_id),
+            Cm::Rep(r) => MadRoute::Conn(r.remote_comm_id),
+            Cm::Rej(r) => MadRoute::Conn(r.remote_comm_id),
+            Cm::Mra(r) => MadRoute::Conn(r.remote_comm_id),
+            Cm::Dreq(r) => MadRoute::Conn(r.remote_comm_id),
+            Cm::Rtu(r) | Cm::Drep(r) => MadRoute::Conn(r.remote_comm_id),
+            Cm::SidrRep(r) => MadRoute::Conn(r.request_id),
+        },
+    )
 }
 
 /// Milliseconds of an IBA time value as ib_cm rounds it (`cm_convert_to_ms`: 4.096 us x
@@ -1212,10 +1255,14 @@ impl CmAgent {
             }
         };
         let g = &mut self.generation[slot];
-        *g = (*g + 1) & 0xfff;
-        // Generation 0 is skipped so no ID is 0 (a REJ to an unknown REQ names 0).
-        if *g == 0 {
-            *g = 1;
+        // The next generation of this agent's stripe. Generation 0 is skipped so no ID is 0
+        // (a REJ to an unknown REQ names 0).
+        let stripe = self.cfg.id_stripe;
+        loop {
+            *g = (*g + 1) & 0xfff;
+            if *g != 0 && comm_id_owner((*g as u32) << SLOT_BITS, stripe.count) == stripe.index {
+                break;
+            }
         }
         Some(ConnId((*g as u32) << SLOT_BITS | slot as u32))
     }

@@ -3,7 +3,11 @@
 //! disconnection, peers that vanish, bounds, and the REQ/REP ferroce builds compared byte
 //! for byte with what Linux's ib_cm sent in the corpus.
 
-use roce::cm::{reason, AcceptParams, CmAgent, CmConfig, CmEvent, ConnId, ConnectParams, OutMad};
+use roce::cm::{
+    comm_id_owner, mad_route, reason, AcceptParams, CmAgent, CmConfig, CmEvent, ConnId,
+    ConnectParams, MadRoute, OutMad,
+};
+use roce::engine::QpnStripe;
 use roce::types::Gid;
 use roce::wire::cm::{service_id, Cm, PrivateData, CM_DATA_LEN, PS_TCP};
 use roce::wire::mad::{attr, MadHeader, HEADER_LEN};
@@ -27,22 +31,31 @@ struct Link {
     seen: Vec<(bool, u16)>,
     a_events: Vec<CmEvent>,
     b_events: Vec<CmEvent>,
+    /// The communication IDs each agent hands out (each as one of an RNIC's workers).
+    stripes: (QpnStripe, QpnStripe),
 }
 
-fn cfg(guid: u64) -> CmConfig {
+fn cfg(guid: u64, id_stripe: QpnStripe) -> CmConfig {
     CmConfig {
         ca_guid: guid,
+        id_stripe,
         ..CmConfig::default()
     }
 }
 
 impl Link {
     fn new() -> Link {
-        let mut b = CmAgent::new(cfg(0x5054_00ff_fe99_0004));
-        b.listen(SID).unwrap();
+        Link::striped(QpnStripe::ALL, QpnStripe::ALL)
+    }
+
+    /// A link whose agents hand out the communication IDs of stripes `a` and `b`.
+    fn striped(a: QpnStripe, b: QpnStripe) -> Link {
+        let mut bb = CmAgent::new(cfg(0x5054_00ff_fe99_0004, b));
+        bb.listen(SID).unwrap();
         Link {
-            a: CmAgent::new(cfg(0x5054_00ff_fe99_0002)),
-            b,
+            a: CmAgent::new(cfg(0x5054_00ff_fe99_0002, a)),
+            b: bb,
+            stripes: (a, b),
             now: 0,
             lose: Vec::new(),
             a_gone: false,
@@ -56,6 +69,20 @@ impl Link {
     fn deliver(&mut self, from_a: bool, m: OutMad) {
         let attr = MadHeader::parse(&m.mad).unwrap().attr_id;
         self.seen.push((from_a, attr));
+        // What a receiver with one agent per worker would steer it by: a request by its
+        // service, anything else by the receiver's own communication ID, of its stripe.
+        let to = if from_a {
+            self.stripes.1
+        } else {
+            self.stripes.0
+        };
+        match mad_route(&m.mad) {
+            Some(MadRoute::Service(sid)) => assert_eq!(sid, SID, "{attr:#x}"),
+            Some(MadRoute::Conn(id)) => {
+                assert_eq!(comm_id_owner(id, to.count), to.index, "{attr:#x} {id:#x}")
+            }
+            None => panic!("a CM MAD without a route: {attr:#x}"),
+        }
         if (from_a && self.a_gone) || (!from_a && self.b_gone) {
             return;
         }
@@ -307,7 +334,7 @@ fn no_listener_is_rejected_as_an_invalid_service_id() {
     let mut l = Link::new();
     l.b = CmAgent::new(CmConfig {
         unclaimed_hold_ms: 0,
-        ..cfg(0x5054_00ff_fe99_0004)
+        ..cfg(0x5054_00ff_fe99_0004, QpnStripe::ALL)
     });
     let a = l.connect();
     l.run(false, 0);
@@ -467,7 +494,20 @@ fn both_sides_disconnecting_at_once_end_cleanly() {
 
 #[test]
 fn a_thousand_connections_opened_and_closed_leave_nothing_behind() {
-    let mut l = Link::new();
+    a_thousand_connections(Link::new());
+}
+
+/// As one worker of two RNICs running an agent per worker: every ID an agent hands out is of
+/// its stripe, every MAD names the receiver's stripe (checked as each is delivered), and IDs
+/// still come back only after many reuses.
+#[test]
+fn agents_of_several_workers_hand_out_ids_of_their_stripe() {
+    let a = QpnStripe { index: 1, count: 2 };
+    let b = QpnStripe { index: 0, count: 3 };
+    a_thousand_connections(Link::striped(a, b));
+}
+
+fn a_thousand_connections(mut l: Link) {
     for i in 0..1000 {
         let (a, _) = l.establish();
         if i % 2 == 0 {
@@ -495,10 +535,10 @@ fn a_thousand_connections_opened_and_closed_leave_nothing_behind() {
 fn a_req_flood_is_bounded_and_garbage_is_counted() {
     let mut b = CmAgent::new(CmConfig {
         max_conns: 8,
-        ..cfg(4)
+        ..cfg(4, QpnStripe::ALL)
     });
     b.listen(SID).unwrap();
-    let mut a = CmAgent::new(cfg(2));
+    let mut a = CmAgent::new(cfg(2, QpnStripe::ALL));
     let p = ConnectParams {
         service_id: SID,
         local_gid: A_GID,
@@ -566,8 +606,8 @@ fn req_and_rep_match_what_linux_sent_in_the_corpus() {
     let Ok(Some(Cm::Rep(rep))) = Cm::parse(attr::REP, &lrep[HEADER_LEN..]) else {
         panic!()
     };
-    let mut a = CmAgent::new(cfg(req.local_ca_guid));
-    let mut b = CmAgent::new(cfg(rep.local_ca_guid));
+    let mut a = CmAgent::new(cfg(req.local_ca_guid, QpnStripe::ALL));
+    let mut b = CmAgent::new(cfg(rep.local_ca_guid, QpnStripe::ALL));
     b.listen(req.service_id).unwrap();
     assert_eq!(req.service_id, service_id(PS_TCP, 7174));
     let p = ConnectParams {
@@ -794,7 +834,7 @@ fn random_mads_never_panic_and_hold_nothing_unbounded() {
     let mut rng = Rng::new(7);
     let mut b = CmAgent::new(CmConfig {
         max_conns: 16,
-        ..cfg(4)
+        ..cfg(4, QpnStripe::ALL)
     });
     b.listen(SID).unwrap();
     let attrs: Vec<u16> = attr::CM_MESSAGES

@@ -284,3 +284,41 @@ pub fn process_temp_dir(name: &str) -> std::path::PathBuf {
     std::fs::create_dir_all(&d).unwrap();
     d
 }
+
+/// A's rdma_cm REQ to B's `port` (TCP port space), with rdma_cm's addressing header as
+/// private data; returns A's connection ID.
+pub fn cm_connect<V: ferroce_host::app::RdmaCm, W: Verbs>(
+    a: &mut Side<V>,
+    b: &Side<W>,
+    port: u16,
+) -> u32 {
+    use roce::wire::cm::{service_id, CmaHeader, PS_TCP};
+    let hdr = CmaHeader {
+        src: std::net::SocketAddr::new(a.gid.to_ipv4().expect("IPv4 GID").into(), 40000),
+        dst: b.gid.to_ipv4().expect("IPv4 GID").into(),
+    };
+    let params = roce::cm::ConnectParams {
+        service_id: service_id(PS_TCP, port),
+        local_gid: a.gid,
+        remote_gid: b.gid,
+        qpn: a.qpn.value(),
+        starting_psn: 0x58642a,
+        responder_resources: 16,
+        initiator_depth: 16,
+        path_mtu: 3,
+        retry_count: 7,
+        rnr_retry_count: 7,
+        hop_limit: 64,
+        private_data: hdr.private_data(&[]).expect("rdma_cm header"),
+        ..Default::default()
+    };
+    a.ctx.cm_connect(params).expect("cm_connect")
+}
+
+/// The next rdma_cm event of `s` (within 10 s).
+pub fn cm_event<V: ferroce_host::app::RdmaCm>(s: &mut Side<V>) -> ferroce_host::abi::CmEventData {
+    s.ctx
+        .cm_wait_event(std::time::Duration::from_secs(10))
+        .expect("cm_wait_event")
+        .expect("an rdma_cm event")
+}

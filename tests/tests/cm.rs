@@ -4,55 +4,20 @@
 //! down; a REQ nobody listens for, a rejection with private data, and a client that goes
 //! away with its connections, all through the host interface.
 
-use std::time::Duration;
-
 use dataplane::runtime::{test_config, Runtime};
 use dataplane::Context;
 use ferroce_host::abi::CmEventData;
 use ferroce_host::app::{CmQpPath, RdmaCm};
-use ferroce_tests::{post_signaled, side, wait_cq, wait_until, Side};
-use roce::cm::{reason, AcceptParams, ConnectParams};
+use ferroce_tests::{cm_connect, cm_event, post_signaled, side, wait_cq, wait_until, Side};
+use roce::cm::{reason, AcceptParams};
 use roce::verbs::*;
 use roce::wire::cm::{service_id, CmaHeader, PrivateData, PS_TCP};
-
-const WAIT: Duration = Duration::from_secs(10);
 
 fn rnics(name: &str) -> (Runtime, Side, Side) {
     let rt = Runtime::loopback(name, test_config(3, 1024), test_config(4, 1024)).expect("rnics");
     let a = side(rt.open(0).unwrap(), QpType::Rc, 1 << 20, 64);
     let b = side(rt.open(1).unwrap(), QpType::Rc, 1 << 20, 64);
     (rt, a, b)
-}
-
-/// A's REQ to B's `port`, with rdma_cm's addressing header as private data.
-fn connect(a: &mut Side, b: &Side, port: u16) -> u32 {
-    let hdr = CmaHeader {
-        src: std::net::SocketAddr::new(a.gid.to_ipv4().unwrap().into(), 40000),
-        dst: b.gid.to_ipv4().unwrap().into(),
-    };
-    let params = ConnectParams {
-        service_id: service_id(PS_TCP, port),
-        local_gid: a.gid,
-        remote_gid: b.gid,
-        qpn: a.qpn.value(),
-        starting_psn: 0x58642a,
-        responder_resources: 16,
-        initiator_depth: 16,
-        path_mtu: 3,
-        retry_count: 7,
-        rnr_retry_count: 7,
-        hop_limit: 64,
-        private_data: hdr.private_data(&[]).unwrap(),
-        ..Default::default()
-    };
-    a.ctx.cm_connect(params).expect("cm_connect")
-}
-
-fn event(s: &mut Side) -> CmEventData {
-    s.ctx
-        .cm_wait_event(WAIT)
-        .expect("cm_wait_event")
-        .expect("an rdma_cm event")
 }
 
 #[test]
@@ -64,7 +29,7 @@ fn rdma_cm_connects_two_applications_and_data_flows() {
         b.ctx.cm_listen(sid).is_err(),
         "a service is listened to once"
     );
-    let a_id = connect(&mut a, &b, 7174);
+    let a_id = cm_connect(&mut a, &b, 7174);
     // B: the REQ, with the requester's address in rdma_cm's header.
     let CmEventData::ConnectRequest {
         id: b_id,
@@ -75,7 +40,7 @@ fn rdma_cm_connects_two_applications_and_data_flows() {
         responder_resources,
         private_data,
         ..
-    } = event(&mut b)
+    } = cm_event(&mut b)
     else {
         panic!("not a connect request");
     };
@@ -119,7 +84,7 @@ fn rdma_cm_connects_two_applications_and_data_flows() {
         responder_resources,
         private_data,
         ..
-    } = event(&mut a)
+    } = cm_event(&mut a)
     else {
         panic!("not a REP");
     };
@@ -135,8 +100,8 @@ fn rdma_cm_connects_two_applications_and_data_flows() {
     };
     a.ctx.cm_bring_up(a.qpn, Access::ALL, &path).unwrap();
     a.ctx.cm_rtu(a_id).unwrap();
-    assert_eq!(event(&mut a), CmEventData::Established { id: a_id });
-    assert_eq!(event(&mut b), CmEventData::Established { id: b_id });
+    assert_eq!(cm_event(&mut a), CmEventData::Established { id: a_id });
+    assert_eq!(cm_event(&mut b), CmEventData::Established { id: b_id });
     // Data both ways over the connection the CM made: WRITE A -> B, READ it back.
     let data: Vec<u8> = (0..65536u32).map(|i| (i * 13 + 7) as u8).collect();
     a.buf.write(0, &data);
@@ -171,8 +136,8 @@ fn rdma_cm_connects_two_applications_and_data_flows() {
     assert_eq!(other.cm_get_event().unwrap(), None);
     // Disconnect from B: both see it; the QPs go to error as rdma_cm's consumers do.
     b.ctx.cm_disconnect(b_id).unwrap();
-    assert_eq!(event(&mut b), CmEventData::Disconnected { id: b_id });
-    assert_eq!(event(&mut a), CmEventData::Disconnected { id: a_id });
+    assert_eq!(cm_event(&mut b), CmEventData::Disconnected { id: b_id });
+    assert_eq!(cm_event(&mut a), CmEventData::Disconnected { id: a_id });
     assert!(
         b.ctx.cm_disconnect(b_id).is_err(),
         "a connection is disconnected once"
@@ -183,9 +148,9 @@ fn rdma_cm_connects_two_applications_and_data_flows() {
 fn no_listener_rejection_and_a_client_that_goes_away() {
     let (rt, mut a, mut b) = rnics("cm-reject");
     // Nobody listens on port 9: the REQ is rejected as an invalid service ID.
-    let id = connect(&mut a, &b, 9);
+    let id = cm_connect(&mut a, &b, 9);
     assert_eq!(
-        event(&mut a),
+        cm_event(&mut a),
         CmEventData::Rejected {
             id,
             reason: reason::INVALID_SERVICE_ID,
@@ -195,8 +160,8 @@ fn no_listener_rejection_and_a_client_that_goes_away() {
     // The application rejects with its own private data.
     let sid = service_id(PS_TCP, 10);
     b.ctx.cm_listen(sid).unwrap();
-    let id = connect(&mut a, &b, 10);
-    let CmEventData::ConnectRequest { id: b_id, .. } = event(&mut b) else {
+    let id = cm_connect(&mut a, &b, 10);
+    let CmEventData::ConnectRequest { id: b_id, .. } = cm_event(&mut b) else {
         panic!()
     };
     b.ctx.cm_reject(b_id, b"go away").unwrap();
@@ -204,7 +169,7 @@ fn no_listener_rejection_and_a_client_that_goes_away() {
         id: rid,
         reason: r,
         private_data,
-    } = event(&mut a)
+    } = cm_event(&mut a)
     else {
         panic!()
     };
@@ -214,8 +179,8 @@ fn no_listener_rejection_and_a_client_that_goes_away() {
     // meanwhile is rejected rather than left waiting.
     drop(b);
     let dropped_at = std::time::Instant::now();
-    let id = connect(&mut a, &side(rt.open(1).unwrap(), QpType::Rc, 4096, 4), 10);
-    let e = event(&mut a);
+    let id = cm_connect(&mut a, &side(rt.open(1).unwrap(), QpType::Rc, 4096, 4), 10);
+    let e = cm_event(&mut a);
     assert_eq!(
         e,
         CmEventData::Rejected {

@@ -1,18 +1,23 @@
 //! An RNIC spread over two worker threads (`worker.count = 2`): each client's objects live on
 //! one worker, QP numbers are striped so a frame's destination QP names its worker, the port's
 //! owner steers what it receives and sends what the other worker builds. Data between clients
-//! on every pair of workers, of two RNICs and within one, arrives verified.
+//! on every pair of workers, of two RNICs and within one, arrives verified; rdma_cm works
+//! for clients on any worker.
 
 use dataplane::config::RnicConfig;
 use dataplane::runtime::{test_config, Runtime};
 use dataplane::Verbs;
+use ferroce_host::abi::CmEventData;
+use ferroce_host::app::{CmQpPath, RdmaCm};
 use ferroce_tests::{
-    connect_pair, post_recv_one, post_signaled, post_signaled_to, post_write_at, side, wait_cq,
-    wait_until, Side,
+    cm_connect, cm_event, connect_pair, post_recv_one, post_signaled, post_signaled_to,
+    post_write_at, side, wait_cq, wait_until, Side,
 };
+use roce::cm::AcceptParams;
 use roce::engine::QpnStripe;
 use roce::types::Qkey;
 use roce::verbs::*;
+use roce::wire::cm::{service_id, PS_TCP};
 
 const LEN: usize = 8192;
 
@@ -90,18 +95,16 @@ fn one_per_worker_of(rt: &Runtime, rnic: usize, t: QpType) -> [Side; 2] {
     s.try_into().ok().unwrap()
 }
 
-#[test]
-fn clients_on_either_worker_exchange_verified_data() {
-    let rt =
-        Runtime::loopback("ferroce-workers", two_workers(47), two_workers(48)).expect("loopback");
+/// Clients on every pair of workers across the two RNICs, and on the two workers of RNIC 0,
+/// exchange verified data (`exchange` both ways).
+fn exchange_everywhere(rt: &Runtime) {
     assert_eq!(rt.workers(), 2, "two worker threads");
     assert_eq!((rt.shards(0), rt.shards(1)), (2, 2));
     let mut seed = 3;
-    // Every pair of workers, across the two RNICs.
     for i in 0..2 {
         for j in 0..2 {
-            let mut x = one_per_worker(&rt, 0);
-            let mut y = one_per_worker(&rt, 1);
+            let mut x = one_per_worker(rt, 0);
+            let mut y = one_per_worker(rt, 1);
             let (x, y) = (&mut x[i], &mut y[j]);
             connect_pair(x, y, Mtu::M1024, (100, 200), QpType::Rc);
             exchange(x, y, seed);
@@ -110,19 +113,58 @@ fn clients_on_either_worker_exchange_verified_data() {
         }
     }
     // Within one RNIC, from one worker to the other (internal loopback between workers).
-    let [mut x, mut y] = one_per_worker(&rt, 0);
+    let [mut x, mut y] = one_per_worker(rt, 0);
     connect_pair(&mut x, &mut y, Mtu::M1024, (5, 9), QpType::Rc);
     exchange(&mut x, &mut y, 41);
     exchange(&mut y, &mut x, 43);
-    drop((x, y));
+}
+
+/// With a queue pair per worker on the ring link, each worker receives and sends on its own
+/// queue: frames that arrive at the worker not owning their QP are steered, none forwarded.
+#[test]
+fn clients_on_either_worker_exchange_verified_data() {
+    let rt =
+        Runtime::loopback("ferroce-workers", two_workers(47), two_workers(48)).expect("loopback");
+    exchange_everywhere(&rt);
     let s = rt.stats(0);
-    assert!(
-        s.nic.rx_steered > 0,
-        "the port's owner steered frames: {s:?}"
-    );
-    assert!(s.nic.tx_forwarded > 0, "and sent the other worker's");
+    assert!(s.nic.rx_steered > 0, "frames were steered: {s:?}");
+    assert_eq!(s.nic.tx_forwarded, 0, "every worker sent on its own queue");
     assert_eq!(s.nic.rx_steer_dropped, 0);
     rt.stop();
+}
+
+/// With a capture the port has one queue pair, which the first worker serves for both: it
+/// steers what it receives, sends what the second builds, and the capture holds the frames
+/// of both workers' QPs.
+#[test]
+fn with_a_capture_the_first_worker_carries_the_others_frames() {
+    let dir = ferroce_tests::process_temp_dir("workers-pcap");
+    let pcap = dir.join("a.pcap");
+    let mut a = two_workers(57);
+    a.pcap = Some(pcap.clone());
+    assert_eq!(a.port_queues(), 1);
+    let rt = Runtime::loopback("ferroce-workers6", a, two_workers(58)).expect("loopback");
+    exchange_everywhere(&rt);
+    let s = rt.stats(0);
+    assert!(s.nic.rx_steered > 0, "the first worker steered: {s:?}");
+    assert!(
+        s.nic.tx_forwarded > 0,
+        "and sent the second worker's frames"
+    );
+    assert_eq!(s.nic.rx_steer_dropped, 0);
+    rt.stop();
+    let data = std::fs::read(&pcap).unwrap();
+    let mut by_worker = [0usize; 2];
+    for r in roce::pcap::Reader::new(&data).unwrap() {
+        let r = r.unwrap();
+        if let Some(q) = roce::wire::frame::dest_qpn(r.data) {
+            by_worker[QpnStripe::owner(q, 2) as usize] += 1;
+        }
+    }
+    assert!(
+        by_worker[0] > 0 && by_worker[1] > 0,
+        "frames to QPs of both workers captured: {by_worker:?}"
+    );
 }
 
 /// Each worker holds its stripe of `roce.max_qp`: with 8 QPs over two workers, a client's
@@ -148,23 +190,88 @@ fn each_worker_holds_its_share_of_the_qp_table() {
     rt.stop();
 }
 
-/// The connection manager runs where QP1 is, on the port's owner: a client placed on the
-/// other worker gets a clear error from its CM calls, and one on the first listens.
+/// `a` connects to `b` listening on `port` through rdma_cm: REQ, REP, RTU; both QPs to RTS
+/// from what the messages carry. Returns both sides' connection IDs.
+fn cm_establish(a: &mut Side, b: &mut Side, port: u16) -> (u32, u32) {
+    let a_id = cm_connect(a, b, port);
+    let CmEventData::ConnectRequest {
+        id: b_id,
+        peer,
+        qpn,
+        starting_psn,
+        ..
+    } = cm_event(b)
+    else {
+        panic!("not a connect request");
+    };
+    let path = CmQpPath {
+        peer_gid: peer,
+        sgid_index: 1,
+        peer_qpn: qpn,
+        path_mtu: Mtu::M1024,
+        rq_psn: 0x5678,
+        sq_psn: starting_psn,
+        max_rd_atomic: 16,
+        max_dest_rd_atomic: 16,
+        retry_cnt: 7,
+        rnr_retry: 7,
+        timeout: 14,
+    };
+    b.ctx.cm_bring_up(b.qpn, Access::ALL, &path).unwrap();
+    let accept = AcceptParams {
+        qpn: b.qpn.value(),
+        starting_psn: 0x5678,
+        responder_resources: 16,
+        initiator_depth: 16,
+        rnr_retry_count: 7,
+        ..Default::default()
+    };
+    b.ctx.cm_accept(b_id, accept).unwrap();
+    let CmEventData::RepReceived {
+        id, starting_psn, ..
+    } = cm_event(a)
+    else {
+        panic!("not a REP");
+    };
+    assert_eq!(id, a_id);
+    let path = CmQpPath {
+        peer_gid: b.gid,
+        peer_qpn: b.qpn,
+        rq_psn: 0x58642a,
+        sq_psn: starting_psn,
+        ..path
+    };
+    a.ctx.cm_bring_up(a.qpn, Access::ALL, &path).unwrap();
+    a.ctx.cm_rtu(a_id).unwrap();
+    assert_eq!(cm_event(a), CmEventData::Established { id: a_id });
+    assert_eq!(cm_event(b), CmEventData::Established { id: b_id });
+    (a_id, b_id)
+}
+
+/// rdma_cm on every worker: the port's owner steers a REQ to the worker listening to its
+/// service and every other CM message to the worker whose agent handed out the ID it names.
+/// Clients on either worker of one RNIC connect to listeners on either worker of the other,
+/// move verified data, and disconnect; a service is listened to once per RNIC.
 #[test]
-fn the_connection_manager_is_the_first_workers() {
-    use dataplane::app::RdmaCm;
+fn rdma_cm_connects_clients_on_any_worker() {
     let rt =
         Runtime::loopback("ferroce-workers3", two_workers(51), two_workers(52)).expect("loopback");
-    let mut first = rt.open(0).unwrap();
-    let mut second = rt.open(0).unwrap();
-    assert_eq!(first.cm_listen(0x1_0000_1234), Ok(()));
-    match second.cm_listen(0x1_0000_1235) {
-        Err(roce::engine::VerbsError::InvalidArgument(m)) => {
-            assert!(m.contains("first worker"), "{m}")
-        }
-        r => panic!("a CM call on the second worker: {r:?}"),
+    let mut port = 7000;
+    for (i, j) in [(0, 0), (0, 1), (1, 0), (1, 1)] {
+        let mut xs = one_per_worker(&rt, 0);
+        let mut ys = one_per_worker(&rt, 1);
+        port += 1;
+        let sid = service_id(PS_TCP, port);
+        ys[j].ctx.cm_listen(sid).unwrap();
+        // The other worker's client cannot listen to it too: one listener per RNIC.
+        assert!(ys[1 - j].ctx.cm_listen(sid).is_err(), "listened twice");
+        let (x, y) = (&mut xs[i], &mut ys[j]);
+        let (x_id, y_id) = cm_establish(x, y, port);
+        exchange(x, y, port as u8);
+        x.ctx.cm_disconnect(x_id).unwrap();
+        assert_eq!(cm_event(x), CmEventData::Disconnected { id: x_id });
+        assert_eq!(cm_event(y), CmEventData::Disconnected { id: y_id });
     }
-    drop((first, second));
     rt.stop();
 }
 

@@ -165,9 +165,6 @@ impl Nic {
         // One ring's worth: all that was posted before the call fits; a client refilling its
         // ring meanwhile cannot hold the worker here.
         self.serve_posts(id, POST_RING);
-        // The connection manager's MADs reach QP1, which the port's owner keeps: on a
-        // worker other than the first, a client's CM agent would never hear its peers.
-        let cm_here = self.shard().0 == 0;
         let Some(h) = self.hosts.get_mut(id) else {
             return Err(VerbsError::DeviceFatal);
         };
@@ -184,15 +181,7 @@ impl Nic {
             _ => None,
         }
         .map(|av| av.dgid);
-        let r = execute(
-            &mut self.dev,
-            &mut self.owners,
-            h,
-            self.now,
-            cmd,
-            area,
-            cm_here,
-        );
+        let r = execute(&mut self.dev, &mut self.owners, h, self.now, cmd, area);
         if let (Ok(_), Some(dgid)) = (&r, dgid) {
             self.prime_next_hop(dgid);
         }
@@ -268,7 +257,7 @@ fn close(dev: &mut Device, owners: &mut Owners, h: &mut HostEnd, now: u64) {
     // disconnected (established) or rejected (waiting for it); the rest end by timeout.
     for sid in held.cm_listens {
         dev.cm().unlisten(sid);
-        owners.cm_listeners.remove(&sid);
+        owners.remove_listener(sid);
     }
     for id in held.cm_ids {
         let c = ConnId(id);
@@ -313,7 +302,6 @@ fn execute(
     now: u64,
     cmd: Command,
     area: Option<Arc<Area>>,
-    cm_here: bool,
 ) -> VerbsResult<ReplyData> {
     match cmd {
         Command::CmListen { .. }
@@ -326,14 +314,7 @@ fn execute(
         | Command::CmDisconnect { .. }
         | Command::CmGetEvent
         | Command::CmSidrRequest { .. }
-        | Command::CmSidrReply { .. } => match cm_here {
-            true => execute_cm(dev, owners, h, now, cmd),
-            false => Err(VerbsError::InvalidArgument(
-                "the connection manager runs on the RNIC's first worker only: with \
-                 worker.count > 1 this client was placed on another"
-                    .into(),
-            )),
-        },
+        | Command::CmSidrReply { .. } => execute_cm(dev, owners, h, now, cmd),
         Command::QueryDevice => Ok(ReplyData::Device(device_attr(dev))),
         Command::QueryPort => Ok(ReplyData::Port(port_attr(dev))),
         Command::QueryGid { index } => dev
@@ -714,15 +695,18 @@ fn execute_cm(
             dev.cm()
                 .listen(service_id)
                 .map_err(|_| VerbsError::Busy("service ID"))?;
+            if !owners.add_listener(service_id, h.id) {
+                dev.cm().unlisten(service_id);
+                return Err(VerbsError::Busy("service ID"));
+            }
             h.cm_listens.push(service_id);
-            owners.cm_listeners.insert(service_id, h.id);
             Ok(ReplyData::None)
         }
         Command::CmUnlisten { service_id } => {
             h.check_owned(h.cm_listens.contains(&service_id), "rdma_cm listen")?;
             dev.cm().unlisten(service_id);
             h.cm_listens.retain(|s| *s != service_id);
-            owners.cm_listeners.remove(&service_id);
+            owners.remove_listener(service_id);
             Ok(ReplyData::None)
         }
         Command::CmConnect { params } => {

@@ -1,17 +1,21 @@
 //! An RNIC spread over several workers (`worker.count`): one `Nic` per worker, each with its
-//! own `Device` holding its own stripe of the QP numbers (`roce::engine::QpnStripe`), so a
-//! frame's destination QP names the worker that owns it.
+//! own `Device` holding its own stripe of the QP numbers (`roce::engine::QpnStripe`) and its
+//! own CM agent handing out its own stripe of communication IDs, so a frame's destination QP
+//! (for QP1, the connection or the listened service its MAD names) tells the worker that
+//! owns it.
 //!
-//! The first shard owns the port: it takes every frame off the port's receive queue and
-//! sends every frame on its transmit queue (the vdevs here have one queue of each), and it is
-//! the RNIC's voice on the link: it answers ARP, ND and ping, announces the addresses, keeps
-//! the receive buffer that sends PFC, captures and injects faults. A received RoCE frame whose
-//! destination QP another shard owns is handed over whole (the mbuf, no copy) through that
-//! shard's inbox; the ARP, ND and PFC/PAUSE frames it accepts are copied to every other
-//! shard through their own queue, whose neighbour tables learn from them without answering
-//! and whose engines honour the pauses (they are counted once, by the port's owner).
-//! The other shards hand what they build to the port's owner through one outbox. A frame
-//! to one of the RNIC's own GIDs goes straight to the inbox of the shard owning its QP.
+//! Where the port has a queue pair per worker (`RnicConfig::port_queues`), shard k receives
+//! and sends on queue k; a frame that arrives at a shard which does not own its destination
+//! QP is handed over whole (the mbuf, no copy) through the owner's inbox. Where it has one,
+//! the first shard receives everything and steers, and the other shards hand what they build
+//! to it through one outbox. Either way the first shard is the RNIC's voice on the link: it
+//! answers ARP, ND and ping (other shards pass such frames to it), announces the addresses,
+//! keeps the receive buffer that sends PFC, captures and injects faults (with any of the last
+//! three the port has one queue, so that it sees every frame). The ARP, ND and PFC/PAUSE
+//! frames it accepts are copied to every other shard through a queue of their own: their
+//! neighbour tables learn from them without answering and their engines honour the pauses
+//! (counted once, by the first shard). A frame to one of the RNIC's own GIDs goes straight to
+//! the inbox of the shard owning its QP.
 //!
 //! The queues are bounded lock-free queues (`crossbeam_queue::ArrayQueue`): a full inbox
 //! drops the frame, counted (`rx_steer_dropped`), as a NIC's full receive queue does; a full
@@ -27,6 +31,10 @@ use roce::wire::frame::{classify, dest_qpn, FrameKind};
 
 use super::{Nic, BURST};
 use crate::config::RnicConfig;
+use crate::host::ServiceMap;
+use roce::cm::{comm_id_owner, mad_route, MadRoute};
+use roce::types::Qpn;
+use roce::wire::frame::gsi_mad;
 
 /// Frames an inbox or the outbox holds at most.
 const LINK_FRAMES: usize = 4096;
@@ -42,6 +50,8 @@ pub struct ShardLinks {
     copies: Vec<ArrayQueue<Mbuf>>,
     /// Frames the shards other than the first hand to it for the port.
     outbox: ArrayQueue<Mbuf>,
+    /// Which shard listens to each service (the port's owner steers REQs by it).
+    pub(super) services: ServiceMap,
 }
 
 impl ShardLinks {
@@ -50,6 +60,7 @@ impl ShardLinks {
             inbox: (0..count).map(|_| ArrayQueue::new(LINK_FRAMES)).collect(),
             copies: (0..count).map(|_| ArrayQueue::new(COPY_FRAMES)).collect(),
             outbox: ArrayQueue::new(LINK_FRAMES),
+            services: ServiceMap::default(),
         }
     }
 }
@@ -159,18 +170,21 @@ impl Nic {
         })
     }
 
-    /// The port's owner, for a frame it took off the port: a RoCE frame whose destination
-    /// QP another shard owns goes to that shard's inbox (captured here first, the capture
-    /// being the port's). Returns the frame if this shard handles it (a frame whose headers
-    /// are not all in its first segment too: rare, and still verified here).
+    /// A shard with a queue of the port, for a frame it took off it: a RoCE frame whose
+    /// destination QP another shard owns (a CM message: whose connection or listener,
+    /// `gsi_owner`) goes to that shard's inbox, and anything else that is not RoCE to the
+    /// port's owner, which answers and copies it (captured first where it arrived, the capture
+    /// being the port's). Returns the frame if this shard handles it.
     pub(super) fn steer(&mut self, now: u64, m: Mbuf) -> Option<Mbuf> {
         let Some(sh) = self.shard.as_ref() else {
             return Some(m);
         };
-        let Some(qpn) = dest_qpn(m.data()) else {
-            return Some(m);
-        };
-        let owner = QpnStripe::owner(qpn, sh.count) as usize;
+        let owner = match dest_qpn(m.data()) {
+            Some(GSI) => gsi_owner(&sh.links, sh.count, m.data()),
+            Some(qpn) => QpnStripe::owner(qpn, sh.count),
+            // Not RoCE (or headers past the first segment: rare, verified there).
+            None => 0,
+        } as usize;
         if owner == sh.index as usize {
             return Some(m);
         }
@@ -241,10 +255,10 @@ impl Nic {
         Ok(())
     }
 
-    /// The port's owner sends what the other shards built (captured and through the fault
-    /// injector, as its own frames are) and receives what they addressed to its QPs; the
-    /// others learn from or obey the copies it made of control frames. Returns how many
-    /// frames moved.
+    /// Every shard learns from or obeys the copies the port's owner made of control frames,
+    /// and (with a queue of the port) receives what other shards steered to it; the port's
+    /// owner also sends what shards without a queue built (captured and through the fault
+    /// injector, as its own frames are). Returns how many frames moved.
     pub(super) fn serve_shards(&mut self, now: u64) -> usize {
         if !self.links_busy() {
             return 0;
@@ -264,17 +278,20 @@ impl Nic {
                 }
             }
         }
-        if index != 0 {
-            return work;
-        }
-        while work < 4 * BURST {
-            let Some(mut m) = links.inbox[0].pop() else {
+        // What other shards steered here, on a shard with a queue of its own (one without
+        // takes its inbox as its receive queue).
+        let own_queue = matches!(self.wire, Wire::Port { .. });
+        while own_queue && work < 4 * BURST {
+            let Some(mut m) = links.inbox[index].pop() else {
                 break;
             };
             work += 1;
             if let Some(p) = self.rx_frame(now, &mut m) {
                 self.hold_ud(now, p, m);
             }
+        }
+        if index != 0 {
+            return work;
         }
         let mut sent = 0;
         while sent < 4 * BURST && self.txbuf.len() < MAX_FORWARD_BACKLOG {
@@ -288,6 +305,25 @@ impl Nic {
         }
         self.flush();
         work + sent
+    }
+}
+
+/// QP1, the general services interface: the connection manager's MADs.
+const GSI: Qpn = Qpn::new(1);
+
+/// The shard whose connection manager a frame to QP1 is for: a REQ or SIDR_REQ goes to the
+/// shard listening to its service, any other CM message to the shard whose agent handed out
+/// the communication ID it names (`CmConfig::id_stripe`); the rest (a request nobody listens
+/// to, which that agent holds a while and then rejects, and what is not a CM message) to the
+/// first.
+fn gsi_owner(links: &ShardLinks, count: u32, frame: &[u8]) -> u32 {
+    match gsi_mad(frame).and_then(mad_route) {
+        Some(MadRoute::Conn(id)) => comm_id_owner(id, count),
+        Some(MadRoute::Service(sid)) => {
+            let m = links.services.lock().unwrap_or_else(|e| e.into_inner());
+            m.get(&sid).copied().unwrap_or(0)
+        }
+        None => 0,
     }
 }
 

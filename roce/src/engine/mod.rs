@@ -1065,8 +1065,11 @@ impl Device {
             paused: 0,
             parked: Vec::new(),
             port_active: true,
+            // One agent per device: on an RNIC over several workers, each worker's agent
+            // hands out communication IDs of its own stripe, as its device does QP numbers.
             cm: crate::cm::CmAgent::new(crate::cm::CmConfig {
                 ca_guid: node_guid,
+                id_stripe: cfg_stripe,
                 ..Default::default()
             }),
             gsi_psn: Psn::new(0),

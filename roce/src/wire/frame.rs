@@ -947,6 +947,13 @@ pub fn dest_qpn(frame: &[u8]) -> Option<Qpn> {
     Some(Qpn::new(u32::from_be_bytes([0, b[0], b[1], b[2]])))
 }
 
+/// The MAD a RoCEv2 frame to QP1 carries (what follows its BTH and DETH, pad and ICRC
+/// included), without validating anything: where a receiver steers a connection manager's
+/// message before the owner of the connection parses it.
+pub fn gsi_mad(frame: &[u8]) -> Option<&[u8]> {
+    frame.get(bth_offset(frame)? + bth::HEADER_LEN + deth::HEADER_LEN..)
+}
+
 /// Where the BTH starts in a RoCEv2 frame (IPv4 or IPv6, UDP to port 4791), found from the
 /// first bytes without validating the rest.
 fn bth_offset(frame: &[u8]) -> Option<usize> {
