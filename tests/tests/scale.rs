@@ -3,7 +3,7 @@
 //! enforced where a configuration sets a smaller one.
 
 use dataplane::runtime::{test_config, Runtime};
-use dataplane::Verbs;
+use dataplane::{Context, Verbs};
 use roce::engine::{qp_queue_bytes, CqId, QpInit, VerbsError};
 use roce::memory::PdId;
 use roce::types::{Gid, Psn, Qpn};
@@ -61,8 +61,6 @@ fn to_rts<V: Verbs>(ctx: &mut V, qpn: Qpn, peer: Qpn, peer_gid: Gid) {
 /// completes, and each lands where it should.
 #[test]
 fn thousands_of_qps_each_move_their_own_data() {
-    const N: usize = 8192;
-    const LEN: usize = 64;
     let rt = Runtime::loopback(
         "ferroce-scale",
         test_config(41, 1024),
@@ -70,24 +68,60 @@ fn thousands_of_qps_each_move_their_own_data() {
     )
     .expect("loopback");
     assert_eq!(rt.device_limits(0).max_qp, 16384, "the default table");
-    let mut a = rt.open(0).unwrap();
-    let mut b = rt.open(1).unwrap();
-    let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
-    let (ca, cb) = (a.create_cq(N as u32).unwrap(), b.create_cq(16).unwrap());
-    let (buf_a, buf_b) = (
-        a.alloc_buffer(N * LEN).unwrap(),
-        b.alloc_buffer(N * LEN).unwrap(),
+    pairs_move_their_own_data(rt.open(0).unwrap(), rt.open(1).unwrap(), 8192);
+    rt.stop();
+}
+
+/// 4096 QPs on each of two RNICs spread over two workers (`worker.count`), 2048 pairs
+/// between the clients on each worker, both client pairs at once from two threads: every
+/// pair's WRITE lands where it should.
+#[test]
+fn thousands_of_qps_over_two_workers_each_move_their_own_data() {
+    let cfg = |h| {
+        let mut c = test_config(h, 1024);
+        c.worker_count = 2;
+        c
+    };
+    let rt = Runtime::loopback("ferroce-scale3", cfg(45), cfg(46)).expect("loopback");
+    let pairs: Vec<_> = (0..2)
+        .map(|_| (rt.open(0).unwrap(), rt.open(1).unwrap()))
+        .collect();
+    let threads: Vec<_> = pairs
+        .into_iter()
+        .map(|(a, b)| std::thread::spawn(move || pairs_move_their_own_data(a, b, 2048)))
+        .collect();
+    for t in threads {
+        t.join().expect("a client pair");
+    }
+    // Both workers' QPs are counted, and go with their clients.
+    assert!(
+        ferroce_tests::wait_until(10, || rt.stats(0).objects.qps == 0),
+        "QPs left: {}",
+        rt.stats(0).objects.qps
     );
-    let mr_a = a.reg_mr(pa, &buf_a, 0, N * LEN, Access::ALL).unwrap();
-    let mr_b = b.reg_mr(pb, &buf_b, 0, N * LEN, Access::ALL).unwrap();
+    rt.stop();
+}
+
+/// `n` connected RC pairs between clients `a` and `b`: every pair moves its own 64-byte
+/// WRITE, all posted before any completes, and each lands where it should.
+fn pairs_move_their_own_data(mut a: Context, mut b: Context, n: usize) {
+    const LEN: usize = 64;
+    let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
+    let (ca, cb) = (a.create_cq(n as u32).unwrap(), b.create_cq(16).unwrap());
+    let (buf_a, buf_b) = (
+        a.alloc_buffer(n * LEN).unwrap(),
+        b.alloc_buffer(n * LEN).unwrap(),
+    );
+    let mr_a = a.reg_mr(pa, &buf_a, 0, n * LEN, Access::ALL).unwrap();
+    let mr_b = b.reg_mr(pb, &buf_b, 0, n * LEN, Access::ALL).unwrap();
     let (ga, gb) = (a.query_gid(1).unwrap(), b.query_gid(1).unwrap());
-    let qa: Vec<Qpn> = (0..N).map(|_| create(&mut a, pa, ca).unwrap()).collect();
-    let qb: Vec<Qpn> = (0..N).map(|_| create(&mut b, pb, cb).unwrap()).collect();
+    let qa: Vec<Qpn> = (0..n).map(|_| create(&mut a, pa, ca).unwrap()).collect();
+    let qb: Vec<Qpn> = (0..n).map(|_| create(&mut b, pb, cb).unwrap()).collect();
     let mut distinct = qa.clone();
     distinct.sort();
     distinct.dedup();
-    assert_eq!(distinct.len(), N, "every QP has its own number");
-    for i in 0..N {
+    assert_eq!(distinct.len(), n, "every QP has its own number");
+    for i in 0..n {
         to_rts(&mut a, qa[i], qb[i], gb);
         to_rts(&mut b, qb[i], qa[i], ga);
     }
@@ -112,14 +146,14 @@ fn thousands_of_qps_each_move_their_own_data() {
         )
         .unwrap();
     }
-    let mut seen = vec![false; N];
+    let mut seen = vec![false; n];
     let mut wc = [Completion::default(); 64];
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     let mut got = 0;
-    while got < N {
+    while got < n {
         assert!(
             std::time::Instant::now() < deadline,
-            "{got} of {N} completions"
+            "{got} of {n} completions"
         );
         let n = a.poll_cq(ca, &mut wc).unwrap();
         for c in &wc[..n] {
@@ -130,9 +164,9 @@ fn thousands_of_qps_each_move_their_own_data() {
         }
         got += n;
     }
-    let mut all = vec![0u8; N * LEN];
+    let mut all = vec![0u8; n * LEN];
     buf_b.read(0, &mut all);
-    for i in 0..N {
+    for i in 0..n {
         let want: Vec<u8> = (0..LEN)
             .map(|k| (i * 7 + k) as u8 ^ (i >> 8) as u8)
             .collect();
@@ -140,11 +174,10 @@ fn thousands_of_qps_each_move_their_own_data() {
     }
     // What one of these QPs costs the RNIC: its state and queues.
     eprintln!(
-        "{N} QP pairs moved their data; one QP with these queues holds {} bytes of engine memory",
+        "{n} QP pairs moved their data; one QP with these queues holds {} bytes of engine memory",
         qp_queue_bytes(&CAPS, false)
     );
     drop((a, b));
-    rt.stop();
 }
 
 /// `roce.max_qp` sizes the table: one QP past it is refused with a clear error, and a
