@@ -9,6 +9,7 @@
 
 pub mod config;
 pub mod daemon;
+pub mod doorbell;
 pub mod fault;
 pub mod host;
 pub mod local;

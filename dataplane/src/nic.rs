@@ -525,6 +525,8 @@ impl Nic {
     /// to `out`; returns whether work is already waiting (posts, or received frames not yet
     /// handled), so the worker must not sleep.
     pub fn prepare_sleep(&self, out: &mut Vec<ferroce_host::abi::ring::WaitWord>) -> bool {
+        // Armed before the look at the queues between shards (`Doorbell`).
+        self.arm_links(out);
         let mut busy = !self.rx.frames.is_empty() || !self.loopback.is_empty() || self.links_busy();
         for h in self.hosts.values() {
             busy |= h.prepare_sleep(out);
@@ -840,8 +842,10 @@ impl Nic {
             work += 1;
         }
         self.flush();
-        // 5. Queue positions, completions and events.
+        // 5. Queue positions, completions and events; the other shards told of the frames
+        // queued for them.
         work += self.publish();
+        self.ring_shards();
         // A deadline close ahead (a paced packet's turn, a DCQCN rate step, an expiring ACK
         // timer) counts as work, so the worker does not sleep through it: an idle sleep
         // would stretch every paced gap to the sleep's length.

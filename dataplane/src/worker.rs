@@ -2,13 +2,14 @@
 //! iteration and turns it into the engine's `now`, polls every RNIC, and backs off when idle
 //! (spin, then `pause`, then a short sleep) so several processes can share a 2-core machine.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crossbeam_queue::SegQueue;
 use ferroce_host::abi::ring::{wait_any, WaitWord};
 use pmd_bindings::{Eal, Mempool};
 
+use crate::doorbell::Doorbell;
 use crate::host::HostEnd;
 use crate::neighbor::NeighborCounters;
 use crate::nic::{Nic, NicCounters};
@@ -167,38 +168,20 @@ impl Control {
 #[derive(Default)]
 pub struct Controls {
     q: SegQueue<Control>,
-    /// Bumped by every push while the worker sleeps (a futex word of this process).
-    kick: AtomicU32,
-    /// Whether the worker is (about to be) asleep.
-    asleep: AtomicBool,
+    /// Rung by every push while the worker sleeps.
+    bell: Doorbell,
 }
 
 impl Controls {
     /// Queues `c` for the worker, waking it if it sleeps.
     pub fn push(&self, c: Control) {
         self.q.push(c);
-        // Store-load ordering with the worker's `asleep` store and its look at the queue.
-        std::sync::atomic::fence(Ordering::SeqCst);
-        if self.asleep.load(Ordering::Acquire) {
-            self.wake();
-        }
+        self.bell.ring();
     }
 
     /// Ends the worker's sleep, if it sleeps (e.g. so it sees its stop flag).
     pub fn wake(&self) {
-        self.kick.fetch_add(1, Ordering::Release);
-        // SAFETY: FUTEX_WAKE_PRIVATE on a word of this live struct; it never blocks.
-        unsafe {
-            libc::syscall(
-                libc::SYS_futex,
-                self.kick.as_ptr(),
-                libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
-                1,
-                std::ptr::null::<libc::timespec>(),
-                std::ptr::null::<u32>(),
-                0,
-            );
-        }
+        self.bell.wake();
     }
 
     /// Takes the oldest request.
@@ -492,7 +475,7 @@ impl Worker {
         let mut waits = Vec::new();
         let action = self.idle_action(work, &mut waits);
         action.run(&waits);
-        self.control.asleep.store(false, Ordering::Release);
+        self.control.bell.disarm();
     }
 
     /// What to do after an iteration that did `work` (the caller does it, e.g. after
@@ -518,18 +501,16 @@ impl Worker {
         } else if b.sleep_us > 0 {
             waits.clear();
             let c = &self.control;
-            c.asleep.store(true, Ordering::Release);
-            waits.push(WaitWord::private(&c.kick, c.kick.load(Ordering::Acquire)));
-            // Pairs with the fence in `Controls::push` (and, through each ring's arm, with
-            // the clients' `notify`): a request or post that does not see us asleep is seen
+            // Armed before the look below (`Doorbell`; each ring's arm pairs likewise with
+            // the clients' `notify`): a request or post that does not find us asleep is seen
             // by the checks below.
-            std::sync::atomic::fence(Ordering::SeqCst);
+            waits.push(c.bell.arm());
             let mut busy = !c.is_empty();
             for n in &self.nics {
                 busy |= n.prepare_sleep(waits);
             }
             if busy {
-                c.asleep.store(false, Ordering::Release);
+                c.bell.disarm();
                 return Idle::Spin;
             }
             self.load.sleeps += 1;
@@ -709,7 +690,7 @@ impl WorkerCell {
             };
             // Outside the lock: application threads may drive the worker meanwhile.
             action.run(&waits);
-            control.asleep.store(false, Ordering::Release);
+            control.bell.disarm();
             waits.clear();
         }
         if let Ok(mut w) = self.worker.lock() {

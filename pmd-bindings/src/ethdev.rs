@@ -17,13 +17,18 @@ use crate::sys;
 
 /// `RTE_ETH_TX_OFFLOAD_MULTI_SEGS` (a macro bindgen cannot evaluate).
 const TX_OFFLOAD_MULTI_SEGS: u64 = 1 << 15;
+/// `RTE_ETH_RSS_IPV4 | RTE_ETH_RSS_NONFRAG_IPV4_UDP | RTE_ETH_RSS_IPV6 |
+/// RTE_ETH_RSS_NONFRAG_IPV6_UDP` (rte_ethdev.h, DPDK 22.11): RoCEv2 flows differ by
+/// address and UDP source port.
+const RSS_IP_UDP: u64 = 1 << 2 | 1 << 5 | 1 << 8 | 1 << 11;
 /// `RTE_ETH_RX_OFFLOAD_SCATTER`.
 const RX_OFFLOAD_SCATTER: u64 = 1 << 13;
 
 /// How to configure a port.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PortConfig {
-    /// Receive queues.
+    /// Receive queues (with several, flows are spread over them by RSS on their IP
+    /// addresses and UDP ports where the device supports it).
     pub rx_queues: u16,
     /// Transmit queues.
     pub tx_queues: u16,
@@ -278,6 +283,13 @@ impl Port {
         let mut conf: sys::rte_eth_conf = unsafe { std::mem::zeroed() };
         if let Some(mtu) = config.mtu {
             conf.rxmode.mtu = mtu as u32;
+        }
+        // Several rx queues: spread flows over them by RSS on the addresses and UDP ports,
+        // as far as the device hashes them (a device without RSS delivers to queue 0).
+        let rss_hf = RSS_IP_UDP & info.flow_type_rss_offloads;
+        if config.rx_queues > 1 && rss_hf != 0 {
+            conf.rxmode.mq_mode = sys::RTE_ETH_MQ_RX_RSS;
+            conf.rx_adv_conf.rss_conf.rss_hf = rss_hf;
         }
         // Frames larger than one mbuf need scatter on receive and multi-segment transmit.
         let multi_seg_tx = info.tx_offload_capa & TX_OFFLOAD_MULTI_SEGS != 0;

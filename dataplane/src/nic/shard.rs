@@ -31,7 +31,9 @@ use roce::wire::frame::{classify, dest_qpn, FrameKind};
 
 use super::{Nic, BURST};
 use crate::config::RnicConfig;
+use crate::doorbell::Doorbell;
 use crate::host::ServiceMap;
+use ferroce_host::abi::ring::WaitWord;
 use roce::cm::{comm_id_owner, mad_route, MadRoute};
 use roce::types::Qpn;
 use roce::wire::frame::gsi_mad;
@@ -52,6 +54,8 @@ pub struct ShardLinks {
     outbox: ArrayQueue<Mbuf>,
     /// Which shard listens to each service (the port's owner steers REQs by it).
     pub(super) services: ServiceMap,
+    /// Each shard's doorbell, rung when frames are queued for it while it sleeps.
+    bells: Vec<Doorbell>,
 }
 
 impl ShardLinks {
@@ -61,6 +65,7 @@ impl ShardLinks {
             copies: (0..count).map(|_| ArrayQueue::new(COPY_FRAMES)).collect(),
             outbox: ArrayQueue::new(LINK_FRAMES),
             services: ServiceMap::default(),
+            bells: (0..count).map(|_| Doorbell::default()).collect(),
         }
     }
 }
@@ -73,6 +78,9 @@ pub(super) struct Shard {
     pub count: u32,
     /// The queues between them.
     pub links: Arc<ShardLinks>,
+    /// Shards this one queued frames for in the current iteration (a bit each), whose
+    /// doorbells it rings at the end of it: once per iteration, not per frame.
+    pub due: u64,
 }
 
 /// Where a `Nic`'s frames come from and go.
@@ -124,6 +132,9 @@ impl Wire {
                 if let Some(b) = back {
                     pkts.extend(b);
                 }
+                if sent > 0 {
+                    links.bells[0].ring();
+                }
                 sent
             }
         }
@@ -149,6 +160,7 @@ impl Nic {
                     index,
                     count,
                     links: links.clone(),
+                    due: 0,
                 };
                 Nic::build(cfg.clone(), port.clone(), pool.clone(), Some(shard))
             })
@@ -158,6 +170,29 @@ impl Nic {
     /// Which shard of its RNIC this is and how many there are (`(0, 1)`: the only one).
     pub fn shard(&self) -> (u32, u32) {
         self.shard.as_ref().map_or((0, 1), |s| (s.index, s.count))
+    }
+
+    /// Before the worker sleeps: this shard's doorbell, armed (frames queued for it from now
+    /// on wake it).
+    pub(super) fn arm_links(&self, out: &mut Vec<WaitWord>) {
+        if let Some(s) = &self.shard {
+            out.push(s.links.bells[s.index as usize].arm());
+        }
+    }
+
+    /// At the end of an iteration: rings the doorbells of the shards it queued frames for,
+    /// and clears its own (it is awake).
+    pub(super) fn ring_shards(&mut self) {
+        let Some(s) = self.shard.as_mut() else {
+            return;
+        };
+        s.links.bells[s.index as usize].disarm();
+        let mut due = std::mem::take(&mut s.due);
+        while due != 0 {
+            let k = due.trailing_zeros() as usize;
+            due &= due - 1;
+            s.links.bells[k].ring();
+        }
     }
 
     /// Whether frames wait in this shard's inbox or (the port's owner) in the outbox.
@@ -189,10 +224,10 @@ impl Nic {
             return Some(m);
         }
         self.tap_mbuf(now, &m);
-        let pushed = self
-            .shard
-            .as_ref()
-            .is_some_and(|s| s.links.inbox[owner].push(m).is_ok());
+        let pushed = self.shard.as_mut().is_some_and(|s| {
+            s.due |= 1 << owner;
+            s.links.inbox[owner].push(m).is_ok()
+        });
         if pushed {
             self.counters.rx_steered += 1;
         } else {
@@ -212,8 +247,9 @@ impl Nic {
         else {
             return;
         };
-        for q in &links.copies[1..] {
+        for (q, bell) in links.copies.iter().zip(&links.bells).skip(1) {
             self.copy_to(q, segs);
+            bell.ring();
         }
     }
 
@@ -248,6 +284,8 @@ impl Nic {
         if owner == sh.index {
             return Err(m);
         }
+        let sh = self.shard.as_mut().expect("checked above");
+        sh.due |= 1 << owner;
         match sh.links.inbox[owner as usize].push(m) {
             Ok(()) => self.counters.tx_loopback += 1,
             Err(_) => self.counters.tx_loopback_dropped += 1,
