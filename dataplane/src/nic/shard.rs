@@ -214,6 +214,10 @@ impl Nic {
         let Some(sh) = self.shard.as_ref() else {
             return Some(m);
         };
+        // A shard without a queue receives from its inbox: steered there already.
+        if matches!(self.wire, Wire::Shard(..)) {
+            return Some(m);
+        }
         let owner = match dest_qpn(m.data()) {
             Some(GSI) => gsi_owner(&sh.links, sh.count, m.data()),
             Some(qpn) => QpnStripe::owner(qpn, sh.count),
