@@ -378,3 +378,37 @@ fn a_qp_destroyed_while_its_frames_are_steered_leaks_nothing() {
     );
     rt.stop();
 }
+
+/// CNPs are steered like the rest: A's port marks its data CE (`fault.ce`, which keeps the
+/// link to one queue pair, so the first worker of each RNIC steers), B's QP on its second
+/// worker answers with CNPs, and they reach A's QP on its second worker, whose rate drops.
+#[test]
+fn cnps_reach_the_worker_of_their_qp() {
+    let mut ca = two_workers(59);
+    ca.ecn = true;
+    ca.fault.ce = 1.0;
+    ca.dcqcn.rp = Some(dcb::dcqcn::RpParams::paper(10_000.0));
+    let mut cb = two_workers(60);
+    cb.ecn = true;
+    cb.dcqcn.np_min_interval_ns = Some(50_000);
+    let rt = Runtime::loopback("ferroce-workers7", ca, cb).expect("loopback");
+    let [_x0, mut x] = one_per_worker(&rt, 0);
+    let [_y0, mut y] = one_per_worker(&rt, 1);
+    connect_pair(&mut x, &mut y, Mtu::M1024, (1, 2), QpType::Rc);
+    for i in 0..8 {
+        post_write_at(&mut x, &y, i, 0, LEN as u32);
+        let c = wait_cq(&mut x, 1, 20);
+        assert!(c.len() == 1 && c[0].status == WcStatus::Success, "{c:?}");
+    }
+    let rate = x.ctx.query_qp(x.qpn).unwrap().rate_kbps;
+    drop((x, y));
+    let snaps = rt.stop();
+    let (sa, sb) = (&snaps[0], &snaps[1]);
+    assert!(sb.qps.np_cnp_sent > 0, "B sent CNPs: {:?}", sb.qps);
+    assert!(sa.qps.rp_cnp_handled > 0, "A's QP took them: {:?}", sa.qps);
+    assert!(sa.nic.rx_steered > 0 && sb.nic.rx_steered > 0);
+    assert!(
+        rate.is_some_and(|k| k < 10_000_000),
+        "A's QP runs below line rate: {rate:?} kb/s"
+    );
+}
