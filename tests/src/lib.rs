@@ -322,3 +322,11 @@ pub fn cm_event<V: ferroce_host::app::RdmaCm>(s: &mut Side<V>) -> ferroce_host::
         .expect("cm_wait_event")
         .expect("an rdma_cm event")
 }
+
+/// The test configuration of RNIC `host` (`dataplane::runtime::test_config`, path MTU 1024)
+/// spread over `workers` worker threads (`worker.count`).
+pub fn on_workers(host: u8, workers: u32) -> RnicConfig {
+    let mut c = dataplane::runtime::test_config(host, 1024);
+    c.worker_count = workers;
+    c
+}

@@ -4,6 +4,7 @@
 
 use dataplane::runtime::{test_config, Runtime};
 use dataplane::{Context, Verbs};
+use ferroce_tests::on_workers;
 use roce::engine::{qp_queue_bytes, CqId, QpInit, VerbsError};
 use roce::memory::PdId;
 use roce::types::{Gid, Psn, Qpn};
@@ -77,12 +78,8 @@ fn thousands_of_qps_each_move_their_own_data() {
 /// pair's WRITE lands where it should.
 #[test]
 fn thousands_of_qps_over_two_workers_each_move_their_own_data() {
-    let cfg = |h| {
-        let mut c = test_config(h, 1024);
-        c.worker_count = 2;
-        c
-    };
-    let rt = Runtime::loopback("ferroce-scale3", cfg(45), cfg(46)).expect("loopback");
+    let rt = Runtime::loopback("ferroce-scale3", on_workers(45, 2), on_workers(46, 2))
+        .expect("loopback");
     let pairs: Vec<_> = (0..2)
         .map(|_| (rt.open(0).unwrap(), rt.open(1).unwrap()))
         .collect();

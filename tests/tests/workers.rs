@@ -5,12 +5,12 @@
 //! for clients on any worker.
 
 use dataplane::config::RnicConfig;
-use dataplane::runtime::{test_config, Runtime};
+use dataplane::runtime::Runtime;
 use dataplane::Verbs;
 use ferroce_host::abi::CmEventData;
 use ferroce_host::app::{CmQpPath, RdmaCm};
 use ferroce_tests::{
-    cm_connect, cm_event, connect_pair, post_recv_one, post_signaled, post_signaled_to,
+    cm_connect, cm_event, connect_pair, on_workers, post_recv_one, post_signaled, post_signaled_to,
     post_write_at, side, wait_cq, wait_until, Side,
 };
 use roce::cm::AcceptParams;
@@ -22,9 +22,7 @@ use roce::wire::cm::{service_id, PS_TCP};
 const LEN: usize = 8192;
 
 fn two_workers(host: u8) -> RnicConfig {
-    let mut c = test_config(host, 1024);
-    c.worker_count = 2;
-    c
+    on_workers(host, 2)
 }
 
 /// A WRITE, a SEND and a READ of 3000 bytes (three packets each at MTU 1024) from `a` to
@@ -82,17 +80,23 @@ fn one_per_worker(rt: &Runtime, rnic: usize) -> [Side; 2] {
 
 /// [`one_per_worker`] with QPs of type `t`.
 fn one_per_worker_of(rt: &Runtime, rnic: usize, t: QpType) -> [Side; 2] {
-    let mut s: Vec<Side> = (0..2)
+    clients_by_worker(rt, rnic, 2, t).try_into().ok().unwrap()
+}
+
+/// `n` clients of RNIC `rnic` (spread over `n` workers), one on each worker, ordered by
+/// worker: each with a QP of type `t`, a CQ and a registered buffer.
+fn clients_by_worker(rt: &Runtime, rnic: usize, n: u32, t: QpType) -> Vec<Side> {
+    let mut s: Vec<Side> = (0..n)
         .map(|_| side(rt.open(rnic).unwrap(), t, LEN, 16))
         .collect();
-    s.sort_by_key(|s| QpnStripe::owner(s.qpn, 2));
-    let owners: Vec<u32> = s.iter().map(|s| QpnStripe::owner(s.qpn, 2)).collect();
+    s.sort_by_key(|s| QpnStripe::owner(s.qpn, n));
+    let owners: Vec<u32> = s.iter().map(|s| QpnStripe::owner(s.qpn, n)).collect();
     assert_eq!(
         owners,
-        [0, 1],
+        (0..n).collect::<Vec<_>>(),
         "one client on each worker, named by its QPs' numbers"
     );
-    s.try_into().ok().unwrap()
+    s
 }
 
 /// Clients on every pair of workers across the two RNICs, and on the two workers of RNIC 0,
@@ -130,6 +134,42 @@ fn clients_on_either_worker_exchange_verified_data() {
     assert!(s.nic.rx_steered > 0, "frames were steered: {s:?}");
     assert_eq!(s.nic.tx_forwarded, 0, "every worker sent on its own queue");
     assert_eq!(s.nic.rx_steer_dropped, 0);
+    rt.stop();
+}
+
+/// Four workers per RNIC (four threads on this machine's two cores, idle ones asleep):
+/// clients on every worker exchange verified data with a client on another worker of the
+/// other RNIC and of their own.
+#[test]
+fn four_workers_exchange_verified_data() {
+    let rt = Runtime::loopback("ferroce-workers8", on_workers(61, 4), on_workers(62, 4))
+        .expect("loopback");
+    assert_eq!((rt.workers(), rt.shards(0), rt.shards(1)), (4, 4, 4));
+    let mut x = clients_by_worker(&rt, 0, 4, QpType::Rc);
+    let mut y = clients_by_worker(&rt, 1, 4, QpType::Rc);
+    let mut seed = 5;
+    // Worker i of RNIC 0 with worker 3 - i of RNIC 1.
+    for (a, b) in x.iter_mut().zip(y.iter_mut().rev()) {
+        connect_pair(a, b, Mtu::M1024, (100, 200), QpType::Rc);
+        exchange(a, b, seed);
+        exchange(b, a, seed + 1);
+        seed += 2;
+    }
+    // Within RNIC 0: workers 0 and 3, 1 and 2.
+    let mut z = clients_by_worker(&rt, 0, 4, QpType::Rc);
+    let (lo, hi) = z.split_at_mut(2);
+    for (a, b) in lo.iter_mut().zip(hi.iter_mut().rev()) {
+        connect_pair(a, b, Mtu::M1024, (7, 11), QpType::Rc);
+        exchange(a, b, seed);
+        exchange(b, a, seed + 1);
+        seed += 2;
+    }
+    for i in 0..2 {
+        let s = rt.stats(i);
+        assert!(s.nic.rx_steered > 0, "RNIC {i} steered: {s:?}");
+        assert_eq!(s.nic.rx_steer_dropped, 0);
+    }
+    drop((x, y, z));
     rt.stop();
 }
 
@@ -341,8 +381,21 @@ fn datagram(a: &mut Side, b: &mut Side, imm: &mut u32) {
 /// comes back to the pool.
 #[test]
 fn a_qp_destroyed_while_its_frames_are_steered_leaks_nothing() {
-    let rt =
-        Runtime::loopback("ferroce-workers5", two_workers(55), two_workers(56)).expect("loopback");
+    gone_while_steered("ferroce-workers5", (55, 56), true);
+}
+
+/// A client that goes without destroying anything (closed, as rnicd closes a client whose
+/// process was killed) while its peer's WRITEs are steered to its QP: the same outcome.
+#[test]
+fn a_client_gone_while_its_frames_are_steered_leaks_nothing() {
+    gone_while_steered("ferroce-workers9", (63, 64), false);
+}
+
+/// The receiving client on RNIC 0's second worker goes while 16 WRITEs of 8 KiB stream to it
+/// (its QP destroyed first if `destroy`, else with its client): every WRITE ends, and the
+/// pool's mbufs in use come back to where they were before.
+fn gone_while_steered(prefix: &str, (ha, hb): (u8, u8), destroy: bool) {
+    let rt = Runtime::loopback(prefix, two_workers(ha), two_workers(hb)).expect("loopback");
     // Mbufs in use with the workers idle: what the pool must come back to.
     std::thread::sleep(std::time::Duration::from_millis(50));
     let base = rt.stats(0).mbufs_in_use;
@@ -355,7 +408,13 @@ fn a_qp_destroyed_while_its_frames_are_steered_leaks_nothing() {
     }
     // Gone while the WRITEs are under way: their frames are then dropped by the engine of
     // the worker they were steered to, which knows no such QP.
-    x.ctx.destroy_qp(x.qpn).unwrap();
+    let mut closed_later = None;
+    if destroy {
+        x.ctx.destroy_qp(x.qpn).unwrap();
+        closed_later = Some(x);
+    } else {
+        drop(x);
+    }
     // Each WRITE ends: done before the QP went, or in error once x's RNIC stops answering
     // (the first to exhaust its retries, the rest flushed).
     let done = wait_cq(&mut y, 16, 30);
@@ -369,7 +428,7 @@ fn a_qp_destroyed_while_its_frames_are_steered_leaks_nothing() {
             "{c:?}"
         );
     }
-    drop(x);
+    drop(closed_later);
     drop(y);
     assert!(
         wait_until(10, || rt.stats(0).mbufs_in_use <= base),
