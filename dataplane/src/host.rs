@@ -18,7 +18,8 @@ use std::sync::{Arc, OnceLock};
 
 use ferroce_host::abi::area::Area;
 use ferroce_host::abi::ring::{ring, Consumer, Producer};
-use ferroce_host::abi::slots::{CqeSlot, EventSlot, PostBuf, PostCell, SlotError};
+pub use ferroce_host::abi::slots::PostError;
+use ferroce_host::abi::slots::{next_post, CqeSlot, EventSlot, PostBuf, PostCell};
 use ferroce_host::abi::{
     ClientLimits, CmEventData, HostCounters, HostLimits, EVENT_RING, POST_RING, QP_INDEX_BYTES,
 };
@@ -196,18 +197,6 @@ pub(crate) fn populate_later(mem: &Arc<Area>, off: usize, len: usize) {
     }
 }
 
-/// Why a post taken from a client's ring cannot be executed: the client broke the protocol
-/// (the RNIC then closes it, with the device-fatal event).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum PostError {
-    /// A post that does not decode.
-    #[error("bad post: {0}")]
-    Slot(#[from] SlotError),
-    /// Ring indices that claim more posts than the ring holds.
-    #[error("post ring indices corrupted")]
-    Indices,
-}
-
 /// Everything a closing client held, in the order the RNIC releases it
 /// ([`HostEnd::release_all`]).
 #[derive(Debug, Default)]
@@ -369,23 +358,7 @@ impl HostEnd {
         if self.closed {
             return None;
         }
-        let Some(head) = self.posts.peek(0) else {
-            return (self.posts.rejected > 0).then_some(Err(PostError::Indices));
-        };
-        let head = head.head();
-        let need = match head.cells() {
-            Ok(n) => n,
-            Err(e) => return Some(Err(e.into())),
-        };
-        // A producer publishes a post's cells with one store: fewer is a broken protocol.
-        if !self.posts.ready(need) {
-            let have = self.posts.published();
-            return Some(Err(SlotError::Truncated { have, need }.into()));
-        }
-        let posts = &self.posts;
-        let r = buf.decode(&head, |i| posts.get(i).unwrap_or_default());
-        self.posts.advance(need);
-        Some(r.map_err(PostError::Slot))
+        next_post(&mut self.posts, buf)
     }
 
     /// Stops counting retired areas once no MR holds them any more (they are unmapped).

@@ -16,7 +16,7 @@ use roce::verbs::{
     WcOpcode, WcStatus, WrOp,
 };
 
-use crate::abi::ring::Plain;
+use crate::abi::ring::{Consumer, Plain};
 
 /// Most SGEs a work request can carry through the host interface.
 pub const MAX_HOST_SGE: usize = 16;
@@ -844,6 +844,45 @@ impl EventSlot {
     pub fn decode(&self) -> Option<AsyncEvent> {
         AsyncEvent::from_ibv(self.kind, self.object)
     }
+}
+
+/// Why a post taken from a client's ring cannot be executed: the client broke the protocol
+/// (the RNIC then closes it, with the device-fatal event).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum PostError {
+    /// A post that does not decode.
+    #[error("bad post: {0}")]
+    Slot(#[from] SlotError),
+    /// Ring indices that claim more posts than the ring holds.
+    #[error("post ring indices corrupted")]
+    Indices,
+}
+
+/// The worker's side of a post ring: takes the next post out of `posts` and decodes it into
+/// `buf`, with every field checked, each cell copied out of shared memory before it is read.
+/// `None` once the ring is empty; `Some(Err)` for a post that breaks the protocol (a head
+/// that does not check, fewer cells published than it calls for), or for producer indices
+/// that claim more than the ring holds (a corrupted or hostile client).
+pub fn next_post(
+    posts: &mut Consumer<PostCell>,
+    buf: &mut PostBuf,
+) -> Option<Result<(), PostError>> {
+    let Some(head) = posts.peek(0) else {
+        return (posts.rejected > 0).then_some(Err(PostError::Indices));
+    };
+    let head = head.head();
+    let need = match head.cells() {
+        Ok(n) => n,
+        Err(e) => return Some(Err(e.into())),
+    };
+    // A producer publishes a post's cells with one store: fewer is a broken protocol.
+    if !posts.ready(need) {
+        let have = posts.published();
+        return Some(Err(SlotError::Truncated { have, need }.into()));
+    }
+    let r = buf.decode(&head, |i| posts.get(i).unwrap_or_default());
+    posts.advance(need);
+    Some(r.map_err(PostError::Slot))
 }
 
 #[cfg(test)]
