@@ -9,6 +9,7 @@
 #                 (libferroce_client.so, ferroce.h, ferroce.pc), ferroce-run and the drop-in
 #                 libibverbs.so.1 (with stub libmlx5.so.1, libefa.so.1, librdmacm.so.1) in
 #                 lib/ferroce
+#   make fuzz T=TARGET S=SECONDS - fuzz one target (scripts/fuzz.sh; `scripts/fuzz.sh list`)
 #   make ibverbs  - the drop-in libibverbs in target/$(PROFILE)/ferroce, for scripts/ferroce-run
 CARGO ?= cargo
 PREFIX ?= /usr/local
@@ -22,7 +23,7 @@ IBV_DIR = target/$(PROFILE)/ferroce
 # Where the system's provider libraries are, whose direct-verbs exports the stubs mirror.
 DV_LIBDIR ?= /usr/lib/$(shell $(CC) -print-multiarch)
 
-.PHONY: deps test-deps demo demo-incast test lint bench fmt install install-files ibverbs ibverbs-dir
+.PHONY: fuzz deps test-deps demo demo-incast test lint bench fmt install install-files ibverbs ibverbs-dir
 
 deps:
 	@bash scripts/deps.sh
@@ -46,6 +47,11 @@ test: test-deps
 	# The C client's shared library, which the tests link the C example against.
 	$(CARGO) build -p ferroce-client -p ferroce-ibverbs
 	$(CARGO) test --workspace --no-fail-fast
+	# libFuzzer over every fuzz target, a short run each (docs/reliability.md).
+	bash scripts/fuzz.sh smoke
+
+fuzz:
+	bash scripts/fuzz.sh run $(T) $(or $(S),60)
 
 install:
 	$(CARGO) build --release -p ferroce-tools -p ferroce-client -p ferroce-ibverbs

@@ -63,3 +63,9 @@ done
 if [ "${1:-}" = "--with-interop" ]; then
   bash "$(dirname "$0")/../tests/interop/install-deps.sh"
 fi
+
+# cargo-fuzz, for the fuzz smoke `make test` runs (scripts/fuzz.sh): built from crates.io once.
+if [ "${1:-}" = "--with-interop" ] && ! command -v cargo-fuzz >/dev/null; then
+  echo "deps: cargo install cargo-fuzz" >&2
+  cargo install --locked --quiet cargo-fuzz
+fi

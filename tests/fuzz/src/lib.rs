@@ -6,9 +6,49 @@
 //! test is an expected outcome.
 
 pub mod cm;
+pub mod config;
 pub mod frame;
 pub mod pcap;
+pub mod posts;
 pub mod rx;
+
+/// Runs `step` over `data` until the input is used up or `max` steps have run (a bound on the
+/// time one input takes).
+pub fn script(data: &[u8], max: usize, mut step: impl FnMut(&mut Input)) {
+    let mut inp = Input::new(data);
+    for _ in 0..max {
+        if inp.is_empty() {
+            break;
+        }
+        step(&mut inp);
+    }
+}
+
+/// Runs each file named on the command line through `run` once: what a fuzz target's binary
+/// does when built outside `cargo fuzz` (as `cargo test --workspace` builds every binary),
+/// for replaying a crash.
+pub fn run_files<R>(run: fn(&[u8]) -> R) {
+    for f in std::env::args().skip(1) {
+        run(&std::fs::read(&f).expect("read input"));
+    }
+}
+
+/// A fuzz target's binary: libFuzzer's entry point under `cargo fuzz` (`--cfg fuzzing`),
+/// [`run_files`] otherwise.
+#[macro_export]
+macro_rules! target {
+    ($run:path) => {
+        #[cfg(fuzzing)]
+        libfuzzer_sys::fuzz_target!(|data: &[u8]| {
+            let _ = $run(data);
+        });
+
+        #[cfg(not(fuzzing))]
+        fn main() {
+            $crate::run_files($run);
+        }
+    };
+}
 
 /// A cursor over fuzz input: each read takes the next bytes, and reads past the end give
 /// zeros (so any input is a complete script).
@@ -48,6 +88,44 @@ impl<'a> Input<'a> {
     /// The next eight bytes, big-endian.
     pub fn u64(&mut self) -> u64 {
         (self.u32() as u64) << 32 | self.u32() as u64
+    }
+
+    /// A work request's operation, its fields from the input: on `rkey` at `remote_addr` for
+    /// the remote ones, invalidating or binding `rkey`.
+    pub fn wr_op(&mut self, remote_addr: u64, rkey: roce::types::Rkey) -> roce::verbs::WrOp {
+        use roce::verbs::{Access, WrOp};
+        match self.u8() % 10 {
+            0 => WrOp::Send,
+            1 => WrOp::SendWithImm { imm: self.u32() },
+            2 => WrOp::SendWithInv { rkey },
+            3 => WrOp::Write { remote_addr, rkey },
+            4 => WrOp::WriteWithImm {
+                remote_addr,
+                rkey,
+                imm: self.u32(),
+            },
+            5 => WrOp::Read { remote_addr, rkey },
+            6 => WrOp::CompareSwap {
+                remote_addr,
+                rkey,
+                compare: self.u64(),
+                swap: self.u64(),
+            },
+            7 => WrOp::FetchAdd {
+                remote_addr,
+                rkey,
+                add: self.u64(),
+            },
+            8 => WrOp::LocalInv { rkey },
+            _ => WrOp::BindMw {
+                mw: rkey,
+                rkey: roce::types::Rkey(self.u32()),
+                mr: roce::types::Lkey(self.u32()),
+                addr: remote_addr,
+                length: self.u64(),
+                access: Access(self.u32() & Access::ALL.0),
+            },
+        }
     }
 
     /// Up to `n` next bytes (fewer at the end).

@@ -9,16 +9,17 @@
 //! - nothing panics (the engine's debug assertions included);
 //! - memory outside a registration is never written: each side has a registration over the
 //!   middle page of three, and the outer pages keep their canary bytes (IBA C9-26: access
-//!   is checked against the MR's bounds);
+//!   is checked against the MR's bounds); the same holds through a type 2 memory window the
+//!   input binds over any part of that page with any key and access (IBA 10.6.7);
 //! - every work request the engine accepted completes, in success or error, once the input
 //!   is done and time has run on (retry and RNR retry counts are finite here, IBA 9.7.5.2).
 
 use std::sync::Arc;
 
 use roce::engine::{Device, DeviceConfig};
-use roce::memory::{HeapMemory, PdId};
+use roce::memory::{HeapMemory, MwType, PdId};
 use roce::sim::{connect, node_gid, ConnectOpts, Endpoint, LinkConfig, Pair};
-use roce::types::{Psn, Qkey, Qpn, Rkey};
+use roce::types::{Lkey, Psn, Qkey, Qpn, Rkey};
 use roce::verbs::*;
 use roce::wire::bth::BthRepr;
 use roce::wire::frame::{self, TransportRepr};
@@ -39,6 +40,7 @@ const MAX_STEPS: usize = 96;
 struct Guard {
     mem: Arc<HeapMemory>,
     addr: u64,
+    lkey: Lkey,
     rkey: Rkey,
 }
 
@@ -46,14 +48,17 @@ impl Guard {
     fn new(dev: &mut Device, pd: PdId, addr: u64) -> Guard {
         let mem = HeapMemory::shared(3 * PAGE);
         mem.fill(CANARY);
-        let access =
-            Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
-        let (_, rkey) = dev
+        let access = Access::LOCAL_WRITE
+            | Access::REMOTE_WRITE
+            | Access::REMOTE_READ
+            | Access::REMOTE_ATOMIC;
+        let (lkey, rkey) = dev
             .reg_mr(pd, mem.clone(), PAGE, addr, PAGE as u64, access)
             .expect("guard MR");
         Guard {
             mem,
             addr,
+            lkey,
             rkey: rkey.expect("remote access gives an rkey"),
         }
     }
@@ -75,6 +80,9 @@ struct World {
     uc: Qps,
     ud: Qps,
     guards: [Guard; 2],
+    /// A type 2 memory window of each side, in the RC QP's PD: the input binds it over the
+    /// guard's page (any part, any key byte, any access) and the peer aims at it.
+    mws: [Rkey; 2],
     /// Work requests the engine accepted (all signaled), by queue: `[send, receive]`.
     posted: [u64; 2],
     /// Their completions polled (send WRs carry `wr_id` 1, receive WRs 0).
@@ -108,15 +116,22 @@ impl World {
             Guard::new(&mut p.a.dev, rc.0.pd, 0x7000_0000),
             Guard::new(&mut p.b.dev, rc.1.pd, 0x7100_0000),
         ];
+        let mws = [
+            p.a.dev.alloc_mw(rc.0.pd, MwType::Two).expect("MW"),
+            p.b.dev.alloc_mw(rc.1.pd, MwType::Two).expect("MW"),
+        ];
         let mut w = World {
             p,
             rc,
             uc,
             ud,
             guards,
+            mws,
             posted: [0; 2],
             completed: [0; 2],
-            opcodes: (0..=255u8).filter(|&o| Opcode(o).info().is_some()).collect(),
+            opcodes: (0..=255u8)
+                .filter(|&o| Opcode(o).info().is_some())
+                .collect(),
         };
         for side in 0..2 {
             for t in 0..3 {
@@ -147,7 +162,10 @@ impl World {
 
     fn post_recv(&mut self, side: usize, t: u8, off: u64, len: u32) {
         let ep = self.ep(side, t);
-        let (qpn, sge) = (ep.qpn, ep.sge(off % (3 * PAGE as u64), len.min(PAGE as u32)));
+        let (qpn, sge) = (
+            ep.qpn,
+            ep.sge(off % (3 * PAGE as u64), len.min(PAGE as u32)),
+        );
         let wr = RecvWr {
             wr_id: 0,
             sg_list: &[sge],
@@ -163,38 +181,36 @@ impl World {
         let (me, peer) = (self.ep(side, t).clone(), self.ep(1 - side, t).clone());
         let guard = &self.guards[1 - side];
         let sel = inp.u8();
-        // The peer's own MR, or its guard (in the RC QP's PD: UC is refused there).
-        let (addr, rkey) = if sel & 1 == 0 {
-            (peer.addr, peer.rkey)
-        } else {
-            (guard.addr, guard.rkey)
+        // The peer's own MR, its guard or its window (both in the RC QP's PD: UC is
+        // refused there).
+        let (addr, rkey) = match sel % 3 {
+            0 => (peer.addr, peer.rkey),
+            1 => (guard.addr, guard.rkey),
+            _ => (guard.addr, self.window_key(1 - side, inp)),
         };
         let remote_addr = addr + (inp.u16() as u64 % (2 * PAGE as u64)) / 8 * 8;
-        let op = match (sel >> 1) % 9 {
-            0 => WrOp::Send,
-            1 => WrOp::SendWithImm { imm: inp.u32() },
-            2 => WrOp::Write { remote_addr, rkey },
-            3 => WrOp::WriteWithImm {
-                remote_addr,
-                rkey,
-                imm: inp.u32(),
+        // Invalidations name this side's guard or window; binds put this side's window
+        // over part of its guard.
+        let op = match inp.wr_op(remote_addr, rkey) {
+            WrOp::LocalInv { .. } => WrOp::LocalInv {
+                rkey: if sel & 8 == 0 {
+                    self.guards[side].rkey
+                } else {
+                    self.window_key(side, inp)
+                },
             },
-            4 => WrOp::Read { remote_addr, rkey },
-            5 => WrOp::CompareSwap {
-                remote_addr,
-                rkey,
-                compare: inp.u64(),
-                swap: inp.u64(),
-            },
-            6 => WrOp::FetchAdd {
-                remote_addr,
-                rkey,
-                add: inp.u64(),
-            },
-            7 => WrOp::SendWithInv { rkey },
-            _ => WrOp::LocalInv {
-                rkey: self.guards[side].rkey,
-            },
+            WrOp::BindMw { length, access, .. } => {
+                let g = &self.guards[side];
+                WrOp::BindMw {
+                    mw: self.mws[side],
+                    rkey: self.window_key(side, inp),
+                    mr: g.lkey,
+                    addr: g.addr + inp.u16() as u64 % PAGE as u64,
+                    length: length % (2 * PAGE as u64),
+                    access,
+                }
+            }
+            op => op,
         };
         let len = match op {
             WrOp::CompareSwap { .. } | WrOp::FetchAdd { .. } => 8,
@@ -273,9 +289,10 @@ impl World {
     fn aim(&self, to: usize, tr: &mut TransportRepr, inp: &mut Input) {
         let sel = inp.u8();
         let off = inp.u16() as u64 % (2 * PAGE as u64);
-        let (addr, rkey) = match sel % 3 {
+        let (addr, rkey) = match sel % 4 {
             0 => (self.guards[to].addr, self.guards[to].rkey),
             1 => (self.rc_ep(to).addr, self.rc_ep(to).rkey),
+            2 => (self.guards[to].addr, self.window_key(to, inp)),
             _ => return,
         };
         if let Some(r) = tr.ext.reth.as_mut() {
@@ -296,6 +313,11 @@ impl World {
         if let Some(i) = tr.ext.ieth.as_mut() {
             i.rkey = rkey;
         }
+    }
+
+    /// `side`'s window's key with a key byte from the input (a bind sets the byte).
+    fn window_key(&self, side: usize, inp: &mut Input) -> Rkey {
+        Rkey(self.mws[side].0 & !0xff | inp.u8() as u32)
     }
 
     fn rc_ep(&self, side: usize) -> &Endpoint {
@@ -320,6 +342,52 @@ impl World {
         }
     }
 
+    /// One step of the input: a frame, a post, or time.
+    fn step(&mut self, inp: &mut Input) {
+        match inp.u8() % 8 {
+            0 => {
+                let to = (inp.u8() & 1) as usize;
+                let n = inp.u16() as usize % 2048;
+                let f = inp.bytes(n).to_vec();
+                self.p.inject(to, &f);
+            }
+            1 => {
+                // Re-emitted: valid lengths, IP checksum and ICRC around the input's headers.
+                let to = (inp.u8() & 1) as usize;
+                let n = inp.u16() as usize % 2048;
+                let raw = inp.bytes(n);
+                if let Ok(p) = frame::inspect(raw) {
+                    let mut out = vec![0u8; p.frame_len];
+                    if p.repr.emit(&mut out, p.payload(raw)).is_ok() {
+                        self.p.inject(to, &out);
+                    }
+                }
+            }
+            2 | 3 => {
+                let to = (inp.u8() & 1) as usize;
+                let f = self.structured(to, inp);
+                if !f.is_empty() {
+                    self.p.inject(to, &f);
+                }
+            }
+            4 | 5 => {
+                let side = (inp.u8() & 1) as usize;
+                self.post_send(side, inp);
+            }
+            6 => {
+                let (side, t) = ((inp.u8() & 1) as usize, inp.u8());
+                let off = inp.u16() as u64;
+                self.post_recv(side, t, off, inp.u16() as u32 % 4096);
+            }
+            _ => {
+                let ns = inp.u16() as u64 * 100_000;
+                self.settle(ns);
+                return;
+            }
+        }
+        self.settle(10 * MS);
+    }
+
     fn settle(&mut self, ns: u64) {
         let deadline = self.p.now + ns;
         self.p.run_until_idle(deadline);
@@ -330,53 +398,7 @@ impl World {
 /// Runs one input (see the module's doc).
 pub fn run(data: &[u8]) {
     let mut w = World::new();
-    let mut inp = Input::new(data);
-    let mut steps = 0;
-    while !inp.is_empty() && steps < MAX_STEPS {
-        steps += 1;
-        match inp.u8() % 8 {
-            0 => {
-                let to = (inp.u8() & 1) as usize;
-                let n = inp.u16() as usize % 2048;
-                let f = inp.bytes(n).to_vec();
-                w.p.inject(to, &f);
-            }
-            1 => {
-                // Re-emitted: valid lengths, IP checksum and ICRC around the input's headers.
-                let to = (inp.u8() & 1) as usize;
-                let n = inp.u16() as usize % 2048;
-                let raw = inp.bytes(n);
-                if let Ok(p) = frame::inspect(raw) {
-                    let mut out = vec![0u8; p.frame_len];
-                    if p.repr.emit(&mut out, p.payload(raw)).is_ok() {
-                        w.p.inject(to, &out);
-                    }
-                }
-            }
-            2 | 3 => {
-                let to = (inp.u8() & 1) as usize;
-                let f = w.structured(to, &mut inp);
-                if !f.is_empty() {
-                    w.p.inject(to, &f);
-                }
-            }
-            4 | 5 => {
-                let side = (inp.u8() & 1) as usize;
-                w.post_send(side, &mut inp);
-            }
-            6 => {
-                let (side, t) = ((inp.u8() & 1) as usize, inp.u8());
-                let off = inp.u16() as u64;
-                w.post_recv(side, t, off, inp.u16() as u32 % 4096);
-            }
-            _ => {
-                let ns = inp.u16() as u64 * 100_000;
-                w.settle(ns);
-                continue;
-            }
-        }
-        w.settle(10 * MS);
-    }
+    crate::script(data, MAX_STEPS, |inp| w.step(inp));
     // Time enough for every timer: retries, RNR waits, the responder's state.
     for _ in 0..20 {
         w.settle(SEC);

@@ -30,17 +30,8 @@ fn regressions(target: &str) -> Vec<Vec<u8>> {
 
 /// The frames of every corpus capture (Soft-RoCE stacks talking).
 fn corpus_frames() -> Vec<Vec<u8>> {
-    let dir = root().join("../../tests/corpus");
     let mut frames = Vec::new();
-    let mut names: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "pcap"))
-        .collect();
-    names.sort();
-    assert!(!names.is_empty(), "no captures in {dir:?}");
-    for p in names {
-        let data = std::fs::read(&p).unwrap();
+    for data in captures() {
         for r in roce::pcap::Reader::new(&data).unwrap() {
             frames.push(r.unwrap().data.to_vec());
         }
@@ -59,66 +50,134 @@ fn random_inputs(seed: u64, n: usize, max: usize) -> Vec<Vec<u8>> {
         .collect()
 }
 
+/// Runs `run` over the target's regression inputs, then `seeds`, then `random` (seed,
+/// count, longest) pseudo-random inputs; returns what each run returned.
+fn smoke<R>(
+    target: &str,
+    seeds: Vec<Vec<u8>>,
+    (seed, n, max): (u64, usize, usize),
+    run: fn(&[u8]) -> R,
+) -> Vec<R> {
+    let mut inputs = regressions(target);
+    inputs.extend(seeds);
+    inputs.extend(random_inputs(seed, n, max));
+    inputs.iter().map(|i| run(i)).collect()
+}
+
+/// The corpus captures' bytes.
+fn captures() -> Vec<Vec<u8>> {
+    let dir = root().join("../corpus");
+    let mut names: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "pcap"))
+        .collect();
+    names.sort();
+    assert!(!names.is_empty(), "no captures in {dir:?}");
+    names.iter().map(|p| std::fs::read(p).unwrap()).collect()
+}
+
 #[test]
 fn parse_frame() {
-    let mut inputs = regressions("parse_frame");
+    let mut seeds = Vec::new();
     for f in corpus_frames() {
         // The corpus frames whole, then cut at one place and with a byte flipped.
         let mut cut = vec![(f.len() / 3) as u8];
         cut.extend_from_slice(&f);
-        inputs.push(cut.clone());
+        seeds.push(cut.clone());
         let mid = cut.len() / 2;
         cut[mid] ^= 0x41;
-        inputs.push(cut);
+        seeds.push(cut);
     }
-    inputs.extend(random_inputs(1, 2000, 300));
-    for i in &inputs {
-        roce_fuzz::frame::run(i);
-    }
+    smoke(
+        "parse_frame",
+        seeds,
+        (1, 2000, 300),
+        ferroce_fuzz::frame::run,
+    );
 }
 
 #[test]
 fn pcap_reader() {
-    let mut inputs = regressions("pcap_reader");
-    let dir = root().join("../../tests/corpus");
-    for e in std::fs::read_dir(dir).unwrap() {
-        let p = e.unwrap().path();
-        if p.extension().is_some_and(|e| e == "pcap") {
-            let data = std::fs::read(&p).unwrap();
-            // Whole, truncated, and with a record length corrupted.
-            inputs.push(data[..data.len().min(4096)].to_vec());
-            inputs.push(data[..data.len().min(77)].to_vec());
-            let mut bad = data[..data.len().min(4096)].to_vec();
-            if bad.len() > 40 {
-                bad[36] = 0xff;
-                bad[37] = 0xff;
-            }
-            inputs.push(bad);
+    let mut seeds = Vec::new();
+    for data in captures() {
+        // Whole (its first 4 KiB), truncated, and with a record length corrupted.
+        let head = data[..data.len().min(4096)].to_vec();
+        seeds.push(data[..data.len().min(77)].to_vec());
+        let mut bad = head.clone();
+        if bad.len() > 40 {
+            bad[36] = 0xff;
+            bad[37] = 0xff;
         }
+        seeds.push(head);
+        seeds.push(bad);
     }
-    inputs.extend(random_inputs(2, 2000, 200));
-    for i in &inputs {
-        roce_fuzz::pcap::run(i);
-    }
+    smoke(
+        "pcap_reader",
+        seeds,
+        (2, 2000, 200),
+        ferroce_fuzz::pcap::run,
+    );
 }
 
 #[test]
 fn rx_engine() {
-    let mut inputs = regressions("rx_engine");
-    inputs.extend(random_inputs(3, 300, 400));
-    for i in &inputs {
-        roce_fuzz::rx::run(i);
-    }
+    smoke(
+        "rx_engine",
+        Vec::new(),
+        (3, 300, 400),
+        ferroce_fuzz::rx::run,
+    );
 }
 
 #[test]
 fn cm_agent() {
-    let mut inputs = regressions("cm_agent");
-    // A connect, a delivery round, an accept, deliveries, an RTU and a disconnect, then
-    // pseudo-random scripts.
-    inputs.push(vec![1, 0, 0, 0, 8, 1, 1, 1, 0, 0, 8, 0, 8, 0, 1, 3, 0, 8, 0, 5, 0, 8]);
-    inputs.extend(random_inputs(4, 500, 300));
-    for i in &inputs {
-        roce_fuzz::cm::run(i);
-    }
+    // A connect, a delivery round, an accept, deliveries, an RTU and a disconnect.
+    let script = vec![
+        1, 0, 0, 0, 8, 1, 1, 1, 0, 0, 8, 0, 8, 0, 1, 3, 0, 8, 0, 5, 0, 8,
+    ];
+    smoke(
+        "cm_agent",
+        vec![script],
+        (4, 500, 300),
+        ferroce_fuzz::cm::run,
+    );
+}
+
+#[test]
+fn post_ring() {
+    // Encoded posts (first byte odd) left as written (mask and cut 0): each must round-trip;
+    // and the same with fewer cells published (cut not 0).
+    let encoded = |cut: u8| {
+        random_inputs(6, 2000, 600)
+            .into_iter()
+            .filter(|i| i.len() > 5)
+            .map(move |mut i| {
+                i[0] |= 1;
+                (i[1], i[4]) = (0, cut);
+                i
+            })
+    };
+    let seeds = encoded(0).chain(encoded(3)).collect();
+    let trips = smoke("post_ring", seeds, (5, 3000, 600), ferroce_fuzz::posts::run);
+    let round_trips: usize = trips.iter().sum();
+    assert!(round_trips > 500, "only {round_trips} posts round-tripped");
+}
+
+#[test]
+fn config() {
+    let example = std::fs::read(root().join("../../docs/rnic.example.toml")).unwrap();
+    let mut with_sets = example.clone();
+    with_sets.extend_from_slice(b"\0worker.count=2\nroce.path_mtu=9000\nfault.loss=2\nx=y\n");
+    let valid = smoke(
+        "config",
+        vec![example, with_sets],
+        (7, 2000, 300),
+        ferroce_fuzz::config::run,
+    );
+    let n = regressions("config").len();
+    assert!(
+        valid[n],
+        "the example configuration validates and round-trips"
+    );
 }
