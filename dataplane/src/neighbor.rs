@@ -354,6 +354,13 @@ impl Neighbors {
             self.counters.unreachable += 1;
             return Resolve::Unreachable;
         };
+        // One of our own addresses (or a gateway configured as one): reached without the
+        // link, as the RNIC reaches its own GIDs. Asking the link would put our own address
+        // in the table and send an ARP request or solicitation for it, which other hosts
+        // read as a duplicate-address probe (RFC 5227, RFC 4862).
+        if self.is_ours(hop) {
+            return Resolve::Mac(self.mac);
+        }
         let Some(e) = self.entries.get(&hop).copied() else {
             self.start_resolution(now, hop);
             return Resolve::Pending;
@@ -1032,6 +1039,17 @@ mod tests {
         assert!(n.entry("10.99.1.0".parse().unwrap()).is_none());
         // Timers stay proportional to the table, not to the flood.
         assert!(n.timers.len() <= 4 * 64);
+    }
+
+    #[test]
+    fn our_own_addresses_resolve_to_our_mac_without_asking_the_link() {
+        let mut n = table();
+        let mac = [2, 0, 0, 0x99, 0, 3];
+        for ip in ["10.99.0.3", "fd00:99::3", "fe80::ff:fe99:3"] {
+            assert_eq!(n.resolve(0, ip.parse().unwrap()), Resolve::Mac(mac), "{ip}");
+        }
+        assert!(n.is_empty(), "no entry for our own addresses");
+        assert_eq!(n.poll_frame(), None, "no request for them on the link");
     }
 
     #[test]
