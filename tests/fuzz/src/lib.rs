@@ -8,6 +8,7 @@
 pub mod cm;
 pub mod config;
 pub mod frame;
+pub mod neighbor;
 pub mod pcap;
 pub mod posts;
 pub mod rx;

@@ -181,3 +181,18 @@ fn config() {
         "the example configuration validates and round-trips"
     );
 }
+
+#[test]
+fn neighbor() {
+    // An ARP request for our address, an echo request, a neighbour solicitation, a
+    // resolution and time passing.
+    let script = vec![
+        1, 5, 3, 0, 7, 0, 1, 3, 3, 7, 0, 10, 4, 1, 0, 0, 0, 3, 5, 0, 5, 7, 1,
+    ];
+    smoke(
+        "neighbor",
+        vec![script],
+        (8, 2000, 300),
+        ferroce_fuzz::neighbor::run,
+    );
+}
