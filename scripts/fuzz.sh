@@ -9,7 +9,7 @@
 #                                                 lands in tests/fuzz/artifacts/TARGET; ARGS
 #                                                 go to libFuzzer (e.g. -max_len=2000)
 #   scripts/fuzz.sh smoke [RUNS]                  every target, RUNS executions each (default
-#                                                 20000) from a fixed seed and an empty corpus
+#                                                 10000) from a fixed seed and an empty corpus
 #                                                 (what `make test` runs)
 #
 # A crash found: replay it with `cargo run -p ferroce-fuzz --bin TARGET -- FILE` (the targets
@@ -40,7 +40,7 @@ run)
     cargo fuzz run "$t" "fuzz/corpus/$t" -- -max_total_time="$secs" -print_final_stats=1 "$@"
     ;;
 smoke)
-    runs=${2:-20000}
+    runs=${2:-10000}
     corpus=$(mktemp -d)
     trap 'rm -rf "$corpus"' EXIT
     for t in $(cargo fuzz list); do

@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use roce::engine::{Device, DeviceConfig};
 use roce::memory::{HeapMemory, MwType, PdId};
-use roce::sim::{connect, node_gid, ConnectOpts, Endpoint, LinkConfig, Pair};
+use roce::sim::{bring_up, connect, node_gid, ConnectOpts, Endpoint, LinkConfig, Pair};
 use roce::types::{Lkey, Psn, Qkey, Qpn, Rkey};
 use roce::verbs::*;
 use roce::wire::bth::BthRepr;
@@ -48,10 +48,12 @@ impl Guard {
     fn new(dev: &mut Device, pd: PdId, addr: u64) -> Guard {
         let mem = HeapMemory::shared(3 * PAGE);
         mem.fill(CANARY);
+        // Windows may be bound over it (MW_BIND).
         let access = Access::LOCAL_WRITE
             | Access::REMOTE_WRITE
             | Access::REMOTE_READ
-            | Access::REMOTE_ATOMIC;
+            | Access::REMOTE_ATOMIC
+            | Access::MW_BIND;
         let (lkey, rkey) = dev
             .reg_mr(pd, mem.clone(), PAGE, addr, PAGE as u64, access)
             .expect("guard MR");
@@ -83,6 +85,8 @@ struct World {
     /// A type 2 memory window of each side, in the RC QP's PD: the input binds it over the
     /// guard's page (any part, any key byte, any access) and the peer aims at it.
     mws: [Rkey; 2],
+    /// How each transport's QPs were connected (RC, UC, UD), for reconnecting them.
+    opts: [ConnectOpts; 3],
     /// Work requests the engine accepted (all signaled), by queue: `[send, receive]`.
     posted: [u64; 2],
     /// Their completions polled (send WRs carry `wr_id` 1, receive WRs 0).
@@ -109,9 +113,10 @@ impl World {
             timeout: 10,
             ..Default::default()
         };
-        let rc = connect(&mut p, &o(QpType::Rc));
-        let uc = connect(&mut p, &o(QpType::Uc));
-        let ud = connect(&mut p, &o(QpType::Ud));
+        let opts = [o(QpType::Rc), o(QpType::Uc), o(QpType::Ud)];
+        let rc = connect(&mut p, &opts[0]);
+        let uc = connect(&mut p, &opts[1]);
+        let ud = connect(&mut p, &opts[2]);
         let guards = [
             Guard::new(&mut p.a.dev, rc.0.pd, 0x7000_0000),
             Guard::new(&mut p.b.dev, rc.1.pd, 0x7100_0000),
@@ -127,6 +132,7 @@ impl World {
             ud,
             guards,
             mws,
+            opts,
             posted: [0; 2],
             completed: [0; 2],
             opcodes: (0..=255u8)
@@ -222,10 +228,16 @@ impl World {
             remote_qpn: peer.qpn,
             remote_qkey: Qkey(QKEY),
         });
+        // Binds and invalidations carry no data.
+        let sges = [sge];
+        let sg_list = match op {
+            WrOp::BindMw { .. } | WrOp::LocalInv { .. } => &sges[..0],
+            _ => &sges[..],
+        };
         let wr = SendWr {
             wr_id: 1,
             op,
-            sg_list: &[sge],
+            sg_list,
             flags: SendFlags::SIGNALED,
             ud,
         };
@@ -315,9 +327,10 @@ impl World {
         }
     }
 
-    /// `side`'s window's key with a key byte from the input (a bind sets the byte).
+    /// `side`'s window's key with a key byte from the input (a bind sets the byte): one of
+    /// four, so that a bind and a later access through the window meet often.
     fn window_key(&self, side: usize, inp: &mut Input) -> Rkey {
-        Rkey(self.mws[side].0 & !0xff | inp.u8() as u32)
+        Rkey(self.mws[side].0 & !0xff | (inp.u8() & 3) as u32)
     }
 
     fn rc_ep(&self, side: usize) -> &Endpoint {
@@ -342,9 +355,44 @@ impl World {
         }
     }
 
+    /// Connects transport `t`'s QPs again, as an application recovers a QP in the error
+    /// state: both to ERR (their WRs flushed, with completions), then RESET, then up again
+    /// with the starting PSNs, and receives posted anew. Without it the first error of a
+    /// QP would end its part of the input.
+    fn reconnect(&mut self, t: u8) {
+        let (a, b) = self.qps(t).clone();
+        for (side, ep) in [(0, &a), (1, &b)] {
+            self.p.set_qp_state(side, ep, QpState::Err);
+        }
+        self.settle(MS);
+        let o = self.opts[(t % 3) as usize];
+        let (pa, pb) = o.psns;
+        for (side, me, peer, sq, rq) in [(0, &a, &b, pa, pb), (1, &b, &a, pb, pa)] {
+            self.p.set_qp_state(side, me, QpState::Reset);
+            bring_up(
+                &mut self.p.node(side).dev,
+                me,
+                peer.qpn,
+                node_gid(1 - side),
+                &o,
+                sq,
+                rq,
+            );
+        }
+        for side in 0..2 {
+            for i in 0..4 {
+                self.post_recv(side, t, i * 1024, 2048);
+            }
+        }
+    }
+
     /// One step of the input: a frame, a post, or time.
     fn step(&mut self, inp: &mut Input) {
-        match inp.u8() % 8 {
+        match inp.u8() % 9 {
+            8 => {
+                let t = inp.u8();
+                self.reconnect(t);
+            }
             0 => {
                 let to = (inp.u8() & 1) as usize;
                 let n = inp.u16() as usize % 2048;
