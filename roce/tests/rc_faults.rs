@@ -216,3 +216,45 @@ fn survey() {
         eprintln!("p={p}: {ok} ok, {exhausted} exhausted, {bad} bad");
     }
 }
+
+/// A copy of an old READ that the link delivers late, after its reply went out whole, makes
+/// the responder queue a replay in that READ's resource; the requester, which got the reply
+/// and completed the READ, then issues its next READ. That READ takes the resource (the
+/// replay is abandoned): it is not "more READs outstanding than max_dest_rd_atomic", which
+/// would NAK it as an invalid request and break the connection. Found by the fault soak
+/// (roce/tests/soak.rs: 1% duplication, 1% reordering).
+#[test]
+fn a_late_copy_of_an_old_read_does_not_count_against_the_responder_resources() {
+    use roce::wire::bth::BthRepr;
+    use roce::wire::frame::TransportRepr;
+    use roce::wire::opcode::Opcode;
+    use roce::wire::reth::RethRepr;
+    let mut p = Pair::new(cfg(), cfg(), LinkConfig::lossless(25, 2_000), 9);
+    p.record = true;
+    let o = ConnectOpts {
+        rd_atomic: 1,
+        ..Default::default()
+    };
+    let (a, b) = connect(&mut p, &o);
+    let read = |p: &Pair, psn: Psn| {
+        let mut t = TransportRepr::new(BthRepr::new(Opcode::RC_READ_REQUEST, b.qpn, psn));
+        t.ext.reth = Some(RethRepr {
+            va: b.addr,
+            rkey: b.rkey,
+            len: 64,
+        });
+        p.craft(0, t, &[])
+    };
+    let first = read(&p, a.sq_psn);
+    p.inject(1, &first);
+    p.run_until_idle(1_000_000_000);
+    // The late copy: a replay is queued, not yet sent; then the next READ.
+    p.inject(1, &first);
+    let next = read(&p, a.sq_psn.add(1));
+    p.inject(1, &next);
+    p.run_until_idle(2_000_000_000);
+    let c = p.b.dev.qp_counters(b.qpn).unwrap();
+    assert_eq!(c.resp_rd_atomic_exceeded, 0, "{c:?}");
+    assert_eq!(p.naks(1), vec![], "no NAK");
+    assert_eq!(p.qp_state(1, &b), QpState::Rts);
+}

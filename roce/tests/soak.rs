@@ -93,7 +93,24 @@ fn soak(seed: u64, total_wrs: u64) -> Soaked {
             s.batches
         );
         let deadline = p.now + BATCH_DEADLINE_NS;
-        assert!(t.run(&mut p, [&a, &b], deadline), "{what}: stalled");
+        if !t.run(&mut p, [&a, &b], deadline) {
+            let now = p.now;
+            let mut side = |i: usize, ep: &roce::sim::Endpoint| {
+                format!(
+                    "side {i}: {} of {} sends and {} receives done, QP {:?}, {:?}",
+                    t.send_done[i].len(),
+                    t.send_count(i),
+                    t.recv_done[i].len(),
+                    p.qp_state(i, ep),
+                    p.node(i).dev.qp_counters(ep.qpn)
+                )
+            };
+            panic!(
+                "{what}: stalled at {now} ns\n{}\n{}",
+                side(0, &a),
+                side(1, &b)
+            );
+        }
         t.verify([&a, &b], true)
             .unwrap_or_else(|e| panic!("{what}: {e}"));
         // Both QPs idle: every WQE posted so far retired.

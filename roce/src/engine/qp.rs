@@ -280,6 +280,9 @@ pub(crate) struct RdAtomicRes {
     pub msn: Msn,
     /// An item for it is in the output queue (its reply is not completely sent).
     pub queued: bool,
+    /// The queued reply answers a duplicate (the original reply was sent whole): a new
+    /// READ/ATOMIC may take the slot over, abandoning it (see `take_resource`).
+    pub replay: bool,
     /// READ: the original request (a duplicate may ask for this range or a part of it).
     pub rkey: crate::types::Rkey,
     pub va_org: u64,

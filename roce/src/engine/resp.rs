@@ -422,19 +422,22 @@ impl Qp {
     }
 
     /// Takes the oldest responder resource for a new READ/ATOMIC and queues its reply.
-    /// None: every resource still has a reply to send, so the requester has more READ/ATOMIC
-    /// outstanding than the `max_dest_rd_atomic` it was given (a compliant requester cannot:
-    /// its oldest READ/ATOMIC completes only after the whole reply was sent).
+    /// None: the oldest resource's first reply is still being sent, so the requester has more
+    /// READ/ATOMIC outstanding than the `max_dest_rd_atomic` it was given (a compliant
+    /// requester cannot: its oldest READ/ATOMIC completes only after the whole reply was
+    /// sent). A replay queued for a duplicate of the oldest does not hold the slot: a new
+    /// request means the requester completed that one (the link may deliver a copy of an old
+    /// request late, and the requester has moved on), so the replay is abandoned.
     fn take_resource(&mut self, kind: ResKind, psn: Psn, npkts: u32) -> Option<usize> {
         let n = self.resp.resources.len();
         if n == 0 {
             return None;
         }
-        let slot = self.resp.res_head;
-        let r = &mut self.resp.resources[slot];
-        if r.queued {
+        if self.oldest_resource_busy() {
             return None;
         }
+        let slot = self.resp.res_head;
+        let r = &mut self.resp.resources[slot];
         self.resp.res_head = (slot + 1) % n;
         self.resp.msn = self.resp.msn.next();
         *r = RdAtomicRes {
@@ -458,6 +461,15 @@ impl Qp {
         };
         self.resp.out.push_back(item);
         Some(slot)
+    }
+
+    /// Whether the oldest responder resource, the one a new READ/ATOMIC takes, still has its
+    /// first reply to send (a replay for a duplicate does not count: see `take_resource`).
+    fn oldest_resource_busy(&self) -> bool {
+        self.resp
+            .resources
+            .get(self.resp.res_head)
+            .is_some_and(|r| r.queued && !r.replay)
     }
 
     /// A READ or ATOMIC beyond the responder resources (see `take_resource`).
@@ -542,7 +554,7 @@ impl Qp {
             };
         // Take the resource before executing: an ATOMIC that cannot be remembered must not
         // change memory (its duplicate could not be answered without executing it again).
-        if self.resp.resources[self.resp.res_head].queued {
+        if self.oldest_resource_busy() {
             self.too_many_rd_atomic(sh, psn);
             return;
         }
@@ -587,6 +599,7 @@ impl Qp {
                 let r = &mut self.resp.resources[slot];
                 if !r.queued {
                     r.queued = true;
+                    r.replay = true;
                     let item = RespItem::Atomic {
                         slot: slot as u16,
                         gen: r.gen,
@@ -637,6 +650,7 @@ impl Qp {
         r.starts = psn == r.first_psn;
         if !r.queued {
             r.queued = true;
+            r.replay = true;
             self.resp.out.push_back(RespItem::Read {
                 slot: slot as u16,
                 gen,
