@@ -66,7 +66,10 @@ fn soak(seed: u64, total_wrs: u64) -> Soaked {
         mtu: [Mtu::M1024, Mtu::M4096][(seed % 2) as usize],
         mem_len,
         psns: (rng.below(1 << 24) as u32, 0x00ff_fff0),
-        timeout: 8, // about 1 ms
+        // 67 ms, perftest's default: an 8 MiB READ's reply can wait behind 8 MiB requests
+        // (and their go-back-N retransmissions) in the same direction for longer than the
+        // 1 ms of timeout 8 several times over, which exhausts its retries legitimately.
+        timeout: 14,
         retry_cnt: 7,
         rnr_retry: 7,
         depth: 64,
@@ -111,8 +114,13 @@ fn soak(seed: u64, total_wrs: u64) -> Soaked {
                 side(1, &b)
             );
         }
-        t.verify([&a, &b], true)
-            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        if let Err(e) = t.verify([&a, &b], true) {
+            panic!(
+                "{what}: {e}\nside 0: {:?}\nside 1: {:?}",
+                p.node(0).dev.qp_counters(a.qpn),
+                p.node(1).dev.qp_counters(b.qpn)
+            );
+        }
         // Both QPs idle: every WQE posted so far retired.
         for (side, ep) in [(0, &a), (1, &b)] {
             retired[side].0 += t.send_count(side) as u64;
