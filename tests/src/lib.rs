@@ -330,3 +330,28 @@ pub fn on_workers(host: u8, workers: u32) -> RnicConfig {
     c.worker_count = workers;
     c
 }
+
+/// The path an RC QP is brought up with through rdma_cm (`cm_bring_up`) towards QP
+/// `peer_qpn` at `peer_gid`: source GID 1, MTU 1024, receiving from `rq_psn` and sending
+/// from `sq_psn`, `max_rd_atomic` READ/ATOMICs outstanding, 16 accepted, perftest's retry
+/// counts and timeout.
+pub fn cm_path(
+    peer_gid: Gid,
+    peer_qpn: Qpn,
+    (rq_psn, sq_psn): (u32, u32),
+    max_rd_atomic: u8,
+) -> ferroce_host::app::CmQpPath {
+    ferroce_host::app::CmQpPath {
+        peer_gid,
+        sgid_index: 1,
+        peer_qpn,
+        path_mtu: Mtu::M1024,
+        rq_psn,
+        sq_psn,
+        max_rd_atomic,
+        max_dest_rd_atomic: 16,
+        retry_cnt: 7,
+        rnr_retry: 7,
+        timeout: 14,
+    }
+}

@@ -8,7 +8,9 @@ use dataplane::runtime::{test_config, Runtime};
 use dataplane::Context;
 use ferroce_host::abi::CmEventData;
 use ferroce_host::app::{CmQpPath, RdmaCm};
-use ferroce_tests::{cm_connect, cm_event, post_signaled, side, wait_cq, wait_until, Side};
+use ferroce_tests::{
+    cm_connect, cm_event, cm_path, post_signaled, side, wait_cq, wait_until, Side,
+};
 use roce::cm::{reason, AcceptParams};
 use roce::verbs::*;
 use roce::wire::cm::{service_id, CmaHeader, PrivateData, PS_TCP};
@@ -52,19 +54,7 @@ fn rdma_cm_connects_two_applications_and_data_flows() {
     );
     // B's QP to RTS from the REQ (it sends from the REQ's starting PSN), then the REP.
     let b_rq_psn = 0x8d06b3;
-    let path = CmQpPath {
-        peer_gid: peer,
-        sgid_index: 1,
-        peer_qpn: qpn,
-        path_mtu: Mtu::M1024,
-        rq_psn: b_rq_psn,
-        sq_psn: starting_psn,
-        max_rd_atomic: responder_resources,
-        max_dest_rd_atomic: 16,
-        retry_cnt: 7,
-        rnr_retry: 7,
-        timeout: 14,
-    };
+    let path = cm_path(peer, qpn, (b_rq_psn, starting_psn), responder_resources);
     b.ctx.cm_bring_up(b.qpn, Access::ALL, &path).unwrap();
     let accept = AcceptParams {
         qpn: b.qpn.value(),

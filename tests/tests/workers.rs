@@ -10,8 +10,8 @@ use dataplane::Verbs;
 use ferroce_host::abi::CmEventData;
 use ferroce_host::app::{CmQpPath, RdmaCm};
 use ferroce_tests::{
-    cm_connect, cm_event, connect_pair, on_workers, post_recv_one, post_signaled, post_signaled_to,
-    post_write_at, side, wait_cq, wait_until, Side,
+    cm_connect, cm_event, cm_path, connect_pair, on_workers, post_recv_one, post_signaled,
+    post_signaled_to, post_write_at, side, wait_cq, wait_until, Side,
 };
 use roce::cm::AcceptParams;
 use roce::engine::QpnStripe;
@@ -244,19 +244,7 @@ fn cm_establish(a: &mut Side, b: &mut Side, port: u16) -> (u32, u32) {
     else {
         panic!("not a connect request");
     };
-    let path = CmQpPath {
-        peer_gid: peer,
-        sgid_index: 1,
-        peer_qpn: qpn,
-        path_mtu: Mtu::M1024,
-        rq_psn: 0x5678,
-        sq_psn: starting_psn,
-        max_rd_atomic: 16,
-        max_dest_rd_atomic: 16,
-        retry_cnt: 7,
-        rnr_retry: 7,
-        timeout: 14,
-    };
+    let path = cm_path(peer, qpn, (0x5678, starting_psn), 16);
     b.ctx.cm_bring_up(b.qpn, Access::ALL, &path).unwrap();
     let accept = AcceptParams {
         qpn: b.qpn.value(),
