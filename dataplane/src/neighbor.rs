@@ -292,6 +292,19 @@ impl Neighbors {
     }
 
     fn next_hop(&self, dst: IpAddr) -> Option<IpAddr> {
+        // Addresses no link or router delivers to (RFC 1122 3.2.1.3, RFC 4291 2.5.2-2.5.3,
+        // 2.7): loopback, unspecified, multicast and broadcast destinations are unreachable
+        // here, not sent to the gateway (a host would loop 127/8 back internally; an RNIC on
+        // the wire has no such path).
+        let martian = match dst {
+            IpAddr::V4(a) => {
+                a.is_loopback() || a.octets()[0] == 0 || a.is_multicast() || a.is_broadcast()
+            }
+            IpAddr::V6(a) => a.is_loopback() || a.is_unspecified() || a.is_multicast(),
+        };
+        if martian {
+            return None;
+        }
         match dst {
             IpAddr::V4(a) => {
                 if self.v4.iter().any(|c| c.contains(a)) {
@@ -1065,6 +1078,29 @@ mod tests {
             Resolve::Unreachable,
             "no IPv6 gateway"
         );
+    }
+
+    #[test]
+    fn loopback_multicast_and_broadcast_destinations_are_unreachable_not_routed() {
+        let mut n = table();
+        for ip in [
+            "127.0.0.1",
+            "0.0.0.0",
+            "224.0.0.1",
+            "255.255.255.255",
+            "::1",
+            "::",
+            "ff02::1",
+        ] {
+            assert_eq!(
+                n.resolve(0, ip.parse().unwrap()),
+                Resolve::Unreachable,
+                "{ip}"
+            );
+        }
+        assert!(n.is_empty(), "nothing resolved, not even the gateway");
+        assert_eq!(n.poll_frame(), None, "no ARP or solicitation on the link");
+        assert_eq!(n.counters.unreachable, 7);
     }
 
     #[test]
