@@ -825,6 +825,7 @@ fn admin(shared: &Shared, id: u64, req: AdminRequest, cred: Option<PeerCred>) ->
                         .chain(snap.neigh.iter())
                         .chain(snap.dev.iter())
                         .chain(snap.qps.iter())
+                        .chain(snap.gauges())
                         .map(|(k, v)| (k.to_string(), v))
                         .collect();
                     let qps = r

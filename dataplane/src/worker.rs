@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crossbeam_queue::SegQueue;
+use ferroce_host::abi::proto::STAT_GAUGES;
 use ferroce_host::abi::ring::{wait_any, WaitWord};
 use pmd_bindings::{Eal, Mempool};
 
@@ -58,6 +59,22 @@ pub struct NicSnapshot {
 }
 
 impl NicSnapshot {
+    /// The snapshot's levels under their `STAT_GAUGES` names, for `rnic-ctl stat`.
+    pub fn gauges(&self) -> impl Iterator<Item = (&'static str, u64)> {
+        let o = &self.objects;
+        let values = [
+            u64::from(self.mbufs_in_use),
+            u64::from(self.hosts),
+            self.area_bytes,
+            u64::from(o.pds),
+            u64::from(o.mrs),
+            u64::from(o.cqs),
+            u64::from(o.qps),
+            u64::from(o.srqs),
+        ];
+        STAT_GAUGES.into_iter().zip(values)
+    }
+
     /// Adds another shard's snapshot of the same RNIC (`worker.count`): its port, engine,
     /// QP and object counters and its clients. The neighbour counters and the pool level
     /// stay this one's (the first shard's): the others' tables only learn from copies of

@@ -17,7 +17,9 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand, ValueEnum};
-use ferroce_host::abi::proto::{AdminRequest, DeviceInfo, DeviceStats, ReplyBody, Resources};
+use ferroce_host::abi::proto::{
+    AdminRequest, DeviceInfo, DeviceStats, ReplyBody, Resources, STAT_GAUGES,
+};
 use ferroce_host::app::remote::Admin;
 use ferroce_tools::rnic_opts::{install_signal_handlers, stop_requested};
 
@@ -325,6 +327,7 @@ fn print_stats(s: &[DeviceStats], prev: Option<(&[DeviceStats], f64)>) {
                 .and_then(|(_, c)| c.iter().find(|(n, _)| n == k).map(|x| x.1)),
         });
         match old {
+            _ if STAT_GAUGES.contains(&k) => String::new(),
             Some(o) if v >= o && secs > 0.0 => human_rate(k, (v - o) as f64 / secs),
             _ => String::new(),
         }

@@ -360,6 +360,22 @@ pub struct Resources {
     pub clients: Vec<ClientRes>,
 }
 
+/// The entries of an RNIC's `DeviceStats::port` that are levels, not counts: they go down as
+/// well as up, so tools show their value and no rate. In order: mbufs of the RNIC's pool in
+/// use (received frames waiting, frames in flight, the receive rings' fill), attached
+/// contexts, bytes of their shared memory the worker maps, and the engine's objects (as
+/// `rdma resource show` counts them).
+pub const STAT_GAUGES: [&str; 8] = [
+    "mbufs_in_use",
+    "clients",
+    "area_bytes",
+    "res_pd",
+    "res_mr",
+    "res_cq",
+    "res_qp",
+    "res_srq",
+];
+
 /// Counters of one RNIC, and of each of its QPs when asked.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct DeviceStats {
