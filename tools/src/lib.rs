@@ -10,4 +10,5 @@ pub mod perf;
 pub mod plot;
 pub mod rnic_opts;
 pub mod sim_tool;
+pub mod soak;
 pub mod sysfs;
