@@ -355,3 +355,46 @@ pub fn cm_path(
         timeout: 14,
     }
 }
+
+/// A runtime with one RNIC on one end of a DPDK ring pair, and the other end's queues and
+/// pool, driven by hand (a peer built frame by frame).
+pub fn raw_pair(
+    cfg: RnicConfig,
+    name: &str,
+) -> (
+    Runtime,
+    pmd_bindings::RxQueue,
+    pmd_bindings::TxQueue,
+    std::sync::Arc<pmd_bindings::Mempool>,
+) {
+    dataplane::runtime::init_eal("ferroce-tests", &cfg).unwrap();
+    let pool = Runtime::pool(&cfg).unwrap();
+    let (p_rnic, p_raw) =
+        pmd_bindings::ring_pair(name, &Runtime::port_config(&cfg), pool.clone()).unwrap();
+    let rt = Runtime::with_ports(vec![(cfg, p_rnic, pool.clone())]).unwrap();
+    let rx = p_raw.rx_queue(0).unwrap();
+    let tx = p_raw.tx_queue(0).unwrap();
+    std::mem::forget(p_raw); // the queues keep the port alive
+    (rt, rx, tx, pool)
+}
+
+/// The first frame `pred` accepts among those the raw end receives within `secs` seconds.
+pub fn receive_until(
+    rx: &mut pmd_bindings::RxQueue,
+    secs: u64,
+    mut pred: impl FnMut(&[u8]) -> bool,
+) -> Option<Vec<u8>> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    let mut burst: Vec<pmd_bindings::Mbuf> = Vec::with_capacity(32);
+    while std::time::Instant::now() < deadline {
+        rx.rx_burst(&mut burst);
+        for m in burst.drain(..) {
+            let f = m.to_vec();
+            if pred(&f) {
+                return Some(f);
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    None
+}

@@ -11,9 +11,9 @@ use dataplane::runtime::{test_config, Runtime};
 use dataplane::Verbs;
 use ferroce_tests::{
     connect_pair_with, connect_with, loopback_pair, post_recv_one, post_signaled, post_signaled_to,
-    post_write_at, side, wait_cq, Side, ACK_TIMEOUT,
+    post_write_at, raw_pair, receive_until, side, wait_cq, Side, ACK_TIMEOUT,
 };
-use pmd_bindings::{ring_pair, Mbuf, Port};
+use pmd_bindings::{Mbuf, Port};
 use roce::types::{Gid, Psn, Qkey, Qpn};
 use roce::verbs::*;
 use roce::wire::frame::{self, FrameKind};
@@ -308,46 +308,6 @@ fn ce_marks_bring_cnps_and_the_sender_slows_down() {
         rate.is_some_and(|k| k < 10_000_000),
         "A's QP runs below line rate: {rate:?} kb/s"
     );
-}
-
-/// One end of a ring pair for the RNIC, the other driven by hand.
-fn raw_pair(
-    cfg: RnicConfig,
-    name: &str,
-) -> (
-    Runtime,
-    pmd_bindings::RxQueue,
-    pmd_bindings::TxQueue,
-    std::sync::Arc<pmd_bindings::Mempool>,
-) {
-    dataplane::runtime::init_eal("ferroce-tests", &cfg).unwrap();
-    let pool = Runtime::pool(&cfg).unwrap();
-    let (p_rnic, p_raw) = ring_pair(name, &Runtime::port_config(&cfg), pool.clone()).unwrap();
-    let rt = Runtime::with_ports(vec![(cfg, p_rnic, pool.clone())]).unwrap();
-    let rx = p_raw.rx_queue(0).unwrap();
-    let tx = p_raw.tx_queue(0).unwrap();
-    std::mem::forget(p_raw); // the queues keep the port alive
-    (rt, rx, tx, pool)
-}
-
-fn receive_until(
-    rx: &mut pmd_bindings::RxQueue,
-    secs: u64,
-    mut pred: impl FnMut(&[u8]) -> bool,
-) -> Option<Vec<u8>> {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    let mut burst: Vec<Mbuf> = Vec::with_capacity(32);
-    while Instant::now() < deadline {
-        rx.rx_burst(&mut burst);
-        for m in burst.drain(..) {
-            let f = m.to_vec();
-            if pred(&f) {
-                return Some(f);
-            }
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    None
 }
 
 #[test]
