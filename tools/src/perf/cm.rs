@@ -606,7 +606,9 @@ impl<V: Verbs + RdmaCm> CmLink<V> {
                     if left.is_some_and(|l| l <= slice) {
                         return Err(e);
                     }
-                    if self.peer_disconnected() {
+                    // Once seen, the disconnection is remembered: later waits on this
+                    // link end too instead of waiting for an event already taken.
+                    if self.broken || self.peer_disconnected() {
                         self.broken = true;
                         return Err(io::Error::new(
                             io::ErrorKind::UnexpectedEof,
