@@ -142,7 +142,11 @@ pub fn job(seed: u64, index: u64, kill_every: u64) -> Job {
             };
             let size = pick(&mut rng, sizes);
             let n = iters_for(size, kill);
-            let q = if next(&mut rng).is_multiple_of(3) { 2 } else { 1 };
+            let q = if next(&mut rng).is_multiple_of(3) {
+                2
+            } else {
+                1
+            };
             a(&["-s", &size.to_string(), "-n", &n.to_string()]);
             if q > 1 {
                 a(&["-q", &q.to_string()]);
@@ -307,8 +311,9 @@ impl Proc {
     }
 }
 
-/// Runs one job: both rnic-perf processes, the kill if any, the judgement.
-fn run_job(cfg: &SoakConfig, sock: &Path, job: &Job) -> Outcome {
+/// Runs one job (the `seq`th launched): both rnic-perf processes, the kill if any, the
+/// judgement. A failed run's output stays in runs/INDEX-SEQ-server.json and the like.
+fn run_job(cfg: &SoakConfig, sock: &Path, job: &Job, seq: u64) -> Outcome {
     let port = match std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()) {
         Ok(a) => a.port(),
         Err(e) => return Outcome::Failed(format!("no free TCP port: {e}")),
@@ -319,8 +324,8 @@ fn run_job(cfg: &SoakConfig, sock: &Path, job: &Job) -> Outcome {
             Side::Server => ("ferroce0", "server"),
             Side::Client => ("ferroce1", "client"),
         };
-        let out = runs.join(format!("{}-{name}.json", job.index));
-        let err = runs.join(format!("{}-{name}.err", job.index));
+        let out = runs.join(format!("{}-{seq}-{name}.json", job.index));
+        let err = runs.join(format!("{}-{seq}-{name}.err", job.index));
         let mut c = Command::new(cfg.bin_dir.join("rnic-perf"));
         c.arg(job.test)
             .arg("--rnicd")
@@ -718,7 +723,7 @@ fn soak_with(
                     };
                     let job = job(cfg.seed, index, cfg.kill_every);
                     let started = t0.elapsed().as_secs_f64();
-                    let outcome = run_job(cfg, sock, &job);
+                    let outcome = run_job(cfg, sock, &job, n);
                     let secs = t0.elapsed().as_secs_f64() - started;
                     let (name, v, l, detail) = match &outcome {
                         Outcome::Ok { verified, lost } => {
