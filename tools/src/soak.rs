@@ -51,6 +51,10 @@ pub struct SoakConfig {
     pub kill_every: u64,
     /// rnicd's worker threads (`--workers`).
     pub workers: u32,
+    /// Workers per RNIC (`worker.count`); above 1, both RNICs share threads 0 .. count-1
+    /// and `workers` is not used. With fault injection the port has one queue, so the
+    /// first worker receives every frame and steers the others' to them.
+    pub worker_count: u32,
     /// Where rnicd, rnic-perf live.
     pub bin_dir: PathBuf,
     /// A run not ended by then is a hang (both processes are killed, the soak fails).
@@ -568,14 +572,16 @@ pub fn run(cfg: &SoakConfig, stop: &(dyn Fn() -> bool + Sync)) -> Result<Summary
     let _ = std::fs::remove_file(&sock);
     let log = File::create(cfg.out.join("rnicd.log")).map_err(|e| e.to_string())?;
     let [loss, dup, reorder, corrupt] = cfg.faults;
+    // Several workers per RNIC (`worker.count`): both RNICs' shards on threads 0 .. count-1
+    // (their first shards on thread 0), so --workers stays 1.
+    let workers = if cfg.worker_count > 1 { 1 } else { cfg.workers };
     let mut rnicd = Command::new(cfg.bin_dir.join("rnicd"))
-        .args([
-            "--loopback",
-            "--workers",
-            &cfg.workers.to_string(),
-            "--socket",
-        ])
+        .args(["--loopback", "--workers", &workers.to_string(), "--socket"])
         .arg(&sock)
+        .args([
+            "--set",
+            &format!("worker.count={}", cfg.worker_count.max(1)),
+        ])
         .args(["--set", &format!("fault.loss={loss}")])
         .args(["--set", &format!("fault.duplicate={dup}")])
         .args(["--set", &format!("fault.reorder={reorder}")])

@@ -49,6 +49,10 @@ struct Cli {
     /// rnicd's worker threads (1: one drives both RNICs).
     #[arg(long, default_value_t = 2)]
     workers: u32,
+    /// Workers per RNIC (worker.count): above 1, the RNICs' QPs are spread over that many
+    /// threads and frames are steered between them (--workers is then not used).
+    #[arg(long, default_value_t = 1)]
+    worker_count: u32,
     /// Seconds a run may take before it counts as hung.
     #[arg(long, default_value_t = 180)]
     run_timeout: u64,
@@ -99,6 +103,7 @@ fn main() -> ExitCode {
         faults: [cli.loss, cli.duplicate, cli.reorder, cli.corrupt],
         kill_every: cli.kill_every,
         workers: cli.workers,
+        worker_count: cli.worker_count,
         bin_dir,
         run_timeout: Duration::from_secs(cli.run_timeout),
         rss_slack_mib: cli.rss_slack_mib,
