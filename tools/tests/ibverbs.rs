@@ -546,22 +546,28 @@ fn rnic_perf_rdma_cm_mode_against_perftest() {
     common::rnicd::wait_idle(r.sock());
 }
 
-#[test]
-fn a_c_program_sees_the_verbs_errors_rdma_core_documents() {
-    let _one = serial();
+/// `dataplane/ibverbs/tests/NAME.c` built into `dir` against the system's headers and
+/// libibverbs, as any rdma-core program is.
+fn build_c_program(dir: &Path, name: &str) -> PathBuf {
     let ws = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let dir = temp_dir("verbs-check");
-    let exe = dir.0.join("verbs_check");
+    let exe = dir.join(name);
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-    // Built against the system's headers and libibverbs, as any rdma-core program.
     let o = Command::new(&cc)
         .args(["-std=gnu11", "-O2", "-Wall", "-Wextra", "-Werror"])
-        .arg(ws.join("dataplane/ibverbs/tests/verbs_check.c"))
+        .arg(ws.join(format!("dataplane/ibverbs/tests/{name}.c")))
         .args(["-libverbs", "-lrdmacm", "-pthread", "-o"])
         .arg(&exe)
         .output()
         .expect("a C compiler (cc)");
     assert!(o.status.success(), "{}", text(&o));
+    exe
+}
+
+#[test]
+fn a_c_program_sees_the_verbs_errors_rdma_core_documents() {
+    let _one = serial();
+    let dir = temp_dir("verbs-check");
+    let exe = build_c_program(&dir.0, "verbs_check");
     let r = Rnicd::start("ibv-check", &[]);
     for dev in ["ferroce0", "ferroce1"] {
         // On ferroce1 the library says why each verb failed (FERROCE_VERBOSE).
@@ -588,6 +594,155 @@ fn a_c_program_sees_the_verbs_errors_rdma_core_documents() {
         }
     }
     common::rnicd::wait_idle(r.sock());
+}
+
+/// Clients of the libibverbs library killed with SIGKILL at random moments while they
+/// register, re-register and deregister memory as fast as they can (reg_churn.c: registration
+/// moves the pages onto a memfd and hands it to rnicd; a kill can fall anywhere in that), move
+/// data through it and create and destroy objects. After each kill rnicd must hold nothing of
+/// the client; meanwhile two rnic-perf processes keep moving verified data on the same
+/// rnicd, and must not notice.
+#[test]
+fn libibverbs_clients_killed_mid_registration_leave_nothing_behind() {
+    use std::io::BufRead;
+    const KILLS: usize = 24;
+    let _one = serial();
+    let dir = temp_dir("reg-kill");
+    let exe = build_c_program(&dir.0, "reg_churn");
+    let r = Rnicd::start("reg-kill-rnicd", &[]);
+    let sock = r.sock().to_string();
+    let gauges = |sock: &str| {
+        let v = common::rnicd::ctl_json(sock, &["stat"]);
+        let mut sum = std::collections::BTreeMap::<String, u64>::new();
+        for d in v.as_array().unwrap() {
+            for k in ferroce_host::abi::proto::STAT_GAUGES {
+                *sum.entry(k.into()).or_default() += d["port"][k].as_u64().unwrap_or(0);
+            }
+        }
+        sum
+    };
+    let idle = gauges(&sock);
+    // The bystanders: verified SEND runs between two rnic-perf processes until the kills end.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let bystander = {
+        let (stop, sock) = (stop.clone(), sock.clone());
+        std::thread::spawn(move || {
+            let mut runs = 0;
+            while runs == 0 || !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let port = free_port();
+                let args = ["-n", "3000", "-s", "8192", "--verify"];
+                let (so, co) = pair(
+                    perf(&sock, "ferroce1", "send_bw", port, &args, true),
+                    perf(&sock, "ferroce0", "send_bw", port, &args, false),
+                    Duration::from_secs(120),
+                );
+                assert!(
+                    so.status.success() && co.status.success(),
+                    "a bystander's run failed:\n{}\n{}",
+                    text(&so),
+                    text(&co)
+                );
+                runs += 1;
+            }
+            runs
+        })
+    };
+    let phase_names = [
+        "other",
+        "ibv_reg_mr",
+        "ibv_rereg_mr",
+        "ibv_dereg_mr",
+        "a WRITE",
+        "objects",
+    ];
+    let mut landed = [0usize; 6];
+    let (mut iterations, mut registrations) = (0u64, 0u64);
+    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+    for k in 0..KILLS {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        let phase = dir.0.join(format!("phase-{k}"));
+        let dev = ["ferroce0", "ferroce1"][k % 2];
+        let mut child = run(&sock, &["--no-ns", exe.to_str().unwrap(), "-d", dev, "-p"])
+            .arg(&phase)
+            .args(["-s", &rng.to_string()])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn reg_churn");
+        let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        out.read_line(&mut line).unwrap();
+        if line.trim() != "ready" {
+            let _ = child.kill();
+            let o = child.wait_with_output().unwrap();
+            panic!(
+                "reg_churn did not start: {line}{}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+        }
+        // Up to 400 ms of churn, then SIGKILL: no exit handler, no library teardown.
+        std::thread::sleep(Duration::from_millis(rng % 400));
+        let pid = child.id();
+        // SAFETY: signalling our own unreaped child by its pid.
+        assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGKILL) }, 0);
+        let mut rest = String::new();
+        let _ = std::io::Read::read_to_string(&mut out, &mut rest);
+        let o = child.wait_with_output().unwrap();
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&o.status),
+            Some(libc::SIGKILL),
+            "reg_churn ended before the kill: {rest}{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        assert!(!rest.contains("FAIL"), "reg_churn found a fault: {rest}");
+        let words = std::fs::read(&phase).unwrap();
+        let word = |i: usize| u64::from_le_bytes(words[i * 8..i * 8 + 8].try_into().unwrap());
+        landed[(word(0) as usize).min(5)] += 1;
+        iterations += word(1);
+        registrations += word(2);
+        // Everything the client held is gone from rnicd (the bystanders hold theirs).
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let v = common::rnicd::ctl_json(&sock, &["res"]);
+            let held: Vec<&serde_json::Value> = ["qps", "objects", "clients"]
+                .iter()
+                .flat_map(|k| v[*k].as_array().into_iter().flatten())
+                .filter(|o| o["pid"].as_u64() == Some(pid as u64))
+                .collect();
+            if held.is_empty() {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "after kill {k}: rnicd still holds {held:?}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let runs = bystander.join().expect("the bystanders' traffic failed");
+    let summary: Vec<String> = phase_names
+        .iter()
+        .zip(landed)
+        .map(|(n, c)| format!("{n}: {c}"))
+        .collect();
+    eprintln!(
+        "{KILLS} kills ({}); {iterations} iterations, {registrations} registrations; {runs} bystander runs",
+        summary.join(", ")
+    );
+    // Most kills must land inside a registration call, or the test is not testing that.
+    assert!(
+        landed[1] + landed[2] + landed[3] >= KILLS / 3,
+        "too few kills inside a registration: {summary:?}"
+    );
+    common::rnicd::wait_idle(&sock);
+    let end = gauges(&sock);
+    assert_eq!(
+        end, idle,
+        "rnicd's levels after the kills and the bystanders"
+    );
 }
 
 /// The functions (with their symbol versions) an ELF library defines.
