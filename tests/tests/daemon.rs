@@ -1,12 +1,13 @@
 //! rnicd's host interface in one process: a `Daemon` over a loopback pair of RNICs and
 //! clients attached through its Unix socket (the same code paths as separate processes; the
 //! tools' tests run real processes). Covers traffic through remote contexts, the hello's
-//! errors, a hostile client next to a victim's verified traffic, per-client limits, reclaim
+//! errors, a hostile client next to a victim's verified traffic, a client scribbling on its
+//! post ring while the worker reads it, per-client limits, reclaim
 //! of a vanished client, and rnicd stopping under its clients.
 
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -487,6 +488,170 @@ fn a_hostile_client_harms_neither_rnicd_nor_another_client() {
     let n = victim.join().expect("the victim's traffic failed");
     assert!(n >= 20);
     assert!(d.runtime().alive());
+    d.stop();
+}
+
+/// The mappings of this process's memfds named `name` (from /proc/self/maps).
+fn memfd_mappings(name: &str) -> Vec<(usize, usize)> {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    maps.lines()
+        .filter(|l| {
+            l.contains(&format!("/memfd:{name} ")) || l.ends_with(&format!("/memfd:{name}"))
+        })
+        .filter_map(|l| {
+            let (a, b) = l.split_whitespace().next()?.split_once('-')?;
+            Some((
+                usize::from_str_radix(a, 16).ok()?,
+                usize::from_str_radix(b, 16).ok()?,
+            ))
+        })
+        .collect()
+}
+
+/// A client whose post ring is scribbled on by a thread of its own process while the client
+/// library publishes valid WRITEs into it and rnicd's worker reads them: the worker copies
+/// each post's cells once before decoding, so it decodes either a post as some moment's
+/// bytes made it or garbage (which closes the context). rnicd must go on, another client's
+/// verified traffic must not notice, and nothing but the scribbler's own bytes may land in
+/// its peer's memory or anyone else's.
+#[test]
+fn a_client_scribbling_on_its_ring_while_rnicd_reads_it_harms_only_itself() {
+    let cfg = host_config("scribble");
+    let d = daemon(&cfg, 27, 28);
+    let idle = d.runtime().stats(0).objects;
+    let (mut a, b) = rc_pair(&cfg.socket);
+    let stop = Arc::new(AtomicBool::new(false));
+    let st = stop.clone();
+    let victim = std::thread::spawn(move || {
+        let mut n = 0u32;
+        while !st.load(Ordering::Relaxed) || n < 20 {
+            verified_write(&mut a, &b, n as u8, 4096 + (n % 256) as usize * 17);
+            n += 1;
+        }
+        // Nothing but its own WRITEs (at most 8431 bytes at offset 0) reached its memory.
+        let rest = b.buf.to_vec(16384, (1 << 20) - 16384);
+        assert!(
+            rest.iter().all(|&x| x == 0),
+            "a stray write reached the victim"
+        );
+        n
+    });
+    // The scribbler's rings: the memfds named for this process's clients that appear with it.
+    let name = format!("ferroce-{}-posts", std::process::id());
+    let before = memfd_mappings(&name);
+    let mut a2 = side(remote(&cfg.socket, "ferroce0"), QpType::Rc, 1 << 20, 64);
+    let ring = *memfd_mappings(&name)
+        .iter()
+        .find(|m| !before.contains(m))
+        .expect("the scribbler's post ring mapping");
+    let mut b2 = side(remote(&cfg.socket, "ferroce1"), QpType::Rc, 1 << 20, 64);
+    connect_pair(&mut a2, &mut b2, Mtu::M4096, (300, 400), QpType::Rc);
+    a2.buf.write(0, &vec![0xa5; 1 << 20]);
+    // The scribbler: random bytes over the ring's cells (past the 128-byte header of
+    // indices, which the client library keeps), in bursts.
+    let sc = stop.clone();
+    let scribbler = std::thread::spawn(move || {
+        let mut rng = roce::sim::Rng::new(7);
+        let mut writes = 0u64;
+        while !sc.load(Ordering::Relaxed) {
+            // Half the bytes where the race is: the cells just published (the worker reads
+            // them) and those the client is filling (producer index at byte 64, 64-byte
+            // cells from byte 128); the other half anywhere in the cells.
+            // SAFETY: an aligned u64 inside the live mapping (see below).
+            let tail = unsafe { (*((ring.0 + 64) as *const AtomicU64)).load(Ordering::Acquire) };
+            let cells = ((ring.1 - ring.0 - 128) / 64) as u64;
+            for i in 0..64 {
+                let at = if i % 2 == 0 {
+                    let cell = (tail + cells - 2 + rng.below(4)) % cells;
+                    ring.0 + 128 + cell as usize * 64 + rng.below(64) as usize
+                } else {
+                    ring.0 + 128 + rng.below(cells * 64) as usize
+                };
+                // SAFETY: a byte inside a live shared mapping of this process (the ring the
+                // client keeps mapped until it is dropped, after this thread ends); the race
+                // with the client and the worker is the point, and both treat the ring's
+                // bytes as untrusted.
+                unsafe { std::ptr::write_volatile(at as *mut u8, rng.next_u64() as u8) };
+                writes += 1;
+            }
+            std::thread::yield_now();
+        }
+        writes
+    });
+    // The scribbler's client posts valid WRITEs for three seconds, or until rnicd closes it.
+    let mut rng = roce::sim::Rng::new(8);
+    let (mut posted, mut ok, mut failed, mut post_errors) = (0u64, 0u64, 0u64, 0u64);
+    let mut last_error = None;
+    let mut cqe = [Completion::default(); 16];
+    let end = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < end {
+        let off = rng.below(1 << 19);
+        let len = 1 + rng.below(4096) as u32;
+        let wr = SendWr {
+            wr_id: posted,
+            op: WrOp::Write {
+                remote_addr: b2.mr.addr + off,
+                rkey: b2.mr.rkey.unwrap(),
+            },
+            sg_list: &[a2.mr.sge(off, len)],
+            flags: SendFlags::SIGNALED,
+            ud: None,
+        };
+        match a2.ctx.post_send(a2.qpn, &wr) {
+            Ok(()) => posted += 1,
+            Err(VerbsError::QueueFull) => std::thread::sleep(Duration::from_micros(100)),
+            Err(e) => {
+                post_errors += 1;
+                last_error = Some(e);
+            }
+        }
+        match a2.ctx.poll_cq(a2.cq, &mut cqe) {
+            Ok(n) => {
+                for c in &cqe[..n] {
+                    if c.status == WcStatus::Success {
+                        ok += 1;
+                    } else {
+                        failed += 1;
+                    }
+                }
+            }
+            Err(_) => break,
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    // rnicd closes a context whose ring held garbage: its calls fail from then on.
+    let closed = a2.ctx.query_qp(a2.qpn).err();
+    let writes = scribbler.join().unwrap();
+    let n = victim.join().expect("the victim's traffic failed");
+    eprintln!(
+        "{writes} bytes scribbled; {posted} WRITEs posted, {ok} completed, {failed} in error, \
+         {post_errors} posts refused (last: {last_error:?}); the context closed by rnicd: \
+         {closed:?}; the victim's verified WRITEs: {n}"
+    );
+    assert!(n >= 20 && posted > 0 && writes > 0);
+    // The scribbling reached the worker (else this tested nothing): garbage closed the
+    // context, or WRs decoded from changed cells ended in error.
+    assert!(
+        closed.is_some() || failed > 0,
+        "the scribbling changed nothing"
+    );
+    assert!(d.runtime().alive());
+    // The scribbler's peer holds only what the scribbler's memory held.
+    let got = b2.buf.to_vec(0, 1 << 20);
+    assert!(
+        got.iter().all(|&x| x == 0 || x == 0xa5),
+        "foreign bytes reached the peer"
+    );
+    // Everyone gone, everything reclaimed.
+    drop((a2, b2));
+    let mut last = None;
+    let reclaimed = wait_until(10, || {
+        let s = d.runtime().stats(0);
+        let done = s.objects == idle && s.hosts == 0 && s.area_bytes == 0 && s.mbufs_in_use == 0;
+        last = Some(s);
+        done
+    });
+    assert!(reclaimed, "not reclaimed: {last:?}");
     d.stop();
 }
 
