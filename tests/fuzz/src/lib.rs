@@ -9,6 +9,7 @@ pub mod cm;
 pub mod config;
 pub mod frame;
 pub mod neighbor;
+pub mod nic;
 pub mod pcap;
 pub mod posts;
 pub mod rx;
@@ -49,6 +50,43 @@ macro_rules! target {
             $crate::run_files($run);
         }
     };
+}
+
+/// Transport headers from the input, as the frame-building targets make them: an opcode the
+/// table knows (one of `opcodes`, mostly; any byte otherwise), the QP and the PSN base that
+/// `aim` picks for it (given the QP selector byte and the opcode), a PSN within a signed byte
+/// of that base, the BTH flags, and the extended headers' bytes. `None` if they do not parse.
+pub fn transport_from_input(
+    inp: &mut Input,
+    opcodes: &[u8],
+    aim: impl FnOnce(&mut Input, u8, roce::wire::opcode::Opcode) -> (roce::types::Qpn, u32),
+) -> Option<roce::wire::frame::TransportRepr> {
+    use roce::wire::opcode::Opcode;
+    let b = inp.u8();
+    let opcode = if b < 0xf0 {
+        Opcode(opcodes[b as usize % opcodes.len()])
+    } else {
+        Opcode(inp.u8())
+    };
+    let t = inp.u8();
+    let (qpn, base) = aim(inp, t, opcode);
+    let psn = roce::types::Psn::new(base.wrapping_add(inp.u8() as i8 as u32) & 0x00ff_ffff);
+    let mut bth = roce::wire::bth::BthRepr::new(opcode, qpn, psn);
+    let flags = inp.u8();
+    bth.se = flags & 1 != 0;
+    bth.ack_req = flags & 2 != 0;
+    bth.fecn = flags & 4 != 0;
+    bth.becn = flags & 8 != 0;
+    bth.migreq = flags & 16 != 0;
+    bth.pad_count = (flags >> 5) & 3;
+    let mut hdr = vec![0u8; 12];
+    bth.emit(&mut hdr).ok()?;
+    let ext_len = opcode.info().map_or(0, |i| i.ext_len);
+    hdr.extend_from_slice(inp.bytes(ext_len));
+    hdr.resize(12 + ext_len, 0);
+    roce::wire::frame::TransportRepr::parse(&hdr)
+        .ok()
+        .map(|(tr, _)| tr)
 }
 
 /// A cursor over fuzz input: each read takes the next bytes, and reads past the end give

@@ -74,7 +74,13 @@ fn mac(inp: &mut Input) -> [u8; 6] {
     }
 }
 
-fn ethernet(src: [u8; 6], dst: [u8; 6], ethertype: EthernetProtocol, len: usize) -> Vec<u8> {
+/// An Ethernet header from `src` to `dst` followed by `len` zero bytes.
+pub(crate) fn ethernet(
+    src: [u8; 6],
+    dst: [u8; 6],
+    ethertype: EthernetProtocol,
+    len: usize,
+) -> Vec<u8> {
     let repr = EthernetRepr {
         src_addr: EthernetAddress(src),
         dst_addr: EthernetAddress(dst),

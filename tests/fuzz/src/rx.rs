@@ -19,9 +19,8 @@ use std::sync::Arc;
 use roce::engine::{Device, DeviceConfig};
 use roce::memory::{HeapMemory, MwType, PdId};
 use roce::sim::{bring_up, connect, node_gid, ConnectOpts, Endpoint, LinkConfig, Pair};
-use roce::types::{Lkey, Psn, Qkey, Qpn, Rkey};
+use roce::types::{Lkey, Qkey, Qpn, Rkey};
 use roce::verbs::*;
-use roce::wire::bth::BthRepr;
 use roce::wire::frame::{self, TransportRepr};
 use roce::wire::opcode::Opcode;
 
@@ -251,42 +250,24 @@ impl World {
     /// start, and extended headers from the input with their keys and addresses (mostly)
     /// pointing at real registrations.
     fn structured(&mut self, to: usize, inp: &mut Input) -> Vec<u8> {
-        let b = inp.u8();
-        let opcode = if b < 0xf0 {
-            Opcode(self.opcodes[b as usize % self.opcodes.len()])
-        } else {
-            Opcode(inp.u8())
-        };
-        let t = inp.u8();
-        let qpn = match t % 5 {
-            0..=2 => self.ep(to, t).qpn,
-            3 => Qpn::new(1),
-            _ => Qpn::new(inp.u32() & 0x00ff_ffff),
-        };
-        // Requests count from the sender's starting PSN, responses from the receiver's
-        // (`ConnectOpts::psns`: A sends from 0x100, B from 0x200).
-        let base: u32 = if (to == 1) == opcode.info().is_none_or(|i| i.is_request) {
-            0x100
-        } else {
-            0x200
-        };
-        let psn = Psn::new(base.wrapping_add(inp.u8() as i8 as u32) & 0x00ff_ffff);
-        let mut bth = BthRepr::new(opcode, qpn, psn);
-        let flags = inp.u8();
-        bth.se = flags & 1 != 0;
-        bth.ack_req = flags & 2 != 0;
-        bth.fecn = flags & 4 != 0;
-        bth.becn = flags & 8 != 0;
-        bth.migreq = flags & 16 != 0;
-        bth.pad_count = (flags >> 5) & 3;
-        let mut hdr = vec![0u8; 12];
-        if bth.emit(&mut hdr).is_err() {
-            return Vec::new();
-        }
-        let ext_len = opcode.info().map_or(0, |i| i.ext_len);
-        hdr.extend_from_slice(inp.bytes(ext_len));
-        hdr.resize(12 + ext_len, 0);
-        let Ok((mut tr, _)) = TransportRepr::parse(&hdr) else {
+        let opcodes = std::mem::take(&mut self.opcodes);
+        let tr = crate::transport_from_input(inp, &opcodes, |inp, t, opcode| {
+            let qpn = match t % 5 {
+                0..=2 => self.ep(to, t).qpn,
+                3 => Qpn::new(1),
+                _ => Qpn::new(inp.u32() & 0x00ff_ffff),
+            };
+            // Requests count from the sender's starting PSN, responses from the receiver's
+            // (`ConnectOpts::psns`: A sends from 0x100, B from 0x200).
+            let base = if (to == 1) == opcode.info().is_none_or(|i| i.is_request) {
+                0x100
+            } else {
+                0x200
+            };
+            (qpn, base)
+        });
+        self.opcodes = opcodes;
+        let Some(mut tr) = tr else {
             return Vec::new();
         };
         self.aim(to, &mut tr, inp);

@@ -131,6 +131,12 @@ fn rx_engine() {
 }
 
 #[test]
+fn nic_rx() {
+    ferroce_fuzz::nic::self_check();
+    smoke("nic_rx", Vec::new(), (9, 300, 400), ferroce_fuzz::nic::run);
+}
+
+#[test]
 fn cm_agent() {
     // A connect, a delivery round, an accept, deliveries, an RTU and a disconnect.
     let script = vec![

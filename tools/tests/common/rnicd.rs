@@ -132,6 +132,15 @@ pub fn perf(sock: &str, dev: &str, test: &str, port: u16, args: &[&str], server:
         ])
         .args(args)
         .env("RUST_LOG", "error");
+    // Ended with the thread that started it: a test that panics leaves no rnic-perf server
+    // waiting for a client that never comes.
+    // SAFETY: prctl is async-signal-safe; it runs in the child between fork and exec.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut c, || {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
     if !server {
         c.arg("127.0.0.1");
     }
