@@ -53,8 +53,10 @@ pub mod reason {
     pub const CONSUMER_DEFINED: u16 = 28;
 }
 
-/// A REJ's "message rejected" field for a REQ (IBA Table 108: 0 REQ, 1 REP, 2 other).
+/// A REJ's "message rejected" field (IBA Table 108): a REQ, a REP, anything else.
 const REJECTS_REQ: u8 = 0;
+const REJECTS_REP: u8 = 1;
+const REJECTS_OTHER: u8 = 2;
 
 /// Timing and identity of the agent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -580,21 +582,26 @@ impl CmAgent {
         Ok(())
     }
 
-    /// Passive: rejects a `ConnectRequest` (rdma_reject: consumer defined, with private
-    /// data); the connection is gone.
+    /// Rejects the connection (REJ with `reason` and private data); it is gone. Passive:
+    /// a `ConnectRequest` (rdma_reject), or the REP it sent while the RTU has not come.
+    /// Active: the REP it received (`RepReceived`) before its RTU. The last two are what the
+    /// kernel's CM does when the consumer destroys its ID in those states (its process
+    /// died): the peer hears `Rejected` at once instead of retrying for a minute.
     pub fn reject(&mut self, id: ConnId, reason: u16, private_data: &[u8]) -> Result<(), CmError> {
         let c = self.conn(id)?;
-        if c.state == State::SidrRcvd {
+        // IBA 12.6.7, Table 108: the message the REJ answers.
+        let message = match c.state {
             // A SIDR request is refused with a SIDR_REP.
-            return self.sidr_reply(id, SIDR_REJECTED, 0, 0, private_data);
-        }
-        if c.state != State::ReqRcvd {
-            return Err(CmError::WrongState);
-        }
+            State::SidrRcvd => return self.sidr_reply(id, SIDR_REJECTED, 0, 0, private_data),
+            State::ReqRcvd => REJECTS_REQ,
+            State::RepRcvd => REJECTS_REP,
+            State::RepSent => REJECTS_OTHER,
+            _ => return Err(CmError::WrongState),
+        };
         let rej = Rej {
             local_comm_id: id.0,
             remote_comm_id: c.remote_comm_id,
-            message: REJECTS_REQ,
+            message,
             reason,
             private_data: PrivateData::from_bytes(private_data).ok_or(CmError::TooLong)?,
             ..Default::default()

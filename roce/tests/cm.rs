@@ -433,6 +433,53 @@ fn the_consumer_rejects_with_its_private_data() {
     );
 }
 
+/// A consumer that goes away before the RTU (its process killed: the kernel's CM rejects in
+/// cm_destroy_id) rejects the REP it received (active) or the one it sent (passive): the
+/// peer hears `Rejected` at once instead of retrying its REP for a minute (the real soak
+/// found an rdma_cm server waiting for ever for a client killed mid-handshake).
+#[test]
+fn a_side_that_goes_before_the_rtu_rejects_and_the_peer_hears_at_once() {
+    // Active: REP received, then rejected instead of the RTU.
+    let mut l = Link::new();
+    let a = l.connect();
+    l.run(false, 0);
+    let b = l.request();
+    l.accept(b);
+    l.run(false, 0);
+    assert_eq!(names(&l.a_events), ["rep"]);
+    l.a.reject(a, reason::CONSUMER_DEFINED, &[]).unwrap();
+    l.run(false, 0);
+    assert_eq!(names(&l.b_events), ["request", "rejected"]);
+    assert!(matches!(l.b_events[1], CmEvent::Rejected { id, .. } if id == b));
+    assert_eq!((l.a.conn_count(), l.b.conn_count()), (0, 0));
+    assert_eq!(l.b.poll_timeout(), None, "no REP retry left armed");
+    // Passive: REP sent, then rejected while the RTU has not come (it was lost).
+    let mut l = Link::new();
+    l.lose = vec![attr::RTU];
+    let a = l.connect();
+    l.run(false, 0);
+    let b = l.request();
+    l.accept(b);
+    l.run(false, 0);
+    l.a.rtu(a).unwrap();
+    l.run(false, 0);
+    assert_eq!(names(&l.b_events), ["request"]);
+    l.b.reject(b, reason::CONSUMER_DEFINED, &[]).unwrap();
+    l.run(false, 0);
+    // B is gone at once. A took its connection for established when it sent the RTU, and
+    // an established connection ends by DREQ, not REJ: its QP notices when it retries.
+    assert_eq!(names(&l.b_events), ["request"]);
+    assert_eq!(l.b.conn_count(), 0);
+    assert_eq!(names(&l.a_events), ["rep", "established"]);
+    // Neither side can reject what is established, or a REQ it sent itself.
+    let mut l = Link::new();
+    let (a, b) = l.establish();
+    assert!(l.a.reject(a, reason::CONSUMER_DEFINED, &[]).is_err());
+    assert!(l.b.reject(b, reason::CONSUMER_DEFINED, &[]).is_err());
+    let a = l.connect();
+    assert!(l.a.reject(a, reason::CONSUMER_DEFINED, &[]).is_err());
+}
+
 #[test]
 fn lost_dreq_and_lost_drep_are_retried_and_answered_again() {
     for lost in [attr::DREQ, attr::DREP] {

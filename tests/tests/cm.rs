@@ -134,6 +134,76 @@ fn rdma_cm_connects_two_applications_and_data_flows() {
     );
 }
 
+/// B's answer to the newest connect request: its QP to RTS, then the REP.
+fn accept_request(b: &mut Side) -> u32 {
+    let CmEventData::ConnectRequest {
+        id,
+        peer,
+        qpn,
+        starting_psn,
+        responder_resources,
+        ..
+    } = cm_event(b)
+    else {
+        panic!("not a connect request");
+    };
+    let path = cm_path(peer, qpn, (0x1234, starting_psn), responder_resources);
+    b.ctx.cm_bring_up(b.qpn, Access::ALL, &path).unwrap();
+    let accept = AcceptParams {
+        qpn: b.qpn.value(),
+        starting_psn: 0x1234,
+        responder_resources: 16,
+        initiator_depth: 16,
+        rnr_retry_count: 7,
+        ..Default::default()
+    };
+    b.ctx.cm_accept(id, accept).unwrap();
+    id
+}
+
+/// A client that goes away in the middle of a handshake (its process killed) leaves its peer
+/// a `Rejected` at once, as the kernel's CM does when it destroys the ID, instead of a REP
+/// retried for a minute and a `TimedOut` (the real soak found an rdma_cm server waiting for
+/// ever for a client killed there).
+#[test]
+fn a_client_gone_mid_handshake_is_rejected_at_once() {
+    let (rt, mut a, mut b) = rnics("cm-gone");
+    let sid = service_id(PS_TCP, 11);
+    b.ctx.cm_listen(sid).unwrap();
+    // 1. The active side goes after the REP, before its RTU.
+    let _ = cm_connect(&mut a, &b, 11);
+    let b_id = accept_request(&mut b);
+    assert!(matches!(cm_event(&mut a), CmEventData::RepReceived { .. }));
+    drop(a);
+    assert!(
+        matches!(cm_event(&mut b), CmEventData::Rejected { id, .. } if id == b_id),
+        "the passive side was not told"
+    );
+    // 2. The active side goes while its REQ is out: the REP that comes back is rejected.
+    let mut b = side(rt.open(1).unwrap(), QpType::Rc, 4096, 4);
+    b.ctx.cm_listen(service_id(PS_TCP, 12)).unwrap();
+    let mut a = side(rt.open(0).unwrap(), QpType::Rc, 4096, 4);
+    let _ = cm_connect(&mut a, &b, 12);
+    drop(a);
+    let b_id = accept_request(&mut b);
+    assert!(
+        matches!(cm_event(&mut b), CmEventData::Rejected { id, .. } if id == b_id),
+        "the passive side was not told"
+    );
+    // 3. The passive side goes after its REP: the active side is told.
+    let mut b = side(rt.open(1).unwrap(), QpType::Rc, 4096, 4);
+    b.ctx.cm_listen(service_id(PS_TCP, 13)).unwrap();
+    let mut a = side(rt.open(0).unwrap(), QpType::Rc, 4096, 4);
+    let a_id = cm_connect(&mut a, &b, 13);
+    accept_request(&mut b);
+    assert!(matches!(cm_event(&mut a), CmEventData::RepReceived { .. }));
+    drop(b);
+    assert!(
+        matches!(cm_event(&mut a), CmEventData::Rejected { id, .. } if id == a_id),
+        "the active side was not told"
+    );
+}
+
 #[test]
 fn no_listener_rejection_and_a_client_that_goes_away() {
     let (rt, mut a, mut b) = rnics("cm-reject");

@@ -888,6 +888,15 @@ impl Nic {
                     | CmEvent::SidrReply { .. }
             );
             let Some(h) = owner.and_then(|o| self.hosts.get_mut(o as usize)) else {
+                // The REP of a REQ whose client is gone (it went while the REQ was out):
+                // rejected, as the kernel's CM does for an ID destroyed in REQ_SENT, so the
+                // peer does not retry its REP for a minute.
+                if matches!(ev, CmEvent::RepReceived { .. }) {
+                    let _ = self
+                        .dev
+                        .cm()
+                        .reject(ConnId(id), reason::CONSUMER_DEFINED, &[]);
+                }
                 continue;
             };
             if done {

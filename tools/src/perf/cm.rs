@@ -621,10 +621,18 @@ impl<V: Verbs + RdmaCm> CmLink<V> {
         }
     }
 
-    /// Whether the CM reported the exchange's connection ended.
+    /// Whether the CM reported the exchange's connection ended: disconnected, or - for a
+    /// server that accepted a client which went away before its RTU - rejected or timed out
+    /// (rdma_cm's DISCONNECTED, REJECTED and CONNECT_ERROR events).
     fn peer_disconnected(&mut self) -> bool {
         while let Ok(Some(e)) = self.ctx.cm_get_event() {
-            if matches!(e, CmEventData::Disconnected { id } if Some(id) == self.conn) {
+            let ended = match e {
+                CmEventData::Disconnected { id }
+                | CmEventData::Rejected { id, .. }
+                | CmEventData::TimedOut { id } => Some(id) == self.conn,
+                _ => false,
+            };
+            if ended {
                 self.conn = None;
                 return true;
             }
