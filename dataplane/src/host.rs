@@ -66,6 +66,9 @@ pub struct Owners {
     /// On an RNIC over several workers: the services listened to on any of them, by worker
     /// (shared by the workers; the port's owner steers REQs by it), and this one's index.
     pub(crate) services: Option<(ServiceMap, u32)>,
+    /// QP slots released since the RNIC last looked ([`Owners::release_qp`]), for it to drop
+    /// what it keeps per slot (header templates).
+    pub(crate) freed_qp_slots: Vec<usize>,
 }
 
 /// Listened service IDs and the worker whose client listens, shared by an RNIC's workers
@@ -88,7 +91,15 @@ impl Owners {
             cm_conns: HashMap::new(),
             cm_listeners: HashMap::new(),
             services: None,
+            freed_qp_slots: Vec::new(),
         }
+    }
+
+    /// The QP in `slot` is gone: nobody owns the slot, and the RNIC is told to forget what
+    /// it kept for it.
+    pub(crate) fn release_qp(&mut self, slot: usize) {
+        Owners::set(&mut self.qp, slot, NOBODY);
+        self.freed_qp_slots.push(slot);
     }
 
     /// Records that client `host` listens to `sid`; false (nothing recorded) if a client on

@@ -268,7 +268,7 @@ fn close(dev: &mut Device, owners: &mut Owners, h: &mut HostEnd, now: u64) {
     }
     for q in held.qps {
         if let Some(s) = dev.qp_index(q) {
-            Owners::set(&mut owners.qp, s, NOBODY);
+            owners.release_qp(s);
         }
         let _ = dev.destroy_qp(q);
     }
@@ -600,7 +600,7 @@ fn execute(
             dev.destroy_qp(qpn)?;
             h.qps.retain(|q| *q != qpn);
             if let Some(s) = slot {
-                Owners::set(&mut owners.qp, s, NOBODY);
+                owners.release_qp(s);
             }
             h.uncharge_queue(QueueKind::Qp, qpn.value());
             Ok(ReplyData::None)

@@ -97,6 +97,7 @@ struct World {
     tx: pmd_bindings::TxQueue,
     pool: Arc<pmd_bindings::Mempool>,
     ctx: Client<Direct>,
+    pd: roce::memory::PdId,
     cq: CqId,
     qps: [Qpn; 3],
     /// Three pages; the MR covers the middle one.
@@ -123,7 +124,10 @@ impl World {
         let cfg = dataplane::runtime::test_config(1, 1024);
         dataplane::runtime::init_eal("ferroce-fuzz", &cfg).expect("EAL");
         let pool = Runtime::pool(&cfg).expect("pool");
-        let name = format!("fuzznic{}", std::process::id() % 100_000);
+        // One link per World: the smoke tests make one per thread.
+        static LINKS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = LINKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let name = format!("fuzznic{}_{n}", std::process::id() % 100_000);
         let (p_rnic, p_raw) =
             pmd_bindings::ring_pair(&name, &Runtime::port_config(&cfg), pool.clone())
                 .expect("ring link");
@@ -181,6 +185,7 @@ impl World {
             tx,
             pool,
             ctx,
+            pd,
             cq,
             qps,
             buf,
@@ -620,6 +625,83 @@ pub fn self_check() {
         );
         assert_eq!(w.buf.to_vec(PAGE, 16), b"through the port");
         w.buf.write(PAGE, &[CANARY; PAGE]);
+    });
+}
+
+/// Checks that the RNIC keeps per-QP state only for live QPs: 50 QPs created, each sending
+/// a packet (which makes its header template), then destroyed, leave no template behind
+/// (QP numbers are cyclic, so kept templates would fill every slot of the table over time).
+/// Panics otherwise.
+pub fn templates_follow_qps() {
+    WORLD.with(|w| {
+        let mut w = w.borrow_mut();
+        let w = w.get_or_insert_with(World::new);
+        w.reset();
+        // In the PD of the MR the SENDs gather from.
+        let pd = w.pd;
+        let before = w.nic.lock().unwrap().cached_templates();
+        for _ in 0..50 {
+            let qpn = w
+                .ctx
+                .create_qp(&QpInit {
+                    pd,
+                    qp_type: QpType::Ud,
+                    send_cq: w.cq,
+                    recv_cq: w.cq,
+                    srq: None,
+                    caps: QpCaps {
+                        max_send_wr: 4,
+                        max_recv_wr: 4,
+                        max_send_sge: 1,
+                        max_recv_sge: 1,
+                        max_inline_data: 0,
+                    },
+                    sq_sig_all: false,
+                })
+                .expect("qp");
+            for attr in [
+                QpAttr {
+                    state: Some(QpState::Init),
+                    pkey_index: Some(0),
+                    port: Some(1),
+                    qkey: Some(Qkey(QKEY)),
+                    ..Default::default()
+                },
+                QpAttr {
+                    state: Some(QpState::Rtr),
+                    ..Default::default()
+                },
+                QpAttr {
+                    state: Some(QpState::Rts),
+                    sq_psn: Some(Psn::new(1)),
+                    ..Default::default()
+                },
+            ] {
+                w.ctx.modify_qp(qpn, &attr).expect("modify");
+            }
+            let wr = SendWr {
+                wr_id: 7,
+                op: WrOp::Send,
+                sg_list: &[w.mr.sge(0, 16)],
+                flags: SendFlags::SIGNALED,
+                ud: Some(UdDest {
+                    ah: AddressVector::new(w.peer_gid, 0),
+                    remote_qpn: Qpn::new(PEER_QPN[2]),
+                    remote_qkey: Qkey(QKEY),
+                }),
+            };
+            w.ctx.post_send(qpn, &wr).expect("post");
+            w.poll(4);
+            w.drain_cq();
+            w.ctx.destroy_qp(qpn).expect("destroy");
+        }
+        let after = w.nic.lock().unwrap().cached_templates();
+        assert!(
+            w.sent >= 50,
+            "the QPs' SENDs did not go out ({} frames)",
+            w.sent
+        );
+        assert_eq!(after, before, "header templates kept for destroyed QPs");
     });
 }
 

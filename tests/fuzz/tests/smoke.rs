@@ -136,6 +136,13 @@ fn nic_rx() {
     smoke("nic_rx", Vec::new(), (9, 300, 400), ferroce_fuzz::nic::run);
 }
 
+/// Not a fuzz run: the RNIC drops what it keeps per QP with the QP (the real soak saw
+/// rnicd's memory creep up by a header template per QP ever created).
+#[test]
+fn nic_templates_are_dropped_with_their_qps() {
+    ferroce_fuzz::nic::templates_follow_qps();
+}
+
 #[test]
 fn cm_agent() {
     // A connect, a delivery round, an accept, deliveries, an RTU and a disconnect.
