@@ -491,6 +491,45 @@ fn a_hostile_client_harms_neither_rnicd_nor_another_client() {
     d.stop();
 }
 
+/// A victim's verified WRITEs from `a` to `b` in a thread, until the flag is set (and at
+/// least 20); the thread returns how many, after checking that nothing but its own WRITEs
+/// (at most 8431 bytes at offset 0) reached `b`'s memory.
+fn victim_traffic(
+    mut a: Side<RemoteContext>,
+    b: Side<RemoteContext>,
+) -> (Arc<AtomicBool>, std::thread::JoinHandle<u32>) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let st = stop.clone();
+    let victim = std::thread::spawn(move || {
+        let mut n = 0u32;
+        while !st.load(Ordering::Relaxed) || n < 20 {
+            verified_write(&mut a, &b, n as u8, 4096 + (n % 256) as usize * 17);
+            n += 1;
+        }
+        let rest = b.buf.to_vec(16384, (1 << 20) - 16384);
+        assert!(
+            rest.iter().all(|&x| x == 0),
+            "a stray write reached the victim"
+        );
+        n
+    });
+    (stop, victim)
+}
+
+/// With every client gone, RNIC 0 is back at `idle` objects, no client, no area, no mbuf in
+/// use; then the daemon stops.
+fn assert_reclaimed(d: Daemon, idle: roce::engine::ObjectCounts) {
+    let mut last = None;
+    let reclaimed = wait_until(10, || {
+        let s = d.runtime().stats(0);
+        let done = s.objects == idle && s.hosts == 0 && s.area_bytes == 0 && s.mbufs_in_use == 0;
+        last = Some(s);
+        done
+    });
+    assert!(reclaimed, "not reclaimed: {last:?}");
+    d.stop();
+}
+
 /// The mappings of this process's memfds named `name` (from /proc/self/maps).
 fn memfd_mappings(name: &str) -> Vec<(usize, usize)> {
     let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
@@ -519,23 +558,8 @@ fn a_client_scribbling_on_its_ring_while_rnicd_reads_it_harms_only_itself() {
     let cfg = host_config("scribble");
     let d = daemon(&cfg, 27, 28);
     let idle = d.runtime().stats(0).objects;
-    let (mut a, b) = rc_pair(&cfg.socket);
-    let stop = Arc::new(AtomicBool::new(false));
-    let st = stop.clone();
-    let victim = std::thread::spawn(move || {
-        let mut n = 0u32;
-        while !st.load(Ordering::Relaxed) || n < 20 {
-            verified_write(&mut a, &b, n as u8, 4096 + (n % 256) as usize * 17);
-            n += 1;
-        }
-        // Nothing but its own WRITEs (at most 8431 bytes at offset 0) reached its memory.
-        let rest = b.buf.to_vec(16384, (1 << 20) - 16384);
-        assert!(
-            rest.iter().all(|&x| x == 0),
-            "a stray write reached the victim"
-        );
-        n
-    });
+    let (a, b) = rc_pair(&cfg.socket);
+    let (stop, victim) = victim_traffic(a, b);
     // The scribbler's rings: the memfds named for this process's clients that appear with it.
     let name = format!("ferroce-{}-posts", std::process::id());
     let before = memfd_mappings(&name);
@@ -644,15 +668,108 @@ fn a_client_scribbling_on_its_ring_while_rnicd_reads_it_harms_only_itself() {
     );
     // Everyone gone, everything reclaimed.
     drop((a2, b2));
-    let mut last = None;
-    let reclaimed = wait_until(10, || {
-        let s = d.runtime().stats(0);
-        let done = s.objects == idle && s.hosts == 0 && s.area_bytes == 0 && s.mbufs_in_use == 0;
-        last = Some(s);
-        done
-    });
-    assert!(reclaimed, "not reclaimed: {last:?}");
-    d.stop();
+    assert_reclaimed(d, idle);
+}
+
+/// A client posting work requests with bad SGEs as fast as it can - another client's lkey
+/// and address, addresses and lengths past its own MR, made-up lkeys - and bringing its QP
+/// back up after each error, next to another client's verified traffic: every such WR ends
+/// in error (local protection: the lkey must name an MR of the QP's PD, and the
+/// SGE must lie within it), nothing it names reaches its peer, the other client never
+/// notices, and rnicd holds nothing afterwards.
+#[test]
+fn a_client_posting_bad_sges_at_full_speed_harms_only_itself() {
+    let cfg = host_config("bad-sges");
+    let d = daemon(&cfg, 29, 30);
+    let idle = d.runtime().stats(0).objects;
+    let (a, b) = rc_pair(&cfg.socket);
+    // The victim's source memory holds a marker the attacker's peer must never receive.
+    a.buf.write(1 << 19, &[0x5a; 4096]);
+    let victim_sge = a.mr.sge(1 << 19, 4096);
+    let (stop, victim) = victim_traffic(a, b);
+    let mut a2 = side(remote(&cfg.socket, "ferroce0"), QpType::Rc, 1 << 20, 64);
+    let mut b2 = side(remote(&cfg.socket, "ferroce1"), QpType::Rc, 1 << 20, 64);
+    connect_pair(&mut a2, &mut b2, Mtu::M4096, (500, 600), QpType::Rc);
+    let mut rng = roce::sim::Rng::new(9);
+    let (mut posted, mut refused, mut errors, mut rounds) = (0u64, 0u64, 0u64, 0u64);
+    let mut cqe = [Completion::default(); 16];
+    let end = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < end {
+        let sge = match rng.below(4) {
+            0 => victim_sge,
+            1 => a2.mr.sge((1 << 20) - 8, 64), // runs past the MR's end
+            2 => Sge {
+                addr: a2.mr.addr.wrapping_sub(4096),
+                ..a2.mr.sge(0, 64)
+            },
+            _ => Sge {
+                lkey: roce::types::Lkey(rng.next_u64() as u32),
+                ..a2.mr.sge(0, 64)
+            },
+        };
+        let op = if rng.below(2) == 0 {
+            WrOp::Send
+        } else {
+            WrOp::Write {
+                remote_addr: b2.mr.addr,
+                rkey: b2.mr.rkey.unwrap(),
+            }
+        };
+        let wr = SendWr {
+            wr_id: posted,
+            op,
+            sg_list: &[sge],
+            flags: SendFlags::SIGNALED,
+            ud: None,
+        };
+        match a2.ctx.post_send(a2.qpn, &wr) {
+            Ok(()) => posted += 1,
+            Err(_) => refused += 1,
+        }
+        let n = a2.ctx.poll_cq(a2.cq, &mut cqe).expect("poll");
+        for c in &cqe[..n] {
+            assert_ne!(c.status, WcStatus::Success, "a bad SGE succeeded: {c:?}");
+            errors += 1;
+            if c.status == WcStatus::LocProtErr || c.status == WcStatus::LocLenErr {
+                // The QP is in the error state: back up from RESET, as an application would.
+                let reset = QpAttr {
+                    state: Some(QpState::Reset),
+                    ..Default::default()
+                };
+                a2.ctx.modify_qp(a2.qpn, &reset).expect("RESET");
+                ferroce_tests::connect_with(
+                    &mut a2,
+                    b2.qpn,
+                    b2.gid,
+                    Mtu::M4096,
+                    500,
+                    600,
+                    QpType::Rc,
+                    ferroce_tests::ACK_TIMEOUT,
+                );
+                rounds += 1;
+            }
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let n = victim.join().expect("the victim's traffic failed");
+    eprintln!(
+        "{posted} bad WRs posted, {refused} refused at the call, {errors} completed in error, \
+         {rounds} times back from the error state; the victim's verified WRITEs: {n}"
+    );
+    assert!(
+        posted > 100 && rounds > 10 && n >= 20,
+        "the test did not run"
+    );
+    assert!(d.runtime().alive());
+    // Nothing reached the attacker's peer: not the victim's marker, nothing at all.
+    let got = b2.buf.to_vec(0, 1 << 20);
+    assert!(
+        got.iter().all(|&x| x == 0),
+        "bytes reached the attacker's peer"
+    );
+    drop((a2, b2));
+    assert_reclaimed(d, idle);
 }
 
 #[test]
