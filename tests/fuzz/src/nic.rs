@@ -108,6 +108,8 @@ struct World {
     peer_gid: Gid,
     now: u64,
     opcodes: Vec<u8>,
+    /// The RNIC's limits (for attaching the untrusted clients of `run_calls`).
+    limits: dataplane::abi::HostLimits,
     /// Send WRs posted and completed in this input; frames in and out.
     posted: u64,
     completed: u64,
@@ -187,6 +189,7 @@ impl World {
             ctx,
             pd,
             cq,
+            limits,
             qps,
             buf,
             mr,
@@ -599,33 +602,36 @@ fn arp_reply_for_peer(f: &[u8]) -> Option<Vec<u8>> {
 pub fn self_check() {
     WORLD.with(|w| {
         let mut w = w.borrow_mut();
-        let w = w.get_or_insert_with(World::new);
-        w.reset();
-        let received_before = w.nic.lock().unwrap().counters().rx_frames;
-        let qpn = w.qps[0];
-        // 0x04: RC SEND ONLY.
-        let send = TransportRepr::new(BthRepr::new(Opcode(0x04), qpn, Psn::new(PEER_PSN)));
-        let mut tr = send;
-        tr.bth.ack_req = true;
-        let f = w.roce_frame(tr, b"through the port", false, None);
-        w.inject(&f);
-        let sent = w.sent;
-        w.poll(4);
-        assert!(w.sent > sent, "no ACK for a valid SEND");
-        assert!(
-            w.nic.lock().unwrap().counters().rx_frames > received_before,
-            "the RNIC did not receive the frame"
-        );
-        let mut out = [Completion::default(); 4];
-        let n = w.ctx.poll_cq(w.cq, &mut out).unwrap();
-        assert!(
-            n == 1 && out[0].status == WcStatus::Success && out[0].byte_len == 16,
-            "the SEND's receive completion: {:?}",
-            &out[..n]
-        );
-        assert_eq!(w.buf.to_vec(PAGE, 16), b"through the port");
-        w.buf.write(PAGE, &[CANARY; PAGE]);
+        self_check_in(w.get_or_insert_with(World::new));
     });
+}
+
+fn self_check_in(w: &mut World) {
+    w.reset();
+    let received_before = w.nic.lock().unwrap().counters().rx_frames;
+    let qpn = w.qps[0];
+    // 0x04: RC SEND ONLY.
+    let send = TransportRepr::new(BthRepr::new(Opcode(0x04), qpn, Psn::new(PEER_PSN)));
+    let mut tr = send;
+    tr.bth.ack_req = true;
+    let f = w.roce_frame(tr, b"through the port", false, None);
+    w.inject(&f);
+    let sent = w.sent;
+    w.poll(4);
+    assert!(w.sent > sent, "no ACK for a valid SEND");
+    assert!(
+        w.nic.lock().unwrap().counters().rx_frames > received_before,
+        "the RNIC did not receive the frame"
+    );
+    let mut out = [Completion::default(); 4];
+    let n = w.ctx.poll_cq(w.cq, &mut out).unwrap();
+    assert!(
+        n == 1 && out[0].status == WcStatus::Success && out[0].byte_len == 16,
+        "the SEND's receive completion: {:?}",
+        &out[..n]
+    );
+    assert_eq!(w.buf.to_vec(PAGE, 16), b"through the port");
+    w.buf.write(PAGE, &[CANARY; PAGE]);
 }
 
 /// Checks that the RNIC keeps per-QP state only for live QPs: 50 QPs created, each sending
@@ -703,6 +709,132 @@ pub fn templates_follow_qps() {
         );
         assert_eq!(after, before, "header templates kept for destroyed QPs");
     });
+}
+
+/// The objects the untrusted client of `run_calls` made, so that a call naming a small id
+/// (below 8) names the client's own object of that rank: a fresh client's ids depend on
+/// what the RNIC made before, and inputs would otherwise rarely name a real object.
+#[derive(Default)]
+struct Made {
+    pds: Vec<roce::memory::PdId>,
+    cqs: Vec<CqId>,
+    qps: Vec<Qpn>,
+}
+
+impl Made {
+    fn note(&mut self, r: &ReplyData) {
+        match r {
+            ReplyData::Pd(p) => self.pds.push(*p),
+            ReplyData::Cq(c) => self.cqs.push(*c),
+            ReplyData::Qp(q, _) => self.qps.push(*q),
+            _ => {}
+        }
+    }
+
+    fn aim(&self, cmd: &mut Command) {
+        fn pick<T: Copy>(made: &[T], small: u32) -> Option<T> {
+            (small < 8 && !made.is_empty()).then(|| made[small as usize % made.len()])
+        }
+        let pd = |p: &mut roce::memory::PdId| {
+            if let Some(x) = pick(&self.pds, p.0) {
+                *p = x;
+            }
+        };
+        let cq = |c: &mut CqId| {
+            if let Some(x) = pick(&self.cqs, c.0) {
+                *c = x;
+            }
+        };
+        let qp = |q: &mut Qpn| {
+            if let Some(x) = pick(&self.qps, q.value()) {
+                *q = x;
+            }
+        };
+        match cmd {
+            Command::DeallocPd { pd: p }
+            | Command::RegMr { pd: p, .. }
+            | Command::AllocMr { pd: p, .. }
+            | Command::AllocMw { pd: p, .. }
+            | Command::CreateSrq { pd: p, .. } => pd(p),
+            Command::DestroyCq { cq: c } | Command::ResizeCq { cq: c, .. } => cq(c),
+            Command::CreateQp { init } => {
+                pd(&mut init.pd);
+                cq(&mut init.send_cq);
+                cq(&mut init.recv_cq);
+            }
+            Command::ModifyQp { qpn, .. }
+            | Command::QueryQp { qpn }
+            | Command::DestroyQp { qpn }
+            | Command::Counters { qpn: Some(qpn) } => qp(qpn),
+            _ => {}
+        }
+    }
+}
+
+/// The body of the `host_calls` target: control calls as rnicd reads them from a client's
+/// socket (JSON `Request`s, `serde_json` as in `daemon.rs`), executed by the RNIC as its
+/// worker executes them (`Nic::call`) for a client attached for this input, with a fresh
+/// shared area beside the calls that take one (`AddArea`, `CreateCq`) when the input says
+/// so. Inputs are JSON requests separated by newlines; the smoke test seeds one of every
+/// command. Checked: nothing panics; the harness's own client (another tenant) keeps every
+/// object and still moves data after the input; once the untrusted client is closed, the
+/// RNIC holds what it held before and its mbufs are back at their level. Returns how many
+/// calls succeeded.
+pub fn run_calls(data: &[u8]) -> usize {
+    use dataplane::abi::proto::{Body, Request};
+    WORLD.with(|w| {
+        let mut w = w.borrow_mut();
+        let w = w.get_or_insert_with(World::new);
+        let (objects, level) = {
+            let nic = w.nic.lock().unwrap();
+            (nic.host_objects().len(), nic.pool_in_use())
+        };
+        let (_rings, host) =
+            dataplane::host::host_end(w.limits, ClientLimits::default(), "fuzz-calls")
+                .expect("rings");
+        let token = host.token;
+        assert!(w.nic.lock().unwrap().add_host(host));
+        let mut ok = 0;
+        let mut made = Made::default();
+        for (i, line) in data.split(|&b| b == b'\n').take(64).enumerate() {
+            let Ok(req) = serde_json::from_slice::<Request>(line) else {
+                continue;
+            };
+            let Body::Call(cmd) = req.body else {
+                continue;
+            };
+            // Every other call that may take an area gets one (64 KiB, sealed like a
+            // client's).
+            let area = (i % 2 == 0)
+                .then(|| Area::new(1 << 16, "fuzz-area").ok().map(Arc::new))
+                .flatten();
+            let mut cmd = cmd;
+            made.aim(&mut cmd);
+            let r = w.nic.lock().unwrap().call(token, cmd, area);
+            if let Ok(reply) = &r {
+                made.note(reply);
+            }
+            ok += r.is_ok() as usize;
+            w.poll(1);
+        }
+        w.nic.lock().unwrap().close_host(token);
+        w.now += SEC;
+        w.poll(4);
+        let nic = w.nic.lock().unwrap();
+        assert_eq!(
+            nic.host_objects().len(),
+            objects,
+            "clients after the untrusted one closed"
+        );
+        assert!(
+            nic.pool_in_use() <= level,
+            "mbufs held after the untrusted client closed"
+        );
+        drop(nic);
+        // The other tenant is untouched: its QPs come back up and carry a SEND.
+        self_check_in(w);
+        ok
+    })
 }
 
 /// Runs one input (see the module's doc).

@@ -143,6 +143,117 @@ fn nic_templates_are_dropped_with_their_qps() {
     ferroce_fuzz::nic::templates_follow_qps();
 }
 
+/// Control calls of every common kind, one JSON request per line, in an order that builds
+/// objects on each other (ids as a fresh client would get them, and nearby).
+fn host_call_seeds() -> Vec<Vec<u8>> {
+    use ferroce_host::abi::proto::{Body, Request};
+    use ferroce_host::abi::Command;
+    use roce::engine::{CqId, QpInit};
+    use roce::memory::PdId;
+    use roce::types::{Lkey, Qpn, Rkey};
+    use roce::verbs::*;
+    let init = |pd: u32, cq: u32| QpInit::rc(PdId(pd), CqId(cq));
+    // One JSON request per line, as a client would send them.
+    let lines = |calls: Vec<Command>| {
+        let mut text = Vec::new();
+        for (id, body) in calls.into_iter().enumerate() {
+            let r = Request {
+                id: id as u64,
+                body: Body::Call(body),
+            };
+            text.extend_from_slice(serde_json::to_string(&r).unwrap().as_bytes());
+            text.push(b'\n');
+        }
+        text
+    };
+    let mut seeds = Vec::new();
+    // Ids below 8 name the client's own objects by rank (`ferroce_fuzz::nic::run_calls`).
+    for (pd, cq) in [(0, 0), (1, 1), (9, 9)] {
+        let calls = vec![
+            Command::QueryDevice,
+            Command::QueryPort,
+            Command::QueryGid { index: 1 },
+            Command::AllocPd,
+            Command::AddArea { id: 1 },
+            Command::RegMr {
+                pd: PdId(pd),
+                area: 1,
+                offset: 0,
+                len: 4096,
+                access: Access::ALL,
+                iova: 0x1000,
+            },
+            Command::CreateCq {
+                cqe: 16,
+                capacity: 64,
+            },
+            Command::CreateQp { init: init(pd, cq) },
+            Command::ModifyQp {
+                qpn: Qpn::new(0),
+                attr: QpAttr {
+                    state: Some(QpState::Init),
+                    pkey_index: Some(0),
+                    port: Some(1),
+                    access: Some(Access::ALL),
+                    ..Default::default()
+                },
+            },
+            Command::QueryQp { qpn: Qpn::new(0) },
+            Command::AllocMw {
+                pd: PdId(pd),
+                ty: roce::memory::MwType::Two,
+            },
+            Command::ResizeCq {
+                cq: CqId(cq),
+                cqe: 32,
+            },
+            Command::Counters { qpn: None },
+            Command::DeregMr { lkey: Lkey(0x101) },
+            Command::DeallocMw { rkey: Rkey(0x201) },
+            Command::DestroyQp { qpn: Qpn::new(0) },
+            Command::DestroyCq { cq: CqId(cq) },
+            Command::RemoveArea { id: 1 },
+            Command::DeallocPd { pd: PdId(pd) },
+            Command::CmListen { service_id: 7 },
+        ];
+        seeds.push(lines(calls));
+    }
+    // Calls naming every small id of other clients' objects (this client has none, so
+    // nothing is mapped): each must fail, the other tenant keeping everything.
+    let mut calls = Vec::new();
+    for i in 0..32u32 {
+        calls.push(Command::DestroyQp {
+            qpn: Qpn::new(0x10 + i),
+        });
+        calls.push(Command::DestroyCq { cq: CqId(i) });
+        calls.push(Command::DeallocPd { pd: PdId(i) });
+        calls.push(Command::DeregMr {
+            lkey: Lkey(0x100 + i),
+        });
+    }
+    seeds.push(lines(calls));
+    seeds
+}
+
+#[test]
+fn host_calls() {
+    let seeds = host_call_seeds();
+    let n = seeds.len();
+    let ok = smoke(
+        "host_calls",
+        seeds,
+        (10, 200, 400),
+        ferroce_fuzz::nic::run_calls,
+    );
+    // The harness reaches the RNIC's calls: most of the first two seeds' 20 calls succeed;
+    // the third names ids that are not the client's, and only its id-less calls do.
+    assert!(
+        ok[0] >= 15 && ok[1] >= 15 && ok[2] < 15 && ok[3] == 0,
+        "calls that succeeded: {:?}",
+        &ok[..n]
+    );
+}
+
 #[test]
 fn cm_agent() {
     // A connect, a delivery round, an accept, deliveries, an RTU and a disconnect.
