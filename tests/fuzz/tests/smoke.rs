@@ -238,6 +238,13 @@ fn host_call_seeds() -> Vec<Vec<u8>> {
 #[test]
 fn host_calls() {
     let seeds = host_call_seeds();
+    // FERROCE_FUZZ_SEEDS=DIR writes them out, to start a corpus for `scripts/fuzz.sh run
+    // host_calls` (JSON by hand is tedious).
+    if let Ok(dir) = std::env::var("FERROCE_FUZZ_SEEDS") {
+        for (i, s) in seeds.iter().enumerate() {
+            std::fs::write(Path::new(&dir).join(format!("seed-{i}")), s).unwrap();
+        }
+    }
     let n = seeds.len();
     let ok = smoke(
         "host_calls",
