@@ -331,12 +331,19 @@ struct Slot {
     mr: Option<MemoryRegion>,
 }
 
+/// How many freed indices wait before the oldest is reused ([`MrTable`]).
+pub const MR_QUARANTINE: usize = 1024;
+
 /// Memory regions by key. The upper 24 bits of a key index the table; the low 8 bits change on
 /// every registration of that index (the rxe/mlx5 key layout; rxe draws the byte at random,
 /// mlx5 from a per-device counter, ferroce counts per index so a key comes back only after
 /// 256 registrations of its index). Indices are handed out least recently freed first (a FIFO
-/// of free indices, after every index was used once), so a freed index waits behind every
-/// other free one before it is reused.
+/// of free indices), and a freed index is reused only once [`MR_QUARANTINE`] others have been
+/// freed after it: a key comes back after at least 256 x 1024 deregistrations, while the table
+/// holds no more slots than its peak of live regions plus the quarantine (rxe's sparse pool
+/// holds what is live; a table that used every index once before reusing one grew, one slot
+/// per registration, to its maximum - 1 MiB per RNIC - which the real soak saw as memory
+/// creeping up).
 ///
 /// Keys alone are not identities: a key can come back. Every registration also gets a
 /// registration number that is never reused, and anything that refers to a region beyond one
@@ -382,15 +389,15 @@ impl MrTable {
             return None;
         }
         // Index 0 is never used, so that key 0 is always invalid. Indices run 1..=max (at
-        // most 2^24 - 1: the index is the key's upper 24 bits). Every index is used once
-        // before a freed one is taken again.
+        // most 2^24 - 1: the index is the key's upper 24 bits). A freed index is taken again
+        // once the quarantine is full; otherwise a new one, while there are new ones.
         let fresh = self.slots.len().max(1);
-        let idx = if fresh <= self.max && fresh < 1 << 24 {
+        let idx = if self.free.len() > MR_QUARANTINE || fresh > self.max || fresh >= 1 << 24 {
+            self.free.pop_front()?
+        } else {
             self.slots
                 .resize_with(fresh + 1, || Slot { key: 0, mr: None });
             fresh as u32
-        } else {
-            self.free.pop_front()?
         };
         let reg = self.take_reg();
         let slot = &mut self.slots[idx as usize];
@@ -661,6 +668,38 @@ mod tests {
                 .unwrap_err(),
             KeyError::BadKey,
             "no rkey without remote access"
+        );
+    }
+
+    /// Registrations that come and go keep the table at its peak of live regions plus the
+    /// quarantine, and a freed index waits for 1024 others to be freed before it is reused.
+    #[test]
+    fn the_table_grows_with_live_regions_not_with_registrations() {
+        let mut t = MrTable::new(1 << 20);
+        let mut live = std::collections::VecDeque::new();
+        let mut freed_at: std::collections::HashMap<u32, usize> = Default::default();
+        let mut frees = 0usize;
+        for _ in 0..50_000 {
+            let k = t.insert(|k| region(1, k, Access::LOCAL_WRITE)).unwrap();
+            if let Some(at) = freed_at.get(&k.index()) {
+                assert!(
+                    frees - at >= MR_QUARANTINE,
+                    "index {} reused too soon",
+                    k.index()
+                );
+            }
+            live.push_back(k);
+            if live.len() > 4 {
+                let old = live.pop_front().unwrap();
+                t.remove(old).unwrap();
+                frees += 1;
+                freed_at.insert(old.index(), frees);
+            }
+        }
+        assert!(
+            t.slots.len() <= 1 + 5 + MR_QUARANTINE + 1,
+            "{} slots for 5 live regions",
+            t.slots.len()
         );
     }
 }
