@@ -15,11 +15,11 @@ use crate::error::{Error, Result};
 use crate::sys;
 
 static EAL: OnceLock<Eal> = OnceLock::new();
-/// Serialises `rte_eal_init` attempts and records that one was made (even a failed one: DPDK
-/// does not allow a retry after a failed init either).
 /// The addresses of the argument strings and pointer array handed to `rte_eal_init` (leaked
 /// on purpose: EAL may keep pointers into them).
-static EAL_ARGV: Mutex<Option<(usize, usize)>> = Mutex::new(None);
+static EAL_ARGV: OnceLock<(usize, usize)> = OnceLock::new();
+/// Serialises `rte_eal_init` attempts and records that one was made (even a failed one: DPDK
+/// does not allow a retry after a failed init either).
 static INIT_ATTEMPTED: Mutex<bool> = Mutex::new(false);
 /// Serialises DPDK control-path calls (device probe/remove, port configure/start/stop/close,
 /// mempool and ring creation). DPDK documents these as not thread-safe against each other,
@@ -196,8 +196,7 @@ impl EalBuilder {
         let ptrs: &'static mut [*mut c_char] = Vec::leak(ptrs);
         // Reachable from a static for the rest of the process, so that leak checkers
         // (LeakSanitizer under the fuzz targets) do not report them.
-        *EAL_ARGV.lock().unwrap_or_else(|e| e.into_inner()) =
-            Some((cstrings.as_ptr() as usize, ptrs.as_ptr() as usize));
+        let _ = EAL_ARGV.set((cstrings.as_ptr() as usize, ptrs.as_ptr() as usize));
         let argc = argv.len() as c_int;
         // SAFETY: argc/argv describe valid NUL-terminated strings that live forever; this is
         // the only rte_eal_init call in the process (guarded by INIT_ATTEMPTED).

@@ -210,47 +210,62 @@ impl World {
         w
     }
 
+    /// Brings `qpn`, a QP in RESET of transport `t` (0 RC, 1 UC, 2 UD), to RTS: RC/UC towards
+    /// the peer's QP of that transport, UD with the peer's Q_Key.
+    fn bring_up(&mut self, qpn: Qpn, t: usize) {
+        let ud = t == 2;
+        let init = QpAttr {
+            state: Some(QpState::Init),
+            pkey_index: Some(0),
+            port: Some(1),
+            qkey: ud.then_some(Qkey(QKEY)),
+            access: (!ud).then_some(Access::ALL),
+            ..Default::default()
+        };
+        self.ctx.modify_qp(qpn, &init).expect("INIT");
+        let rtr = QpAttr {
+            state: Some(QpState::Rtr),
+            av: (!ud).then(|| AddressVector::new(self.peer_gid, 1)),
+            path_mtu: (!ud).then_some(Mtu::M1024),
+            dest_qp: (!ud).then(|| Qpn::new(PEER_QPN[t])),
+            rq_psn: (!ud).then(|| Psn::new(PEER_PSN)),
+            max_dest_rd_atomic: (t == 0).then_some(4),
+            min_rnr_timer: (t == 0).then_some(1),
+            ..Default::default()
+        };
+        self.ctx.modify_qp(qpn, &rtr).expect("RTR");
+        let rts = QpAttr {
+            state: Some(QpState::Rts),
+            sq_psn: Some(Psn::new(OUR_PSN)),
+            // Finite retries (7 RNR retries would be for ever): every WR ends.
+            timeout: (t == 0).then_some(10),
+            retry_cnt: (t == 0).then_some(2),
+            rnr_retry: (t == 0).then_some(2),
+            max_rd_atomic: (t == 0).then_some(4),
+            ..Default::default()
+        };
+        self.ctx.modify_qp(qpn, &rts).expect("RTS");
+    }
+
+    /// Where UD SENDs to the peer go.
+    fn peer_ud(&self) -> UdDest {
+        UdDest {
+            ah: AddressVector::new(self.peer_gid, 0),
+            remote_qpn: Qpn::new(PEER_QPN[2]),
+            remote_qkey: Qkey(QKEY),
+        }
+    }
+
     /// Brings every QP back up from RESET (RC/UC towards the peer's QPs, UD with its Q_Key)
     /// with four receives each, the completions of the previous input drained.
     fn reset(&mut self) {
-        for (t, &qpn) in self.qps.iter().enumerate() {
+        for (t, qpn) in self.qps.into_iter().enumerate() {
             let reset = QpAttr {
                 state: Some(QpState::Reset),
                 ..Default::default()
             };
             let _ = self.ctx.modify_qp(qpn, &reset);
-            let ud = t == 2;
-            let init = QpAttr {
-                state: Some(QpState::Init),
-                pkey_index: Some(0),
-                port: Some(1),
-                qkey: ud.then_some(Qkey(QKEY)),
-                access: (!ud).then_some(Access::ALL),
-                ..Default::default()
-            };
-            self.ctx.modify_qp(qpn, &init).expect("INIT");
-            let rtr = QpAttr {
-                state: Some(QpState::Rtr),
-                av: (!ud).then(|| AddressVector::new(self.peer_gid, 1)),
-                path_mtu: (!ud).then_some(Mtu::M1024),
-                dest_qp: (!ud).then(|| Qpn::new(PEER_QPN[t])),
-                rq_psn: (!ud).then(|| Psn::new(PEER_PSN)),
-                max_dest_rd_atomic: (t == 0).then_some(4),
-                min_rnr_timer: (t == 0).then_some(1),
-                ..Default::default()
-            };
-            self.ctx.modify_qp(qpn, &rtr).expect("RTR");
-            let rts = QpAttr {
-                state: Some(QpState::Rts),
-                sq_psn: Some(Psn::new(OUR_PSN)),
-                // Finite retries (7 RNR retries would be for ever): every WR ends.
-                timeout: (t == 0).then_some(10),
-                retry_cnt: (t == 0).then_some(2),
-                rnr_retry: (t == 0).then_some(2),
-                max_rd_atomic: (t == 0).then_some(4),
-                ..Default::default()
-            };
-            self.ctx.modify_qp(qpn, &rts).expect("RTS");
+            self.bring_up(qpn, t);
             for i in 0..4u64 {
                 let wr = RecvWr {
                     wr_id: 0,
@@ -446,11 +461,7 @@ impl World {
         };
         let off = (inp.u16() as u64 % PAGE as u64) & !7;
         let len = len.min((PAGE as u64 - off) as u32);
-        let ud = (t == 2).then(|| UdDest {
-            ah: AddressVector::new(self.peer_gid, 0),
-            remote_qpn: Qpn::new(PEER_QPN[2]),
-            remote_qkey: Qkey(QKEY),
-        });
+        let ud = (t == 2).then(|| self.peer_ud());
         let wr = SendWr {
             wr_id: 1,
             op,
@@ -647,54 +658,18 @@ pub fn templates_follow_qps() {
         let pd = w.pd;
         let before = w.nic.lock().unwrap().cached_templates();
         for _ in 0..50 {
-            let qpn = w
-                .ctx
-                .create_qp(&QpInit {
-                    pd,
-                    qp_type: QpType::Ud,
-                    send_cq: w.cq,
-                    recv_cq: w.cq,
-                    srq: None,
-                    caps: QpCaps {
-                        max_send_wr: 4,
-                        max_recv_wr: 4,
-                        max_send_sge: 1,
-                        max_recv_sge: 1,
-                        max_inline_data: 0,
-                    },
-                    sq_sig_all: false,
-                })
-                .expect("qp");
-            for attr in [
-                QpAttr {
-                    state: Some(QpState::Init),
-                    pkey_index: Some(0),
-                    port: Some(1),
-                    qkey: Some(Qkey(QKEY)),
-                    ..Default::default()
-                },
-                QpAttr {
-                    state: Some(QpState::Rtr),
-                    ..Default::default()
-                },
-                QpAttr {
-                    state: Some(QpState::Rts),
-                    sq_psn: Some(Psn::new(1)),
-                    ..Default::default()
-                },
-            ] {
-                w.ctx.modify_qp(qpn, &attr).expect("modify");
-            }
+            let init = QpInit {
+                qp_type: QpType::Ud,
+                ..QpInit::rc(pd, w.cq)
+            };
+            let qpn = w.ctx.create_qp(&init).expect("qp");
+            w.bring_up(qpn, 2);
             let wr = SendWr {
                 wr_id: 7,
                 op: WrOp::Send,
                 sg_list: &[w.mr.sge(0, 16)],
                 flags: SendFlags::SIGNALED,
-                ud: Some(UdDest {
-                    ah: AddressVector::new(w.peer_gid, 0),
-                    remote_qpn: Qpn::new(PEER_QPN[2]),
-                    remote_qkey: Qkey(QKEY),
-                }),
+                ud: Some(w.peer_ud()),
             };
             w.ctx.post_send(qpn, &wr).expect("post");
             w.poll(4);
