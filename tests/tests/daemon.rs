@@ -564,10 +564,21 @@ fn a_client_scribbling_on_its_ring_while_rnicd_reads_it_harms_only_itself() {
     let name = format!("ferroce-{}-posts", std::process::id());
     let before = memfd_mappings(&name);
     let mut a2 = side(remote(&cfg.socket, "ferroce0"), QpType::Rc, 1 << 20, 64);
-    let ring = *memfd_mappings(&name)
+    let found = *memfd_mappings(&name)
         .iter()
         .find(|m| !before.contains(m))
         .expect("the scribbler's post ring mapping");
+    // A mapping of the ring's memfd of our own (through /proc/self/map_files), so that it
+    // stays mapped while the scribbler writes, whoever else unmaps theirs (rnicd unmaps its
+    // side when it closes the context).
+    let fd: OwnedFd = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(format!("/proc/self/map_files/{:x}-{:x}", found.0, found.1))
+        .expect("the ring's memfd")
+        .into();
+    let own = Area::from_fd(fd, found.1 - found.0).expect("map the ring");
+    let ring = (own.addr() as usize, own.addr() as usize + own.len());
     let mut b2 = side(remote(&cfg.socket, "ferroce1"), QpType::Rc, 1 << 20, 64);
     connect_pair(&mut a2, &mut b2, Mtu::M4096, (300, 400), QpType::Rc);
     a2.buf.write(0, &vec![0xa5; 1 << 20]);
@@ -575,6 +586,7 @@ fn a_client_scribbling_on_its_ring_while_rnicd_reads_it_harms_only_itself() {
     // indices, which the client library keeps), in bursts.
     let sc = stop.clone();
     let scribbler = std::thread::spawn(move || {
+        let _own = own;
         let mut rng = roce::sim::Rng::new(7);
         let mut writes = 0u64;
         while !sc.load(Ordering::Relaxed) {
@@ -591,8 +603,8 @@ fn a_client_scribbling_on_its_ring_while_rnicd_reads_it_harms_only_itself() {
                 } else {
                     ring.0 + 128 + rng.below(cells * 64) as usize
                 };
-                // SAFETY: a byte inside a live shared mapping of this process (the ring the
-                // client keeps mapped until it is dropped, after this thread ends); the race
+                // SAFETY: a byte inside `own`, this thread's mapping of the ring, alive until
+                // the thread ends (it owns it); the race
                 // with the client and the worker is the point, and both treat the ring's
                 // bytes as untrusted.
                 unsafe { std::ptr::write_volatile(at as *mut u8, rng.next_u64() as u8) };
