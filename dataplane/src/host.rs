@@ -21,7 +21,8 @@ use ferroce_host::abi::ring::{ring, Consumer, Producer};
 pub use ferroce_host::abi::slots::PostError;
 use ferroce_host::abi::slots::{next_post, CqeSlot, EventSlot, PostBuf, PostCell};
 use ferroce_host::abi::{
-    ClientLimits, CmEventData, HostCounters, HostLimits, EVENT_RING, POST_RING, QP_INDEX_BYTES,
+    ClientLimits, CmEventData, HostCounters, HostLimits, CONTEXT_FATAL, EVENT_RING, POST_RING,
+    QP_INDEX_BYTES,
 };
 use ferroce_host::app::ClientRings;
 use roce::engine::{CqId, SrqId, VerbsError, VerbsResult};
@@ -588,6 +589,13 @@ impl HostEnd {
 
     /// Queues an asynchronous event for the application; counted if its ring is full.
     pub fn deliver_event(&mut self, ev: &AsyncEvent) -> bool {
+        if *ev == AsyncEvent::DeviceFatal {
+            // Also where the application's post path looks (the event may wait unread, or
+            // be dropped from a full ring).
+            if let Ok(a) = self.index.atomic_u64(self.limits.state_off()) {
+                a.store(CONTEXT_FATAL, Ordering::Release);
+            }
+        }
         if self.events.push(&EventSlot::encode(ev)) {
             true
         } else {

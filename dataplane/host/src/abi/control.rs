@@ -16,6 +16,9 @@ pub const EVENT_RING: usize = 1024;
 pub const QP_INDEX_BYTES: usize = 16;
 /// Per-SRQ published index: receive WQEs handed out.
 pub const SRQ_INDEX_BYTES: usize = 8;
+/// The value of the index area's state word once the context is device-fatal
+/// ([`HostLimits::state_off`]).
+pub const CONTEXT_FATAL: u64 = 1;
 
 /// The sizes a host interface needs from its device: its per-object tables are indexed by
 /// QP slot, CQ id and SRQ id.
@@ -48,8 +51,18 @@ impl HostLimits {
         }
     }
 
-    /// Bytes of the index area.
+    /// Bytes of the index area: the QPs' positions, the SRQs' positions, then the context's
+    /// state word.
     pub fn index_bytes(&self) -> usize {
+        self.state_off() + 8
+    }
+
+    /// Offset in the index area of the context's state word, which the worker sets to
+    /// [`CONTEXT_FATAL`] when it declares the context device-fatal (closed for breaking the
+    /// protocol, or the RNIC stopped), so the application's posts fail at once with
+    /// `DeviceFatal` instead of finding their queues full forever. Only the application
+    /// reads it; the worker never does.
+    pub fn state_off(&self) -> usize {
         self.max_qp as usize * QP_INDEX_BYTES + self.max_srq as usize * SRQ_INDEX_BYTES
     }
 

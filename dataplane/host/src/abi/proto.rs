@@ -22,7 +22,7 @@ use crate::abi::{ClientLimits, Command, HostLimits, ReplyData};
 
 /// The protocol version this build speaks (the hello carries it; a mismatch is refused with
 /// EPROTONOSUPPORT).
-pub const VERSION: u32 = 2;
+pub const VERSION: u32 = 3;
 /// Largest message, bytes.
 pub const MAX_MESSAGE: usize = 64 * 1024;
 /// Most file descriptors one message carries.

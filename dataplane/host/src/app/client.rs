@@ -22,8 +22,8 @@ use crate::abi::area::Area;
 use crate::abi::ring::{ring, Consumer, Producer};
 use crate::abi::slots::{post_kind, CqeSlot, EventSlot, PostCell, PostCells, MAX_HOST_SGE};
 use crate::abi::{
-    counter_names, Command, HostLimits, PortAttrData, ReplyData, Translation, EVENT_RING,
-    POST_RING, QP_INDEX_BYTES,
+    counter_names, Command, HostLimits, PortAttrData, ReplyData, Translation, CONTEXT_FATAL,
+    EVENT_RING, POST_RING, QP_INDEX_BYTES,
 };
 
 struct QpLocal {
@@ -179,8 +179,19 @@ impl<C: Channel> Client<C> {
         }
     }
 
+    /// This process's mapping of the context's post ring (the memory the worker reads posts
+    /// from; the worker treats every byte of it as untrusted). For tools and tests that look
+    /// at, or deliberately damage, what the client publishes; the mapping stays while the
+    /// `Arc` is held.
+    pub fn post_ring(&self) -> &Arc<Area> {
+        self.posts.area()
+    }
+
+    /// Whether the context is usable: its channel is up and the worker has not declared it
+    /// device-fatal in the index area's state word.
     fn alive(&self) -> bool {
-        self.chan.alive()
+        let state = self.index.atomic_u64(self.limits.state_off());
+        self.chan.alive() && state.map_or(true, |w| w.load(Ordering::Acquire) != CONTEXT_FATAL)
     }
 
     /// A control call (after telling the worker about buffers the application dropped).
