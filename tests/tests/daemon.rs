@@ -608,17 +608,26 @@ fn a_client_scribbling_on_its_ring_while_rnicd_reads_it_harms_only_itself() {
         while !sc.load(Ordering::Relaxed) {
             // Half the bytes where the race is: the cells just published (the worker reads
             // them) and those the client is filling (producer index at byte 64, 64-byte
-            // cells from byte 128); the other half anywhere in the cells.
+            // cells from byte 128); the other half anywhere in the cells. Within a cell (each
+            // post here is one head cell) mostly the fields that leave it a post that
+            // decodes - wr_id, remote address, rkey, immediate (bytes 8-31), the SGE's
+            // address, length and lkey (48-63) - so that WRITEs go out changed mid-read and
+            // their keys and bounds are what stops them; one byte in 64 anywhere, which
+            // (as garbage) closes the context sooner or later.
             // SAFETY: an aligned u64 inside the live mapping (see below).
             let tail = unsafe { (*((ring.0 + 64) as *const AtomicU64)).load(Ordering::Acquire) };
             let cells = ((ring.1 - ring.0 - 128) / 64) as u64;
             for i in 0..64 {
-                let at = if i % 2 == 0 {
-                    let cell = (tail + cells - 2 + rng.below(4)) % cells;
-                    ring.0 + 128 + cell as usize * 64 + rng.below(64) as usize
+                let cell = if i % 2 == 0 {
+                    (tail + cells - 2 + rng.below(4)) % cells
                 } else {
-                    ring.0 + 128 + rng.below(cells * 64) as usize
+                    rng.below(cells)
                 };
+                let byte = match rng.below(64) {
+                    0 => rng.below(64),
+                    _ => [8, 48][rng.below(2) as usize] + rng.below(16),
+                };
+                let at = ring.0 + 128 + cell as usize * 64 + byte as usize;
                 // SAFETY: a byte inside `own`, this thread's mapping of the ring, alive until
                 // the thread ends (it owns it); the race
                 // with the client and the worker is the point, and both treat the ring's
