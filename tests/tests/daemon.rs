@@ -572,8 +572,26 @@ fn a_context_closed_for_garbage_fails_its_posts_at_once() {
         wait_until(10, || a.ctx.poll_event() == Some(AsyncEvent::DeviceFatal)),
         "the context was not closed"
     );
-    // ... and its next post fails, from the index area's state word.
+    // ... and its next post fails, from the index area's state word; so do a poll of its
+    // CQ once what was flushed is taken, and a wait on it (instead of waiting forever for a
+    // worker that no longer serves it).
     assert_eq!(a.ctx.post_send(a.qpn, &wr), Err(VerbsError::DeviceFatal));
+    let mut cqe = [Completion::default(); 16];
+    let mut polled = Ok(1);
+    for _ in 0..100 {
+        polled = a.ctx.poll_cq(a.cq, &mut cqe);
+        if polled.is_err() {
+            break;
+        }
+    }
+    assert_eq!(polled, Err(VerbsError::DeviceFatal));
+    a.ctx.req_notify_cq(a.cq).ok();
+    let t = Instant::now();
+    assert_eq!(
+        a.ctx.wait_cq(a.cq, Some(Duration::from_secs(5))),
+        Err(VerbsError::DeviceFatal)
+    );
+    assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
     assert_eq!(a.ctx.poll_event(), None, "device fatal reported twice");
     drop(own);
     drop((a, b));

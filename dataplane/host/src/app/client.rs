@@ -353,7 +353,7 @@ impl<C: Channel> Client<C> {
             }
         }
         if n == 0 {
-            if !self.chan.alive() {
+            if !self.alive() {
                 return Err(VerbsError::DeviceFatal);
             }
             // The RNIC is software on the same cores: an application spinning on an empty
@@ -1038,7 +1038,7 @@ impl<C: Channel> Verbs for Client<C> {
         // Wait in slices, so a device that goes away ends the wait.
         let deadline = timeout.map(|t| Instant::now() + t);
         loop {
-            if !self.chan.alive() {
+            if !self.alive() {
                 return Err(VerbsError::DeviceFatal);
             }
             let slice = match deadline {
