@@ -46,12 +46,18 @@ impl std::ops::AddAssign for FaultCounters {
     }
 }
 
+/// How long a frame held back for reordering waits for another to overtake it before it
+/// leaves on its own: reordering displaces a frame a little, it does not keep it (and a link
+/// that goes quiet would otherwise hold that frame, and its mbuf, for good).
+pub const REORDER_HOLD_NS: u64 = 100_000;
+
 /// A seeded fault injector with its delay line.
 pub struct Faults {
     cfg: FaultConfig,
     rng: Rng,
-    /// A frame held back to leave after the next one (reordering).
-    held: Option<Mbuf>,
+    /// A frame held back to leave after the next one (reordering), with the time it leaves
+    /// by on its own ([`REORDER_HOLD_NS`]).
+    held: Option<(u64, Mbuf)>,
     /// Frames waiting out `delay_us`, with the time they may leave (in order).
     delayed: VecDeque<(u64, Mbuf)>,
     /// Counters.
@@ -102,10 +108,10 @@ impl Faults {
         }
         if self.held.is_none() && self.rng.chance(self.cfg.reorder) {
             c.reordered += 1;
-            self.held = Some(m);
+            self.held = Some((now + REORDER_HOLD_NS, m));
             return;
         }
-        let held = self.held.take();
+        let held = self.held.take().map(|(_, m)| m);
         if self.cfg.delay_us > 0 {
             let at = now + self.cfg.delay_us as u64 * 1_000;
             for m in std::iter::once(m).chain(held) {
@@ -122,9 +128,25 @@ impl Faults {
         out.extend(held);
     }
 
-    /// Moves the frames whose delay is over to `out` until it holds `max`; returns how many.
+    /// Moves the frames whose delay is over to `out` until it holds `max`, and a frame held
+    /// back for reordering that no other frame overtook within [`REORDER_HOLD_NS`] (into the
+    /// delay line first, if there is one); returns how many.
     pub fn release(&mut self, now: u64, out: &mut Vec<Mbuf>, max: usize) -> usize {
         let mut n = 0;
+        if self.held.as_ref().is_some_and(|(t, _)| *t <= now) && out.len() < max {
+            if let Some((_, m)) = self.held.take() {
+                if self.cfg.delay_us == 0 {
+                    out.push(m);
+                    n += 1;
+                } else if self.delayed.len() >= MAX_DELAYED {
+                    self.counters.delay_dropped += 1;
+                } else {
+                    self.counters.delayed += 1;
+                    let at = now + self.cfg.delay_us as u64 * 1_000;
+                    self.delayed.push_back((at, m));
+                }
+            }
+        }
         while out.len() < max && self.delayed.front().is_some_and(|(t, _)| *t <= now) {
             if let Some((_, m)) = self.delayed.pop_front() {
                 out.push(m);
@@ -134,8 +156,8 @@ impl Faults {
         n
     }
 
-    /// Whether frames wait in the delay line.
+    /// Whether frames wait in the delay line or held back for reordering.
     pub fn waiting(&self) -> bool {
-        !self.delayed.is_empty()
+        !self.delayed.is_empty() || self.held.is_some()
     }
 }

@@ -294,6 +294,20 @@ impl SwitchDev {
             }
             work += 1;
         }
+        // A frame a port's fault injector held back for reordering leaves on its own once
+        // no other frame overtook it in time (`Faults::release`); while one is held the
+        // switch counts as busy.
+        for port in 0..self.ports.len() {
+            let mut out = std::mem::take(&mut self.faulted);
+            if let Some(f) = self.ports[port].faults.as_mut() {
+                f.release(now, &mut out, BURST);
+                work += usize::from(f.waiting());
+            }
+            for m in out.drain(..) {
+                self.delay(port, now + self.delay_ns, m, false);
+            }
+            self.faulted = out;
+        }
         for p in self.ports.iter_mut() {
             while p.delayed.front().is_some_and(|(t, _)| *t <= now) && p.txbuf.len() < BURST {
                 if let Some((_, m)) = p.delayed.pop_front() {

@@ -182,6 +182,55 @@ fn rc_recovers_over_a_faulty_link() {
     assert!(snaps[1].qps.duplicate_request + snaps[1].qps.out_of_sequence > 0);
 }
 
+/// A frame the fault injector holds back for reordering leaves on its own when no other
+/// frame overtakes it (`fault::REORDER_HOLD_NS`): with every frame a candidate, a WRITE and
+/// its ACK each get held on a link that then goes quiet, and yet the WRITE completes and
+/// both RNICs come back to the mbufs they held when idle (a held frame used to stay until
+/// the next one, for good on an idle link: the soak's "mbufs in use 2 at the end").
+#[test]
+fn a_frame_held_for_reordering_leaves_when_the_link_goes_quiet() {
+    let reordering = |h: u8| {
+        let mut c = test_config(h, 1024);
+        c.fault.reorder = 1.0;
+        c.fault.seed = h as u64;
+        c
+    };
+    let (rt, mut a, b) = pair_with(reordering(9), reordering(10), QpType::Rc);
+    // Every other frame is held (one at a time), so after some WRITEs, whichever way the
+    // count of frames falls, a frame is held when the link goes quiet.
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    let idle = [rt.stats(0).mbufs_in_use, rt.stats(1).mbufs_in_use];
+    for i in 0..6u32 {
+        let data = pattern(i, 3000);
+        a.buf.write(0, &data);
+        post_signaled(
+            &mut a,
+            i as u64,
+            WrOp::Write {
+                remote_addr: b.mr.addr,
+                rkey: b.mr.rkey.unwrap(),
+            },
+            0,
+            3000,
+        );
+        let c = wait_cq(&mut a, 1, 10);
+        assert_eq!(c[0].status, WcStatus::Success, "{c:?}");
+        assert_eq!(b.buf.to_vec(0, 3000), data);
+        let mut last = None;
+        let settled = ferroce_tests::wait_until(5, || {
+            let now = [rt.stats(0).mbufs_in_use, rt.stats(1).mbufs_in_use];
+            last = Some(now);
+            now == idle
+        });
+        assert!(
+            settled,
+            "WRITE {i}: mbufs in use {last:?}, {idle:?} when idle"
+        );
+    }
+    let snaps = rt.stop();
+    assert!(snaps[0].nic.fault_reordered > 0 && snaps[1].nic.fault_reordered > 0);
+}
+
 /// Two RNICs, each on a worker thread of its own (`worker.thread`), over a lossy link:
 /// WRITEs, READs and SENDs of every size complete with the right data (timers and
 /// retransmissions run on both workers), each application thread drives its own RNIC's
