@@ -146,7 +146,7 @@ pub struct RawSwitch {
     pub duplicate: Option<f64>,
     /// Probability one bit of it is flipped.
     pub corrupt: Option<f64>,
-    /// Probability it is held back behind the next one on its port.
+    /// Probability it is held back behind the next one on its port (at most 100 us).
     pub reorder: Option<f64>,
     /// Seed of those faults (default 1).
     pub seed: Option<u64>,
@@ -485,7 +485,7 @@ pub struct RawFault {
     pub duplicate: Option<f64>,
     /// Probability one byte is flipped.
     pub corrupt: Option<f64>,
-    /// Probability a frame is held back behind the next one.
+    /// Probability a frame is held back behind the next one (at most 100 us).
     pub reorder: Option<f64>,
     /// Probability an ECN-capable frame leaves with CE set, as a congested switch would
     /// mark it (drives the peer's DCQCN notification point without a switch).
@@ -542,7 +542,7 @@ pub struct FaultConfig {
     pub duplicate: f64,
     /// Corrupt one byte.
     pub corrupt: f64,
-    /// Swap with the next frame.
+    /// Swap with the next frame (or leave alone after 100 us if none comes).
     pub reorder: f64,
     /// Set CE on an ECN-capable frame.
     pub ce: f64,
