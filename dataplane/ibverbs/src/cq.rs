@@ -386,10 +386,7 @@ version!(ibv_destroy_cq, "IBVERBS_1.1");
 /// EINVAL for a size past the device's `max_cqe` or below what it holds.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_resize_cq(cq: *mut sys::ibv_cq, cqe: c_int) -> c_int {
-    if cq.is_null() || cqe < 1 {
-        return libc::EINVAL;
-    }
-    let Some(ctx) = ctx_of((*cq).context) else {
+    let Some(ctx) = owner_ctx(cq).filter(|_| cqe >= 1) else {
         return libc::EINVAL;
     };
     let q = cq as *mut Cq;
@@ -484,10 +481,7 @@ pub(crate) unsafe extern "C" fn poll_cq(
     n: c_int,
     wc: *mut sys::ibv_wc,
 ) -> c_int {
-    if cq.is_null() || n < 0 || (n > 0 && wc.is_null()) {
-        return -libc::EINVAL;
-    }
-    let Some(ctx) = ctx_of((*cq).context) else {
+    let Some(ctx) = owner_ctx(cq).filter(|_| n >= 0 && (n == 0 || !wc.is_null())) else {
         return -libc::EINVAL;
     };
     // Straight into the application's array: no intermediate buffer on a poll.

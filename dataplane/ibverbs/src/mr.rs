@@ -84,11 +84,7 @@ pub(crate) unsafe fn reg(
     iova: u64,
     access: c_int,
 ) -> *mut sys::ibv_mr {
-    if pd.is_null() || addr.is_null() || len == 0 {
-        set_errno(libc::EINVAL);
-        return std::ptr::null_mut();
-    }
-    let Some(ctx) = ctx_of((*pd).context) else {
+    let Some(ctx) = owner_ctx(pd).filter(|_| !addr.is_null() && len > 0) else {
         set_errno(libc::EINVAL);
         return std::ptr::null_mut();
     };
@@ -211,10 +207,9 @@ pub unsafe extern "C" fn ibv_rereg_mr(
             set_errno(e);
             sys::IBV_REREG_MR_ERR_INPUT
         };
-        if mr.is_null() || flags == 0 || flags as u32 & !sys::IBV_REREG_MR_FLAGS_SUPPORTED != 0 {
-            return input(libc::EINVAL);
-        }
-        let Some(ctx) = ctx_of((*mr).context) else {
+        let Some(ctx) = owner_ctx(mr)
+            .filter(|_| flags != 0 && flags as u32 & !sys::IBV_REREG_MR_FLAGS_SUPPORTED == 0)
+        else {
             return input(libc::EINVAL);
         };
         let m = &mut *(mr as *mut Mr);

@@ -42,11 +42,7 @@ pub(crate) unsafe extern "C" fn alloc_mw(
     ty: sys::ibv_mw_type,
 ) -> *mut sys::ibv_mw {
     guard(std::ptr::null_mut(), || {
-        if pd.is_null() {
-            set_errno(libc::EINVAL);
-            return std::ptr::null_mut();
-        }
-        let Some(ctx) = ctx_of((*pd).context) else {
+        let Some(ctx) = owner_ctx(pd) else {
             set_errno(libc::EINVAL);
             return std::ptr::null_mut();
         };

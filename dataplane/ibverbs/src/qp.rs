@@ -28,11 +28,7 @@ pub unsafe extern "C" fn ibv_create_qp(
     init: *mut sys::ibv_qp_init_attr,
 ) -> *mut sys::ibv_qp {
     guard(std::ptr::null_mut(), || {
-        if pd.is_null() || init.is_null() {
-            set_errno(libc::EINVAL);
-            return std::ptr::null_mut();
-        }
-        let Some(ctx) = ctx_of((*pd).context) else {
+        let Some(ctx) = owner_ctx(pd).filter(|_| !init.is_null()) else {
             set_errno(libc::EINVAL);
             return std::ptr::null_mut();
         };
@@ -157,10 +153,7 @@ pub unsafe extern "C" fn ibv_modify_qp(
     attr: *mut sys::ibv_qp_attr,
     mask: c_int,
 ) -> c_int {
-    if qp.is_null() || attr.is_null() {
-        return libc::EINVAL;
-    }
-    let Some(ctx) = ctx_of((*qp).context) else {
+    let Some(ctx) = owner_ctx(qp).filter(|_| !attr.is_null()) else {
         return libc::EINVAL;
     };
     let a = &*attr;
@@ -192,10 +185,7 @@ pub unsafe extern "C" fn ibv_query_qp(
     _mask: c_int,
     init: *mut sys::ibv_qp_init_attr,
 ) -> c_int {
-    if qp.is_null() || attr.is_null() {
-        return libc::EINVAL;
-    }
-    let Some(ctx) = ctx_of((*qp).context) else {
+    let Some(ctx) = owner_ctx(qp).filter(|_| !attr.is_null()) else {
         return libc::EINVAL;
     };
     let info = match client(ctx).query_qp((*(qp as *mut Qp)).qpn) {

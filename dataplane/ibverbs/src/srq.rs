@@ -15,11 +15,7 @@ pub unsafe extern "C" fn ibv_create_srq(
     pd: *mut sys::ibv_pd,
     init: *mut sys::ibv_srq_init_attr,
 ) -> *mut sys::ibv_srq {
-    if pd.is_null() || init.is_null() {
-        set_errno(libc::EINVAL);
-        return std::ptr::null_mut();
-    }
-    let Some(ctx) = ctx_of((*pd).context) else {
+    let Some(ctx) = owner_ctx(pd).filter(|_| !init.is_null()) else {
         set_errno(libc::EINVAL);
         return std::ptr::null_mut();
     };
@@ -65,10 +61,7 @@ pub unsafe extern "C" fn ibv_modify_srq(
     attr: *mut sys::ibv_srq_attr,
     mask: c_int,
 ) -> c_int {
-    if srq.is_null() || attr.is_null() {
-        return libc::EINVAL;
-    }
-    let Some(ctx) = ctx_of((*srq).context) else {
+    let Some(ctx) = owner_ctx(srq).filter(|_| !attr.is_null()) else {
         return libc::EINVAL;
     };
     // IBV_SRQ_MAX_WR (resize) is not supported; IBV_SRQ_LIMIT arms the limit event.
@@ -90,10 +83,7 @@ pub unsafe extern "C" fn ibv_query_srq(
     srq: *mut sys::ibv_srq,
     attr: *mut sys::ibv_srq_attr,
 ) -> c_int {
-    if srq.is_null() || attr.is_null() {
-        return libc::EINVAL;
-    }
-    let Some(ctx) = ctx_of((*srq).context) else {
+    let Some(ctx) = owner_ctx(srq).filter(|_| !attr.is_null()) else {
         return libc::EINVAL;
     };
     match client(ctx).query_srq((*(srq as *mut Srq)).id) {
