@@ -113,19 +113,25 @@ impl Faults {
         }
         let held = self.held.take().map(|(_, m)| m);
         if self.cfg.delay_us > 0 {
-            let at = now + self.cfg.delay_us as u64 * 1_000;
             for m in std::iter::once(m).chain(held) {
-                if self.delayed.len() >= MAX_DELAYED {
-                    c.delay_dropped += 1;
-                } else {
-                    c.delayed += 1;
-                    self.delayed.push_back((at, m));
-                }
+                self.enter_delay_line(now, m);
             }
             return;
         }
         out.push(m);
         out.extend(held);
+    }
+
+    /// Puts `m`, leaving at `now`, in the delay line for `delay_us` (dropped and counted if
+    /// the line is full).
+    fn enter_delay_line(&mut self, now: u64, m: Mbuf) {
+        if self.delayed.len() >= MAX_DELAYED {
+            self.counters.delay_dropped += 1;
+        } else {
+            self.counters.delayed += 1;
+            let at = now + self.cfg.delay_us as u64 * 1_000;
+            self.delayed.push_back((at, m));
+        }
     }
 
     /// Moves the frames whose delay is over to `out` until it holds `max`, and a frame held
@@ -138,12 +144,8 @@ impl Faults {
                 if self.cfg.delay_us == 0 {
                     out.push(m);
                     n += 1;
-                } else if self.delayed.len() >= MAX_DELAYED {
-                    self.counters.delay_dropped += 1;
                 } else {
-                    self.counters.delayed += 1;
-                    let at = now + self.cfg.delay_us as u64 * 1_000;
-                    self.delayed.push_back((at, m));
+                    self.enter_delay_line(now, m);
                 }
             }
         }

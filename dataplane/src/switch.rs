@@ -298,11 +298,12 @@ impl SwitchDev {
         // no other frame overtook it in time (`Faults::release`); while one is held the
         // switch counts as busy.
         for port in 0..self.ports.len() {
+            let Some(f) = self.ports[port].faults.as_mut() else {
+                continue;
+            };
             let mut out = std::mem::take(&mut self.faulted);
-            if let Some(f) = self.ports[port].faults.as_mut() {
-                f.release(now, &mut out, BURST);
-                work += usize::from(f.waiting());
-            }
+            f.release(now, &mut out, BURST);
+            work += usize::from(f.waiting());
             for m in out.drain(..) {
                 self.delay(port, now + self.delay_ns, m, false);
             }

@@ -62,9 +62,8 @@ impl Icrc {
     pub fn update(&mut self, data: &[u8]) {
         #[cfg(target_arch = "x86_64")]
         if data.len() >= SUM_MIN && fold512::available() {
-            let crc = self.hasher.clone().finalize();
             // SAFETY: the CPU has the features (checked above).
-            self.hasher = hasher(unsafe { fold512::sum(crc, data) });
+            self.continue_with(|crc| unsafe { fold512::sum(crc, data) });
             return;
         }
         self.hasher.update(data);
@@ -91,6 +90,14 @@ impl Icrc {
         self.hasher.finalize()
     }
 
+    /// Continues the computation with `fold`, which takes the CRC so far (finalised, as
+    /// crc32fast hands it out) and returns it with more bytes folded in.
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    fn continue_with(&mut self, fold: impl FnOnce(u32) -> u32) {
+        self.hasher = hasher(fold(self.hasher.clone().finalize()));
+    }
+
     /// Copies `src` into `dst` (same length) and feeds the bytes, as `dst.copy_from_slice(src)`
     /// then [`Icrc::update`] would. From [`FUSED_MIN`] bytes on, on a CPU with AVX-512 and
     /// VPCLMULQDQ, both are done in one pass: each block is loaded once, stored to `dst` and
@@ -113,10 +120,8 @@ impl Icrc {
     pub unsafe fn copy_from_raw(&mut self, dst: &mut [u8], src: *const u8) {
         #[cfg(target_arch = "x86_64")]
         if dst.len() >= FUSED_MIN && fold512::available() {
-            let crc = self.hasher.clone().finalize();
             // SAFETY: the CPU has the features (checked above); the caller vouches for `src`.
-            let crc = unsafe { fold512::copy_and_sum(crc, dst, src) };
-            self.hasher = hasher(crc);
+            self.continue_with(|crc| unsafe { fold512::copy_and_sum(crc, dst, src) });
             return;
         }
         // SAFETY: the caller vouches for `src`; `dst` is a slice of that length.

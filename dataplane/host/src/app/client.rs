@@ -125,8 +125,9 @@ struct Shadow {
     mrs: u32,
 }
 
-/// How many WQEs the worker published as retired at `off` of the index area.
-fn retired(index: &Area, off: usize) -> u64 {
+/// The word the worker published at `off` of the index area (WQEs retired, or the
+/// context's state); 0 past its end.
+fn published(index: &Area, off: usize) -> u64 {
     index
         .atomic_u64(off)
         .map(|a| a.load(Ordering::Acquire))
@@ -190,8 +191,7 @@ impl<C: Channel> Client<C> {
     /// Whether the context is usable: its channel is up and the worker has not declared it
     /// device-fatal in the index area's state word.
     fn alive(&self) -> bool {
-        let state = self.index.atomic_u64(self.limits.state_off());
-        self.chan.alive() && state.map_or(true, |w| w.load(Ordering::Acquire) != CONTEXT_FATAL)
+        self.chan.alive() && published(&self.index, self.limits.state_off()) != CONTEXT_FATAL
     }
 
     /// A control call (after telling the worker about buffers the application dropped).
@@ -538,7 +538,7 @@ impl<C: Channel> Client<C> {
             return Err(VerbsError::InvalidState(q.state));
         }
         let (caps, qp_type, sq_posted) = (q.caps, q.qp_type, q.sq_posted);
-        let sq_retired = retired(&self.index, slot * QP_INDEX_BYTES);
+        let sq_retired = published(&self.index, slot * QP_INDEX_BYTES);
         if sq_posted.wrapping_sub(sq_retired) >= caps.max_send_wr as u64 {
             return Err(VerbsError::QueueFull);
         }
@@ -900,7 +900,7 @@ impl<C: Channel> Verbs for Client<C> {
         let slot = qp_slot(qpn, self.limits.max_qp).unwrap_or(usize::MAX);
         let q = self.qp_mut(qpn)?;
         let (cap, posted) = (q.caps.max_send_wr as u64, q.sq_posted);
-        let used = posted.wrapping_sub(retired(&self.index, slot * QP_INDEX_BYTES));
+        let used = posted.wrapping_sub(published(&self.index, slot * QP_INDEX_BYTES));
         Ok(cap.saturating_sub(used) as u32)
     }
 
@@ -920,7 +920,7 @@ impl<C: Channel> Verbs for Client<C> {
         if q.state == QpState::Reset {
             return Err(VerbsError::InvalidState(q.state));
         }
-        let rq_retired = retired(&index, slot * QP_INDEX_BYTES + 8);
+        let rq_retired = published(&index, slot * QP_INDEX_BYTES + 8);
         if q.rq_posted.wrapping_sub(rq_retired) >= q.caps.max_recv_wr as u64 {
             return Err(VerbsError::QueueFull);
         }
@@ -989,7 +989,7 @@ impl<C: Channel> Verbs for Client<C> {
         }
         // Full when every WQE posted is still waiting to be handed out (IBA: post to a full
         // SRQ fails; ibv_post_srq_recv returns ENOMEM).
-        if s.posted.wrapping_sub(retired(&index, off)) >= s.max_wr as u64 {
+        if s.posted.wrapping_sub(published(&index, off)) >= s.max_wr as u64 {
             return Err(VerbsError::QueueFull);
         }
         let p = PostCells::recv(post_kind::SRQ_RECV, srq.0, wr.wr_id, wr.sg_list)
