@@ -462,6 +462,42 @@ const fn build_table() -> [Option<OpcodeInfo>; 256] {
 
 static TABLE: [Option<OpcodeInfo>; 256] = build_table();
 
+/// Operations, for sizing the reverse index.
+const N_OPERATIONS: usize = Operation::Cnp as usize + 1;
+/// Entries of the reverse index: transport x operation x the four position/header bits.
+const N_FIND: usize = (Transport::Cnp as usize + 1) * N_OPERATIONS * 16;
+
+/// Where [`Opcode::find`] looks up a combination.
+const fn find_key(
+    transport: Transport,
+    op: Operation,
+    first: bool,
+    last: bool,
+    imm: bool,
+    inv: bool,
+) -> usize {
+    ((transport as usize * N_OPERATIONS + op as usize) << 4)
+        | (first as usize) << 3
+        | (last as usize) << 2
+        | (imm as usize) << 1
+        | inv as usize
+}
+
+/// The table turned around: opcode by transport, operation, position and headers.
+const fn build_find() -> [Option<Opcode>; N_FIND] {
+    let mut t = [None; N_FIND];
+    let mut i = 0;
+    while i < OPCODES.len() {
+        let o = &OPCODES[i];
+        t[find_key(o.transport, o.op, o.first, o.last, o.has_imm, o.has_inv)] =
+            Some(Opcode(o.opcode));
+        i += 1;
+    }
+    t
+}
+
+static FIND: [Option<Opcode>; N_FIND] = build_find();
+
 impl Opcode {
     /// RC ACKNOWLEDGE.
     pub const RC_ACK: Opcode = Opcode(0x11);
@@ -510,17 +546,8 @@ impl Opcode {
         imm: bool,
         inv: bool,
     ) -> Option<Opcode> {
-        OPCODES
-            .iter()
-            .find(|i| {
-                i.transport == transport
-                    && i.op == op
-                    && i.first == first
-                    && i.last == last
-                    && i.has_imm == imm
-                    && i.has_inv == inv
-            })
-            .map(|i| Opcode(i.opcode))
+        // An indexed table, not a search: the requester asks for every packet it builds.
+        FIND[find_key(transport, op, first, last, imm, inv)]
     }
 }
 
@@ -579,6 +606,40 @@ mod tests {
             Opcode::find(Transport::Uc, Operation::Send, true, true, true, false),
             Some(Opcode(0x25))
         );
+        // The reverse index answers as a search of the table would, for every combination.
+        let transports = [T::Rc, T::Uc, T::Rd, T::Ud, T::Cnp];
+        let ops = [
+            O::Send,
+            O::Write,
+            O::ReadRequest,
+            O::ReadResponse,
+            O::Acknowledge,
+            O::AtomicAcknowledge,
+            O::CompareSwap,
+            O::FetchAdd,
+            O::Flush,
+            O::AtomicWrite,
+            O::Cnp,
+        ];
+        assert_eq!(ops.len(), N_OPERATIONS);
+        let mut found = 0;
+        for t in transports {
+            for op in ops {
+                for bits in 0..16u8 {
+                    let [first, last, imm, inv] = [8, 4, 2, 1].map(|b| bits & b != 0);
+                    let searched = OPCODES
+                        .iter()
+                        .find(|i| {
+                            (i.transport, i.op, i.first, i.last, i.has_imm, i.has_inv)
+                                == (t, op, first, last, imm, inv)
+                        })
+                        .map(|i| Opcode(i.opcode));
+                    assert_eq!(Opcode::find(t, op, first, last, imm, inv), searched);
+                    found += searched.is_some() as usize;
+                }
+            }
+        }
+        assert_eq!(found, OPCODES.len(), "every opcode has its own combination");
         assert_eq!(
             format!("{:?}", Opcode(0x65)),
             "UD_SEND_ONLY_WITH_IMMEDIATE(0x65)"
