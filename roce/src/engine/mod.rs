@@ -796,14 +796,18 @@ fn access_is_valid(access: Access) -> bool {
 }
 
 /// A request or response packet as the roles see it.
+///
+/// It borrows the parsed headers rather than copying them: a packet is handed to the roles
+/// once per frame, and the extended headers alone are some 150 bytes.
 pub(crate) struct Pkt<'a> {
-    pub bth: BthRepr,
-    pub ext: ExtHeaders,
+    pub bth: &'a BthRepr,
+    pub ext: &'a ExtHeaders,
     pub info: &'static OpcodeInfo,
     pub segs: &'a [&'a [u8]],
     pub payload_off: usize,
     pub payload_len: usize,
-    l3: [u8; 60],
+    /// Where the IP header lies in the segments, and its length.
+    l3_off: usize,
     l3_len: usize,
 }
 
@@ -817,9 +821,16 @@ impl<'a> Pkt<'a> {
         )
     }
 
-    /// The IP header bytes (for the UD GRH).
-    pub fn l3_header(&self) -> &[u8] {
-        &self.l3[..self.l3_len]
+    /// Copies the IP header into `out` (for the UD GRH; only a UD receive needs it, so it is
+    /// gathered then and not for every packet); returns its length.
+    pub fn l3_header(&self, out: &mut [u8; 60]) -> usize {
+        let mut n = 0;
+        for piece in SegmentRange::new(self.segs, self.l3_off, self.l3_off + self.l3_len) {
+            let take = piece.len().min(out.len() - n);
+            out[n..n + take].copy_from_slice(&piece[..take]);
+            n += take;
+        }
+        n
     }
 
     /// Writes the payload to `mem` at `offset`, in ascending order.
@@ -2125,22 +2136,15 @@ impl Device {
                 return;
             }
         }
-        let mut l3 = [0u8; 60];
-        let l3_len = p.repr.ip.header_len();
-        let mut n = 0;
-        for piece in SegmentRange::new(segs, p.l3_offset, p.l3_offset + l3_len) {
-            l3[n..n + piece.len()].copy_from_slice(piece);
-            n += piece.len();
-        }
         let pkt = Pkt {
-            bth: t.bth,
-            ext: t.ext,
+            bth: &t.bth,
+            ext: &t.ext,
             info,
             segs,
             payload_off: p.payload_offset,
             payload_len: p.payload_len,
-            l3,
-            l3_len: n,
+            l3_off: p.l3_offset,
+            l3_len: p.repr.ip.header_len(),
         };
         if p.repr.ip.ecn() == Ecn::Ce {
             qp.on_ce(&self.sh, now);

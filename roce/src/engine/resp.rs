@@ -782,7 +782,9 @@ impl Qp {
         }
         // The 40-byte GRH area: the IPv6 header, or 20 zero bytes and the IPv4 header (rxe).
         let mut grh = [0u8; 40];
-        let l3 = pkt.l3_header();
+        let mut l3 = [0u8; 60];
+        let l3_len = pkt.l3_header(&mut l3);
+        let l3 = &l3[..l3_len];
         if l3.len() == 40 {
             grh.copy_from_slice(l3);
         } else {
