@@ -7,7 +7,7 @@
 
 use super::qp::Qp;
 use super::queues::WqeState;
-use super::transmit::{Path, Transmit};
+use super::transmit::{Path, Payload, Transmit};
 use super::Shared;
 use crate::memory::KeyError;
 use crate::types::Psn;
@@ -191,7 +191,10 @@ impl Qp {
         } else {
             self.connected_path(sh)
         };
-        let mut t = TransportRepr::new(BthRepr::new(Opcode(0), dest_qp, psn));
+        // Built where it is sent from: the transport headers are some 180 bytes, and a copy
+        // built aside and moved in showed per packet.
+        tx.transport = TransportRepr::new(BthRepr::new(Opcode(0), dest_qp, psn));
+        let t = &mut tx.transport;
         let last;
         match w.op {
             WrOp::Read { remote_addr, rkey } => {
@@ -308,7 +311,7 @@ impl Qp {
                         resv: 0,
                     });
                 }
-                if let Err(status) = self.gather(sh, idx, off, n, tx) {
+                if let Err(status) = self.gather(sh, idx, off, n, &mut tx.payload) {
                     self.sq.get_mut(idx).state = WqeState::Done(status);
                     self.req.next = idx + 1;
                     self.send_queue_error(sh);
@@ -351,7 +354,6 @@ impl Qp {
                 self.req.noack_pkts = 0;
             }
         }
-        tx.transport = t;
         self.counters.sent_pkts += 1;
         // A packet below the high-water mark was sent before: go-back-N resends it.
         if psn.before(self.req.psn_hw) {
@@ -402,15 +404,14 @@ impl Qp {
         idx: u64,
         off: u32,
         n: u32,
-        tx: &mut Transmit,
+        payload: &mut Payload,
     ) -> Result<(), WcStatus> {
         if n == 0 {
             return Ok(());
         }
         let inline = self.sq.inline(idx);
         if !inline.is_empty() {
-            tx.payload
-                .set_inline(&inline[off as usize..(off + n) as usize]);
+            payload.set_inline(&inline[off as usize..(off + n) as usize]);
             return Ok(());
         }
         let mut skip = off as u64;
@@ -431,7 +432,7 @@ impl Qp {
                 .mrs
                 .check_local(sge.lkey, self.pd, sge.addr + skip, take, Access(0))
                 .map_err(|_| WcStatus::LocProtErr)?;
-            tx.payload.push_seg(super::transmit::PayloadSeg {
+            payload.push_seg(super::transmit::PayloadSeg {
                 mr: mr.as_ref(),
                 offset,
                 len: take as u32,
