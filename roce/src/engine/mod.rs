@@ -412,6 +412,46 @@ pub(crate) struct Srq {
     pub moved_noted: bool,
 }
 
+/// The bytes an inline send WR carries: `data` as given, or gathered from its SGEs now (verbs
+/// semantics: the SGEs need not stay valid after the post). Each SGE gets the checks of any
+/// local access (key, the QP's PD, bounds): an inline SGE naming another PD's MR must not
+/// copy that memory into a packet. `check_send` bounded the length by max_inline_data <=
+/// MAX_INLINE.
+fn inline_bytes(
+    mrs: &MrTable,
+    pd: PdId,
+    wr: &SendWr<'_>,
+    data: Option<&[u8]>,
+) -> VerbsResult<([u8; MAX_INLINE], usize)> {
+    let mut buf = [0u8; MAX_INLINE];
+    let mut len = 0;
+    if let Some(d) = data {
+        buf[..d.len()].copy_from_slice(d);
+        len = d.len();
+    }
+    for sge in wr.sg_list {
+        let (mr, off) = mrs
+            .check_local(sge.lkey, pd, sge.addr, sge.length as u64, Access(0))
+            .map_err(|e| {
+                VerbsError::InvalidArgument(format!(
+                    "inline SGE (lkey {:#x}): {}",
+                    sge.lkey.0,
+                    match e {
+                        KeyError::BadKey => "no such MR",
+                        KeyError::WrongPd => "MR of another protection domain",
+                        KeyError::Access => "access not granted",
+                        KeyError::Bounds => "outside its MR",
+                    }
+                ))
+            })?;
+        mr.mem
+            .read(off, &mut buf[len..len + sge.length as usize])
+            .map_err(|_| VerbsError::InvalidArgument("inline SGE unreadable".into()))?;
+        len += sge.length as usize;
+    }
+    Ok((buf, len))
+}
+
 /// The checks of a send work request that need only the QP's type and capabilities (not its
 /// state or queue): SGE count, operation allowed on the QP type, address handle for UD,
 /// message length (2^31, the port MTU for UD, 8 bytes for an ATOMIC), inline length. One
@@ -1836,44 +1876,13 @@ impl Device {
             wr,
             inline_data.map(|d| d.len()),
         )?;
-        let mut inline_buf = [0u8; MAX_INLINE];
-        let mut inline_len = 0;
         let inline = wr.flags.contains(SendFlags::INLINE) && !wr.op.is_read_or_atomic();
-        if inline {
-            // (check_send bounded the length by max_inline_data <= MAX_INLINE.)
-            if let Some(d) = inline_data {
-                inline_buf[..d.len()].copy_from_slice(d);
-                inline_len = d.len();
-            }
-            // Inline data is copied now; the SGEs need not stay valid (verbs semantics).
-            // The same check as any local access (key, the QP's PD, bounds): an inline SGE
-            // naming another PD's MR must not copy that memory into a packet.
-            for sge in wr.sg_list {
-                let (mr, off) = self
-                    .sh
-                    .mrs
-                    .check_local(sge.lkey, qp.pd, sge.addr, sge.length as u64, Access(0))
-                    .map_err(|e| {
-                        VerbsError::InvalidArgument(format!(
-                            "inline SGE (lkey {:#x}): {}",
-                            sge.lkey.0,
-                            match e {
-                                KeyError::BadKey => "no such MR",
-                                KeyError::WrongPd => "MR of another protection domain",
-                                KeyError::Access => "access not granted",
-                                KeyError::Bounds => "outside its MR",
-                            }
-                        ))
-                    })?;
-                mr.mem
-                    .read(
-                        off,
-                        &mut inline_buf[inline_len..inline_len + sge.length as usize],
-                    )
-                    .map_err(|_| VerbsError::InvalidArgument("inline SGE unreadable".into()))?;
-                inline_len += sge.length as usize;
-            }
-        }
+        // Only an inline WR has bytes to hold: a WR with SGEs does not zero a buffer for them.
+        let inline_copy = if inline {
+            Some(inline_bytes(&self.sh.mrs, qp.pd, wr, inline_data)?)
+        } else {
+            None
+        };
         let mut wqe = SendWqe::EMPTY;
         wqe.wr_id = wr.wr_id;
         wqe.op = wr.op;
@@ -1885,9 +1894,11 @@ impl Device {
             qp.req.ssn = qp.req.ssn.wrapping_add(1) & crate::types::MASK24;
             wqe.ssn = qp.req.ssn;
         }
-        let sges: &[Sge] = if inline { &[] } else { wr.sg_list };
-        let idx = qp.sq.push(wqe, sges, &inline_buf[..inline_len]);
-        if inline && inline_len == 0 {
+        let idx = match &inline_copy {
+            Some((bytes, n)) => qp.sq.push(wqe, &[], &bytes[..*n]),
+            None => qp.sq.push(wqe, wr.sg_list, &[]),
+        };
+        if matches!(inline_copy, Some((_, 0))) {
             // A zero-length inline WR still counts as inline (no SGEs to check).
             qp.sq.get_mut(idx).flags = wr.flags;
         }
