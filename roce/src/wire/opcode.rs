@@ -467,15 +467,12 @@ const N_OPERATIONS: usize = Operation::Cnp as usize + 1;
 /// Entries of the reverse index: transport x operation x the four position/header bits.
 const N_FIND: usize = (Transport::Cnp as usize + 1) * N_OPERATIONS * 16;
 
+/// What [`Opcode::find`] looks an opcode up by: transport, operation, first, last, immediate,
+/// invalidate.
+type FindKey = (Transport, Operation, bool, bool, bool, bool);
+
 /// Where [`Opcode::find`] looks up a combination.
-const fn find_key(
-    transport: Transport,
-    op: Operation,
-    first: bool,
-    last: bool,
-    imm: bool,
-    inv: bool,
-) -> usize {
+const fn find_key((transport, op, first, last, imm, inv): FindKey) -> usize {
     ((transport as usize * N_OPERATIONS + op as usize) << 4)
         | (first as usize) << 3
         | (last as usize) << 2
@@ -489,7 +486,7 @@ const fn build_find() -> [Option<Opcode>; N_FIND] {
     let mut i = 0;
     while i < OPCODES.len() {
         let o = &OPCODES[i];
-        t[find_key(o.transport, o.op, o.first, o.last, o.has_imm, o.has_inv)] =
+        t[find_key((o.transport, o.op, o.first, o.last, o.has_imm, o.has_inv))] =
             Some(Opcode(o.opcode));
         i += 1;
     }
@@ -547,7 +544,7 @@ impl Opcode {
         inv: bool,
     ) -> Option<Opcode> {
         // An indexed table, not a search: the requester asks for every packet it builds.
-        FIND[find_key(transport, op, first, last, imm, inv)]
+        FIND[find_key((transport, op, first, last, imm, inv))]
     }
 }
 
