@@ -98,7 +98,16 @@ impl Channel for LocalChannel {
     }
 
     fn progress(&mut self) -> bool {
-        self.cell.as_ref().is_some_and(|c| c.drive())
+        let worked = self.cell.as_ref().is_some_and(|c| c.drive());
+        if !worked {
+            // Nothing done: the worker was idle, or another thread is running it. Polling
+            // again at once would take its lock in turns with that thread and move the lock's
+            // cache line between the cores under it; a pause between tries keeps the in-process
+            // half round trip where it was with the pause in rnic-perf's own loop (which
+            // through rnicd, where there is no lock, only cost time).
+            std::hint::spin_loop();
+        }
+        worked
     }
 }
 
