@@ -379,6 +379,9 @@ pub struct RawWorker {
     pub idle_pause: Option<u32>,
     /// Sleep when idle, in microseconds.
     pub idle_sleep_us: Option<u32>,
+    /// The longest idle sleep, in microseconds, that a worker idle for a while grows its
+    /// sleep to (doubling from `idle_sleep_us`).
+    pub idle_sleep_max_us: Option<u32>,
     /// The worker thread that drives this RNIC (RNICs with the same number share one).
     pub thread: Option<u32>,
     /// How many worker threads share this RNIC's QPs: `thread`, `thread + 1`, ... (1 by
@@ -640,6 +643,8 @@ pub struct RnicConfig {
     pub idle_pause: u32,
     /// Idle sleep (us).
     pub idle_sleep_us: u32,
+    /// The longest idle sleep (us) a long-idle worker grows to (`worker.idle_sleep_max_us`).
+    pub idle_sleep_max_us: u32,
     /// The worker thread that drives this RNIC (`worker.thread`; RNICs with the same number
     /// share one; 0 by default: one worker for all).
     pub worker_thread: u32,
@@ -976,6 +981,9 @@ impl RawConfig {
             }
             "worker.idle_sleep_us" => {
                 self.worker.idle_sleep_us = Some(small(value, u32::MAX as u64)? as u32)
+            }
+            "worker.idle_sleep_max_us" => {
+                self.worker.idle_sleep_max_us = Some(small(value, u32::MAX as u64)? as u32)
             }
             "worker.thread" => {
                 self.worker.thread = Some(small(value, MAX_WORKER_THREAD as u64)? as u32)
@@ -1375,6 +1383,7 @@ impl RawConfig {
             idle_spin: self.worker.idle_spin.unwrap_or(256),
             idle_pause: self.worker.idle_pause.unwrap_or(4096),
             idle_sleep_us: self.worker.idle_sleep_us.unwrap_or(100),
+            idle_sleep_max_us: self.worker.idle_sleep_max_us.unwrap_or(1000),
             worker_thread,
             worker_count,
             pcap: self.capture.pcap.as_ref().map(PathBuf::from),
@@ -1996,6 +2005,7 @@ impl RnicConfig {
         line("idle_spin", self.idle_spin.to_string());
         line("idle_pause", self.idle_pause.to_string());
         line("idle_sleep_us", self.idle_sleep_us.to_string());
+        line("idle_sleep_max_us", self.idle_sleep_max_us.to_string());
         line("thread", self.worker_thread.to_string());
         line("count", self.worker_count.to_string());
         out.push_str(&std::mem::take(&mut t));

@@ -521,6 +521,27 @@ impl Nic {
         })
     }
 
+    /// When this RNIC next has timed work, for a worker about to sleep longer than its base
+    /// idle sleep ([`crate::worker::idle_sleep_us`]): the engine's timers (ACK, RNR,
+    /// pacing, the connection manager's) and the neighbour table's (retries, ageing).
+    /// `Some(now)` while anything else runs on real time - frames held for an address or for
+    /// a receive WQE, injected faults (the delay line, the receive rate), PFC (pauses
+    /// received or sent) - which keeps the base sleep; `None` with nothing timed at all.
+    pub fn sleep_deadline(&mut self, now: u64) -> Option<u64> {
+        if !self.held_rx.is_empty()
+            || !self.pending.is_empty()
+            || self.fault.is_some()
+            || self.rx.ingress.is_some()
+            || self.dev.paused() != 0
+        {
+            return Some(now);
+        }
+        match (self.dev.poll_timeout(), self.neigh.poll_timeout()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
     /// Before the worker sleeps: arms every client's post ring and adds the words to wait on
     /// to `out`; returns whether work is already waiting (posts, or received frames not yet
     /// handled), so the worker must not sleep.

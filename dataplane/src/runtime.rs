@@ -390,6 +390,7 @@ impl Runtime {
                 spin: c.idle_spin,
                 pause: c.idle_pause,
                 sleep_us: c.idle_sleep_us,
+                sleep_max_us: c.idle_sleep_max_us,
             };
             let control = crate::worker::control_queue();
             let mut worker = Worker::new(nics, backoff, control.clone(), own_stats);
