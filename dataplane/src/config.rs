@@ -382,6 +382,9 @@ pub struct RawWorker {
     /// The longest idle sleep, in microseconds, that a worker idle for a while grows its
     /// sleep to (doubling from `idle_sleep_us`).
     pub idle_sleep_max_us: Option<u32>,
+    /// Whether an in-process application thread waiting on a CQ or a reply runs the worker
+    /// itself (run-to-completion; default true).
+    pub app_drive: Option<bool>,
     /// The worker thread that drives this RNIC (RNICs with the same number share one).
     pub thread: Option<u32>,
     /// How many worker threads share this RNIC's QPs: `thread`, `thread + 1`, ... (1 by
@@ -645,6 +648,10 @@ pub struct RnicConfig {
     pub idle_sleep_us: u32,
     /// The longest idle sleep (us) a long-idle worker grows to (`worker.idle_sleep_max_us`).
     pub idle_sleep_max_us: u32,
+    /// Whether in-process application threads run the worker while they wait
+    /// (`worker.app_drive`): run-to-completion, no thread hop, the shortest round trip; off,
+    /// the worker's own thread does all the work, in parallel with the application's.
+    pub app_drive: bool,
     /// The worker thread that drives this RNIC (`worker.thread`; RNICs with the same number
     /// share one; 0 by default: one worker for all).
     pub worker_thread: u32,
@@ -985,6 +992,7 @@ impl RawConfig {
             "worker.idle_sleep_max_us" => {
                 self.worker.idle_sleep_max_us = Some(small(value, u32::MAX as u64)? as u32)
             }
+            "worker.app_drive" => self.worker.app_drive = Some(boolean(value)?),
             "worker.thread" => {
                 self.worker.thread = Some(small(value, MAX_WORKER_THREAD as u64)? as u32)
             }
@@ -1384,6 +1392,7 @@ impl RawConfig {
             idle_pause: self.worker.idle_pause.unwrap_or(4096),
             idle_sleep_us: self.worker.idle_sleep_us.unwrap_or(100),
             idle_sleep_max_us: self.worker.idle_sleep_max_us.unwrap_or(1000),
+            app_drive: self.worker.app_drive.unwrap_or(true),
             worker_thread,
             worker_count,
             pcap: self.capture.pcap.as_ref().map(PathBuf::from),
@@ -2006,6 +2015,7 @@ impl RnicConfig {
         line("idle_pause", self.idle_pause.to_string());
         line("idle_sleep_us", self.idle_sleep_us.to_string());
         line("idle_sleep_max_us", self.idle_sleep_max_us.to_string());
+        line("app_drive", self.app_drive.to_string());
         line("thread", self.worker_thread.to_string());
         line("count", self.worker_count.to_string());
         out.push_str(&std::mem::take(&mut t));

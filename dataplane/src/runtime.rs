@@ -547,7 +547,9 @@ impl Runtime {
             i,
             self.limits[index],
             self.alive.clone(),
-            Some(w.cell.clone()),
+            // Run-to-completion unless the RNIC's configuration leaves the work to the
+            // worker's own thread (`worker.app_drive`).
+            self.configs[index].app_drive.then(|| w.cell.clone()),
         )
         .map_err(|e| StartError::Other(e.to_string()))?;
         w.control.push(Control::AddHost(i, Box::new(host)));

@@ -284,6 +284,38 @@ fn rnics_on_two_workers_carry_verified_traffic() {
     );
 }
 
+/// `worker.app_drive = false`: the application threads only post and poll, and the worker's
+/// own thread does all the RNICs' work (no iteration run by an application thread); with the
+/// default the waiting application threads run it themselves. Verified traffic either way.
+#[test]
+fn the_worker_thread_does_the_work_when_applications_do_not_drive() {
+    for drive in [false, true] {
+        let cfg = |h: u8| {
+            let mut c = test_config(h, 1024);
+            c.app_drive = drive;
+            c
+        };
+        let (rt, mut a, mut b) = pair_with(cfg(9), cfg(10), QpType::Rc);
+        mixed_traffic_arrives(&mut a, &mut b, 41);
+        // A snapshot of the load published well after the traffic (about every millisecond
+        // while the worker runs): what it counts includes every iteration of the traffic.
+        let (seen, _) = rt.worker_load(0).expect("one worker");
+        let mut load = seen;
+        assert!(ferroce_tests::wait_until(5, || {
+            load = rt.worker_load(0).expect("one worker").0;
+            load.elapsed_ns > seen.elapsed_ns + 5_000_000
+        }));
+        assert!(load.busy_polls > 0);
+        if drive {
+            assert!(load.driven_polls > 0, "application threads ran the worker");
+        } else {
+            assert_eq!(load.driven_polls, 0, "no application thread ran the worker");
+        }
+        drop((a, b));
+        rt.stop();
+    }
+}
+
 /// `fault.delay_us` holds every frame an RNIC sends: an RC WRITE's completion waits for the
 /// delayed request and the peer's ACK, so it takes at least the delay; the data arrives
 /// intact; the frames are counted.
