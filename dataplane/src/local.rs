@@ -98,7 +98,11 @@ impl Channel for LocalChannel {
     }
 
     fn progress(&mut self) -> bool {
-        let worked = self.cell.as_ref().is_some_and(|c| c.drive());
+        let Some(cell) = self.cell.as_ref() else {
+            // The worker's own thread does the work (`worker.app_drive = false`).
+            return false;
+        };
+        let worked = cell.drive();
         if !worked {
             // Nothing done: the worker was idle, or another thread is running it. Polling
             // again at once would take its lock in turns with that thread and move the lock's
