@@ -26,7 +26,9 @@
 //! Then 64 KiB WRITEs over one QP and over 16,000 QPs taken in turn (every QP active), and
 //! the resident memory per QP (`E2E_ONLY=qps` runs only this). Then the loopback pair on one
 //! worker thread against one each (`E2E_ONLY=workers`), and two pairs of clients on RNICs of
-//! one worker against RNICs spread over two (`worker.count`, `E2E_ONLY=shards`). And 64 KiB, 1 MiB and 8 MiB WRITEs and
+//! one worker against RNICs spread over two (`worker.count`, `E2E_ONLY=shards`), and the
+//! in-process pair with the application threads running the worker or only its own thread
+//! (`worker.app_drive`, `E2E_ONLY=drive`). And 64 KiB, 1 MiB and 8 MiB WRITEs and
 //! READs moving the same bytes (`E2E_ONLY=large`).
 //!
 //! And the same three through rnicd's host interface across processes: this process runs
@@ -239,6 +241,11 @@ fn ferroce(verb: Verb, kind: Kind, args: &[&str]) -> Value {
 
 /// As [`ferroce`], with the two RNICs on `workers` worker threads (1 or 2).
 fn ferroce_on(workers: u32, verb: Verb, kind: Kind, args: &[&str]) -> Value {
+    ferroce_with(workers, &RnicOpts::default(), verb, kind, args)
+}
+
+/// As [`ferroce_on`], with the RNICs' configuration overridden by `opts` (`--set`).
+fn ferroce_with(workers: u32, opts: &RnicOpts, verb: Verb, kind: Kind, args: &[&str]) -> Value {
     let mut v = vec!["x"];
     v.extend_from_slice(args);
     let a = A::parse_from(v).a;
@@ -246,7 +253,7 @@ fn ferroce_on(workers: u32, verb: Verb, kind: Kind, args: &[&str]) -> Value {
     let r = driver::loopback(
         &Job::Perf(verb, kind, a),
         4096,
-        &RnicOpts::default(),
+        opts,
         &Default::default(),
         workers,
         &mut sink,
@@ -769,6 +776,53 @@ fn workers() {
     }
 }
 
+/// Who runs the worker in process (`worker.app_drive`): the waiting application threads
+/// (run-to-completion, the default) or only the worker's own thread. 64 KiB WRITE goodput,
+/// 64 B WRITE message rate and the 8 B WRITE half round trip, five runs each, alternating,
+/// medians (`E2E_ONLY=drive` runs only this).
+fn app_drive() {
+    println!("who runs the worker (worker.app_drive: application threads, or its own thread only)");
+    let own = RnicOpts {
+        set: vec!["worker.app_drive=false".into()],
+        ..Default::default()
+    };
+    for (what, kind, args, key, unit) in [
+        (
+            "64 KiB WRITE",
+            Kind::Bw,
+            &["-s", "65536", "-n", "30000", "-m", "4096"][..],
+            "bw_avg_Gbps",
+            "Gb/s",
+        ),
+        (
+            "64 B WRITE",
+            Kind::Bw,
+            &["-s", "64", "-n", "1000000"][..],
+            "msg_rate_Mpps",
+            "Mmsg/s",
+        ),
+        (
+            "8 B WRITE half round trip",
+            Kind::Lat,
+            &["-s", "8", "-n", "20000"][..],
+            "t_typical_us",
+            "us",
+        ),
+    ] {
+        let (mut apps, mut thread) = (Vec::new(), Vec::new());
+        for _ in 0..5 {
+            let run = |o: &RnicOpts| ferroce_with(1, o, Verb::Write, kind, args)[key].as_f64();
+            apps.push(run(&RnicOpts::default()).unwrap());
+            thread.push(run(&own).unwrap());
+        }
+        let (a, b) = (median(apps), median(thread));
+        println!(
+            "  {what}: applications drive {a:8.3} {unit}, worker thread only {b:8.3} {unit}: ratio {:.2}",
+            b / a
+        );
+    }
+}
+
 /// 64 KiB WRITEs over two pairs of clients between two loopback RNICs (MTU 4096) spread
 /// over `count` workers (`worker.count` 1 or 2): clients are placed on an RNIC's workers in
 /// turn, so with 2 the k-th client of each RNIC is on worker k and each pair has a worker to
@@ -886,7 +940,12 @@ fn main() {
     let only = std::env::var("E2E_ONLY").ok();
     if matches!(
         only.as_deref(),
-        Some("fastreg") | Some("qps") | Some("workers") | Some("shards") | Some("large")
+        Some("fastreg")
+            | Some("qps")
+            | Some("workers")
+            | Some("shards")
+            | Some("large")
+            | Some("drive")
     ) {
         let cfg = driver::loopback_config(1, 4096, &RnicOpts::default()).expect("config");
         dataplane::runtime::init_eal("e2e", &cfg).expect("EAL");
@@ -895,6 +954,7 @@ fn main() {
             Some("workers") => workers(),
             Some("shards") => shards(),
             Some("large") => large_messages(),
+            Some("drive") => app_drive(),
             _ => fast_registration(),
         }
         return;
@@ -974,6 +1034,7 @@ fn main() {
     fast_registration();
     qp_scale();
     workers();
+    app_drive();
     shards();
 
     println!("ferroce through rnicd (two RNICs behind the daemon, server and client as processes)");
