@@ -864,13 +864,7 @@ impl<'a> Pkt<'a> {
     /// Copies the IP header into `out` (for the UD GRH; only a UD receive needs it, so it is
     /// gathered then and not for every packet); returns its length.
     pub fn l3_header(&self, out: &mut [u8; 60]) -> usize {
-        let mut n = 0;
-        for piece in SegmentRange::new(self.segs, self.l3_off, self.l3_off + self.l3_len) {
-            let take = piece.len().min(out.len() - n);
-            out[n..n + take].copy_from_slice(&piece[..take]);
-            n += take;
-        }
-        n
+        frame::copy_range(self.segs, self.l3_off, self.l3_off + self.l3_len, out)
     }
 
     /// Writes the payload to `mem` at `offset`, in ascending order.

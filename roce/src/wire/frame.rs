@@ -830,7 +830,7 @@ pub fn inspect(frame: &[u8]) -> Result<ParsedFrame> {
 }
 
 /// Copies bytes `start..end` of the concatenated segments into `out`; returns how many.
-fn copy_range(segments: &[&[u8]], start: usize, end: usize, out: &mut [u8]) -> usize {
+pub(crate) fn copy_range(segments: &[&[u8]], start: usize, end: usize, out: &mut [u8]) -> usize {
     let mut n = 0;
     for s in SegmentRange::new(segments, start, end) {
         let take = s.len().min(out.len() - n);
