@@ -292,8 +292,6 @@ pub struct Worker {
     clock: Clock,
     backoff: Backoff,
     idle: u32,
-    /// Idle sleeps in a row (reset by work): how far the sleep has grown.
-    sleeps: u32,
     control: ControlQueue,
     stats: Vec<Arc<Mutex<NicSnapshot>>>,
     last_stats: u64,
@@ -348,7 +346,6 @@ impl Worker {
             clock: Clock::new(),
             backoff,
             idle: 0,
-            sleeps: 0,
             control,
             stats,
             last_stats: 0,
@@ -511,7 +508,6 @@ impl Worker {
     fn idle_action(&mut self, work: usize, waits: &mut Vec<WaitWord>) -> Idle {
         if work > 0 {
             self.idle = 0;
-            self.sleeps = 0;
             return Idle::Spin;
         }
         self.idle = self.idle.saturating_add(1);
@@ -550,9 +546,11 @@ impl Worker {
                     until = Some(until.map_or(left, |u| u.min(left)));
                 }
             }
-            let us = idle_sleep_us(&b, self.sleeps, until);
-            self.sleeps = self.sleeps.saturating_add(1);
-            Idle::Sleep(us)
+            // The idle iterations past spinning and yielding are the sleeps in a row.
+            let sleeps = self
+                .idle
+                .saturating_sub(b.spin.saturating_add(b.pause).saturating_add(1));
+            Idle::Sleep(idle_sleep_us(&b, sleeps, until))
         } else {
             Idle::Yield
         }
