@@ -681,6 +681,21 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// Runs `a` and `b` in turn, `runs` times each (alternating, so a slow spell of this shared
+/// machine falls on both); their medians.
+fn alternating_medians(
+    runs: usize,
+    mut a: impl FnMut() -> f64,
+    mut b: impl FnMut() -> f64,
+) -> (f64, f64) {
+    let (mut va, mut vb) = (Vec::new(), Vec::new());
+    for _ in 0..runs {
+        va.push(a());
+        vb.push(b());
+    }
+    (median(va), median(vb))
+}
+
 /// The many-QPs figures (issue 23): [`many_qps`] with 1 QP and with 16,000 (the default
 /// table holds 16,384 per RNIC), alternating, three runs each, medians compared.
 fn qp_scale() {
@@ -705,12 +720,11 @@ fn fast_registration() {
     println!("fast registration (SMB Direct's pattern: bind a type 2 window, I/O, invalidate)");
     for read in [false, true] {
         let verb = if read { "READ" } else { "WRITE" };
-        let (mut plain, mut mw) = (Vec::new(), Vec::new());
-        for _ in 0..3 {
-            plain.push(registered_io(read, false, 100_000));
-            mw.push(registered_io(read, true, 100_000));
-        }
-        let (plain, mw) = (median(plain), median(mw));
+        let (plain, mw) = alternating_medians(
+            3,
+            || registered_io(read, false, 100_000),
+            || registered_io(read, true, 100_000),
+        );
         println!(
             "  4 KiB {verb}, 64 in flight: {mw:8.0} I/O/s with a window bound and invalidated per I/O, {plain:8.0} without: ratio {:.3}",
             mw / plain
@@ -755,20 +769,8 @@ fn workers() {
             "Mmsg/s",
         ),
     ] {
-        let (mut one, mut two) = (Vec::new(), Vec::new());
-        for _ in 0..3 {
-            one.push(
-                ferroce_on(1, Verb::Write, Kind::Bw, args)[key]
-                    .as_f64()
-                    .unwrap(),
-            );
-            two.push(
-                ferroce_on(2, Verb::Write, Kind::Bw, args)[key]
-                    .as_f64()
-                    .unwrap(),
-            );
-        }
-        let (a, b) = (median(one), median(two));
+        let run = |workers| ferroce_on(workers, Verb::Write, Kind::Bw, args)[key].as_f64();
+        let (a, b) = alternating_medians(3, || run(1).unwrap(), || run(2).unwrap());
         println!(
             "  {what}: 1 worker {a:8.3} {unit}, 2 workers {b:8.3} {unit}: ratio {:.2}",
             b / a
@@ -809,13 +811,12 @@ fn app_drive() {
             "us",
         ),
     ] {
-        let (mut apps, mut thread) = (Vec::new(), Vec::new());
-        for _ in 0..5 {
-            let run = |o: &RnicOpts| ferroce_with(1, o, Verb::Write, kind, args)[key].as_f64();
-            apps.push(run(&RnicOpts::default()).unwrap());
-            thread.push(run(&own).unwrap());
-        }
-        let (a, b) = (median(apps), median(thread));
+        let run = |o: &RnicOpts| ferroce_with(1, o, Verb::Write, kind, args)[key].as_f64();
+        let (a, b) = alternating_medians(
+            5,
+            || run(&RnicOpts::default()).unwrap(),
+            || run(&own).unwrap(),
+        );
         println!(
             "  {what}: applications drive {a:8.3} {unit}, worker thread only {b:8.3} {unit}: ratio {:.2}",
             b / a
@@ -877,12 +878,11 @@ fn sharded_goodput(count: u32, n: u64) -> f64 {
 /// [`sharded_goodput`] on one worker and on two, alternating, three runs each, medians.
 fn shards() {
     println!("one RNIC over several workers (worker.count; two client pairs, 64 KiB WRITEs)");
-    let (mut one, mut two) = (Vec::new(), Vec::new());
-    for _ in 0..3 {
-        one.push(sharded_goodput(1, 20_000));
-        two.push(sharded_goodput(2, 20_000));
-    }
-    let (a, b) = (median(one), median(two));
+    let (a, b) = alternating_medians(
+        3,
+        || sharded_goodput(1, 20_000),
+        || sharded_goodput(2, 20_000),
+    );
     println!(
         "  1 worker {a:8.2} Gb/s, 2 workers {b:8.2} Gb/s: ratio {:.2}",
         b / a
