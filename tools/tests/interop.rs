@@ -88,378 +88,142 @@ enum Side {
     Cm,
 }
 
+/// The words of a command line written as one string, so that each case stays one row.
+fn words(s: &'static str) -> Vec<&'static str> {
+    s.split_whitespace().collect()
+}
+
+impl Case {
+    /// The guest runs `tool` with `args`, ferroce's end on `side` runs the same test
+    /// (perftest's `ib_write_bw` is rnic-perf's `write_bw`, `ibv_rc_pingpong` its
+    /// `rc_pingpong`); no faults, no switch.
+    fn new(id: String, guest_client: bool, tool: &'static str, args: &'static str) -> Case {
+        Case {
+            id,
+            guest_client,
+            test: tool.trim_start_matches("ibv_").trim_start_matches("ib_"),
+            tool,
+            args: words(args),
+            size: 0,
+            iters: 0,
+            side: Side::Own,
+            ferroce_args: Vec::new(),
+            lossy: false,
+            switched: false,
+        }
+    }
+
+    /// The message size and iteration count both ends must report.
+    fn expect(self, size: u64, iters: u64) -> Case {
+        Case {
+            size,
+            iters,
+            ..self
+        }
+    }
+
+    /// ferroce's end runs on `side`.
+    fn on(self, side: Side) -> Case {
+        Case { side, ..self }
+    }
+}
+
 fn cases() -> Vec<Case> {
-    let base: Vec<(&str, &str, Vec<&str>, u64, u64)> = vec![
-        (
-            "write_bw",
-            "ib_write_bw",
-            vec!["-s", "4096", "-n", "50"],
-            4096,
-            50,
-        ),
-        (
-            "write_bw",
-            "ib_write_bw",
-            vec!["-s", "65536", "-n", "20"],
-            65536,
-            20,
-        ),
-        (
-            "read_bw",
-            "ib_read_bw",
-            vec!["-s", "65536", "-n", "20"],
-            65536,
-            20,
-        ),
-        (
-            "send_bw",
-            "ib_send_bw",
-            vec!["-s", "4096", "-n", "50"],
-            4096,
-            50,
-        ),
-        (
-            "atomic_bw",
-            "ib_atomic_bw",
-            vec!["-A", "CMP_AND_SWAP", "-n", "50"],
-            8,
-            50,
-        ),
-        (
-            "write_lat",
-            "ib_write_lat",
-            vec!["-s", "64", "-n", "50"],
-            64,
-            50,
-        ),
-        (
-            "send_lat",
-            "ib_send_lat",
-            vec!["-s", "64", "-n", "50"],
-            64,
-            50,
-        ),
-        ("rc_pingpong", "ibv_rc_pingpong", vec!["-n", "20"], 4096, 20),
-        (
-            "ud_pingpong",
-            "ibv_ud_pingpong",
-            vec!["-n", "20", "-s", "1024"],
-            1024,
-            20,
-        ),
+    let base = [
+        ("ib_write_bw", "-s 4096 -n 50", 4096, 50),
+        ("ib_write_bw", "-s 65536 -n 20", 65536, 20),
+        ("ib_read_bw", "-s 65536 -n 20", 65536, 20),
+        ("ib_send_bw", "-s 4096 -n 50", 4096, 50),
+        ("ib_atomic_bw", "-A CMP_AND_SWAP -n 50", 8, 50),
+        ("ib_write_lat", "-s 64 -n 50", 64, 50),
+        ("ib_send_lat", "-s 64 -n 50", 64, 50),
+        ("ibv_rc_pingpong", "-n 20", 4096, 20),
+        ("ibv_ud_pingpong", "-n 20 -s 1024", 1024, 20),
     ];
     let mut v = Vec::new();
     for guest_client in [true, false] {
-        for (i, (test, tool, args, size, iters)) in base.iter().enumerate() {
-            v.push(Case {
-                id: format!("{}{}", if guest_client { "S" } else { "C" }, i + 1),
-                guest_client,
-                test,
-                tool,
-                args: args.clone(),
-                size: *size,
-                iters: *iters,
-                side: Side::Own,
-                ferroce_args: Vec::new(),
-                lossy: false,
-                switched: false,
-            });
+        for (i, &(tool, args, size, iters)) in base.iter().enumerate() {
+            let id = format!("{}{}", if guest_client { "S" } else { "C" }, i + 1);
+            v.push(Case::new(id, guest_client, tool, args).expect(size, iters));
         }
     }
     // Through rnicd: rnicd owns the tap port, rnic-perf (R) or Debian's perftest on
     // ferroce's libibverbs (V) is its client in another process.
-    for (i, (guest_client, test, tool, args, size, iters)) in [
-        (
-            true,
-            "write_bw",
-            "ib_write_bw",
-            vec!["-s", "65536", "-n", "20"],
-            65536,
-            20,
-        ),
-        (
-            false,
-            "write_bw",
-            "ib_write_bw",
-            vec!["-s", "65536", "-n", "20"],
-            65536,
-            20,
-        ),
-        (
-            true,
-            "read_lat",
-            "ib_read_lat",
-            vec!["-s", "64", "-n", "50"],
-            64,
-            50,
-        ),
-        (
-            false,
-            "read_lat",
-            "ib_read_lat",
-            vec!["-s", "64", "-n", "50"],
-            64,
-            50,
-        ),
+    let rnicd = [
+        (true, "ib_write_bw", "-s 65536 -n 20", 65536, 20),
+        (false, "ib_write_bw", "-s 65536 -n 20", 65536, 20),
+        (true, "ib_read_lat", "-s 64 -n 50", 64, 50),
+        (false, "ib_read_lat", "-s 64 -n 50", 64, 50),
         // rnic-perf's -R against perftest's -R on rxe: the exchange over an rdma_cm
         // connection, the test's QPs connected by the two connection managers (two QPs), or
         // resolved with SIDR (UD). send_lat with rxe's client is the order that raced with
         // ferroce's perftest server (rnic-perf's server listens before the round).
-        (
-            true,
-            "write_bw",
-            "ib_write_bw",
-            vec!["-R", "-q", "2", "-s", "65536", "-n", "20"],
-            65536,
-            40,
-        ),
-        (
-            false,
-            "write_bw",
-            "ib_write_bw",
-            vec!["-R", "-s", "65536", "-n", "20"],
-            65536,
-            20,
-        ),
-        (
-            true,
-            "send_lat",
-            "ib_send_lat",
-            vec!["-R", "-s", "64", "-n", "50"],
-            64,
-            50,
-        ),
-        (
-            false,
-            "send_bw",
-            "ib_send_bw",
-            vec!["-R", "-c", "UD", "-s", "1024", "-n", "50"],
-            1024,
-            50,
-        ),
-    ]
-    .into_iter()
-    .enumerate()
-    {
-        v.push(Case {
-            id: format!("R{}", i + 1),
-            guest_client,
-            test,
-            tool,
-            args,
-            size,
-            iters,
-            side: Side::Rnicd,
-            ferroce_args: Vec::new(),
-            lossy: false,
-            switched: false,
-        });
-    }
-    for (i, (guest_client, tool, args, size, iters)) in [
-        (
-            true,
-            "ib_write_bw",
-            vec!["-s", "65536", "-n", "20"],
-            65536,
-            20,
-        ),
-        (
-            false,
-            "ib_write_bw",
-            vec!["-s", "65536", "-n", "20"],
-            65536,
-            20,
-        ),
-        (true, "ib_send_lat", vec!["-s", "64", "-n", "50"], 64, 50),
-        (
-            false,
-            "ib_read_bw",
-            vec!["-s", "4096", "-n", "50"],
-            4096,
-            50,
-        ),
-    ]
-    .into_iter()
-    .enumerate()
-    {
-        v.push(Case {
-            id: format!("V{}", i + 1),
-            guest_client,
-            test: tool.trim_start_matches("ib_"),
-            tool,
-            args,
-            size,
-            iters,
-            side: Side::Verbs,
-            ferroce_args: Vec::new(),
-            lossy: false,
-            switched: false,
-        });
+        (true, "ib_write_bw", "-R -q 2 -s 65536 -n 20", 65536, 40),
+        (false, "ib_write_bw", "-R -s 65536 -n 20", 65536, 20),
+        (true, "ib_send_lat", "-R -s 64 -n 50", 64, 50),
+        (false, "ib_send_bw", "-R -c UD -s 1024 -n 50", 1024, 50),
+    ];
+    let verbs = [
+        (true, "ib_write_bw", "-s 65536 -n 20", 65536, 20),
+        (false, "ib_write_bw", "-s 65536 -n 20", 65536, 20),
+        (true, "ib_send_lat", "-s 64 -n 50", 64, 50),
+        (false, "ib_read_bw", "-s 4096 -n 50", 4096, 50),
+    ];
+    for (prefix, side, rows) in [("R", Side::Rnicd, &rnicd[..]), ("V", Side::Verbs, &verbs)] {
+        for (i, &(guest_client, tool, args, size, iters)) in rows.iter().enumerate() {
+            let id = format!("{prefix}{}", i + 1);
+            v.push(
+                Case::new(id, guest_client, tool, args)
+                    .expect(size, iters)
+                    .on(side),
+            );
+        }
     }
     // rdma_cm: rdma-core's rping (every ping's data verified, -V) and ucmatose, unmodified on
     // both ends, connecting through the IB CM over QP1: rxe's in the guest, ferroce's behind
-    // its librdmacm.so.1.
+    // its librdmacm.so.1. Each row: the guest's command line, then ferroce's.
     let ferroce_tool = |t: &'static str| match t {
         "rdma_client" => "rdma_server",
         "rdma_server" => "rdma_client",
         t => t,
     };
-    for (i, (guest_client, tool, guest, ours)) in [
-        (
-            true,
-            "rping",
-            vec!["-c", "-a", "10.99.0.3", "-v", "-V", "-C", "10"],
-            vec!["-s", "-a", "10.99.0.3", "-v", "-V", "-C", "10"],
-        ),
-        (
-            false,
-            "rping",
-            vec!["-s", "-a", "10.99.0.2", "-v", "-V", "-C", "10"],
-            vec!["-c", "-a", "10.99.0.2", "-v", "-V", "-C", "10"],
-        ),
-        (
-            true,
-            "ucmatose",
-            vec!["-s", "10.99.0.3", "-c", "2", "-C", "10"],
-            vec!["-b", "10.99.0.3", "-c", "2", "-C", "10"],
-        ),
-        (
-            false,
-            "ucmatose",
-            vec!["-b", "10.99.0.2", "-c", "2", "-C", "10"],
-            vec!["-s", "10.99.0.2", "-c", "2", "-C", "10"],
-        ),
+    // One row a case (rustfmt would spread each over six lines).
+    #[rustfmt::skip]
+    let cm = [
+        (true, "rping", "-c -a 10.99.0.3 -v -V -C 10", "-s -a 10.99.0.3 -v -V -C 10"),
+        (false, "rping", "-s -a 10.99.0.2 -v -V -C 10", "-c -a 10.99.0.2 -v -V -C 10"),
+        (true, "ucmatose", "-s 10.99.0.3 -c 2 -C 10", "-b 10.99.0.3 -c 2 -C 10"),
+        (false, "ucmatose", "-b 10.99.0.2 -c 2 -C 10", "-s 10.99.0.2 -c 2 -C 10"),
         // perftest's rdma_cm mode (-R): the connection and the keys' exchange over rdma_cm.
-        (
-            true,
-            "ib_write_bw",
-            vec![
-                "-d",
-                "rxe0",
-                "-x",
-                "1",
-                "-F",
-                "-R",
-                "-s",
-                "65536",
-                "-n",
-                "20",
-                "10.99.0.3",
-            ],
-            vec![
-                "-d", "ferroce0", "-x", "1", "-F", "-R", "-s", "65536", "-n", "20",
-            ],
-        ),
-        (
-            false,
-            "ib_send_lat",
-            vec!["-d", "rxe0", "-x", "1", "-F", "-R", "-s", "64", "-n", "50"],
-            vec![
-                "-d",
-                "ferroce0",
-                "-x",
-                "1",
-                "-F",
-                "-R",
-                "-s",
-                "64",
-                "-n",
-                "50",
-                "10.99.0.2",
-            ],
-        ),
-        (
-            false,
-            "ib_write_bw",
-            vec![
-                "-d", "rxe0", "-x", "1", "-F", "-R", "-s", "65536", "-n", "20",
-            ],
-            vec![
-                "-d",
-                "ferroce0",
-                "-x",
-                "1",
-                "-F",
-                "-R",
-                "-s",
-                "65536",
-                "-n",
-                "20",
-                "10.99.0.2",
-            ],
-        ),
+        (true, "ib_write_bw", "-d rxe0 -x 1 -F -R -s 65536 -n 20 10.99.0.3", "-d ferroce0 -x 1 -F -R -s 65536 -n 20"),
+        (false, "ib_send_lat", "-d rxe0 -x 1 -F -R -s 64 -n 50", "-d ferroce0 -x 1 -F -R -s 64 -n 50 10.99.0.2"),
+        (false, "ib_write_bw", "-d rxe0 -x 1 -F -R -s 65536 -n 20", "-d ferroce0 -x 1 -F -R -s 65536 -n 20 10.99.0.2"),
         // ib_send_lat -R with rxe's client: its data connection's REQ often comes before
         // ferroce's perftest server listens again (perftest listens only after answering its
         // key round); ferroce's CM holds it for the listener instead of rejecting it at once,
         // which perftest's client does not survive.
-        (
-            true,
-            "ib_send_lat",
-            vec![
-                "-d",
-                "rxe0",
-                "-x",
-                "1",
-                "-F",
-                "-R",
-                "-s",
-                "64",
-                "-n",
-                "50",
-                "10.99.0.3",
-            ],
-            vec![
-                "-d", "ferroce0", "-x", "1", "-F", "-R", "-s", "64", "-n", "50",
-            ],
-        ),
+        (true, "ib_send_lat", "-d rxe0 -x 1 -F -R -s 64 -n 50 10.99.0.3", "-d ferroce0 -x 1 -F -R -s 64 -n 50"),
         // UD over rdma_cm (SIDR): udaddy's messages each way.
-        (
-            true,
-            "udaddy",
-            vec!["-s", "10.99.0.3", "-C", "10"],
-            vec!["-b", "10.99.0.3", "-C", "10"],
-        ),
-        (
-            false,
-            "udaddy",
-            vec!["-b", "10.99.0.2", "-C", "10"],
-            vec!["-s", "10.99.0.2", "-C", "10"],
-        ),
+        (true, "udaddy", "-s 10.99.0.3 -C 10", "-b 10.99.0.3 -C 10"),
+        (false, "udaddy", "-b 10.99.0.2 -C 10", "-s 10.99.0.2 -C 10"),
         // librdmacm's synchronous endpoint API (rdma_create_ep, rdma_get_request): one
         // message each way.
-        (
-            true,
-            "rdma_client",
-            vec!["-s", "10.99.0.3", "-p", "7471"],
-            vec!["-s", "10.99.0.3", "-p", "7471"],
-        ),
-        (
-            false,
-            "rdma_server",
-            vec!["-s", "10.99.0.2", "-p", "7472"],
-            vec!["-s", "10.99.0.2", "-p", "7472"],
-        ),
-    ]
-    .into_iter()
-    .enumerate()
-    {
+        (true, "rdma_client", "-s 10.99.0.3 -p 7471", "-s 10.99.0.3 -p 7471"),
+        (false, "rdma_server", "-s 10.99.0.2 -p 7472", "-s 10.99.0.2 -p 7472"),
+    ];
+    for (i, (guest_client, tool, guest, ours)) in cm.into_iter().enumerate() {
+        let (size, iters) = match tool {
+            "ib_write_bw" => (65536, 20),
+            "ib_send_lat" => (64, 50),
+            _ => (64, 10),
+        };
         v.push(Case {
-            id: format!("M{}", i + 1),
-            guest_client,
             // ferroce's end runs the other half of a client/server pair.
             test: ferroce_tool(tool),
-            tool,
-            args: guest,
-            size: if tool == "ib_write_bw" { 65536 } else { 64 },
-            iters: match tool {
-                "ib_write_bw" => 20,
-                "ib_send_lat" => 50,
-                _ => 10,
-            },
-            side: Side::Cm,
-            ferroce_args: ours,
-            lossy: false,
-            switched: false,
+            ferroce_args: words(ours),
+            ..Case::new(format!("M{}", i + 1), guest_client, tool, guest)
+                .expect(size, iters)
+                .on(Side::Cm)
         });
     }
     // Loss on ferroce's port (1 % of the frames it sends, seeded), against rxe in both roles,
@@ -467,48 +231,25 @@ fn cases() -> Vec<Case> {
     // a lost data packet must be noticed and recovered (rxe sees a sequence gap and asks
     // again, or NAKs and ferroce goes back N), and the transfer completes with the same sizes
     // and counts on both ends. (A lost ACK alone may need no recovery: a later ACK covers it.)
-    for (i, (guest_client, test, tool)) in [
-        (true, "read_bw", "ib_read_bw"),
-        (false, "write_bw", "ib_write_bw"),
-    ]
-    .into_iter()
-    .enumerate()
+    for (i, (guest_client, tool)) in [(true, "ib_read_bw"), (false, "ib_write_bw")]
+        .into_iter()
+        .enumerate()
     {
         v.push(Case {
-            id: format!("L{}", i + 1),
-            guest_client,
-            test,
-            tool,
-            args: vec!["-s", "65536", "-n", "40"],
-            size: 65536,
-            iters: 40,
-            side: Side::Own,
-            ferroce_args: vec!["--set", "fault.loss=0.01", "--set", "fault.seed=11"],
+            ferroce_args: words("--set fault.loss=0.01 --set fault.seed=11"),
             lossy: true,
-            switched: false,
+            ..Case::new(format!("L{}", i + 1), guest_client, tool, "-s 65536 -n 40")
+                .expect(65536, 40)
         });
     }
     // ferroce behind its own emulated switch on the tap (1 Gb/s, 1 ms each way): rxe's
     // frames and ferroce's cross it, and a WRITE stream completes over the long link.
     v.push(Case {
-        id: "W1".into(),
-        guest_client: true,
-        test: "write_bw",
-        tool: "ib_write_bw",
-        args: vec!["-s", "65536", "-n", "20"],
-        size: 65536,
-        iters: 20,
-        side: Side::Own,
-        ferroce_args: vec![
-            "--set",
-            "switch.enabled=true",
-            "--set",
-            "switch.rate_mbps=1000",
-            "--set",
-            "switch.delay_us=1000",
-        ],
-        lossy: false,
+        ferroce_args: words(
+            "--set switch.enabled=true --set switch.rate_mbps=1000 --set switch.delay_us=1000",
+        ),
         switched: true,
+        ..Case::new("W1".into(), true, "ib_write_bw", "-s 65536 -n 20").expect(65536, 20)
     });
     v
 }
