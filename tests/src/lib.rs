@@ -268,6 +268,28 @@ extern "C" fn remove_at_exit() {
     }
 }
 
+/// Runs `cmd` to its end and returns its output, after checking that it ran and succeeded:
+/// otherwise the test fails with `what` (say what to install when a tool may be missing),
+/// the exit status and both streams.
+pub fn output_ok(cmd: &mut std::process::Command, what: &str) -> std::process::Output {
+    let o = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("{what}: cannot run {cmd:?}: {e}"));
+    check_ok(&o, what);
+    o
+}
+
+/// Fails the test with `what`, the exit status and both streams unless `o` is a success.
+pub fn check_ok(o: &std::process::Output, what: &str) {
+    assert!(
+        o.status.success(),
+        "{what}: {}\n{}{}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
 /// `ferroce-NAME-PID` under the system temp dir, created on first use and removed when the
 /// test process exits (libtest ends through exit(), passed or failed), for state several
 /// tests of one process share.

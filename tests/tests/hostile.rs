@@ -148,16 +148,9 @@ fn scapy_frames(params: &serde_json::Value, dir: &Path) -> HashMap<String, Vec<V
     let pcap = dir.join("hostile.pcap");
     std::fs::write(&pj, params.to_string()).unwrap();
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("hostile_peer.py");
-    let o = Command::new("python3")
-        .arg(&script)
-        .arg(&pj)
-        .arg(&pcap)
-        .output()
-        .expect("python3");
-    assert!(
-        o.status.success(),
-        "hostile_peer.py failed (is scapy installed? run `make deps`):\n{}",
-        String::from_utf8_lossy(&o.stderr)
+    let o = ferroce_tests::output_ok(
+        Command::new("python3").arg(&script).arg(&pj).arg(&pcap),
+        "hostile_peer.py (is scapy installed? run `make deps`)",
     );
     let data = std::fs::read(&pcap).unwrap();
     let mut frames = roce::pcap::Reader::new(&data)

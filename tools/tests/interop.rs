@@ -687,21 +687,12 @@ fn rnic_perf_against_linux_soft_roce() {
         Command::new(guest_sh()).arg("build"),
         Duration::from_secs(900),
     );
-    assert!(
-        b.status.success(),
-        "guest build failed:\n{}{}",
-        String::from_utf8_lossy(&b.stdout),
-        String::from_utf8_lossy(&b.stderr)
-    );
+    ferroce_tests::check_ok(&b, "guest.sh build");
     // ferroce's libibverbs.so.1 and the direct-verbs stubs, for the V cases (checked before
     // the guest boots: a stale build fails here, with nothing to clean up).
     let libdir = common::ibverbs_libdir();
     let up = run_for(Command::new(guest_sh()).arg("up"), Duration::from_secs(60));
-    assert!(
-        up.status.success(),
-        "guest.sh up: {}",
-        String::from_utf8_lossy(&up.stderr)
-    );
+    ferroce_tests::check_ok(&up, "guest.sh up");
     let mut cleanup = Cleanup {
         children: Vec::new(),
     };

@@ -17,18 +17,10 @@ fn tmp(name: &str) -> PathBuf {
 
 fn scapy(args: &[&str]) -> std::process::Output {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/scapy_roce.py");
-    let out = Command::new("python3")
-        .arg(script)
-        .args(args)
-        .output()
-        .expect("python3");
-    assert!(
-        out.status.success(),
-        "scapy_roce.py {args:?} failed (is scapy installed? run `make deps`):\n{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
+    ferroce_tests::output_ok(
+        Command::new("python3").arg(script).args(args),
+        &format!("scapy_roce.py {args:?} (is scapy installed? run `make deps`)"),
+    )
 }
 
 #[test]

@@ -334,15 +334,11 @@ fn the_c_example_runs_both_roles_through_rnicd() {
     let dir = temp_dir("c-example");
     let prefix = dir.0.join("prefix");
     common::make("install-files", &[format!("PREFIX={}", prefix.display())]);
-    let pc = Command::new("pkg-config")
-        .args(["--cflags", "--libs", "ferroce"])
-        .env("PKG_CONFIG_PATH", prefix.join("lib/pkgconfig"))
-        .output()
-        .expect("pkg-config");
-    assert!(
-        pc.status.success(),
-        "{}",
-        String::from_utf8_lossy(&pc.stderr)
+    let pc = ferroce_tests::output_ok(
+        Command::new("pkg-config")
+            .args(["--cflags", "--libs", "ferroce"])
+            .env("PKG_CONFIG_PATH", prefix.join("lib/pkgconfig")),
+        "pkg-config ferroce",
     );
     let flags = String::from_utf8(pc.stdout).unwrap();
     let exe = dir.0.join("rc_pingpong");

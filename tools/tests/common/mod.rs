@@ -117,17 +117,13 @@ pub fn fresh_cdylib(file: &str, package: &str, sources: &[&str]) -> PathBuf {
 /// output if it fails.
 pub fn make(target: &str, args: &[String]) {
     let profile = bin_dir().file_name().unwrap().to_string_lossy().to_string();
-    let o = Command::new("make")
-        .current_dir(workspace())
-        .args(["-s", target])
-        .arg(format!("PROFILE={profile}"))
-        .args(args)
-        .output()
-        .expect("make");
-    assert!(
-        o.status.success(),
-        "make {target}: {}",
-        String::from_utf8_lossy(&o.stderr)
+    ferroce_tests::output_ok(
+        Command::new("make")
+            .current_dir(workspace())
+            .args(["-s", target])
+            .arg(format!("PROFILE={profile}"))
+            .args(args),
+        &format!("make {target}"),
     );
 }
 
