@@ -52,21 +52,13 @@ fn register_font() -> Result<(), String> {
 
 /// A colour per line, distinguishable for up to a dozen lines and cycling beyond.
 fn colour(i: usize) -> RGBColor {
-    const C: [RGBColor; 12] = [
-        RGBColor(31, 119, 180),
-        RGBColor(255, 127, 14),
-        RGBColor(44, 160, 44),
-        RGBColor(214, 39, 40),
-        RGBColor(148, 103, 189),
-        RGBColor(140, 86, 75),
-        RGBColor(227, 119, 194),
-        RGBColor(127, 127, 127),
-        RGBColor(188, 189, 34),
-        RGBColor(23, 190, 207),
-        RGBColor(0, 0, 0),
-        RGBColor(255, 187, 120),
+    // matplotlib's "tab10" order, then black and a light orange, as 0xRRGGBB.
+    const C: [u32; 12] = [
+        0x1f77b4, 0xff7f0e, 0x2ca02c, 0xd62728, 0x9467bd, 0x8c564b, 0xe377c2, 0x7f7f7f, 0xbcbd22,
+        0x17becf, 0x000000, 0xffbb78,
     ];
-    C[i % C.len()]
+    let c = C[i % C.len()];
+    RGBColor((c >> 16) as u8, (c >> 8) as u8, c as u8)
 }
 
 /// A tick label: whole numbers without a fraction (2000, not 2000.0), others with as few

@@ -1045,6 +1045,13 @@ impl std::fmt::Debug for Device {
 }
 
 /// The slot of the live QP numbered `qpn` among `qps` (see `Device::slot_of`).
+/// The ETS traffic class a ready QP waits in: that of its next packet's priority (class 0
+/// for all without ETS). A free function so that it can be called with a QP borrowed from
+/// the device.
+fn traffic_class(ets: &Option<dcb::ets::Ets>, qp: &Qp, sh: &Shared) -> usize {
+    ets.as_ref().map_or(0, |e| e.tc_of(qp.tx_priority(sh)))
+}
+
 fn live_slot(qps: &[Option<Box<Qp>>], max_qp: u32, qpn: Qpn) -> Option<usize> {
     let slot = qp_slot(qpn, max_qp)?;
     match qps.get(slot) {
@@ -1946,11 +1953,7 @@ impl Device {
         if let Some(Some(qp)) = self.qps.get_mut(slot as usize) {
             if !qp.queued {
                 qp.queued = true;
-                let tc = self
-                    .ets
-                    .as_ref()
-                    .map_or(0, |e| e.tc_of(qp.tx_priority(&self.sh)));
-                self.ready[tc].push_back(slot);
+                self.ready[traffic_class(&self.ets, qp, &self.sh)].push_back(slot);
             }
         }
         self.note_moved(slot as usize);
@@ -2232,11 +2235,7 @@ impl Device {
             qp.take_completer_events(&mut self.sh);
             if sent {
                 // Back in line, in the class of its next packet (a UD QP's may differ).
-                let tc = self
-                    .ets
-                    .as_ref()
-                    .map_or(0, |e| e.tc_of(qp.tx_priority(&self.sh)));
-                self.ready[tc].push_back(slot);
+                self.ready[traffic_class(&self.ets, qp, &self.sh)].push_back(slot);
                 self.note_moved(slot as usize);
                 if !self.sh.overflowed.is_empty() {
                     self.handle_cq_overflows();

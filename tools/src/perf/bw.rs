@@ -236,19 +236,14 @@ pub fn run<V: Verbs>(
         }
         // Send completions.
         if send {
-            let k = res
-                .ctx
-                .poll_cq(res.scq, &mut wc)
-                .map_err(|e| format!("poll CQ: {e}"))?;
-            for c in &wc[..k] {
-                if c.status != WcStatus::Success {
-                    return Err(format!(
-                        "Completion with error at client: {} (qp {} wr {})",
-                        super::wc_status_text(c),
-                        c.wr_id >> SEQ_BITS,
-                        c.wr_id & SEQ_MASK
-                    ));
-                }
+            let done = super::poll_checked(&mut res.ctx, res.scq, &mut wc, |c| {
+                format!(
+                    "at client (qp {} wr {})",
+                    c.wr_id >> SEQ_BITS,
+                    c.wr_id & SEQ_MASK
+                )
+            })?;
+            for c in done {
                 if matches!(c.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm) {
                     // Shared CQ (not used by perftest's layout, tolerated).
                     continue;
@@ -283,18 +278,10 @@ pub fn run<V: Verbs>(
         }
         // Receives.
         if recv {
-            let k = res
-                .ctx
-                .poll_cq(res.rcq, &mut wc)
-                .map_err(|e| format!("poll receive CQ: {e}"))?;
-            for c in &wc[..k] {
-                if c.status != WcStatus::Success {
-                    return Err(format!(
-                        "Completion with error at server: {} (receive {})",
-                        super::wc_status_text(c),
-                        c.wr_id & SEQ_MASK
-                    ));
-                }
+            let done = super::poll_checked(&mut res.ctx, res.rcq, &mut wc, |c| {
+                format!("at server (receive {})", c.wr_id & SEQ_MASK)
+            })?;
+            for c in done {
                 let q = (c.wr_id >> SEQ_BITS) as usize;
                 if q >= nq {
                     return Err(format!(

@@ -53,18 +53,8 @@ fn wait_one<V: Verbs>(
     let mut ev = super::EventWait::default();
     let events = res.events;
     loop {
-        let n = res
-            .ctx
-            .poll_cq(cq, &mut wc)
-            .map_err(|e| format!("poll CQ: {e}"))?;
-        if n == 1 {
-            if wc[0].status != WcStatus::Success {
-                return Err(format!(
-                    "Completion with error ({what}): {}",
-                    super::wc_status_text(&wc[0])
-                ));
-            }
-            return Ok(wc[0]);
+        if let [c] = super::poll_checked(&mut res.ctx, cq, &mut wc, |_| format!("({what})"))? {
+            return Ok(*c);
         }
         idle += 1;
         if events {

@@ -27,6 +27,30 @@ pub fn vendor_text(code: u32) -> String {
     }
 }
 
+/// Polls `cq` into `wc` and returns the completions, or fails at the first one in error as
+/// perftest stops there: the message says "Completion with error", `which(c)` (the side and
+/// the WR it was) and the status.
+pub fn poll_checked<'a, V: dataplane::Verbs>(
+    ctx: &mut V,
+    cq: roce::engine::CqId,
+    wc: &'a mut [roce::verbs::Completion],
+    which: impl Fn(&roce::verbs::Completion) -> String,
+) -> Result<&'a [roce::verbs::Completion], String> {
+    let n = ctx.poll_cq(cq, wc).map_err(|e| format!("poll CQ: {e}"))?;
+    let done = &wc[..n];
+    if let Some(c) = done
+        .iter()
+        .find(|c| c.status != roce::verbs::WcStatus::Success)
+    {
+        return Err(format!(
+            "Completion with error {}: {}",
+            which(c),
+            wc_status_text(c)
+        ));
+    }
+    Ok(done)
+}
+
 /// A failed completion's status (by name and number) and its vendor error, for the error
 /// messages of the bandwidth and latency tests.
 pub fn wc_status_text(c: &roce::verbs::Completion) -> String {

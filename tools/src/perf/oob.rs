@@ -49,6 +49,21 @@ pub struct Key {
     pub srqn: u32,
 }
 
+/// `text` in a NUL-padded message of N bytes, as perftest's `sprintf` into a fixed buffer
+/// leaves it (the text is always shorter: the formats above have fixed widths).
+fn nul_padded<const N: usize>(text: &str) -> [u8; N] {
+    let mut out = [0u8; N];
+    out[..text.len()].copy_from_slice(text.as_bytes());
+    out
+}
+
+/// The text before the first NUL of a message from the peer (all of it without one), or
+/// None when it is not UTF-8.
+fn c_text(msg: &[u8]) -> Option<&str> {
+    let end = msg.iter().position(|&b| b == 0).unwrap_or(msg.len());
+    std::str::from_utf8(&msg[..end]).ok()
+}
+
 impl Key {
     /// The 108-byte message: `%04x:%04x:%06x:%06x:%08x:%016llx:` + 16 x `%02x:` + `%08x:` + NUL.
     pub fn encode(&self) -> [u8; KEY_MSG_SIZE] {
@@ -65,15 +80,12 @@ impl Key {
             s.push_str(&format!("{b:02x}:"));
         }
         s.push_str(&format!("{:08x}:", self.srqn));
-        let mut out = [0u8; KEY_MSG_SIZE];
-        out[..s.len()].copy_from_slice(s.as_bytes());
-        out
+        nul_padded(&s)
     }
 
     /// Parses a key message (validates every field: the peer is untrusted).
     pub fn decode(msg: &[u8]) -> Result<Key, String> {
-        let end = msg.iter().position(|&b| b == 0).unwrap_or(msg.len());
-        let text = std::str::from_utf8(&msg[..end]).map_err(|_| "key message is not ASCII")?;
+        let text = c_text(msg).ok_or("key message is not ASCII")?;
         let f: Vec<&str> = text.split(':').collect();
         // 6 fields, 16 GID bytes, SRQN, and the empty piece after the last ':'.
         if f.len() < 23 {
@@ -408,13 +420,13 @@ impl Oob {
         cache_line: u32,
         mtu: u32,
     ) -> Result<(String, u32, u32, u32), String> {
-        let mut v = [0u8; 16];
-        v[..VERSION.len()].copy_from_slice(VERSION.as_bytes());
+        let v: [u8; 16] = nul_padded(VERSION);
         let rv = self
             .xchg(&v)
             .map_err(|e| format!("version exchange: {e}"))?;
-        let end = rv.iter().position(|&b| b == 0).unwrap_or(rv.len());
-        let rem_version = String::from_utf8_lossy(&rv[..end]).into_owned();
+        let rem_version = c_text(&rv)
+            .ok_or("peer sent a version that is not text")?
+            .to_owned();
         let num: f64 = rem_version
             .trim()
             .parse()
@@ -616,15 +628,12 @@ impl PpDest {
         for b in self.gid {
             s.push_str(&format!("{b:02x}"));
         }
-        let mut out = [0u8; PP_MSG_SIZE];
-        out[..s.len()].copy_from_slice(s.as_bytes());
-        out
+        nul_padded(&s)
     }
 
     /// Parses the peer's message.
     pub fn decode(msg: &[u8]) -> Result<PpDest, String> {
-        let end = msg.iter().position(|&b| b == 0).unwrap_or(msg.len());
-        let text = std::str::from_utf8(&msg[..end]).map_err(|_| "address message is not ASCII")?;
+        let text = c_text(msg).ok_or("address message is not ASCII")?;
         let f: Vec<&str> = text.split(':').collect();
         if f.len() != 4 || f[3].len() != 32 {
             return Err(format!("malformed pingpong address {text:?}"));
