@@ -14,16 +14,14 @@ pub unsafe extern "C" fn ibv_create_ah(
     attr: *mut sys::ibv_ah_attr,
 ) -> *mut sys::ibv_ah {
     if pd.is_null() || attr.is_null() {
-        set_errno(libc::EINVAL);
-        return std::ptr::null_mut();
+        return null_errno(libc::EINVAL);
     }
     if (*attr).is_global == 0 {
         // RoCE needs the GRH (the GID) to reach a peer.
-        set_errno(invalid(
+        return null_errno(invalid(
             "ibv_create_ah: is_global is 0, but RoCE addresses the peer by its GID: set \
              is_global = 1, grh.dgid and grh.sgid_index",
         ));
-        return std::ptr::null_mut();
     }
     // One port, and a source GID the port has.
     let mut g: sys::ibv_gid = std::mem::zeroed();
@@ -32,8 +30,7 @@ pub unsafe extern "C" fn ibv_create_ah(
         || ibv_query_gid((*pd).context, 1, (*attr).grh.sgid_index as c_int, &mut g) != 0
         || g.raw == [0; 16]
     {
-        set_errno(libc::EINVAL);
-        return std::ptr::null_mut();
+        return null_errno(libc::EINVAL);
     }
     (*(pd as *mut Pd)).ahs.fetch_add(1, Ordering::AcqRel);
     Box::into_raw(Box::new(Ah {
@@ -145,14 +142,12 @@ pub unsafe extern "C" fn ibv_create_ah_from_wc(
     port: u8,
 ) -> *mut sys::ibv_ah {
     if pd.is_null() {
-        set_errno(libc::EINVAL);
-        return std::ptr::null_mut();
+        return null_errno(libc::EINVAL);
     }
     let mut a: sys::ibv_ah_attr = std::mem::zeroed();
     let e = ibv_init_ah_from_wc((*pd).context, port, wc, grh, &mut a);
     if e != 0 {
-        set_errno(e);
-        return std::ptr::null_mut();
+        return null_errno(e);
     }
     ibv_create_ah(pd, &mut a)
 }

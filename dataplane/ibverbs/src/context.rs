@@ -77,6 +77,15 @@ pub(crate) fn moving_read() -> std::sync::RwLockReadGuard<'static, ()> {
     MOVING.read().unwrap_or_else(|p| p.into_inner())
 }
 
+/// Runs `f`, a call that may move application pages (registration, deregistration, closing
+/// a context), holding [`MOVING`] for writing: the library's own threads stay off the heap
+/// meanwhile. The application's threads must not write to the pages being moved
+/// (docs/ibverbs.md).
+pub(crate) fn while_moving<T>(f: impl FnOnce() -> T) -> T {
+    let _moving = MOVING.write().unwrap_or_else(|p| p.into_inner());
+    f()
+}
+
 /// Moves rnicd's events into the context's queue, one count on the async fd for each.
 /// Sleeps between looks (events are rare), longer while nothing comes.
 pub(crate) fn event_pump(ctx: usize, stop: Arc<AtomicBool>) {
@@ -176,6 +185,25 @@ pub(crate) fn destroy_listed(
     })
 }
 
+/// Destroys a QP or an SRQ (listed as `id` in `table`): [`destroy_listed`], then waits until
+/// the application has acknowledged its asynchronous events (`acks`: they hold its memory)
+/// and frees it. 0, or the errno of the failure.
+pub(crate) unsafe fn destroy_acked<T>(
+    ctx: &Ctx,
+    table: fn(&mut Objects) -> &mut HashMap<u32, usize>,
+    id: u32,
+    obj: *mut T,
+    acks: impl FnOnce(&T) -> &Acks,
+    destroy: impl FnOnce(&mut RemoteContext) -> roce::engine::VerbsResult<()>,
+) -> c_int {
+    if let Err(e) = destroy_listed(ctx, table, id, obj as usize, destroy) {
+        return e;
+    }
+    acks(&*obj).wait();
+    drop(Box::from_raw(obj));
+    0
+}
+
 pub(crate) fn client(c: &Ctx) -> std::sync::MutexGuard<'_, RemoteContext> {
     c.client.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -190,30 +218,25 @@ pub(crate) fn eventfd(flags: c_int) -> Option<OwnedFd> {
 pub unsafe extern "C" fn ibv_open_device(dev: *mut sys::ibv_device) -> *mut sys::ibv_context {
     guard(std::ptr::null_mut(), || {
         let Some(d) = device_of(dev) else {
-            set_errno(libc::ENODEV);
-            return std::ptr::null_mut();
+            return null_errno(libc::ENODEV);
         };
         let mut rc = match connect(None, Some(&d.name)) {
             Ok(c) => c,
             Err(e) => {
                 eprintln!("libibverbs (ferroce): {e}");
-                set_errno(libc::ENODEV);
-                return std::ptr::null_mut();
+                return null_errno(libc::ENODEV);
             }
         };
         let Ok(limits) = rc.query_device() else {
-            set_errno(libc::EIO);
-            return std::ptr::null_mut();
+            return null_errno(libc::EIO);
         };
         let Some(async_fd) = eventfd(libc::EFD_SEMAPHORE) else {
-            set_errno(libc::EMFILE);
-            return std::ptr::null_mut();
+            return null_errno(libc::EMFILE);
         };
         let cmd_fd = match open_cmd_fd(dev) {
             Ok(f) => f,
             Err(e) => {
-                set_errno(e.raw_os_error().unwrap_or(libc::EMFILE));
-                return std::ptr::null_mut();
+                return null_errno(e.raw_os_error().unwrap_or(libc::EMFILE));
             }
         };
         // SAFETY: zero is a valid verbs_context (C data; NULL ops).
@@ -261,8 +284,7 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut sys::ibv_device) -> *mut sys:
             Err(_) => {
                 let ctx = Box::from_raw(p);
                 client(&ctx).close();
-                set_errno(libc::EAGAIN);
-                return std::ptr::null_mut();
+                return null_errno(libc::EAGAIN);
             }
         }
         &mut (*p).vctx.context
@@ -296,9 +318,7 @@ pub unsafe extern "C" fn ibv_close_device(c: *mut sys::ibv_context) -> c_int {
     }
     let ctx = Box::from_raw(p);
     // Closing ends the context's registrations: pages may move back to private memory.
-    let moving = MOVING.write().unwrap_or_else(|p| p.into_inner());
-    client(&ctx).close();
-    drop(moving);
+    while_moving(|| client(&ctx).close());
     0
 }
 version!(ibv_close_device, "IBVERBS_1.1");

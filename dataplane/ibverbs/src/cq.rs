@@ -72,12 +72,10 @@ pub unsafe extern "C" fn ibv_create_comp_channel(
     c: *mut sys::ibv_context,
 ) -> *mut sys::ibv_comp_channel {
     if ctx_of(c).is_none() {
-        set_errno(libc::EINVAL);
-        return std::ptr::null_mut();
+        return null_errno(libc::EINVAL);
     }
     let Some(fd) = eventfd(libc::EFD_SEMAPHORE) else {
-        set_errno(libc::EMFILE);
-        return std::ptr::null_mut();
+        return null_errno(libc::EMFILE);
     };
     let ch = Box::new(Channel {
         ibv: sys::ibv_comp_channel {
@@ -132,8 +130,7 @@ pub(crate) unsafe fn create_cq(
 ) -> *mut Cq {
     guard(std::ptr::null_mut(), || {
         let Some(ctx) = ctx_of(c) else {
-            set_errno(libc::EINVAL);
-            return std::ptr::null_mut();
+            return null_errno(libc::EINVAL);
         };
         // As the kernel checks: a completion vector the context has (`num_comp_vectors`,
         // 1 here) and no more entries than the device's max_cqe.
@@ -148,15 +145,13 @@ pub(crate) unsafe fn create_cq(
                  (below {})",
                 (*c).num_comp_vectors
             )));
-            set_errno(libc::EINVAL);
-            return std::ptr::null_mut();
+            return null_errno(libc::EINVAL);
         }
         let mut cl = client(ctx);
         let id = match cl.create_cq(cqe as u32) {
             Ok(id) => id,
             Err(e) => {
-                set_errno(errno_of(&e));
-                return std::ptr::null_mut();
+                return null_errno(errno_of(&e));
             }
         };
         let notifier = cl.cq_notifier(id);
@@ -260,24 +255,20 @@ pub(crate) unsafe extern "C" fn create_cq_ex(
     attr: *mut sys::ibv_cq_init_attr_ex,
 ) -> *mut sys::ibv_cq_ex {
     if attr.is_null() {
-        set_errno(libc::EINVAL);
-        return std::ptr::null_mut();
+        return null_errno(libc::EINVAL);
     }
     let a = &*attr;
     if a.wc_flags & !CQ_EX_WC_FLAGS != 0
         || a.comp_mask & !sys::IBV_CQ_INIT_ATTR_MASK_FLAGS != 0
         || (a.comp_mask & sys::IBV_CQ_INIT_ATTR_MASK_FLAGS != 0 && a.flags != 0)
     {
-        set_errno(libc::EOPNOTSUPP);
-        return std::ptr::null_mut();
+        return null_errno(libc::EOPNOTSUPP);
     }
     let Ok(cqe) = c_int::try_from(a.cqe) else {
-        set_errno(libc::EINVAL);
-        return std::ptr::null_mut();
+        return null_errno(libc::EINVAL);
     };
     let Ok(vector) = c_int::try_from(a.comp_vector) else {
-        set_errno(libc::EINVAL);
-        return std::ptr::null_mut();
+        return null_errno(libc::EINVAL);
     };
     create_cq(c, cqe, a.cq_context, a.channel, vector) as *mut sys::ibv_cq_ex
 }
@@ -390,16 +381,9 @@ pub unsafe extern "C" fn ibv_resize_cq(cq: *mut sys::ibv_cq, cqe: c_int) -> c_in
         return libc::EINVAL;
     };
     let q = cq as *mut Cq;
-    match client(ctx).resize_cq(CqId((*cq).handle), cqe as u32) {
-        Ok(n) => {
-            (*q).ex.cqe = n as c_int;
-            0
-        }
-        Err(e) => {
-            explain(&e);
-            errno_of(&e)
-        }
-    }
+    status(client(ctx).resize_cq(CqId((*cq).handle), cqe as u32), |n| {
+        (*q).ex.cqe = n as c_int;
+    })
 }
 version!(ibv_resize_cq, "IBVERBS_1.1");
 
@@ -410,8 +394,7 @@ pub unsafe extern "C" fn ibv_get_cq_event(
     cq_context: *mut *mut c_void,
 ) -> c_int {
     if ch.is_null() || cq.is_null() {
-        set_errno(libc::EINVAL);
-        return -1;
+        return neg1_errno(libc::EINVAL);
     }
     let c = ch as *mut Channel;
     loop {
@@ -470,10 +453,7 @@ pub(crate) unsafe extern "C" fn req_notify_cq(
     } else {
         cl.req_notify_cq(CqId((*cq).handle))
     };
-    match r {
-        Ok(()) => 0,
-        Err(e) => errno_of(&e),
-    }
+    status(r, |()| ())
 }
 
 pub(crate) unsafe extern "C" fn poll_cq(

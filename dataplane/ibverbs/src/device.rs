@@ -96,8 +96,7 @@ pub unsafe extern "C" fn ibv_get_device_list(num: *mut c_int) -> *mut *mut sys::
         let arr = libc::calloc(devs.len() + 1, std::mem::size_of::<*mut sys::ibv_device>())
             as *mut *mut sys::ibv_device;
         if arr.is_null() {
-            set_errno(libc::ENOMEM);
-            return std::ptr::null_mut();
+            return null_errno(libc::ENOMEM);
         }
         for (i, d) in devs.iter().enumerate() {
             *arr.add(i) = &d.ibv as *const sys::ibv_device as *mut sys::ibv_device;
@@ -315,8 +314,7 @@ pub unsafe extern "C" fn ibv_query_gid(
         return -1;
     };
     if port != 1 || gid.is_null() || !(0..=255).contains(&index) {
-        set_errno(libc::EINVAL);
-        return -1;
+        return neg1_errno(libc::EINVAL);
     }
     // (The result first: the client's lock must not be held into gid_table_len.)
     let r = client(ctx).query_gid(index as u8);
@@ -331,10 +329,7 @@ pub unsafe extern "C" fn ibv_query_gid(
             (*gid).raw = [0; 16];
             0
         }
-        Err(_) => {
-            set_errno(libc::EINVAL);
-            -1
-        }
+        Err(_) => neg1_errno(libc::EINVAL),
     }
 }
 version!(ibv_query_gid, "IBVERBS_1.1");
@@ -356,8 +351,7 @@ pub unsafe extern "C" fn ibv_query_gid_type(
     ty: *mut c_int,
 ) -> c_int {
     if ty.is_null() {
-        set_errno(libc::EINVAL);
-        return -1;
+        return neg1_errno(libc::EINVAL);
     }
     let mut e: sys::ibv_gid_entry = std::mem::zeroed();
     match _ibv_query_gid_ex(c, port as u32, index, &mut e, 0, std::mem::size_of_val(&e)) {
@@ -369,10 +363,7 @@ pub unsafe extern "C" fn ibv_query_gid_type(
             *ty = 0;
             0
         }
-        err => {
-            set_errno(err);
-            -1
-        }
+        err => neg1_errno(err),
     }
 }
 version!(ibv_query_gid_type, "IBVERBS_PRIVATE_34");
@@ -461,12 +452,10 @@ pub unsafe extern "C" fn ibv_query_pkey(
     // rdma-core reads the sysfs pkey file: -1 with errno when it cannot (ENOENT past the
     // table, which holds one entry: the default full-membership P_Key).
     if ctx_of(c).is_none() || port != 1 || pkey.is_null() {
-        set_errno(libc::EINVAL);
-        return -1;
+        return neg1_errno(libc::EINVAL);
     }
     if index != 0 {
-        set_errno(libc::ENOENT);
-        return -1;
+        return neg1_errno(libc::ENOENT);
     }
     *pkey = 0xffffu16.to_be();
     0
@@ -482,14 +471,12 @@ pub unsafe extern "C" fn ibv_get_pkey_index(
     // As rdma-core: the index of the table entry equal to `pkey`, else -1 with errno (the
     // lookup past the table's end failed).
     if ctx_of(c).is_none() || port != 1 {
-        set_errno(libc::EINVAL);
-        return -1;
+        return neg1_errno(libc::EINVAL);
     }
     if u16::from_be(pkey) == 0xffff {
         0
     } else {
-        set_errno(libc::ENOENT);
-        -1
+        neg1_errno(libc::ENOENT)
     }
 }
 version!(ibv_get_pkey_index, "IBVERBS_1.5");

@@ -22,12 +22,10 @@ pub unsafe extern "C" fn ibv_get_async_event(
     ev: *mut sys::ibv_async_event,
 ) -> c_int {
     let Some(ctx) = ctx_of(c) else {
-        set_errno(libc::EINVAL);
-        return -1;
+        return neg1_errno(libc::EINVAL);
     };
     if ev.is_null() {
-        set_errno(libc::EINVAL);
-        return -1;
+        return neg1_errno(libc::EINVAL);
     }
     loop {
         let mut v = 0u64;

@@ -47,7 +47,7 @@ use ferroce_host::abi::proto::{AdminRequest, ReplyBody};
 use ferroce_host::abi::slots::EventSlot;
 use ferroce_host::app::remote::{connect, Admin, RemoteContext};
 use ferroce_host::Verbs;
-use roce::engine::{CqId, QpInit, SrqAttr, SrqId, VerbsError};
+use roce::engine::{CqId, QpInit, SrqAttr, SrqId, VerbsError, VerbsResult};
 use roce::memory::PdId;
 use roce::types::{Gid, Lkey, Qkey, Qpn, Rkey};
 use roce::verbs::{
@@ -94,6 +94,40 @@ macro_rules! version {
 fn set_errno(e: c_int) {
     // SAFETY: this thread's errno.
     unsafe { *libc::__errno_location() = e };
+}
+
+/// Sets errno to `e` and returns NULL: how a libibverbs function returning a pointer fails.
+fn null_errno<T>(e: c_int) -> *mut T {
+    set_errno(e);
+    std::ptr::null_mut()
+}
+
+/// Sets errno to `e` and returns -1: how the libibverbs functions that report failure in
+/// errno alone (`ibv_query_gid`, `ibv_get_async_event`...) fail.
+fn neg1_errno(e: c_int) -> c_int {
+    set_errno(e);
+    -1
+}
+
+/// 0 once `ok` has taken the result, or the failure's errno: how a libibverbs function
+/// returning an errno ends.
+fn status<T>(r: VerbsResult<T>, ok: impl FnOnce(T)) -> c_int {
+    match r {
+        Ok(v) => {
+            ok(v);
+            0
+        }
+        Err(e) => errno_of(&e),
+    }
+}
+
+/// What `make` builds from the result, or NULL with errno set from the failure: how a
+/// libibverbs function creating an object ends.
+fn or_null<T, P>(r: VerbsResult<T>, make: impl FnOnce(T) -> *mut P) -> *mut P {
+    match r {
+        Ok(v) => make(v),
+        Err(e) => null_errno(errno_of(&e)),
+    }
 }
 
 fn errno_of(e: &VerbsError) -> c_int {

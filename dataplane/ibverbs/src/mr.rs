@@ -22,26 +22,19 @@ pub(crate) struct Mr {
 #[no_mangle]
 pub unsafe extern "C" fn ibv_alloc_pd(c: *mut sys::ibv_context) -> *mut sys::ibv_pd {
     let Some(ctx) = ctx_of(c) else {
-        set_errno(libc::EINVAL);
-        return std::ptr::null_mut();
+        return null_errno(libc::EINVAL);
     };
-    match client(ctx).alloc_pd() {
-        Ok(id) => {
-            let pd = Box::new(Pd {
-                ibv: sys::ibv_pd {
-                    context: c,
-                    handle: id.0,
-                },
-                id,
-                ahs: Default::default(),
-            });
-            Box::into_raw(pd) as *mut sys::ibv_pd
-        }
-        Err(e) => {
-            set_errno(errno_of(&e));
-            std::ptr::null_mut()
-        }
-    }
+    or_null(client(ctx).alloc_pd(), |id| {
+        let pd = Box::new(Pd {
+            ibv: sys::ibv_pd {
+                context: c,
+                handle: id.0,
+            },
+            id,
+            ahs: Default::default(),
+        });
+        Box::into_raw(pd) as *mut sys::ibv_pd
+    })
 }
 version!(ibv_alloc_pd, "IBVERBS_1.1");
 
@@ -54,13 +47,7 @@ pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut sys::ibv_pd) -> c_int {
     if (*p).ahs.load(Ordering::Acquire) > 0 {
         return libc::EBUSY;
     }
-    match client(ctx).dealloc_pd((*p).id) {
-        Ok(()) => {
-            drop(Box::from_raw(p));
-            0
-        }
-        Err(e) => errno_of(&e),
-    }
+    status(client(ctx).dealloc_pd((*p).id), |()| drop(Box::from_raw(p)))
 }
 version!(ibv_dealloc_pd, "IBVERBS_1.1");
 
@@ -85,26 +72,18 @@ pub(crate) unsafe fn reg(
     access: c_int,
 ) -> *mut sys::ibv_mr {
     let Some(ctx) = owner_ctx(pd).filter(|_| !addr.is_null() && len > 0) else {
-        set_errno(libc::EINVAL);
-        return std::ptr::null_mut();
+        return null_errno(libc::EINVAL);
     };
     let Ok(acc) = mr_access(access) else {
-        set_errno(libc::EOPNOTSUPP);
-        return std::ptr::null_mut();
+        return null_errno(libc::EOPNOTSUPP);
     };
     if iova != addr as u64 {
-        set_errno(libc::EOPNOTSUPP);
-        return std::ptr::null_mut();
+        return null_errno(libc::EOPNOTSUPP);
     }
     let p = pd as *mut Pd;
-    // The library's own threads stay off the heap while the pages move (MOVING). The
-    // application's threads must not write to the pages being registered meanwhile
-    // (docs/ibverbs.md).
-    let moving = MOVING.write().unwrap_or_else(|p| p.into_inner());
-    let r = client(ctx).reg_mr_addr((*p).id, addr as u64, len, acc);
-    drop(moving);
-    match r {
-        Ok(m) => Box::into_raw(Box::new(Mr {
+    let r = while_moving(|| client(ctx).reg_mr_addr((*p).id, addr as u64, len, acc));
+    or_null(r, |m| {
+        Box::into_raw(Box::new(Mr {
             ibv: sys::ibv_mr {
                 context: (*pd).context,
                 pd,
@@ -116,12 +95,8 @@ pub(crate) unsafe fn reg(
             },
             mr: m,
             access,
-        })) as *mut sys::ibv_mr,
-        Err(e) => {
-            set_errno(errno_of(&e));
-            std::ptr::null_mut()
-        }
-    }
+        })) as *mut sys::ibv_mr
+    })
 }
 
 #[no_mangle]
@@ -169,21 +144,9 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut sys::ibv_mr) -> c_int {
         return libc::EINVAL;
     };
     let m = mr as *mut Mr;
-    // The last registration within its pages moves them back to private memory: the
-    // library's threads stay off the heap meanwhile (MOVING), as for registration.
-    let moving = MOVING.write().unwrap_or_else(|p| p.into_inner());
-    let r = client(ctx).dereg_mr(&(*m).mr);
-    drop(moving);
-    match r {
-        Ok(()) => {
-            drop(Box::from_raw(m));
-            0
-        }
-        Err(e) => {
-            explain(&e);
-            errno_of(&e)
-        }
-    }
+    // The last registration within its pages moves them back to private memory.
+    let r = while_moving(|| client(ctx).dereg_mr(&(*m).mr));
+    status(r, |()| drop(Box::from_raw(m)))
 }
 version!(ibv_dereg_mr, "IBVERBS_1.1");
 
@@ -238,10 +201,9 @@ pub unsafe extern "C" fn ibv_rereg_mr(
         } else {
             None
         };
-        // Pages may move (the new range onto a memfd, the old one back): MOVING, as reg.
-        let moving = MOVING.write().unwrap_or_else(|p| p.into_inner());
-        let r = client(ctx).rereg_mr(&m.mr, new_pd.map(|p| (*(p as *mut Pd)).id), memory, acc);
-        drop(moving);
+        // Pages may move (the new range onto a memfd, the old one back).
+        let new_pd_id = new_pd.map(|p| (*(p as *mut Pd)).id);
+        let r = while_moving(|| client(ctx).rereg_mr(&m.mr, new_pd_id, memory, acc));
         match r {
             Ok(new) => {
                 m.mr = new;
@@ -260,7 +222,6 @@ pub unsafe extern "C" fn ibv_rereg_mr(
                 0
             }
             Err(e) => {
-                explain(&e);
                 set_errno(errno_of(&e));
                 sys::IBV_REREG_MR_ERR_CMD
             }
@@ -280,8 +241,7 @@ pub unsafe extern "C" fn ibv_reg_dmabuf_mr(
     _fd: c_int,
     _access: c_int,
 ) -> *mut sys::ibv_mr {
-    set_errno(libc::EOPNOTSUPP);
-    std::ptr::null_mut()
+    null_errno(libc::EOPNOTSUPP)
 }
 version!(ibv_reg_dmabuf_mr, "IBVERBS_1.12");
 

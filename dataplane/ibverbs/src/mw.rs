@@ -43,32 +43,23 @@ pub(crate) unsafe extern "C" fn alloc_mw(
 ) -> *mut sys::ibv_mw {
     guard(std::ptr::null_mut(), || {
         let Some(ctx) = owner_ctx(pd) else {
-            set_errno(libc::EINVAL);
-            return std::ptr::null_mut();
+            return null_errno(libc::EINVAL);
         };
         let t = match ty {
             sys::IBV_MW_TYPE_1 => ferroce_host::MwType::One,
             sys::IBV_MW_TYPE_2 => ferroce_host::MwType::Two,
-            _ => {
-                set_errno(libc::EINVAL);
-                return std::ptr::null_mut();
-            }
+            _ => return null_errno(libc::EINVAL),
         };
         let r = client(ctx).alloc_mw((*(pd as *mut Pd)).id, t);
-        match r {
-            Ok(k) => Box::into_raw(Box::new(sys::ibv_mw {
+        or_null(r, |k| {
+            Box::into_raw(Box::new(sys::ibv_mw {
                 context: (*pd).context,
                 pd,
                 rkey: k.0,
                 handle: k.0 >> 8,
                 type_: ty,
-            })),
-            Err(e) => {
-                explain(&e);
-                set_errno(errno_of(&e));
-                std::ptr::null_mut()
-            }
-        }
+            }))
+        })
     })
 }
 
@@ -78,13 +69,7 @@ pub(crate) unsafe extern "C" fn dealloc_mw(mw: *mut sys::ibv_mw) -> c_int {
         return libc::EINVAL;
     };
     let r = client(ctx).dealloc_mw(Rkey((*mw).rkey));
-    match r {
-        Ok(()) => {
-            drop(Box::from_raw(mw));
-            0
-        }
-        Err(e) => errno_of(&e),
-    }
+    status(r, |()| drop(Box::from_raw(mw)))
 }
 
 /// `context->ops.bind_mw` (`ibv_bind_mw`, type 1; libibverbs' inline checked the type, the

@@ -146,10 +146,7 @@ pub(crate) unsafe fn submit(
             },
         )
     };
-    match r {
-        Ok(()) => 0,
-        Err(e) => errno_of(&e),
-    }
+    status(r, |()| ())
 }
 
 pub(crate) unsafe extern "C" fn post_send(
@@ -190,13 +187,13 @@ pub(crate) unsafe fn recv_chain(
         let mut list = [Sge::default(); MAX_SGE];
         let r = match sges((*w).sg_list, (*w).num_sge, &mut list) {
             None => libc::EINVAL,
-            Some(n) => match post(&RecvWr {
-                wr_id: (*w).wr_id,
-                sg_list: &list[..n],
-            }) {
-                Ok(()) => 0,
-                Err(e) => errno_of(&e),
-            },
+            Some(n) => status(
+                post(&RecvWr {
+                    wr_id: (*w).wr_id,
+                    sg_list: &list[..n],
+                }),
+                |()| (),
+            ),
         };
         if r != 0 {
             if !bad.is_null() {

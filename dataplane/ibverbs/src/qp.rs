@@ -29,17 +29,14 @@ pub unsafe extern "C" fn ibv_create_qp(
 ) -> *mut sys::ibv_qp {
     guard(std::ptr::null_mut(), || {
         let Some(ctx) = owner_ctx(pd).filter(|_| !init.is_null()) else {
-            set_errno(libc::EINVAL);
-            return std::ptr::null_mut();
+            return null_errno(libc::EINVAL);
         };
         let i = &mut *init;
         let Some(t) = QpType::from_ibv(i.qp_type) else {
-            set_errno(libc::EOPNOTSUPP);
-            return std::ptr::null_mut();
+            return null_errno(libc::EOPNOTSUPP);
         };
         if i.send_cq.is_null() || i.recv_cq.is_null() {
-            set_errno(libc::EINVAL);
-            return std::ptr::null_mut();
+            return null_errno(libc::EINVAL);
         }
         // The CQs and the SRQ must be this context's own objects (as the kernel resolves
         // handles per ucontext): a CQ of another context - another device, or another
@@ -60,8 +57,7 @@ pub unsafe extern "C" fn ibv_create_qp(
                     "ibv_create_qp: the {} belongs to another context",
                     if cqs_ok { "SRQ" } else { "CQ" }
                 )));
-                set_errno(libc::EINVAL);
-                return std::ptr::null_mut();
+                return null_errno(libc::EINVAL);
             }
         }
         let caps = QpCaps {
@@ -125,10 +121,7 @@ pub unsafe extern "C" fn ibv_create_qp(
                 objects(ctx).qps.insert(qpn.value(), q as usize);
                 q as *mut sys::ibv_qp
             }
-            Err(e) => {
-                set_errno(errno_of(&e));
-                std::ptr::null_mut()
-            }
+            Err(e) => null_errno(errno_of(&e)),
         }
     })
 }
@@ -166,15 +159,11 @@ pub unsafe extern "C" fn ibv_modify_qp(
         }
         Err(e) => return invalid(&format!("ibv_modify_qp: {e}")),
     };
-    match client(ctx).modify_qp((*(qp as *mut Qp)).qpn, &q) {
-        Ok(()) => {
-            if let Some(s) = q.state {
-                (*qp).state = s.to_ibv();
-            }
-            0
+    status(client(ctx).modify_qp((*(qp as *mut Qp)).qpn, &q), |()| {
+        if let Some(s) = q.state {
+            (*qp).state = s.to_ibv();
         }
-        Err(e) => errno_of(&e),
-    }
+    })
 }
 version!(ibv_modify_qp, "IBVERBS_1.1");
 
@@ -252,14 +241,15 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut sys::ibv_qp) -> c_int {
         return libc::EINVAL;
     };
     let q = qp as *mut Qp;
-    let n = (*q).qpn.value();
     let qpn = (*q).qpn;
-    if let Err(e) = destroy_listed(ctx, |o| &mut o.qps, n, q as usize, |c| c.destroy_qp(qpn)) {
-        return e;
-    }
-    (*q).async_events.wait();
-    drop(Box::from_raw(q));
-    0
+    destroy_acked(
+        ctx,
+        |o| &mut o.qps,
+        qpn.value(),
+        q,
+        |q| &q.async_events,
+        |c| c.destroy_qp(qpn),
+    )
 }
 version!(ibv_destroy_qp, "IBVERBS_1.1");
 
@@ -294,16 +284,14 @@ pub(crate) unsafe extern "C" fn create_qp_ex(
     attr: *mut sys::ibv_qp_init_attr_ex,
 ) -> *mut sys::ibv_qp {
     if attr.is_null() || ctx_of(c).is_none() {
-        set_errno(libc::EINVAL);
-        return std::ptr::null_mut();
+        return null_errno(libc::EINVAL);
     }
     let a = &*attr;
     let known = sys::IBV_QP_INIT_ATTR_PD
         | sys::IBV_QP_INIT_ATTR_SEND_OPS_FLAGS
         | sys::IBV_QP_INIT_ATTR_CREATE_FLAGS;
     if a.comp_mask & sys::IBV_QP_INIT_ATTR_PD == 0 || a.pd.is_null() {
-        set_errno(libc::EINVAL);
-        return std::ptr::null_mut();
+        return null_errno(libc::EINVAL);
     }
     let ops = if a.comp_mask & sys::IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0 {
         Some(a.send_ops_flags)
@@ -314,12 +302,10 @@ pub(crate) unsafe extern "C" fn create_qp_ex(
         || (a.comp_mask & sys::IBV_QP_INIT_ATTR_CREATE_FLAGS != 0 && a.create_flags != 0)
         || ops.is_some_and(|o| o & !SEND_OPS != 0)
     {
-        set_errno(libc::EOPNOTSUPP);
-        return std::ptr::null_mut();
+        return null_errno(libc::EOPNOTSUPP);
     }
     if (*a.pd).context != c {
-        set_errno(libc::EINVAL);
-        return std::ptr::null_mut();
+        return null_errno(libc::EINVAL);
     }
     // The ex attributes begin with ibv_qp_init_attr's fields (the header's own cast).
     let qp = ibv_create_qp(a.pd, attr as *mut sys::ibv_qp_init_attr);

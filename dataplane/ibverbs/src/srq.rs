@@ -16,8 +16,7 @@ pub unsafe extern "C" fn ibv_create_srq(
     init: *mut sys::ibv_srq_init_attr,
 ) -> *mut sys::ibv_srq {
     let Some(ctx) = owner_ctx(pd).filter(|_| !init.is_null()) else {
-        set_errno(libc::EINVAL);
-        return std::ptr::null_mut();
+        return null_errno(libc::EINVAL);
     };
     let a = (*init).attr;
     let attr = SrqAttr {
@@ -47,10 +46,7 @@ pub unsafe extern "C" fn ibv_create_srq(
             objects(ctx).srqs.insert(id.0, p as usize);
             p as *mut sys::ibv_srq
         }
-        Err(e) => {
-            set_errno(errno_of(&e));
-            std::ptr::null_mut()
-        }
+        Err(e) => null_errno(errno_of(&e)),
     }
 }
 version!(ibv_create_srq, "IBVERBS_1.1");
@@ -71,10 +67,10 @@ pub unsafe extern "C" fn ibv_modify_srq(
     if mask & 2 == 0 {
         return 0;
     }
-    match client(ctx).modify_srq((*(srq as *mut Srq)).id, (*attr).srq_limit) {
-        Ok(()) => 0,
-        Err(e) => errno_of(&e),
-    }
+    status(
+        client(ctx).modify_srq((*(srq as *mut Srq)).id, (*attr).srq_limit),
+        |()| (),
+    )
 }
 version!(ibv_modify_srq, "IBVERBS_1.1");
 
@@ -86,17 +82,13 @@ pub unsafe extern "C" fn ibv_query_srq(
     let Some(ctx) = owner_ctx(srq).filter(|_| !attr.is_null()) else {
         return libc::EINVAL;
     };
-    match client(ctx).query_srq((*(srq as *mut Srq)).id) {
-        Ok(a) => {
-            *attr = sys::ibv_srq_attr {
-                max_wr: a.max_wr,
-                max_sge: a.max_sge,
-                srq_limit: a.srq_limit,
-            };
-            0
-        }
-        Err(e) => errno_of(&e),
-    }
+    status(client(ctx).query_srq((*(srq as *mut Srq)).id), |a| {
+        *attr = sys::ibv_srq_attr {
+            max_wr: a.max_wr,
+            max_sge: a.max_sge,
+            srq_limit: a.srq_limit,
+        };
+    })
 }
 version!(ibv_query_srq, "IBVERBS_1.1");
 
@@ -106,13 +98,14 @@ pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut sys::ibv_srq) -> c_int {
         return libc::EINVAL;
     };
     let s = srq as *mut Srq;
-    let n = (*s).id.0;
     let id = (*s).id;
-    if let Err(e) = destroy_listed(ctx, |o| &mut o.srqs, n, s as usize, |c| c.destroy_srq(id)) {
-        return e;
-    }
-    (*s).async_events.wait();
-    drop(Box::from_raw(s));
-    0
+    destroy_acked(
+        ctx,
+        |o| &mut o.srqs,
+        id.0,
+        s,
+        |s| &s.async_events,
+        |c| c.destroy_srq(id),
+    )
 }
 version!(ibv_destroy_srq, "IBVERBS_1.1");

@@ -73,8 +73,7 @@ pub unsafe extern "C" fn ibv_import_device(fd: c_int) -> *mut sys::ibv_context {
     // rdma-core answers EOPNOTSUPP for a device without import (its ioctl fails so); a
     // descriptor that is not open at all is EBADF.
     if libc::fcntl(fd, libc::F_GETFD) < 0 {
-        set_errno(libc::EBADF);
-        return std::ptr::null_mut();
+        return null_errno(libc::EBADF);
     }
     explain(&VerbsError::InvalidArgument(
         "ibv_import_device: ferroce's contexts live in rnicd and cannot be imported from a \
@@ -88,8 +87,7 @@ version!(ibv_import_device, "IBVERBS_1.10");
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_import_pd(_c: *mut sys::ibv_context, _h: u32) -> *mut sys::ibv_pd {
-    set_errno(libc::EOPNOTSUPP);
-    std::ptr::null_mut()
+    null_errno(libc::EOPNOTSUPP)
 }
 version!(ibv_import_pd, "IBVERBS_1.10");
 
@@ -99,8 +97,7 @@ version!(ibv_unimport_pd, "IBVERBS_1.10");
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_import_mr(_pd: *mut sys::ibv_pd, _h: u32) -> *mut sys::ibv_mr {
-    set_errno(libc::EOPNOTSUPP);
-    std::ptr::null_mut()
+    null_errno(libc::EOPNOTSUPP)
 }
 version!(ibv_import_mr, "IBVERBS_1.10");
 
@@ -110,8 +107,7 @@ version!(ibv_unimport_mr, "IBVERBS_1.10");
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_import_dm(_c: *mut sys::ibv_context, _h: u32) -> *mut sys::ibv_dm {
-    set_errno(libc::EOPNOTSUPP);
-    std::ptr::null_mut()
+    null_errno(libc::EOPNOTSUPP)
 }
 version!(ibv_import_dm, "IBVERBS_1.13");
 
