@@ -229,85 +229,37 @@ pub(crate) unsafe fn complete_batch(qp: *mut sys::ibv_qp_ex) -> c_int {
     r
 }
 
-pub(crate) unsafe extern "C" fn wr_rdma_write(qp: *mut sys::ibv_qp_ex, rkey: u32, addr: u64) {
-    let op = WrOp::Write {
-        remote_addr: addr,
-        rkey: Rkey(rkey),
+/// Defines the `ibv_wr_*` operations that start a WR: each builds its [`WrOp`] from its
+/// arguments and [`begin`]s it, needing its `IBV_QP_EX_WITH_*` bit in `send_ops_flags`.
+macro_rules! wr_ops {
+    ($($name:ident($($arg:ident: $ty:ty),*) => $need:ident, $op:expr;)*) => {
+        $(
+            pub(crate) unsafe extern "C" fn $name(qp: *mut sys::ibv_qp_ex, $($arg: $ty),*) {
+                begin(qp, sys::$need, $op);
+            }
+        )*
     };
-    begin(qp, sys::IBV_QP_EX_WITH_RDMA_WRITE, op);
 }
 
-pub(crate) unsafe extern "C" fn wr_rdma_write_imm(
-    qp: *mut sys::ibv_qp_ex,
-    rkey: u32,
-    addr: u64,
-    imm: u32,
-) {
-    let op = WrOp::WriteWithImm {
-        remote_addr: addr,
-        rkey: Rkey(rkey),
-        imm: u32::from_be(imm),
-    };
-    begin(qp, sys::IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM, op);
-}
-
-pub(crate) unsafe extern "C" fn wr_send(qp: *mut sys::ibv_qp_ex) {
-    begin(qp, sys::IBV_QP_EX_WITH_SEND, WrOp::Send);
-}
-
-pub(crate) unsafe extern "C" fn wr_send_imm(qp: *mut sys::ibv_qp_ex, imm: u32) {
-    let op = WrOp::SendWithImm {
-        imm: u32::from_be(imm),
-    };
-    begin(qp, sys::IBV_QP_EX_WITH_SEND_WITH_IMM, op);
-}
-
-pub(crate) unsafe extern "C" fn wr_send_inv(qp: *mut sys::ibv_qp_ex, rkey: u32) {
-    let op = WrOp::SendWithInv { rkey: Rkey(rkey) };
-    begin(qp, sys::IBV_QP_EX_WITH_SEND_WITH_INV, op);
-}
-
-pub(crate) unsafe extern "C" fn wr_rdma_read(qp: *mut sys::ibv_qp_ex, rkey: u32, addr: u64) {
-    let op = WrOp::Read {
-        remote_addr: addr,
-        rkey: Rkey(rkey),
-    };
-    begin(qp, sys::IBV_QP_EX_WITH_RDMA_READ, op);
-}
-
-pub(crate) unsafe extern "C" fn wr_atomic_cmp_swp(
-    qp: *mut sys::ibv_qp_ex,
-    rkey: u32,
-    addr: u64,
-    compare: u64,
-    swap: u64,
-) {
-    let op = WrOp::CompareSwap {
-        remote_addr: addr,
-        rkey: Rkey(rkey),
-        compare,
-        swap,
-    };
-    begin(qp, sys::IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP, op);
-}
-
-pub(crate) unsafe extern "C" fn wr_atomic_fetch_add(
-    qp: *mut sys::ibv_qp_ex,
-    rkey: u32,
-    addr: u64,
-    add: u64,
-) {
-    let op = WrOp::FetchAdd {
-        remote_addr: addr,
-        rkey: Rkey(rkey),
-        add,
-    };
-    begin(qp, sys::IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD, op);
-}
-
-pub(crate) unsafe extern "C" fn wr_local_inv(qp: *mut sys::ibv_qp_ex, rkey: u32) {
-    let op = WrOp::LocalInv { rkey: Rkey(rkey) };
-    begin(qp, sys::IBV_QP_EX_WITH_LOCAL_INV, op);
+// Immediate data comes in network order (verbs.h); WrOp holds it in host order.
+wr_ops! {
+    wr_rdma_write(rkey: u32, addr: u64) => IBV_QP_EX_WITH_RDMA_WRITE,
+        WrOp::Write { remote_addr: addr, rkey: Rkey(rkey) };
+    wr_rdma_write_imm(rkey: u32, addr: u64, imm: u32) => IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM,
+        WrOp::WriteWithImm { remote_addr: addr, rkey: Rkey(rkey), imm: u32::from_be(imm) };
+    wr_send() => IBV_QP_EX_WITH_SEND, WrOp::Send;
+    wr_send_imm(imm: u32) => IBV_QP_EX_WITH_SEND_WITH_IMM,
+        WrOp::SendWithImm { imm: u32::from_be(imm) };
+    wr_send_inv(rkey: u32) => IBV_QP_EX_WITH_SEND_WITH_INV,
+        WrOp::SendWithInv { rkey: Rkey(rkey) };
+    wr_rdma_read(rkey: u32, addr: u64) => IBV_QP_EX_WITH_RDMA_READ,
+        WrOp::Read { remote_addr: addr, rkey: Rkey(rkey) };
+    wr_atomic_cmp_swp(rkey: u32, addr: u64, compare: u64, swap: u64)
+        => IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP,
+        WrOp::CompareSwap { remote_addr: addr, rkey: Rkey(rkey), compare, swap };
+    wr_atomic_fetch_add(rkey: u32, addr: u64, add: u64) => IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD,
+        WrOp::FetchAdd { remote_addr: addr, rkey: Rkey(rkey), add };
+    wr_local_inv(rkey: u32) => IBV_QP_EX_WITH_LOCAL_INV, WrOp::LocalInv { rkey: Rkey(rkey) };
 }
 
 pub(crate) unsafe extern "C" fn wr_set_sge(
@@ -412,12 +364,12 @@ pub(crate) unsafe extern "C" fn wr_set_ud_addr(
     remote_qpn: u32,
     remote_qkey: u32,
 ) {
-    // The batch is on the heap: not while registration moves pages (MOVING).
-    let _moving = moving_read();
     if ah.is_null() {
-        fail(qp, libc::EINVAL);
+        fail_now(qp, libc::EINVAL);
         return;
     }
+    // The batch is on the heap: not while registration moves pages (MOVING).
+    let _moving = moving_read();
     if let Some(w) = current(qp) {
         w.ud = Some(UdDest {
             ah: (*(ah as *mut Ah)).av,
@@ -436,12 +388,15 @@ pub(crate) unsafe extern "C" fn wr_bind_mw(
 ) {
     match bind_op(mw, rkey, info) {
         Some(op) => begin(qp, sys::IBV_QP_EX_WITH_BIND_MW, op),
-        None => {
-            // The batch is on the heap: not while registration moves pages (MOVING).
-            let _moving = moving_read();
-            fail(qp, libc::EINVAL);
-        }
+        None => fail_now(qp, libc::EINVAL),
     }
+}
+
+/// Fails the batch with `e` (a setter's argument error, or an operation ferroce lacks).
+unsafe fn fail_now(qp: *mut sys::ibv_qp_ex, e: c_int) {
+    // The batch is on the heap: not while registration moves pages (MOVING).
+    let _moving = moving_read();
+    fail(qp, e);
 }
 
 pub(crate) unsafe extern "C" fn wr_send_tso(
@@ -450,15 +405,11 @@ pub(crate) unsafe extern "C" fn wr_send_tso(
     _sz: u16,
     _mss: u16,
 ) {
-    // The batch is on the heap: not while registration moves pages (MOVING).
-    let _moving = moving_read();
-    fail(qp, libc::EOPNOTSUPP);
+    fail_now(qp, libc::EOPNOTSUPP);
 }
 
 pub(crate) unsafe extern "C" fn wr_set_xrc_srqn(qp: *mut sys::ibv_qp_ex, _srqn: u32) {
-    // The batch is on the heap: not while registration moves pages (MOVING).
-    let _moving = moving_read();
-    fail(qp, libc::EOPNOTSUPP);
+    fail_now(qp, libc::EOPNOTSUPP);
 }
 
 pub(crate) unsafe extern "C" fn wr_atomic_write(
@@ -467,7 +418,5 @@ pub(crate) unsafe extern "C" fn wr_atomic_write(
     _addr: u64,
     _wr: *const c_void,
 ) {
-    // The batch is on the heap: not while registration moves pages (MOVING).
-    let _moving = moving_read();
-    fail(qp, libc::EOPNOTSUPP);
+    fail_now(qp, libc::EOPNOTSUPP);
 }
