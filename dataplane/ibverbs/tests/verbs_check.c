@@ -65,6 +65,22 @@ static void *alloc_buf(size_t n)
 	return p;
 }
 
+/* A CQ, or the run ends. */
+static struct ibv_cq *must_cq(int cqe, void *cq_context, struct ibv_comp_channel *ch)
+{
+	struct ibv_cq *cq = ibv_create_cq(ctx, cqe, cq_context, ch, 0);
+	MUST(cq, "ibv_create_cq");
+	return cq;
+}
+
+/* `n` bytes at `buf` registered on the PD with `access`, or the run ends. */
+static struct ibv_mr *must_reg(void *buf, size_t n, int access)
+{
+	struct ibv_mr *mr = ibv_reg_mr(pd, buf, n, access);
+	MUST(mr, "ibv_reg_mr");
+	return mr;
+}
+
 static double now_s(void)
 {
 	struct timespec t;
@@ -145,6 +161,23 @@ static int connect_qp(struct ibv_qp *qp, uint32_t remote, uint8_t rnr_retry)
 	return ibv_modify_qp(qp, &r,
 			     IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
 				     IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
+}
+
+/* Connects `a` and `b` to each other; or the run ends. */
+static void must_connect(struct ibv_qp *a, struct ibv_qp *b, uint8_t rnr_retry)
+{
+	MUST(connect_qp(a, b->qp_num, rnr_retry) == 0 && connect_qp(b, a->qp_num, rnr_retry) == 0,
+	     "connect");
+}
+
+/* Two RC QPs, `a` on CQ `acq` and `b` on `bcq`, connected to each other; or the run ends. */
+static void connect_pair(struct ibv_cq *acq, struct ibv_cq *bcq, uint8_t rnr_retry,
+			 struct ibv_qp **a, struct ibv_qp **b)
+{
+	*a = make_qp(acq, acq, NULL);
+	*b = make_qp(bcq, bcq, NULL);
+	MUST(*a && *b, "ibv_create_qp");
+	must_connect(*a, *b, rnr_retry);
 }
 
 static enum ibv_qp_state qp_state(struct ibv_qp *qp)
@@ -286,8 +319,7 @@ static void check_unsupported(void)
 	errno = 0;
 	CHECK(ibv_create_cq_ex(ctx, &ca) == NULL && errno == EOPNOTSUPP,
 	      "ibv_create_cq_ex with completion timestamps: NULL, EOPNOTSUPP");
-	struct ibv_cq *cq = ibv_create_cq(ctx, 4, NULL, NULL, 0);
-	MUST(cq, "ibv_create_cq");
+	struct ibv_cq *cq = must_cq(4, NULL, NULL);
 	CHECK(ibv_resize_cq(cq, 64) == 0 && cq->cqe >= 64, "ibv_resize_cq to 64: cqe %d", cq->cqe);
 	struct ibv_device_attr da;
 	MUST(ibv_query_device(ctx, &da) == 0, "ibv_query_device");
@@ -331,13 +363,11 @@ static void check_unsupported(void)
 
 static void check_state_errors(void)
 {
-	struct ibv_cq *cq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
-	MUST(cq, "ibv_create_cq");
+	struct ibv_cq *cq = must_cq(16, NULL, NULL);
 	struct ibv_qp *qp = make_qp(cq, cq, NULL);
 	MUST(qp, "ibv_create_qp");
 	char *buf = alloc_buf(64);
-	struct ibv_mr *mr = ibv_reg_mr(pd, buf, 64, IBV_ACCESS_LOCAL_WRITE);
-	MUST(mr, "ibv_reg_mr");
+	struct ibv_mr *mr = must_reg(buf, 64, IBV_ACCESS_LOCAL_WRITE);
 	struct ibv_sge sge = {.addr = (uintptr_t)buf, .length = 8, .lkey = mr->lkey};
 	struct ibv_send_wr wr = {.wr_id = 1, .sg_list = &sge, .num_sge = 1,
 				 .opcode = IBV_WR_SEND, .send_flags = IBV_SEND_SIGNALED};
@@ -388,19 +418,16 @@ static void check_state_errors(void)
 /* Bad keys and RNR, over a connected pair. */
 static void check_completion_errors(void)
 {
-	struct ibv_cq *cq = ibv_create_cq(ctx, 64, NULL, NULL, 0);
-	MUST(cq, "ibv_create_cq");
+	struct ibv_cq *cq = must_cq(64, NULL, NULL);
 	char *buf = alloc_buf(8192);
-	struct ibv_mr *mr = ibv_reg_mr(pd, buf, 8192,
-				       IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
-					       IBV_ACCESS_REMOTE_READ);
-	MUST(mr, "ibv_reg_mr");
+	struct ibv_mr *mr = must_reg(buf, 8192,
+				     IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+					     IBV_ACCESS_REMOTE_READ);
 	struct ibv_wc wc[8];
 
 	/* A bad lkey: local protection error, then the QP is in error and flushes. */
-	struct ibv_qp *a = make_qp(cq, cq, NULL), *b = make_qp(cq, cq, NULL);
-	MUST(a && b, "ibv_create_qp");
-	MUST(connect_qp(a, b->qp_num, 7) == 0 && connect_qp(b, a->qp_num, 7) == 0, "connect");
+	struct ibv_qp *a, *b;
+	connect_pair(cq, cq, 7, &a, &b);
 	struct ibv_sge sge = {.addr = (uintptr_t)buf, .length = 64, .lkey = mr->lkey + 0x100};
 	struct ibv_send_wr wr = {.wr_id = 11, .sg_list = &sge, .num_sge = 1,
 				 .opcode = IBV_WR_RDMA_WRITE, .send_flags = IBV_SEND_SIGNALED,
@@ -421,10 +448,7 @@ static void check_completion_errors(void)
 	ibv_destroy_qp(b);
 
 	/* A bad rkey: remote access error at the requester. */
-	a = make_qp(cq, cq, NULL);
-	b = make_qp(cq, cq, NULL);
-	MUST(a && b, "ibv_create_qp");
-	MUST(connect_qp(a, b->qp_num, 7) == 0 && connect_qp(b, a->qp_num, 7) == 0, "connect");
+	connect_pair(cq, cq, 7, &a, &b);
 	sge.lkey = mr->lkey;
 	wr.next = NULL;
 	wr.wr_id = 21;
@@ -436,10 +460,7 @@ static void check_completion_errors(void)
 	/* Out of the MR's bounds with the right rkey: also a remote access error. */
 	ibv_destroy_qp(a);
 	ibv_destroy_qp(b);
-	a = make_qp(cq, cq, NULL);
-	b = make_qp(cq, cq, NULL);
-	MUST(a && b, "ibv_create_qp");
-	MUST(connect_qp(a, b->qp_num, 7) == 0 && connect_qp(b, a->qp_num, 7) == 0, "connect");
+	connect_pair(cq, cq, 7, &a, &b);
 	wr.wr_id = 22;
 	wr.wr.rdma.rkey = mr->rkey;
 	wr.wr.rdma.remote_addr = (uintptr_t)buf + 8192 - 32;
@@ -451,10 +472,7 @@ static void check_completion_errors(void)
 	ibv_destroy_qp(b);
 
 	/* No receive WQE and rnr_retry 0: RNR retry exceeded. */
-	a = make_qp(cq, cq, NULL);
-	b = make_qp(cq, cq, NULL);
-	MUST(a && b, "ibv_create_qp");
-	MUST(connect_qp(a, b->qp_num, 0) == 0 && connect_qp(b, a->qp_num, 0) == 0, "connect");
+	connect_pair(cq, cq, 0, &a, &b);
 	struct ibv_send_wr s = {.wr_id = 31, .sg_list = &sge, .num_sge = 1,
 				.opcode = IBV_WR_SEND, .send_flags = IBV_SEND_SIGNALED};
 	CHECK(ibv_post_send(a, &s, &bad) == 0, "post a SEND to a QP without receive WQEs");
@@ -477,12 +495,9 @@ static void check_cq_overflow(void)
 	MUST(small && big, "ibv_create_cq");
 	CHECK(small->cqe >= 1, "ibv_create_cq(1): cqe %d", small->cqe);
 	char *buf = alloc_buf(4096);
-	struct ibv_mr *mr = ibv_reg_mr(pd, buf, 4096,
-				       IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
-	MUST(mr, "ibv_reg_mr");
-	struct ibv_qp *a = make_qp(small, small, NULL), *b = make_qp(big, big, NULL);
-	MUST(a && b, "ibv_create_qp");
-	MUST(connect_qp(a, b->qp_num, 7) == 0 && connect_qp(b, a->qp_num, 7) == 0, "connect");
+	struct ibv_mr *mr = must_reg(buf, 4096, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+	struct ibv_qp *a, *b;
+	connect_pair(small, big, 7, &a, &b);
 	int posted = 0;
 	for (int i = 0; i < small->cqe + 8 && i < 16; i++) {
 		struct ibv_sge sge = {.addr = (uintptr_t)buf, .length = 16, .lkey = mr->lkey};
@@ -514,8 +529,7 @@ static void check_busy(void)
 {
 	struct ibv_comp_channel *ch = ibv_create_comp_channel(ctx);
 	MUST(ch, "ibv_create_comp_channel");
-	struct ibv_cq *cq = ibv_create_cq(ctx, 8, NULL, ch, 0);
-	MUST(cq, "ibv_create_cq");
+	struct ibv_cq *cq = must_cq(8, NULL, ch);
 	struct ibv_pd *p = ibv_alloc_pd(ctx);
 	MUST(p, "ibv_alloc_pd");
 	char *buf = alloc_buf(64);
@@ -568,11 +582,9 @@ static void *destroy_thread(void *p)
 /* The same for a QP and its async event (SQ_DRAINED on entering an empty SQD). */
 static void check_async_acks(void)
 {
-	struct ibv_cq *cq = ibv_create_cq(ctx, 8, NULL, NULL, 0);
-	MUST(cq, "ibv_create_cq");
-	struct ibv_qp *a = make_qp(cq, cq, NULL), *b = make_qp(cq, cq, NULL);
-	MUST(a && b, "QPs");
-	MUST(connect_qp(a, b->qp_num, 7) == 0 && connect_qp(b, a->qp_num, 7) == 0, "connect");
+	struct ibv_cq *cq = must_cq(8, NULL, NULL);
+	struct ibv_qp *a, *b;
+	connect_pair(cq, cq, 7, &a, &b);
 	struct ibv_qp_attr sqd = {.qp_state = IBV_QPS_SQD, .en_sqd_async_notify = 1};
 	CHECK(ibv_modify_qp(a, &sqd, IBV_QP_STATE | IBV_QP_EN_SQD_ASYNC_NOTIFY) == 0,
 	      "RTS -> SQD with en_sqd_async_notify");
@@ -627,12 +639,10 @@ static void check_solicited(void)
 	struct ibv_cq *scq = ibv_create_cq(ctx, 8, NULL, NULL, 0);
 	struct ibv_cq *rcq = ibv_create_cq(ctx, 8, NULL, ch, 0);
 	MUST(scq && rcq, "ibv_create_cq");
-	struct ibv_qp *a = make_qp(scq, scq, NULL), *b = make_qp(rcq, rcq, NULL);
-	MUST(a && b, "QPs");
-	MUST(connect_qp(a, b->qp_num, 7) == 0 && connect_qp(b, a->qp_num, 7) == 0, "connect");
+	struct ibv_qp *a, *b;
+	connect_pair(scq, rcq, 7, &a, &b);
 	char *buf = alloc_buf(4096);
-	struct ibv_mr *mr = ibv_reg_mr(pd, buf, 4096, IBV_ACCESS_LOCAL_WRITE);
-	MUST(mr, "ibv_reg_mr");
+	struct ibv_mr *mr = must_reg(buf, 4096, IBV_ACCESS_LOCAL_WRITE);
 	for (int i = 0; i < 2; i++) {
 		struct ibv_sge sge = {.addr = (uintptr_t)buf + 1024 + 64 * i, .length = 64,
 				      .lkey = mr->lkey};
@@ -666,15 +676,11 @@ static void check_event_acks(void)
 {
 	struct ibv_comp_channel *ch = ibv_create_comp_channel(ctx);
 	MUST(ch, "ibv_create_comp_channel");
-	struct ibv_cq *cq = ibv_create_cq(ctx, 8, (void *)0x5eed, ch, 0);
-	MUST(cq, "ibv_create_cq");
-	struct ibv_qp *a = make_qp(cq, cq, NULL), *b = make_qp(cq, cq, NULL);
-	MUST(a && b, "QPs");
-	MUST(connect_qp(a, b->qp_num, 7) == 0 && connect_qp(b, a->qp_num, 7) == 0, "connect");
+	struct ibv_cq *cq = must_cq(8, (void *)0x5eed, ch);
+	struct ibv_qp *a, *b;
+	connect_pair(cq, cq, 7, &a, &b);
 	char *buf = alloc_buf(4096);
-	struct ibv_mr *mr = ibv_reg_mr(pd, buf, 4096, IBV_ACCESS_LOCAL_WRITE |
-				       IBV_ACCESS_REMOTE_WRITE);
-	MUST(mr, "ibv_reg_mr");
+	struct ibv_mr *mr = must_reg(buf, 4096, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
 	MUST(ibv_req_notify_cq(cq, 0) == 0, "ibv_req_notify_cq");
 	struct ibv_sge sge = {.addr = (uintptr_t)buf, .length = 8, .lkey = mr->lkey};
 	struct ibv_send_wr wr = {.wr_id = 1, .sg_list = &sge, .num_sge = 1,
@@ -736,12 +742,11 @@ static void check_extended(void)
 		return;
 	struct ibv_qp_ex *x = ibv_qp_to_qp_ex(a);
 	CHECK(x != NULL, "ibv_qp_to_qp_ex of an ibv_create_qp_ex QP");
-	MUST(connect_qp(a, b->qp_num, 7) == 0 && connect_qp(b, a->qp_num, 7) == 0, "connect");
+	must_connect(a, b, 7);
 	char *buf = alloc_buf(8192);
-	struct ibv_mr *mr = ibv_reg_mr(pd, buf, 8192,
-				       IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
-					       IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC);
-	MUST(mr, "ibv_reg_mr");
+	struct ibv_mr *mr = must_reg(buf, 8192,
+				     IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+					     IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC);
 	char *src = buf, *dst = buf + 1024, *rd = buf + 2048, *rx = buf + 3072;
 	uint64_t *counter = (uint64_t *)(buf + 4096), *old = (uint64_t *)(buf + 4104);
 	for (int i = 0; i < 256; i++)
@@ -917,15 +922,13 @@ static int wait_recv(struct ibv_cq *cq, struct ibv_wc *out)
 
 static void check_ud_reply(void)
 {
-	struct ibv_cq *cq = ibv_create_cq(ctx, 32, NULL, NULL, 0);
-	MUST(cq, "ibv_create_cq");
+	struct ibv_cq *cq = must_cq(32, NULL, NULL);
 	struct ibv_qp *a = make_ud(cq), *b = make_ud(cq);
 	CHECK(a && b, "two UD QPs to RTS");
 	if (!a || !b)
 		return;
 	char *buf = alloc_buf(4096);
-	struct ibv_mr *mr = ibv_reg_mr(pd, buf, 4096, IBV_ACCESS_LOCAL_WRITE);
-	MUST(mr, "ibv_reg_mr");
+	struct ibv_mr *mr = must_reg(buf, 4096, IBV_ACCESS_LOCAL_WRITE);
 	char *ping = buf, *pong = buf + 64, *rxa = buf + 1024, *rxb = buf + 2048;
 	strcpy(ping, "ping");
 	strcpy(pong, "pong");
@@ -1035,11 +1038,9 @@ static void check_wr_threads(void)
 	struct ibv_qp *a = ibv_create_qp_ex(ctx, &qa);
 	struct ibv_qp *b = make_qp(cq, cq, NULL);
 	MUST(a && b, "QPs");
-	MUST(connect_qp(a, b->qp_num, 7) == 0 && connect_qp(b, a->qp_num, 7) == 0, "connect");
+	must_connect(a, b, 7);
 	char *buf = alloc_buf(8192);
-	struct ibv_mr *mr = ibv_reg_mr(pd, buf, 8192,
-				       IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
-	MUST(mr, "ibv_reg_mr");
+	struct ibv_mr *mr = must_reg(buf, 8192, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
 	struct batch_thread t[2] = {
 		{.x = ibv_qp_to_qp_ex(a), .mr = mr, .src = buf, .dst = buf + 4096},
 		{.x = ibv_qp_to_qp_ex(a), .mr = mr, .src = buf + 64, .dst = buf + 4096 + 64},
@@ -1144,8 +1145,7 @@ static void check_bad_arguments(void)
 	EXPECT(ibv_modify_srq(NULL, &sa, IBV_SRQ_LIMIT) != 0);
 	EXPECT(ibv_create_qp(NULL, &qia) == NULL);
 	EXPECT(ibv_create_qp(pd, NULL) == NULL);
-	struct ibv_cq *cq = ibv_create_cq(ctx, 8, NULL, NULL, 0);
-	MUST(cq, "ibv_create_cq");
+	struct ibv_cq *cq = must_cq(8, NULL, NULL);
 	struct ibv_qp_init_attr bad_type = {.send_cq = cq, .recv_cq = cq, .qp_type = 99,
 					    .cap = {.max_send_wr = 1, .max_recv_wr = 1,
 						    .max_send_sge = 1, .max_recv_sge = 1}};
@@ -1269,8 +1269,7 @@ static enum ibv_wc_status write8(struct ibv_qp *qp, struct ibv_cq *cq, void *src
  * them, on the wire through internal loopback. */
 static void check_memory_windows(void)
 {
-	struct ibv_cq *cq = ibv_create_cq(ctx, 32, NULL, NULL, 0);
-	MUST(cq, "ibv_create_cq");
+	struct ibv_cq *cq = must_cq(32, NULL, NULL);
 	char *src = alloc_buf(4096), *dst = alloc_buf(16384);
 	memset(src, 0x6b, 64);
 	struct ibv_mr *smr = ibv_reg_mr(pd, src, 4096, IBV_ACCESS_LOCAL_WRITE);
@@ -1352,8 +1351,7 @@ static void check_memory_windows(void)
 		      wc.status == IBV_WC_SUCCESS,
 	      "a FREE type 2 window binds again");
 	char *rx = alloc_buf(4096);
-	struct ibv_mr *rmr = ibv_reg_mr(pd, rx, 4096, IBV_ACCESS_LOCAL_WRITE);
-	MUST(rmr, "ibv_reg_mr");
+	struct ibv_mr *rmr = must_reg(rx, 4096, IBV_ACCESS_LOCAL_WRITE);
 	struct ibv_sge rsge = {.addr = (uintptr_t)rx, .length = 64, .lkey = rmr->lkey};
 	struct ibv_recv_wr rwr = {.wr_id = 8, .sg_list = &rsge, .num_sge = 1}, *rbad;
 	MUST(ibv_post_recv(b, &rwr, &rbad) == 0, "ibv_post_recv");
@@ -1452,15 +1450,11 @@ static void check_memory_windows(void)
  * what it holds fails. */
 static void check_resize_cq(void)
 {
-	struct ibv_cq *cq = ibv_create_cq(ctx, 2, NULL, NULL, 0);
-	MUST(cq, "ibv_create_cq");
+	struct ibv_cq *cq = must_cq(2, NULL, NULL);
 	char *buf = alloc_buf(8192);
-	struct ibv_mr *mr = ibv_reg_mr(pd, buf, 8192,
-				       IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
-	MUST(mr, "ibv_reg_mr");
-	struct ibv_qp *a = make_qp(cq, cq, NULL), *b = make_qp(cq, cq, NULL);
-	MUST(a && b, "ibv_create_qp");
-	MUST(connect_qp(a, b->qp_num, 7) == 0 && connect_qp(b, a->qp_num, 7) == 0, "connect");
+	struct ibv_mr *mr = must_reg(buf, 8192, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+	struct ibv_qp *a, *b;
+	connect_pair(cq, cq, 7, &a, &b);
 	CHECK(ibv_resize_cq(cq, 64) == 0 && cq->cqe >= 64, "resized to %d", cq->cqe);
 	struct ibv_sge sge = {.addr = (uintptr_t)buf, .length = 8, .lkey = mr->lkey};
 	struct ibv_send_wr wr = {.sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE,
@@ -1491,17 +1485,15 @@ static void check_resize_cq(void)
  * and the old translation is not reachable through them afterwards. */
 static void check_rereg_keeps_keys(void)
 {
-	struct ibv_cq *cq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
-	MUST(cq, "ibv_create_cq");
+	struct ibv_cq *cq = must_cq(16, NULL, NULL);
 	char *src = alloc_buf(4096), *one = alloc_buf(8192), *two = alloc_buf(8192);
 	struct ibv_mr *smr = ibv_reg_mr(pd, src, 4096, IBV_ACCESS_LOCAL_WRITE);
 	struct ibv_mr *mr = ibv_reg_mr(pd, one, 8192,
 				       IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
 	MUST(smr && mr, "ibv_reg_mr");
 	uint32_t lkey = mr->lkey, rkey = mr->rkey;
-	struct ibv_qp *a = make_qp(cq, cq, NULL), *b = make_qp(cq, cq, NULL);
-	MUST(a && b, "ibv_create_qp");
-	MUST(connect_qp(a, b->qp_num, 7) == 0 && connect_qp(b, a->qp_num, 7) == 0, "connect");
+	struct ibv_qp *a, *b;
+	connect_pair(cq, cq, 7, &a, &b);
 	memset(src, 0x3c, 64);
 	struct ibv_sge sge = {.addr = (uintptr_t)src, .length = 64, .lkey = smr->lkey};
 	struct ibv_send_wr wr = {.wr_id = 1, .sg_list = &sge, .num_sge = 1,
