@@ -22,6 +22,7 @@ use ferroce_host::{Buffer, Mr, Verbs};
 use roce::engine::{CqId, QpInit, SrqAttr, SrqId, VerbsError};
 use roce::memory::PdId;
 use roce::types::{Gid, Lkey, Qkey, Qpn, Rkey};
+use roce::verbs::ibv::IbvError;
 use roce::verbs::{
     ibv, Access, AddressVector, QpAttr, QpCaps, QpType, RecvWr, SendFlags, SendWr, Sge, UdDest,
     WrOp,
@@ -238,6 +239,32 @@ fn errno_of(e: &VerbsError) -> c_int {
     ferroce_host::abi::proto::WireError::from(e).errno()
 }
 
+/// Why a call failed: a verbs error (rnicd's, or the client's checks), or an argument this
+/// library refused, with the errno and the text to report.
+enum Fail {
+    Verbs(VerbsError),
+    Refused(c_int, String),
+}
+
+impl From<VerbsError> for Fail {
+    fn from(e: VerbsError) -> Self {
+        Fail::Verbs(e)
+    }
+}
+
+/// An ibv-numbered argument (opcode, attribute mask) refused: EOPNOTSUPP for what ferroce
+/// does not implement, else EINVAL.
+impl From<IbvError> for Fail {
+    fn from(e: IbvError) -> Self {
+        let n = if e.is_unsupported() {
+            libc::EOPNOTSUPP
+        } else {
+            libc::EINVAL
+        };
+        Fail::Refused(n, e.to_string())
+    }
+}
+
 impl Context {
     fn fail(&mut self, e: c_int, msg: impl Into<String>) -> c_int {
         self.last_error = CString::new(msg.into().replace('\0', "?")).unwrap_or_default();
@@ -245,18 +272,21 @@ impl Context {
         e
     }
 
-    fn verbs(&mut self, e: VerbsError) -> c_int {
-        let n = errno_of(&e);
-        self.fail(n, e.to_string())
+    /// Reports `f`: its errno, and its text as the last error.
+    fn failed(&mut self, f: impl Into<Fail>) -> c_int {
+        match f.into() {
+            Fail::Verbs(e) => self.fail(errno_of(&e), e.to_string()),
+            Fail::Refused(n, msg) => self.fail(n, msg),
+        }
     }
 
-    fn done<T>(&mut self, r: Result<T, VerbsError>, f: impl FnOnce(&mut Self, T)) -> c_int {
+    fn done<T, E: Into<Fail>>(&mut self, r: Result<T, E>, f: impl FnOnce(&mut Self, T)) -> c_int {
         match r {
             Ok(v) => {
                 f(self, v);
                 0
             }
-            Err(e) => self.verbs(e),
+            Err(e) => self.failed(e),
         }
     }
 }
@@ -286,18 +316,34 @@ fn nonnull<T>(p: *const T, what: &str, c: &mut Context) -> Result<(), c_int> {
 
 /// Runs `call` on a context and writes what it returns, converted by `value`, through the
 /// caller's out-pointer `out` (`what` names it in the error for NULL, checked first).
-fn call_out<T, V>(
+fn call_out<T, V, E: Into<Fail>>(
     ctx: *mut Context,
     out: *mut V,
     what: &str,
-    call: impl FnOnce(&mut Context) -> Result<T, VerbsError>,
+    call: impl FnOnce(&mut Context) -> Result<T, E>,
+    value: impl FnOnce(T) -> V,
+) -> c_int {
+    // No input to read: `&()` stands for it (never NULL).
+    call_in_out(ctx, &(), "", out, what, |c, _| call(c), value)
+}
+
+/// [`call_out`] for a call that reads the caller's struct `input` (`in_what` names it in
+/// the error for NULL; checked before `out`).
+fn call_in_out<I, T, V, E: Into<Fail>>(
+    ctx: *mut Context,
+    input: *const I,
+    in_what: &str,
+    out: *mut V,
+    what: &str,
+    call: impl FnOnce(&mut Context, &I) -> Result<T, E>,
     value: impl FnOnce(T) -> V,
 ) -> c_int {
     with_ctx(ctx, |c| {
-        if let Err(e) = nonnull(out, what, c) {
+        if let Err(e) = nonnull(input, in_what, c).and_then(|_| nonnull(out, what, c)) {
             return e;
         }
-        let r = call(c);
+        // SAFETY: checked non-null; the caller's struct.
+        let r = call(c, unsafe { &*input });
         // SAFETY: checked non-null; the caller's out-pointer.
         c.done(r, |_, v| unsafe { out.write(value(v)) })
     })
@@ -389,79 +435,64 @@ pub unsafe extern "C" fn ferroce_last_error(ctx: *mut Context) -> *const c_char 
 
 #[no_mangle]
 pub unsafe extern "C" fn ferroce_query_device(ctx: *mut Context, out: *mut DeviceAttr) -> c_int {
-    with_ctx(ctx, |c| {
-        if let Err(e) = nonnull(out, "attr", c) {
-            return e;
-        }
-        let r = c.ctx.query_device();
-        c.done(r, |_, a| {
+    call_out(
+        ctx,
+        out,
+        "attr",
+        |c| c.ctx.query_device(),
+        |a| {
             let mut fw = [0 as c_char; 64];
             for (d, s) in fw.iter_mut().zip(roce::engine::FW_VERSION.bytes().take(63)) {
                 *d = s as c_char;
             }
             let l = a.limits;
-            // SAFETY: checked non-null; the caller's struct.
-            unsafe {
-                out.write(DeviceAttr {
-                    fw_ver: fw,
-                    max_mr_size: a.max_mr_size,
-                    vendor_id: a.vendor_id,
-                    vendor_part_id: a.vendor_part_id,
-                    max_qp: l.max_qp,
-                    max_qp_wr: l.max_qp_wr,
-                    max_sge: l.max_sge,
-                    max_cq: l.max_cq,
-                    max_cqe: l.max_cqe,
-                    max_mr: l.max_mr,
-                    max_pd: l.max_pd,
-                    max_srq: l.max_srq,
-                    max_srq_wr: a.max_srq_wr,
-                    max_srq_sge: a.max_srq_sge,
-                    max_inline_data: a.max_inline_data,
-                    max_qp_rd_atom: l.max_qp_rd_atom as u32,
-                    max_qp_init_rd_atom: a.max_qp_init_rd_atom as u32,
-                    atomic_cap: a.atomic_cap,
-                })
+            DeviceAttr {
+                fw_ver: fw,
+                max_mr_size: a.max_mr_size,
+                vendor_id: a.vendor_id,
+                vendor_part_id: a.vendor_part_id,
+                max_qp: l.max_qp,
+                max_qp_wr: l.max_qp_wr,
+                max_sge: l.max_sge,
+                max_cq: l.max_cq,
+                max_cqe: l.max_cqe,
+                max_mr: l.max_mr,
+                max_pd: l.max_pd,
+                max_srq: l.max_srq,
+                max_srq_wr: a.max_srq_wr,
+                max_srq_sge: a.max_srq_sge,
+                max_inline_data: a.max_inline_data,
+                max_qp_rd_atom: l.max_qp_rd_atom as u32,
+                max_qp_init_rd_atom: a.max_qp_init_rd_atom as u32,
+                atomic_cap: a.atomic_cap,
             }
-        })
-    })
+        },
+    )
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn ferroce_query_port(ctx: *mut Context, out: *mut PortAttr) -> c_int {
-    with_ctx(ctx, |c| {
-        if let Err(e) = nonnull(out, "attr", c) {
-            return e;
-        }
-        let r = c.ctx.query_port();
-        c.done(r, |_, p| {
-            // SAFETY: checked non-null.
-            unsafe {
-                out.write(PortAttr {
-                    state: if p.active { 4 } else { 1 },
-                    max_mtu: p.max_mtu as u32,
-                    active_mtu: p.active_mtu as u32,
-                    gid_tbl_len: p.gid_tbl_len,
-                    pkey_tbl_len: p.pkey_tbl_len,
-                    link_layer: 2,
-                })
-            }
-        })
-    })
+    call_out(
+        ctx,
+        out,
+        "attr",
+        |c| c.ctx.query_port(),
+        |p| PortAttr {
+            state: if p.active { 4 } else { 1 },
+            max_mtu: p.max_mtu as u32,
+            active_mtu: p.active_mtu as u32,
+            gid_tbl_len: p.gid_tbl_len,
+            pkey_tbl_len: p.pkey_tbl_len,
+            link_layer: 2,
+        },
+    )
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn ferroce_query_gid(ctx: *mut Context, index: u8, gid: *mut u8) -> c_int {
-    with_ctx(ctx, |c| {
-        if let Err(e) = nonnull(gid, "gid", c) {
-            return e;
-        }
-        let r = c.ctx.query_gid(index);
-        // SAFETY: the caller's 16-byte array.
-        c.done(r, |_, g| unsafe {
-            std::ptr::copy_nonoverlapping(g.0.as_ptr(), gid, 16)
-        })
-    })
+    // The caller's 16-byte array (alignment 1, as u8).
+    let out = gid.cast::<[u8; 16]>();
+    call_out(ctx, out, "gid", |c| c.ctx.query_gid(index), |g| g.0)
 }
 
 #[no_mangle]
@@ -635,7 +666,7 @@ pub unsafe extern "C" fn ferroce_poll_cq(
                 count = k;
                 0
             }
-            Err(e) => c.verbs(e),
+            Err(e) => c.failed(e),
         }
     });
     if r != 0 {
@@ -754,7 +785,7 @@ pub unsafe extern "C" fn ferroce_get_cq_event(
         match c.ctx.wait_cq(CqId(cq), timeout) {
             Ok(true) => 0,
             Ok(false) => c.fail(libc::ETIMEDOUT, "no completion event in time"),
-            Err(e) => c.verbs(e),
+            Err(e) => c.failed(e),
         }
     })
 }
@@ -786,23 +817,22 @@ pub unsafe extern "C" fn ferroce_create_srq(
     attr: *const CSrqAttr,
     srq: *mut u32,
 ) -> c_int {
-    with_ctx(ctx, |c| {
-        if let Err(e) = nonnull(attr, "attr", c).and_then(|_| nonnull(srq, "srq", c)) {
-            return e;
-        }
-        // SAFETY: checked non-null.
-        let a = unsafe { &*attr };
-        let r = c.ctx.create_srq(
-            PdId(pd),
-            &SrqAttr {
+    call_in_out(
+        ctx,
+        attr,
+        "attr",
+        srq,
+        "srq",
+        |c, a| {
+            let attr = SrqAttr {
                 max_wr: a.max_wr,
                 max_sge: a.max_sge,
                 srq_limit: a.srq_limit,
-            },
-        );
-        // SAFETY: checked non-null.
-        c.done(r, |_, s| unsafe { srq.write(s.0) })
-    })
+            };
+            c.ctx.create_srq(PdId(pd), &attr)
+        },
+        |s| s.0,
+    )
 }
 
 #[no_mangle]
@@ -816,22 +846,17 @@ pub unsafe extern "C" fn ferroce_query_srq(
     srq: u32,
     out: *mut CSrqAttr,
 ) -> c_int {
-    with_ctx(ctx, |c| {
-        if let Err(e) = nonnull(out, "attr", c) {
-            return e;
-        }
-        let r = c.ctx.query_srq(SrqId(srq));
-        c.done(r, |_, a| {
-            // SAFETY: checked non-null.
-            unsafe {
-                out.write(CSrqAttr {
-                    max_wr: a.max_wr,
-                    max_sge: a.max_sge,
-                    srq_limit: a.srq_limit,
-                })
-            }
-        })
-    })
+    call_out(
+        ctx,
+        out,
+        "attr",
+        |c| c.ctx.query_srq(SrqId(srq)),
+        |a| CSrqAttr {
+            max_wr: a.max_wr,
+            max_sge: a.max_sge,
+            srq_limit: a.srq_limit,
+        },
+    )
 }
 
 #[no_mangle]
@@ -845,30 +870,29 @@ pub unsafe extern "C" fn ferroce_create_qp(
     init: *const CQpInit,
     qpn: *mut u32,
 ) -> c_int {
-    with_ctx(ctx, |c| {
-        if let Err(e) = nonnull(init, "init", c).and_then(|_| nonnull(qpn, "qpn", c)) {
-            return e;
-        }
-        // SAFETY: checked non-null.
-        let i = unsafe { &*init };
-        let Some(t) = QpType::from_ibv(i.qp_type) else {
-            return c.fail(
-                libc::EINVAL,
-                format!("QP type {} (RC 2, UC 3, UD 4)", i.qp_type),
-            );
-        };
-        let r = c.ctx.create_qp(&QpInit {
-            pd: PdId(i.pd),
-            qp_type: t,
-            send_cq: CqId(i.send_cq),
-            recv_cq: CqId(i.recv_cq),
-            srq: (i.use_srq != 0).then_some(SrqId(i.srq)),
-            caps: caps(&i.cap),
-            sq_sig_all: i.sq_sig_all != 0,
-        });
-        // SAFETY: checked non-null.
-        c.done(r, |_, q| unsafe { qpn.write(q.value()) })
-    })
+    call_in_out(
+        ctx,
+        init,
+        "init",
+        qpn,
+        "qpn",
+        |c, i| {
+            let Some(t) = QpType::from_ibv(i.qp_type) else {
+                let why = format!("QP type {} (RC 2, UC 3, UD 4)", i.qp_type);
+                return Err(Fail::Refused(libc::EINVAL, why));
+            };
+            Ok(c.ctx.create_qp(&QpInit {
+                pd: PdId(i.pd),
+                qp_type: t,
+                send_cq: CqId(i.send_cq),
+                recv_cq: CqId(i.recv_cq),
+                srq: (i.use_srq != 0).then_some(SrqId(i.srq)),
+                caps: caps(&i.cap),
+                sq_sig_all: i.sq_sig_all != 0,
+            })?)
+        },
+        |q| q.value(),
+    )
 }
 
 fn av(a: &CAh) -> AddressVector {
@@ -900,8 +924,7 @@ pub unsafe extern "C" fn ferroce_modify_qp(
         let fields = roce::ibv_qp_attr_of!(*a, true, av(&a.ah_attr));
         let q = match QpAttr::from_ibv(mask as u32, &fields) {
             Ok(q) => q,
-            Err(e) if e.is_unsupported() => return c.fail(libc::EOPNOTSUPP, e.to_string()),
-            Err(e) => return c.fail(libc::EINVAL, e.to_string()),
+            Err(e) => return c.failed(e),
         };
         let r = c.ctx.modify_qp(Qpn::new(qpn), &q);
         c.done(r, |_, _| {})
@@ -1055,8 +1078,7 @@ pub unsafe extern "C" fn ferroce_post_send(
         };
         let op = match WrOp::from_ibv(w.opcode, &f) {
             Ok(op) => op,
-            Err(e) if e.is_unsupported() => return c.fail(libc::EOPNOTSUPP, e.to_string()),
-            Err(e) => return c.fail(libc::EINVAL, e.to_string()),
+            Err(e) => return c.failed(e),
         };
         let ud = if w.ah.is_null() {
             None

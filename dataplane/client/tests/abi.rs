@@ -29,70 +29,33 @@ fn header_layouts_match_the_library() {
     let _ = std::fs::remove_file(&out);
     let text = String::from_utf8(o.stdout).unwrap();
     let mut want = std::collections::HashMap::new();
-    macro_rules! s {
-        ($c:literal, $t:ty) => {
+    // Each struct of the header: its size, and the offsets of the fields named.
+    macro_rules! layouts {
+        ($($c:literal: $t:ty { $($f:ident),* })*) => {$(
             want.insert(format!("{} size", $c), size_of::<$t>());
-        };
+            $(want.insert(format!("{}.{}", $c, stringify!($f)), offset_of!($t, $f));)*
+        )*};
     }
-    macro_rules! f {
-        ($c:literal, $t:ty, $($f:tt)+) => {
-            want.insert(format!("{}.{}", $c, stringify!($($f)+)), offset_of!($t, $($f)+));
-        };
+    layouts! {
+        "ferroce_device_attr": DeviceAttr { max_mr_size, max_qp, max_inline_data, atomic_cap }
+        "ferroce_port_attr": PortAttr { link_layer }
+        "ferroce_mr": CMr { lkey, rkey }
+        "ferroce_srq_attr": CSrqAttr { srq_limit }
+        "ferroce_qp_cap": CQpCap { max_inline_data }
+        "ferroce_qp_init_attr": CQpInit { qp_type, cap, sq_sig_all }
+        "ferroce_ah_attr": CAh { flow_label, sl, dmac, has_dmac }
+        "ferroce_qp_attr": CQpAttr {
+            dest_qp_num, ah_attr, pkey_index, rnr_retry, en_sqd_async_notify, cap
+        }
+        "ferroce_sge": CSge { lkey }
+        "ferroce_send_wr": CSendWr {
+            sg_list, num_sge, imm_data, remote_addr, rkey, compare_add, swap, ah, remote_qpn,
+            remote_qkey
+        }
+        "ferroce_recv_wr": CRecvWr { sg_list, num_sge }
+        "ferroce_wc": CWc { status, qp_num, wc_flags, pkey_index, sl, solicited }
+        "ferroce_async_event": CEvent {}
     }
-    s!("ferroce_device_attr", DeviceAttr);
-    f!("ferroce_device_attr", DeviceAttr, max_mr_size);
-    f!("ferroce_device_attr", DeviceAttr, max_qp);
-    f!("ferroce_device_attr", DeviceAttr, max_inline_data);
-    f!("ferroce_device_attr", DeviceAttr, atomic_cap);
-    s!("ferroce_port_attr", PortAttr);
-    f!("ferroce_port_attr", PortAttr, link_layer);
-    s!("ferroce_mr", CMr);
-    f!("ferroce_mr", CMr, lkey);
-    f!("ferroce_mr", CMr, rkey);
-    s!("ferroce_srq_attr", CSrqAttr);
-    f!("ferroce_srq_attr", CSrqAttr, srq_limit);
-    s!("ferroce_qp_cap", CQpCap);
-    f!("ferroce_qp_cap", CQpCap, max_inline_data);
-    s!("ferroce_qp_init_attr", CQpInit);
-    f!("ferroce_qp_init_attr", CQpInit, qp_type);
-    f!("ferroce_qp_init_attr", CQpInit, cap);
-    f!("ferroce_qp_init_attr", CQpInit, sq_sig_all);
-    s!("ferroce_ah_attr", CAh);
-    f!("ferroce_ah_attr", CAh, flow_label);
-    f!("ferroce_ah_attr", CAh, sl);
-    f!("ferroce_ah_attr", CAh, dmac);
-    f!("ferroce_ah_attr", CAh, has_dmac);
-    s!("ferroce_qp_attr", CQpAttr);
-    f!("ferroce_qp_attr", CQpAttr, dest_qp_num);
-    f!("ferroce_qp_attr", CQpAttr, ah_attr);
-    f!("ferroce_qp_attr", CQpAttr, pkey_index);
-    f!("ferroce_qp_attr", CQpAttr, rnr_retry);
-    f!("ferroce_qp_attr", CQpAttr, en_sqd_async_notify);
-    f!("ferroce_qp_attr", CQpAttr, cap);
-    s!("ferroce_sge", CSge);
-    f!("ferroce_sge", CSge, lkey);
-    s!("ferroce_send_wr", CSendWr);
-    f!("ferroce_send_wr", CSendWr, sg_list);
-    f!("ferroce_send_wr", CSendWr, num_sge);
-    f!("ferroce_send_wr", CSendWr, imm_data);
-    f!("ferroce_send_wr", CSendWr, remote_addr);
-    f!("ferroce_send_wr", CSendWr, rkey);
-    f!("ferroce_send_wr", CSendWr, compare_add);
-    f!("ferroce_send_wr", CSendWr, swap);
-    f!("ferroce_send_wr", CSendWr, ah);
-    f!("ferroce_send_wr", CSendWr, remote_qpn);
-    f!("ferroce_send_wr", CSendWr, remote_qkey);
-    s!("ferroce_recv_wr", CRecvWr);
-    f!("ferroce_recv_wr", CRecvWr, sg_list);
-    f!("ferroce_recv_wr", CRecvWr, num_sge);
-    s!("ferroce_wc", CWc);
-    f!("ferroce_wc", CWc, status);
-    f!("ferroce_wc", CWc, qp_num);
-    f!("ferroce_wc", CWc, wc_flags);
-    f!("ferroce_wc", CWc, pkey_index);
-    f!("ferroce_wc", CWc, sl);
-    f!("ferroce_wc", CWc, solicited);
-    s!("ferroce_async_event", CEvent);
     want.insert(
         "ferroce_async_event.element".into(),
         offset_of!(CEvent, object),
