@@ -1040,6 +1040,24 @@ fn sges(list: *const CSge, n: u32, out: &mut [Sge; MAX_SGE]) -> Result<usize, St
     Ok(n)
 }
 
+/// The caller's work request `wr` (its SGE list given by `sgl`) with the SGEs copied into
+/// `list`, and their count; or the failure, reported.
+fn read_wr<'a, W>(
+    c: &mut Context,
+    wr: *const W,
+    sgl: impl FnOnce(&W) -> (*const CSge, u32),
+    list: &mut [Sge; MAX_SGE],
+) -> Result<(&'a W, usize), c_int> {
+    nonnull(wr, "wr", c)?;
+    // SAFETY: checked non-null; the caller's WR.
+    let w = unsafe { &*wr };
+    let (p, n) = sgl(w);
+    match sges(p, n, list) {
+        Ok(n) => Ok((w, n)),
+        Err(m) => Err(c.fail(libc::EINVAL, m)),
+    }
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn ferroce_post_send(
     ctx: *mut Context,
@@ -1047,15 +1065,10 @@ pub unsafe extern "C" fn ferroce_post_send(
     wr: *const CSendWr,
 ) -> c_int {
     with_ctx(ctx, |c| {
-        if let Err(e) = nonnull(wr, "wr", c) {
-            return e;
-        }
-        // SAFETY: checked non-null.
-        let w = unsafe { &*wr };
         let mut list = [Sge::default(); MAX_SGE];
-        let n = match sges(w.sg_list, w.num_sge, &mut list) {
-            Ok(n) => n,
-            Err(m) => return c.fail(libc::EINVAL, m),
+        let (w, n) = match read_wr(c, wr, |w| (w.sg_list, w.num_sge), &mut list) {
+            Ok(r) => r,
+            Err(e) => return e,
         };
         // ferroce.h's send WR carries the ibv_send_wr fields flat; BIND_MW puts the window's
         // key in rkey, its new key in imm_data, the MR in bind_lkey, the range in
@@ -1149,15 +1162,10 @@ fn recv(
     wr: *const CRecvWr,
     post: impl FnOnce(&mut Context, &RecvWr<'_>) -> Result<(), VerbsError>,
 ) -> c_int {
-    if let Err(e) = nonnull(wr, "wr", c) {
-        return e;
-    }
-    // SAFETY: checked non-null.
-    let w = unsafe { &*wr };
     let mut list = [Sge::default(); MAX_SGE];
-    let n = match sges(w.sg_list, w.num_sge, &mut list) {
-        Ok(n) => n,
-        Err(m) => return c.fail(libc::EINVAL, m),
+    let (w, n) = match read_wr(c, wr, |w| (w.sg_list, w.num_sge), &mut list) {
+        Ok(r) => r,
+        Err(e) => return e,
     };
     let r = post(
         c,

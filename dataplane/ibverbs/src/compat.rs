@@ -168,32 +168,39 @@ pub(crate) const MULTS: [(c_uint, c_int); 9] = [
     (sys::IBV_RATE_120_GBPS, 48),
 ];
 
+/// The number `table` gives `rate`, or -1 for a rate it does not list.
+fn number_of(table: &[(c_uint, c_int)], rate: c_uint) -> c_int {
+    table.iter().find(|r| r.0 == rate).map_or(-1, |r| r.1)
+}
+
+/// The rate `table` gives the number `n`, or `IBV_RATE_MAX` for a number it does not list.
+fn rate_of(table: &[(c_uint, c_int)], n: c_int) -> c_uint {
+    table
+        .iter()
+        .find(|r| r.1 == n)
+        .map_or(sys::IBV_RATE_MAX, |r| r.0)
+}
+
 #[no_mangle]
 pub extern "C" fn ibv_rate_to_mbps(rate: c_uint) -> c_int {
-    RATES.iter().find(|r| r.0 == rate).map_or(-1, |r| r.1)
+    number_of(&RATES, rate)
 }
 version!(ibv_rate_to_mbps, "IBVERBS_1.1");
 
 #[no_mangle]
 pub extern "C" fn mbps_to_ibv_rate(mbps: c_int) -> c_uint {
-    RATES
-        .iter()
-        .find(|r| r.1 == mbps)
-        .map_or(sys::IBV_RATE_MAX, |r| r.0)
+    rate_of(&RATES, mbps)
 }
 version!(mbps_to_ibv_rate, "IBVERBS_1.1");
 
 #[no_mangle]
 pub extern "C" fn ibv_rate_to_mult(rate: c_uint) -> c_int {
-    MULTS.iter().find(|r| r.0 == rate).map_or(-1, |r| r.1)
+    number_of(&MULTS, rate)
 }
 version!(ibv_rate_to_mult, "IBVERBS_1.0");
 
 #[no_mangle]
 pub extern "C" fn mult_to_ibv_rate(mult: c_int) -> c_uint {
-    MULTS
-        .iter()
-        .find(|r| r.1 == mult)
-        .map_or(sys::IBV_RATE_MAX, |r| r.0)
+    rate_of(&MULTS, mult)
 }
 version!(mult_to_ibv_rate, "IBVERBS_1.0");
