@@ -56,7 +56,7 @@ const QPN_SPACE: u32 = (1 << 24) - QPN_BASE;
 /// is the QP they asked for.
 pub fn qp_slot(qpn: Qpn, max_qp: u32) -> Option<usize> {
     let seq = qpn.value().checked_sub(QPN_BASE)?;
-    Some(seq as usize % max_qp.max(1) as usize)
+    Some(queues::ring_slot(seq as u64, max_qp as usize))
 }
 
 /// How the responder fills the credit field of its ACKs.

