@@ -558,10 +558,7 @@ impl CmAgent {
 
     /// Passive: accepts a `ConnectRequest` with a REP; `Established` follows the RTU.
     pub fn accept(&mut self, now: u64, id: ConnId, p: &AcceptParams) -> Result<(), CmError> {
-        let c = self.conn(id)?;
-        if c.state != State::ReqRcvd {
-            return Err(CmError::WrongState);
-        }
+        let c = self.conn_in(id, State::ReqRcvd)?;
         let rep = Rep {
             local_comm_id: id.0,
             remote_comm_id: c.remote_comm_id,
@@ -616,10 +613,7 @@ impl CmAgent {
     /// Active: after `RepReceived` (and the QP moved to RTS), sends the RTU; the connection
     /// is established.
     pub fn rtu(&mut self, id: ConnId) -> Result<(), CmError> {
-        let c = self.conn(id)?;
-        if c.state != State::RepRcvd {
-            return Err(CmError::WrongState);
-        }
+        let c = self.conn_in(id, State::RepRcvd)?;
         let rtu = IdsOnly {
             local_comm_id: id.0,
             remote_comm_id: c.remote_comm_id,
@@ -647,10 +641,7 @@ impl CmAgent {
 
     /// Sends a DREQ on an established connection; `Disconnected` follows.
     pub fn disconnect(&mut self, now: u64, id: ConnId) -> Result<(), CmError> {
-        let c = self.conn(id)?;
-        if c.state != State::Established {
-            return Err(CmError::WrongState);
-        }
+        let c = self.conn_in(id, State::Established)?;
         let dreq = Dreq {
             local_comm_id: id.0,
             remote_comm_id: c.remote_comm_id,
@@ -696,10 +687,7 @@ impl CmAgent {
         qkey: u32,
         private_data: &[u8],
     ) -> Result<(), CmError> {
-        let c = self.conn(id)?;
-        if c.state != State::SidrRcvd {
-            return Err(CmError::WrongState);
-        }
+        let c = self.conn_in(id, State::SidrRcvd)?;
         let rep = SidrRep {
             request_id: c.remote_comm_id,
             status,
@@ -1237,6 +1225,16 @@ impl CmAgent {
             .and_then(|c| c.as_ref())
             .filter(|c| c.id == id)
             .ok_or(CmError::NotFound)
+    }
+
+    /// The connection `id` if it is in `state` (the calls that move a connection on from one
+    /// state: WrongState from any other).
+    fn conn_in(&self, id: ConnId, state: State) -> Result<&Conn, CmError> {
+        let c = self.conn(id)?;
+        if c.state != state {
+            return Err(CmError::WrongState);
+        }
+        Ok(c)
     }
 
     fn conn_mut(&mut self, id: ConnId) -> Result<&mut Conn, CmError> {

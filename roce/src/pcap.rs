@@ -77,24 +77,17 @@ impl<'a> Reader<'a> {
     /// Opens a capture; checks the magic and (for pcap) the link type.
     pub fn new(data: &'a [u8]) -> Result<Reader<'a>, PcapError> {
         let magic_le = rd32(data, 0, false).ok_or(PcapError::Truncated(0))?;
-        let format = match magic_le {
-            0xa1b2_c3d4 => Format::Pcap {
-                big_endian: false,
-                nanos: false,
-            },
-            0xa1b2_3c4d => Format::Pcap {
-                big_endian: false,
-                nanos: true,
-            },
-            0xd4c3_b2a1 => Format::Pcap {
-                big_endian: true,
-                nanos: false,
-            },
-            0x4d3c_b2a1 => Format::Pcap {
-                big_endian: true,
-                nanos: true,
-            },
-            0x0a0d_0d0a => {
+        // pcap's four magics: the byte order as read, and microsecond or nanosecond stamps.
+        const PCAP: [(u32, bool, bool); 4] = [
+            (0xa1b2_c3d4, false, false),
+            (0xa1b2_3c4d, false, true),
+            (0xd4c3_b2a1, true, false),
+            (0x4d3c_b2a1, true, true),
+        ];
+        let format =
+            if let Some(&(_, big_endian, nanos)) = PCAP.iter().find(|(m, _, _)| *m == magic_le) {
+                Format::Pcap { big_endian, nanos }
+            } else if magic_le == 0x0a0d_0d0a {
                 let bom = rd32(data, 8, false).ok_or(PcapError::Truncated(8))?;
                 let big_endian = match bom {
                     0x1a2b_3c4d => false,
@@ -102,9 +95,9 @@ impl<'a> Reader<'a> {
                     _ => return Err(PcapError::BadBlock(0)),
                 };
                 Format::PcapNg { big_endian }
-            }
-            m => return Err(PcapError::BadMagic(m)),
-        };
+            } else {
+                return Err(PcapError::BadMagic(magic_le));
+            };
         let mut r = Reader {
             data,
             off: 0,

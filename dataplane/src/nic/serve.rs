@@ -15,7 +15,7 @@ use ferroce_host::abi::slots::{CqeSlot, Post, MAX_HOST_SGE};
 use ferroce_host::abi::{CmEventData, Command, PortAttrData, ReplyData, POST_RING};
 use roce::cm::{reason, CmError, CmEvent, ConnId, SIDR_VALID};
 use roce::engine::{CqId, Device, DeviceAttr, DeviceEvent, SrqId, VerbsError, VerbsResult};
-use roce::types::Qpn;
+use roce::types::{Lkey, Qpn, Rkey};
 use roce::verbs::{AsyncEvent, QpAttr, QpState, RecvWr, SendWr};
 
 use super::Nic;
@@ -427,11 +427,10 @@ fn execute(
             Ok(ReplyData::Mw(k))
         }
         Command::DeallocMw { rkey } => {
-            let owned = h.mws.iter().any(|k| k.index() == rkey.index());
-            h.check_owned(owned, "memory window")?;
-            dev.dealloc_mw(rkey)?;
-            h.mws.retain(|k| k.index() != rkey.index());
-            Ok(ReplyData::None)
+            let index = rkey.index();
+            release_key(&mut h.mws, index, Rkey::index, "memory window", || {
+                dev.dealloc_mw(rkey)
+            })
         }
         Command::AllocMr { pd, area } => {
             h.check_owned(h.pds.contains(&pd), "protection domain")?;
@@ -442,11 +441,10 @@ fn execute(
             Ok(ReplyData::Keys { lkey, rkey: None })
         }
         Command::DeregMr { lkey } => {
-            let owned = h.mrs.iter().any(|k| k.index() == lkey.index());
-            h.check_owned(owned, "memory region")?;
-            dev.dereg_mr(lkey)?;
-            h.mrs.retain(|k| k.index() != lkey.index());
-            Ok(ReplyData::None)
+            let index = lkey.index();
+            release_key(&mut h.mrs, index, Lkey::index, "memory region", || {
+                dev.dereg_mr(lkey)
+            })
         }
         Command::CreateCq { cqe, capacity } => {
             let ring =
@@ -631,6 +629,23 @@ fn execute(
 }
 
 /// The connection manager's refusals as verbs errors (rdma_cm reports them as errnos).
+/// Releases a key the client holds (an MR or a window, found by its table index: a key
+/// another client could guess is refused as not found) with `release`, then forgets it.
+fn release_key<K: Copy>(
+    keys: &mut Vec<K>,
+    index: u32,
+    index_of: fn(K) -> u32,
+    what: &'static str,
+    release: impl FnOnce() -> VerbsResult<()>,
+) -> VerbsResult<ReplyData> {
+    if !keys.iter().any(|&k| index_of(k) == index) {
+        return Err(VerbsError::NotFound(what));
+    }
+    release()?;
+    keys.retain(|&k| index_of(k) != index);
+    Ok(ReplyData::None)
+}
+
 fn cm_error(call: &str, e: CmError) -> VerbsError {
     match e {
         CmError::NotFound => VerbsError::NotFound("rdma_cm connection"),

@@ -717,6 +717,14 @@ mod tests {
         assert!(PpDest::decode(b"0000:0000zz:2bb486:00000000000000000000ffff0a630002\0").is_err());
     }
 
+    /// A key naming only QP `qpn` (what the exchange tests send).
+    fn key_of_qp(qpn: u32) -> Key {
+        Key {
+            qpn,
+            ..Default::default()
+        }
+    }
+
     #[test]
     fn lockstep_exchange_over_tcp() {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -724,15 +732,7 @@ mod tests {
         let srv = std::thread::spawn(move || {
             let mut o = Oob::accept(l).unwrap();
             let n = o.negotiate(4096, 64, 5).unwrap();
-            let k = o
-                .keys(
-                    &Key {
-                        qpn: 0x12,
-                        ..Default::default()
-                    },
-                    1,
-                )
-                .unwrap();
+            let k = o.keys(&key_of_qp(0x12), 1).unwrap();
             let r = o
                 .reports(&WireReport {
                     size: 1,
@@ -745,15 +745,7 @@ mod tests {
         let mut c = Oob::connect("127.0.0.1", port, Duration::from_secs(5)).unwrap();
         let n = c.negotiate(8192, 64, 3).unwrap();
         assert_eq!(n, ("6.06".to_string(), 8192, 64, 3));
-        let k = c
-            .keys(
-                &Key {
-                    qpn: 0x11,
-                    ..Default::default()
-                },
-                1,
-            )
-            .unwrap();
+        let k = c.keys(&key_of_qp(0x11), 1).unwrap();
         assert_eq!(k.qpn, 0x12);
         let rep = WireReport {
             size: 65536,
@@ -807,15 +799,7 @@ mod tests {
             let link = ChanLink { tx: t2, rx: r1 };
             let mut o = Oob::from_link(Box::new(link), Role::Server);
             let n = o.negotiate(4096, 64, 5).unwrap();
-            let k = o
-                .keys(
-                    &Key {
-                        qpn: 0x12,
-                        ..Default::default()
-                    },
-                    3,
-                )
-                .unwrap();
+            let k = o.keys(&key_of_qp(0x12), 3).unwrap();
             o.close(&Key::default(), 3, || {}).unwrap();
             (n, k)
         });
