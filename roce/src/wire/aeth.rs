@@ -1,19 +1,17 @@
 //! ACK Extended Transport Header (IBA 9.3.5, 4 bytes): syndrome and MSN; plus the credit and
 //! RNR timer encodings (IBA Tables 44 and 45; roce-wire.md "AETH syndrome").
 
-use super::{fixed_view, get_u24, put_u24, Error, Field, Layer, Msn, Result};
+use super::Msn;
 
-/// Byte ranges.
-pub mod field {
-    use super::Field;
-    /// Syndrome.
-    pub const SYNDROME: usize = 0;
+super::header! {
+    /// High-level AETH; the syndrome is kept as a byte (reserved bit 7 included) so it re-emits
+    /// exactly. [`AethRepr::kind`] decodes it.
+    AethRepr: 4 bytes, ExtHeaders;
+    /// Syndrome (IBA 9.3.5: type in bits 6:5, credit/timer/NAK code in bits 4:0).
+    SYNDROME[0] => syndrome -> syndrome: u8;
     /// Message sequence number.
-    pub const MSN: Field = 1..4;
+    MSN[1..4] => msn -> msn: Msn;
 }
-
-/// Header length.
-pub const HEADER_LEN: usize = 4;
 
 /// Credit code meaning "no end-to-end flow control credits advertised" (unlimited).
 pub const CREDITS_INVALID: u8 = 0x1f;
@@ -142,35 +140,6 @@ pub enum AethKind {
     Reserved,
 }
 
-fixed_view!(
-    /// Zero-copy view of an AETH.
-    Packet,
-    HEADER_LEN,
-    Layer::ExtHeaders
-);
-
-impl<T: AsRef<[u8]>> Packet<T> {
-    /// Syndrome byte.
-    pub fn syndrome(&self) -> u8 {
-        self.buffer.as_ref()[field::SYNDROME]
-    }
-
-    /// MSN.
-    pub fn msn(&self) -> Msn {
-        Msn::new(get_u24(self.buffer.as_ref(), field::MSN.start))
-    }
-}
-
-/// High-level AETH; the syndrome is kept as a byte (reserved bit 7 included) so it re-emits
-/// exactly. [`AethRepr::kind`] decodes it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct AethRepr {
-    /// Syndrome byte.
-    pub syndrome: u8,
-    /// Message sequence number.
-    pub msn: Msn,
-}
-
 impl AethRepr {
     /// An ACK with a credit code.
     pub const fn ack(credits: u8, msn: Msn) -> AethRepr {
@@ -211,30 +180,6 @@ impl AethRepr {
             3 => AethKind::Nak(NakCode::from_bits(low)),
             _ => AethKind::Reserved,
         }
-    }
-
-    /// Parses an AETH.
-    pub fn parse<T: AsRef<[u8]>>(p: &Packet<T>) -> Result<AethRepr> {
-        p.check_len()?;
-        Ok(AethRepr {
-            syndrome: p.syndrome(),
-            msn: p.msn(),
-        })
-    }
-
-    /// Header length.
-    pub const fn buffer_len(&self) -> usize {
-        HEADER_LEN
-    }
-
-    /// Writes the header.
-    pub fn emit(&self, buf: &mut [u8]) -> Result<()> {
-        if buf.len() < HEADER_LEN {
-            return Err(Error::BufferTooSmall { need: HEADER_LEN });
-        }
-        buf[field::SYNDROME] = self.syndrome;
-        put_u24(buf, field::MSN.start, self.msn.value());
-        Ok(())
     }
 }
 

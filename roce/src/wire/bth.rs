@@ -1,47 +1,29 @@
 //! Base Transport Header (IBA 9.2, 12 bytes).
 
 use super::opcode::Opcode;
-use super::{
-    fixed_view, get_u16, get_u24, put_u16, put_u24, Error, Field, Layer, Pkey, Psn, Qpn, Result,
-};
+use super::{check_room, put_u16, put_u24, Error, Pkey, Psn, Qpn, Result};
 
-/// Byte ranges.
-pub mod field {
-    use super::Field;
+super::header_view! {
+    12 bytes, Bth;
     /// Opcode.
-    pub const OPCODE: usize = 0;
+    OPCODE[0] => opcode: Opcode;
     /// SE (7), MigReq (6), PadCnt (5:4), TVer (3:0).
-    pub const FLAGS: usize = 1;
+    FLAGS[1];
     /// Partition key.
-    pub const PKEY: Field = 2..4;
+    PKEY[2..4] => pkey: Pkey;
     /// FECN (7), BECN (6), 6 reserved bits. Masked in the ICRC.
-    pub const FECN_BECN: usize = 4;
+    FECN_BECN[4];
     /// Destination QP.
-    pub const DQPN: Field = 5..8;
+    DQPN[5..8] => dest_qp: Qpn;
     /// AckReq (7), 7 reserved bits.
-    pub const ACKREQ: usize = 8;
+    ACKREQ[8];
     /// Packet sequence number.
-    pub const PSN: Field = 9..12;
+    PSN[9..12] => psn: Psn;
 }
-
-/// Header length.
-pub const HEADER_LEN: usize = 12;
-
-fixed_view!(
-    /// Zero-copy view of a BTH.
-    Packet,
-    HEADER_LEN,
-    Layer::Bth
-);
 
 impl<T: AsRef<[u8]>> Packet<T> {
     fn b(&self) -> &[u8] {
         self.buffer.as_ref()
-    }
-
-    /// Opcode.
-    pub fn opcode(&self) -> Opcode {
-        Opcode(self.b()[field::OPCODE])
     }
 
     /// Solicited event.
@@ -64,11 +46,6 @@ impl<T: AsRef<[u8]>> Packet<T> {
         self.b()[field::FLAGS] & 0x0f
     }
 
-    /// Partition key.
-    pub fn pkey(&self) -> Pkey {
-        Pkey(get_u16(self.b(), field::PKEY.start))
-    }
-
     /// Forward ECN.
     pub fn fecn(&self) -> bool {
         self.b()[field::FECN_BECN] & 0x80 != 0
@@ -79,19 +56,9 @@ impl<T: AsRef<[u8]>> Packet<T> {
         self.b()[field::FECN_BECN] & 0x40 != 0
     }
 
-    /// Destination QP.
-    pub fn dest_qp(&self) -> Qpn {
-        Qpn::new(get_u24(self.b(), field::DQPN.start))
-    }
-
     /// Acknowledge request.
     pub fn ack_req(&self) -> bool {
         self.b()[field::ACKREQ] & 0x80 != 0
-    }
-
-    /// Packet sequence number.
-    pub fn psn(&self) -> Psn {
-        Psn::new(get_u24(self.b(), field::PSN.start))
     }
 }
 
@@ -188,9 +155,7 @@ impl BthRepr {
 
     /// Writes the header (TVer 0).
     pub fn emit(&self, buf: &mut [u8]) -> Result<()> {
-        if buf.len() < HEADER_LEN {
-            return Err(Error::BufferTooSmall { need: HEADER_LEN });
-        }
+        check_room(buf, HEADER_LEN)?;
         buf[field::OPCODE] = self.opcode.0;
         buf[field::FLAGS] =
             ((self.se as u8) << 7) | ((self.migreq as u8) << 6) | ((self.pad_count & 3) << 4);

@@ -1,20 +1,18 @@
 //! Ethernet II header with an optional 802.1Q tag (PCP, DEI, VLAN id).
 
-use super::{get_u16, put_u16, Error, Field, Layer, Result};
+use super::{get_u16, put_u16, Error, Layer, Result};
 
-/// Byte ranges.
-pub mod field {
-    use super::Field;
+super::fields! {
     /// Destination MAC.
-    pub const DST: Field = 0..6;
+    DST[0..6];
     /// Source MAC.
-    pub const SRC: Field = 6..12;
+    SRC[6..12];
     /// EtherType (or TPID 0x8100 when tagged).
-    pub const ETHERTYPE: Field = 12..14;
+    ETHERTYPE[12..14];
     /// 802.1Q tag control information (when tagged).
-    pub const TCI: Field = 14..16;
+    TCI[14..16];
     /// Inner EtherType (when tagged).
-    pub const INNER_ETHERTYPE: Field = 16..18;
+    INNER_ETHERTYPE[16..18];
 }
 
 /// EtherType values ferroce handles.
@@ -36,25 +34,12 @@ pub const HEADER_LEN: usize = 14;
 /// Tagged header length.
 pub const TAGGED_HEADER_LEN: usize = 18;
 
-/// Zero-copy view of an Ethernet header (tagged or not).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Frame<T: AsRef<[u8]>> {
-    buffer: T,
-}
+super::view!(
+    /// Zero-copy view of an Ethernet header (tagged or not).
+    Frame
+);
 
 impl<T: AsRef<[u8]>> Frame<T> {
-    /// Wraps without checking.
-    pub const fn new_unchecked(buffer: T) -> Self {
-        Frame { buffer }
-    }
-
-    /// Wraps after checking the whole header (incl. the tag when present) is there.
-    pub fn new_checked(buffer: T) -> Result<Self> {
-        let f = Frame::new_unchecked(buffer);
-        f.check_len()?;
-        Ok(f)
-    }
-
     /// Checks the length.
     pub fn check_len(&self) -> Result<()> {
         let b = self.buffer.as_ref();
@@ -65,11 +50,6 @@ impl<T: AsRef<[u8]>> Frame<T> {
             return Err(Error::Truncated(Layer::Vlan));
         }
         Ok(())
-    }
-
-    /// The wrapped buffer.
-    pub fn into_inner(self) -> T {
-        self.buffer
     }
 
     /// Destination MAC.

@@ -1,13 +1,12 @@
 //! FLUSH Extended Transport Header (FETH, IBA 1.5, 4 bytes): selectivity level and placement
 //! type of an RC FLUSH. Kept as its raw 32-bit value.
 
-super::u32_header!(
+super::header! {
     /// High-level FETH.
-    FethRepr,
-    raw: u32,
-    |v| v,
-    |v| v
-);
+    FethRepr: 4 bytes, ExtHeaders;
+    /// The header's raw value.
+    RAW[0..4] => raw -> raw: u32;
+}
 
 impl FethRepr {
     /// Placement type (bits 1:0).

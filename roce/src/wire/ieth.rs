@@ -1,15 +1,14 @@
 //! Invalidate Extended Transport Header (IETH, IBA 9.3.7, 4 bytes): the R_Key that a SEND with
 //! invalidate asks the responder to invalidate.
 
-use crate::types::Rkey;
+use super::Rkey;
 
-super::u32_header!(
+super::header! {
     /// High-level IETH.
-    IethRepr,
-    rkey: Rkey,
-    Rkey,
-    |k| k.0
-);
+    IethRepr: 4 bytes, ExtHeaders;
+    /// The R_Key to invalidate.
+    RKEY[0..4] => rkey -> rkey: Rkey;
+}
 
 #[cfg(test)]
 mod tests {

@@ -1,13 +1,12 @@
 //! Immediate data header (ImmDt, IBA 9.3.6, 4 bytes). The value is kept as the 32-bit number
 //! the wire carries big-endian; verbs hand it to applications in network order (`__be32`).
 
-super::u32_header!(
+super::header! {
     /// High-level ImmDt.
-    ImmRepr,
-    imm: u32,
-    |v| v,
-    |v| v
-);
+    ImmRepr: 4 bytes, ExtHeaders;
+    /// The immediate data.
+    IMM[0..4] => imm -> imm: u32;
+}
 
 #[cfg(test)]
 mod tests {

@@ -1,30 +1,28 @@
 //! IPv4 header (RFC 791) with its header checksum (RFC 1071).
 
-use super::{get_u16, put_u16, Error, Field, Layer, Result};
+use super::{get_u16, put_u16, Error, Layer, Result};
 
-/// Byte ranges.
-pub mod field {
-    use super::Field;
+super::fields! {
     /// Version (4 bits) and IHL (4 bits).
-    pub const VER_IHL: usize = 0;
+    VER_IHL[0];
     /// DSCP (6 bits) and ECN (2 bits).
-    pub const TOS: usize = 1;
+    TOS[1];
     /// Total length.
-    pub const LENGTH: Field = 2..4;
+    LENGTH[2..4];
     /// Identification.
-    pub const IDENT: Field = 4..6;
+    IDENT[4..6];
     /// Flags (3 bits) and fragment offset (13 bits).
-    pub const FLG_OFF: Field = 6..8;
+    FLG_OFF[6..8];
     /// Time to live.
-    pub const TTL: usize = 8;
+    TTL[8];
     /// Protocol.
-    pub const PROTOCOL: usize = 9;
+    PROTOCOL[9];
     /// Header checksum.
-    pub const CHECKSUM: Field = 10..12;
+    CHECKSUM[10..12];
     /// Source address.
-    pub const SRC: Field = 12..16;
+    SRC[12..16];
     /// Destination address.
-    pub const DST: Field = 16..20;
+    DST[16..20];
 }
 
 /// Header length without options.
@@ -78,27 +76,20 @@ impl Ecn {
     }
 }
 
-/// Zero-copy view of an IPv4 header.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Packet<T: AsRef<[u8]>> {
-    buffer: T,
-}
+super::view!(
+    /// Zero-copy view of an IPv4 header.
+    Packet
+);
 
 impl<T: AsRef<[u8]>> Packet<T> {
-    /// Wraps without checking.
-    pub const fn new_unchecked(buffer: T) -> Self {
-        Packet { buffer }
-    }
-
-    /// Wraps after [`Packet::check_len`].
-    pub fn new_checked(buffer: T) -> Result<Self> {
-        let p = Packet::new_unchecked(buffer);
-        p.check_len()?;
-        Ok(p)
-    }
-
     /// Checks the fixed header, the IHL and the total length against the buffer.
     pub fn check_len(&self) -> Result<()> {
+        self.check_lengths(self.buffer.as_ref().len())
+    }
+
+    /// Checks in order: the fixed header and the IHL against the buffer, then the total length
+    /// against the header and the `available` bytes that follow the header's start.
+    fn check_lengths(&self, available: usize) -> Result<()> {
         let b = self.buffer.as_ref();
         if b.len() < HEADER_LEN {
             return Err(Error::Truncated(Layer::Ipv4));
@@ -111,15 +102,10 @@ impl<T: AsRef<[u8]>> Packet<T> {
             return Err(Error::Truncated(Layer::Ipv4));
         }
         let total = self.total_len() as usize;
-        if total < hl || total > b.len() {
+        if total < hl || total > available {
             return Err(Error::BadIpLength(self.total_len()));
         }
         Ok(())
-    }
-
-    /// The wrapped buffer.
-    pub fn into_inner(self) -> T {
-        self.buffer
     }
 
     /// Version nibble.
@@ -302,20 +288,8 @@ impl Ipv4Repr {
         if p.version() != 4 {
             return Err(Error::BadIpVersion(p.version()));
         }
-        if b.len() < HEADER_LEN {
-            return Err(Error::Truncated(Layer::Ipv4));
-        }
+        p.check_lengths(available)?;
         let hl = p.header_len();
-        if hl < HEADER_LEN {
-            return Err(Error::BadIpHeaderLength(b[field::VER_IHL] & 0x0f));
-        }
-        if b.len() < hl {
-            return Err(Error::Truncated(Layer::Ipv4));
-        }
-        let total = p.total_len() as usize;
-        if total < hl || total > available {
-            return Err(Error::BadIpLength(p.total_len()));
-        }
         if checksum(&b[..hl]) != 0 {
             return Err(Error::BadIpv4Checksum);
         }
@@ -331,7 +305,7 @@ impl Ipv4Repr {
             dont_frag: p.dont_frag(),
             ttl: p.ttl(),
             protocol: p.protocol(),
-            payload_len: total - hl,
+            payload_len: p.total_len() as usize - hl,
         })
     }
 

@@ -1,62 +1,47 @@
 //! IPv6 header (RFC 8200), without extension headers (RoCEv2 puts UDP directly after it).
 
 use super::ipv4::Ecn;
-use super::{get_u16, get_u32, put_u16, put_u32, Error, Field, Layer, Result};
+use super::{get_u16, get_u32, put_u16, put_u32, Error, Layer, Result};
 
-/// Byte ranges.
-pub mod field {
-    use super::Field;
+super::fields! {
     /// Version (4), traffic class (8), flow label (20).
-    pub const VER_TC_FLOW: Field = 0..4;
+    VER_TC_FLOW[0..4];
     /// Payload length.
-    pub const LENGTH: Field = 4..6;
+    LENGTH[4..6];
     /// Next header.
-    pub const NXT_HDR: usize = 6;
+    NXT_HDR[6];
     /// Hop limit.
-    pub const HOP_LIMIT: usize = 7;
+    HOP_LIMIT[7];
     /// Source address.
-    pub const SRC: Field = 8..24;
+    SRC[8..24];
     /// Destination address.
-    pub const DST: Field = 24..40;
+    DST[24..40];
 }
 
 /// Header length.
 pub const HEADER_LEN: usize = 40;
 
-/// Zero-copy view of an IPv6 header.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Packet<T: AsRef<[u8]>> {
-    buffer: T,
-}
+super::view!(
+    /// Zero-copy view of an IPv6 header.
+    Packet
+);
 
 impl<T: AsRef<[u8]>> Packet<T> {
-    /// Wraps without checking.
-    pub const fn new_unchecked(buffer: T) -> Self {
-        Packet { buffer }
-    }
-
-    /// Wraps after [`Packet::check_len`].
-    pub fn new_checked(buffer: T) -> Result<Self> {
-        let p = Packet::new_unchecked(buffer);
-        p.check_len()?;
-        Ok(p)
-    }
-
     /// Checks the header and payload length against the buffer.
     pub fn check_len(&self) -> Result<()> {
-        let b = self.buffer.as_ref();
-        if b.len() < HEADER_LEN {
+        self.check_lengths(self.buffer.as_ref().len())
+    }
+
+    /// Checks the fixed header against the buffer, then the payload length against the
+    /// `available` bytes that follow the header's start.
+    fn check_lengths(&self, available: usize) -> Result<()> {
+        if self.buffer.as_ref().len() < HEADER_LEN {
             return Err(Error::Truncated(Layer::Ipv6));
         }
-        if HEADER_LEN + self.payload_len() as usize > b.len() {
+        if HEADER_LEN + self.payload_len() as usize > available {
             return Err(Error::BadIpLength(self.payload_len()));
         }
         Ok(())
-    }
-
-    /// The wrapped buffer.
-    pub fn into_inner(self) -> T {
-        self.buffer
     }
 
     fn word0(&self) -> u32 {
@@ -164,12 +149,7 @@ impl Ipv6Repr {
         if p.version() != 6 {
             return Err(Error::BadIpVersion(p.version()));
         }
-        if b.len() < HEADER_LEN {
-            return Err(Error::Truncated(Layer::Ipv6));
-        }
-        if HEADER_LEN + p.payload_len() as usize > available {
-            return Err(Error::BadIpLength(p.payload_len()));
-        }
+        p.check_lengths(available)?;
         let tc = p.traffic_class();
         Ok(Ipv6Repr {
             src: p.src(),

@@ -210,10 +210,67 @@ pub(crate) fn put_u64(b: &mut [u8], at: usize, v: u64) {
     b[at..at + 8].copy_from_slice(&v.to_be_bytes());
 }
 
-/// Generates the zero-copy view boilerplate of a fixed-length header: the struct, the
-/// checked/unchecked constructors, `check_len` and `into_inner`.
-macro_rules! fixed_view {
-    ($(#[$m:meta])* $name:ident, $len:expr, $layer:expr) => {
+/// Checks that an output buffer has room for `need` bytes (what every `emit` checks first).
+#[inline]
+pub(crate) fn check_room(buf: &[u8], need: usize) -> Result<()> {
+    if buf.len() < need {
+        Err(Error::BufferTooSmall { need })
+    } else {
+        Ok(())
+    }
+}
+
+/// A value a header carries big-endian in `LEN` bytes, read and written at a byte offset
+/// (which must be in bounds). What the field tables of `header_view!` and `header!` name.
+pub(crate) trait WireValue: Sized {
+    /// Bytes on the wire.
+    const LEN: usize;
+    /// Reads the value at `at`.
+    fn get(b: &[u8], at: usize) -> Self;
+    /// Writes the value at `at`.
+    fn put(self, b: &mut [u8], at: usize);
+}
+
+/// Implements `WireValue` for a type carried as `$len` bytes through a reader and a writer.
+macro_rules! wire_value {
+    ($($ty:ty: $len:expr, $get:expr, $put:expr;)*) => {$(
+        impl WireValue for $ty {
+            const LEN: usize = $len;
+            #[inline]
+            fn get(b: &[u8], at: usize) -> Self {
+                let f: fn(&[u8], usize) -> $ty = $get;
+                f(b, at)
+            }
+            #[inline]
+            fn put(self, b: &mut [u8], at: usize) {
+                let f: fn(&mut [u8], usize, $ty) = $put;
+                f(b, at, self)
+            }
+        }
+    )*};
+}
+
+wire_value! {
+    u8: 1, |b, at| b[at], |b, at, v| b[at] = v;
+    u16: 2, get_u16, put_u16;
+    u32: 4, get_u32, put_u32;
+    u64: 8, get_u64, put_u64;
+    [u8; 16]: 16, |b, at| b[at..at + 16].try_into().unwrap(), |b, at, v| {
+        b[at..at + 16].copy_from_slice(&v)
+    };
+    Pkey: 2, |b, at| Pkey(get_u16(b, at)), |b, at, v| put_u16(b, at, v.0);
+    Qkey: 4, |b, at| Qkey(get_u32(b, at)), |b, at, v| put_u32(b, at, v.0);
+    Rkey: 4, |b, at| Rkey(get_u32(b, at)), |b, at, v| put_u32(b, at, v.0);
+    Qpn: 3, |b, at| Qpn::new(get_u24(b, at)), |b, at, v| put_u24(b, at, v.value());
+    Psn: 3, |b, at| Psn::new(get_u24(b, at)), |b, at, v| put_u24(b, at, v.value());
+    Msn: 3, |b, at| Msn::new(get_u24(b, at)), |b, at, v| put_u24(b, at, v.value());
+    opcode::Opcode: 1, |b, at| opcode::Opcode(b[at]), |b, at, v| b[at] = v.0;
+}
+
+/// Generates a zero-copy view struct over a buffer with `new_unchecked`, `new_checked` and
+/// `into_inner`; the caller writes the view's `check_len` (what `new_checked` calls).
+macro_rules! view {
+    ($(#[$m:meta])* $name:ident) => {
         $(#[$m])*
         #[derive(Debug, Clone, Copy, PartialEq, Eq)]
         pub struct $name<T: AsRef<[u8]>> {
@@ -221,28 +278,16 @@ macro_rules! fixed_view {
         }
 
         impl<T: AsRef<[u8]>> $name<T> {
-            /// Header length in bytes.
-            pub const LEN: usize = $len;
-
             /// Wraps a buffer without checking its length (accessors may panic if short).
             pub const fn new_unchecked(buffer: T) -> Self {
                 $name { buffer }
             }
 
-            /// Wraps a buffer after checking that it holds the whole header.
+            /// Wraps a buffer after [`Self::check_len`].
             pub fn new_checked(buffer: T) -> $crate::wire::Result<Self> {
                 let p = Self::new_unchecked(buffer);
                 p.check_len()?;
                 Ok(p)
-            }
-
-            /// Checks the buffer holds the whole header.
-            pub fn check_len(&self) -> $crate::wire::Result<()> {
-                if self.buffer.as_ref().len() < $len {
-                    Err($crate::wire::Error::Truncated($layer))
-                } else {
-                    Ok(())
-                }
             }
 
             /// The wrapped buffer.
@@ -252,41 +297,149 @@ macro_rules! fixed_view {
         }
     };
 }
+pub(crate) use view;
+
+/// Generates the zero-copy view boilerplate of a fixed-length header: the `view!` struct,
+/// `LEN` and a `check_len` that wants the whole header.
+macro_rules! fixed_view {
+    ($(#[$m:meta])* $name:ident, $len:expr, $layer:expr) => {
+        $crate::wire::view!($(#[$m])* $name);
+
+        impl<T: AsRef<[u8]>> $name<T> {
+            /// Header length in bytes.
+            pub const LEN: usize = $len;
+
+            /// Checks the buffer holds the whole header.
+            pub fn check_len(&self) -> $crate::wire::Result<()> {
+                if self.buffer.as_ref().len() < $len {
+                    Err($crate::wire::Error::Truncated($layer))
+                } else {
+                    Ok(())
+                }
+            }
+        }
+    };
+}
 pub(crate) use fixed_view;
 
-/// Generates a 4-byte header holding one big-endian u32 (ImmDt, IETH, FETH): view + Repr.
-macro_rules! u32_header {
-    ($(#[$m:meta])* $repr:ident, $field:ident: $ty:ty, $wrap:expr, $unwrap:expr) => {
+/// The constant of a field-table row: a byte offset (`[n]`) or a byte range (`[a..b]`).
+macro_rules! field_const {
+    ($(#[$m:meta])* $c:ident [$a:literal]) => {
+        $(#[$m])*
+        pub const $c: usize = $a;
+    };
+    ($(#[$m:meta])* $c:ident [$a:literal .. $b:literal]) => {
+        $(#[$m])*
+        pub const $c: Field = $a..$b;
+    };
+}
+pub(crate) use field_const;
+
+/// Generates a header's `mod field` from a table: one constant a row, with the row's doc, a
+/// byte offset (`NAME[n]`, a `usize`) or a byte range (`NAME[a..b]`, a `Field`).
+macro_rules! fields {
+    ($($(#[$fm:meta])* $c:ident [$($pos:tt)*];)*) => {
+        /// Byte ranges.
+        pub mod field {
+            #[allow(unused_imports)]
+            use $crate::wire::Field;
+            $($crate::wire::field_const!($(#[$fm])* $c [$($pos)*]);)*
+        }
+    };
+}
+pub(crate) use fields;
+
+/// The first byte and the width of a field-table row's position.
+macro_rules! field_span {
+    ([$a:literal]) => {
+        ($a, 1)
+    };
+    ([$a:literal .. $b:literal]) => {
+        ($a, $b - $a)
+    };
+}
+pub(crate) use field_span;
+
+/// The getter of a field-table row that names one (none for a row without).
+macro_rules! field_getter {
+    ($(#[$m:meta])* [$($pos:tt)*]) => {};
+    ($(#[$m:meta])* [$($pos:tt)*] => $get:ident: $ty:ty) => {
+        $(#[$m])*
+        pub fn $get(&self) -> $ty {
+            const SPAN: (usize, usize) = $crate::wire::field_span!([$($pos)*]);
+            const _: () = assert!(SPAN.1 == <$ty as $crate::wire::WireValue>::LEN);
+            <$ty as $crate::wire::WireValue>::get(self.buffer.as_ref(), SPAN.0)
+        }
+    };
+}
+pub(crate) use field_getter;
+
+/// Generates a fixed-length header's layout from a table of its fields: `mod field` (one
+/// constant a row, with the row's doc), `HEADER_LEN`, the `fixed_view!` `Packet`, and a
+/// getter for each row that names one (`=> getter: Type`, the type read as a `WireValue`,
+/// whose width the row's range must match). Rows without a getter are bytes of bit fields,
+/// which the header's module reads by hand.
+macro_rules! header_view {
+    (
+        $len:literal bytes, $layer:ident;
+        $(
+            $(#[$fm:meta])*
+            $c:ident [$($pos:tt)*] $(=> $get:ident: $ty:ty)?;
+        )*
+    ) => {
+        $crate::wire::fields! {
+            $($(#[$fm])* $c [$($pos)*];)*
+        }
+
         /// Header length.
-        pub const HEADER_LEN: usize = 4;
+        pub const HEADER_LEN: usize = $len;
 
         $crate::wire::fixed_view!(
-            /// Zero-copy view.
+            /// Zero-copy view of the header.
             Packet,
             HEADER_LEN,
-            $crate::wire::Layer::ExtHeaders
+            $crate::wire::Layer::$layer
         );
 
         impl<T: AsRef<[u8]>> Packet<T> {
-            /// The header's value.
-            pub fn $field(&self) -> $ty {
-                let f: fn(u32) -> $ty = $wrap;
-                f($crate::wire::get_u32(self.buffer.as_ref(), 0))
-            }
+            $($crate::wire::field_getter!($(#[$fm])* [$($pos)*] $(=> $get: $ty)?);)*
         }
+    };
+}
+pub(crate) use header_view;
 
-        $(#[$m])*
+/// A fixed-length header whose high-level form is its fields as they are: the
+/// `header_view!` layout from a table in which every row names its getter and its `Repr`
+/// field (`=> getter -> repr_field: Type`), and the `Repr` struct (plain data: `Debug`, `Copy`,
+/// `Eq`, `Hash`, `Default`) with `parse` (length check, then each getter), `buffer_len` and
+/// `emit` (room check, then each field).
+macro_rules! header {
+    (
+        $(#[$rm:meta])* $repr:ident: $len:literal bytes, $layer:ident;
+        $(
+            $(#[$fm:meta])*
+            $c:ident [$($pos:tt)*] => $get:ident -> $name:ident: $ty:ty;
+        )*
+    ) => {
+        $crate::wire::header_view!(
+            $len bytes, $layer;
+            $($(#[$fm])* $c [$($pos)*] => $get: $ty;)*
+        );
+
+        $(#[$rm])*
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
         pub struct $repr {
-            /// The header's value.
-            pub $field: $ty,
+            $(
+                $(#[$fm])*
+                pub $name: $ty,
+            )*
         }
 
         impl $repr {
             /// Parses the header.
             pub fn parse<T: AsRef<[u8]>>(p: &Packet<T>) -> $crate::wire::Result<$repr> {
                 p.check_len()?;
-                Ok($repr { $field: p.$field() })
+                Ok($repr { $($name: p.$get(),)* })
             }
 
             /// Header length.
@@ -296,14 +449,17 @@ macro_rules! u32_header {
 
             /// Writes the header.
             pub fn emit(&self, buf: &mut [u8]) -> $crate::wire::Result<()> {
-                if buf.len() < HEADER_LEN {
-                    return Err($crate::wire::Error::BufferTooSmall { need: HEADER_LEN });
-                }
-                let f: fn($ty) -> u32 = $unwrap;
-                $crate::wire::put_u32(buf, 0, f(self.$field));
+                $crate::wire::check_room(buf, HEADER_LEN)?;
+                $(
+                    <$ty as $crate::wire::WireValue>::put(
+                        self.$name,
+                        buf,
+                        $crate::wire::field_span!([$($pos)*]).0,
+                    );
+                )*
                 Ok(())
             }
         }
     };
 }
-pub(crate) use u32_header;
+pub(crate) use header;

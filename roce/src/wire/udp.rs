@@ -1,55 +1,24 @@
 //! UDP header (RFC 768). RoCEv2 senders put 0 in the checksum (allowed for IPv4, and used by
 //! rxe for IPv6 too): ferroce neither requires nor computes it; the ICRC protects the packet.
 
-use super::{fixed_view, get_u16, put_u16, Error, Field, Layer, Result};
+use super::{check_room, put_u16, Error, Result};
 
-/// Byte ranges.
-pub mod field {
-    use super::Field;
+super::header_view! {
+    8 bytes, Udp;
     /// Source port.
-    pub const SRC_PORT: Field = 0..2;
+    SRC_PORT[0..2] => src_port: u16;
     /// Destination port.
-    pub const DST_PORT: Field = 2..4;
-    /// Length (header + payload).
-    pub const LENGTH: Field = 4..6;
-    /// Checksum.
-    pub const CHECKSUM: Field = 6..8;
+    DST_PORT[2..4] => dst_port: u16;
+    /// Length field (header + payload).
+    LENGTH[4..6] => len: u16;
+    /// Checksum as carried.
+    CHECKSUM[6..8] => checksum: u16;
 }
 
-/// Header length.
-pub const HEADER_LEN: usize = 8;
-
-fixed_view!(
-    /// Zero-copy view of a UDP header.
-    Packet,
-    HEADER_LEN,
-    Layer::Udp
-);
-
 impl<T: AsRef<[u8]>> Packet<T> {
-    /// Source port.
-    pub fn src_port(&self) -> u16 {
-        get_u16(self.buffer.as_ref(), field::SRC_PORT.start)
-    }
-
-    /// Destination port.
-    pub fn dst_port(&self) -> u16 {
-        get_u16(self.buffer.as_ref(), field::DST_PORT.start)
-    }
-
-    /// Length field (header included).
-    pub fn len(&self) -> u16 {
-        get_u16(self.buffer.as_ref(), field::LENGTH.start)
-    }
-
     /// Whether the length field is zero.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
-    }
-
-    /// Checksum as carried.
-    pub fn checksum(&self) -> u16 {
-        get_u16(self.buffer.as_ref(), field::CHECKSUM.start)
     }
 }
 
@@ -90,9 +59,7 @@ impl UdpRepr {
 
     /// Writes the header.
     pub fn emit(&self, buf: &mut [u8]) -> Result<()> {
-        if buf.len() < HEADER_LEN {
-            return Err(Error::BufferTooSmall { need: HEADER_LEN });
-        }
+        check_room(buf, HEADER_LEN)?;
         let len =
             u16::try_from(HEADER_LEN + self.payload_len).map_err(|_| Error::PayloadTooLong)?;
         put_u16(buf, field::SRC_PORT.start, self.src_port);
