@@ -15,26 +15,3 @@ super::header! {
     /// Compare operand (CmpSwap; 0 for FetchAdd).
     COMPARE[20..28] => compare -> compare: u64;
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn round_trip() {
-        let r = AtomicEthRepr {
-            va: 0x1000,
-            rkey: Rkey(7),
-            swap_add: 0x0102_0304_0506_0708,
-            compare: u64::MAX,
-        };
-        let mut b = [0u8; 28];
-        r.emit(&mut b).unwrap();
-        assert_eq!(&b[12..20], &[1, 2, 3, 4, 5, 6, 7, 8]);
-        assert_eq!(
-            AtomicEthRepr::parse(&Packet::new_checked(&b[..]).unwrap()).unwrap(),
-            r
-        );
-        assert!(Packet::new_checked(&b[..27]).is_err());
-    }
-}

@@ -76,17 +76,24 @@ impl Ecn {
     }
 }
 
+/// Checks the version nibble that starts an IP header (of IPv4 or IPv6, `layer`) is `want`:
+/// the first check of a header's parse, before its lengths.
+pub(crate) fn check_version(b: &[u8], want: u8, layer: Layer) -> Result<()> {
+    match b.first() {
+        None => Err(Error::Truncated(layer)),
+        Some(&v) if v >> 4 != want => Err(Error::BadIpVersion(v >> 4)),
+        Some(_) => Ok(()),
+    }
+}
+
 super::view!(
     /// Zero-copy view of an IPv4 header.
-    Packet
+    Packet,
+    /// Checks the fixed header, the IHL and the total length against the buffer.
+    check_len => check_lengths
 );
 
 impl<T: AsRef<[u8]>> Packet<T> {
-    /// Checks the fixed header, the IHL and the total length against the buffer.
-    pub fn check_len(&self) -> Result<()> {
-        self.check_lengths(self.buffer.as_ref().len())
-    }
-
     /// Checks in order: the fixed header and the IHL against the buffer, then the total length
     /// against the header and the `available` bytes that follow the header's start.
     fn check_lengths(&self, available: usize) -> Result<()> {
@@ -282,12 +289,7 @@ impl Ipv4Repr {
     /// Checks in order: version, IHL, total length, header checksum, fragmentation.
     pub fn parse_header<T: AsRef<[u8]>>(p: &Packet<T>, available: usize) -> Result<Ipv4Repr> {
         let b = p.buffer.as_ref();
-        if b.is_empty() {
-            return Err(Error::Truncated(Layer::Ipv4));
-        }
-        if p.version() != 4 {
-            return Err(Error::BadIpVersion(p.version()));
-        }
+        check_version(b, 4, Layer::Ipv4)?;
         p.check_lengths(available)?;
         let hl = p.header_len();
         if checksum(&b[..hl]) != 0 {

@@ -1,6 +1,6 @@
 //! IPv6 header (RFC 8200), without extension headers (RoCEv2 puts UDP directly after it).
 
-use super::ipv4::Ecn;
+use super::ipv4::{check_version, Ecn};
 use super::{get_u16, get_u32, put_u16, put_u32, Error, Layer, Result};
 
 super::fields! {
@@ -23,15 +23,12 @@ pub const HEADER_LEN: usize = 40;
 
 super::view!(
     /// Zero-copy view of an IPv6 header.
-    Packet
+    Packet,
+    /// Checks the header and payload length against the buffer.
+    check_len => check_lengths
 );
 
 impl<T: AsRef<[u8]>> Packet<T> {
-    /// Checks the header and payload length against the buffer.
-    pub fn check_len(&self) -> Result<()> {
-        self.check_lengths(self.buffer.as_ref().len())
-    }
-
     /// Checks the fixed header against the buffer, then the payload length against the
     /// `available` bytes that follow the header's start.
     fn check_lengths(&self, available: usize) -> Result<()> {
@@ -142,13 +139,7 @@ impl Ipv6Repr {
     /// Parses a header when only `available` bytes follow its start in the whole frame (the
     /// buffer itself may hold just the header). Checks version, then the payload length.
     pub fn parse_header<T: AsRef<[u8]>>(p: &Packet<T>, available: usize) -> Result<Ipv6Repr> {
-        let b = p.buffer.as_ref();
-        if b.is_empty() {
-            return Err(Error::Truncated(Layer::Ipv6));
-        }
-        if p.version() != 6 {
-            return Err(Error::BadIpVersion(p.version()));
-        }
+        check_version(p.buffer.as_ref(), 6, Layer::Ipv6)?;
         p.check_lengths(available)?;
         let tc = p.traffic_class();
         Ok(Ipv6Repr {

@@ -12,22 +12,3 @@ super::header! {
     /// DMA length of the whole message.
     LEN[12..16] => dma_len -> len: u32;
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn round_trip() {
-        let bytes = [
-            0, 0, 0x55, 0xb6, 0xa7, 0x88, 0x20, 0, 0, 0, 0x03, 0x8b, 0, 0, 0x10, 0,
-        ];
-        let r = RethRepr::parse(&Packet::new_checked(&bytes[..]).unwrap()).unwrap();
-        assert_eq!(r.va, 0x55b6_a788_2000);
-        assert_eq!(r.rkey, Rkey(0x38b));
-        assert_eq!(r.len, 4096);
-        let mut out = [0u8; 16];
-        r.emit(&mut out).unwrap();
-        assert_eq!(out, bytes);
-    }
-}
