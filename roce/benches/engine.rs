@@ -43,17 +43,27 @@ fn pair() -> (Pair, roce::sim::Endpoint, roce::sim::Endpoint) {
     (p, a, b)
 }
 
+/// Times `iters` operations in batches of at most `max`: `run(batch, tx)` prepares a batch
+/// untimed, runs it, and returns how long the run took.
+fn batched(iters: u64, max: u64, mut run: impl FnMut(u64, &mut Transmit) -> Duration) -> Duration {
+    let mut tx = Transmit::default();
+    let mut total = Duration::ZERO;
+    let mut done = 0u64;
+    while done < iters {
+        let batch = (iters - done).min(max);
+        total += run(batch, &mut tx);
+        done += batch;
+    }
+    total
+}
+
 fn requester(c: &mut Criterion) {
     let (mut p, a, b) = pair();
     let mut g = c.benchmark_group("requester");
     g.throughput(Throughput::Elements(1));
     g.bench_function("write_4k", |bch| {
         bch.iter_custom(|iters| {
-            let mut tx = Transmit::default();
-            let mut total = Duration::ZERO;
-            let mut sent = 0u64;
-            while sent < iters {
-                let batch = (iters - sent).min(32);
+            batched(iters, 32, |batch, tx| {
                 // The ACK for this batch, built before timing.
                 let last =
                     p.a.dev
@@ -83,14 +93,12 @@ fn requester(c: &mut Criterion) {
                             },
                         )
                         .unwrap();
-                    assert!(p.a.dev.poll_transmit(0, &mut tx));
-                    black_box(&tx);
+                    assert!(p.a.dev.poll_transmit(0, tx));
+                    black_box(&*tx);
                 }
                 p.a.dev.handle_frame(0, &ack);
-                total += start.elapsed();
-                sent += batch;
-            }
-            total
+                start.elapsed()
+            })
         })
     });
     g.finish();
@@ -104,11 +112,7 @@ fn responder_case(c: &mut Criterion, name: &str, len: usize) {
     g.throughput(Throughput::Elements(1));
     g.bench_function(name, |bch| {
         bch.iter_custom(|iters| {
-            let mut tx = Transmit::default();
-            let mut total = Duration::ZERO;
-            let mut done = 0u64;
-            while done < iters {
-                let batch = (iters - done).min(256);
+            batched(iters, 256, |batch, tx| {
                 let frames: Vec<Vec<u8>> = (0..batch)
                     .map(|i| {
                         let mut t = TransportRepr::new(BthRepr::new(
@@ -129,15 +133,14 @@ fn responder_case(c: &mut Criterion, name: &str, len: usize) {
                 let start = Instant::now();
                 for f in &frames {
                     dev.handle_frame(0, f);
-                    while dev.poll_transmit(0, &mut tx) {
-                        black_box(&tx);
+                    while dev.poll_transmit(0, tx) {
+                        black_box(&*tx);
                     }
                 }
-                total += start.elapsed();
+                let elapsed = start.elapsed();
                 next_psn = next_psn.add(batch as u32);
-                done += batch;
-            }
-            total
+                elapsed
+            })
         })
     });
     g.finish();

@@ -13,14 +13,8 @@
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use roce::types::{Psn, Qpn, Rkey};
-use roce::wire::bth::BthRepr;
-use roce::wire::ethernet::EthernetRepr;
-use roce::wire::frame::{self, FrameRepr, IpRepr, TransportRepr};
+use roce::wire::frame;
 use roce::wire::icrc::Icrc;
-use roce::wire::ipv4::{Ecn, Ipv4Repr};
-use roce::wire::opcode::Opcode;
-use roce::wire::reth::RethRepr;
 
 fn crc(c: &mut Criterion) {
     let mut g = c.benchmark_group("icrc");
@@ -87,49 +81,13 @@ fn crc(c: &mut Criterion) {
     g.finish();
 }
 
-fn write_frame(len: usize) -> (FrameRepr, Vec<u8>) {
-    let mut t = TransportRepr::new(BthRepr::new(Opcode(0x0a), Qpn::new(0x12), Psn::new(1)));
-    t.bth.ack_req = true;
-    t.ext.reth = Some(RethRepr {
-        va: 0x1000,
-        rkey: Rkey(0x1234),
-        len: len as u32,
-    });
-    let repr = FrameRepr {
-        eth: EthernetRepr {
-            dst: [2, 0, 0, 0x99, 0, 2],
-            src: [2, 0, 0, 0x99, 0, 3],
-            vlan: None,
-            ethertype: 0,
-        },
-        ip: IpRepr::V4(Ipv4Repr {
-            src: [10, 99, 0, 3],
-            dst: [10, 99, 0, 2],
-            dscp: 26,
-            ecn: Ecn::Ect0,
-            ident: 1,
-            dont_frag: true,
-            ttl: 64,
-            protocol: 17,
-            payload_len: 0,
-        }),
-        udp_src_port: 0xc000,
-        udp_checksum: 0,
-        transport: t,
-    };
-    let payload = vec![0x5au8; len];
-    let mut buf = vec![0u8; repr.frame_len(len).unwrap()];
-    repr.emit(&mut buf, &payload).unwrap();
-    (repr, buf)
-}
-
 fn frames(c: &mut Criterion) {
     let mut g = c.benchmark_group("frame");
     g.throughput(Throughput::Elements(1));
     // 4 KiB: the payload's passes dominate; 64 B: the per-packet work.
     for (name, len) in [("4k", 4096usize), ("64", 64)] {
-        let (repr, buf) = write_frame(len);
         let payload = vec![0x5au8; len];
+        let (repr, buf) = frame::example_write(false, false, &payload);
         let mut out = vec![0u8; buf.len()];
         g.bench_function(format!("parse_verify_{name}_write"), |b| {
             b.iter(|| frame::parse(black_box(&buf)).unwrap())

@@ -74,11 +74,20 @@ fn bind_op(mw: Rkey, rkey: Rkey, mr: Lkey, (addr, length): (u64, u64), access: A
 /// A fresh pair with a window of type `ty` bound (successfully) to B's first page for remote
 /// write; returns the window's key.
 fn setup_bound(ty: MwType) -> (Pair, Endpoint, Endpoint, Rkey) {
+    setup_window(ty, (0, 4096), Access::REMOTE_WRITE)
+}
+
+/// A fresh pair with a window of type `ty` bound (successfully) with `access` to `length`
+/// bytes at `offset` in B's MR; returns the window's key.
+fn setup_window(
+    ty: MwType,
+    (offset, length): (u64, u64),
+    access: Access,
+) -> (Pair, Endpoint, Endpoint, Rkey) {
     let (mut p, a, b) = setup();
     let mw = alloc(&mut p, &b, ty);
     let key = inc(mw);
-    let page = (b.addr, 4096);
-    let c = bind(&mut p, &b, mw, key, page, Access::REMOTE_WRITE);
+    let c = bind(&mut p, &b, mw, key, (b.addr + offset, length), access);
     assert_eq!(c.status, WcStatus::Success);
     (p, a, b, key)
 }
@@ -97,12 +106,7 @@ fn type2_window_grants_its_own_range_and_access_to_its_qp() {
         WcStatus::RemAccessErr,
         "a FREE window grants nothing"
     );
-    let (mut p, a, b) = setup();
-    let mw = alloc(&mut p, &b, MwType::Two);
-    let key = inc(mw);
-    let win = (b.addr + 4096, 4096);
-    let c = bind(&mut p, &b, mw, key, win, Access::REMOTE_WRITE);
-    assert_eq!(c.status, WcStatus::Success);
+    let (mut p, a, b, key) = setup_window(MwType::Two, (4096, 4096), Access::REMOTE_WRITE);
     assert_eq!(
         write(&mut p, &a, b.addr + 4096 + 100, key),
         WcStatus::Success
@@ -115,24 +119,16 @@ fn type2_window_grants_its_own_range_and_access_to_its_qp() {
 
 #[test]
 fn the_windows_access_counts_not_the_mrs() {
-    let (mut p, a, b) = setup();
-    let mw = alloc(&mut p, &b, MwType::Two);
-    let key = inc(mw);
     // The MR grants remote write; the window only remote read.
-    let c = bind(&mut p, &b, mw, key, (b.addr, 4096), Access::REMOTE_READ);
-    assert_eq!(c.status, WcStatus::Success);
+    let (mut p, a, b, key) = setup_window(MwType::Two, (0, 4096), Access::REMOTE_READ);
     assert_eq!(write(&mut p, &a, b.addr, key), WcStatus::RemAccessErr);
     assert_eq!(b.mem.to_vec(0, 16), vec![0; 16]);
 }
 
 #[test]
 fn old_keys_fail_after_a_rebind_and_zero_based_windows_start_at_zero() {
-    let (mut p, a, b) = setup();
-    let mw = alloc(&mut p, &b, MwType::One);
-    let k1 = inc(mw);
+    let (mut p, a, b, k1) = setup_window(MwType::One, (0, 8192), Access::REMOTE_WRITE);
     let range = (b.addr, 8192);
-    let c = bind(&mut p, &b, mw, k1, range, Access::REMOTE_WRITE);
-    assert_eq!(c.status, WcStatus::Success);
     assert_eq!(write(&mut p, &a, b.addr + 8, k1), WcStatus::Success);
     // Type 1 rebinds in place with a new key byte: the old key is dead.
     let k2 = inc(k1);
@@ -141,12 +137,8 @@ fn old_keys_fail_after_a_rebind_and_zero_based_windows_start_at_zero() {
     assert_eq!(write(&mut p, &a, b.addr + 8, k2), WcStatus::Success);
     assert_eq!(write(&mut p, &a, b.addr + 8, k1), WcStatus::RemAccessErr);
 
-    let (mut p, a, b) = setup();
-    let mw = alloc(&mut p, &b, MwType::Two);
-    let key = inc(mw);
-    let win = (b.addr + 3 * 4096, 4096);
     let zb = Access::REMOTE_WRITE | Access::ZERO_BASED;
-    assert_eq!(bind(&mut p, &b, mw, key, win, zb).status, WcStatus::Success);
+    let (mut p, a, b, key) = setup_window(MwType::Two, (3 * 4096, 4096), zb);
     // Address 32 of the window is byte 32 of its range.
     assert_eq!(write(&mut p, &a, 32, key), WcStatus::Success);
     assert_eq!(b.mem.to_vec(3 * 4096 + 32, 16), vec![0x5a; 16]);

@@ -1026,79 +1026,76 @@ pub fn mark_ce(frame: &mut [u8]) -> bool {
     }
 }
 
+/// A sample frame that tests and benches build on: an RC RDMA WRITE ONLY (AckReq, QP 0x12,
+/// PSN 0xfffffe, a RETH for `payload`) from 10.99.0.3 to 10.99.0.2, or from fe80::1 to fe80::2
+/// when `ipv6`, 802.1Q-tagged (PCP 3, VID 99) when `vlan`. Returns its `Repr` and its bytes.
+#[doc(hidden)]
+pub fn example_write(ipv6: bool, vlan: bool, payload: &[u8]) -> (FrameRepr, Vec<u8>) {
+    let mut t = TransportRepr::new(BthRepr::new(
+        Opcode(0x0a),
+        Qpn::new(0x12),
+        Psn::new(0xfffffe),
+    ));
+    t.bth.ack_req = true;
+    t.ext.reth = Some(RethRepr {
+        va: 0x1000,
+        rkey: crate::types::Rkey(0x38b),
+        len: payload.len() as u32,
+    });
+    let ip = if ipv6 {
+        IpRepr::V6(Ipv6Repr {
+            src: [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1],
+            dst: [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2],
+            dscp: 26,
+            ecn: ipv4::Ecn::Ect0,
+            flow_label: 0x12345,
+            next_header: 17,
+            hop_limit: 64,
+            payload_len: 0,
+        })
+    } else {
+        IpRepr::V4(Ipv4Repr {
+            src: [10, 99, 0, 3],
+            dst: [10, 99, 0, 2],
+            dscp: 26,
+            ecn: ipv4::Ecn::Ect0,
+            ident: 7,
+            dont_frag: true,
+            ttl: 64,
+            protocol: 17,
+            payload_len: 0,
+        })
+    };
+    let repr = FrameRepr {
+        eth: EthernetRepr {
+            dst: [2, 0, 0, 0x99, 0, 2],
+            src: [2, 0, 0, 0x99, 0, 3],
+            vlan: vlan.then_some(ethernet::VlanTag {
+                pcp: 3,
+                dei: false,
+                vid: 99,
+            }),
+            ethertype: 0,
+        },
+        ip,
+        udp_src_port: 0xc123,
+        udp_checksum: 0,
+        transport: t,
+    };
+    let mut buf = vec![0u8; repr.frame_len(payload.len()).unwrap()];
+    let n = repr.emit(&mut buf, payload).unwrap();
+    assert_eq!(n, buf.len());
+    (repr, buf)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::types::{Msn, Psn, Qpn, Rkey};
-    use crate::wire::ethernet::VlanTag;
+    use crate::types::{Msn, Psn, Qpn};
     use crate::wire::ipv4::Ecn;
 
-    fn hex(s: &str) -> Vec<u8> {
-        (0..s.len())
-            .step_by(2)
-            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
-            .collect()
-    }
-
-    const CX4_CNP: &str = "e41d2dab2bc27cfe90643b32080045c2003c718c4000401191610a0011010a001201000012b7002800008100ffff40000118000000000000000000000000000000000000000082fd002a";
-
-    fn write_frame(ipv6: bool, vlan: bool, payload: &[u8]) -> (FrameRepr, Vec<u8>) {
-        let mut t = TransportRepr::new(BthRepr::new(
-            Opcode(0x0a),
-            Qpn::new(0x12),
-            Psn::new(0xfffffe),
-        ));
-        t.bth.ack_req = true;
-        t.ext.reth = Some(RethRepr {
-            va: 0x1000,
-            rkey: Rkey(0x38b),
-            len: payload.len() as u32,
-        });
-        let ip = if ipv6 {
-            IpRepr::V6(Ipv6Repr {
-                src: [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1],
-                dst: [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2],
-                dscp: 26,
-                ecn: Ecn::Ect0,
-                flow_label: 0x12345,
-                next_header: 17,
-                hop_limit: 64,
-                payload_len: 0,
-            })
-        } else {
-            IpRepr::V4(Ipv4Repr {
-                src: [10, 99, 0, 3],
-                dst: [10, 99, 0, 2],
-                dscp: 26,
-                ecn: Ecn::Ect0,
-                ident: 7,
-                dont_frag: true,
-                ttl: 64,
-                protocol: 17,
-                payload_len: 0,
-            })
-        };
-        let repr = FrameRepr {
-            eth: EthernetRepr {
-                dst: [2, 0, 0, 0x99, 0, 2],
-                src: [2, 0, 0, 0x99, 0, 3],
-                vlan: vlan.then_some(VlanTag {
-                    pcp: 3,
-                    dei: false,
-                    vid: 99,
-                }),
-                ethertype: 0,
-            },
-            ip,
-            udp_src_port: 0xc123,
-            udp_checksum: 0,
-            transport: t,
-        };
-        let mut buf = vec![0u8; repr.frame_len(payload.len()).unwrap()];
-        let n = repr.emit(&mut buf, payload).unwrap();
-        assert_eq!(n, buf.len());
-        (repr, buf)
-    }
+    use super::example_write as write_frame;
+    use crate::wire::icrc::tests::{hex, CX4_CNP};
 
     #[test]
     fn marking_ce_keeps_the_frame_valid() {

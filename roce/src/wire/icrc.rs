@@ -423,11 +423,27 @@ where
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn noise(rng: &mut crate::sim::Rng, n: usize) -> Vec<u8> {
         (0..n).map(|_| rng.next_u64() as u8).collect()
+    }
+
+    /// Calls `check(rng, n, data)` with `n` bytes of noise for every length class of the
+    /// folds (each length below 1100, whole and ragged pages, beyond 64 KiB), the bytes
+    /// starting `n % skew` bytes into their allocation (misaligned).
+    fn for_every_length(
+        seed: u64,
+        skew: usize,
+        mut check: impl FnMut(&mut crate::sim::Rng, usize, &[u8]),
+    ) {
+        let mut rng = crate::sim::Rng::new(seed);
+        for n in (0..1100).chain([4096, 4096 + 8, 4096 + 63, 8191, 65536 + 17]) {
+            let misalign = n % skew;
+            let data = noise(&mut rng, n + misalign);
+            check(&mut rng, n, &data[misalign..]);
+        }
     }
 
     #[test]
@@ -442,13 +458,8 @@ mod tests {
     /// misaligned source and destination, and any starting state.
     #[test]
     fn one_pass_copy_and_crc_agree_with_two_passes() {
-        let mut rng = crate::sim::Rng::new(7);
-        let lens = (0..1100).chain([4096, 4096 + 8, 4096 + 63, 8191, 65536 + 17]);
-        for n in lens {
-            let misalign = n % 13;
-            let src = noise(&mut rng, n + misalign);
-            let src = &src[misalign..];
-            let init = noise(&mut rng, 4);
+        for_every_length(7, 13, |rng, n, src| {
+            let init = noise(rng, 4);
             let init = u32::from_le_bytes(init.try_into().unwrap());
             let mut want = crc32fast::Hasher::new_with_initial(init);
             want.update(src);
@@ -459,7 +470,7 @@ mod tests {
             c.copy_from(&mut dst[5 - n % 5..][..n], src);
             assert_eq!(c.finish(), want.finalize(), "length {n}");
             assert_eq!(&dst[5 - n % 5..][..n], src, "length {n}");
-        }
+        });
     }
 
     /// The CPU-specific path directly, where the CPU has it (the machines this project runs on
@@ -493,12 +504,7 @@ mod tests {
     /// for every length class, misaligned inputs, fed in one piece or split anywhere.
     #[test]
     fn update_agrees_with_crc32fast_at_every_length() {
-        let mut rng = crate::sim::Rng::new(13);
-        let lens = (0..1100).chain([4096, 4096 + 8, 4096 + 63, 8191, 65536 + 17]);
-        for n in lens {
-            let misalign = n % 11;
-            let data = noise(&mut rng, n + misalign);
-            let data = &data[misalign..];
+        for_every_length(13, 11, |rng, n, data| {
             let mut want = crc32fast::Hasher::new_with_initial(SEED_AFTER_LRH);
             want.update(data);
             let want = want.finalize();
@@ -510,7 +516,7 @@ mod tests {
             split.update(&data[..cut]);
             split.update(&data[cut..]);
             assert_eq!(split.finish(), want, "length {n} cut at {cut}");
-        }
+        });
     }
 
     /// The ConnectX-4 Lx CNP from scapy's test suite (roce-wire.md): DSCP 48, ECT(0), BECN.
