@@ -488,72 +488,45 @@ impl QpAttr {
                 (mask & !known) as u64,
             ));
         }
-        let state = |v: u32| QpState::from_ibv(v).ok_or(IbvError::Invalid("QP state", v as u64));
-        let mut q = QpAttr::default();
-        if has(STATE) {
-            q.state = Some(state(a.qp_state)?);
-        }
-        if has(CUR_STATE) {
-            q.cur_state = Some(state(a.cur_qp_state)?);
-        }
-        if has(EN_SQD_ASYNC_NOTIFY) {
-            q.en_sqd_async_notify = Some(a.en_sqd_async_notify != 0);
-        }
-        if has(ACCESS_FLAGS) {
+        // Each attribute is the one of `a` when its mask bit is set; a value out of its enum
+        // fails the modify (checked in field order).
+        let state = |bit: u32, v: u32| {
+            has(bit)
+                .then(|| QpState::from_ibv(v).ok_or(IbvError::Invalid("QP state", v as u64)))
+                .transpose()
+        };
+        Ok(QpAttr {
+            state: state(STATE, a.qp_state)?,
+            cur_state: state(CUR_STATE, a.cur_qp_state)?,
+            en_sqd_async_notify: has(EN_SQD_ASYNC_NOTIFY).then_some(a.en_sqd_async_notify != 0),
             // A QP's access flags are its remote rights (and LOCAL_WRITE); MR-only bits
             // (MW_BIND, ZERO_BASED, ON_DEMAND...) are ignored, as rxe does.
-            q.access = Some(Access(a.qp_access_flags & 0xf));
-        }
-        if has(PKEY_INDEX) {
-            q.pkey_index = Some(a.pkey_index);
-        }
-        if has(PORT) {
-            q.port = Some(a.port_num);
-        }
-        if has(QKEY) {
-            q.qkey = Some(Qkey(a.qkey));
-        }
-        if has(AV) {
+            access: has(ACCESS_FLAGS).then_some(Access(a.qp_access_flags & 0xf)),
+            pkey_index: has(PKEY_INDEX).then_some(a.pkey_index),
+            port: has(PORT).then_some(a.port_num),
+            qkey: has(QKEY).then_some(Qkey(a.qkey)),
             // RoCE addresses by GID: a path without a GRH cannot be routed.
-            if !a.ah_is_global {
-                return Err(IbvError::NotGlobal);
-            }
-            q.av = Some(a.av);
-        }
-        if has(PATH_MTU) {
-            q.path_mtu = Some(
-                Mtu::from_ibv(a.path_mtu)
-                    .ok_or(IbvError::Invalid("path_mtu", a.path_mtu as u64))?,
-            );
-        }
-        if has(TIMEOUT) {
-            q.timeout = Some(a.timeout);
-        }
-        if has(RETRY_CNT) {
-            q.retry_cnt = Some(a.retry_cnt);
-        }
-        if has(RNR_RETRY) {
-            q.rnr_retry = Some(a.rnr_retry);
-        }
-        if has(RQ_PSN) {
-            q.rq_psn = Some(Psn::new(a.rq_psn));
-        }
-        if has(MAX_QP_RD_ATOMIC) {
-            q.max_rd_atomic = Some(a.max_rd_atomic);
-        }
-        if has(MIN_RNR_TIMER) {
-            q.min_rnr_timer = Some(a.min_rnr_timer);
-        }
-        if has(SQ_PSN) {
-            q.sq_psn = Some(Psn::new(a.sq_psn));
-        }
-        if has(MAX_DEST_RD_ATOMIC) {
-            q.max_dest_rd_atomic = Some(a.max_dest_rd_atomic);
-        }
-        if has(DEST_QPN) {
-            q.dest_qp = Some(Qpn::new(a.dest_qp_num));
-        }
-        Ok(q)
+            av: match (has(AV), a.ah_is_global) {
+                (false, _) => None,
+                (true, true) => Some(a.av),
+                (true, false) => return Err(IbvError::NotGlobal),
+            },
+            path_mtu: has(PATH_MTU)
+                .then(|| {
+                    Mtu::from_ibv(a.path_mtu)
+                        .ok_or(IbvError::Invalid("path_mtu", a.path_mtu as u64))
+                })
+                .transpose()?,
+            timeout: has(TIMEOUT).then_some(a.timeout),
+            retry_cnt: has(RETRY_CNT).then_some(a.retry_cnt),
+            rnr_retry: has(RNR_RETRY).then_some(a.rnr_retry),
+            rq_psn: has(RQ_PSN).then_some(Psn::new(a.rq_psn)),
+            max_rd_atomic: has(MAX_QP_RD_ATOMIC).then_some(a.max_rd_atomic),
+            min_rnr_timer: has(MIN_RNR_TIMER).then_some(a.min_rnr_timer),
+            sq_psn: has(SQ_PSN).then_some(Psn::new(a.sq_psn)),
+            max_dest_rd_atomic: has(MAX_DEST_RD_ATOMIC).then_some(a.max_dest_rd_atomic),
+            dest_qp: has(DEST_QPN).then_some(Qpn::new(a.dest_qp_num)),
+        })
     }
 }
 
