@@ -200,14 +200,7 @@ impl QpState {
 impl Mtu {
     /// From `enum ibv_mtu` (1 = 256 ... 5 = 4096).
     pub const fn from_ibv(v: u32) -> Option<Mtu> {
-        match v {
-            1 => Some(Mtu::M256),
-            2 => Some(Mtu::M512),
-            3 => Some(Mtu::M1024),
-            4 => Some(Mtu::M2048),
-            5 => Some(Mtu::M4096),
-            _ => None,
-        }
+        Mtu::from_number(v)
     }
 
     /// The `enum ibv_mtu` value.
@@ -530,42 +523,10 @@ impl QpAttr {
     }
 }
 
-/// The statuses in `enum ibv_wc_status` order.
-const WC_STATUSES: [WcStatus; 22] = {
-    use WcStatus::*;
-    [
-        Success,
-        LocLenErr,
-        LocQpOpErr,
-        LocEecOpErr,
-        LocProtErr,
-        WrFlushErr,
-        MwBindErr,
-        BadRespErr,
-        LocAccessErr,
-        RemInvReqErr,
-        RemAccessErr,
-        RemOpErr,
-        RetryExcErr,
-        RnrRetryExcErr,
-        LocRddViolErr,
-        RemInvRdReqErr,
-        RemAbortErr,
-        InvEecnErr,
-        InvEecStateErr,
-        FatalErr,
-        RespTimeoutErr,
-        GeneralErr,
-    ]
-};
-
 impl WcStatus {
     /// From `enum ibv_wc_status`; a value it does not define reads as GENERAL_ERR.
     pub fn from_ibv(v: u32) -> WcStatus {
-        WC_STATUSES
-            .get(v as usize)
-            .copied()
-            .unwrap_or(WcStatus::GeneralErr)
+        WcStatus::from_number(v).unwrap_or(WcStatus::GeneralErr)
     }
 
     /// The `enum ibv_wc_status` value.
@@ -577,20 +538,7 @@ impl WcStatus {
 impl WcOpcode {
     /// From `enum ibv_wc_opcode`; None for a value it does not define.
     pub fn from_ibv(v: u32) -> Option<WcOpcode> {
-        use WcOpcode::*;
-        Some(match v {
-            0 => Send,
-            1 => RdmaWrite,
-            2 => RdmaRead,
-            3 => CompSwap,
-            4 => FetchAdd,
-            5 => BindMw,
-            6 => LocalInv,
-            8 => RegMr,
-            128 => Recv,
-            129 => RecvRdmaWithImm,
-            _ => return None,
-        })
+        WcOpcode::from_number(v)
     }
 
     /// The `enum ibv_wc_opcode` value.

@@ -8,6 +8,33 @@ pub mod ibv;
 use crate::types::{Gid, Lkey, Psn, Qkey, Qpn, Rkey};
 use core::fmt;
 
+/// Declares an enum whose variants carry the numbers of a libibverbs enum, and its
+/// `from_number` (the variant of a number; None for one it does not define), so that the
+/// numbering is written once, in the variants.
+macro_rules! numbered_enum {
+    (
+        $(#[$m:meta])*
+        pub enum $name:ident {
+            $($(#[$vm:meta])* $v:ident = $n:literal,)*
+        }
+    ) => {
+        $(#[$m])*
+        pub enum $name {
+            $($(#[$vm])* $v = $n,)*
+        }
+
+        impl $name {
+            /// The variant numbered `n`, if any.
+            pub(crate) const fn from_number(n: u32) -> Option<$name> {
+                match n {
+                    $($n => Some($name::$v),)*
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+
 /// Memory and QP access rights (`ibv_access_flags`).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
@@ -124,20 +151,22 @@ pub enum QpState {
     Err,
 }
 
-/// Path MTU (`ibv_mtu`: 1 = 256 ... 5 = 4096).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
-pub enum Mtu {
-    /// 256 bytes.
-    M256 = 1,
-    /// 512 bytes.
-    M512 = 2,
-    /// 1024 bytes.
-    M1024 = 3,
-    /// 2048 bytes.
-    M2048 = 4,
-    /// 4096 bytes.
-    M4096 = 5,
+numbered_enum! {
+    /// Path MTU (`ibv_mtu`: 1 = 256 ... 5 = 4096).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+    #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+    pub enum Mtu {
+        /// 256 bytes.
+        M256 = 1,
+        /// 512 bytes.
+        M512 = 2,
+        /// 1024 bytes.
+        M1024 = 3,
+        /// 2048 bytes.
+        M2048 = 4,
+        /// 4096 bytes.
+        M4096 = 5,
+    }
 }
 
 impl Mtu {
@@ -420,54 +449,56 @@ pub struct RecvWr<'a> {
     pub sg_list: &'a [Sge],
 }
 
-/// Completion status (`ibv_wc_status`, same numbering).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[repr(u32)]
-pub enum WcStatus {
-    /// Success.
-    Success = 0,
-    /// Local length error (e.g. receive buffer too small).
-    LocLenErr = 1,
-    /// Local QP operation error.
-    LocQpOpErr = 2,
-    /// Local EE context operation error.
-    LocEecOpErr = 3,
-    /// Local protection error (bad lkey, SGE out of bounds).
-    LocProtErr = 4,
-    /// Flushed because the QP entered the error state.
-    WrFlushErr = 5,
-    /// Memory window bind error.
-    MwBindErr = 6,
-    /// Bad response (unexpected opcode or length).
-    BadRespErr = 7,
-    /// Local access error.
-    LocAccessErr = 8,
-    /// Remote invalid request (NAK 0x61).
-    RemInvReqErr = 9,
-    /// Remote access error (NAK 0x62).
-    RemAccessErr = 10,
-    /// Remote operational error (NAK 0x63).
-    RemOpErr = 11,
-    /// Transport retry counter exceeded.
-    RetryExcErr = 12,
-    /// RNR retry counter exceeded.
-    RnrRetryExcErr = 13,
-    /// Local RDD violation.
-    LocRddViolErr = 14,
-    /// Remote invalid RD request.
-    RemInvRdReqErr = 15,
-    /// Remote aborted.
-    RemAbortErr = 16,
-    /// Invalid EE context number.
-    InvEecnErr = 17,
-    /// Invalid EE context state.
-    InvEecStateErr = 18,
-    /// Fatal error.
-    FatalErr = 19,
-    /// Response timeout.
-    RespTimeoutErr = 20,
-    /// General error.
-    GeneralErr = 21,
+numbered_enum! {
+    /// Completion status (`ibv_wc_status`, same numbering).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    #[repr(u32)]
+    pub enum WcStatus {
+        /// Success.
+        Success = 0,
+        /// Local length error (e.g. receive buffer too small).
+        LocLenErr = 1,
+        /// Local QP operation error.
+        LocQpOpErr = 2,
+        /// Local EE context operation error.
+        LocEecOpErr = 3,
+        /// Local protection error (bad lkey, SGE out of bounds).
+        LocProtErr = 4,
+        /// Flushed because the QP entered the error state.
+        WrFlushErr = 5,
+        /// Memory window bind error.
+        MwBindErr = 6,
+        /// Bad response (unexpected opcode or length).
+        BadRespErr = 7,
+        /// Local access error.
+        LocAccessErr = 8,
+        /// Remote invalid request (NAK 0x61).
+        RemInvReqErr = 9,
+        /// Remote access error (NAK 0x62).
+        RemAccessErr = 10,
+        /// Remote operational error (NAK 0x63).
+        RemOpErr = 11,
+        /// Transport retry counter exceeded.
+        RetryExcErr = 12,
+        /// RNR retry counter exceeded.
+        RnrRetryExcErr = 13,
+        /// Local RDD violation.
+        LocRddViolErr = 14,
+        /// Remote invalid RD request.
+        RemInvRdReqErr = 15,
+        /// Remote aborted.
+        RemAbortErr = 16,
+        /// Invalid EE context number.
+        InvEecnErr = 17,
+        /// Invalid EE context state.
+        InvEecStateErr = 18,
+        /// Fatal error.
+        FatalErr = 19,
+        /// Response timeout.
+        RespTimeoutErr = 20,
+        /// General error.
+        GeneralErr = 21,
+    }
 }
 
 impl WcStatus {
@@ -500,30 +531,32 @@ impl WcStatus {
     }
 }
 
-/// Completion opcode (`ibv_wc_opcode`, same numbering).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[repr(u32)]
-pub enum WcOpcode {
-    /// SEND (any variant).
-    Send = 0,
-    /// RDMA WRITE (any variant).
-    RdmaWrite = 1,
-    /// RDMA READ.
-    RdmaRead = 2,
-    /// Compare and swap.
-    CompSwap = 3,
-    /// Fetch and add.
-    FetchAdd = 4,
-    /// Memory window bind.
-    BindMw = 5,
-    /// Local invalidate.
-    LocalInv = 6,
-    /// Fast registration.
-    RegMr = 8,
-    /// A received SEND.
-    Recv = 128,
-    /// A received RDMA WRITE with immediate.
-    RecvRdmaWithImm = 129,
+numbered_enum! {
+    /// Completion opcode (`ibv_wc_opcode`, same numbering).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    #[repr(u32)]
+    pub enum WcOpcode {
+        /// SEND (any variant).
+        Send = 0,
+        /// RDMA WRITE (any variant).
+        RdmaWrite = 1,
+        /// RDMA READ.
+        RdmaRead = 2,
+        /// Compare and swap.
+        CompSwap = 3,
+        /// Fetch and add.
+        FetchAdd = 4,
+        /// Memory window bind.
+        BindMw = 5,
+        /// Local invalidate.
+        LocalInv = 6,
+        /// Fast registration.
+        RegMr = 8,
+        /// A received SEND.
+        Recv = 128,
+        /// A received RDMA WRITE with immediate.
+        RecvRdmaWithImm = 129,
+    }
 }
 
 /// Completion flags (`ibv_wc_flags`).
