@@ -2,7 +2,9 @@
 //!
 //! One module per header. Each has a zero-copy view `Packet<T: AsRef<[u8]>>` with getters (and
 //! setters where `T: AsMut<[u8]>`), a `mod field` of byte ranges, and a high-level `Repr` with
-//! `parse`, `emit` and `buffer_len`.
+//! `parse`, `emit` and `buffer_len`. A fixed-length header declares its fields once, as a table
+//! (`header!`, or `header_view!` where bit fields or a derived length call for a hand-written
+//! `Repr`); the macros generate the rest.
 //!
 //! # The panic rule
 //! `Packet::new_unchecked` trusts the buffer's length; its accessors may panic on a short
@@ -391,7 +393,8 @@ pub(crate) use field_getter;
 /// constant a row, with the row's doc), `HEADER_LEN`, the `fixed_view!` `Packet`, and a
 /// getter for each row that names one (`=> getter: Type`, the type read as a `WireValue`,
 /// whose width the row's range must match). Rows without a getter are bytes of bit fields,
-/// which the header's module reads by hand.
+/// which the header's module reads by hand. Every row must lie within the header (checked at
+/// compile time, as the widths are).
 macro_rules! header_view {
     (
         $len:literal bytes, $layer:ident;
@@ -406,6 +409,14 @@ macro_rules! header_view {
 
         /// Header length.
         pub const HEADER_LEN: usize = $len;
+
+        // Every field lies within the header.
+        const _: () = {
+            $(
+                let (start, width): (usize, usize) = $crate::wire::field_span!([$($pos)*]);
+                assert!(start + width <= HEADER_LEN);
+            )*
+        };
 
         $crate::wire::fixed_view!(
             /// Zero-copy view of the header.
