@@ -378,6 +378,42 @@ pub fn cm_path(
     }
 }
 
+/// B's answer to its newest rdma_cm event, which must be a connect request: B's QP to RTS
+/// through `cm_bring_up` on the [`cm_path`] towards the requester (`rq_psn` `psn`, `sq_psn`
+/// the REQ's starting PSN, `max_rd_atomic` READ/ATOMICs outstanding, or as many as the REQ's
+/// responder resources with `None`); then the REP with starting PSN `psn`, 16 READ/ATOMICs
+/// each way, RNR retries 7. Returns B's connection ID and the path.
+pub fn cm_accept_request<V: ferroce_host::app::RdmaCm>(
+    b: &mut Side<V>,
+    psn: u32,
+    max_rd_atomic: Option<u8>,
+) -> (u32, ferroce_host::app::CmQpPath) {
+    let ferroce_host::abi::CmEventData::ConnectRequest {
+        id,
+        peer,
+        qpn,
+        starting_psn,
+        responder_resources,
+        ..
+    } = cm_event(b)
+    else {
+        panic!("not a connect request");
+    };
+    let max_rd_atomic = max_rd_atomic.unwrap_or(responder_resources);
+    let path = cm_path(peer, qpn, (psn, starting_psn), max_rd_atomic);
+    b.ctx.cm_bring_up(b.qpn, Access::ALL, &path).unwrap();
+    let accept = roce::cm::AcceptParams {
+        qpn: b.qpn.value(),
+        starting_psn: psn,
+        responder_resources: 16,
+        initiator_depth: 16,
+        rnr_retry_count: 7,
+        ..Default::default()
+    };
+    b.ctx.cm_accept(id, accept).unwrap();
+    (id, path)
+}
+
 /// A runtime with one RNIC on one end of a DPDK ring pair, and the other end's queues and
 /// pool, driven by hand (a peer built frame by frame).
 pub fn raw_pair(

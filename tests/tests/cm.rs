@@ -9,7 +9,8 @@ use dataplane::Context;
 use ferroce_host::abi::CmEventData;
 use ferroce_host::app::{CmQpPath, RdmaCm};
 use ferroce_tests::{
-    cm_connect, cm_event, cm_path, post_signaled, side, wait_cq, wait_until, Side,
+    cm_accept_request, cm_connect, cm_event, cm_path, post_signaled, side, wait_cq, wait_until,
+    Side,
 };
 use roce::cm::{reason, AcceptParams};
 use roce::verbs::*;
@@ -136,29 +137,7 @@ fn rdma_cm_connects_two_applications_and_data_flows() {
 
 /// B's answer to the newest connect request: its QP to RTS, then the REP.
 fn accept_request(b: &mut Side) -> u32 {
-    let CmEventData::ConnectRequest {
-        id,
-        peer,
-        qpn,
-        starting_psn,
-        responder_resources,
-        ..
-    } = cm_event(b)
-    else {
-        panic!("not a connect request");
-    };
-    let path = cm_path(peer, qpn, (0x1234, starting_psn), responder_resources);
-    b.ctx.cm_bring_up(b.qpn, Access::ALL, &path).unwrap();
-    let accept = AcceptParams {
-        qpn: b.qpn.value(),
-        starting_psn: 0x1234,
-        responder_resources: 16,
-        initiator_depth: 16,
-        rnr_retry_count: 7,
-        ..Default::default()
-    };
-    b.ctx.cm_accept(id, accept).unwrap();
-    id
+    cm_accept_request(b, 0x1234, None).0
 }
 
 /// A client that goes away in the middle of a handshake (its process killed) leaves its peer
@@ -168,6 +147,13 @@ fn accept_request(b: &mut Side) -> u32 {
 #[test]
 fn a_client_gone_mid_handshake_is_rejected_at_once() {
     let (rt, mut a, mut b) = rnics("cm-gone");
+    // The later cases each start over (the one before dropped a side): two new sides, B
+    // listening on `port`.
+    let fresh = |port| {
+        let mut b = side(rt.open(1).unwrap(), QpType::Rc, 4096, 4);
+        b.ctx.cm_listen(service_id(PS_TCP, port)).unwrap();
+        (side(rt.open(0).unwrap(), QpType::Rc, 4096, 4), b)
+    };
     let sid = service_id(PS_TCP, 11);
     b.ctx.cm_listen(sid).unwrap();
     // 1. The active side goes after the REP, before its RTU.
@@ -180,9 +166,7 @@ fn a_client_gone_mid_handshake_is_rejected_at_once() {
         "the passive side was not told"
     );
     // 2. The active side goes while its REQ is out: the REP that comes back is rejected.
-    let mut b = side(rt.open(1).unwrap(), QpType::Rc, 4096, 4);
-    b.ctx.cm_listen(service_id(PS_TCP, 12)).unwrap();
-    let mut a = side(rt.open(0).unwrap(), QpType::Rc, 4096, 4);
+    let (mut a, mut b) = fresh(12);
     let _ = cm_connect(&mut a, &b, 12);
     drop(a);
     let b_id = accept_request(&mut b);
@@ -191,9 +175,7 @@ fn a_client_gone_mid_handshake_is_rejected_at_once() {
         "the passive side was not told"
     );
     // 3. The passive side goes after its REP: the active side is told.
-    let mut b = side(rt.open(1).unwrap(), QpType::Rc, 4096, 4);
-    b.ctx.cm_listen(service_id(PS_TCP, 13)).unwrap();
-    let mut a = side(rt.open(0).unwrap(), QpType::Rc, 4096, 4);
+    let (mut a, mut b) = fresh(13);
     let a_id = cm_connect(&mut a, &b, 13);
     accept_request(&mut b);
     assert!(matches!(cm_event(&mut a), CmEventData::RepReceived { .. }));

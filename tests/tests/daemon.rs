@@ -49,6 +49,16 @@ fn daemon(cfg: &HostConfig, a: u8, b: u8) -> Daemon {
     Daemon::start(rt, cfg).expect("daemon")
 }
 
+/// rnicd at a fresh socket named after `name`, on a loopback pair of RNICs with MAC bytes
+/// `a` and `b`; with its default limits, and the objects RNIC 0 holds before any client
+/// (what `assert_reclaimed` expects back).
+fn started(name: &str, a: u8, b: u8) -> (HostConfig, Daemon, roce::engine::ObjectCounts) {
+    let cfg = host_config(name);
+    let d = daemon(&cfg, a, b);
+    let idle = d.runtime().stats(0).objects;
+    (cfg, d, idle)
+}
+
 fn remote(sock: &Path, dev: &str) -> RemoteContext {
     connect(Some(sock), Some(dev)).expect("connect")
 }
@@ -86,8 +96,7 @@ fn verified_write(a: &mut Side<RemoteContext>, b: &Side<RemoteContext>, seed: u8
 
 #[test]
 fn remote_clients_move_verified_traffic_and_show_up_in_resources() {
-    let cfg = host_config("traffic");
-    let d = daemon(&cfg, 11, 12);
+    let (cfg, d, _) = started("traffic", 11, 12);
     let (mut a, mut b) = rc_pair(&cfg.socket);
     for seed in 0..20u8 {
         verified_write(&mut a, &b, seed, 1 + seed as usize * 3001);
@@ -183,8 +192,7 @@ fn hello(dev: &str) -> Body {
 
 #[test]
 fn hello_errors_are_clear() {
-    let cfg = host_config("hello");
-    let d = daemon(&cfg, 13, 14);
+    let (cfg, d, _) = started("hello", 13, 14);
     match connect(Some(&cfg.socket), Some("mlx5_0")) {
         Err(ConnectError::Refused(WireError::NotFound(m))) => {
             assert!(m.contains("ferroce0, ferroce1"), "{m}")
@@ -248,8 +256,7 @@ fn hello_errors_are_clear() {
 
 #[test]
 fn a_live_socket_is_not_taken_over_and_a_stale_one_is_replaced() {
-    let cfg = host_config("takeover");
-    let d = daemon(&cfg, 15, 16);
+    let (cfg, d, _) = started("takeover", 15, 16);
     let rt2 = Runtime::loopback(
         "ferroce-daemon",
         test_config(17, 1024),
@@ -297,8 +304,7 @@ fn memfd(len: usize, seal: bool) -> OwnedFd {
 
 #[test]
 fn a_hostile_client_harms_neither_rnicd_nor_another_client() {
-    let cfg = host_config("hostile");
-    let d = daemon(&cfg, 19, 20);
+    let (cfg, d, _) = started("hostile", 19, 20);
     let (mut a, b) = rc_pair(&cfg.socket);
     let victim_qpn = b.qpn;
     // The victim's verified traffic runs throughout.
@@ -449,41 +455,32 @@ fn a_hostile_client_harms_neither_rnicd_nor_another_client() {
         );
         std::thread::sleep(Duration::from_millis(10));
     }
+    // Two more clients, each attached with a post ring that `scribble` writes into; after
+    // a moment to read it, rnicd has closed the context: a call fails with EIO.
+    let closed_for = |scribble: &dyn Fn(&Area)| {
+        let s = SeqPacket::connect(&cfg.socket).unwrap();
+        let (_, fds) = raw(&s, 1, hello("ferroce0"), &[]);
+        scribble(&Area::from_fd(fds.into_iter().next().unwrap(), 4096).unwrap());
+        std::thread::sleep(Duration::from_millis(100));
+        let query = Body::Call(ferroce_host::abi::Command::QueryPort);
+        let (r, _) = raw(&s, 2, query, &[]);
+        assert_eq!(r.status, libc::EIO, "{r:?}");
+    };
     // A second one writing an absurd producer index.
-    let s2 = SeqPacket::connect(&cfg.socket).unwrap();
-    let (_, fds2) = raw(&s2, 1, hello("ferroce0"), &[]);
-    let posts2 = Area::from_fd(fds2.into_iter().next().unwrap(), 4096).unwrap();
-    posts2.write_at(64, &u64::MAX.to_le_bytes()).unwrap();
-    std::thread::sleep(Duration::from_millis(100));
-    let (r, _) = raw(
-        &s2,
-        2,
-        Body::Call(ferroce_host::abi::Command::QueryPort),
-        &[],
-    );
-    assert_eq!(r.status, libc::EIO, "{r:?}");
+    closed_for(&|posts| posts.write_at(64, &u64::MAX.to_le_bytes()).unwrap());
     // A third one publishing half a post: a well-formed head that calls for two cells,
     // and a producer index that publishes only the head.
-    let s3 = SeqPacket::connect(&cfg.socket).unwrap();
-    let (_, fds3) = raw(&s3, 1, hello("ferroce0"), &[]);
-    let posts3 = Area::from_fd(fds3.into_iter().next().unwrap(), 4096).unwrap();
-    let sges = [Sge::default(); 2];
-    let post = PostCells::recv(post_kind::RECV, 0x11, 1, &sges).unwrap();
-    assert_eq!(post.cells(), 2);
-    let mut first = None;
-    post.write(|c| {
-        first.get_or_insert(*c);
+    closed_for(&|posts| {
+        let sges = [Sge::default(); 2];
+        let post = PostCells::recv(post_kind::RECV, 0x11, 1, &sges).unwrap();
+        assert_eq!(post.cells(), 2);
+        let mut first = None;
+        post.write(|c| {
+            first.get_or_insert(*c);
+        });
+        posts.write_at(128, &first.unwrap().0).unwrap();
+        posts.write_at(64, &1u64.to_le_bytes()).unwrap();
     });
-    posts3.write_at(128, &first.unwrap().0).unwrap();
-    posts3.write_at(64, &1u64.to_le_bytes()).unwrap();
-    std::thread::sleep(Duration::from_millis(100));
-    let (r, _) = raw(
-        &s3,
-        2,
-        Body::Call(ferroce_host::abi::Command::QueryPort),
-        &[],
-    );
-    assert_eq!(r.status, libc::EIO, "{r:?}");
     stop.store(true, Ordering::Relaxed);
     let n = victim.join().expect("the victim's traffic failed");
     assert!(n >= 20);
@@ -516,9 +513,11 @@ fn victim_traffic(
     (stop, victim)
 }
 
-/// With every client gone, RNIC 0 is back at `idle` objects, no client, no area, no mbuf in
-/// use; then the daemon stops.
-fn assert_reclaimed(d: Daemon, idle: roce::engine::ObjectCounts) {
+/// Drops `clients` (whatever holds the last clients and mappings); with every client gone,
+/// RNIC 0 is back at `idle` objects, no client, no area, no mbuf in use; then the daemon
+/// stops.
+fn assert_reclaimed(d: Daemon, idle: roce::engine::ObjectCounts, clients: impl Sized) {
+    drop(clients);
     let mut last = None;
     let reclaimed = wait_until(10, || {
         let s = d.runtime().stats(0);
@@ -543,9 +542,7 @@ fn side_with_ring(socket: &Path) -> (Side<RemoteContext>, Arc<Area>) {
 /// so) and the device-fatal event is reported once.
 #[test]
 fn a_context_closed_for_garbage_fails_its_posts_at_once() {
-    let cfg = host_config("closed-posts");
-    let d = daemon(&cfg, 31, 32);
-    let idle = d.runtime().stats(0).objects;
+    let (cfg, d, idle) = started("closed-posts", 31, 32);
     let (mut a, own) = side_with_ring(&cfg.socket);
     let mut b = side(remote(&cfg.socket, "ferroce1"), QpType::Rc, 1 << 20, 64);
     connect_pair(&mut a, &mut b, Mtu::M4096, (300, 400), QpType::Rc);
@@ -593,9 +590,7 @@ fn a_context_closed_for_garbage_fails_its_posts_at_once() {
     );
     assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
     assert_eq!(a.ctx.poll_event(), None, "device fatal reported twice");
-    drop(own);
-    drop((a, b));
-    assert_reclaimed(d, idle);
+    assert_reclaimed(d, idle, (own, a, b));
 }
 
 /// A client whose post ring is scribbled on by a thread of its own process while the client
@@ -606,9 +601,7 @@ fn a_context_closed_for_garbage_fails_its_posts_at_once() {
 /// its peer's memory or anyone else's.
 #[test]
 fn a_client_scribbling_on_its_ring_while_rnicd_reads_it_harms_only_itself() {
-    let cfg = host_config("scribble");
-    let d = daemon(&cfg, 27, 28);
-    let idle = d.runtime().stats(0).objects;
+    let (cfg, d, idle) = started("scribble", 27, 28);
     let (a, b) = rc_pair(&cfg.socket);
     let (stop, victim) = victim_traffic(a, b);
     let (mut a2, own) = side_with_ring(&cfg.socket);
@@ -730,8 +723,7 @@ fn a_client_scribbling_on_its_ring_while_rnicd_reads_it_harms_only_itself() {
         "foreign bytes reached the peer"
     );
     // Everyone gone, everything reclaimed.
-    drop((a2, b2));
-    assert_reclaimed(d, idle);
+    assert_reclaimed(d, idle, (a2, b2));
 }
 
 /// A client posting work requests with bad SGEs as fast as it can - another client's lkey
@@ -742,9 +734,7 @@ fn a_client_scribbling_on_its_ring_while_rnicd_reads_it_harms_only_itself() {
 /// notices, and rnicd holds nothing afterwards.
 #[test]
 fn a_client_posting_bad_sges_at_full_speed_harms_only_itself() {
-    let cfg = host_config("bad-sges");
-    let d = daemon(&cfg, 29, 30);
-    let idle = d.runtime().stats(0).objects;
+    let (cfg, d, idle) = started("bad-sges", 29, 30);
     let (a, b) = rc_pair(&cfg.socket);
     // The victim's source memory holds a marker the attacker's peer must never receive.
     a.buf.write(1 << 19, &[0x5a; 4096]);
@@ -835,8 +825,7 @@ fn a_client_posting_bad_sges_at_full_speed_harms_only_itself() {
         got.iter().all(|&x| x == 0),
         "bytes reached the attacker's peer"
     );
-    drop((a2, b2));
-    assert_reclaimed(d, idle);
+    assert_reclaimed(d, idle, (a2, b2));
 }
 
 #[test]
@@ -890,9 +879,7 @@ fn per_client_limits_give_clear_errors() {
 
 #[test]
 fn a_vanished_client_is_reclaimed() {
-    let cfg = host_config("vanish");
-    let d = daemon(&cfg, 23, 24);
-    let idle = d.runtime().stats(0).objects;
+    let (cfg, d, idle) = started("vanish", 23, 24);
     {
         // A client that creates objects and disappears without a word (as when killed).
         let s = SeqPacket::connect(&cfg.socket).unwrap();
@@ -939,8 +926,7 @@ fn a_vanished_client_is_reclaimed() {
 
 #[test]
 fn stopping_rnicd_fails_clients_instead_of_hanging() {
-    let cfg = host_config("stop");
-    let d = daemon(&cfg, 25, 26);
+    let (cfg, d, _) = started("stop", 25, 26);
     let (_a, mut b) = rc_pair(&cfg.socket);
     for i in 0..4 {
         post_recv_one(&mut b, i, 0, 64);
@@ -1025,6 +1011,18 @@ impl Drop for Anon {
     }
 }
 
+/// rnicd (see `started`) with an RC pair of its clients, and four pages of the test's own
+/// anonymous memory for them to register in place.
+fn pair_and_memory(
+    name: &str,
+    a: u8,
+    b: u8,
+) -> (Daemon, Side<RemoteContext>, Side<RemoteContext>, Anon) {
+    let (cfg, d, _) = started(name, a, b);
+    let (a, b) = rc_pair(&cfg.socket);
+    (d, a, b, Anon::new(4))
+}
+
 /// Posts one signaled WR on `s` and asserts that it completes successfully.
 fn post_ok(s: &mut Side<RemoteContext>, op: WrOp, sge: Sge) {
     s.ctx
@@ -1044,38 +1042,34 @@ fn post_ok(s: &mut Side<RemoteContext>, op: WrOp, sge: Sge) {
     assert_eq!(c[0].status, WcStatus::Success);
 }
 
-/// RDMA WRITE of `s`'s buffer range `(offset, len)` to `remote_addr` in `mr`, which must
-/// succeed.
-fn write_ok(
-    s: &mut Side<RemoteContext>,
-    (offset, len): (u64, u32),
-    remote_addr: u64,
-    mr: &dataplane::Mr,
-) {
-    let rkey = mr.rkey.unwrap();
-    let sge = s.mr.sge(offset, len);
-    post_ok(s, WrOp::Write { remote_addr, rkey }, sge);
+/// Which way an RDMA operation of `rdma_ok` moves the bytes.
+#[derive(Clone, Copy)]
+enum Rdma {
+    Write,
+    Read,
 }
 
-/// RDMA READ of `remote_addr` in `mr` into `s`'s buffer range `(offset, len)`, which must
-/// succeed.
-fn read_ok(
+/// RDMA WRITE of `s`'s buffer range `(offset, len)` to `remote_addr` in `mr`, or RDMA READ
+/// of `remote_addr` in `mr` into that range, which must succeed.
+fn rdma_ok(
     s: &mut Side<RemoteContext>,
+    way: Rdma,
     (offset, len): (u64, u32),
     remote_addr: u64,
     mr: &dataplane::Mr,
 ) {
     let rkey = mr.rkey.unwrap();
+    let op = match way {
+        Rdma::Write => WrOp::Write { remote_addr, rkey },
+        Rdma::Read => WrOp::Read { remote_addr, rkey },
+    };
     let sge = s.mr.sge(offset, len);
-    post_ok(s, WrOp::Read { remote_addr, rkey }, sge);
+    post_ok(s, op, sge);
 }
 
 #[test]
 fn ordinary_memory_registers_in_place_and_both_views_are_the_same_bytes() {
-    let cfg = host_config("rawmr");
-    let d = daemon(&cfg, 27, 28);
-    let (mut a, mut b) = rc_pair(&cfg.socket);
-    let mem = Anon::new(4);
+    let (d, mut a, mut b, mem) = pair_and_memory("rawmr", 27, 28);
     let m = mem.bytes();
     for (i, x) in m.iter_mut().enumerate() {
         *x = (i % 251) as u8;
@@ -1094,12 +1088,12 @@ fn ordinary_memory_registers_in_place_and_both_views_are_the_same_bytes() {
     );
     // RNIC -> application: the peer WRITEs into mr2; the bytes appear in the memory.
     b.buf.write(0, &[0x5a; 700]);
-    write_ok(&mut b, (0, 700), base + 6100, &mr2);
+    rdma_ok(&mut b, Rdma::Write, (0, 700), base + 6100, &mr2);
     assert!(m[6100..6800].iter().all(|x| *x == 0x5a));
     assert_eq!(m[6099], (6099 % 251) as u8);
     // Application -> RNIC: written through the memory, READ by the peer through mr3.
     m[210..230].copy_from_slice(&[0xc3; 20]);
-    read_ok(&mut b, (4096, 20), base + 210, &mr3);
+    rdma_ok(&mut b, Rdma::Read, (4096, 20), base + 210, &mr3);
     assert_eq!(b.buf.to_vec(4096, 20), [0xc3; 20]);
     // The local side sends from mr1 (the RNIC reads the application's bytes).
     m[1000..1010].copy_from_slice(b"0123456789");
@@ -1120,7 +1114,7 @@ fn ordinary_memory_registers_in_place_and_both_views_are_the_same_bytes() {
     m[1000] = b'x';
     assert_eq!(&m[1000..1003], b"x12");
     b.buf.write(0, &[0x11; 8]);
-    write_ok(&mut b, (0, 8), base + 6000, &mr2);
+    rdma_ok(&mut b, Rdma::Write, (0, 8), base + 6000, &mr2);
     assert_eq!(m[6000..6008], [0x11; 8]);
     // Pages unmapped and mapped anew at the same address are new memory: registering there
     // again moves the new pages (not the old memfd).
@@ -1142,7 +1136,7 @@ fn ordinary_memory_registers_in_place_and_both_views_are_the_same_bytes() {
     m[2 * 4096..3 * 4096].fill(0x77);
     let mr5 = unsafe { a.ctx.reg_mr_addr(a.pd, base2, 4096, Access::ALL) }.unwrap();
     b.buf.write(0, &[0x99; 16]);
-    write_ok(&mut b, (0, 16), base2 + 8, &mr5);
+    rdma_ok(&mut b, Rdma::Write, (0, 16), base2 + 8, &mr5);
     assert_eq!(
         m[2 * 4096 + 8..2 * 4096 + 24],
         [0x99; 16],
@@ -1164,7 +1158,7 @@ fn ordinary_memory_registers_in_place_and_both_views_are_the_same_bytes() {
     let mr6 = unsafe { a.ctx.reg_mr_addr(a.pd, base + 7000, 5000, Access::ALL) }.unwrap();
     assert_eq!(&m[7000..7004], b"keep", "contents survive the second move");
     b.buf.write(0, &[0x42; 32]);
-    write_ok(&mut b, (0, 32), base + 8180, &mr6);
+    rdma_ok(&mut b, Rdma::Write, (0, 32), base + 8180, &mr6);
     assert_eq!(m[8180..8212], [0x42; 32], "a WRITE across the old boundary");
     assert_eq!(m[7000], b'k');
     let path = std::env::temp_dir().join(format!("ferroce-rawmr-{}", std::process::id()));
@@ -1194,7 +1188,7 @@ fn ordinary_memory_registers_in_place_and_both_views_are_the_same_bytes() {
     let mr7 = unsafe { a.ctx.reg_mr_addr(a.pd, fm as u64 + 100, 100, Access::ALL) }.unwrap();
     assert_eq!(&fb[..4], b"data", "contents survive the move");
     b.buf.write(0, &[0x5a; 8]);
-    write_ok(&mut b, (0, 8), fm as u64 + 100, &mr7);
+    rdma_ok(&mut b, Rdma::Write, (0, 8), fm as u64 + 100, &mr7);
     assert_eq!(fb[100..108], [0x5a; 8]);
     a.ctx.dereg_mr(&mr7).unwrap();
     // A read-only or a shared file mapping is the file's: refused.
@@ -1222,8 +1216,7 @@ fn ordinary_memory_registers_in_place_and_both_views_are_the_same_bytes() {
 
 #[test]
 fn a_completion_wakes_a_blocked_waiter() {
-    let cfg = host_config("notify");
-    let d = daemon(&cfg, 29, 30);
+    let (cfg, d, _) = started("notify", 29, 30);
     let (mut a, mut b) = rc_pair(&cfg.socket);
     // Nothing happens: the wait times out.
     b.ctx.req_notify_cq(b.cq).unwrap();
@@ -1424,8 +1417,7 @@ fn a_hugetlb_memfd_is_refused() {
         libc::ftruncate(fd.as_raw_fd(), 2 << 20);
         libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_SHRINK);
     }
-    let cfg = host_config("hugetlb");
-    let d = daemon(&cfg, 35, 36);
+    let (cfg, d, _) = started("hugetlb", 35, 36);
     let s = SeqPacket::connect(&cfg.socket).unwrap();
     assert_eq!(raw(&s, 1, hello("ferroce0"), &[]).0.status, 0);
     let (r, _) = raw(
@@ -1463,10 +1455,7 @@ fn is_moved(addr: u64) -> bool {
 /// child gets a private copy of registered pages instead of sharing them with the parent.
 #[test]
 fn one_buffer_on_two_rnics_then_private_again() {
-    let cfg = host_config("multirail");
-    let d = daemon(&cfg, 37, 38);
-    let (mut a, mut b) = rc_pair(&cfg.socket);
-    let mem = Anon::new(4);
+    let (d, mut a, mut b, mem) = pair_and_memory("multirail", 37, 38);
     let m = mem.bytes();
     m.fill(0x31);
     let base = mem.addr();
@@ -1477,10 +1466,10 @@ fn one_buffer_on_two_rnics_then_private_again() {
     assert!(is_moved(base));
     // Through RNIC 1: b's peer (a) WRITEs into the buffer via b's MR ...
     a.buf.write(0, &[0x5a; 64]);
-    write_ok(&mut a, (0, 64), base + 4096, &mr_b);
+    rdma_ok(&mut a, Rdma::Write, (0, 64), base + 4096, &mr_b);
     assert_eq!(m[4096..4160], [0x5a; 64]);
     // ... and through RNIC 0 the same bytes are READ via a's MR.
-    read_ok(&mut b, (0, 64), base + 4096, &mr_a);
+    rdma_ok(&mut b, Rdma::Read, (0, 64), base + 4096, &mr_a);
     assert_eq!(b.buf.to_vec(0, 64), [0x5a; 64]);
     // A forked child writes its copy; the parent's memory (and the RNICs') is untouched.
     // SAFETY: the child only writes memory and exits.

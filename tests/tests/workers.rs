@@ -10,10 +10,9 @@ use dataplane::Verbs;
 use ferroce_host::abi::CmEventData;
 use ferroce_host::app::{CmQpPath, RdmaCm};
 use ferroce_tests::{
-    cm_connect, cm_event, cm_path, connect_pair, on_workers, post_recv_one, post_signaled,
-    post_signaled_to, post_write_at, side, wait_cq, wait_until, Side,
+    cm_accept_request, cm_connect, cm_event, connect_pair, on_workers, post_recv_one,
+    post_signaled, post_signaled_to, post_write_at, side, wait_cq, wait_until, Side,
 };
-use roce::cm::AcceptParams;
 use roce::engine::QpnStripe;
 use roce::types::Qkey;
 use roce::verbs::*;
@@ -234,27 +233,7 @@ fn each_worker_holds_its_share_of_the_qp_table() {
 /// from what the messages carry. Returns both sides' connection IDs.
 fn cm_establish(a: &mut Side, b: &mut Side, port: u16) -> (u32, u32) {
     let a_id = cm_connect(a, b, port);
-    let CmEventData::ConnectRequest {
-        id: b_id,
-        peer,
-        qpn,
-        starting_psn,
-        ..
-    } = cm_event(b)
-    else {
-        panic!("not a connect request");
-    };
-    let path = cm_path(peer, qpn, (0x5678, starting_psn), 16);
-    b.ctx.cm_bring_up(b.qpn, Access::ALL, &path).unwrap();
-    let accept = AcceptParams {
-        qpn: b.qpn.value(),
-        starting_psn: 0x5678,
-        responder_resources: 16,
-        initiator_depth: 16,
-        rnr_retry_count: 7,
-        ..Default::default()
-    };
-    b.ctx.cm_accept(b_id, accept).unwrap();
+    let (b_id, path) = cm_accept_request(b, 0x5678, Some(16));
     let CmEventData::RepReceived {
         id, starting_psn, ..
     } = cm_event(a)
