@@ -79,6 +79,26 @@ impl Peer<'_> {
         self.sent += 1;
     }
 
+    /// Sends `frames` back to back; then the RoCE frames the RNIC sends during `window`, or
+    /// until `want` arrived.
+    fn exchange(&mut self, frames: &[Vec<u8>], window: Duration, want: usize) -> Vec<Resp> {
+        for f in frames {
+            self.send(f);
+        }
+        self.responses(window, want)
+    }
+
+    /// Sends `frames` one at a time, each after the RNIC's answer to the one before (or a
+    /// second without one), and returns all the answers.
+    fn exchange_each(&mut self, frames: &[Vec<u8>]) -> Vec<Resp> {
+        let mut r = Vec::new();
+        for f in frames {
+            self.send(f);
+            r.extend(self.responses(Duration::from_secs(1), 1));
+        }
+        r
+    }
+
     /// RoCE frames the RNIC sends during `window`, or until `want` arrived.
     fn responses(&mut self, window: Duration, want: usize) -> Vec<Resp> {
         let deadline = Instant::now() + window;
@@ -169,10 +189,7 @@ fn scapy_frames(params: &serde_json::Value, dir: &Path) -> HashMap<String, Vec<V
 
 /// One NAK with `syndrome` to the case's peer QP, no byte written, the QP in error.
 fn expect_nak(peer: &mut Peer<'_>, s: &mut Side, frames: &[Vec<u8>], syndrome: u8, what: &str) {
-    for f in frames {
-        peer.send(f);
-    }
-    let r = peer.responses(Duration::from_millis(500), 2);
+    let r = peer.exchange(frames, Duration::from_millis(500), 2);
     let naks: Vec<&Resp> = r.iter().filter(|x| x.opcode == 0x11).collect();
     assert_eq!(naks.len(), 1, "{what}: one NAK: {r:?}");
     assert_eq!(naks[0].syndrome, Some(syndrome), "{what}: {r:?}");
@@ -244,10 +261,7 @@ fn hostile_frames_get_the_ibas_naks_or_counted_drops_and_write_nothing() {
         // ONLY's PSN; the FIRST's 1024 bytes may already be in memory, nothing past them.
         let name = "write_first_then_only";
         let s = sides.get_mut(name).unwrap();
-        for f in &frames[name] {
-            peer.send(f);
-        }
-        let r = peer.responses(Duration::from_millis(500), 2);
+        let r = peer.exchange(&frames[name], Duration::from_millis(500), 2);
         let naks: Vec<&Resp> = r.iter().filter(|x| x.opcode == 0x11).collect();
         assert_eq!(naks.len(), 1, "{name}: {r:?}");
         assert_eq!(naks[0].syndrome, Some(NAK_INVALID_REQUEST), "{name}: {r:?}");
@@ -262,10 +276,7 @@ fn hostile_frames_get_the_ibas_naks_or_counted_drops_and_write_nothing() {
         // packet, and nothing written (IBA 9.7.5.1.2; docs roce-wire "PSN rules").
         let name = "psn_far_ahead";
         let s = sides.get_mut(name).unwrap();
-        for f in &frames[name] {
-            peer.send(f);
-        }
-        let r = peer.responses(Duration::from_millis(500), 4);
+        let r = peer.exchange(&frames[name], Duration::from_millis(500), 4);
         assert_eq!(r.len(), 1, "{name}: one NAK for the gap: {r:?}");
         assert_eq!(
             (r[0].syndrome, r[0].psn),
@@ -281,10 +292,7 @@ fn hostile_frames_get_the_ibas_naks_or_counted_drops_and_write_nothing() {
         let name = "bad_icrc_flood";
         let before = peer.stats();
         let s = sides.get_mut(name).unwrap();
-        for f in &frames[name] {
-            peer.send(f);
-        }
-        let r = peer.responses(Duration::from_secs(2), 1);
+        let r = peer.exchange(&frames[name], Duration::from_secs(2), 1);
         assert_eq!(r.len(), 1, "{name}: only the good WRITE answered: {r:?}");
         assert_eq!(
             (r[0].opcode, r[0].syndrome.map(|s| s >> 5)),
@@ -315,11 +323,7 @@ fn hostile_frames_get_the_ibas_naks_or_counted_drops_and_write_nothing() {
         s.buf.write(0, &(0..=255u8).collect::<Vec<_>>());
         // Each copy after the previous answer (a duplicate that arrives while the original's
         // response is still queued needs no second one, and gets none).
-        let mut r = Vec::new();
-        for f in &frames[name] {
-            peer.send(f);
-            r.extend(peer.responses(Duration::from_secs(1), 1));
-        }
+        let r = peer.exchange_each(&frames[name]);
         assert_eq!(r.len(), 4, "{name}: {r:?}");
         for x in &r {
             assert_eq!((x.opcode, x.psn), (0x10, PSN), "{name}: READ RESPONSE ONLY");
@@ -331,11 +335,7 @@ fn hostile_frames_get_the_ibas_naks_or_counted_drops_and_write_nothing() {
         let name = "atomic_replayed";
         let s = sides.get_mut(name).unwrap();
         s.buf.write(0, &40u64.to_ne_bytes());
-        let mut r = Vec::new();
-        for f in &frames[name] {
-            peer.send(f);
-            r.extend(peer.responses(Duration::from_secs(1), 1));
-        }
+        let r = peer.exchange_each(&frames[name]);
         assert_eq!(r.len(), 3, "{name}: {r:?}");
         for x in &r {
             assert_eq!((x.opcode, x.orig), (0x12, Some(40)), "{name}: {r:?}");

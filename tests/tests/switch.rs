@@ -22,11 +22,29 @@ fn pattern(seed: u32, len: usize) -> Vec<u8> {
 fn switched(ca: RnicConfig, cb: RnicConfig, settings: &SwitchSettings) -> (Runtime, Side, Side) {
     let mtu = ca.path_mtu;
     let rt = Runtime::switched("ferroce-tests", vec![ca, cb], settings).expect("switched");
+    // A 1 s ACK timeout: a slow port's queue delays ACKs by tens of milliseconds.
+    let (a, b) = rc_pair(&rt, mtu, 18);
+    (rt, a, b)
+}
+
+/// An RC QP from RNIC 0 of `rt` to RNIC 1 (8 MiB buffers), connected at `mtu` with ACK
+/// timeout exponent `timeout`.
+fn rc_pair(rt: &Runtime, mtu: Mtu, timeout: u8) -> (Side, Side) {
     let mut a = side(rt.open(0).unwrap(), QpType::Rc, 8 << 20, 256);
     let mut b = side(rt.open(1).unwrap(), QpType::Rc, 8 << 20, 256);
-    // A 1 s ACK timeout: a slow port's queue delays ACKs by tens of milliseconds.
-    connect_pair_with(&mut a, &mut b, mtu, (0x10, 0x77), QpType::Rc, 18);
-    (rt, a, b)
+    connect_pair_with(&mut a, &mut b, mtu, (0x10, 0x77), QpType::Rc, timeout);
+    (a, b)
+}
+
+/// RNIC A's configuration from its configuration file's `settings` (the switch in front
+/// of it among them), on the loopback test defaults with a 50 us idle sleep.
+fn configured(settings: &[(&str, &str)]) -> RnicConfig {
+    let mut ra = dataplane::runtime::loopback_raw_config(3, 1024);
+    ra.set("worker.idle_sleep_us", "50").unwrap();
+    for (k, v) in settings {
+        ra.set(k, v).unwrap();
+    }
+    ra.validate().unwrap()
 }
 
 /// Posts `n` WRITEs of `len` bytes of `data` (8 outstanding at most), waits for each, and
@@ -184,9 +202,7 @@ fn an_rnic_behind_the_switch_its_configuration_names() {
     let dir = std::env::temp_dir().join(format!("ferroce-cfgswitch-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let pcap = dir.join("switch.pcap");
-    let mut ra = dataplane::runtime::loopback_raw_config(3, 1024);
-    for (k, v) in [
-        ("worker.idle_sleep_us", "50"),
+    let ca = configured(&[
         ("roce.ecn", "true"),
         ("dcqcn.rp", "true"),
         ("dcqcn.variant", "paper"),
@@ -197,17 +213,12 @@ fn an_rnic_behind_the_switch_its_configuration_names() {
         ("switch.ecn_kmax_kb", "60"),
         ("switch.ecn_pmax", "0.5"),
         ("switch.pcap", pcap.to_str().unwrap()),
-    ] {
-        ra.set(k, v).unwrap();
-    }
-    let ca = ra.validate().unwrap();
+    ]);
     let mut cb = test_config(4, 1024);
     cb.dcqcn.np_min_interval_ns = Some(50_000);
     let mtu = ca.path_mtu;
     let rt = Runtime::loopback("ferroce-tests", ca, cb).expect("loopback");
-    let mut a = side(rt.open(0).unwrap(), QpType::Rc, 8 << 20, 256);
-    let mut b = side(rt.open(1).unwrap(), QpType::Rc, 8 << 20, 256);
-    connect_pair_with(&mut a, &mut b, mtu, (0x10, 0x77), QpType::Rc, 18);
+    let (mut a, b) = rc_pair(&rt, mtu, 18);
     write_verified(&mut a, &b, 16, 64 * 1024);
     let s = switch_stats_until(&rt, |s| s.model.marked > 0);
     assert!(s.model.marked > 0, "{s:?}");
@@ -233,25 +244,18 @@ fn an_rnic_behind_the_switch_its_configuration_names() {
 /// faults.
 #[test]
 fn rc_recovers_through_a_faulty_switch() {
-    let mut ra = dataplane::runtime::loopback_raw_config(3, 1024);
-    for (k, v) in [
-        ("worker.idle_sleep_us", "50"),
+    let ca = configured(&[
         ("switch.enabled", "true"),
         ("switch.loss", "0.02"),
         ("switch.duplicate", "0.01"),
         ("switch.reorder", "0.01"),
         ("switch.corrupt", "0.01"),
         ("switch.seed", "7"),
-    ] {
-        ra.set(k, v).unwrap();
-    }
-    let ca = ra.validate().unwrap();
+    ]);
     let mtu = ca.path_mtu;
     let rt = Runtime::loopback("ferroce-tests", ca, test_config(4, 1024)).expect("loopback");
-    let mut a = side(rt.open(0).unwrap(), QpType::Rc, 8 << 20, 256);
-    let mut b = side(rt.open(1).unwrap(), QpType::Rc, 8 << 20, 256);
     // A short ACK timeout (2^12 x 4.096 us = 17 ms): lost tails are resent soon.
-    connect_pair_with(&mut a, &mut b, mtu, (0x10, 0x77), QpType::Rc, 12);
+    let (mut a, b) = rc_pair(&rt, mtu, 12);
     write_verified(&mut a, &b, 24, 64 * 1024);
     let s = rt.switch_stats(0).expect("A's switch");
     let snaps = rt.stop();
