@@ -58,9 +58,13 @@ fn pfc_alone_never_drops_but_pauses_and_queues_deep() {
     );
 }
 
-/// The targets: aggregate >= 90 % of the bottleneck, Jain >= 0.95, no drop, and PFC at most
-/// a tenth as busy as without DCQCN.
-fn check_targets(o: &IncastOutcome, pfc_only: &IncastOutcome) {
+/// The incast with PFC alone, and then with DCQCN `variant` (reported as `name`), which must
+/// meet the targets: aggregate >= 90 % of the bottleneck, Jain >= 0.95, no drop, and PFC at
+/// most a tenth as busy as without DCQCN. Returns both outcomes, DCQCN's first.
+fn dcqcn_meets_targets(variant: Variant, name: &str) -> (IncastOutcome, IncastOutcome) {
+    let pfc_only = run(None);
+    let o = run(Some(variant));
+    report(name, &o);
     assert_eq!(o.drops, 0);
     assert!(o.aggregate() >= TARGET_GBPS, "{:.2} Gb/s", o.aggregate());
     assert!(o.jain() >= 0.95, "Jain {:.3}", o.jain());
@@ -71,14 +75,12 @@ fn check_targets(o: &IncastOutcome, pfc_only: &IncastOutcome) {
         o.xoff,
         pfc_only.xoff
     );
+    (o, pfc_only)
 }
 
 #[test]
 fn dcqcn_shares_the_bottleneck_fairly_with_the_queue_under_kmax() {
-    let base = run(None);
-    let o = run(Some(Variant::Paper));
-    report("DCQCN (paper) + PFC", &o);
-    check_targets(&o, &base);
+    let (o, _) = dcqcn_meets_targets(Variant::Paper, "DCQCN (paper) + PFC");
     assert_eq!(o.kmax, KMAX);
     assert!(o.p99 < KMAX, "queue p99 {} B", o.p99);
 }
@@ -88,10 +90,7 @@ fn dcqcn_shares_the_bottleneck_fairly_with_the_queue_under_kmax() {
 /// its p99 is reported, and bounded by half the PFC-only queue.
 #[test]
 fn dcqcn_firmware_shares_the_bottleneck_fairly() {
-    let base = run(None);
-    let o = run(Some(Variant::Firmware));
-    report("DCQCN (firmware) + PFC", &o);
-    check_targets(&o, &base);
+    let (o, base) = dcqcn_meets_targets(Variant::Firmware, "DCQCN (firmware) + PFC");
     assert!(
         o.p99 * 2 < base.p99,
         "queue p99 {} B vs {} B",

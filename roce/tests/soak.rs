@@ -552,24 +552,26 @@ fn report(what: &str, seed: u64, s: &Soaked, started: std::time::Instant) {
     assert!(s.lost > 0 && s.duplicated > 0 && s.reordered > 0, "{s:?}");
 }
 
-#[test]
-fn uc_under_a_lossy_soak_never_delivers_a_wrong_byte() {
+/// The lossy soak of `qp_type` (see `unreliable_soak`) with the environment's parameters,
+/// reported as `what`.
+fn unreliable_soak_delivers(qp_type: QpType, what: &str) {
     let (total, seed) = soak_params();
     let started = std::time::Instant::now();
-    let s = unreliable_soak(QpType::Uc, seed, total);
-    report("UC", seed, &s, started);
+    let s = unreliable_soak(qp_type, seed, total);
+    report(what, seed, &s, started);
     // Most small messages get through 5% loss: delivery is checked, not only absence of
     // wrong data.
     assert!(s.delivered * 3 > s.wrs, "{s:?}");
 }
 
 #[test]
+fn uc_under_a_lossy_soak_never_delivers_a_wrong_byte() {
+    unreliable_soak_delivers(QpType::Uc, "UC");
+}
+
+#[test]
 fn ud_under_a_lossy_soak_never_delivers_a_wrong_byte() {
-    let (total, seed) = soak_params();
-    let started = std::time::Instant::now();
-    let s = unreliable_soak(QpType::Ud, seed, total);
-    report("UD", seed, &s, started);
-    assert!(s.delivered * 3 > s.wrs, "{s:?}");
+    unreliable_soak_delivers(QpType::Ud, "UD");
 }
 
 #[test]
