@@ -80,14 +80,8 @@ fn bandwidth_tests_move_and_verify_every_message() {
         let mut args = vec![test, "--verify"];
         args.extend_from_slice(&extra);
         let v = loopback(&args);
-        let n: u64 = extra[extra.iter().position(|a| *a == "-n").unwrap() + 1]
-            .parse()
-            .unwrap();
-        let qps: u64 = extra
-            .iter()
-            .position(|a| *a == "-q")
-            .map(|i| extra[i + 1].parse().unwrap())
-            .unwrap_or(1);
+        let n = common::flag_number(&extra, "-n").unwrap();
+        let qps = common::flag_number(&extra, "-q").unwrap_or(1);
         let c = rows(&v, "client");
         assert_eq!(c.len(), 1, "{test} {extra:?}: {v}");
         assert_eq!(c[0]["bytes"], size, "{test} {extra:?}");

@@ -15,6 +15,23 @@ fn tmp(name: &str) -> PathBuf {
     common::process_temp_dir("rnic-pcap").join(name)
 }
 
+/// `rnic-pcap decode --json capture`, run to its end.
+fn decode_json(capture: &Path) -> std::process::Output {
+    Command::new(bin())
+        .args(["decode", "--json"])
+        .arg(capture)
+        .output()
+        .unwrap()
+}
+
+/// The JSON values `out` printed, one a line.
+fn json_lines(out: &std::process::Output) -> Vec<serde_json::Value> {
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
 fn scapy(args: &[&str]) -> std::process::Output {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/scapy_roce.py");
     ferroce_tests::output_ok(
@@ -45,20 +62,10 @@ fn generated_frames_verify_here_and_in_scapy() {
 fn scapy_built_frames_decode_to_what_scapy_put_in() {
     let f = tmp("scapy.pcap");
     let out = scapy(&["gen", f.to_str().unwrap()]);
-    let expected: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    let out = Command::new(bin())
-        .args(["decode", "--json"])
-        .arg(&f)
-        .output()
-        .unwrap();
+    let expected = json_lines(&out);
+    let out = decode_json(&f);
     assert!(out.status.success());
-    let got: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let got = json_lines(&out);
     assert_eq!(got.len(), expected.len());
     let data = std::fs::read(&f).unwrap();
     let frames: Vec<Vec<u8>> = roce::pcap::Reader::new(&data)
@@ -126,11 +133,7 @@ fn verify_fails_on_a_corrupted_capture_and_bad_arguments_are_clear() {
     let line = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(1), "{line}");
     assert!(line.contains("1 bad; first: frame 1: bad ICRC"), "{line}");
-    let out = Command::new(bin())
-        .args(["decode", "--json"])
-        .arg(&f)
-        .output()
-        .unwrap();
+    let out = decode_json(&f);
     let first = String::from_utf8_lossy(&out.stdout)
         .lines()
         .next()
@@ -164,16 +167,8 @@ fn reads_pcapng_like_pcap() {
         .status()
         .expect("editcap (from tshark's wireshark-common): run `make deps`");
     assert!(st.success());
-    let a = Command::new(bin())
-        .args(["decode", "--json"])
-        .arg(&corpus)
-        .output()
-        .unwrap();
-    let b = Command::new(bin())
-        .args(["decode", "--json"])
-        .arg(&ng)
-        .output()
-        .unwrap();
+    let a = decode_json(&corpus);
+    let b = decode_json(&ng);
     assert!(a.status.success() && b.status.success());
     assert_eq!(a.stdout, b.stdout);
     let out = Command::new(bin()).arg("verify").arg(&ng).output().unwrap();
@@ -220,10 +215,7 @@ wrpcap("{}", [
     std::io::Write::write_all(&mut child.stdin.take().unwrap(), &data).unwrap();
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success());
-    let v: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let v = json_lines(&out);
     let kinds: Vec<&str> = v.iter().map(|o| o["kind"].as_str().unwrap()).collect();
     assert_eq!(kinds, ["icmp", "nd", "tcp", "udp", "arp"]);
     assert_eq!(v[2]["dport"], 18515);
@@ -250,16 +242,9 @@ wrpcap("{}", [
 #[test]
 fn cm_mads_decode_as_tshark_reads_them() {
     let corpus = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/corpus/rping.pcap");
-    let ours = Command::new(bin())
-        .args(["decode", "--json"])
-        .arg(&corpus)
-        .output()
-        .unwrap();
+    let ours = decode_json(&corpus);
     assert!(ours.status.success());
-    let frames: Vec<serde_json::Value> = String::from_utf8_lossy(&ours.stdout)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let frames = json_lines(&ours);
     let cm: Vec<&str> = frames
         .iter()
         .filter_map(|f| f["mad"]["cm"]["msg"].as_str())

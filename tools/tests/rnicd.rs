@@ -21,20 +21,27 @@ fn text(o: &Output) -> String {
     )
 }
 
+/// `rnicd args --check`, which must exit with `code`; what it printed.
+fn check(args: &[&str], code: i32) -> String {
+    let o = rnicd(&[args, &["--check"]].concat());
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(code), "{args:?}: {t}");
+    t
+}
+
+/// `check` of an AF_PACKET port on `iface` with address 10.99.0.3/24, and `more`.
+fn check_af_packet(iface: &str, more: &[&str], code: i32) -> String {
+    let port = format!("net_af_packet0,iface={iface}");
+    check(
+        &[&["--port", &port, "--ip", "10.99.0.3/24"], more].concat(),
+        code,
+    )
+}
+
 #[test]
 fn check_finds_what_cannot_start() {
     // Fine: lo exists and its MTU (65536) holds 5000.
-    let o = rnicd(&[
-        "--port",
-        "net_af_packet0,iface=lo",
-        "--ip",
-        "10.99.0.3/24",
-        "--set",
-        "port.mtu=5000",
-        "--check",
-    ]);
-    let t = text(&o);
-    assert!(o.status.success(), "{t}");
+    let t = check_af_packet("lo", &["--set", "port.mtu=5000"], 0);
     assert!(
         t.contains("configuration ok") && t.contains("lo exists"),
         "{t}"
@@ -59,23 +66,11 @@ fn check_finds_what_cannot_start() {
             "capture.pcap /nonexistent-dir/x.pcap",
         ),
     ] {
-        let mut a = args.clone();
-        a.push("--check");
-        let o = rnicd(&a);
-        let t = text(&o);
-        assert_eq!(o.status.code(), Some(2), "{args:?}: {t}");
+        let t = check(&args, 2);
         assert!(t.contains(want), "{args:?}: {t}");
     }
     // A right configuration naming an interface this machine lacks: "not here", exit 1.
-    let o = rnicd(&[
-        "--port",
-        "net_af_packet0,iface=ferroce-none0",
-        "--ip",
-        "10.99.0.3/24",
-        "--check",
-    ]);
-    let t = text(&o);
-    assert_eq!(o.status.code(), Some(1), "{t}");
+    let t = check_af_packet("ferroce-none0", &[], 1);
     assert!(
         t.contains("no network interface ferroce-none0") && t.contains("not here"),
         "{t}"
@@ -117,11 +112,7 @@ fn check_accepts_the_configurations_in_use() {
             "configuration ok",
         ),
     ] {
-        let mut a = args.clone();
-        a.push("--check");
-        let o = rnicd(&a);
-        let t = text(&o);
-        assert_eq!(o.status.code(), Some(code), "{args:?}: {t}");
+        let t = check(&args, code);
         assert!(t.contains(want), "{args:?}: {t}");
     }
 }

@@ -55,13 +55,8 @@ fn every_perftest_test_between_two_client_processes() {
             + s["verified_messages"].as_u64().unwrap_or(0);
         assert!(verified > 0, "{test} {args:?}: nothing verified: {c} {s}");
         if test.ends_with("_bw") {
-            let n: u64 = args[args.iter().position(|x| *x == "-n").unwrap() + 1]
-                .parse()
-                .unwrap();
-            let q: u64 = args
-                .iter()
-                .position(|x| *x == "-q")
-                .map_or(1, |i| args[i + 1].parse().unwrap());
+            let n = common::flag_number(&args, "-n").unwrap();
+            let q = common::flag_number(&args, "-q").unwrap_or(1);
             assert_eq!(verified, n * q, "{test} {args:?}: every message verified");
         }
     }
@@ -433,11 +428,16 @@ fn other_users_see_no_keys_or_psns() {
             assert!(o["key"].is_u64(), "root sees keys: {o}");
         }
     }
-    let mut c = Command::new("setpriv");
-    c.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
-        .arg(env!("CARGO_BIN_EXE_rnic-ctl"))
-        .args(["--socket", r.sock(), "--json", "res"]);
-    let (o, _) = common::run_for(&mut c, Duration::from_secs(30));
+    // rnic-ctl on rnicd's socket as user and group nobody.
+    let ctl_as_nobody = |args: &[&str]| {
+        let mut c = Command::new("setpriv");
+        c.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(env!("CARGO_BIN_EXE_rnic-ctl"))
+            .args(["--socket", r.sock()])
+            .args(args);
+        common::run_for(&mut c, Duration::from_secs(30)).0
+    };
+    let o = ctl_as_nobody(&["--json", "res"]);
     let theirs = json(&o, "rnic-ctl res as nobody");
     assert_eq!(theirs["qps"].as_array().unwrap().len(), 2, "{theirs}");
     for q in theirs["qps"].as_array().unwrap() {
@@ -449,11 +449,7 @@ fn other_users_see_no_keys_or_psns() {
     for o in theirs["objects"].as_array().unwrap() {
         assert!(o["key"].is_null(), "nobody sees another user's keys: {o}");
     }
-    let mut c = Command::new("setpriv");
-    c.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
-        .arg(env!("CARGO_BIN_EXE_rnic-ctl"))
-        .args(["--socket", r.sock(), "res", "mr"]);
-    let (o, _) = common::run_for(&mut c, Duration::from_secs(30));
+    let o = ctl_as_nobody(&["res", "mr"]);
     let text = String::from_utf8_lossy(&o.stdout);
     assert!(text.contains("mrn") && !text.contains("lkey"), "{text}");
     wait_child(srv, Duration::from_secs(60));

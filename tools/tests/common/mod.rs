@@ -81,6 +81,13 @@ fn newest(p: &Path) -> std::time::SystemTime {
         .unwrap_or(std::time::SystemTime::UNIX_EPOCH)
 }
 
+/// The number after `flag` in a perftest command line `args`, if the flag is there (a
+/// flag without a number after it panics).
+pub fn flag_number(args: &[&str], flag: &str) -> Option<u64> {
+    let i = args.iter().position(|a| *a == flag)?;
+    Some(args[i + 1].parse().unwrap())
+}
+
 /// This build's cdylib `file` of `package` (cargo test does not build cdylibs; `make test`
 /// builds them before the tests), next to the binaries, where `make install-files` and
 /// `make ibverbs-dir` look: the newest copy (a dependency build leaves it in deps/, a
