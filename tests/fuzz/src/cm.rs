@@ -11,9 +11,8 @@
 use roce::cm::{AcceptParams, CmAgent, CmConfig, CmEvent, ConnId, ConnectParams, SidrParams};
 use roce::types::Gid;
 
-use crate::Input;
+use crate::{Input, MS};
 
-const MS: u64 = 1_000_000;
 const MAX_STEPS: usize = 128;
 const MAX_CONNS: usize = 8;
 /// MADs kept for replay at most.

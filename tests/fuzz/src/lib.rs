@@ -14,6 +14,17 @@ pub mod pcap;
 pub mod posts;
 pub mod rx;
 
+// The units and values several harnesses share.
+/// A millisecond and a second of a simulated clock, in nanoseconds.
+const MS: u64 = 1_000_000;
+const SEC: u64 = 1_000_000_000;
+/// The page size the harnesses lay their memory out by.
+const PAGE: usize = 4096;
+/// What the bytes around a registration hold, which nothing may overwrite.
+const CANARY: u8 = 0xa5;
+/// The Q_Key `roce::sim` gives UD QPs.
+const QKEY: u32 = 0x1111_1111;
+
 /// Runs `step` over `data` until the input is used up or `max` steps have run (a bound on the
 /// time one input takes).
 pub fn script(data: &[u8], max: usize, mut step: impl FnMut(&mut Input)) {

@@ -22,10 +22,9 @@ use smoltcp::wire::{
     Ipv4Repr, Ipv6Packet, Ipv6Repr, NdiscNeighborFlags, NdiscRepr, RawHardwareAddress,
 };
 
-use crate::Input;
+use crate::{Input, MS};
 
 const MAC: [u8; 6] = [0x02, 0, 0, 0x99, 0, 0x05];
-const MS: u64 = 1_000_000;
 const CAPACITY: usize = 16;
 const MAX_STEPS: usize = 128;
 

@@ -47,13 +47,8 @@ use smoltcp::wire::{
 };
 
 use crate::neighbor::ethernet;
-use crate::Input;
+use crate::{Input, CANARY, MS, PAGE, QKEY, SEC};
 
-const MS: u64 = 1_000_000;
-const SEC: u64 = 1_000_000_000;
-const PAGE: usize = 4096;
-const CANARY: u8 = 0xa5;
-const QKEY: u32 = 0x1111_1111;
 /// Steps of one input at most.
 const MAX_STEPS: usize = 64;
 /// The peer this harness plays: its MAC and IPv4 address (the RNIC is 10.99.0.1).

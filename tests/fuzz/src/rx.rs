@@ -24,14 +24,8 @@ use roce::verbs::*;
 use roce::wire::frame::{self, TransportRepr};
 use roce::wire::opcode::Opcode;
 
-use crate::Input;
+use crate::{Input, CANARY, MS, PAGE, QKEY, SEC};
 
-const SEC: u64 = 1_000_000_000;
-const MS: u64 = 1_000_000;
-const PAGE: usize = 4096;
-const CANARY: u8 = 0xa5;
-/// The Q_Key `roce::sim` gives UD QPs.
-const QKEY: u32 = 0x1111_1111;
 /// Steps of one input at most (a bound on the time one input takes).
 const MAX_STEPS: usize = 96;
 
