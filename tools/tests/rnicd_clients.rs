@@ -140,16 +140,20 @@ fn a_killed_client_is_reclaimed_and_its_peer_sees_retries_exhausted() {
     );
     // Everything both processes held is gone from rnicd.
     wait_idle(r.sock());
-    let v = ctl_json(r.sock(), &["stat"]);
-    let ferroce1 = v
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|d| d["device"] == "ferroce1")
-        .unwrap()
-        .clone();
+    let ferroce1 = device_stat(r.sock(), "ferroce1");
     let retries = ferroce1["port"]["retry_exceeded_err"].as_u64().unwrap_or(0);
     assert!(retries >= 1, "{ferroce1}");
+}
+
+/// `device`'s entry (an RNIC, a worker or the switch) in `rnic-ctl stat` of rnicd at `sock`.
+fn device_stat(sock: &str, device: &str) -> serde_json::Value {
+    let v = ctl_json(sock, &["stat"]);
+    v.as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["device"] == device)
+        .unwrap_or_else(|| panic!("no {device} in {v}"))
+        .clone()
 }
 
 #[test]
@@ -271,14 +275,8 @@ fn rnic_ctl_is_a_well_behaved_cli() {
     wait_child(cli, Duration::from_secs(60));
     // Both workers carried the traffic (the sender's and the receiver's RNIC), each busy a
     // part of the time it has run.
-    let v = ctl_json(r.sock(), &["stat"]);
     for (w, rnic) in [("worker0", "ferroce0"), ("worker1", "ferroce1")] {
-        let d = v
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|d| d["device"] == w)
-            .unwrap_or_else(|| panic!("no {w}: {v}"));
+        let d = device_stat(r.sock(), w);
         assert_eq!(d["rnics"], serde_json::json!([rnic]), "{d}");
         let c = |k: &str| d["port"][k].as_u64().unwrap_or(0);
         assert!(c("busy_polls") > 0 && c("polls") >= c("busy_polls"), "{d}");
@@ -492,13 +490,7 @@ fn rnicd_with_the_emulated_switch() {
     );
     let gbps = c["results"][0]["bw_avg_Gbps"].as_f64().unwrap();
     assert!(gbps < 2.0, "the 2 Gb/s port is the limit: {gbps} Gb/s");
-    let stats = ctl_json(r.sock(), &["stat"]);
-    let sw = stats
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|d| d["device"] == "switch0")
-        .unwrap_or_else(|| panic!("no switch0 in {stats}"));
+    let sw = device_stat(r.sock(), "switch0");
     assert!(sw["port"]["tx_frames"].as_u64().unwrap() > 300, "{sw}");
     assert_eq!(sw["port"]["drops_ingress"], 0, "{sw}");
     assert_eq!(sw["port"]["drops_buffer"], 0, "{sw}");
