@@ -323,14 +323,29 @@ fn read_response_of_the_wrong_length_is_bad_response() {
 
 // ---- RNR ----
 
+/// Connection options whose responder asks for an RNR wait of `min_rnr_timer` (the IBA's
+/// table index) and whose requester retries RNR NAKs `rnr_retry` times (7: for ever).
+fn rnr_opts(min_rnr_timer: u8, rnr_retry: u8) -> ConnectOpts {
+    ConnectOpts {
+        min_rnr_timer,
+        rnr_retry,
+        ..Default::default()
+    }
+}
+
+/// Connection options with `rd_atomic` READ/ATOMICs outstanding (and as many responder
+/// resources).
+fn rd_atomic_opts(rd_atomic: u8) -> ConnectOpts {
+    ConnectOpts {
+        rd_atomic,
+        ..Default::default()
+    }
+}
+
 #[test]
 fn rnr_nak_waits_the_timer_then_succeeds() {
-    let o = ConnectOpts {
-        min_rnr_timer: 14, // 1.28 ms
-        rnr_retry: 7,
-        ..Default::default()
-    };
-    let (mut p, a, b) = setup(o);
+    // B asks for 1.28 ms between RNR retries; A retries for ever.
+    let (mut p, a, b) = setup(rnr_opts(14, 7));
     a.mem.write(0, &[5; 300]).unwrap();
     p.post(0, &a, 1, WrOp::Send, &[a.sge(0, 300)]);
     // B has no receive WQE yet: RNR NAKs until one is posted at t = 5 ms.
@@ -372,12 +387,7 @@ fn rnr_nak_waits_the_timer_then_succeeds() {
 
 #[test]
 fn rnr_retries_exhausted_is_rnr_retry_exceeded() {
-    let o = ConnectOpts {
-        min_rnr_timer: 1,
-        rnr_retry: 2,
-        ..Default::default()
-    };
-    let (mut p, a, b) = setup(o);
+    let (mut p, a, b) = setup(rnr_opts(1, 2));
     p.post(0, &a, 1, WrOp::Send, &[a.sge(0, 10)]);
     p.post(0, &a, 2, WrOp::Send, &[a.sge(0, 10)]);
     p.run_until_idle(SEC);
@@ -657,11 +667,7 @@ fn duplicate_read_flood_restarts_one_reply() {
 /// are dropped (class D), while duplicates of the last 4 are answered again.
 #[test]
 fn only_the_last_max_dest_rd_atomic_reads_are_replayed() {
-    let o = ConnectOpts {
-        rd_atomic: 4,
-        ..Default::default()
-    };
-    let (mut p, a, b) = setup(o);
+    let (mut p, a, b) = setup(rd_atomic_opts(4));
     for i in 0..200u64 {
         p.post(0, &a, i, b.read_from(64 * i), &[a.sge(64 * i, 64)]);
     }
@@ -746,11 +752,7 @@ fn duplicate_read_may_ask_only_for_a_part_of_the_original() {
 /// responder forget a reply it still owes.
 #[test]
 fn reads_beyond_the_responder_resources_are_invalid_requests() {
-    let o = ConnectOpts {
-        rd_atomic: 4,
-        ..Default::default()
-    };
-    let (mut p, a, b) = setup(o);
+    let (mut p, a, b) = setup(rd_atomic_opts(4));
     for i in 0..5u32 {
         let mut t = TransportRepr::new(BthRepr::new(Opcode(0x0c), b.qpn, a.sq_psn.add(i)));
         t.ext.reth = Some(RethRepr {
@@ -818,11 +820,7 @@ fn entering_error_flushes_every_outstanding_wr() {
 
 #[test]
 fn sends_beyond_advertised_credits_wait_except_one_probe() {
-    let o = ConnectOpts {
-        rnr_retry: 7,
-        min_rnr_timer: 10,
-        ..Default::default()
-    };
+    let o = rnr_opts(10, 7);
     let mut cb = cfg();
     cb.credits = CreditMode::FromReceiveQueue;
     let mut p = recording_pair_of(cfg(), cb, 7);
