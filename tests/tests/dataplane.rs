@@ -341,12 +341,10 @@ fn a_delayed_port_stretches_the_round_trip() {
         assert_eq!(b.buf.to_vec(0, 5000), data);
     }
     let snaps = rt.stop();
-    assert!(snaps[0].nic.fault_delayed >= 3, "{:?}", snaps[0].nic);
-    assert_eq!(snaps[0].nic.fault_delay_dropped, 0);
-    assert_eq!(
-        snaps[1].nic.fault_delayed, 0,
-        "only the configured port delays"
-    );
+    let (slow, other) = (&snaps[0].nic, &snaps[1].nic);
+    assert!(slow.fault_delayed >= 3, "{slow:?}");
+    assert_eq!(slow.fault_delay_dropped, 0);
+    assert_eq!(other.fault_delayed, 0, "only the configured port delays");
 }
 
 /// DCQCN through the dataplane: A's port marks its ECN-capable frames CE (`fault.ce`, as a
@@ -406,24 +404,11 @@ fn answers_arp_ping_and_neighbour_solicitation_on_a_port() {
     let g = receive_until(&mut rx, 5, |f| f[12..14] == [0x08, 0x06]).expect("gratuitous ARP");
     assert_eq!(&g[6..12], &rt.mac(0));
     // ARP request from the peer.
-    let mut f = vec![0u8; 60];
-    EthernetRepr {
-        src_addr: EthernetAddress(peer),
-        dst_addr: EthernetAddress::BROADCAST,
-        ethertype: EthernetProtocol::Arp,
-    }
-    .emit(&mut EthernetFrame::new_unchecked(&mut f[..]));
-    ArpRepr::EthernetIpv4 {
-        operation: ArpOperation::Request,
-        source_hardware_addr: EthernetAddress(peer),
-        source_protocol_addr: "10.99.0.2".parse().unwrap(),
-        target_hardware_addr: EthernetAddress([0; 6]),
-        target_protocol_addr: "10.99.0.3".parse().unwrap(),
-    }
-    .emit(&mut ArpPacket::new_unchecked(&mut f[14..42]));
-    let mut m = pool.alloc().unwrap();
-    m.extend_from_slice(&f);
-    tx.tx_one(m).unwrap();
+    send_frame(
+        &pool,
+        &mut tx,
+        &arp_request(peer, [10, 99, 0, 2], [10, 99, 0, 3]),
+    );
     let reply = receive_until(&mut rx, 5, |f| {
         f[12..14] == [0x08, 0x06]
             && ArpPacket::new_checked(&f[14..])
@@ -432,33 +417,10 @@ fn answers_arp_ping_and_neighbour_solicitation_on_a_port() {
     })
     .expect("ARP reply");
     assert_eq!(&reply[..6], &peer);
-    // Ping.
+    // Ping (from the peer: `ping_frame`'s source MAC is `peer`).
     let caps = ChecksumCapabilities::default();
-    let echo = Icmpv4Repr::EchoRequest {
-        ident: 1,
-        seq_no: 9,
-        data: b"ferroce ping",
-    };
-    let ip = Ipv4Repr {
-        src_addr: "10.99.0.2".parse().unwrap(),
-        dst_addr: "10.99.0.3".parse().unwrap(),
-        next_header: IpProtocol::Icmp,
-        payload_len: echo.buffer_len(),
-        hop_limit: 64,
-    };
-    let mut f = vec![0u8; 14 + 20 + echo.buffer_len()];
-    EthernetRepr {
-        src_addr: EthernetAddress(peer),
-        dst_addr: EthernetAddress(rt.mac(0)),
-        ethertype: EthernetProtocol::Ipv4,
-    }
-    .emit(&mut EthernetFrame::new_unchecked(&mut f[..]));
-    let mut p = Ipv4Packet::new_unchecked(&mut f[14..]);
-    ip.emit(&mut p, &caps);
-    echo.emit(&mut Icmpv4Packet::new_unchecked(p.payload_mut()), &caps);
-    let mut m = pool.alloc().unwrap();
-    m.extend_from_slice(&f);
-    tx.tx_one(m).unwrap();
+    let ping = ping_frame(rt.mac(0), None, 9, b"ferroce ping");
+    send_frame(&pool, &mut tx, &ping);
     let pong = receive_until(&mut rx, 5, |f| f[12..14] == [0x08, 0x00] && f[14 + 9] == 1)
         .expect("echo reply");
     let rp = Ipv4Packet::new_checked(&pong[14..]).unwrap();
@@ -501,9 +463,7 @@ fn answers_arp_ping_and_neighbour_solicitation_on_a_port() {
         &mut Icmpv6Packet::new_unchecked(p.payload_mut()),
         &caps,
     );
-    let mut m = pool.alloc().unwrap();
-    m.extend_from_slice(&f);
-    tx.tx_one(m).unwrap();
+    send_frame(&pool, &mut tx, &f);
     let na = receive_until(&mut rx, 5, |f| {
         f[12..14] == [0x86, 0xdd] && f[14 + 40] == 136 && f[..6] == peer
     })
@@ -522,16 +482,24 @@ fn answers_arp_ping_and_neighbour_solicitation_on_a_port() {
     assert_eq!(snap[0].nic.rx_arp, 1);
 }
 
-/// An ICMP echo request from 10.99.0.2 to 10.99.0.3, to `dst` at layer 2, tagged with
-/// `vlan` (VID) if given.
-fn ping_frame(dst: [u8; 6], vlan: Option<u16>, seq: u16) -> Vec<u8> {
+/// Sends the frame `f` from the raw end of a ring pair (`pool`'s, queue `tx`).
+fn send_frame(pool: &pmd_bindings::Mempool, tx: &mut pmd_bindings::TxQueue, f: &[u8]) {
+    let mut m = pool.alloc().unwrap();
+    m.extend_from_slice(f);
+    tx.tx_one(m).unwrap();
+}
+
+/// An ICMP echo request (identifier 1, sequence number `seq`, carrying `data`) from
+/// 52:54:00:99:00:02 and 10.99.0.2 to 10.99.0.3, to `dst` at layer 2, tagged with `vlan`
+/// (VID) if given.
+fn ping_frame(dst: [u8; 6], vlan: Option<u16>, seq: u16, data: &[u8]) -> Vec<u8> {
     use smoltcp::phy::ChecksumCapabilities;
     use smoltcp::wire::*;
     let caps = ChecksumCapabilities::default();
     let echo = Icmpv4Repr::EchoRequest {
         ident: 1,
         seq_no: seq,
-        data: b"l2 filter",
+        data,
     };
     let ip = Ipv4Repr {
         src_addr: "10.99.0.2".parse().unwrap(),
@@ -567,11 +535,8 @@ fn frames_for_other_stations_or_vlans_are_dropped() {
     let cfg = test_config(3, 1024);
     let (rt, mut rx, mut tx, pool) = raw_pair(cfg, "l2f");
     let ours = rt.mac(0);
-    let send = |tx: &mut pmd_bindings::TxQueue, f: &[u8]| {
-        let mut m = pool.alloc().unwrap();
-        m.extend_from_slice(f);
-        tx.tx_one(m).unwrap();
-    };
+    let send = |tx: &mut pmd_bindings::TxQueue, f: &[u8]| send_frame(&pool, tx, f);
+    let ping = |dst, vlan, seq| ping_frame(dst, vlan, seq, b"l2 filter");
     let is_reply = |f: &[u8], seq: u16| {
         let off = if f[12..14] == [0x81, 0x00] { 18 } else { 14 };
         f[off - 2..off] == [0x08, 0x00]
@@ -580,12 +545,12 @@ fn frames_for_other_stations_or_vlans_are_dropped() {
             && f[off + 26..off + 28] == seq.to_be_bytes()
     };
     // Dropped: another station's MAC, VLAN 100, broadcast ICMP.
-    send(&mut tx, &ping_frame([0x52, 0x54, 0, 0x99, 0, 7], None, 1));
-    send(&mut tx, &ping_frame(ours, Some(100), 2));
-    send(&mut tx, &ping_frame([0xff; 6], None, 3));
+    send(&mut tx, &ping([0x52, 0x54, 0, 0x99, 0, 7], None, 1));
+    send(&mut tx, &ping(ours, Some(100), 2));
+    send(&mut tx, &ping([0xff; 6], None, 3));
     // Answered: our MAC untagged and priority-tagged.
-    send(&mut tx, &ping_frame(ours, None, 4));
-    send(&mut tx, &ping_frame(ours, Some(0), 5));
+    send(&mut tx, &ping(ours, None, 4));
+    send(&mut tx, &ping(ours, Some(0), 5));
     let mut seen = Vec::new();
     receive_until(&mut rx, 3, |f| {
         for seq in 1..=5 {
