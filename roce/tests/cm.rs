@@ -183,16 +183,39 @@ impl Link {
         self.b.accept(self.now, id, &p).unwrap();
     }
 
-    /// A full handshake; the two IDs.
-    fn establish(&mut self) -> (ConnId, ConnId) {
+    /// A link that loses the first MAD with attribute `attr`.
+    fn losing(attr: u16) -> Link {
+        let mut l = Link::new();
+        l.lose = vec![attr];
+        l
+    }
+
+    /// A's REQ, and the link run until nothing moves; A's connection ID.
+    fn send_req(&mut self) -> ConnId {
         let a = self.connect();
         self.run(false, 0);
-        let b = self.request();
+        a
+    }
+
+    /// B's REP for its connection `b`, and the link run until nothing moves.
+    fn send_rep(&mut self, b: ConnId) {
         self.accept(b);
         self.run(false, 0);
-        assert!(matches!(self.a_events.last(), Some(CmEvent::RepReceived { id, .. }) if *id == a));
+    }
+
+    /// A's RTU for its connection `a`, and the link run until nothing moves.
+    fn send_rtu(&mut self, a: ConnId) {
         self.a.rtu(a).unwrap();
         self.run(false, 0);
+    }
+
+    /// A full handshake; the two IDs.
+    fn establish(&mut self) -> (ConnId, ConnId) {
+        let a = self.send_req();
+        let b = self.request();
+        self.send_rep(b);
+        assert!(matches!(self.a_events.last(), Some(CmEvent::RepReceived { id, .. }) if *id == a));
+        self.send_rtu(a);
         (a, b)
     }
 
@@ -252,29 +275,23 @@ fn connect_accept_establish_disconnect_and_release() {
 
 #[test]
 fn a_lost_req_is_sent_again_after_the_cm_timeout() {
-    let mut l = Link::new();
-    l.lose = vec![attr::REQ];
-    let a = l.connect();
-    l.run(false, 0);
+    let mut l = Link::losing(attr::REQ);
+    let a = l.send_req();
     assert!(l.b_events.is_empty());
     // Linux's wait: 2 x packet lifetime (2^(18-8) ms) + response timeout (2^(20-8) ms).
     assert_eq!(l.a.poll_timeout(), Some((2 * 1024 + 4096) * MS));
     l.run(true, 10_000 * MS);
     assert_eq!(l.a.counters.retries, 1);
     let b = l.request();
-    l.accept(b);
-    l.run(false, 0);
-    l.a.rtu(a).unwrap();
-    l.run(false, 0);
+    l.send_rep(b);
+    l.send_rtu(a);
     assert_eq!(names(&l.b_events), ["request", "established"]);
 }
 
 #[test]
 fn a_lost_rep_is_answered_again_when_the_req_repeats() {
-    let mut l = Link::new();
-    l.lose = vec![attr::REP];
-    let a = l.connect();
-    l.run(false, 0);
+    let mut l = Link::losing(attr::REP);
+    let a = l.send_req();
     let b = l.request();
     // B answers a second later, so its own REP retry would come a second after A's REQ
     // retry: the REP A gets is the answer to the duplicate.
@@ -288,23 +305,20 @@ fn a_lost_rep_is_answered_again_when_the_req_repeats() {
     assert_eq!(l.b.conn_count(), 1);
     assert_eq!(names(&l.b_events), ["request"]);
     assert_eq!(names(&l.a_events), ["rep"]);
-    l.a.rtu(a).unwrap();
-    l.run(false, 0);
+    l.send_rtu(a);
     assert_eq!(names(&l.b_events), ["request", "established"]);
 }
 
 #[test]
 fn a_lost_rtu_is_sent_again_when_the_rep_repeats() {
-    let mut l = Link::new();
-    l.lose = vec![attr::RTU];
+    let mut l = Link::losing(attr::RTU);
     let (_a, _b) = l.establish();
     assert_eq!(names(&l.b_events), ["request"]);
     l.run(true, 10_000 * MS);
     assert_eq!(l.a.counters.rx_duplicates, 1);
     assert_eq!(names(&l.b_events), ["request", "established"]);
     // Or the QP's first packet establishes it before any RTU.
-    let mut l = Link::new();
-    l.lose = vec![attr::RTU];
+    let mut l = Link::losing(attr::RTU);
     let (_, b) = l.establish();
     l.b.established(b).unwrap();
     l.run(false, 0);
@@ -336,8 +350,7 @@ fn no_listener_is_rejected_as_an_invalid_service_id() {
         unclaimed_hold_ms: 0,
         ..cfg(0x5054_00ff_fe99_0004, QpnStripe::ALL)
     });
-    let a = l.connect();
-    l.run(false, 0);
+    let a = l.send_req();
     assert!(
         matches!(l.a_events[..], [CmEvent::Rejected { id, reason: reason::INVALID_SERVICE_ID, .. }] if id == a),
         "{:?}",
@@ -361,14 +374,12 @@ fn a_request_that_comes_before_its_listener_waits_for_it() {
     assert_eq!(l.b.poll_timeout(), None, "the hold ended");
     l.run(false, 0);
     let b = l.request();
-    l.accept(b);
-    l.run(false, 0);
+    l.send_rep(b);
     let Some(CmEvent::RepReceived { id, .. }) = l.a_events.first().copied() else {
         panic!("{:?}", l.a_events)
     };
     assert_eq!(id, a);
-    l.a.rtu(a).unwrap();
-    l.run(false, 0);
+    l.send_rtu(a);
     assert_eq!(names(&l.b_events), ["request", "established"]);
     // B's DREQ names A's QP, as the held REQ gave it (Linux drops a DREQ for another QPN).
     let b = l.request();
@@ -410,8 +421,7 @@ fn a_request_that_comes_before_its_listener_waits_for_it() {
 #[test]
 fn the_consumer_rejects_with_its_private_data() {
     let mut l = Link::new();
-    let a = l.connect();
-    l.run(false, 0);
+    let a = l.send_req();
     let b = l.request();
     l.b.reject(b, reason::CONSUMER_DEFINED, b"busy").unwrap();
     l.run(false, 0);
@@ -441,11 +451,9 @@ fn the_consumer_rejects_with_its_private_data() {
 fn a_side_that_goes_before_the_rtu_rejects_and_the_peer_hears_at_once() {
     // Active: REP received, then rejected instead of the RTU.
     let mut l = Link::new();
-    let a = l.connect();
-    l.run(false, 0);
+    let a = l.send_req();
     let b = l.request();
-    l.accept(b);
-    l.run(false, 0);
+    l.send_rep(b);
     assert_eq!(names(&l.a_events), ["rep"]);
     l.a.reject(a, reason::CONSUMER_DEFINED, &[]).unwrap();
     l.run(false, 0);
@@ -454,15 +462,11 @@ fn a_side_that_goes_before_the_rtu_rejects_and_the_peer_hears_at_once() {
     assert_eq!((l.a.conn_count(), l.b.conn_count()), (0, 0));
     assert_eq!(l.b.poll_timeout(), None, "no REP retry left armed");
     // Passive: REP sent, then rejected while the RTU has not come (it was lost).
-    let mut l = Link::new();
-    l.lose = vec![attr::RTU];
-    let a = l.connect();
-    l.run(false, 0);
+    let mut l = Link::losing(attr::RTU);
+    let a = l.send_req();
     let b = l.request();
-    l.accept(b);
-    l.run(false, 0);
-    l.a.rtu(a).unwrap();
-    l.run(false, 0);
+    l.send_rep(b);
+    l.send_rtu(a);
     assert_eq!(names(&l.b_events), ["request"]);
     l.b.reject(b, reason::CONSUMER_DEFINED, &[]).unwrap();
     l.run(false, 0);
@@ -506,8 +510,7 @@ fn a_peer_gone_mid_handshake_times_out_after_every_retry() {
     // B vanishes before answering: A sends the REQ 1 + 15 times, then gives up.
     let mut l = Link::new();
     l.b_gone = true;
-    let a = l.connect();
-    l.run(false, 0);
+    let a = l.send_req();
     l.run(true, 3_600_000 * MS);
     assert_eq!(names(&l.a_events), ["timed out"]);
     assert!(matches!(l.a_events[0], CmEvent::TimedOut { id } if id == a));
@@ -825,8 +828,7 @@ fn the_cm_connects_two_engines_over_qp1_and_data_flows() {
 #[test]
 fn sidr_requests_are_answered_retried_and_refused() {
     use roce::cm::{SidrParams, SIDR_UNSUPPORTED, SIDR_VALID};
-    let mut l = Link::new();
-    l.lose = vec![attr::SIDR_REQ];
+    let mut l = Link::losing(attr::SIDR_REQ);
     let mut pd = [0u8; 216];
     pd[..5].copy_from_slice(b"hello");
     let p = SidrParams {
