@@ -105,6 +105,20 @@ fn out_files(name: &str, stem: &str) -> (PathBuf, PathBuf, PathBuf) {
     (dir, csv, png)
 }
 
+/// Runs `rnic-sim ARGS --csv CSV --png PNG`, which must succeed, with the files of
+/// `out_files(name, stem)`; its standard output, and the directory and files.
+fn rnic_sim_to_files(name: &str, stem: &str, args: &[&str]) -> (String, PathBuf, PathBuf, PathBuf) {
+    let (dir, csv, png) = out_files(name, stem);
+    let files = [
+        "--csv",
+        csv.to_str().unwrap(),
+        "--png",
+        png.to_str().unwrap(),
+    ];
+    let out = rnic_sim_ok(&[args, &files].concat());
+    (out, dir, csv, png)
+}
+
 /// Asserts that the file at `path` is a PNG image (by its signature).
 fn assert_png(path: &Path) {
     let bytes = std::fs::read(path).unwrap();
@@ -124,22 +138,21 @@ fn scenario_field(out: &str, scenario: &str, name: &str) -> f64 {
 
 #[test]
 fn the_cli_writes_csv_and_png() {
-    let (dir, csv, png) = out_files("sim", "d");
-    let out = rnic_sim_ok(&[
-        "dcqcn",
-        "--flows",
-        "3",
-        "--rate",
-        "25",
-        "--preset",
-        "paper",
-        "--duration",
-        "5",
-        "--csv",
-        csv.to_str().unwrap(),
-        "--png",
-        png.to_str().unwrap(),
-    ]);
+    let (out, dir, csv, png) = rnic_sim_to_files(
+        "sim",
+        "d",
+        &[
+            "dcqcn",
+            "--flows",
+            "3",
+            "--rate",
+            "25",
+            "--preset",
+            "paper",
+            "--duration",
+            "5",
+        ],
+    );
     assert!(out.contains("Jain") && out.contains("fair share"), "{out}");
     let text = std::fs::read_to_string(&csv).unwrap();
     let mut lines = text.lines();
@@ -203,20 +216,19 @@ fn the_cli_writes_csv_and_png() {
 /// samples; bad arguments are refused.
 #[test]
 fn rnics_incast_prints_the_three_scenarios_and_writes_csv() {
-    let (dir, csv, png) = out_files("rnics", "r");
-    let out = rnic_sim_ok(&[
+    let (out, dir, csv, png) = rnic_sim_to_files(
         "rnics",
-        "--senders",
-        "4",
-        "--rate",
-        "10",
-        "--duration",
-        "10",
-        "--csv",
-        csv.to_str().unwrap(),
-        "--png",
-        png.to_str().unwrap(),
-    ]);
+        "r",
+        &[
+            "rnics",
+            "--senders",
+            "4",
+            "--rate",
+            "10",
+            "--duration",
+            "10",
+        ],
+    );
     let field = |scenario: &str, name: &str| scenario_field(&out, scenario, name);
     for s in ["pfc-only", "dcqcn-paper", "dcqcn-nvidia"] {
         assert_eq!(field(s, "drops"), 0.0, "{s}: {out}");
