@@ -28,6 +28,17 @@ fn rnic_perf(args: &[&str]) -> Output {
     out
 }
 
+/// Starts rnic-perf with `args`, its standard output to `stdout` and its error output piped.
+fn spawn_rnic_perf(args: &[&str], stdout: Stdio) -> std::process::Child {
+    Command::new(env!("CARGO_BIN_EXE_rnic-perf"))
+        .args(args)
+        .env("RUST_LOG", "error")
+        .stdout(stdout)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
 /// Runs a loopback test and returns its JSON document.
 fn loopback(args: &[&str]) -> Value {
     let mut all = args.to_vec();
@@ -41,6 +52,11 @@ fn loopback(args: &[&str]) -> Value {
             String::from_utf8_lossy(&out.stdout)
         )
     })
+}
+
+/// The words of a command line (split at spaces: no argument of these tests holds one).
+fn words(line: &str) -> Vec<&str> {
+    line.split_whitespace().collect()
 }
 
 fn rows(v: &Value, side: &str) -> Vec<Value> {
@@ -220,9 +236,7 @@ fn options_that_change_the_traffic() {
     assert_eq!(rows(&v, "client")[0]["iterations"], 300);
     let v = loopback(&["send_bw", "-q", "4", "-n", "100", "-s", "700", "--verify"]);
     assert_eq!(v["server"]["verified_messages"], 400);
-    let v = loopback(&[
-        "read_bw", "-m", "1024", "-n", "100", "-s", "10000", "-o", "4",
-    ]);
+    let v = loopback(&words("read_bw -m 1024 -n 100 -s 10000 -o 4"));
     assert_eq!(v["client"]["mtu"], 1024);
 }
 
@@ -233,17 +247,9 @@ fn options_that_change_the_traffic() {
 fn a_lossy_ud_run_ends_and_reports_its_loss() {
     let _one = serial();
     let t = Instant::now();
-    let v = loopback(&[
-        "send_bw",
-        "-c",
-        "UD",
-        "-s",
-        "1024",
-        "-n",
-        "2000",
-        "--set",
-        "fault.loss=0.05",
-    ]);
+    let v = loopback(&words(
+        "send_bw -c UD -s 1024 -n 2000 --set fault.loss=0.05",
+    ));
     assert!(
         t.elapsed() < Duration::from_secs(30),
         "took {:?}",
@@ -258,19 +264,8 @@ fn a_lossy_ud_run_ends_and_reports_its_loss() {
     // (CI, 370e965: 512 expired, 256 dropped). So the receiving RNIC may hold every message of
     // the run for up to 10 s here: a loss is then a real fault, not a stalled thread.
     for _ in 0..3 {
-        let v = loopback(&[
-            "send_bw",
-            "-c",
-            "UD",
-            "-s",
-            "4096",
-            "-n",
-            "5000",
-            "--set",
-            "roce.ud_rx_hold_frames=5000",
-            "--set",
-            "roce.ud_rx_hold_us=10000000",
-        ]);
+        let hold = "--set roce.ud_rx_hold_frames=5000 --set roce.ud_rx_hold_us=10000000";
+        let v = loopback(&words(&format!("send_bw -c UD -s 4096 -n 5000 {hold}")));
         assert_eq!(v["server"]["lost_messages"], 0, "{v}");
     }
 }
@@ -281,18 +276,9 @@ fn a_lossy_ud_run_ends_and_reports_its_loss() {
 #[test]
 fn lossy_uc_and_ud_runs_verify_what_arrived_and_count_the_rest_lost() {
     let _one = serial();
-    let v = loopback(&[
-        "write_bw",
-        "-c",
-        "UC",
-        "-s",
-        "9000",
-        "-n",
-        "400",
-        "--verify",
-        "--set",
-        "fault.loss=0.05",
-    ]);
+    let v = loopback(&words(
+        "write_bw -c UC -s 9000 -n 400 --verify --set fault.loss=0.05",
+    ));
     let verified = v["server"]["verified_messages"].as_u64().unwrap();
     let lost = v["server"]["lost_messages"].as_u64().unwrap();
     assert!(lost > 0 && verified > 0 && verified + lost == 400, "{v}");
@@ -300,18 +286,9 @@ fn lossy_uc_and_ud_runs_verify_what_arrived_and_count_the_rest_lost() {
     // receiver finds the message's number from them, not from its count (which a loss put
     // behind).
     for conn in ["UC", "UD"] {
-        let v = loopback(&[
-            "send_bw",
-            "-c",
-            conn,
-            "-s",
-            "1",
-            "-n",
-            "1000",
-            "--verify",
-            "--set",
-            "fault.loss=0.05",
-        ]);
+        let v = loopback(&words(&format!(
+            "send_bw -c {conn} -s 1 -n 1000 --verify --set fault.loss=0.05"
+        )));
         let verified = v["server"]["verified_messages"].as_u64().unwrap();
         let lost = v["server"]["lost_messages"].as_u64().unwrap();
         assert!(lost > 0 && verified + lost == 1000, "{conn}: {v}");
@@ -322,13 +299,7 @@ fn lossy_uc_and_ud_runs_verify_what_arrived_and_count_the_rest_lost() {
 /// waits (at most 20 s) for it to exit; returns its exit code, stdout and stderr.
 fn interrupt(args: &[&str], sig: i32, ready: impl Fn(&str) -> bool) -> (i32, String, String, u32) {
     use std::io::BufRead;
-    let mut child = Command::new(env!("CARGO_BIN_EXE_rnic-perf"))
-        .args(args)
-        .env("RUST_LOG", "error")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = spawn_rnic_perf(args, Stdio::piped());
     let pid = child.id();
     let stdout = child.stdout.take().unwrap();
     let (tx, rx) = std::sync::mpsc::channel::<String>();
@@ -389,16 +360,7 @@ fn sigint_and_sigterm_stop_cleanly() {
     let pcap = std::env::temp_dir().join(format!("ferroce-int-{}.pcap", std::process::id()));
     let set = format!("capture.pcap={}", pcap.display());
     let (code, out, err, pid) = interrupt(
-        &[
-            "write_bw",
-            "--loopback",
-            "-D",
-            "30",
-            "-s",
-            "4096",
-            "--set",
-            &set,
-        ],
+        &words(&format!("write_bw --loopback -D 30 -s 4096 --set {set}")),
         libc::SIGINT,
         |t| t.contains("#bytes"),
     );
@@ -425,13 +387,10 @@ fn sigint_and_sigterm_stop_cleanly() {
 
     // With --json, the document carries what was measured before the signal: the rows, the
     // counters, and that it was interrupted.
-    let mut child = Command::new(env!("CARGO_BIN_EXE_rnic-perf"))
-        .args(["write_bw", "--loopback", "-D", "30", "-s", "4096", "--json"])
-        .env("RUST_LOG", "error")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = spawn_rnic_perf(
+        &["write_bw", "--loopback", "-D", "30", "-s", "4096", "--json"],
+        Stdio::piped(),
+    );
     let mut err = std::io::BufReader::new(child.stderr.take().unwrap());
     let mut line = String::new();
     while !line.contains("#bytes") {
@@ -462,15 +421,9 @@ fn sigint_and_sigterm_stop_cleanly() {
     let port = l.local_addr().unwrap().port().to_string();
     drop(l);
     let (code, _, err, pid) = interrupt(
-        &[
-            "send_bw",
-            "--port",
-            "net_null0,no-rx=1",
-            "--ip",
-            "10.99.0.9/24",
-            "-p",
-            &port,
-        ],
+        &words(&format!(
+            "send_bw --port net_null0,no-rx=1 --ip 10.99.0.9/24 -p {port}"
+        )),
         libc::SIGTERM,
         |t| t.contains("Waiting for client"),
     );
@@ -489,17 +442,9 @@ fn capture_is_wall_clock_stamped_snapped_and_switchable() {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_secs();
-    loopback(&[
-        "write_bw",
-        "-n",
-        "50",
-        "-s",
-        "4096",
-        "--set",
-        &set,
-        "--set",
-        "capture.snaplen=100",
-    ]);
+    loopback(&words(&format!(
+        "write_bw -n 50 -s 4096 --set {set} --set capture.snaplen=100"
+    )));
     let d = std::fs::read(&pcap).unwrap();
     assert_eq!(
         u32::from_le_bytes(d[16..20].try_into().unwrap()),
@@ -522,15 +467,9 @@ fn capture_is_wall_clock_stamped_snapped_and_switchable() {
         off += 16 + incl;
     }
     assert!(n > 50, "{n} frames");
-    loopback(&[
-        "write_bw",
-        "-n",
-        "50",
-        "--set",
-        &set,
-        "--set",
-        "capture.enabled=false",
-    ]);
+    loopback(&words(&format!(
+        "write_bw -n 50 --set {set} --set capture.enabled=false"
+    )));
     assert_eq!(
         std::fs::read(&pcap).unwrap().len(),
         24,
@@ -544,16 +483,7 @@ fn capture_is_wall_clock_stamped_snapped_and_switchable() {
 #[test]
 fn headers_and_notices_say_what_happens() {
     let _one = serial();
-    let out = rnic_perf(&[
-        "send_bw",
-        "--loopback",
-        "-c",
-        "UD",
-        "-s",
-        "8192",
-        "-n",
-        "50",
-    ]);
+    let out = rnic_perf(&words("send_bw --loopback -c UD -s 8192 -n 50"));
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}");
     assert!(
@@ -577,22 +507,13 @@ fn errors_and_logs_say_which_and_why() {
         .unwrap()
         .port();
     let r = common::rnicd::Rnicd::start("perf-wait", &[]);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_rnic-perf"))
-        .args([
-            "write_bw",
-            "--rnicd",
-            r.sock(),
-            "-d",
-            "ferroce1",
-            "-p",
-            &port.to_string(),
-            "127.0.0.1",
-        ])
-        .env("RUST_LOG", "error")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = spawn_rnic_perf(
+        &words(&format!(
+            "write_bw --rnicd {} -d ferroce1 -p {port} 127.0.0.1",
+            r.sock()
+        )),
+        Stdio::null(),
+    );
     let mut err = std::io::BufReader::new(child.stderr.take().unwrap());
     let mut first = String::new();
     std::io::BufRead::read_line(&mut err, &mut first).unwrap();
@@ -635,20 +556,9 @@ fn perftest_flags_scripts_use() {
     let _one = serial();
     let pcap = std::env::temp_dir().join(format!("ferroce-tos-{}.pcap", std::process::id()));
     let set = format!("capture.pcap={}", pcap.display());
-    let v = loopback(&[
-        "write_bw",
-        "-n",
-        "200",
-        "-T",
-        "106",
-        "-S",
-        "3",
-        "-N",
-        "--use_old_post_send",
-        "--ipv6",
-        "--set",
-        &set,
-    ]);
+    let v = loopback(&words(&format!(
+        "write_bw -n 200 -T 106 -S 3 -N --use_old_post_send --ipv6 --set {set}"
+    )));
     assert_eq!(rows(&v, "client")[0]["bw_peak_MBps"], 0.0, "-N: no peak");
     let d = Command::new(env!("CARGO_BIN_EXE_rnic-pcap"))
         .args(["decode", "--json"])
@@ -663,14 +573,7 @@ fn perftest_flags_scripts_use() {
         .collect();
     assert!(!writes.is_empty());
     assert!(writes.iter().all(|f| f["dscp"] == 26), "-T 106 = DSCP 26");
-    let out = rnic_perf(&[
-        "write_bw",
-        "--loopback",
-        "-n",
-        "200",
-        "--output",
-        "bandwidth",
-    ]);
+    let out = rnic_perf(&words("write_bw --loopback -n 200 --output bandwidth"));
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success());
     let figure: f64 = text
@@ -678,28 +581,13 @@ fn perftest_flags_scripts_use() {
         .parse()
         .unwrap_or_else(|_| panic!("one number: {text}"));
     assert!(figure > 0.0);
-    let out = rnic_perf(&[
-        "write_lat",
-        "--loopback",
-        "-n",
-        "100",
-        "--output",
-        "latency",
-    ]);
+    let out = rnic_perf(&words("write_lat --loopback -n 100 --output latency"));
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.trim().parse::<f64>().is_ok_and(|t| t > 0.0), "{text}");
     let out = rnic_perf(&["write_bw", "-V"]);
     assert!(String::from_utf8_lossy(&out.stdout).starts_with("Version: 6.06"));
     let (code, out, err, _) = interrupt(
-        &[
-            "write_bw",
-            "--loopback",
-            "--run_infinitely",
-            "-D",
-            "1",
-            "-s",
-            "4096",
-        ],
+        &words("write_bw --loopback --run_infinitely -D 1 -s 4096"),
         libc::SIGINT,
         |t| {
             t.lines()
@@ -855,18 +743,9 @@ fn a_misbehaving_peer_is_an_error() {
         let _ = s.read(&mut key);
     });
     let start = Instant::now();
-    let out = rnic_perf(&[
-        "write_bw",
-        "--port",
-        "net_null0,no-rx=1",
-        "--ip",
-        "10.99.0.9/24",
-        "-p",
-        &port,
-        "-n",
-        "10",
-        "127.0.0.1",
-    ]);
+    let out = rnic_perf(&words(&format!(
+        "write_bw --port net_null0,no-rx=1 --ip 10.99.0.9/24 -p {port} -n 10 127.0.0.1"
+    )));
     fake.join().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
@@ -878,21 +757,12 @@ fn a_misbehaving_peer_is_an_error() {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = l.local_addr().unwrap().port();
     drop(l);
-    let mut srv = Command::new(env!("CARGO_BIN_EXE_rnic-perf"))
-        .args([
-            "send_lat",
-            "--port",
-            "net_null0,no-rx=1",
-            "--ip",
-            "10.99.0.9/24",
-            "-p",
-            &port.to_string(),
-        ])
-        .env("RUST_LOG", "error")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut srv = spawn_rnic_perf(
+        &words(&format!(
+            "send_lat --port net_null0,no-rx=1 --ip 10.99.0.9/24 -p {port}"
+        )),
+        Stdio::null(),
+    );
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut s = loop {
         match TcpStream::connect(("127.0.0.1", port)) {
@@ -948,16 +818,9 @@ fn the_loopback_pair_through_the_emulated_switch() {
     assert!(gbps < 0.5, "the 500 Mb/s port is the limit: {gbps} Gb/s");
     let v = slow_server_switch(
         300,
-        &[
-            "--switch-ecn",
-            "20,200,0.2",
-            "--set",
-            "roce.ecn=true",
-            "--set",
-            "dcqcn.rp=true",
-            "--set",
-            "dcqcn.np=true",
-        ],
+        &words(
+            "--switch-ecn 20,200,0.2 --set roce.ecn=true --set dcqcn.rp=true --set dcqcn.np=true",
+        ),
     );
     let sw = &v["counters"]["switch"];
     assert!(sw["ecn_marked"].as_u64().unwrap() > 0, "{sw}");
@@ -973,16 +836,10 @@ fn the_loopback_pair_through_the_emulated_switch() {
     let cap = dir.join("sw.pcap");
     slow_server_switch(
         100,
-        &[
-            "--switch-ecn",
-            "20,200,0.2",
-            "--switch-pfc",
-            "0",
-            "--set",
-            "roce.ecn=true",
-            "--switch-pcap",
-            cap.to_str().unwrap(),
-        ],
+        &words(&format!(
+            "--switch-ecn 20,200,0.2 --switch-pfc 0 --set roce.ecn=true --switch-pcap {}",
+            cap.display()
+        )),
     );
     let data = std::fs::read(&cap).unwrap();
     let frames: Vec<Vec<u8>> = roce::pcap::Reader::new(&data)
