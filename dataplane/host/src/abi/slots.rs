@@ -311,6 +311,7 @@ impl<'a> PostCells<'a> {
 
     /// A send WR on QP `qpn`; `inline` carries the payload of an inline WR (its SGEs are
     /// then not sent).
+    #[inline]
     pub fn send(qpn: Qpn, wr: &SendWr<'a>, inline: Option<&'a [u8]>) -> Result<Self, SlotError> {
         let mut head = PostHead {
             kind: post_kind::SEND,
