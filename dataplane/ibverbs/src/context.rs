@@ -163,43 +163,86 @@ pub(crate) unsafe fn owner_ctx<'a, T: InContext>(obj: *const T) -> Option<&'a Ct
     ctx_of((*obj).context())
 }
 
-/// Destroys the object listed as `id` (address `obj`) in one of the context's tables: it is
-/// unlisted before rnicd frees the id (ids are reused: an object created meanwhile may take
-/// it, and no async event may name the old one any more), and listed again if `destroy`
-/// fails, whose errno is returned. The client's lock is released on return, before the
-/// caller waits for the object's events to be acknowledged (the acking thread may need it).
-pub(crate) fn destroy_listed(
-    ctx: &Ctx,
-    table: fn(&mut Objects) -> &mut HashMap<u32, usize>,
-    id: u32,
-    obj: usize,
-    destroy: impl FnOnce(&mut RemoteContext) -> roce::engine::VerbsResult<()>,
-) -> Result<(), c_int> {
-    let took = unlist(table(&mut objects(ctx)), id, obj);
-    let r = destroy(&mut client(ctx));
-    r.map_err(|e| {
-        if took {
-            table(&mut objects(ctx)).insert(id, obj);
+/// A QP, CQ or SRQ: listed in its context's [`Objects`] by number (async events name it),
+/// and freed only once the application has acknowledged the events it was handed.
+pub(crate) trait Listed: Sized {
+    /// The application's view, at the head of this object.
+    type Ibv: InContext;
+    /// Its table among the context's objects.
+    fn table(o: &mut Objects) -> &mut HashMap<u32, usize>;
+    /// Its number, rnicd's and the table's key.
+    fn number(&self) -> u32;
+    /// Destroys it in rnicd.
+    fn destroy(&self, c: &mut RemoteContext) -> VerbsResult<()>;
+    /// Its asynchronous events: those not yet acknowledged hold its memory.
+    fn async_events(&self) -> &Acks;
+    /// Ends what else refers to it once it is destroyed, before its memory goes (a CQ's
+    /// completion-channel thread and events).
+    unsafe fn release(&mut self, _ctx: &Ctx) {}
+}
+
+/// Implements [`Listed`] for `$obj`, headed by the application's `$ibv`, listed in
+/// `Objects::$table` under the number `|$s| $number` gives, destroyed in rnicd by
+/// `|$c, $s| $destroy`; any more items (`release`) follow.
+macro_rules! listed {
+    ($obj:ty, $ibv:ty, $table:ident, |$s:ident| $number:expr, |$c:ident, $d:ident| $destroy:expr; $($more:tt)*) => {
+        impl Listed for $obj {
+            type Ibv = $ibv;
+            fn table(o: &mut Objects) -> &mut HashMap<u32, usize> {
+                &mut o.$table
+            }
+            fn number(&self) -> u32 {
+                let $s = self;
+                $number
+            }
+            fn destroy(&self, $c: &mut RemoteContext) -> VerbsResult<()> {
+                let $d = self;
+                $destroy
+            }
+            fn async_events(&self) -> &Acks {
+                &self.async_events
+            }
+            $($more)*
         }
-        errno_of(&e)
+    };
+}
+pub(crate) use listed;
+
+/// Lists a new object in its context's table.
+pub(crate) unsafe fn list<T: Listed>(ctx: &Ctx, obj: *mut T) {
+    T::table(&mut objects(ctx)).insert((*obj).number(), obj as usize);
+}
+
+/// The listed object numbered `n`, with one more asynchronous event reported on it (while
+/// the caller holds the objects: a destroy unlists it under that lock before waiting).
+pub(crate) unsafe fn report<T: Listed>(objs: &mut Objects, n: u32) -> Option<*mut T::Ibv> {
+    T::table(objs).get(&n).map(|&p| {
+        (*(p as *const T)).async_events().report();
+        p as *mut T::Ibv
     })
 }
 
-/// Destroys a QP or an SRQ (listed as `id` in `table`): [`destroy_listed`], then waits until
-/// the application has acknowledged its asynchronous events (`acks`: they hold its memory)
-/// and frees it. 0, or the errno of the failure.
-pub(crate) unsafe fn destroy_acked<T>(
-    ctx: &Ctx,
-    table: fn(&mut Objects) -> &mut HashMap<u32, usize>,
-    id: u32,
-    obj: *mut T,
-    acks: impl FnOnce(&T) -> &Acks,
-    destroy: impl FnOnce(&mut RemoteContext) -> roce::engine::VerbsResult<()>,
-) -> c_int {
-    if let Err(e) = destroy_listed(ctx, table, id, obj as usize, destroy) {
-        return e;
+/// `ibv_destroy_qp`, `_cq` and `_srq`. The object is unlisted before rnicd frees its number
+/// (numbers are reused: an object created meanwhile may take it, and no async event may
+/// name the old one any more), and listed again if rnicd refuses. The client's lock is
+/// released before waiting for the application to acknowledge the object's events (the
+/// acking thread may need it); then it is freed. 0, or the errno of the failure.
+pub(crate) unsafe fn destroy_acked<T: Listed>(ibv: *mut T::Ibv) -> c_int {
+    let Some(ctx) = owner_ctx(ibv) else {
+        return libc::EINVAL;
+    };
+    let obj = ibv as *mut T;
+    let (n, key) = ((*obj).number(), obj as usize);
+    let took = unlist(T::table(&mut objects(ctx)), n, key);
+    let r = (*obj).destroy(&mut client(ctx));
+    if let Err(e) = r {
+        if took {
+            T::table(&mut objects(ctx)).insert(n, key);
+        }
+        return errno_of(&e);
     }
-    acks(&*obj).wait();
+    (*obj).release(ctx);
+    (*obj).async_events().wait();
     drop(Box::from_raw(obj));
     0
 }

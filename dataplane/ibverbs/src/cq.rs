@@ -341,35 +341,32 @@ pub(crate) unsafe extern "C" fn cqx_read_dlid_path_bits(cq: *mut sys::ibv_cq_ex)
     cqx_cur(cq).dlid_path_bits
 }
 
+listed!(Cq, sys::ibv_cq, cqs, |q| q.id.0, |c, q| c.destroy_cq(q.id);
+    /// Stops the channel's thread; events not yet taken are dropped (`ibv_get_cq_event`
+    /// skips their eventfd counts), events already taken must be acknowledged first
+    /// (`ibv_ack_cq_events`).
+    unsafe fn release(&mut self, ctx: &Ctx) {
+        if let Some((stop, h)) = self.watcher.take() {
+            stop.store(true, Ordering::Release);
+            let _ = h.join();
+            let key = self as *mut Cq as usize;
+            let ch = self.ex.channel as *mut Channel;
+            (*ch)
+                .ready
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .retain(|k| *k != key);
+            self.events.wait();
+            let objs = objects(ctx);
+            (*ch).ibv.refcnt -= 1;
+            drop(objs);
+        }
+    }
+);
+
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut sys::ibv_cq) -> c_int {
-    let Some(ctx) = owner_ctx(cq) else {
-        return libc::EINVAL;
-    };
-    let q = cq as *mut Cq;
-    let id = (*q).id;
-    if let Err(e) = destroy_listed(ctx, |o| &mut o.cqs, id.0, q as usize, |c| c.destroy_cq(id)) {
-        return e;
-    }
-    if let Some((stop, h)) = (*q).watcher.take() {
-        stop.store(true, Ordering::Release);
-        let _ = h.join();
-        // Events not yet taken are dropped (ibv_get_cq_event skips their eventfd counts);
-        // events already taken must be acknowledged before the CQ goes (ibv_ack_cq_events).
-        let ch = (*q).ex.channel as *mut Channel;
-        (*ch)
-            .ready
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .retain(|k| *k != cq as usize);
-        (*q).events.wait();
-        let objs = objects(ctx);
-        (*ch).ibv.refcnt -= 1;
-        drop(objs);
-    }
-    (*q).async_events.wait();
-    drop(Box::from_raw(q));
-    0
+    destroy_acked::<Cq>(cq)
 }
 version!(ibv_destroy_cq, "IBVERBS_1.1");
 

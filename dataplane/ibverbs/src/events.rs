@@ -53,27 +53,18 @@ pub unsafe extern "C" fn ibv_get_async_event(
         o.event_type = e.kind;
         // Counted on the object while the objects are held: a destroy removes the object
         // under this lock and then waits for the count to be acknowledged.
-        let objs = objects(ctx);
+        let mut objs = objects(ctx);
         let element = match e.kind {
-            sys::IBV_EVENT_CQ_ERR => objs.cqs.get(&e.object).map(|&p| {
-                (*(p as *const Cq)).async_events.report();
-                o.element.cq = p as _
-            }),
+            sys::IBV_EVENT_CQ_ERR => report::<Cq>(&mut objs, e.object).map(|p| o.element.cq = p),
             sys::IBV_EVENT_SRQ_LIMIT_REACHED | sys::IBV_EVENT_SRQ_ERR => {
-                objs.srqs.get(&e.object).map(|&p| {
-                    (*(p as *const Srq)).async_events.report();
-                    o.element.srq = p as _
-                })
+                report::<Srq>(&mut objs, e.object).map(|p| o.element.srq = p)
             }
             sys::IBV_EVENT_PORT_ACTIVE | sys::IBV_EVENT_PORT_ERR => {
                 o.element.port_num = 1;
                 Some(())
             }
             sys::IBV_EVENT_DEVICE_FATAL => Some(()),
-            QP_EVENTS!() => objs.qps.get(&e.object).map(|&p| {
-                (*(p as *const Qp)).async_events.report();
-                o.element.qp = p as _
-            }),
+            QP_EVENTS!() => report::<Qp>(&mut objs, e.object).map(|p| o.element.qp = p),
             _ => None,
         };
         drop(objs);
@@ -96,17 +87,18 @@ pub unsafe extern "C" fn ibv_ack_async_event(ev: *mut sys::ibv_async_event) {
     let _moving = moving_read();
     let e = &*ev;
     match e.event_type {
-        sys::IBV_EVENT_CQ_ERR if !e.element.cq.is_null() => {
-            (*(e.element.cq as *const Cq)).async_events.ack(1, |_| ());
-        }
-        sys::IBV_EVENT_SRQ_LIMIT_REACHED | sys::IBV_EVENT_SRQ_ERR if !e.element.srq.is_null() => {
-            (*(e.element.srq as *const Srq)).async_events.ack(1, |_| ());
-        }
-        QP_EVENTS!() if !e.element.qp.is_null() => {
-            (*(e.element.qp as *const Qp)).async_events.ack(1, |_| ());
-        }
+        sys::IBV_EVENT_CQ_ERR => ack::<Cq>(e.element.cq),
+        sys::IBV_EVENT_SRQ_LIMIT_REACHED | sys::IBV_EVENT_SRQ_ERR => ack::<Srq>(e.element.srq),
+        QP_EVENTS!() => ack::<Qp>(e.element.qp),
         // Port and device events name no object.
         _ => {}
+    }
+}
+
+/// Acknowledges one asynchronous event of the object `obj` (none for NULL).
+unsafe fn ack<T: Listed>(obj: *mut T::Ibv) {
+    if !obj.is_null() {
+        (*(obj as *const T)).async_events().ack(1, |_| ());
     }
 }
 version!(ibv_ack_async_event, "IBVERBS_1.1");

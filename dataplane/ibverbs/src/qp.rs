@@ -22,6 +22,8 @@ pub(crate) struct Qp {
     pub(crate) async_events: Acks,
 }
 
+listed!(Qp, sys::ibv_qp, qps, |q| q.qpn.value(), |c, q| c.destroy_qp(q.qpn););
+
 #[no_mangle]
 pub unsafe extern "C" fn ibv_create_qp(
     pd: *mut sys::ibv_pd,
@@ -118,7 +120,7 @@ pub unsafe extern "C" fn ibv_create_qp(
                     async_events: Default::default(),
                 }));
                 drop(cl);
-                objects(ctx).qps.insert(qpn.value(), q as usize);
+                list(ctx, q);
                 q as *mut sys::ibv_qp
             }
             Err(e) => null_errno(errno_of(&e)),
@@ -237,19 +239,7 @@ version!(ibv_query_qp, "IBVERBS_1.1");
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut sys::ibv_qp) -> c_int {
-    let Some(ctx) = owner_ctx(qp) else {
-        return libc::EINVAL;
-    };
-    let q = qp as *mut Qp;
-    let qpn = (*q).qpn;
-    destroy_acked(
-        ctx,
-        |o| &mut o.qps,
-        qpn.value(),
-        q,
-        |q| &q.async_events,
-        |c| c.destroy_qp(qpn),
-    )
+    destroy_acked::<Qp>(qp)
 }
 version!(ibv_destroy_qp, "IBVERBS_1.1");
 

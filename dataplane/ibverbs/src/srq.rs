@@ -10,6 +10,8 @@ pub(crate) struct Srq {
     pub(crate) async_events: Acks,
 }
 
+listed!(Srq, sys::ibv_srq, srqs, |s| s.id.0, |c, s| c.destroy_srq(s.id););
+
 #[no_mangle]
 pub unsafe extern "C" fn ibv_create_srq(
     pd: *mut sys::ibv_pd,
@@ -43,7 +45,7 @@ pub unsafe extern "C" fn ibv_create_srq(
                 async_events: Default::default(),
             }));
             drop(cl);
-            objects(ctx).srqs.insert(id.0, p as usize);
+            list(ctx, p);
             p as *mut sys::ibv_srq
         }
         Err(e) => null_errno(errno_of(&e)),
@@ -94,18 +96,6 @@ version!(ibv_query_srq, "IBVERBS_1.1");
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut sys::ibv_srq) -> c_int {
-    let Some(ctx) = owner_ctx(srq) else {
-        return libc::EINVAL;
-    };
-    let s = srq as *mut Srq;
-    let id = (*s).id;
-    destroy_acked(
-        ctx,
-        |o| &mut o.srqs,
-        id.0,
-        s,
-        |s| &s.async_events,
-        |c| c.destroy_srq(id),
-    )
+    destroy_acked::<Srq>(srq)
 }
 version!(ibv_destroy_srq, "IBVERBS_1.1");
