@@ -208,9 +208,11 @@ macro_rules! listed {
 }
 pub(crate) use listed;
 
-/// Lists a new object in its context's table.
-pub(crate) unsafe fn list<T: Listed>(ctx: &Ctx, obj: *mut T) {
-    T::table(&mut objects(ctx)).insert((*obj).number(), obj as usize);
+/// Lists a new object in its context's table: the application's pointer to it.
+pub(crate) unsafe fn enlist<T: Listed>(ctx: &Ctx, obj: T) -> *mut T::Ibv {
+    let p = Box::into_raw(Box::new(obj));
+    T::table(&mut objects(ctx)).insert((*p).number(), p as usize);
+    p as *mut T::Ibv
 }
 
 /// The listed object numbered `n`, with one more asynchronous event reported on it (while

@@ -83,33 +83,36 @@ pub unsafe extern "C" fn ibv_create_qp(
             sq_sig_all: i.sq_sig_all != 0,
         };
         let mut cl = client(ctx);
-        match cl.create_qp(&qi) {
-            Ok(qpn) => {
-                // The capabilities actually provided go back to the caller (verbs semantics).
-                if let Ok(info) = cl.query_qp(qpn) {
-                    i.cap.max_send_wr = info.caps.max_send_wr;
-                    i.cap.max_recv_wr = info.caps.max_recv_wr;
-                    i.cap.max_send_sge = info.caps.max_send_sge;
-                    i.cap.max_recv_sge = info.caps.max_recv_sge;
-                    i.cap.max_inline_data = info.caps.max_inline_data;
-                }
-                // SAFETY: zero is a valid ibv_qp.
-                let mut ibv: sys::ibv_qp = std::mem::zeroed();
-                ibv.context = (*pd).context;
-                ibv.qp_context = i.qp_context;
-                ibv.pd = pd;
-                ibv.send_cq = i.send_cq;
-                ibv.recv_cq = i.recv_cq;
-                ibv.srq = i.srq;
-                ibv.handle = qpn.value();
-                ibv.qp_num = qpn.value();
-                ibv.state = sys::IBV_QPS_RESET;
-                ibv.qp_type = i.qp_type;
-                // SAFETY: zero is a valid ibv_qp_ex (NULL function pointers until the wr
-                // API is enabled by create_qp_ex).
-                let mut ex: sys::ibv_qp_ex = std::mem::zeroed();
-                ex.qp_base = ibv;
-                let q = Box::into_raw(Box::new(Qp {
+        let created = cl.create_qp(&qi);
+        or_null(created, |qpn| {
+            // The capabilities actually provided go back to the caller (verbs semantics).
+            if let Ok(info) = cl.query_qp(qpn) {
+                i.cap.max_send_wr = info.caps.max_send_wr;
+                i.cap.max_recv_wr = info.caps.max_recv_wr;
+                i.cap.max_send_sge = info.caps.max_send_sge;
+                i.cap.max_recv_sge = info.caps.max_recv_sge;
+                i.cap.max_inline_data = info.caps.max_inline_data;
+            }
+            drop(cl);
+            // SAFETY: zero is a valid ibv_qp.
+            let mut ibv: sys::ibv_qp = std::mem::zeroed();
+            ibv.context = (*pd).context;
+            ibv.qp_context = i.qp_context;
+            ibv.pd = pd;
+            ibv.send_cq = i.send_cq;
+            ibv.recv_cq = i.recv_cq;
+            ibv.srq = i.srq;
+            ibv.handle = qpn.value();
+            ibv.qp_num = qpn.value();
+            ibv.state = sys::IBV_QPS_RESET;
+            ibv.qp_type = i.qp_type;
+            // SAFETY: zero is a valid ibv_qp_ex (NULL function pointers until the wr API is
+            // enabled by create_qp_ex).
+            let mut ex: sys::ibv_qp_ex = std::mem::zeroed();
+            ex.qp_base = ibv;
+            enlist(
+                ctx,
+                Qp {
                     ex,
                     qpn,
                     wr_api: false,
@@ -118,13 +121,9 @@ pub unsafe extern "C" fn ibv_create_qp(
                     batch: Default::default(),
                     batch_owner: AtomicU64::new(0),
                     async_events: Default::default(),
-                }));
-                drop(cl);
-                list(ctx, q);
-                q as *mut sys::ibv_qp
-            }
-            Err(e) => null_errno(errno_of(&e)),
-        }
+                },
+            )
+        })
     })
 }
 version!(ibv_create_qp, "IBVERBS_1.1");

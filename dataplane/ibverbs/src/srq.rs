@@ -27,29 +27,29 @@ pub unsafe extern "C" fn ibv_create_srq(
         srq_limit: a.srq_limit,
     };
     let mut cl = client(ctx);
-    match cl.create_srq((*(pd as *mut Pd)).id, &attr) {
-        Ok(id) => {
-            if let Ok(got) = cl.query_srq(id) {
-                (*init).attr.max_wr = got.max_wr;
-                (*init).attr.max_sge = got.max_sge;
-            }
-            // SAFETY: zero is a valid ibv_srq.
-            let mut ibv: sys::ibv_srq = std::mem::zeroed();
-            ibv.context = (*pd).context;
-            ibv.srq_context = (*init).srq_context;
-            ibv.pd = pd;
-            ibv.handle = id.0;
-            let p = Box::into_raw(Box::new(Srq {
+    let created = cl.create_srq((*(pd as *mut Pd)).id, &attr);
+    or_null(created, |id| {
+        if let Ok(got) = cl.query_srq(id) {
+            (*init).attr.max_wr = got.max_wr;
+            (*init).attr.max_sge = got.max_sge;
+        }
+        drop(cl);
+        // SAFETY: zero is a valid ibv_srq.
+        let mut ibv: sys::ibv_srq = std::mem::zeroed();
+        ibv.context = (*pd).context;
+        ibv.srq_context = (*init).srq_context;
+        ibv.pd = pd;
+        ibv.handle = id.0;
+        let async_events = Default::default();
+        enlist(
+            ctx,
+            Srq {
                 ibv,
                 id,
-                async_events: Default::default(),
-            }));
-            drop(cl);
-            list(ctx, p);
-            p as *mut sys::ibv_srq
-        }
-        Err(e) => null_errno(errno_of(&e)),
-    }
+                async_events,
+            },
+        )
+    })
 }
 version!(ibv_create_srq, "IBVERBS_1.1");
 
