@@ -3,6 +3,14 @@
 
 use super::*;
 
+/// Runs `copy` from `*src` into `*dst`, unless either is NULL (then libibverbs' copy
+/// functions do nothing).
+unsafe fn copy<D, S>(dst: *mut D, src: *const S, copy: impl FnOnce(&mut D, &S)) {
+    if let (Some(d), Some(s)) = (dst.as_mut(), src.as_ref()) {
+        copy(d, s);
+    }
+}
+
 pub(crate) fn ah_from_kern(dst: &mut sys::ibv_ah_attr, src: &sys::ib_uverbs_ah_attr) {
     dst.grh.dgid.raw = src.grh.dgid;
     dst.grh.flow_label = src.grh.flow_label;
@@ -24,9 +32,7 @@ pub unsafe extern "C" fn ibv_copy_ah_attr_from_kern(
     dst: *mut sys::ibv_ah_attr,
     src: *const sys::ib_uverbs_ah_attr,
 ) {
-    if !dst.is_null() && !src.is_null() {
-        ah_from_kern(&mut *dst, &*src);
-    }
+    copy(dst, src, ah_from_kern);
 }
 version!(ibv_copy_ah_attr_from_kern, "IBVERBS_1.1");
 
@@ -36,39 +42,37 @@ pub unsafe extern "C" fn ibv_copy_qp_attr_from_kern(
     dst: *mut sys::ibv_qp_attr,
     src: *const sys::ib_uverbs_qp_attr,
 ) {
-    if dst.is_null() || src.is_null() {
-        return;
-    }
-    let (d, s) = (&mut *dst, &*src);
-    d.qp_state = s.qp_state;
-    d.cur_qp_state = s.cur_qp_state;
-    d.path_mtu = s.path_mtu;
-    d.path_mig_state = s.path_mig_state;
-    d.qkey = s.qkey;
-    d.rq_psn = s.rq_psn;
-    d.sq_psn = s.sq_psn;
-    d.dest_qp_num = s.dest_qp_num;
-    d.qp_access_flags = s.qp_access_flags;
-    d.cap.max_send_wr = s.max_send_wr;
-    d.cap.max_recv_wr = s.max_recv_wr;
-    d.cap.max_send_sge = s.max_send_sge;
-    d.cap.max_recv_sge = s.max_recv_sge;
-    d.cap.max_inline_data = s.max_inline_data;
-    ah_from_kern(&mut d.ah_attr, &s.ah_attr);
-    ah_from_kern(&mut d.alt_ah_attr, &s.alt_ah_attr);
-    d.pkey_index = s.pkey_index;
-    d.alt_pkey_index = s.alt_pkey_index;
-    d.en_sqd_async_notify = s.en_sqd_async_notify;
-    d.sq_draining = s.sq_draining;
-    d.max_rd_atomic = s.max_rd_atomic;
-    d.max_dest_rd_atomic = s.max_dest_rd_atomic;
-    d.min_rnr_timer = s.min_rnr_timer;
-    d.port_num = s.port_num;
-    d.timeout = s.timeout;
-    d.retry_cnt = s.retry_cnt;
-    d.rnr_retry = s.rnr_retry;
-    d.alt_port_num = s.alt_port_num;
-    d.alt_timeout = s.alt_timeout;
+    copy(dst, src, |d, s| {
+        d.qp_state = s.qp_state;
+        d.cur_qp_state = s.cur_qp_state;
+        d.path_mtu = s.path_mtu;
+        d.path_mig_state = s.path_mig_state;
+        d.qkey = s.qkey;
+        d.rq_psn = s.rq_psn;
+        d.sq_psn = s.sq_psn;
+        d.dest_qp_num = s.dest_qp_num;
+        d.qp_access_flags = s.qp_access_flags;
+        d.cap.max_send_wr = s.max_send_wr;
+        d.cap.max_recv_wr = s.max_recv_wr;
+        d.cap.max_send_sge = s.max_send_sge;
+        d.cap.max_recv_sge = s.max_recv_sge;
+        d.cap.max_inline_data = s.max_inline_data;
+        ah_from_kern(&mut d.ah_attr, &s.ah_attr);
+        ah_from_kern(&mut d.alt_ah_attr, &s.alt_ah_attr);
+        d.pkey_index = s.pkey_index;
+        d.alt_pkey_index = s.alt_pkey_index;
+        d.en_sqd_async_notify = s.en_sqd_async_notify;
+        d.sq_draining = s.sq_draining;
+        d.max_rd_atomic = s.max_rd_atomic;
+        d.max_dest_rd_atomic = s.max_dest_rd_atomic;
+        d.min_rnr_timer = s.min_rnr_timer;
+        d.port_num = s.port_num;
+        d.timeout = s.timeout;
+        d.retry_cnt = s.retry_cnt;
+        d.rnr_retry = s.rnr_retry;
+        d.alt_port_num = s.alt_port_num;
+        d.alt_timeout = s.alt_timeout;
+    })
 }
 version!(ibv_copy_qp_attr_from_kern, "IBVERBS_1.0");
 
@@ -102,13 +106,11 @@ pub unsafe extern "C" fn ibv_copy_path_rec_from_kern(
     dst: *mut sys::ibv_sa_path_rec,
     src: *const sys::ib_user_path_rec,
 ) {
-    if dst.is_null() || src.is_null() {
-        return;
-    }
-    let (d, s) = (&mut *dst, &*src);
-    d.dgid.raw = s.dgid;
-    d.sgid.raw = s.sgid;
-    path_rec_fields!(d, s, c_int, u8);
+    copy(dst, src, |d, s| {
+        d.dgid.raw = s.dgid;
+        d.sgid.raw = s.sgid;
+        path_rec_fields!(d, s, c_int, u8);
+    })
 }
 version!(ibv_copy_path_rec_from_kern, "IBVERBS_1.0");
 
@@ -118,13 +120,11 @@ pub unsafe extern "C" fn ibv_copy_path_rec_to_kern(
     dst: *mut sys::ib_user_path_rec,
     src: *const sys::ibv_sa_path_rec,
 ) {
-    if dst.is_null() || src.is_null() {
-        return;
-    }
-    let (d, s) = (&mut *dst, &*src);
-    d.dgid = s.dgid.raw;
-    d.sgid = s.sgid.raw;
-    path_rec_fields!(d, s, u32, u32);
+    copy(dst, src, |d, s| {
+        d.dgid = s.dgid.raw;
+        d.sgid = s.sgid.raw;
+        path_rec_fields!(d, s, u32, u32);
+    })
 }
 version!(ibv_copy_path_rec_to_kern, "IBVERBS_1.0");
 

@@ -316,27 +316,34 @@ pub unsafe extern "C" fn ibv_query_gid(
     if port != 1 || gid.is_null() || !(0..=255).contains(&index) {
         return neg1_errno(libc::EINVAL);
     }
-    // (The result first: the client's lock must not be held into gid_table_len.)
-    let r = client(ctx).query_gid(index as u8);
-    match r {
-        Ok(g) => {
-            (*gid).raw = g.0;
-            0
-        }
+    match gid_entry(ctx, index as u8) {
         // An empty entry of the table reads as the zero GID (the kernel's sysfs file of an
         // empty entry); past the table, an error.
-        Err(_) if (index as u32) < gid_table_len(ctx) => {
-            (*gid).raw = [0; 16];
+        Ok(g) => {
+            (*gid).raw = g.unwrap_or([0; 16]);
             0
         }
-        Err(_) => neg1_errno(libc::EINVAL),
+        Err(()) => neg1_errno(libc::EINVAL),
     }
 }
 version!(ibv_query_gid, "IBVERBS_1.1");
 
-/// The port's GID table length (populated entries first, then empty ones).
-pub(crate) fn gid_table_len(ctx: &Ctx) -> u32 {
-    client(ctx).query_port().map_or(0, |p| p.gid_tbl_len)
+/// Entry `index` of the port's GID table (populated entries first, then empty ones):
+/// `None` for an empty one, `Err` past the table.
+pub(crate) fn gid_entry(ctx: &Ctx, index: u8) -> Result<Option<[u8; 16]>, ()> {
+    // (The result first: the client's lock must not be held into query_port.)
+    let r = client(ctx).query_gid(index);
+    match r {
+        Ok(g) => Ok(Some(g.0)),
+        Err(_)
+            if client(ctx)
+                .query_port()
+                .is_ok_and(|p| u32::from(index) < p.gid_tbl_len) =>
+        {
+            Ok(None)
+        }
+        Err(_) => Err(()),
+    }
 }
 
 /// `ibv_query_gid_type` (libibverbs' private ABI, which librdmacm and pyverbs use): the type
@@ -387,12 +394,10 @@ pub unsafe extern "C" fn _ibv_query_gid_ex(
         return libc::EINVAL;
     }
     // An empty entry: ENODATA (as the kernel answers); past the table: EINVAL.
-    // (The result first: the client's lock must not be held into gid_table_len.)
-    let r = client(ctx).query_gid(index as u8);
-    let g = match r {
-        Ok(g) => sys::ibv_gid { raw: g.0 },
-        Err(_) if index < gid_table_len(ctx) => return libc::ENODATA,
-        Err(_) => return libc::EINVAL,
+    let g = match gid_entry(ctx, index as u8) {
+        Ok(Some(g)) => sys::ibv_gid { raw: g },
+        Ok(None) => return libc::ENODATA,
+        Err(()) => return libc::EINVAL,
     };
     *entry = sys::ibv_gid_entry {
         gid: g,

@@ -8,6 +8,14 @@ macro_rules! cstr {
     };
 }
 
+/// Entry `i` of a table of NUL-terminated names, or `other` past its end.
+fn name_of(table: &[&'static str], i: impl TryInto<usize>, other: *const c_char) -> *const c_char {
+    i.try_into()
+        .ok()
+        .and_then(|i| table.get(i))
+        .map_or(other, |s| s.as_ptr() as *const c_char)
+}
+
 #[no_mangle]
 pub extern "C" fn ibv_wc_status_str(status: c_uint) -> *const c_char {
     const S: [&str; 22] = [
@@ -34,34 +42,35 @@ pub extern "C" fn ibv_wc_status_str(status: c_uint) -> *const c_char {
         "response timeout error\0",
         "general error\0",
     ];
-    S.get(status as usize)
-        .map_or(cstr!("unknown"), |s| s.as_ptr() as *const c_char)
+    name_of(&S, status, cstr!("unknown"))
 }
 version!(ibv_wc_status_str, "IBVERBS_1.1");
 
 #[no_mangle]
 pub extern "C" fn ibv_node_type_str(t: c_int) -> *const c_char {
-    match t {
-        1 => cstr!("InfiniBand channel adapter"),
-        2 => cstr!("InfiniBand switch"),
-        3 => cstr!("InfiniBand router"),
-        4 => cstr!("iWARP NIC"),
-        _ => cstr!("unknown"),
-    }
+    // From IBV_NODE_CA (1); 0 is IBV_NODE_UNKNOWN.
+    const S: [&str; 5] = [
+        "unknown\0",
+        "InfiniBand channel adapter\0",
+        "InfiniBand switch\0",
+        "InfiniBand router\0",
+        "iWARP NIC\0",
+    ];
+    name_of(&S, t, cstr!("unknown"))
 }
 version!(ibv_node_type_str, "IBVERBS_1.1");
 
 #[no_mangle]
 pub extern "C" fn ibv_port_state_str(s: c_uint) -> *const c_char {
-    match s {
-        0 => cstr!("PORT_NOP"),
-        1 => cstr!("PORT_DOWN"),
-        2 => cstr!("PORT_INIT"),
-        3 => cstr!("PORT_ARMED"),
-        4 => cstr!("PORT_ACTIVE"),
-        5 => cstr!("PORT_ACTIVE_DEFER"),
-        _ => cstr!("invalid state"),
-    }
+    const S: [&str; 6] = [
+        "PORT_NOP\0",
+        "PORT_DOWN\0",
+        "PORT_INIT\0",
+        "PORT_ARMED\0",
+        "PORT_ACTIVE\0",
+        "PORT_ACTIVE_DEFER\0",
+    ];
+    name_of(&S, s, cstr!("invalid state"))
 }
 version!(ibv_port_state_str, "IBVERBS_1.1");
 
@@ -89,8 +98,7 @@ pub extern "C" fn ibv_event_type_str(e: c_uint) -> *const c_char {
         "GID table change\0",
         "WQ fatal\0",
     ];
-    S.get(e as usize)
-        .map_or(cstr!("unknown"), |s| s.as_ptr() as *const c_char)
+    name_of(&S, e, cstr!("unknown"))
 }
 version!(ibv_event_type_str, "IBVERBS_1.1");
 
