@@ -163,6 +163,19 @@ pub(crate) unsafe fn owner_ctx<'a, T: InContext>(obj: *const T) -> Option<&'a Ct
     ctx_of((*obj).context())
 }
 
+/// Runs `f` with the context of `obj` and the library's object it heads (a `T`), or answers
+/// EINVAL for a NULL object or context: how the verbs on an object that return an errno
+/// begin.
+pub(crate) unsafe fn with_obj<I: InContext, T>(
+    obj: *mut I,
+    f: impl FnOnce(&Ctx, *mut T) -> c_int,
+) -> c_int {
+    match owner_ctx(obj) {
+        Some(ctx) => f(ctx, obj.cast()),
+        None => libc::EINVAL,
+    }
+}
+
 /// A QP, CQ or SRQ: listed in its context's [`Objects`] by number (async events name it),
 /// and freed only once the application has acknowledged the events it was handed.
 pub(crate) trait Listed: Sized {
@@ -185,7 +198,12 @@ pub(crate) trait Listed: Sized {
 /// `Objects::$table` under the number `|$s| $number` gives, destroyed in rnicd by
 /// `|$c, $s| $destroy`; any more items (`release`) follow.
 macro_rules! listed {
-    ($obj:ty, $ibv:ty, $table:ident, |$s:ident| $number:expr, |$c:ident, $d:ident| $destroy:expr; $($more:tt)*) => {
+    (
+        $obj:ty, $ibv:ty, $table:ident,
+        |$s:ident| $number:expr,
+        |$c:ident, $d:ident| $destroy:expr;
+        $($more:tt)*
+    ) => {
         impl Listed for $obj {
             type Ibv = $ibv;
             fn table(o: &mut Objects) -> &mut HashMap<u32, usize> {

@@ -92,18 +92,17 @@ version!(ibv_create_comp_channel, "IBVERBS_1.0");
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_comp_channel(ch: *mut sys::ibv_comp_channel) -> c_int {
-    let Some(ctx) = owner_ctx(ch) else {
-        return libc::EINVAL;
-    };
-    // The reference count changes under the context's object lock (CQs are created and
-    // destroyed on other threads), as under rdma-core's context mutex.
-    let objs = objects(ctx);
-    if (*ch).refcnt > 0 {
-        return libc::EBUSY;
-    }
-    drop(objs);
-    drop(Box::from_raw(ch as *mut Channel));
-    0
+    with_obj(ch, |ctx, c: *mut Channel| {
+        // The reference count changes under the context's object lock (CQs are created and
+        // destroyed on other threads), as under rdma-core's context mutex.
+        let objs = objects(ctx);
+        if (*ch).refcnt > 0 {
+            return libc::EBUSY;
+        }
+        drop(objs);
+        drop(Box::from_raw(c));
+        0
+    })
 }
 version!(ibv_destroy_comp_channel, "IBVERBS_1.0");
 
@@ -441,16 +440,15 @@ pub(crate) unsafe extern "C" fn req_notify_cq(
     cq: *mut sys::ibv_cq,
     solicited_only: c_int,
 ) -> c_int {
-    let Some(ctx) = owner_ctx(cq) else {
-        return libc::EINVAL;
-    };
-    let mut cl = client(ctx);
-    let r = if solicited_only != 0 {
-        cl.req_notify_cq_solicited(CqId((*cq).handle))
-    } else {
-        cl.req_notify_cq(CqId((*cq).handle))
-    };
-    status(r, |()| ())
+    with_obj(cq, |ctx, q: *mut Cq| {
+        let mut cl = client(ctx);
+        let r = if solicited_only != 0 {
+            cl.req_notify_cq_solicited((*q).id)
+        } else {
+            cl.req_notify_cq((*q).id)
+        };
+        status(r, |()| ())
+    })
 }
 
 pub(crate) unsafe extern "C" fn poll_cq(

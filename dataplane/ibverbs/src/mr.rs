@@ -40,14 +40,12 @@ version!(ibv_alloc_pd, "IBVERBS_1.1");
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut sys::ibv_pd) -> c_int {
-    let Some(ctx) = owner_ctx(pd) else {
-        return libc::EINVAL;
-    };
-    let p = pd as *mut Pd;
-    if (*p).ahs.load(Ordering::Acquire) > 0 {
-        return libc::EBUSY;
-    }
-    status(client(ctx).dealloc_pd((*p).id), |()| drop(Box::from_raw(p)))
+    with_obj(pd, |ctx, p: *mut Pd| {
+        if (*p).ahs.load(Ordering::Acquire) > 0 {
+            return libc::EBUSY;
+        }
+        status(client(ctx).dealloc_pd((*p).id), |()| drop(Box::from_raw(p)))
+    })
 }
 version!(ibv_dealloc_pd, "IBVERBS_1.1");
 
@@ -140,13 +138,11 @@ version!(ibv_reg_mr_iova2, "IBVERBS_1.8");
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut sys::ibv_mr) -> c_int {
-    let Some(ctx) = owner_ctx(mr) else {
-        return libc::EINVAL;
-    };
-    let m = mr as *mut Mr;
-    // The last registration within its pages moves them back to private memory.
-    let r = while_moving(|| client(ctx).dereg_mr(&(*m).mr));
-    status(r, |()| drop(Box::from_raw(m)))
+    with_obj(mr, |ctx, m: *mut Mr| {
+        // The last registration within its pages moves them back to private memory.
+        let r = while_moving(|| client(ctx).dereg_mr(&(*m).mr));
+        status(r, |()| drop(Box::from_raw(m)))
+    })
 }
 version!(ibv_dereg_mr, "IBVERBS_1.1");
 

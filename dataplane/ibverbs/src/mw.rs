@@ -65,11 +65,10 @@ pub(crate) unsafe extern "C" fn alloc_mw(
 
 /// `context->ops.dealloc_mw` (`ibv_dealloc_mw`): unbinds a bound window.
 pub(crate) unsafe extern "C" fn dealloc_mw(mw: *mut sys::ibv_mw) -> c_int {
-    let Some(ctx) = owner_ctx(mw) else {
-        return libc::EINVAL;
-    };
-    let r = client(ctx).dealloc_mw(Rkey((*mw).rkey));
-    status(r, |()| drop(Box::from_raw(mw)))
+    with_obj(mw, |ctx, mw: *mut sys::ibv_mw| {
+        let r = client(ctx).dealloc_mw(Rkey((*mw).rkey));
+        status(r, |()| drop(Box::from_raw(mw)))
+    })
 }
 
 /// `context->ops.bind_mw` (`ibv_bind_mw`, type 1; libibverbs' inline checked the type, the

@@ -154,56 +154,63 @@ pub(crate) unsafe extern "C" fn post_send(
     wr: *mut sys::ibv_send_wr,
     bad: *mut *mut sys::ibv_send_wr,
 ) -> c_int {
-    let Some(ctx) = owner_ctx(qp) else {
-        return libc::EINVAL;
-    };
-    let qpn = (*(qp as *mut Qp)).qpn;
-    let ud_qp = (*qp).qp_type == sys::IBV_QPT_UD;
-    let mut cl = client(ctx);
-    // A chain of WRs rings the worker's doorbell once (published together at the end).
-    cl.batch(|cl| {
-        let mut w = wr;
-        while !w.is_null() {
-            let e = one_send(cl, qpn, ud_qp, &*w);
-            if e != 0 {
-                if !bad.is_null() {
-                    *bad = w;
-                }
-                return e;
-            }
-            w = (*w).next;
-        }
-        0
+    with_obj(qp, |ctx, q: *mut Qp| {
+        let (qpn, ud_qp) = ((*q).qpn, (*qp).qp_type == sys::IBV_QPT_UD);
+        // A chain of WRs rings the worker's doorbell once (published together at the end).
+        client(ctx).batch(|cl| chain(wr, bad, |w| (*w).next, |w| one_send(cl, qpn, ud_qp, w)))
     })
 }
 
-pub(crate) unsafe fn recv_chain(
-    wr: *mut sys::ibv_recv_wr,
-    bad: *mut *mut sys::ibv_recv_wr,
-    mut post: impl FnMut(&RecvWr<'_>) -> Result<(), VerbsError>,
+/// Posts the WRs of a chain from `wr` (`next` leads on) one by one: at the first that
+/// fails, `*bad` names it and its errno is returned.
+pub(crate) unsafe fn chain<W>(
+    wr: *mut W,
+    bad: *mut *mut W,
+    next: impl Fn(*mut W) -> *mut W,
+    mut post: impl FnMut(&W) -> c_int,
 ) -> c_int {
     let mut w = wr;
     while !w.is_null() {
-        let mut list = [Sge::default(); MAX_SGE];
-        let r = match sges((*w).sg_list, (*w).num_sge, &mut list) {
-            None => libc::EINVAL,
-            Some(n) => status(
-                post(&RecvWr {
-                    wr_id: (*w).wr_id,
-                    sg_list: &list[..n],
-                }),
-                |()| (),
-            ),
-        };
-        if r != 0 {
+        let e = post(&*w);
+        if e != 0 {
             if !bad.is_null() {
                 *bad = w;
             }
-            return r;
+            return e;
         }
-        w = (*w).next;
+        w = next(w);
     }
     0
+}
+
+/// Posts a chain of receive WRs to the queue of `obj`, a QP or an SRQ heading a `T`: `post`
+/// posts one.
+pub(crate) unsafe fn post_recvs<I: InContext, T>(
+    obj: *mut I,
+    wr: *mut sys::ibv_recv_wr,
+    bad: *mut *mut sys::ibv_recv_wr,
+    post: impl Fn(&mut RemoteContext, &T, &RecvWr<'_>) -> VerbsResult<()>,
+) -> c_int {
+    with_obj(obj, |ctx, o: *mut T| {
+        client(ctx).batch(|cl| {
+            chain(
+                wr,
+                bad,
+                |w| (*w).next,
+                |w| {
+                    let mut list = [Sge::default(); MAX_SGE];
+                    let Some(n) = sges(w.sg_list, w.num_sge, &mut list) else {
+                        return libc::EINVAL;
+                    };
+                    let r = RecvWr {
+                        wr_id: w.wr_id,
+                        sg_list: &list[..n],
+                    };
+                    status(post(cl, &*o, &r), |()| ())
+                },
+            )
+        })
+    })
 }
 
 pub(crate) unsafe extern "C" fn post_recv(
@@ -211,12 +218,7 @@ pub(crate) unsafe extern "C" fn post_recv(
     wr: *mut sys::ibv_recv_wr,
     bad: *mut *mut sys::ibv_recv_wr,
 ) -> c_int {
-    let Some(ctx) = owner_ctx(qp) else {
-        return libc::EINVAL;
-    };
-    let qpn = (*(qp as *mut Qp)).qpn;
-    let mut cl = client(ctx);
-    cl.batch(|cl| recv_chain(wr, bad, |r| cl.post_recv(qpn, r)))
+    post_recvs(qp, wr, bad, |cl, q: &Qp, r| cl.post_recv(q.qpn, r))
 }
 
 pub(crate) unsafe extern "C" fn post_srq_recv(
@@ -224,10 +226,5 @@ pub(crate) unsafe extern "C" fn post_srq_recv(
     wr: *mut sys::ibv_recv_wr,
     bad: *mut *mut sys::ibv_recv_wr,
 ) -> c_int {
-    let Some(ctx) = owner_ctx(srq) else {
-        return libc::EINVAL;
-    };
-    let id = (*(srq as *mut Srq)).id;
-    let mut cl = client(ctx);
-    cl.batch(|cl| recv_chain(wr, bad, |r| cl.post_srq_recv(id, r)))
+    post_recvs(srq, wr, bad, |cl, s: &Srq, r| cl.post_srq_recv(s.id, r))
 }
