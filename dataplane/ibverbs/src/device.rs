@@ -147,12 +147,9 @@ pub unsafe extern "C" fn ibv_query_device(
     c: *mut sys::ibv_context,
     attr: *mut sys::ibv_device_attr,
 ) -> c_int {
-    let Some(ctx) = ctx_of(c) else {
+    let Some(ctx) = ctx_of(c).filter(|_| !attr.is_null()) else {
         return libc::EINVAL;
     };
-    if attr.is_null() {
-        return libc::EINVAL;
-    }
     *attr = device_attr(ctx);
     0
 }

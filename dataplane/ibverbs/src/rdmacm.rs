@@ -1243,6 +1243,26 @@ unsafe fn private(p: &sys::rdma_conn_param) -> &[u8] {
     }
 }
 
+/// The QP a connection names: the ID's own, else the one the application gives in `p`.
+unsafe fn qp_num(id: *mut sys::rdma_cm_id, p: &sys::rdma_conn_param) -> u32 {
+    if (*id).qp.is_null() {
+        p.qp_num
+    } else {
+        (*(*id).qp).qp_num
+    }
+}
+
+/// Draws our receive PSN for a connection of the ID and records it with `p`'s RDMA read
+/// resources (the ID's QP is moved with them); the PSN.
+unsafe fn start_conn(id: *mut sys::rdma_cm_id, p: &sys::rdma_conn_param) -> u32 {
+    let my_rq_psn = random() & 0xff_ffff;
+    let mut s = st(id);
+    s.my_rq_psn = my_rq_psn;
+    s.responder_resources = p.responder_resources;
+    s.initiator_depth = p.initiator_depth;
+    my_rq_psn
+}
+
 /// The port's active MTU in IBA's encoding.
 unsafe fn active_mtu(c: *mut sys::ibv_context) -> u8 {
     let mut pa = std::mem::zeroed::<sys::ibv_port_attr>();
@@ -1267,21 +1287,14 @@ pub unsafe extern "C" fn ferroce_rdma_connect(
         let Some((src, dst, pd)) = request_private::<92>(id, user) else {
             return fail(libc::EINVAL, -1);
         };
-        let qpn = if (*id).qp.is_null() {
-            p.qp_num
-        } else {
-            (*(*id).qp).qp_num
-        };
-        let my_rq_psn = random() & 0xff_ffff;
+        let qpn = qp_num(id, &p);
+        let my_rq_psn = start_conn(id, &p);
         let mtu = active_mtu((*id).verbs);
         {
             let mut s = st(id);
-            s.my_rq_psn = my_rq_psn;
             s.path_mtu = mtu;
             s.retry_count = p.retry_count;
             s.rnr_retry_count = p.rnr_retry_count;
-            s.responder_resources = p.responder_resources;
-            s.initiator_depth = p.initiator_depth;
         }
         let params = ConnectParams {
             service_id: service_id((*id).ps as u16, dst.port()),
@@ -1351,11 +1364,7 @@ pub unsafe extern "C" fn ferroce_rdma_accept(
         if (*id).qp_type == sys::IBV_QPT_UD {
             // The SIDR_REP names the ID's UD QP (or the application's qp_num) and rdma_cm's
             // Q_Key; the request is then done.
-            let qpn = if (*id).qp.is_null() {
-                p.qp_num
-            } else {
-                (*(*id).qp).qp_num
-            };
+            let qpn = qp_num(id, &p);
             let r = client(ctx).cm_sidr_reply(cid, SIDR_VALID, qpn, UDP_QKEY, private(&p));
             st(id).conn = None;
             reg().conns.remove(&((*id).verbs as usize, cid));
@@ -1364,18 +1373,8 @@ pub unsafe extern "C" fn ferroce_rdma_accept(
                 Err(e) => fail(verr(&e), -1),
             };
         }
-        let my_rq_psn = random() & 0xff_ffff;
-        {
-            let mut s = st(id);
-            s.my_rq_psn = my_rq_psn;
-            s.responder_resources = p.responder_resources;
-            s.initiator_depth = p.initiator_depth;
-        }
-        let qpn = if (*id).qp.is_null() {
-            p.qp_num
-        } else {
-            (*(*id).qp).qp_num
-        };
+        let my_rq_psn = start_conn(id, &p);
+        let qpn = qp_num(id, &p);
         if !(*id).qp.is_null()
             && (move_qp(id, sys::IBV_QPS_RTR) != 0 || move_qp(id, sys::IBV_QPS_RTS) != 0)
         {
