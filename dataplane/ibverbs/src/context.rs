@@ -103,15 +103,7 @@ pub(crate) fn event_pump(ctx: usize, stop: Arc<AtomicBool>) {
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .push_back(EventSlot::encode(&e));
-                let one = 1u64;
-                // SAFETY: an 8-byte write to the context's eventfd.
-                unsafe {
-                    libc::write(
-                        c.async_fd.as_raw_fd(),
-                        &one as *const u64 as *const c_void,
-                        8,
-                    )
-                };
+                count_up(c.async_fd.as_raw_fd());
             }
             None => {
                 drop(moving);
@@ -269,6 +261,21 @@ pub(crate) unsafe fn destroy_acked<T: Listed>(ibv: *mut T::Ibv) -> c_int {
 
 pub(crate) fn client(c: &Ctx) -> std::sync::MutexGuard<'_, RemoteContext> {
     c.client.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Adds one to an eventfd's count: one more event to take.
+pub(crate) fn count_up(fd: c_int) {
+    let one = 1u64;
+    // SAFETY: an 8-byte write from a local.
+    unsafe { libc::write(fd, &one as *const u64 as *const c_void, 8) };
+}
+
+/// Takes one from an eventfd's count (semaphore mode): blocks unless the application made
+/// the descriptor non-blocking (then EAGAIN in errno, as libibverbs); whether it took one.
+pub(crate) fn count_down(fd: c_int) -> bool {
+    let mut v = 0u64;
+    // SAFETY: an 8-byte read into a local.
+    unsafe { libc::read(fd, &mut v as *mut u64 as *mut c_void, 8) == 8 }
 }
 
 pub(crate) fn eventfd(flags: c_int) -> Option<OwnedFd> {

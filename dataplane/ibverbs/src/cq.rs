@@ -214,11 +214,10 @@ pub(crate) unsafe fn create_cq(
                                 .lock()
                                 .unwrap_or_else(|p| p.into_inner())
                                 .push_back(key);
-                            let one = 1u64;
-                            // SAFETY: an 8-byte write to the channel's eventfd, which lives
-                            // until the CQ is destroyed (the channel cannot be destroyed
-                            // while a CQ holds a reference) and this thread is joined then.
-                            libc::write(fd, &one as *const u64 as *const c_void, 8);
+                            // The channel's eventfd lives until the CQ is destroyed (the
+                            // channel cannot be destroyed while a CQ holds a reference), and
+                            // this thread is joined then.
+                            count_up(fd);
                         }
                     }
                 });
@@ -394,10 +393,7 @@ pub unsafe extern "C" fn ibv_get_cq_event(
     }
     let c = ch as *mut Channel;
     loop {
-        let mut v = 0u64;
-        // Blocks unless the application made the fd non-blocking (then EAGAIN, as libibverbs).
-        let n = libc::read((*c).fd.as_raw_fd(), &mut v as *mut u64 as *mut c_void, 8);
-        if n != 8 {
+        if !count_down((*c).fd.as_raw_fd()) {
             return -1;
         }
         // Heap writes follow: not while registration moves pages (MOVING); never held

@@ -28,14 +28,7 @@ pub unsafe extern "C" fn ibv_get_async_event(
         return neg1_errno(libc::EINVAL);
     }
     loop {
-        let mut v = 0u64;
-        // Blocks unless the application made the fd non-blocking (then EAGAIN, as libibverbs).
-        let n = libc::read(
-            ctx.async_fd.as_raw_fd(),
-            &mut v as *mut u64 as *mut c_void,
-            8,
-        );
-        if n != 8 {
+        if !count_down(ctx.async_fd.as_raw_fd()) {
             return -1;
         }
         // Heap writes follow (see ibv_get_cq_event).

@@ -376,12 +376,7 @@ unsafe fn queue(ch: *mut sys::rdma_event_channel, e: Box<Event>) {
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .push_back(ptr as usize);
-    let one = 1u64;
-    libc::write(
-        (*ch).efd.as_raw_fd(),
-        &one as *const u64 as *const c_void,
-        8,
-    );
+    count_up((*ch).efd.as_raw_fd());
 }
 
 /// Queues an event with UD parameters (rdma_cm over UDP: the peer's QP, Q_Key and path, and
@@ -977,8 +972,7 @@ pub unsafe extern "C" fn ferroce_rdma_destroy_id(id: *mut sys::rdma_cm_id) -> c_
                     let mine = (*ev).ev.id == id;
                     if mine {
                         drop(Box::from_raw(ev));
-                        let mut n = 0u64;
-                        libc::read((*ch).efd.as_raw_fd(), &mut n as *mut u64 as *mut c_void, 8);
+                        count_down((*ch).efd.as_raw_fd());
                     }
                     !mine
                 });
@@ -1484,10 +1478,8 @@ pub unsafe extern "C" fn ferroce_rdma_get_cm_event(
         }
         let c = ch as *mut Channel;
         // One count per queued event: blocks (or EAGAIN on a non-blocking fd) until one is.
-        let mut n = 0u64;
         loop {
-            let r = libc::read((*c).efd.as_raw_fd(), &mut n as *mut u64 as *mut c_void, 8);
-            if r == 8 {
+            if count_down((*c).efd.as_raw_fd()) {
                 break;
             }
             let e = *libc::__errno_location();
