@@ -253,18 +253,9 @@ pub unsafe extern "C" fn ibv_qp_to_qp_ex(qp: *mut sys::ibv_qp) -> *mut sys::ibv_
 }
 version!(ibv_qp_to_qp_ex, "IBVERBS_1.6");
 
-/// The `send_ops_flags` the `ibv_wr_*` API implements (no TSO, atomic write or flush:
-/// ferroce's engine has none of them).
-pub(crate) const SEND_OPS: u64 = (sys::IBV_QP_EX_WITH_RDMA_WRITE
-    | sys::IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM
-    | sys::IBV_QP_EX_WITH_SEND
-    | sys::IBV_QP_EX_WITH_SEND_WITH_IMM
-    | sys::IBV_QP_EX_WITH_RDMA_READ
-    | sys::IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP
-    | sys::IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD
-    | sys::IBV_QP_EX_WITH_LOCAL_INV
-    | sys::IBV_QP_EX_WITH_BIND_MW
-    | sys::IBV_QP_EX_WITH_SEND_WITH_INV) as u64;
+/// The `send_ops_flags` the `ibv_wr_*` API implements: the operations of `wr_ops!` and
+/// `ibv_wr_bind_mw` (no TSO, atomic write or flush: ferroce's engine has none of them).
+pub(crate) const SEND_OPS: u64 = WR_OPS | sys::IBV_QP_EX_WITH_BIND_MW as u64;
 
 /// `verbs_context.create_qp_ex` (`ibv_create_qp_ex`): a PD is required; XRC, TSO, RSS,
 /// creation flags and unsupported send operations are EOPNOTSUPP, as a provider answers.

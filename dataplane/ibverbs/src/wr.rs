@@ -230,7 +230,8 @@ pub(crate) unsafe fn complete_batch(qp: *mut sys::ibv_qp_ex) -> c_int {
 }
 
 /// Defines the `ibv_wr_*` operations that start a WR: each builds its [`WrOp`] from its
-/// arguments and [`begin`]s it, needing its `IBV_QP_EX_WITH_*` bit in `send_ops_flags`.
+/// arguments and [`begin`]s it, needing its `IBV_QP_EX_WITH_*` bit in `send_ops_flags`;
+/// and `WR_OPS`, those bits together.
 macro_rules! wr_ops {
     ($($name:ident($($arg:ident: $ty:ty),*) => $need:ident, $op:expr;)*) => {
         $(
@@ -238,6 +239,9 @@ macro_rules! wr_ops {
                 begin(qp, sys::$need, $op);
             }
         )*
+
+        /// The `send_ops_flags` bits of the operations that start a WR.
+        pub(crate) const WR_OPS: u64 = $(sys::$need as u64)|*;
     };
 }
 
