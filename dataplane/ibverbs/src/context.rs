@@ -181,9 +181,10 @@ pub(crate) trait Listed: Sized {
     fn destroy(&self, c: &mut RemoteContext) -> VerbsResult<()>;
     /// Its asynchronous events: those not yet acknowledged hold its memory.
     fn async_events(&self) -> &Acks;
-    /// Ends what else refers to it once it is destroyed, before its memory goes (a CQ's
-    /// completion-channel thread and events).
-    unsafe fn release(&mut self, _ctx: &Ctx) {}
+    /// Ends what else refers to `obj` once it is destroyed, before its memory goes (a CQ's
+    /// completion-channel thread and events). A pointer, not `&mut`: other threads still
+    /// read it meanwhile (acknowledging its events).
+    unsafe fn release(_obj: *mut Self, _ctx: &Ctx) {}
 }
 
 /// Implements [`Listed`] for `$obj`, headed by the application's `$ibv`, listed in
@@ -253,7 +254,7 @@ pub(crate) unsafe fn destroy_acked<T: Listed>(ibv: *mut T::Ibv) -> c_int {
         }
         return errno_of(&e);
     }
-    (*obj).release(ctx);
+    T::release(obj, ctx);
     (*obj).async_events().wait();
     drop(Box::from_raw(obj));
     0

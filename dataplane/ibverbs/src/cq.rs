@@ -343,18 +343,17 @@ listed!(Cq, sys::ibv_cq, cqs, |q| q.id.0, |c, q| c.destroy_cq(q.id);
     /// Stops the channel's thread; events not yet taken are dropped (`ibv_get_cq_event`
     /// skips their eventfd counts), events already taken must be acknowledged first
     /// (`ibv_ack_cq_events`).
-    unsafe fn release(&mut self, ctx: &Ctx) {
-        if let Some((stop, h)) = self.watcher.take() {
+    unsafe fn release(q: *mut Cq, ctx: &Ctx) {
+        if let Some((stop, h)) = (*q).watcher.take() {
             stop.store(true, Ordering::Release);
             let _ = h.join();
-            let key = self as *mut Cq as usize;
-            let ch = self.ex.channel as *mut Channel;
+            let ch = (*q).ex.channel as *mut Channel;
             (*ch)
                 .ready
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .retain(|k| *k != key);
-            self.events.wait();
+                .retain(|k| *k != q as usize);
+            (*q).events.wait();
             let objs = objects(ctx);
             (*ch).ibv.refcnt -= 1;
             drop(objs);
