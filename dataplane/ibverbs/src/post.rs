@@ -192,25 +192,25 @@ pub(crate) unsafe fn post_recvs<I: InContext, T>(
     post: impl Fn(&mut RemoteContext, &T, &RecvWr<'_>) -> VerbsResult<()>,
 ) -> c_int {
     with_obj(obj, |ctx, o: *mut T| {
-        client(ctx).batch(|cl| {
-            chain(
-                wr,
-                bad,
-                |w| (*w).next,
-                |w| {
-                    let mut list = [Sge::default(); MAX_SGE];
-                    let Some(n) = sges(w.sg_list, w.num_sge, &mut list) else {
-                        return libc::EINVAL;
-                    };
-                    let r = RecvWr {
-                        wr_id: w.wr_id,
-                        sg_list: &list[..n],
-                    };
-                    status(post(cl, &*o, &r), |()| ())
-                },
-            )
-        })
+        let o = &*o;
+        client(ctx).batch(|cl| chain(wr, bad, |w| (*w).next, |w| one_recv(w, |r| post(cl, o, r))))
     })
+}
+
+/// Posts one `ibv_recv_wr` with `post`.
+pub(crate) unsafe fn one_recv(
+    w: &sys::ibv_recv_wr,
+    post: impl FnOnce(&RecvWr<'_>) -> VerbsResult<()>,
+) -> c_int {
+    let mut list = [Sge::default(); MAX_SGE];
+    let Some(n) = sges(w.sg_list, w.num_sge, &mut list) else {
+        return libc::EINVAL;
+    };
+    let r = RecvWr {
+        wr_id: w.wr_id,
+        sg_list: &list[..n],
+    };
+    status(post(&r), |()| ())
 }
 
 pub(crate) unsafe extern "C" fn post_recv(
