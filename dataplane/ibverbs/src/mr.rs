@@ -62,6 +62,8 @@ pub(crate) fn mr_access(access: c_int) -> Result<Access, ()> {
     Ok(Access(access as u32 & Access::ALL.0))
 }
 
+/// Registers `len` bytes at `addr` in place, for each `ibv_reg_mr*`: an IOVA other than the
+/// address is EOPNOTSUPP.
 pub(crate) unsafe fn reg(
     pd: *mut sys::ibv_pd,
     addr: *mut c_void,
@@ -69,31 +71,33 @@ pub(crate) unsafe fn reg(
     iova: u64,
     access: c_int,
 ) -> *mut sys::ibv_mr {
-    let Some(ctx) = owner_ctx(pd).filter(|_| !addr.is_null() && len > 0) else {
-        return null_errno(libc::EINVAL);
-    };
-    let Ok(acc) = mr_access(access) else {
-        return null_errno(libc::EOPNOTSUPP);
-    };
-    if iova != addr as u64 {
-        return null_errno(libc::EOPNOTSUPP);
-    }
-    let p = pd as *mut Pd;
-    let r = while_moving(|| client(ctx).reg_mr_addr((*p).id, addr as u64, len, acc));
-    or_null(r, |m| {
-        Box::into_raw(Box::new(Mr {
-            ibv: sys::ibv_mr {
-                context: (*pd).context,
-                pd,
-                addr,
-                length: len,
-                handle: m.lkey.0,
-                lkey: m.lkey.0,
-                rkey: m.rkey.map_or(m.lkey.0, |k| k.0),
-            },
-            mr: m,
-            access,
-        })) as *mut sys::ibv_mr
+    guard(std::ptr::null_mut(), || {
+        let Some(ctx) = owner_ctx(pd).filter(|_| !addr.is_null() && len > 0) else {
+            return null_errno(libc::EINVAL);
+        };
+        let Ok(acc) = mr_access(access) else {
+            return null_errno(libc::EOPNOTSUPP);
+        };
+        if iova != addr as u64 {
+            return null_errno(libc::EOPNOTSUPP);
+        }
+        let p = pd as *mut Pd;
+        let r = while_moving(|| client(ctx).reg_mr_addr((*p).id, addr as u64, len, acc));
+        or_null(r, |m| {
+            Box::into_raw(Box::new(Mr {
+                ibv: sys::ibv_mr {
+                    context: (*pd).context,
+                    pd,
+                    addr,
+                    length: len,
+                    handle: m.lkey.0,
+                    lkey: m.lkey.0,
+                    rkey: m.rkey.map_or(m.lkey.0, |k| k.0),
+                },
+                mr: m,
+                access,
+            })) as *mut sys::ibv_mr
+        })
     })
 }
 
@@ -104,9 +108,7 @@ pub unsafe extern "C" fn ibv_reg_mr(
     len: usize,
     access: c_int,
 ) -> *mut sys::ibv_mr {
-    guard(std::ptr::null_mut(), || {
-        reg(pd, addr, len, addr as u64, access)
-    })
+    reg(pd, addr, len, addr as u64, access)
 }
 version!(ibv_reg_mr, "IBVERBS_1.1");
 
@@ -118,7 +120,7 @@ pub unsafe extern "C" fn ibv_reg_mr_iova(
     iova: u64,
     access: c_int,
 ) -> *mut sys::ibv_mr {
-    guard(std::ptr::null_mut(), || reg(pd, addr, len, iova, access))
+    reg(pd, addr, len, iova, access)
 }
 version!(ibv_reg_mr_iova, "IBVERBS_1.7");
 
@@ -130,9 +132,7 @@ pub unsafe extern "C" fn ibv_reg_mr_iova2(
     iova: u64,
     access: c_uint,
 ) -> *mut sys::ibv_mr {
-    guard(std::ptr::null_mut(), || {
-        reg(pd, addr, len, iova, access as c_int)
-    })
+    reg(pd, addr, len, iova, access as c_int)
 }
 version!(ibv_reg_mr_iova2, "IBVERBS_1.8");
 
