@@ -117,6 +117,23 @@ static struct ibv_qp *make_qp(struct ibv_cq *scq, struct ibv_cq *rcq, struct ibv
 	return ibv_create_qp(pd, &a);
 }
 
+/* The attributes of an RC QP on `cq` for the wr API's operations `ops`: `send_wr` and
+ * `recv_wr` WRs, `sge` SGEs each way. */
+static struct ibv_qp_init_attr_ex qp_ex_attr(struct ibv_cq *cq, uint32_t send_wr, uint32_t recv_wr,
+					     uint32_t sge, uint64_t ops)
+{
+	return (struct ibv_qp_init_attr_ex){
+		.send_cq = cq,
+		.recv_cq = cq,
+		.cap = {.max_send_wr = send_wr, .max_recv_wr = recv_wr, .max_send_sge = sge,
+			.max_recv_sge = sge},
+		.qp_type = IBV_QPT_RC,
+		.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
+		.pd = pd,
+		.send_ops_flags = ops,
+	};
+}
+
 static int to_init(struct ibv_qp *qp)
 {
 	struct ibv_qp_attr a = {
@@ -325,15 +342,8 @@ static void check_unsupported(void)
 	MUST(ibv_query_device(ctx, &da) == 0, "ibv_query_device");
 	CHECK(ibv_resize_cq(cq, da.max_cqe + 1) == EINVAL && cq->cqe >= 64,
 	      "ibv_resize_cq past max_cqe: EINVAL, size kept");
-	struct ibv_qp_init_attr_ex qa = {
-		.send_cq = cq,
-		.recv_cq = cq,
-		.cap = {.max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1, .max_recv_sge = 1},
-		.qp_type = IBV_QPT_RC,
-		.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
-		.pd = pd,
-		.send_ops_flags = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_TSO,
-	};
+	struct ibv_qp_init_attr_ex qa =
+		qp_ex_attr(cq, 4, 4, 1, IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_TSO);
 	errno = 0;
 	CHECK(ibv_create_qp_ex(ctx, &qa) == NULL && errno == EOPNOTSUPP,
 	      "ibv_create_qp_ex with TSO: NULL, EOPNOTSUPP");
@@ -415,6 +425,23 @@ static void check_state_errors(void)
 	ibv_destroy_cq(cq);
 }
 
+/* Posts `wr` alone on a newly connected pair (`rnr_retry` as given) and checks that it
+ * completes with `want`; `what` names the case. */
+static void fails_with(struct ibv_cq *cq, uint8_t rnr_retry, struct ibv_send_wr *wr,
+		       enum ibv_wc_status want, const char *what)
+{
+	struct ibv_qp *a, *b;
+	struct ibv_send_wr *bad;
+	struct ibv_wc wc;
+	connect_pair(cq, cq, rnr_retry, &a, &b);
+	CHECK(ibv_post_send(a, wr, &bad) == 0, "post %s", what);
+	int n = poll_n(cq, &wc, 1);
+	CHECK(n == 1 && wc.wr_id == wr->wr_id && wc.status == want, "%s: %s (%s)", what,
+	      ibv_wc_status_str(want), n ? ibv_wc_status_str(wc.status) : "-");
+	ibv_destroy_qp(a);
+	ibv_destroy_qp(b);
+}
+
 /* Bad keys and RNR, over a connected pair. */
 static void check_completion_errors(void)
 {
@@ -448,40 +475,22 @@ static void check_completion_errors(void)
 	ibv_destroy_qp(b);
 
 	/* A bad rkey: remote access error at the requester. */
-	connect_pair(cq, cq, 7, &a, &b);
 	sge.lkey = mr->lkey;
 	wr.next = NULL;
 	wr.wr_id = 21;
 	wr.wr.rdma.rkey = mr->rkey ^ 0x5500;
-	CHECK(ibv_post_send(a, &wr, &bad) == 0, "post a WRITE with a bad rkey");
-	n = poll_n(cq, wc, 1);
-	CHECK(n == 1 && wc[0].wr_id == 21 && wc[0].status == IBV_WC_REM_ACCESS_ERR,
-	      "bad rkey: IBV_WC_REM_ACCESS_ERR (%s)", n ? ibv_wc_status_str(wc[0].status) : "-");
+	fails_with(cq, 7, &wr, IBV_WC_REM_ACCESS_ERR, "a WRITE with a bad rkey");
 	/* Out of the MR's bounds with the right rkey: also a remote access error. */
-	ibv_destroy_qp(a);
-	ibv_destroy_qp(b);
-	connect_pair(cq, cq, 7, &a, &b);
 	wr.wr_id = 22;
 	wr.wr.rdma.rkey = mr->rkey;
 	wr.wr.rdma.remote_addr = (uintptr_t)buf + 8192 - 32;
-	CHECK(ibv_post_send(a, &wr, &bad) == 0, "post a WRITE past the end of the remote MR");
-	n = poll_n(cq, wc, 1);
-	CHECK(n == 1 && wc[0].wr_id == 22 && wc[0].status == IBV_WC_REM_ACCESS_ERR,
-	      "out of bounds: IBV_WC_REM_ACCESS_ERR (%s)", n ? ibv_wc_status_str(wc[0].status) : "-");
-	ibv_destroy_qp(a);
-	ibv_destroy_qp(b);
+	fails_with(cq, 7, &wr, IBV_WC_REM_ACCESS_ERR, "a WRITE past the end of the remote MR");
 
 	/* No receive WQE and rnr_retry 0: RNR retry exceeded. */
-	connect_pair(cq, cq, 0, &a, &b);
 	struct ibv_send_wr s = {.wr_id = 31, .sg_list = &sge, .num_sge = 1,
 				.opcode = IBV_WR_SEND, .send_flags = IBV_SEND_SIGNALED};
-	CHECK(ibv_post_send(a, &s, &bad) == 0, "post a SEND to a QP without receive WQEs");
-	n = poll_n(cq, wc, 1);
-	CHECK(n == 1 && wc[0].wr_id == 31 && wc[0].status == IBV_WC_RNR_RETRY_EXC_ERR,
-	      "no receive WQE, rnr_retry 0: IBV_WC_RNR_RETRY_EXC_ERR (%s)",
-	      n ? ibv_wc_status_str(wc[0].status) : "-");
-	ibv_destroy_qp(a);
-	ibv_destroy_qp(b);
+	fails_with(cq, 0, &s, IBV_WC_RNR_RETRY_EXC_ERR,
+		   "a SEND to a QP without receive WQEs (rnr_retry 0)");
 	ibv_dereg_mr(mr);
 	free(buf);
 	ibv_destroy_cq(cq);
@@ -711,6 +720,17 @@ static void check_event_acks(void)
 	free(buf);
 }
 
+/* Starts a batch on `x` with a signaled WRITE `wr_id` of `len` bytes of `mr`, `src` to `dst`. */
+static void start_write(struct ibv_qp_ex *x, uint64_t wr_id, struct ibv_mr *mr, void *src,
+			void *dst, uint32_t len)
+{
+	ibv_wr_start(x);
+	x->wr_id = wr_id;
+	x->wr_flags = IBV_SEND_SIGNALED;
+	ibv_wr_rdma_write(x, mr->rkey, (uintptr_t)dst);
+	ibv_wr_set_sge(x, mr->lkey, (uintptr_t)src, len);
+}
+
 /* ibv_create_qp_ex + the ibv_wr_* API, ibv_create_cq_ex + its poll API, ibv_rereg_mr. */
 static void check_extended(void)
 {
@@ -723,18 +743,12 @@ static void check_extended(void)
 	if (!cqx)
 		return;
 	struct ibv_cq *cq = ibv_cq_ex_to_cq(cqx);
-	struct ibv_qp_init_attr_ex qa = {
-		.send_cq = cq,
-		.recv_cq = cq,
-		.cap = {.max_send_wr = 16, .max_recv_wr = 16, .max_send_sge = 2, .max_recv_sge = 2,
-			.max_inline_data = 64},
-		.qp_type = IBV_QPT_RC,
-		.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
-		.pd = pd,
-		.send_ops_flags = IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_SEND_WITH_IMM |
-				  IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD |
-				  IBV_QP_EX_WITH_SEND,
-	};
+	struct ibv_qp_init_attr_ex qa =
+		qp_ex_attr(cq, 16, 16, 2,
+			   IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_SEND_WITH_IMM |
+				   IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD |
+				   IBV_QP_EX_WITH_SEND);
+	qa.cap.max_inline_data = 64;
 	struct ibv_qp *a = ibv_create_qp_ex(ctx, &qa);
 	struct ibv_qp *b = make_qp(cq, cq, NULL);
 	CHECK(a && b, "ibv_create_qp_ex with send_ops_flags");
@@ -757,11 +771,7 @@ static void check_extended(void)
 	MUST(ibv_post_recv(b, &rwr, &rbad) == 0, "ibv_post_recv");
 
 	/* A batch: WRITE src->dst, READ dst->rd, FETCH_ADD, SEND_WITH_IMM inline. */
-	ibv_wr_start(x);
-	x->wr_id = 1;
-	x->wr_flags = IBV_SEND_SIGNALED;
-	ibv_wr_rdma_write(x, mr->rkey, (uintptr_t)dst);
-	ibv_wr_set_sge(x, mr->lkey, (uintptr_t)src, 256);
+	start_write(x, 1, mr, src, dst, 256);
 	x->wr_id = 2;
 	ibv_wr_rdma_read(x, mr->rkey, (uintptr_t)dst);
 	struct ibv_sge two[2] = {{.addr = (uintptr_t)rd, .length = 100, .lkey = mr->lkey},
@@ -811,11 +821,7 @@ static void check_extended(void)
 	CHECK(memcmp(rx, "hello, ferroce", 14) == 0, "inline SEND data arrived");
 
 	/* Errors while building fail the batch, and nothing of it is posted. */
-	ibv_wr_start(x);
-	x->wr_id = 5;
-	x->wr_flags = IBV_SEND_SIGNALED;
-	ibv_wr_rdma_write(x, mr->rkey, (uintptr_t)dst);
-	ibv_wr_set_sge(x, mr->lkey, (uintptr_t)src, 8);
+	start_write(x, 5, mr, src, dst, 8);
 	x->wr_id = 6;
 	ibv_wr_send(x);
 	char big[1024] = {0};
@@ -1026,15 +1032,7 @@ static void check_wr_threads(void)
 {
 	struct ibv_cq *cq = ibv_create_cq(ctx, 2 * BATCHES + 16, NULL, NULL, 0);
 	MUST(cq, "ibv_create_cq");
-	struct ibv_qp_init_attr_ex qa = {
-		.send_cq = cq,
-		.recv_cq = cq,
-		.cap = {.max_send_wr = 32, .max_recv_wr = 4, .max_send_sge = 1, .max_recv_sge = 1},
-		.qp_type = IBV_QPT_RC,
-		.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
-		.pd = pd,
-		.send_ops_flags = IBV_QP_EX_WITH_RDMA_WRITE,
-	};
+	struct ibv_qp_init_attr_ex qa = qp_ex_attr(cq, 32, 4, 1, IBV_QP_EX_WITH_RDMA_WRITE);
 	struct ibv_qp *a = ibv_create_qp_ex(ctx, &qa);
 	struct ibv_qp *b = make_qp(cq, cq, NULL);
 	MUST(a && b, "QPs");
@@ -1249,6 +1247,17 @@ static void rc_pair(struct ibv_cq *cq, struct ibv_qp **a, struct ibv_qp **b)
 	     "connect");
 }
 
+/* Posts `wr` on `qp` and waits for one completion on `cq` into `*wc`: its status, or
+ * IBV_WC_GENERAL_ERR when the post fails or nothing completes. */
+static enum ibv_wc_status post1(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_cq *cq,
+				struct ibv_wc *wc)
+{
+	struct ibv_send_wr *bad;
+	if (ibv_post_send(qp, wr, &bad) || poll_n(cq, wc, 1) != 1)
+		return IBV_WC_GENERAL_ERR;
+	return wc->status;
+}
+
 /* A signaled WRITE of 8 bytes from `src` (lkey `lkey`) to `raddr` with `rkey` on `qp`; its
  * completion status. */
 static enum ibv_wc_status write8(struct ibv_qp *qp, struct ibv_cq *cq, void *src, uint32_t lkey,
@@ -1257,12 +1266,18 @@ static enum ibv_wc_status write8(struct ibv_qp *qp, struct ibv_cq *cq, void *src
 	struct ibv_sge sge = {.addr = (uintptr_t)src, .length = 8, .lkey = lkey};
 	struct ibv_send_wr wr = {.wr_id = 0x77, .sg_list = &sge, .num_sge = 1,
 				 .opcode = IBV_WR_RDMA_WRITE, .send_flags = IBV_SEND_SIGNALED,
-				 .wr.rdma = {.remote_addr = raddr, .rkey = rkey}},
-			   *bad;
+				 .wr.rdma = {.remote_addr = raddr, .rkey = rkey}};
 	struct ibv_wc wc;
-	if (ibv_post_send(qp, &wr, &bad) || poll_n(cq, &wc, 1) != 1)
-		return IBV_WC_GENERAL_ERR;
-	return wc.status;
+	return post1(qp, &wr, cq, &wc);
+}
+
+/* A type 2 window; `*key` is the key its next bind gives it (ibv_inc_rkey). */
+static struct ibv_mw *must_mw2(uint32_t *key)
+{
+	struct ibv_mw *mw = ibv_alloc_mw(pd, IBV_MW_TYPE_2);
+	MUST(mw, "ibv_alloc_mw(IBV_MW_TYPE_2)");
+	*key = ibv_inc_rkey(mw->rkey);
+	return mw;
 }
 
 /* Memory windows as rdma-core's pyverbs tests (tests/test_mr.py MWTest, test_qpex.py) use
@@ -1313,25 +1328,22 @@ static void check_memory_windows(void)
 
 	/* Type 2: IBV_WR_BIND_MW with ibv_inc_rkey; local invalidation revokes. */
 	rc_pair(cq, &a, &b);
-	struct ibv_mw *mw2 = ibv_alloc_mw(pd, IBV_MW_TYPE_2);
-	MUST(mw2, "ibv_alloc_mw(IBV_MW_TYPE_2)");
-	uint32_t k2 = ibv_inc_rkey(mw2->rkey);
+	uint32_t k2;
+	struct ibv_mw *mw2 = must_mw2(&k2);
 	struct ibv_send_wr bw = {.wr_id = 6, .opcode = IBV_WR_BIND_MW,
 				 .send_flags = IBV_SEND_SIGNALED,
 				 .bind_mw = {.mw = mw2, .rkey = k2,
 					     .bind_info = {.mr = mr, .addr = d + 4096, .length = 4096,
 							   .mw_access_flags = IBV_ACCESS_REMOTE_WRITE}}},
 			   *bad;
-	CHECK(ibv_post_send(b, &bw, &bad) == 0 && poll_n(cq, &wc, 1) == 1 &&
-		      wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_BIND_MW,
+	CHECK(post1(b, &bw, cq, &wc) == IBV_WC_SUCCESS && wc.opcode == IBV_WC_BIND_MW,
 	      "IBV_WR_BIND_MW (type 2)");
 	CHECK(write8(a, cq, src, smr->lkey, d + 4096 + 8, k2) == IBV_WC_SUCCESS &&
 		      dst[4096 + 8] == 0x6b,
 	      "a WRITE through the type 2 window with its new key");
 	struct ibv_send_wr inv = {.wr_id = 7, .opcode = IBV_WR_LOCAL_INV,
 				  .send_flags = IBV_SEND_SIGNALED, .invalidate_rkey = k2};
-	CHECK(ibv_post_send(b, &inv, &bad) == 0 && poll_n(cq, &wc, 1) == 1 &&
-		      wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_LOCAL_INV,
+	CHECK(post1(b, &inv, cq, &wc) == IBV_WC_SUCCESS && wc.opcode == IBV_WC_LOCAL_INV,
 	      "IBV_WR_LOCAL_INV of the type 2 window");
 	CHECK(write8(a, cq, src, smr->lkey, d + 4096 + 64, k2) == IBV_WC_REM_ACCESS_ERR &&
 		      dst[4096 + 64] == 0,
@@ -1347,9 +1359,7 @@ static void check_memory_windows(void)
 	k2 = ibv_inc_rkey(k2);
 	bw.bind_mw.rkey = k2;
 	bw.bind_mw.mw = mw2;
-	CHECK(ibv_post_send(b, &bw, &bad) == 0 && poll_n(cq, &wc, 1) == 1 &&
-		      wc.status == IBV_WC_SUCCESS,
-	      "a FREE type 2 window binds again");
+	CHECK(post1(b, &bw, cq, &wc) == IBV_WC_SUCCESS, "a FREE type 2 window binds again");
 	char *rx = alloc_buf(4096);
 	struct ibv_mr *rmr = must_reg(rx, 4096, IBV_ACCESS_LOCAL_WRITE);
 	struct ibv_sge rsge = {.addr = (uintptr_t)rx, .length = 64, .lkey = rmr->lkey};
@@ -1374,22 +1384,14 @@ static void check_memory_windows(void)
 	/* The window's access counts, not the MR's (test_qp_ex_rc_bind_mw): the wr API binds a
 	 * window with local write only, and a WRITE through it fails. Deallocating a bound
 	 * window revokes it too. */
-	struct ibv_qp_init_attr_ex xa = {
-		.send_cq = cq,
-		.recv_cq = cq,
-		.cap = {.max_send_wr = 8, .max_recv_wr = 8, .max_send_sge = 1, .max_recv_sge = 1},
-		.qp_type = IBV_QPT_RC,
-		.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
-		.pd = pd,
-		.send_ops_flags = IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_BIND_MW,
-	};
+	struct ibv_qp_init_attr_ex xa =
+		qp_ex_attr(cq, 8, 8, 1, IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_BIND_MW);
 	struct ibv_qp *bx = ibv_create_qp_ex(ctx, &xa);
 	a = make_qp(cq, cq, NULL);
 	MUST(a && bx, "ibv_create_qp_ex with IBV_QP_EX_WITH_BIND_MW");
 	MUST(connect_qp(a, bx->qp_num, 7) == 0 && connect_qp(bx, a->qp_num, 7) == 0, "connect");
-	struct ibv_mw *mw3 = ibv_alloc_mw(pd, IBV_MW_TYPE_2);
-	MUST(mw3, "ibv_alloc_mw");
-	uint32_t k3 = ibv_inc_rkey(mw3->rkey);
+	uint32_t k3;
+	struct ibv_mw *mw3 = must_mw2(&k3);
 	struct ibv_qp_ex *x = ibv_qp_to_qp_ex(bx);
 	struct ibv_mw_bind_info bi = {.mr = mr, .addr = d + 8192, .length = 4096,
 				      .mw_access_flags = IBV_ACCESS_LOCAL_WRITE};
@@ -1406,14 +1408,11 @@ static void check_memory_windows(void)
 	ibv_destroy_qp(a);
 	ibv_destroy_qp(bx);
 	rc_pair(cq, &a, &b);
-	struct ibv_mw *mw4 = ibv_alloc_mw(pd, IBV_MW_TYPE_2);
-	MUST(mw4, "ibv_alloc_mw");
-	uint32_t k4 = ibv_inc_rkey(mw4->rkey);
+	uint32_t k4;
+	struct ibv_mw *mw4 = must_mw2(&k4);
 	bw.bind_mw.mw = mw4;
 	bw.bind_mw.rkey = k4;
-	CHECK(ibv_post_send(b, &bw, &bad) == 0 && poll_n(cq, &wc, 1) == 1 &&
-		      wc.status == IBV_WC_SUCCESS,
-	      "bind another type 2 window");
+	CHECK(post1(b, &bw, cq, &wc) == IBV_WC_SUCCESS, "bind another type 2 window");
 	CHECK(ibv_dealloc_mw(mw4) == 0, "ibv_dealloc_mw of the bound window");
 	CHECK(write8(a, cq, src, smr->lkey, d + 4096, k4) == IBV_WC_REM_ACCESS_ERR,
 	      "after ibv_dealloc_mw: IBV_WC_REM_ACCESS_ERR");
@@ -1422,13 +1421,10 @@ static void check_memory_windows(void)
 	/* Access bits a window may not have (MW_BIND): the bind's completion says so, as rxe
 	 * answers, and the context goes on working (the post is not a protocol error). */
 	rc_pair(cq, &a, &b);
-	struct ibv_mw *mw5 = ibv_alloc_mw(pd, IBV_MW_TYPE_2);
-	MUST(mw5, "ibv_alloc_mw");
+	struct ibv_mw *mw5 = must_mw2(&bw.bind_mw.rkey);
 	bw.bind_mw.mw = mw5;
-	bw.bind_mw.rkey = ibv_inc_rkey(mw5->rkey);
 	bw.bind_mw.bind_info.mw_access_flags = IBV_ACCESS_MW_BIND;
-	CHECK(ibv_post_send(b, &bw, &bad) == 0 && poll_n(cq, &wc, 1) == 1 &&
-		      wc.status == IBV_WC_MW_BIND_ERR,
+	CHECK(post1(b, &bw, cq, &wc) == IBV_WC_MW_BIND_ERR,
 	      "a bind with IBV_ACCESS_MW_BIND: IBV_WC_MW_BIND_ERR");
 	struct ibv_pd *pd5 = ibv_alloc_pd(ctx);
 	CHECK(pd5 && ibv_dealloc_pd(pd5) == 0, "the context works after a refused bind");
@@ -1498,23 +1494,20 @@ static void check_rereg_keeps_keys(void)
 	struct ibv_sge sge = {.addr = (uintptr_t)src, .length = 64, .lkey = smr->lkey};
 	struct ibv_send_wr wr = {.wr_id = 1, .sg_list = &sge, .num_sge = 1,
 				 .opcode = IBV_WR_RDMA_WRITE, .send_flags = IBV_SEND_SIGNALED,
-				 .wr.rdma = {.remote_addr = (uintptr_t)two + 100, .rkey = rkey}},
-			   *bad;
+				 .wr.rdma = {.remote_addr = (uintptr_t)two + 100, .rkey = rkey}};
 	struct ibv_wc wc;
 	CHECK(ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_TRANSLATION, NULL, two, 8192, 0) == 0,
 	      "ibv_rereg_mr(CHANGE_TRANSLATION)");
 	CHECK(mr->lkey == lkey && mr->rkey == rkey && mr->addr == two && mr->length == 8192,
 	      "the MR keeps its keys (lkey %#x -> %#x, rkey %#x -> %#x) and shows its new range",
 	      lkey, mr->lkey, rkey, mr->rkey);
-	CHECK(ibv_post_send(a, &wr, &bad) == 0 && poll_n(cq, &wc, 1) == 1 &&
-		      wc.status == IBV_WC_SUCCESS,
+	CHECK(post1(a, &wr, cq, &wc) == IBV_WC_SUCCESS,
 	      "a WRITE with the same rkey to the new range");
 	CHECK(two[100] == 0x3c && two[163] == 0x3c && one[100] == 0,
 	      "it lands in the new memory, not the old");
 	wr.wr.rdma.remote_addr = (uintptr_t)one + 100;
 	wr.wr_id = 2;
-	CHECK(ibv_post_send(a, &wr, &bad) == 0 && poll_n(cq, &wc, 1) == 1 &&
-		      wc.status == IBV_WC_REM_ACCESS_ERR && one[100] == 0,
+	CHECK(post1(a, &wr, cq, &wc) == IBV_WC_REM_ACCESS_ERR && one[100] == 0,
 	      "the old range is out of reach: IBV_WC_REM_ACCESS_ERR");
 	ibv_destroy_qp(a);
 	ibv_destroy_qp(b);
