@@ -294,6 +294,27 @@ impl std::fmt::Debug for MemoryRegion {
 }
 
 impl MemoryRegion {
+    /// An entry of the key table for protection domain `pd` under `lkey` over `mem`, empty
+    /// until its creator sets what it is: valid, no remote key, no access, no range, neither
+    /// fast-registration nor a window, first registration.
+    pub fn blank(pd: PdId, lkey: Lkey, mem: Arc<dyn Memory>) -> MemoryRegion {
+        MemoryRegion {
+            reg: 0,
+            pd,
+            lkey,
+            rkey: None,
+            access: Access(0),
+            addr: 0,
+            length: 0,
+            mem,
+            mem_offset: 0,
+            fast_reg: false,
+            valid: true,
+            window: None,
+            windows: 0,
+        }
+    }
+
     /// A reference to this registration.
     pub fn as_ref(&self) -> MrRef {
         MrRef {
@@ -592,19 +613,11 @@ mod tests {
 
     fn region(pd: u32, lkey: Lkey, access: Access) -> MemoryRegion {
         MemoryRegion {
-            reg: 0,
-            pd: PdId(pd),
-            lkey,
             rkey: access.any_remote().then_some(Rkey(lkey.0)),
             access,
             addr: 0x1000,
             length: 0x100,
-            mem: HeapMemory::shared(0x100),
-            mem_offset: 0,
-            fast_reg: false,
-            valid: true,
-            window: None,
-            windows: 0,
+            ..MemoryRegion::blank(PdId(pd), lkey, HeapMemory::shared(0x100))
         }
     }
 

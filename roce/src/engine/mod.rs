@@ -1259,19 +1259,12 @@ impl Device {
             .sh
             .mrs
             .insert(|lkey| MemoryRegion {
-                reg: 0,
-                pd,
-                lkey,
                 rkey: access.any_remote().then_some(Rkey(lkey.0)),
                 access,
                 addr,
                 length,
-                mem,
                 mem_offset,
-                fast_reg: false,
-                valid: true,
-                window: None,
-                windows: 0,
+                ..MemoryRegion::blank(pd, lkey, mem)
             })
             .ok_or(VerbsError::NoResources("memory regions"))?;
         Ok((lkey, self.sh.mrs.get(lkey).and_then(|m| m.rkey)))
@@ -1289,19 +1282,9 @@ impl Device {
         self.sh
             .mrs
             .insert(|lkey| MemoryRegion {
-                reg: 0,
-                pd,
-                lkey,
-                rkey: None,
-                access: Access(0),
-                addr: 0,
-                length: 0,
-                mem,
-                mem_offset: 0,
                 fast_reg: true,
                 valid: false,
-                window: None,
-                windows: 0,
+                ..MemoryRegion::blank(pd, lkey, mem)
             })
             .ok_or(VerbsError::NoResources("memory regions"))
     }
@@ -1392,23 +1375,15 @@ impl Device {
             .sh
             .mrs
             .insert(|lkey| MemoryRegion {
-                reg: 0,
-                pd,
-                lkey,
                 rkey: Some(Rkey(lkey.0)),
-                access: Access(0),
-                addr: 0,
-                length: 0,
-                mem,
-                mem_offset: 0,
-                fast_reg: false,
+                // A type 1 window is valid from allocation on (bound with length 0).
                 valid: ty == MwType::One,
                 window: Some(Window {
                     ty,
                     qp: None,
                     mr: None,
                 }),
-                windows: 0,
+                ..MemoryRegion::blank(pd, lkey, mem)
             })
             .ok_or(VerbsError::NoResources("memory windows"))?;
         self.mws += 1;
