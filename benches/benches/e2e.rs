@@ -485,21 +485,24 @@ fn registered_io(read: bool, windows: bool, n: u64) -> f64 {
             assert_eq!(c.status, WcStatus::Success, "{c:?}");
             done += 1;
             if windows {
-                // Invalidate (unsignaled) and bind again, chained as SMB Direct posts them:
-                // the send queue runs them in order, one completion for both.
+                // Invalidate (unsignaled) and bind again, chained as SMB Direct posts them
+                // (one ibv_post_send of two WRs: one doorbell, `Client::batch`): the send
+                // queue runs them in order, one completion for both.
                 let k = keys[c.wr_id as usize];
-                b.post_send(
-                    qb,
-                    &SendWr {
-                        wr_id: c.wr_id,
-                        op: WrOp::LocalInv { rkey: k },
-                        sg_list: &[],
-                        flags: SendFlags::default(),
-                        ud: None,
-                    },
-                )
-                .expect("post invalidate");
-                bind(&mut b, c.wr_id, &mut keys[c.wr_id as usize]);
+                b.batch(|b| {
+                    b.post_send(
+                        qb,
+                        &SendWr {
+                            wr_id: c.wr_id,
+                            op: WrOp::LocalInv { rkey: k },
+                            sg_list: &[],
+                            flags: SendFlags::default(),
+                            ud: None,
+                        },
+                    )
+                    .expect("post invalidate");
+                    bind(b, c.wr_id, &mut keys[c.wr_id as usize]);
+                });
             } else {
                 io(&mut a, c.wr_id, mb.rkey.unwrap());
             }
