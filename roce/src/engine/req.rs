@@ -448,8 +448,9 @@ impl Qp {
 
     /// Executes a local operation (LOCAL_INV, REG_MR) when the requester reaches it.
     fn execute_local(&mut self, sh: &mut Shared, idx: u64) {
-        let w = self.sq.get(idx).clone();
-        let status = match w.op {
+        // The operation only (the WQE is some 100 bytes).
+        let op = self.sq.get(idx).op;
+        let status = match op {
             // A key that cannot be invalidated is a local QP operation error (rxe).
             WrOp::LocalInv { rkey } => match sh.invalidate(rkey.0, self.pd, None) {
                 WcStatus::Success => WcStatus::Success,
