@@ -12,6 +12,38 @@ use super::oob::{Key, Role};
 use super::res::{pattern, Res, GRH};
 use super::{AtomicType, Conn, Params, Verb};
 
+/// Runs the latency loop of `p.verb` for one message size against the peer's region `rem`.
+pub fn run<V: Verbs>(res: &mut Res<V>, p: &Params, size: u64, rem: &Key) -> Result<LatOut, String> {
+    let l = Lat {
+        p,
+        size,
+        rem,
+        t0: Instant::now(),
+    };
+    let mut out = LatOut {
+        tposted: Vec::with_capacity(p.iters as usize),
+        ..Default::default()
+    };
+    match p.verb {
+        Verb::Write => write_lat(res, l, &mut out),
+        Verb::Send => send_lat(res, l, &mut out),
+        _ => rd_atomic_lat(res, l, &mut out),
+    }?;
+    out.total_ns = l.t0.elapsed().as_nanos() as u64;
+    Ok(out)
+}
+
+/// What every latency loop works with besides the test's resources.
+#[derive(Clone, Copy)]
+struct Lat<'a> {
+    p: &'a Params,
+    size: u64,
+    /// The peer's advertised region.
+    rem: &'a Key,
+    /// When the loop started: post times count from here.
+    t0: Instant,
+}
+
 /// How long one side waits for the other's next message.
 const WATCHDOG: Duration = Duration::from_secs(30);
 
@@ -100,21 +132,12 @@ fn post<V: Verbs>(
 
 /// `ib_write_lat`: each side WRITEs `size` bytes whose last byte is its iteration count and
 /// spins on the last byte of its own advertised region for the peer's. The server writes first.
-pub fn write_lat<V: Verbs>(
-    res: &mut Res<V>,
-    p: &Params,
-    size: u64,
-    rem: &Key,
-) -> Result<LatOut, String> {
+fn write_lat<V: Verbs>(res: &mut Res<V>, l: Lat<'_>, out: &mut LatOut) -> Result<(), String> {
+    let Lat { p, size, rem, t0 } = l;
     let iters = p.iters;
     let poll_off = (res.remote_off(0) + size - 1) as usize;
     let src = res.local_off(0);
     let post_off = (src + size - 1) as usize;
-    let mut out = LatOut {
-        tposted: Vec::with_capacity(iters as usize),
-        ..Default::default()
-    };
-    let t0 = Instant::now();
     let (mut scnt, mut rcnt, mut ccnt) = (0u64, 0u64, 0u64);
     let mut body = vec![0u8; size as usize];
     let mut got = vec![0u8; size as usize];
@@ -181,20 +204,13 @@ pub fn write_lat<V: Verbs>(
             ccnt += 1;
         }
     }
-    out.total_ns = t0.elapsed().as_nanos() as u64;
-    Ok(out)
+    Ok(())
 }
 
 /// `ib_read_lat` / `ib_atomic_lat` client: one signaled READ or ATOMIC at a time.
-pub fn rd_atomic_lat<V: Verbs>(
-    res: &mut Res<V>,
-    p: &Params,
-    size: u64,
-    rem: &Key,
-) -> Result<LatOut, String> {
+fn rd_atomic_lat<V: Verbs>(res: &mut Res<V>, l: Lat<'_>, out: &mut LatOut) -> Result<(), String> {
+    let Lat { p, size, rem, t0 } = l;
     let iters = p.iters;
-    let mut out = LatOut::default();
-    let t0 = Instant::now();
     let src = res.local_off(0);
     let mut got = vec![0u8; size as usize];
     let mut want = vec![0u8; size as usize];
@@ -249,24 +265,14 @@ pub fn rd_atomic_lat<V: Verbs>(
         }
         i += 1;
     }
-    out.total_ns = t0.elapsed().as_nanos() as u64;
-    Ok(out)
+    Ok(())
 }
 
 /// `ib_send_lat`: receives were posted before the sync round; the client sends first; each
 /// side sends after receiving, every SEND signaled and waited for.
-pub fn send_lat<V: Verbs>(
-    res: &mut Res<V>,
-    p: &Params,
-    size: u64,
-    rem: &Key,
-) -> Result<LatOut, String> {
+fn send_lat<V: Verbs>(res: &mut Res<V>, l: Lat<'_>, out: &mut LatOut) -> Result<(), String> {
+    let Lat { p, size, rem, t0 } = l;
     let iters = p.iters;
-    let mut out = LatOut {
-        tposted: Vec::with_capacity(iters as usize),
-        ..Default::default()
-    };
-    let t0 = Instant::now();
     let (mut scnt, mut rcnt) = (0u64, 0u64);
     let mut rposted = super::bw::preposted(p);
     let src = res.local_off(0);
@@ -318,6 +324,5 @@ pub fn send_lat<V: Verbs>(
             or_stop!(wait_one(res, scq, "SEND"), out);
         }
     }
-    out.total_ns = t0.elapsed().as_nanos() as u64;
-    Ok(out)
+    Ok(())
 }

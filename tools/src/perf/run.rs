@@ -303,6 +303,65 @@ impl<V: Verbs + RdmaCm> Session<'_, V> {
         }
     }
 
+    /// A bandwidth loop that SIGINT/SIGTERM ended early: prints the row for what completed
+    /// and the closing rule, and returns the error that stops the test.
+    fn stop_bw(&mut self, size: u64, mut o: BwOut, sender: bool) -> String {
+        let n = o.sent as usize;
+        o.tposted.truncate(n);
+        o.tcompleted.truncate(n);
+        let r = if o.tcompleted.is_empty() && o.sampled.is_none() {
+            // Duration mode keeps no per-message times: the average over the time it ran.
+            let n = if sender { o.sent } else { o.received };
+            BwResult::new(size, n, o.elapsed_ns.max(1) as f64 / 1e9, 0.0)
+        } else if sender {
+            bw::sender_result(self.p, size, &o)
+        } else {
+            bw::receiver_result(size, &o)
+        };
+        self.bw_row(&r);
+        self.say(&format!("{RULE}\n"));
+        super::INTERRUPTED.into()
+    }
+
+    /// Ends one message size of a latency test: its row; or, when SIGINT/SIGTERM ended the
+    /// loop early, the row for the iterations it measured, the closing rule and the error
+    /// that stops the test.
+    fn lat_size_done(&mut self, size: u64, o: &lat::LatOut, factor: f64) -> Result<(), String> {
+        if o.interrupted {
+            let n = o.tposted.len() as u64;
+            if n >= 2 {
+                let r = LatResult::perftest(size, n, &o.tposted, factor);
+                self.lat_row(&r);
+            }
+            self.say(&format!("{RULE}\n"));
+            return Err(super::INTERRUPTED.into());
+        }
+        self.verified += o.verified;
+        let r = LatResult::perftest(size, self.p.iters, &o.tposted, factor);
+        self.lat_row(&r);
+        Ok(())
+    }
+
+    /// A latency test's table: the header, a row per message size (`before` runs ahead of
+    /// each size's loop) and the closing rule.
+    fn lat_table(
+        &mut self,
+        factor: f64,
+        mut before: impl FnMut(&mut Self, u64) -> Result<(), String>,
+    ) -> Result<(), String> {
+        let h = format!("{RULE}\n{}\n", report::lat_header());
+        self.say(&h);
+        let p = self.p;
+        for &size in &p.sizes {
+            before(self, size)?;
+            let rem = self.rem[0];
+            let o = lat::run(&mut self.res, p, size, &rem)?;
+            self.lat_size_done(size, &o, factor)?;
+        }
+        self.say(&format!("{RULE}\n"));
+        Ok(())
+    }
+
     fn close(mut self) -> Result<(Vec<Value>, u64, u64, Res<V>), String> {
         let k = self.res.my_keys[0];
         let gi = self.res.gid_index;
@@ -318,64 +377,6 @@ impl<V: Verbs + RdmaCm> Session<'_, V> {
         })?;
         Ok((self.rows, self.verified, self.lost, self.res))
     }
-}
-
-/// A bandwidth loop that SIGINT/SIGTERM ended early: prints the row for what completed and
-/// the closing rule, and returns the error that stops the test.
-fn stop_bw<V: Verbs + RdmaCm>(
-    s: &mut Session<'_, V>,
-    size: u64,
-    mut o: BwOut,
-    sender: bool,
-) -> String {
-    let n = o.sent as usize;
-    o.tposted.truncate(n);
-    o.tcompleted.truncate(n);
-    let r = if o.tcompleted.is_empty() && o.sampled.is_none() {
-        // Duration mode keeps no per-message times: the average over the time it ran.
-        let n = if sender { o.sent } else { o.received };
-        BwResult::new(size, n, o.elapsed_ns.max(1) as f64 / 1e9, 0.0)
-    } else if sender {
-        bw::sender_result(s.p, size, &o)
-    } else {
-        bw::receiver_result(size, &o)
-    };
-    s.bw_row(&r);
-    s.say(&format!("{RULE}\n"));
-    super::INTERRUPTED.into()
-}
-
-/// A latency loop that SIGINT/SIGTERM ended early: the row for the iterations it measured.
-fn stop_lat<V: Verbs + RdmaCm>(
-    s: &mut Session<'_, V>,
-    size: u64,
-    o: &lat::LatOut,
-    factor: f64,
-) -> String {
-    let n = o.tposted.len() as u64;
-    if n >= 2 {
-        let r = LatResult::perftest(size, n, &o.tposted, factor);
-        s.lat_row(&r);
-    }
-    s.say(&format!("{RULE}\n"));
-    super::INTERRUPTED.into()
-}
-
-/// Ends one message size of a latency test: its row, or after an interruption the partial
-/// row and the error (see [`stop_lat`]).
-fn lat_size_done<V: Verbs + RdmaCm>(
-    s: &mut Session<'_, V>,
-    size: u64,
-    o: &lat::LatOut,
-    factor: f64,
-) -> Result<(), String> {
-    if o.interrupted {
-        return Err(stop_lat(s, size, o, factor));
-    }
-    s.verified += o.verified;
-    let r = LatResult::perftest(size, s.p.iters, &o.tposted, factor);
-    s.lat_row(&r);
-    Ok(())
 }
 
 fn check_gids<V: Verbs>(res: &Res<V>, rem: &[Key]) -> Result<(), String> {
@@ -704,7 +705,7 @@ fn rdma_bw<V: Verbs + RdmaCm>(s: &mut Session<'_, V>) -> Result<Option<()>, Stri
             let rem = s.rem.clone();
             let o = bw::run(&mut s.res, p, size, &rem, true, false, &mut || false)?;
             if o.interrupted {
-                return Err(stop_bw(s, size, o, true));
+                return Err(s.stop_bw(size, o, true));
             }
             s.verified += o.verified;
             let mine = bw::sender_result(p, size, &o);
@@ -723,7 +724,7 @@ fn rdma_bw<V: Verbs + RdmaCm>(s: &mut Session<'_, V>) -> Result<Option<()>, Stri
             let rem = s.rem.clone();
             let o = bw::run(&mut s.res, p, size, &rem, true, false, &mut || false)?;
             if o.interrupted {
-                return Err(stop_bw(s, size, o, true));
+                return Err(s.stop_bw(size, o, true));
             }
             let r = bw::sender_result(p, size, &o);
             s.bw_row(&r);
@@ -734,7 +735,7 @@ fn rdma_bw<V: Verbs + RdmaCm>(s: &mut Session<'_, V>) -> Result<Option<()>, Stri
             let rem = s.rem.clone();
             let o: BwOut = bw::run(&mut s.res, p, size, &rem, true, false, &mut || false)?;
             if o.interrupted {
-                return Err(stop_bw(s, size, o, true));
+                return Err(s.stop_bw(size, o, true));
             }
             s.verified += o.verified;
             last = bw::sender_result(p, size, &o);
@@ -810,7 +811,7 @@ fn send_bw<V: Verbs + RdmaCm>(s: &mut Session<'_, V>) -> Result<Option<()>, Stri
             oob.peer_has_data()
         })?;
         if o.interrupted {
-            return Err(stop_bw(s, size, o, sender));
+            return Err(s.stop_bw(size, o, sender));
         }
         s.verified += o.verified;
         s.lost += o.lost;
@@ -844,24 +845,13 @@ fn send_bw<V: Verbs + RdmaCm>(s: &mut Session<'_, V>) -> Result<Option<()>, Stri
     Ok(Some(()))
 }
 
-fn lat_table_header<V: Verbs + RdmaCm>(s: &mut Session<'_, V>) {
-    let h = format!("{RULE}\n{}\n", report::lat_header());
-    s.say(&h);
-}
-
 /// `ib_write_lat`: four rounds, the ping-pong, no closing exchange.
 fn write_lat<V: Verbs + RdmaCm>(s: &mut Session<'_, V>) -> Result<Option<()>, String> {
     let p = s.p;
     s.round(0)?; // the first handshake
     s.pre_test(true, false, false)?;
     s.round(0)?; // after RTR
-    lat_table_header(s);
-    for &size in &p.sizes.clone() {
-        let rem = s.rem[0];
-        let o = lat::write_lat(&mut s.res, p, size, &rem)?;
-        lat_size_done(s, size, &o, 2.0)?;
-    }
-    s.say(&format!("{RULE}\n"));
+    s.lat_table(2.0, |_, _| Ok(()))?;
     // ib_write_lat ends without a closing exchange: each side stops after its own last
     // WRITE completed and the peer's last WRITE arrived. If the ACK of the peer's last WRITE
     // was lost, the peer retransmits it after its ACK timeout, and a QP destroyed by then
@@ -888,13 +878,7 @@ fn rd_atomic_lat<V: Verbs + RdmaCm>(s: &mut Session<'_, V>) -> Result<Option<()>
         s.say(&format!("{RULE}\n"));
         return Ok(Some(()));
     }
-    lat_table_header(s);
-    for &size in &p.sizes.clone() {
-        let rem = s.rem[0];
-        let o = lat::rd_atomic_lat(&mut s.res, p, size, &rem)?;
-        lat_size_done(s, size, &o, 1.0)?;
-    }
-    s.say(&format!("{RULE}\n"));
+    s.lat_table(1.0, |_, _| Ok(()))?;
     Ok(Some(()))
 }
 
@@ -902,15 +886,11 @@ fn rd_atomic_lat<V: Verbs + RdmaCm>(s: &mut Session<'_, V>) -> Result<Option<()>
 fn send_lat<V: Verbs + RdmaCm>(s: &mut Session<'_, V>) -> Result<Option<()>, String> {
     let p = s.p;
     s.pre_test(true, false, true)?;
-    lat_table_header(s);
-    for &size in &p.sizes.clone() {
+    s.lat_table(2.0, |s, size| {
         bw::prepost_recvs(&mut s.res, p, size)?;
         s.round(0)?;
-        let rem = s.rem[0];
-        let o = lat::send_lat(&mut s.res, p, size, &rem)?;
-        lat_size_done(s, size, &o, 2.0)?;
-    }
-    s.say(&format!("{RULE}\n"));
+        Ok(())
+    })?;
     Ok(Some(()))
 }
 
