@@ -8,13 +8,13 @@ use std::time::Instant;
 use clap::Args;
 use dataplane::Verbs;
 use roce::engine::{QpInit, VerbsError};
-use roce::types::{Gid, Psn, Qkey, Qpn};
+use roce::types::{Gid, Qkey, Qpn};
 use roce::verbs::*;
 use serde_json::{json, Value};
 
 use super::bw::backoff;
 use super::oob::{Oob, PpDest, Role};
-use super::res::{random_psn, DEF_QKEY, GRH};
+use super::res::{random_psn, rtr_attr, rts_attr, DEF_QKEY, GRH};
 use super::run::{Endpoint, CONNECT_PATIENCE};
 
 /// Which example.
@@ -217,42 +217,10 @@ pub fn run<V: Verbs>(
         av
     };
     let peer = oob.pingpong(&me, |peer| {
-        let rtr = if ud {
-            QpAttr {
-                state: Some(QpState::Rtr),
-                ..Default::default()
-            }
-        } else {
-            QpAttr {
-                state: Some(QpState::Rtr),
-                path_mtu: Some(mtu),
-                dest_qp: Some(Qpn::new(peer.qpn)),
-                rq_psn: Some(Psn::new(peer.psn)),
-                max_dest_rd_atomic: Some(1),
-                min_rnr_timer: Some(12),
-                av: Some(av_for(peer)),
-                ..Default::default()
-            }
-        };
+        let rtr = rtr_attr(ud, mtu, peer.qpn, peer.psn, av_for(peer), Some(1));
         ctx.modify_qp(qpn, &rtr)
             .map_err(|err| format!("Failed to modify QP to RTR: {err}"))?;
-        let rts = if ud {
-            QpAttr {
-                state: Some(QpState::Rts),
-                sq_psn: Some(Psn::new(me.psn)),
-                ..Default::default()
-            }
-        } else {
-            QpAttr {
-                state: Some(QpState::Rts),
-                sq_psn: Some(Psn::new(me.psn)),
-                timeout: Some(14),
-                retry_cnt: Some(7),
-                rnr_retry: Some(7),
-                max_rd_atomic: Some(1),
-                ..Default::default()
-            }
-        };
+        let rts = rts_attr(me.psn, (!ud).then_some((14, 1)));
         ctx.modify_qp(qpn, &rts)
             .map_err(|err| format!("Failed to modify QP to RTS: {err}"))
     })?;

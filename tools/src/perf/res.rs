@@ -70,6 +70,53 @@ pub fn pattern(qp: u32, seq: u64, out: &mut [u8]) {
     }
 }
 
+/// The attributes that take a QP to RTR towards the peer's QP `dest_qpn`, whose first PSN is
+/// `rq_psn`, over `av`; a UD QP takes none of the path. `responder` (RC): the RDMA
+/// READs/ATOMICs it serves at once, with perftest's minimum RNR NAK timer.
+pub fn rtr_attr(
+    ud: bool,
+    mtu: Mtu,
+    dest_qpn: u32,
+    rq_psn: u32,
+    av: AddressVector,
+    responder: Option<u8>,
+) -> QpAttr {
+    if ud {
+        return QpAttr {
+            state: Some(QpState::Rtr),
+            ..Default::default()
+        };
+    }
+    QpAttr {
+        state: Some(QpState::Rtr),
+        path_mtu: Some(mtu),
+        dest_qp: Some(Qpn::new(dest_qpn)),
+        rq_psn: Some(Psn::new(rq_psn)),
+        av: Some(av),
+        max_dest_rd_atomic: responder,
+        min_rnr_timer: responder.map(|_| 12),
+        ..Default::default()
+    }
+}
+
+/// The attributes that take a QP from RTR to RTS, sending from `sq_psn`. `requester`
+/// (connected QPs that retry): the ACK timeout and the RDMA READs/ATOMICs it has
+/// outstanding at once, with retry and RNR retry counts of 7.
+pub fn rts_attr(sq_psn: u32, requester: Option<(u8, u8)>) -> QpAttr {
+    let mut a = QpAttr {
+        state: Some(QpState::Rts),
+        sq_psn: Some(Psn::new(sq_psn)),
+        ..Default::default()
+    };
+    if let Some((timeout, max_rd_atomic)) = requester {
+        a.timeout = Some(timeout);
+        a.retry_cnt = Some(7);
+        a.rnr_retry = Some(7);
+        a.max_rd_atomic = Some(max_rd_atomic);
+    }
+    a
+}
+
 /// A test's verbs objects and memory.
 pub struct Res<V: Verbs> {
     /// The verbs context.
@@ -360,44 +407,22 @@ impl<V: Verbs> Res<V> {
             self.ctx
                 .modify_qp(qpn, &init)
                 .map_err(|e| format!("Failed to modify QP to INIT: {e}"))?;
-            let rtr = if p.conn == Conn::UD {
-                QpAttr {
-                    state: Some(QpState::Rtr),
-                    ..Default::default()
-                }
-            } else {
-                QpAttr {
-                    state: Some(QpState::Rtr),
-                    path_mtu: Some(self.mtu),
-                    dest_qp: Some(Qpn::new(r.qpn)),
-                    rq_psn: Some(Psn::new(r.psn)),
-                    av: Some(self.av(&r)),
-                    max_dest_rd_atomic: (p.conn == Conn::RC).then_some(self.out_reads),
-                    min_rnr_timer: (p.conn == Conn::RC).then_some(12),
-                    ..Default::default()
-                }
-            };
+            let rtr = rtr_attr(
+                p.conn == Conn::UD,
+                self.mtu,
+                r.qpn,
+                r.psn,
+                self.av(&r),
+                (p.conn == Conn::RC).then_some(self.out_reads),
+            );
             self.ctx
                 .modify_qp(qpn, &rtr)
                 .map_err(|e| format!("Failed to modify QP {} to RTR: {e}", qpn.value()))?;
             if to_rts {
-                let rts = if p.conn == Conn::RC {
-                    QpAttr {
-                        state: Some(QpState::Rts),
-                        sq_psn: Some(Psn::new(self.my_keys[i].psn)),
-                        timeout: Some(p.qp_timeout),
-                        retry_cnt: Some(7),
-                        rnr_retry: Some(7),
-                        max_rd_atomic: Some((r.out_reads.clamp(1, 255)) as u8),
-                        ..Default::default()
-                    }
-                } else {
-                    QpAttr {
-                        state: Some(QpState::Rts),
-                        sq_psn: Some(Psn::new(self.my_keys[i].psn)),
-                        ..Default::default()
-                    }
-                };
+                let rts = rts_attr(
+                    self.my_keys[i].psn,
+                    (p.conn == Conn::RC).then(|| (p.qp_timeout, (r.out_reads.clamp(1, 255)) as u8)),
+                );
                 self.ctx
                     .modify_qp(qpn, &rts)
                     .map_err(|e| format!("Failed to modify QP {} to RTS: {e}", qpn.value()))?;
