@@ -290,28 +290,6 @@ impl Fabric {
         progress
     }
 
-    fn next_event(&mut self) -> Option<u64> {
-        let mut next = self.events.peek().map(|Reverse((t, _, _))| *t);
-        let mut consider = |t: Option<u64>| {
-            if let Some(t) = t {
-                next = Some(next.map_or(t, |n| n.min(t)));
-            }
-        };
-        consider(self.switch.poll_timeout());
-        for i in 0..self.nodes.len() {
-            consider(self.pause[i].poll_timeout());
-            consider(self.nodes[i].dev.poll_timeout());
-            // A node whose link is busy may have more to send when it frees.
-            if self.link_busy[i] > self.now {
-                consider(Some(self.link_busy[i]));
-            }
-        }
-        if self.cfg.sample_ns > 0 {
-            consider(Some(self.next_sample));
-        }
-        next
-    }
-
     /// Runs until `done` returns true, nothing is left to do, or time would pass
     /// `deadline`; returns whether `done` became true or the fabric went idle.
     pub fn run(&mut self, deadline: u64, done: impl FnMut(&mut Fabric) -> bool) -> bool {
@@ -332,7 +310,25 @@ impl super::Stepper for Fabric {
     }
 
     fn next_at(&mut self) -> Option<u64> {
-        self.next_event()
+        let mut next = self.events.peek().map(|Reverse((t, _, _))| *t);
+        let mut consider = |t: Option<u64>| {
+            if let Some(t) = t {
+                next = Some(next.map_or(t, |n| n.min(t)));
+            }
+        };
+        consider(self.switch.poll_timeout());
+        for i in 0..self.nodes.len() {
+            consider(self.pause[i].poll_timeout());
+            consider(self.nodes[i].dev.poll_timeout());
+            // A node whose link is busy may have more to send when it frees.
+            if self.link_busy[i] > self.now {
+                consider(Some(self.link_busy[i]));
+            }
+        }
+        if self.cfg.sample_ns > 0 {
+            consider(Some(self.next_sample));
+        }
+        next
     }
 
     fn clock(&mut self) -> &mut u64 {

@@ -13,7 +13,8 @@ use crate::engine::{CqId, Device, DeviceConfig, QpInit, Transmit};
 use crate::memory::{HeapMemory, PdId};
 use crate::types::{Gid, Lkey, Psn, Qkey, Qpn, Rkey};
 use crate::verbs::{
-    Access, AddressVector, Completion, Mtu, QpAttr, QpCaps, QpState, QpType, WcStatus, WrOp,
+    Access, AddressVector, Completion, Mtu, QpAttr, QpCaps, QpState, QpType, RecvWr, SendFlags,
+    SendWr, Sge, WcStatus, WrOp,
 };
 use crate::wire::opcode::Opcode;
 
@@ -430,26 +431,6 @@ impl Pair {
         progress
     }
 
-    fn next_event(&mut self) -> Option<u64> {
-        let mut next: Option<u64> = None;
-        let mut consider = |t: u64| next = Some(next.map_or(t, |n: u64| n.min(t)));
-        for side in 0..2 {
-            if let Some(Reverse((t, _, _))) = self.links[side].queue.peek() {
-                consider(*t);
-            }
-            if self.pending[side] && self.links[side].busy_until > self.now {
-                consider(self.links[side].busy_until);
-            }
-        }
-        for t in [self.a.dev.poll_timeout(), self.b.dev.poll_timeout()]
-            .into_iter()
-            .flatten()
-        {
-            consider(t);
-        }
-        next
-    }
-
     /// Runs until nothing is left to do or `now` would pass `deadline`. Returns whether the
     /// simulation went idle (as opposed to hitting the deadline).
     pub fn run_until_idle(&mut self, deadline: u64) -> bool {
@@ -473,7 +454,23 @@ impl Stepper for Pair {
     }
 
     fn next_at(&mut self) -> Option<u64> {
-        self.next_event()
+        let mut next: Option<u64> = None;
+        let mut consider = |t: u64| next = Some(next.map_or(t, |n: u64| n.min(t)));
+        for side in 0..2 {
+            if let Some(Reverse((t, _, _))) = self.links[side].queue.peek() {
+                consider(*t);
+            }
+            if self.pending[side] && self.links[side].busy_until > self.now {
+                consider(self.links[side].busy_until);
+            }
+        }
+        for t in [self.a.dev.poll_timeout(), self.b.dev.poll_timeout()]
+            .into_iter()
+            .flatten()
+        {
+            consider(t);
+        }
+        next
     }
 
     fn clock(&mut self) -> &mut u64 {
@@ -539,8 +536,8 @@ pub struct Endpoint {
 
 impl Endpoint {
     /// An SGE of `len` bytes at `off` in this endpoint's MR.
-    pub fn sge(&self, off: u64, len: u32) -> crate::verbs::Sge {
-        crate::verbs::Sge {
+    pub fn sge(&self, off: u64, len: u32) -> Sge {
+        Sge {
             addr: self.addr + off,
             length: len,
             lkey: self.lkey,
@@ -574,15 +571,8 @@ impl Endpoint {
 
 impl Pair {
     /// Posts a signaled send WR on `ep` (a QP of node `side`); panics if refused.
-    pub fn post(
-        &mut self,
-        side: usize,
-        ep: &Endpoint,
-        wr_id: u64,
-        op: crate::verbs::WrOp,
-        sges: &[crate::verbs::Sge],
-    ) {
-        self.post_flags(side, ep, wr_id, op, sges, crate::verbs::SendFlags::SIGNALED);
+    pub fn post(&mut self, side: usize, ep: &Endpoint, wr_id: u64, op: WrOp, sges: &[Sge]) {
+        self.post_flags(side, ep, wr_id, op, sges, SendFlags::SIGNALED);
     }
 
     /// Posts a send WR with explicit flags; panics if refused.
@@ -591,15 +581,15 @@ impl Pair {
         side: usize,
         ep: &Endpoint,
         wr_id: u64,
-        op: crate::verbs::WrOp,
-        sges: &[crate::verbs::Sge],
-        flags: crate::verbs::SendFlags,
+        op: WrOp,
+        sges: &[Sge],
+        flags: SendFlags,
     ) {
         self.node(side)
             .dev
             .post_send(
                 ep.qpn,
-                &crate::verbs::SendWr {
+                &SendWr {
                     wr_id,
                     op,
                     sg_list: sges,
@@ -611,12 +601,12 @@ impl Pair {
     }
 
     /// Posts a receive WR; panics if refused.
-    pub fn recv(&mut self, side: usize, ep: &Endpoint, wr_id: u64, sges: &[crate::verbs::Sge]) {
+    pub fn recv(&mut self, side: usize, ep: &Endpoint, wr_id: u64, sges: &[Sge]) {
         self.node(side)
             .dev
             .post_recv(
                 ep.qpn,
-                &crate::verbs::RecvWr {
+                &RecvWr {
                     wr_id,
                     sg_list: sges,
                 },
