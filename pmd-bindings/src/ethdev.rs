@@ -399,23 +399,15 @@ impl Port {
 
     /// Takes ownership of rx queue `q` (once; released when the handle drops).
     pub fn rx_queue(&self, q: u16) -> Result<RxQueue> {
-        self.claim(q, true)?;
-        Ok(RxQueue {
-            port: self.inner.clone(),
-            q,
-        })
+        Ok(RxQueue(self.claim(q, true)?))
     }
 
     /// Takes ownership of tx queue `q` (once; released when the handle drops).
     pub fn tx_queue(&self, q: u16) -> Result<TxQueue> {
-        self.claim(q, false)?;
-        Ok(TxQueue {
-            port: self.inner.clone(),
-            q,
-        })
+        Ok(TxQueue(self.claim(q, false)?))
     }
 
-    fn claim(&self, q: u16, rx: bool) -> Result<()> {
+    fn claim(&self, q: u16, rx: bool) -> Result<Claim> {
         let mut claims = self.inner.queues.lock().unwrap_or_else(|e| e.into_inner());
         let list = if rx { &mut claims.rx } else { &mut claims.tx };
         match list.get_mut(q as usize) {
@@ -431,7 +423,11 @@ impl Port {
             ))),
             Some(slot) => {
                 *slot = true;
-                Ok(())
+                Ok(Claim {
+                    port: self.inner.clone(),
+                    q,
+                    rx,
+                })
             }
         }
     }
@@ -645,11 +641,24 @@ fn dev_info(id: u16) -> Result<sys::rte_eth_dev_info> {
     Ok(info)
 }
 
-/// Exclusive handle to one receive queue of a port.
-pub struct RxQueue {
+/// A queue of a port taken by one handle; dropping it gives the queue back.
+struct Claim {
     port: Arc<PortInner>,
     q: u16,
+    rx: bool,
 }
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        if let Ok(mut c) = self.port.queues.lock() {
+            let list = if self.rx { &mut c.rx } else { &mut c.tx };
+            list[self.q as usize] = false;
+        }
+    }
+}
+
+/// Exclusive handle to one receive queue of a port.
+pub struct RxQueue(Claim);
 
 impl RxQueue {
     /// Receives up to the spare capacity of `out` (at most 65535) and appends the mbufs.
@@ -674,7 +683,7 @@ impl RxQueue {
         // first `n` and hands us ownership of them.
         unsafe {
             let dst = out.as_mut_ptr().add(len) as *mut *mut sys::rte_mbuf;
-            let n = sys::ferroce_rx_burst(self.port.id, self.q, dst, room) as usize;
+            let n = sys::ferroce_rx_burst(self.0.port.id, self.0.q, dst, room) as usize;
             out.set_len(len + n);
             n
         }
@@ -682,28 +691,17 @@ impl RxQueue {
 
     /// Queue index.
     pub fn queue(&self) -> u16 {
-        self.q
+        self.0.q
     }
 
     /// Port id.
     pub fn port_id(&self) -> u16 {
-        self.port.id
-    }
-}
-
-impl Drop for RxQueue {
-    fn drop(&mut self) {
-        if let Ok(mut c) = self.port.queues.lock() {
-            c.rx[self.q as usize] = false;
-        }
+        self.0.port.id
     }
 }
 
 /// Exclusive handle to one transmit queue of a port.
-pub struct TxQueue {
-    port: Arc<PortInner>,
-    q: u16,
-}
+pub struct TxQueue(Claim);
 
 impl TxQueue {
     /// Sends mbufs from the front of `pkts`; returns how many the driver took. Those it did
@@ -720,7 +718,8 @@ impl TxQueue {
         // the front without dropping the sent ones.
         unsafe {
             let base = pkts.as_mut_ptr();
-            let n = sys::ferroce_tx_burst(self.port.id, self.q, base as *mut *mut _, want) as usize;
+            let n =
+                sys::ferroce_tx_burst(self.0.port.id, self.0.q, base as *mut *mut _, want) as usize;
             if n > 0 {
                 std::ptr::copy(base.add(n), base, len - n);
                 pkts.set_len(len - n);
@@ -734,7 +733,7 @@ impl TxQueue {
     pub fn tx_one(&mut self, pkt: Mbuf) -> std::result::Result<(), Mbuf> {
         let mut raw = pkt.as_ptr();
         // SAFETY: queue owned by this handle; on success DPDK owns the mbuf.
-        let n = unsafe { sys::ferroce_tx_burst(self.port.id, self.q, &mut raw, 1) };
+        let n = unsafe { sys::ferroce_tx_burst(self.0.port.id, self.0.q, &mut raw, 1) };
         if n == 1 {
             std::mem::forget(pkt);
             Ok(())
@@ -745,19 +744,11 @@ impl TxQueue {
 
     /// Queue index.
     pub fn queue(&self) -> u16 {
-        self.q
+        self.0.q
     }
 
     /// Port id.
     pub fn port_id(&self) -> u16 {
-        self.port.id
-    }
-}
-
-impl Drop for TxQueue {
-    fn drop(&mut self) {
-        if let Ok(mut c) = self.port.queues.lock() {
-            c.tx[self.q as usize] = false;
-        }
+        self.0.port.id
     }
 }
