@@ -14,35 +14,30 @@ use crate::config::FaultConfig;
 /// 10 Gb/s is about 300 full-size frames.
 pub const MAX_DELAYED: usize = 16_384;
 
-/// What the injector did.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct FaultCounters {
-    /// Frames dropped.
-    pub lost: u64,
-    /// Frames sent twice.
-    pub duplicated: u64,
-    /// Frames with one bit flipped.
-    pub corrupted: u64,
-    /// Frames held back behind the next one.
-    pub reordered: u64,
-    /// ECN-capable frames sent with CE set.
-    pub ce_marked: u64,
-    /// Frames held in the delay line.
-    pub delayed: u64,
-    /// Frames dropped because the delay line was full.
-    pub delay_dropped: u64,
-}
+roce::counters!(
+    /// What the injector did.
+    FaultCounters {
+        /// Frames dropped.
+        lost,
+        /// Frames sent twice.
+        duplicated,
+        /// Frames with one bit flipped.
+        corrupted,
+        /// Frames held back behind the next one.
+        reordered,
+        /// ECN-capable frames sent with CE set.
+        ce_marked,
+        /// Frames held in the delay line.
+        delayed,
+        /// Frames dropped because the delay line was full.
+        delay_dropped,
+    }
+);
 
 impl std::ops::AddAssign for FaultCounters {
     /// Sums two injectors' counts (the switch's ports).
     fn add_assign(&mut self, o: FaultCounters) {
-        self.lost += o.lost;
-        self.duplicated += o.duplicated;
-        self.corrupted += o.corrupted;
-        self.reordered += o.reordered;
-        self.ce_marked += o.ce_marked;
-        self.delayed += o.delayed;
-        self.delay_dropped += o.delay_dropped;
+        self.add(&o);
     }
 }
 
