@@ -19,7 +19,7 @@ use roce::wire::ethernet::{self, ethertype, EthernetRepr, VlanTag};
 use smoltcp::phy::ChecksumCapabilities;
 use smoltcp::wire::{
     ArpOperation, ArpPacket, ArpRepr, EthernetAddress, Icmpv4Packet, Icmpv4Repr, Icmpv6Packet,
-    Icmpv6Repr, IpProtocol, Ipv4Packet, Ipv4Repr, Ipv6Packet, Ipv6Repr, NdiscNeighborFlags,
+    Icmpv6Repr, IpProtocol, IpRepr, Ipv4Packet, Ipv4Repr, Ipv6Packet, Ipv6Repr, NdiscNeighborFlags,
     NdiscRepr, RawHardwareAddress,
 };
 
@@ -583,7 +583,15 @@ impl Neighbors {
         }
     }
 
-    fn l2(&self, dst: [u8; 6], et: u16, payload_len: usize) -> (Vec<u8>, usize) {
+    /// Queues a frame to `dst` of ethertype `et` whose body of `payload_len` bytes `emit`
+    /// writes (it gets the rest of the frame: padding to the 60-byte minimum included).
+    fn queue_frame(
+        &mut self,
+        dst: [u8; 6],
+        et: u16,
+        payload_len: usize,
+        emit: impl FnOnce(&mut [u8]),
+    ) {
         let eth = EthernetRepr {
             dst,
             src: self.mac,
@@ -593,7 +601,8 @@ impl Neighbors {
         let hl = eth.buffer_len();
         let mut f = vec![0u8; (hl + payload_len).max(60)];
         eth.emit(&mut f).expect("sized");
-        (f, hl)
+        emit(&mut f[hl..]);
+        self.out.push_back(f);
     }
 
     fn arp(
@@ -611,31 +620,38 @@ impl Neighbors {
             target_hardware_addr: EthernetAddress(target_mac),
             target_protocol_addr: target_ip,
         };
-        let (mut f, hl) = self.l2(dst_mac, ethertype::ARP, repr.buffer_len());
-        repr.emit(&mut ArpPacket::new_unchecked(
-            &mut f[hl..hl + repr.buffer_len()],
-        ));
-        self.out.push_back(f);
+        let len = repr.buffer_len();
+        self.queue_frame(dst_mac, ethertype::ARP, len, |b| {
+            repr.emit(&mut ArpPacket::new_unchecked(&mut b[..len]))
+        });
+    }
+
+    /// Queues an IP packet `ip` to `dst_mac`; `emit` writes its payload (of the length `ip`
+    /// gives).
+    fn queue_ip(&mut self, dst_mac: [u8; 6], ip: IpRepr, emit: impl FnOnce(&mut [u8])) {
+        let et = match ip {
+            IpRepr::Ipv4(_) => ethertype::IPV4,
+            IpRepr::Ipv6(_) => ethertype::IPV6,
+        };
+        let (hl, pl) = (ip.header_len(), ip.payload_len());
+        self.queue_frame(dst_mac, et, hl + pl, |b| {
+            ip.emit(&mut *b, &ChecksumCapabilities::default());
+            emit(&mut b[hl..hl + pl]);
+        });
     }
 
     fn icmpv6(&mut self, src: Ipv6Addr, dst: Ipv6Addr, dst_mac: [u8; 6], repr: &Icmpv6Repr<'_>) {
-        let ip = Ipv6Repr {
-            src_addr: src,
-            dst_addr: dst,
-            next_header: IpProtocol::Icmpv6,
-            payload_len: repr.buffer_len(),
-            hop_limit: 255,
-        };
-        let (mut f, hl) = self.l2(
-            dst_mac,
-            ethertype::IPV6,
-            ip.buffer_len() + repr.buffer_len(),
+        let ip = IpRepr::new(
+            src.into(),
+            dst.into(),
+            IpProtocol::Icmpv6,
+            repr.buffer_len(),
+            255,
         );
-        let mut p = Ipv6Packet::new_unchecked(&mut f[hl..]);
-        ip.emit(&mut p);
-        let mut icmp = Icmpv6Packet::new_unchecked(p.payload_mut());
-        repr.emit(&src, &dst, &mut icmp, &ChecksumCapabilities::default());
-        self.out.push_back(f);
+        self.queue_ip(dst_mac, ip, |b| {
+            let mut icmp = Icmpv6Packet::new_unchecked(b);
+            repr.emit(&src, &dst, &mut icmp, &ChecksumCapabilities::default());
+        });
     }
 
     fn ndisc_advert(&mut self, target: Ipv6Addr, dst: Ipv6Addr, dst_mac: [u8; 6], solicited: bool) {
@@ -747,22 +763,16 @@ impl Neighbors {
             seq_no,
             data,
         };
-        let rip = Ipv4Repr {
-            src_addr: ip.dst_addr,
-            dst_addr: ip.src_addr,
-            next_header: IpProtocol::Icmp,
-            payload_len: reply.buffer_len(),
-            hop_limit: 64,
-        };
-        let (mut f, hl) = self.l2(
-            src_mac,
-            ethertype::IPV4,
-            rip.buffer_len() + reply.buffer_len(),
+        let rip = IpRepr::new(
+            ip.dst_addr.into(),
+            ip.src_addr.into(),
+            IpProtocol::Icmp,
+            reply.buffer_len(),
+            64,
         );
-        let mut op = Ipv4Packet::new_unchecked(&mut f[hl..]);
-        rip.emit(&mut op, &caps);
-        reply.emit(&mut Icmpv4Packet::new_unchecked(op.payload_mut()), &caps);
-        self.out.push_back(f);
+        self.queue_ip(src_mac, rip, |b| {
+            reply.emit(&mut Icmpv4Packet::new_unchecked(b), &caps)
+        });
         self.counters.echo_replies_tx += 1;
         true
     }
