@@ -121,11 +121,11 @@ pub trait RdmaCm: crate::app::Verbs {
 
 impl<C: Channel> RdmaCm for Client<C> {
     fn cm_listen(&mut self, service_id: u64) -> VerbsResult<()> {
-        self.call(Command::CmListen { service_id }).map(|_| ())
+        self.call_ok(Command::CmListen { service_id })
     }
 
     fn cm_unlisten(&mut self, service_id: u64) -> VerbsResult<()> {
-        self.call(Command::CmUnlisten { service_id }).map(|_| ())
+        self.call_ok(Command::CmUnlisten { service_id })
     }
 
     fn cm_connect(&mut self, params: ConnectParams) -> VerbsResult<u32> {
@@ -135,29 +135,27 @@ impl<C: Channel> RdmaCm for Client<C> {
     }
 
     fn cm_accept(&mut self, id: u32, params: AcceptParams) -> VerbsResult<()> {
-        self.call(Command::CmAccept {
+        self.call_ok(Command::CmAccept {
             id,
             params: Box::new(params),
         })
-        .map(|_| ())
     }
 
     fn cm_reject(&mut self, id: u32, private_data: &[u8]) -> VerbsResult<()> {
         let private_data = private_data.to_vec();
-        self.call(Command::CmReject { id, private_data })
-            .map(|_| ())
+        self.call_ok(Command::CmReject { id, private_data })
     }
 
     fn cm_rtu(&mut self, id: u32) -> VerbsResult<()> {
-        self.call(Command::CmRtu { id }).map(|_| ())
+        self.call_ok(Command::CmRtu { id })
     }
 
     fn cm_established(&mut self, id: u32) -> VerbsResult<()> {
-        self.call(Command::CmEstablished { id }).map(|_| ())
+        self.call_ok(Command::CmEstablished { id })
     }
 
     fn cm_disconnect(&mut self, id: u32) -> VerbsResult<()> {
-        self.call(Command::CmDisconnect { id }).map(|_| ())
+        self.call_ok(Command::CmDisconnect { id })
     }
 
     fn cm_sidr_request(&mut self, params: SidrParams) -> VerbsResult<u32> {
@@ -175,14 +173,13 @@ impl<C: Channel> RdmaCm for Client<C> {
         private_data: &[u8],
     ) -> VerbsResult<()> {
         let private_data = private_data.to_vec();
-        self.call(Command::CmSidrReply {
+        self.call_ok(Command::CmSidrReply {
             id,
             status,
             qpn,
             qkey,
             private_data,
         })
-        .map(|_| ())
     }
 
     fn cm_get_event(&mut self) -> VerbsResult<Option<CmEventData>> {
@@ -213,6 +210,11 @@ impl<C: Channel> RdmaCm for Client<C> {
 }
 
 impl<C: Channel> Client<C> {
+    /// A call whose reply carries nothing.
+    fn call_ok(&mut self, cmd: Command) -> VerbsResult<()> {
+        self.call(cmd).map(|_| ())
+    }
+
     /// A call that opens a connection or request and answers its ID.
     fn call_cm_id(&mut self, cmd: Command) -> VerbsResult<u32> {
         match self.call(cmd)? {
