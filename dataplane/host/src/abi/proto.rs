@@ -494,12 +494,27 @@ fn sockaddr(path: &Path) -> io::Result<(libc::sockaddr_un, libc::socklen_t)> {
     Ok((a, len as libc::socklen_t))
 }
 
-fn new_socket() -> io::Result<OwnedFd> {
+/// A new `SOCK_SEQPACKET` socket on which `call` (`connect(2)` or `bind(2)`) has been made
+/// with the address `path`.
+fn socket_at(
+    path: &Path,
+    call: unsafe extern "C" fn(libc::c_int, *const libc::sockaddr, libc::socklen_t) -> libc::c_int,
+) -> io::Result<OwnedFd> {
     // SAFETY: plain socket(2); the result is checked and owned.
     let raw =
         cvt(unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) })?;
     // SAFETY: a fresh fd.
-    Ok(unsafe { OwnedFd::from_raw_fd(raw) })
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    let (a, len) = sockaddr(path)?;
+    // SAFETY: a valid sockaddr_un of `len` bytes.
+    cvt(unsafe {
+        call(
+            fd.as_raw_fd(),
+            &a as *const libc::sockaddr_un as *const libc::sockaddr,
+            len,
+        )
+    })?;
+    Ok(fd)
 }
 
 /// Waits until `fd` is readable (or hung up) for at most `timeout` (`None`: forever);
@@ -538,16 +553,7 @@ pub struct PeerCred {
 impl SeqPacket {
     /// Connects to the socket at `path`.
     pub fn connect(path: &Path) -> io::Result<SeqPacket> {
-        let fd = new_socket()?;
-        let (a, len) = sockaddr(path)?;
-        // SAFETY: a valid sockaddr_un of `len` bytes.
-        cvt(unsafe {
-            libc::connect(
-                fd.as_raw_fd(),
-                &a as *const libc::sockaddr_un as *const libc::sockaddr,
-                len,
-            )
-        })?;
+        let fd = socket_at(path, libc::connect)?;
         Ok(SeqPacket { fd })
     }
 
@@ -747,16 +753,7 @@ pub struct Listener {
 impl Listener {
     /// Binds and listens at `path` (which must not exist).
     pub fn bind(path: &Path) -> io::Result<Listener> {
-        let fd = new_socket()?;
-        let (a, len) = sockaddr(path)?;
-        // SAFETY: a valid sockaddr_un of `len` bytes.
-        cvt(unsafe {
-            libc::bind(
-                fd.as_raw_fd(),
-                &a as *const libc::sockaddr_un as *const libc::sockaddr,
-                len,
-            )
-        })?;
+        let fd = socket_at(path, libc::bind)?;
         // SAFETY: a bound socket.
         cvt(unsafe { libc::listen(fd.as_raw_fd(), 64) })?;
         Ok(Listener { fd })
