@@ -348,15 +348,7 @@ pub fn connect(ctx: &mut Context, me: &End, peer: &End) -> Result<(), String> {
             min_rnr_timer: Some(1),
             ..Default::default()
         },
-        QpAttr {
-            state: Some(QpState::Rts),
-            sq_psn: Some(Psn::new(0)),
-            timeout: Some(18),
-            retry_cnt: Some(7),
-            rnr_retry: Some(7),
-            max_rd_atomic: Some(1),
-            ..Default::default()
-        },
+        QpAttr::rts(Psn::new(0), 18, 1),
     ];
     for a in &steps {
         ctx.modify_qp(me.qpn, a)

@@ -103,18 +103,14 @@ pub fn rtr_attr(
 /// (connected QPs that retry): the ACK timeout and the RDMA READs/ATOMICs it has
 /// outstanding at once, with retry and RNR retry counts of 7.
 pub fn rts_attr(sq_psn: u32, requester: Option<(u8, u8)>) -> QpAttr {
-    let mut a = QpAttr {
-        state: Some(QpState::Rts),
-        sq_psn: Some(Psn::new(sq_psn)),
-        ..Default::default()
-    };
-    if let Some((timeout, max_rd_atomic)) = requester {
-        a.timeout = Some(timeout);
-        a.retry_cnt = Some(7);
-        a.rnr_retry = Some(7);
-        a.max_rd_atomic = Some(max_rd_atomic);
+    match requester {
+        Some((timeout, max_rd_atomic)) => QpAttr::rts(Psn::new(sq_psn), timeout, max_rd_atomic),
+        None => QpAttr {
+            state: Some(QpState::Rts),
+            sq_psn: Some(Psn::new(sq_psn)),
+            ..Default::default()
+        },
     }
-    a
 }
 
 /// A test's verbs objects and memory.
