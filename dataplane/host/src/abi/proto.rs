@@ -517,6 +517,30 @@ fn socket_at(
     Ok(fd)
 }
 
+/// A `msghdr` for one message in `iov`, without control data. The result points at `iov`.
+fn msghdr(iov: &mut libc::iovec) -> libc::msghdr {
+    // SAFETY: zero is a valid msghdr.
+    let mut m: libc::msghdr = unsafe { std::mem::zeroed() };
+    m.msg_iov = iov;
+    m.msg_iovlen = 1;
+    m
+}
+
+/// Runs the system call `call` again while it fails with EINTR; its result (at least 0) or
+/// its error.
+fn retry_eintr(mut call: impl FnMut() -> isize) -> io::Result<usize> {
+    loop {
+        let r = call();
+        if r >= 0 {
+            return Ok(r as usize);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
 /// Waits until `fd` is readable (or hung up) for at most `timeout` (`None`: forever);
 /// false on timeout. EINTR counts as a timeout (callers check their stop flag).
 pub fn wait_readable(fd: RawFd, timeout: Option<Duration>) -> io::Result<bool> {
@@ -628,10 +652,7 @@ impl SeqPacket {
         };
         // Control buffer for MAX_FDS fds, u64-aligned as cmsghdr needs.
         let mut cbuf = [0u64; 8];
-        // SAFETY: zero is a valid msghdr.
-        let mut m: libc::msghdr = unsafe { std::mem::zeroed() };
-        m.msg_iov = &mut iov;
-        m.msg_iovlen = 1;
+        let mut m = msghdr(&mut iov);
         if !fds.is_empty() {
             let bytes = std::mem::size_of_val(fds);
             // SAFETY: CMSG_SPACE of at most MAX_FDS ints fits cbuf (64 bytes); the header
@@ -649,18 +670,9 @@ impl SeqPacket {
                 }
             }
         }
-        loop {
-            // SAFETY: m points at live buffers; MSG_NOSIGNAL: a gone peer is an error, not
-            // SIGPIPE.
-            let r = unsafe { libc::sendmsg(self.raw(), &m, libc::MSG_NOSIGNAL) };
-            if r >= 0 {
-                return Ok(());
-            }
-            let e = io::Error::last_os_error();
-            if e.kind() != io::ErrorKind::Interrupted {
-                return Err(e);
-            }
-        }
+        // SAFETY: m points at live buffers; MSG_NOSIGNAL: a gone peer is an error, not
+        // SIGPIPE.
+        retry_eintr(|| unsafe { libc::sendmsg(self.raw(), &m, libc::MSG_NOSIGNAL) }).map(drop)
     }
 
     /// Receives one message into `buf`: its length (0: the peer closed) and the fds that
@@ -672,23 +684,12 @@ impl SeqPacket {
             iov_len: buf.len(),
         };
         let mut cbuf = [0u64; 8];
-        // SAFETY: zero is a valid msghdr.
-        let mut m: libc::msghdr = unsafe { std::mem::zeroed() };
-        m.msg_iov = &mut iov;
-        m.msg_iovlen = 1;
+        let mut m = msghdr(&mut iov);
         m.msg_control = cbuf.as_mut_ptr() as *mut libc::c_void;
         m.msg_controllen = std::mem::size_of_val(&cbuf);
-        let n = loop {
-            // SAFETY: m points at live buffers; fds arrive close-on-exec.
-            let r = unsafe { libc::recvmsg(self.raw(), &mut m, libc::MSG_CMSG_CLOEXEC) };
-            if r >= 0 {
-                break r as usize;
-            }
-            let e = io::Error::last_os_error();
-            if e.kind() != io::ErrorKind::Interrupted {
-                return Err(e);
-            }
-        };
+        // SAFETY: m points at live buffers; fds arrive close-on-exec.
+        let n =
+            retry_eintr(|| unsafe { libc::recvmsg(self.raw(), &mut m, libc::MSG_CMSG_CLOEXEC) })?;
         let mut fds = Vec::new();
         // SAFETY: walking the control messages the kernel wrote into cbuf; each fd in an
         // SCM_RIGHTS message is ours now and is owned exactly once.
