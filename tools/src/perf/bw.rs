@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use dataplane::Verbs;
+use dataplane::{Buffer, Verbs};
 use roce::engine::VerbsError;
 use roce::types::Rkey;
 use roce::verbs::*;
@@ -141,15 +141,7 @@ pub fn run<V: Verbs>(
     let mut ev = super::EventWait::default();
     let mut last_progress = Instant::now();
     let mut progress_unclocked = false;
-    let mut scratch = vec![
-        0u8;
-        if p.verify {
-            size as usize + GRH as usize
-        } else {
-            0
-        }
-    ];
-    let mut expect = vec![0u8; scratch.len()];
+    let mut check = res.vbuf.as_ref().map(|(vb, _)| Check::new(vb, size));
     let atomic_cmp = matches!(p.atomic, AtomicType::CMP_AND_SWAP);
     loop {
         if super::interrupted() {
@@ -257,10 +249,12 @@ pub fn run<V: Verbs>(
                 if upto <= r.ccnt {
                     continue;
                 }
-                if p.verify && matches!(p.verb, Verb::Read | Verb::Atomic) {
-                    for s in r.ccnt..upto {
-                        verify_send_completion(res, p, q, s, size, &mut scratch, &mut expect)?;
-                        out.verified += 1;
+                if let Some(c) = check.as_mut() {
+                    if matches!(p.verb, Verb::Read | Verb::Atomic) {
+                        for s in r.ccnt..upto {
+                            c.send_completion(res, p, q, s)?;
+                            out.verified += 1;
+                        }
                     }
                 }
                 let n = upto - r.ccnt;
@@ -297,17 +291,8 @@ pub fn run<V: Verbs>(
                         c.byte_len
                     ));
                 }
-                if p.verify && !p.write_imm {
-                    verify_recv(
-                        res,
-                        p,
-                        q,
-                        c.wr_id & SEQ_MASK,
-                        &runs[q],
-                        size,
-                        &mut scratch,
-                        &mut expect,
-                    )?;
+                if let Some(v) = check.as_mut().filter(|_| !p.write_imm) {
+                    v.recv(res, p, &runs[q], q, c.wr_id & SEQ_MASK)?;
                     out.verified += 1;
                 }
                 let now = ns(t0);
@@ -510,102 +495,116 @@ pub fn region_pattern(qp: u32, off: u64, out: &mut [u8]) {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn verify_send_completion<V: Verbs>(
-    res: &Res<V>,
-    p: &Params,
-    q: usize,
-    seq: u64,
+/// `--verify`'s check of what a message brought: the verify buffer, and room for one message
+/// as it is and as it should be.
+struct Check {
+    vb: Buffer,
     size: u64,
-    got: &mut [u8],
-    want: &mut [u8],
-) -> Result<(), String> {
-    let Some((vb, _)) = &res.vbuf else {
-        return Ok(());
-    };
-    let off = res.vsend_off(p, q, seq % p.tx_depth as u64) as usize;
-    let n = size as usize;
-    match p.verb {
-        Verb::Read => {
-            let step = inc(size, res.cache_line);
-            let cycling = size <= res.cycle_buffer / 2;
-            let nslots = (res.cycle_buffer / step).max(1);
-            let rem_off = if cycling { (seq % nslots) * step } else { 0 };
-            vb.read(off, &mut got[..n]);
-            region_pattern(q as u32, rem_off, &mut want[..n]);
-            if got[..n] != want[..n] {
-                return Err(format!(
-                    "--verify: READ {seq} on QP {q} returned data that differs from the server's region at +{rem_off}"
-                ));
-            }
-        }
-        Verb::Atomic => {
-            let step = inc(size, res.cache_line);
-            let nslots = (res.cycle_buffer / step).max(1);
-            let expected = seq / nslots;
-            let mut b = [0u8; 8];
-            vb.read(off, &mut b);
-            let v = u64::from_ne_bytes(b);
-            if v != expected {
-                return Err(format!(
-                    "--verify: ATOMIC {seq} on QP {q} returned {v}, expected {expected}"
-                ));
-            }
-        }
-        _ => {}
-    }
-    Ok(())
+    got: Vec<u8>,
+    want: Vec<u8>,
 }
 
-#[allow(clippy::too_many_arguments)]
-fn verify_recv<V: Verbs>(
-    res: &Res<V>,
-    p: &Params,
-    q: usize,
-    idx: u64,
-    r: &QpRun,
-    size: u64,
-    got: &mut [u8],
-    want: &mut [u8],
-) -> Result<(), String> {
-    let Some((vb, _)) = &res.vbuf else {
-        return Ok(());
-    };
-    let mut off = res.vrecv_off(p, q, idx % p.rx_depth as u64) as usize;
-    if p.conn == Conn::UD {
-        off += GRH as usize;
+impl Check {
+    fn new(vb: &Buffer, size: u64) -> Check {
+        let room = size as usize + GRH as usize;
+        Check {
+            vb: vb.clone(),
+            size,
+            got: vec![0; room],
+            want: vec![0; room],
+        }
     }
-    let n = size as usize;
-    vb.read(off, &mut got[..n]);
-    // The sender put the message's sequence number first; RC delivers in order and exactly
-    // once, so it must be the count received so far.
-    let mut s = [0u8; 8];
-    let k = n.min(8);
-    s[..k].copy_from_slice(&got[..k]);
-    let seq = if n >= 8 {
-        u64::from_le_bytes(s)
-    } else if p.conn == Conn::RC {
-        r.rcnt
-    } else {
-        // A message under 8 bytes holds only the low bytes of its sequence number, and UC and
-        // UD lose messages: it is the first number from the count received so far whose low
-        // bytes match (losing 256^n messages in a row would be needed to mistake one).
-        let m = 1u64 << (8 * n);
-        r.rcnt + u64::from_le_bytes(s).wrapping_sub(r.rcnt) % m
-    };
-    if p.conn == Conn::RC && seq != r.rcnt {
-        return Err(format!(
-            "--verify: QP {q} received message {seq} where {} was due",
+
+    /// The READ or ATOMIC `seq` of QP `q` completed: its response is what the server's
+    /// region holds there.
+    fn send_completion<V: Verbs>(
+        &mut self,
+        res: &Res<V>,
+        p: &Params,
+        q: usize,
+        seq: u64,
+    ) -> Result<(), String> {
+        let size = self.size;
+        let off = res.vsend_off(p, q, seq % p.tx_depth as u64) as usize;
+        let n = size as usize;
+        match p.verb {
+            Verb::Read => {
+                let step = inc(size, res.cache_line);
+                let cycling = size <= res.cycle_buffer / 2;
+                let nslots = (res.cycle_buffer / step).max(1);
+                let rem_off = if cycling { (seq % nslots) * step } else { 0 };
+                self.vb.read(off, &mut self.got[..n]);
+                region_pattern(q as u32, rem_off, &mut self.want[..n]);
+                if self.got[..n] != self.want[..n] {
+                    return Err(format!(
+                        "--verify: READ {seq} on QP {q} returned data that differs from the server's region at +{rem_off}"
+                    ));
+                }
+            }
+            Verb::Atomic => {
+                let step = inc(size, res.cache_line);
+                let nslots = (res.cycle_buffer / step).max(1);
+                let expected = seq / nslots;
+                let mut b = [0u8; 8];
+                self.vb.read(off, &mut b);
+                let v = u64::from_ne_bytes(b);
+                if v != expected {
+                    return Err(format!(
+                        "--verify: ATOMIC {seq} on QP {q} returned {v}, expected {expected}"
+                    ));
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// Receive `idx` of QP `q` (whose counts are `r`) completed: it holds the next message.
+    fn recv<V: Verbs>(
+        &mut self,
+        res: &Res<V>,
+        p: &Params,
+        r: &QpRun,
+        q: usize,
+        idx: u64,
+    ) -> Result<(), String> {
+        let size = self.size;
+        let mut off = res.vrecv_off(p, q, idx % p.rx_depth as u64) as usize;
+        if p.conn == Conn::UD {
+            off += GRH as usize;
+        }
+        let n = size as usize;
+        self.vb.read(off, &mut self.got[..n]);
+        // The sender put the message's sequence number first; RC delivers in order and exactly
+        // once, so it must be the count received so far.
+        let mut s = [0u8; 8];
+        let k = n.min(8);
+        s[..k].copy_from_slice(&self.got[..k]);
+        let seq = if n >= 8 {
+            u64::from_le_bytes(s)
+        } else if p.conn == Conn::RC {
             r.rcnt
-        ));
+        } else {
+            // A message under 8 bytes holds only the low bytes of its sequence number, and UC and
+            // UD lose messages: it is the first number from the count received so far whose low
+            // bytes match (losing 256^n messages in a row would be needed to mistake one).
+            let m = 1u64 << (8 * n);
+            r.rcnt + u64::from_le_bytes(s).wrapping_sub(r.rcnt) % m
+        };
+        if p.conn == Conn::RC && seq != r.rcnt {
+            return Err(format!(
+                "--verify: QP {q} received message {seq} where {} was due",
+                r.rcnt
+            ));
+        }
+        pattern(q as u32, seq, &mut self.want[..n]);
+        if self.got[..n] != self.want[..n] {
+            return Err(format!(
+                "--verify: message {seq} on QP {q} ({n} bytes) arrived corrupted"
+            ));
+        }
+        Ok(())
     }
-    pattern(q as u32, seq, &mut want[..n]);
-    if got[..n] != want[..n] {
-        return Err(format!(
-            "--verify: message {seq} on QP {q} ({n} bytes) arrived corrupted"
-        ));
-    }
-    Ok(())
 }
 
 /// `--verify` on a WRITE server after the test: every message's place in the region holds
