@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use ferroce_host::abi::CmEventData;
 use ferroce_host::app::{Buffer, CmQpPath, Mr, RdmaCm, Verbs};
 use roce::cm::{reason, AcceptParams, ConnectParams, SidrParams, SIDR_UNSUPPORTED, SIDR_VALID};
-use roce::engine::{CqId, QpInit};
+use roce::engine::{CqId, QpInit, VerbsResult};
 use roce::memory::PdId;
 use roce::types::{Gid, Qkey, Qpn};
 use roce::verbs::{
@@ -185,18 +185,15 @@ pub fn connect_rc<V: RdmaCm>(
             private_data: request_private(local, dst),
             ..Default::default()
         };
-        let id = ctx
-            .cm_connect(params)
-            .map_err(|e| format!("rdma_connect to {dst}:{port}: {e}"))?;
-        let again = match next_event(ctx, "rdma_connect", STEP, |e| e.id() == id)? {
+        let (id, answer) = request(ctx, "rdma_connect", dst, port, |c| c.cm_connect(params))?;
+        let again = match answer {
             CmEventData::RepReceived {
-                id: rid,
                 qpn: peer_qpn,
                 starting_psn,
                 responder_resources,
                 rnr_retry_count,
                 ..
-            } if rid == id => {
+            } => {
                 let path = CmQpPath {
                     peer_gid: remote_gid,
                     sgid_index: local.gid_index,
@@ -230,16 +227,37 @@ pub fn connect_rc<V: RdmaCm>(
             CmEventData::Rejected { reason: r, .. } if r == reason::INVALID_SERVICE_ID => {
                 format!("{dst}:{port} does not listen")
             }
-            CmEventData::TimedOut { .. } => format!("{dst}:{port} did not answer"),
             CmEventData::Rejected { reason: r, .. } => {
                 return Err(format!(
                     "rdma_connect to {dst}:{port}: rejected (reason {r})"
                 ))
             }
-            e => return Err(format!("rdma_connect: unexpected event {e:?}")),
+            e => no_answer("rdma_connect", dst, port, e)?,
         };
         Ok(Err(again))
     })
+}
+
+/// Sends an active side's request with `send` (which gives its ID) to `dst`:`port` and waits
+/// for the event that answers it.
+fn request<V: RdmaCm>(
+    ctx: &mut V,
+    what: &str,
+    dst: Ipv4Addr,
+    port: u16,
+    send: impl FnOnce(&mut V) -> VerbsResult<u32>,
+) -> Result<(u32, CmEventData), String> {
+    let id = send(ctx).map_err(|e| format!("{what} to {dst}:{port}: {e}"))?;
+    Ok((id, next_event(ctx, what, STEP, |e| e.id() == id)?))
+}
+
+/// An answer to an active side's request that none of its cases took: none at all (the
+/// request timed out) is tried again (`Ok(why)`); anything else fails.
+fn no_answer(what: &str, dst: Ipv4Addr, port: u16, e: CmEventData) -> Result<String, String> {
+    match e {
+        CmEventData::TimedOut { .. } => Ok(format!("{dst}:{port} did not answer")),
+        e => Err(format!("{what}: unexpected event {e:?}")),
+    }
 }
 
 /// Runs `attempt` until it gives a result or fails for good; an attempt that asks to be
@@ -269,30 +287,21 @@ pub fn accept_rc<V: RdmaCm>(
     o: &ConnOpts,
     timeout: Duration,
 ) -> Result<Connected, String> {
-    let (id, peer, peer_qpn, sq_psn, req_mtu, retry, rnr) =
-        match next_event(ctx, "waiting for a connect request", timeout, |e| {
-            matches!(e, CmEventData::ConnectRequest { .. })
-        })? {
-            CmEventData::ConnectRequest {
-                id,
-                peer,
-                qpn,
-                starting_psn,
-                path_mtu,
-                retry_count,
-                rnr_retry_count,
-                ..
-            } => (
-                id,
-                peer,
-                qpn,
-                starting_psn,
-                path_mtu,
-                retry_count,
-                rnr_retry_count,
-            ),
-            e => return Err(format!("waiting for a connect request: got {e:?}")),
-        };
+    let want = |e: &CmEventData| matches!(e, CmEventData::ConnectRequest { .. });
+    let req = next_event(ctx, "waiting for a connect request", timeout, want)?;
+    let CmEventData::ConnectRequest {
+        id,
+        peer,
+        qpn: peer_qpn,
+        starting_psn: sq_psn,
+        path_mtu: req_mtu,
+        retry_count: retry,
+        rnr_retry_count: rnr,
+        ..
+    } = req
+    else {
+        return Err(format!("waiting for a connect request: got {req:?}"));
+    };
     let path_mtu = match Mtu::from_ibv(req_mtu as u32) {
         Some(m) if (m as u32) < (o.mtu as u32) => m,
         _ => o.mtu,
@@ -350,17 +359,16 @@ pub fn sidr_resolve<V: RdmaCm>(
             remote_gid: Gid::from_ipv4(dst.octets()),
             private_data: request_private(local, dst),
         };
-        let id = ctx
-            .cm_sidr_request(params)
-            .map_err(|e| format!("rdma_connect (UD) to {dst}:{port}: {e}"))?;
-        let again = match next_event(ctx, "rdma_connect (UD)", STEP, |e| e.id() == id)? {
+        let (id, answer) = request(ctx, "rdma_connect (UD)", dst, port, |c| {
+            c.cm_sidr_request(params)
+        })?;
+        let again = match answer {
             CmEventData::SidrReply {
-                id: rid,
                 status: SIDR_VALID,
                 qpn,
                 qkey,
                 ..
-            } if rid == id => {
+            } => {
                 return Ok(Ok(Connected {
                     id,
                     sq_psn: 0,
@@ -372,13 +380,12 @@ pub fn sidr_resolve<V: RdmaCm>(
                 status: SIDR_UNSUPPORTED,
                 ..
             } => format!("{dst}:{port} does not listen"),
-            CmEventData::TimedOut { .. } => format!("{dst}:{port} did not answer"),
             CmEventData::SidrReply { status, .. } => {
                 return Err(format!(
                     "rdma_connect (UD) to {dst}:{port}: refused (status {status})"
                 ))
             }
-            e => return Err(format!("rdma_connect (UD): unexpected event {e:?}")),
+            e => no_answer("rdma_connect (UD)", dst, port, e)?,
         };
         Ok(Err(again))
     })
