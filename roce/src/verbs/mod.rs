@@ -711,23 +711,6 @@ pub struct QpAttr {
     pub en_sqd_async_notify: Option<bool>,
 }
 
-impl QpAttr {
-    /// RTR -> RTS of a reliable QP: sending from `sq_psn`, ACK timeout exponent `timeout`,
-    /// `max_rd_atomic` READs/ATOMICs outstanding, and the most retries (7, and 7 for RNR:
-    /// without end).
-    pub fn rts(sq_psn: Psn, timeout: u8, max_rd_atomic: u8) -> QpAttr {
-        QpAttr {
-            state: Some(QpState::Rts),
-            sq_psn: Some(sq_psn),
-            timeout: Some(timeout),
-            retry_cnt: Some(7),
-            rnr_retry: Some(7),
-            max_rd_atomic: Some(max_rd_atomic),
-            ..Default::default()
-        }
-    }
-}
-
 /// Sizes requested at QP creation (`ibv_qp_cap`); the device may round them up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
@@ -752,6 +735,23 @@ impl Default for QpCaps {
             max_send_sge: 4,
             max_recv_sge: 4,
             max_inline_data: 0,
+        }
+    }
+}
+
+impl QpAttr {
+    /// RTR -> RTS of a reliable QP: sending from `sq_psn`, ACK timeout exponent `timeout`,
+    /// `max_rd_atomic` READs/ATOMICs outstanding, and the most retries (7, and 7 for RNR:
+    /// without end).
+    pub fn rts(sq_psn: Psn, timeout: u8, max_rd_atomic: u8) -> QpAttr {
+        QpAttr {
+            state: Some(QpState::Rts),
+            sq_psn: Some(sq_psn),
+            timeout: Some(timeout),
+            retry_cnt: Some(7),
+            rnr_retry: Some(7),
+            max_rd_atomic: Some(max_rd_atomic),
+            ..Default::default()
         }
     }
 }
