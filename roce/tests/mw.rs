@@ -60,13 +60,13 @@ fn bind(
 }
 
 /// The BIND_MW work request.
-fn bind_op(mw: Rkey, rkey: Rkey, mr: Lkey, (addr, length): (u64, u64), access: Access) -> WrOp {
+fn bind_op(mw: Rkey, rkey: Rkey, mr: Lkey, range: (u64, u64), access: Access) -> WrOp {
     WrOp::BindMw {
         mw,
         rkey,
         mr,
-        addr,
-        length,
+        addr: range.0,
+        length: range.1,
         access,
     }
 }

@@ -674,22 +674,22 @@ impl Shared {
         }
     }
 
-    /// Executes a memory window bind (IBA 10.6.7.2; rxe_check_bind_mw, rxe_do_bind_mw) from
-    /// the QP `qpn` of protection domain `pd`: MW_BIND_ERR for any rule broken, and then the
-    /// caller moves the QP to the error state.
-    #[allow(clippy::too_many_arguments)]
-    pub fn bind_mw(
-        &mut self,
-        qpn: Qpn,
-        pd: PdId,
-        mw: Rkey,
-        new_key: Rkey,
-        mr_lkey: Lkey,
-        addr: u64,
-        length: u64,
-        access: Access,
-    ) -> WcStatus {
+    /// Executes the memory window bind `bind` (a `WrOp::BindMw`; IBA 10.6.7.2;
+    /// rxe_check_bind_mw, rxe_do_bind_mw) from the QP `qpn` of protection domain `pd`:
+    /// MW_BIND_ERR for any rule broken, and then the caller moves the QP to the error state.
+    pub fn bind_mw(&mut self, qpn: Qpn, pd: PdId, bind: &WrOp) -> WcStatus {
         const ERR: WcStatus = WcStatus::MwBindErr;
+        let WrOp::BindMw {
+            mw,
+            rkey: new_key,
+            mr: mr_lkey,
+            addr,
+            length,
+            access,
+        } = *bind
+        else {
+            return ERR;
+        };
         // The window, by its exact current key (a stale key fails).
         let Some(win) = self
             .mrs

@@ -456,14 +456,7 @@ impl Qp {
                 WcStatus::Success => WcStatus::Success,
                 _ => WcStatus::LocQpOpErr,
             },
-            WrOp::BindMw {
-                mw,
-                rkey,
-                mr,
-                addr,
-                length,
-                access,
-            } => sh.bind_mw(self.qpn, self.pd, mw, rkey, mr, addr, length, access),
+            WrOp::BindMw { .. } => sh.bind_mw(self.qpn, self.pd, &op),
             WrOp::RegMr {
                 lkey,
                 key,
