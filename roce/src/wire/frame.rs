@@ -757,7 +757,7 @@ fn lower_fast(head: &[u8], total: usize, repr: &mut FrameRepr) -> Option<Lower> 
     const L3: usize = ethernet::HEADER_LEN;
     const L4: usize = L3 + ipv4::HEADER_LEN;
     let h: &[u8; L4 + udp::HEADER_LEN] = head.get(..L4 + udp::HEADER_LEN)?.try_into().ok()?;
-    let be16 = |at: usize| u16::from_be_bytes([h[at], h[at + 1]]);
+    let be16 = |at: usize| get_u16(h, at);
     // IPv4 (version 4, a 20-byte header) straight after an untagged Ethernet header.
     if be16(12) != ethertype::IPV4 || h[L3] != 0x45 {
         return None;
