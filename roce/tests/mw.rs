@@ -236,7 +236,7 @@ fn mr_with(p: &mut Pair, b: &Endpoint, access: Access) -> Lkey {
 fn bind_errors_complete_mw_bind_err() {
     type Case = fn(&mut Pair, &Endpoint) -> WrOp;
     const READ: Access = Access::REMOTE_READ;
-    let cases: [(&str, Case); 7] = [
+    let cases: [(&str, Case); 8] = [
         ("a stale window key", |p, b| {
             let mw = alloc(p, b, MwType::Two);
             bind_op(inc(inc(mw)), inc(mw), b.lkey, (b.addr, 64), READ)
@@ -261,6 +261,17 @@ fn bind_errors_complete_mw_bind_err() {
             let pd = dev.alloc_pd().unwrap();
             let mw = dev.alloc_mw(pd, MwType::Two).unwrap();
             bind_op(mw, inc(mw), b.lkey, (b.addr, 64), READ)
+        }),
+        // Another tenant's window and MR (both of its PD), bound from a QP of this PD: the
+        // window would grant whatever access the binder chose over the other's memory.
+        ("a type 1 window and MR of another PD", |p, _b| {
+            let dev = &mut p.node(1).dev;
+            let pd = dev.alloc_pd().unwrap();
+            let mem = roce::memory::HeapMemory::shared(4096);
+            let access = Access::LOCAL_WRITE | Access::MW_BIND;
+            let (lkey, _) = dev.reg_mr(pd, mem, 0, 0x7000, 4096, access).unwrap();
+            let mw = dev.alloc_mw(pd, MwType::One).unwrap();
+            bind_op(mw, inc(mw), lkey, (0x7000, 64), Access::REMOTE_WRITE)
         }),
         ("a zero-based type 1 window", |p, b| {
             let mw = alloc(p, b, MwType::One);

@@ -877,6 +877,47 @@ fn per_client_limits_give_clear_errors() {
     d.stop();
 }
 
+/// A type 1 memory window names itself by its key alone; a client that learns (or guesses)
+/// another's window key and MR key on the same RNIC must not be able to bind that window from
+/// its own QP: the bind would choose the access and the new key over the other's memory.
+#[test]
+fn a_client_cannot_bind_another_clients_window() {
+    use roce::memory::MwType;
+    let (cfg, d, _) = started("foreign-mw", 39, 40);
+    let (a, mut b) = rc_pair(&cfg.socket);
+    // The victim: another context on b's RNIC, with a window of its own PD.
+    let mut v = side(remote(&cfg.socket, "ferroce1"), QpType::Rc, 1 << 16, 16);
+    // (a failed bind takes b's QP to the error state, so no WRITE follows it here: the
+    // engine test `bind_errors_complete_mw_bind_err` covers the rule itself)
+    let mw = v.ctx.alloc_mw(v.pd, MwType::One).expect("alloc_mw");
+    let new_key = roce::types::Rkey((mw.0 & !0xff) | ((mw.0 + 1) & 0xff));
+    // b binds it over all of the victim's buffer with remote write, from b's own QP.
+    let bind = SendWr {
+        wr_id: 9,
+        op: WrOp::BindMw {
+            mw,
+            rkey: new_key,
+            mr: v.mr.lkey,
+            addr: v.mr.addr,
+            length: 1 << 16,
+            access: Access::REMOTE_WRITE,
+        },
+        sg_list: &[],
+        flags: SendFlags::SIGNALED,
+        ud: None,
+    };
+    b.ctx.post_send(b.qpn, &bind).expect("post the bind");
+    let c = wait_cq(&mut b, 1, 10);
+    assert_eq!(c.len(), 1, "the bind's completion");
+    assert_eq!(
+        (c[0].opcode, c[0].status),
+        (WcOpcode::BindMw, WcStatus::MwBindErr),
+        "another client's window was bound"
+    );
+    drop((a, b, v));
+    d.stop();
+}
+
 #[test]
 fn a_vanished_client_is_reclaimed() {
     let (cfg, d, idle) = started("vanish", 23, 24);

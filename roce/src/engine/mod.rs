@@ -707,8 +707,13 @@ impl Shared {
         }
         let zero_based = access.contains(Access::ZERO_BASED);
         match w.ty {
-            // A type 1 window is VALID from allocation on; it cannot be zero-based.
-            MwType::One if !valid || zero_based => return ERR,
+            // A type 1 window is VALID from allocation on; it cannot be zero-based. It is
+            // bound from a QP of its own PD, as its MR must be of it (C10-73): the QP, the
+            // window and the MR share one PD (IBA 10.6.7.2). rxe checks the QP's PD for type
+            // 2 only, leaving type 1 to the kernel's object lookup, which finds only the
+            // caller's own windows; here the key names the window, so without this check a
+            // tenant could rebind another's window over the other's memory.
+            MwType::One if !valid || zero_based || pd != mw_pd => return ERR,
             // A type 2 window must be FREE, bound from a QP of its own PD, with an MR and a
             // length (o10-37.2.30, C10-72, o10-37.2.40).
             MwType::Two if valid || pd != mw_pd || length == 0 => return ERR,
