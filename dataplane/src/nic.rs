@@ -917,7 +917,6 @@ impl Nic {
     /// resumed below XON. Without PFC the buffer takes only what is handled, and the backlog
     /// stays in the port's queue (on a ring link, the sender's port then refuses frames, which
     /// holds its sender back; on a NIC the queue overflows into the NIC's drop counter).
-    /// With the UD wait list full, frames stay in the buffer.
     fn receive(&mut self, now: u64) -> usize {
         let mut budget = RX_BURSTS * BURST;
         if self.cfg.fault.rx_pps > 0 {
@@ -952,13 +951,12 @@ impl Nic {
                 break;
             }
         }
-        let hold_cap = self.cfg.ud_rx_hold_frames.max(1) as usize;
         let mut handled = 0;
+        // A full UD wait list does not stop this loop (a UD message to hold then pushes the
+        // oldest held one out, counted): while it stopped the port's queue, a peer that
+        // filled the list for a QP with no receive WQEs stalled every other frame, RC and
+        // CM included, for as long as it kept the list full.
         while handled < budget {
-            // A frame could be a UD message to hold: take one only with room for it.
-            if self.cfg.ud_rx_hold_us > 0 && self.held_rx.len() >= hold_cap {
-                break;
-            }
             let Some((p, charge, m)) = self.rx.frames.pop_front() else {
                 break;
             };
@@ -1089,10 +1087,17 @@ impl Nic {
         }
         let bth = &p.repr.transport.bth;
         let qpn = bth.dest_qp;
+        // Only what the QP would take: a message with a wrong Q_Key (or none) goes to the
+        // engine at once, which drops it, counted; a peer that does not know the Q_Key
+        // cannot fill the wait.
+        let Some(deth) = p.repr.transport.ext.deth else {
+            return false;
+        };
         matches!(
             bth.opcode,
             Opcode::UD_SEND_ONLY | Opcode::UD_SEND_ONLY_WITH_IMM
-        ) && (self.held_rx.iter().any(|h| h.qpn == qpn) || self.dev.ud_lacks_recv_wqe(qpn))
+        ) && self.dev.ud_accepts_qkey(qpn, deth.qkey)
+            && (self.held_rx.iter().any(|h| h.qpn == qpn) || self.dev.ud_lacks_recv_wqe(qpn))
     }
 
     /// Holds a UD message (see `wants_hold`) with its parsed headers; when the wait list is

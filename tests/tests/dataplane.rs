@@ -11,7 +11,7 @@ use dataplane::runtime::{test_config, Runtime};
 use dataplane::Verbs;
 use ferroce_tests::{
     connect_pair_with, connect_with, loopback_pair, post_recv_one, post_signaled, post_signaled_to,
-    post_write_at, raw_pair, receive_until, side, wait_cq, Side, ACK_TIMEOUT,
+    post_write_at, raw_pair, receive_until, side, wait_cq, wait_until, Side, ACK_TIMEOUT,
 };
 use pmd_bindings::{Mbuf, Port};
 use roce::types::{Gid, Psn, Qkey, Qpn};
@@ -1512,4 +1512,81 @@ fn an_overloaded_receiver_pauses_its_sender_with_pfc() {
         "B's buffer reached XOFF: {nb:?}"
     );
     assert_eq!(snaps[0].qps.retransmitted_pkts, 0, "{:?}", snaps[0].qps);
+}
+
+/// A peer that floods a UD QP with no receive WQEs fills the UD wait list. The port's other
+/// traffic must go on meanwhile (a full list used to stop the receive loop: an RC WRITE then
+/// waited for as long as the peer kept the list full), the oldest waiting message making
+/// room for a new one, counted; and messages with a Q_Key the QP would refuse take no place
+/// in the wait at all.
+#[test]
+fn a_full_ud_wait_list_holds_back_no_other_traffic() {
+    const HOLD: u32 = 32;
+    let ca = test_config(3, 4096);
+    let mut cb = test_config(4, 4096);
+    cb.ud_rx_hold_frames = HOLD;
+    cb.ud_rx_hold_us = 60_000_000; // nothing leaves the wait by time during the test
+    let (rt, mut a, b) = pair_with(ca, cb, QpType::Rc);
+    let mut ua = side(rt.open(0).unwrap(), QpType::Ud, 65536, 256);
+    let mut ub = side(rt.open(1).unwrap(), QpType::Ud, 65536, 256);
+    connect_pair_with(
+        &mut ua,
+        &mut ub,
+        Mtu::M1024,
+        (1, 1),
+        QpType::Ud,
+        ACK_TIMEOUT,
+    );
+    // `n` 64-byte UD SENDs to ub's QP (which has no receive WQE) with `qkey`.
+    let flood = |ua: &mut Side, qkey: u32, n: u64| {
+        let ud = UdDest {
+            ah: AddressVector::new(ub.gid, 1),
+            remote_qpn: ub.qpn,
+            remote_qkey: Qkey(qkey),
+        };
+        for i in 0..n {
+            let wr = SendWr {
+                wr_id: i,
+                op: WrOp::Send,
+                sg_list: &[ua.mr.sge(0, 64)],
+                flags: SendFlags::SIGNALED,
+                ud: Some(ud),
+            };
+            ua.ctx.post_send(ua.qpn, &wr).expect("post UD send");
+            if i % 64 == 63 {
+                assert_eq!(wait_cq(ua, 64, 10).len(), 64, "UD sends");
+            }
+        }
+    };
+    let nic = |rt: &Runtime| rt.stats(1).nic;
+    // Wrong Q_Key: dropped by the QP at once, none waits.
+    flood(&mut ua, 0x2222_2222, 128);
+    assert!(
+        wait_until(10, || rt.stats(1).qps.rx_dropped_qkey >= 128),
+        "{:?}",
+        rt.stats(1).qps
+    );
+    assert_eq!(nic(&rt).rx_ud_held, 0, "a message the QP refuses waited");
+    // The right Q_Key, four times what the wait holds.
+    flood(&mut ua, 0x1111_1111, 4 * HOLD as u64);
+    assert!(
+        wait_until(10, || nic(&rt).rx_ud_held >= 4 * HOLD as u64),
+        "{:?}",
+        nic(&rt)
+    );
+    assert_eq!(nic(&rt).rx_ud_hold_expired, 3 * HOLD as u64);
+    // The RC pair on the same ports goes on while the wait is full.
+    let data = pattern(7, 8192);
+    a.buf.write(0, &data);
+    post_write_at(&mut a, &b, 1, 0, 8192);
+    let c = wait_cq(&mut a, 1, 10);
+    assert_eq!(
+        c.len(),
+        1,
+        "an RC WRITE waited behind the full UD wait list"
+    );
+    assert_eq!(c[0].status, WcStatus::Success);
+    assert_eq!(b.buf.to_vec(0, 8192), data);
+    drop((a, b, ua, ub));
+    drop(rt);
 }

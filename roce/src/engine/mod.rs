@@ -2428,6 +2428,15 @@ impl Device {
         self.sh.complete(cq, c);
     }
 
+    /// Whether `qpn` is a UD QP able to receive that would take a message whose DETH
+    /// carries `qkey` (IBA 10.2.5: a Q_Key other than the QP's drops the message). A
+    /// dataplane holding UD messages for a receive WQE holds only these: a message the QP
+    /// would drop anyway must not take a place in the wait.
+    pub fn ud_accepts_qkey(&self, qpn: Qpn, qkey: Qkey) -> bool {
+        self.qp_ref(qpn)
+            .is_ok_and(|qp| qp.qp_type == QpType::Ud && qp.can_receive() && qp.qkey() == qkey)
+    }
+
     /// Whether a UD message for `qpn` would now be dropped for want of a receive WQE (the
     /// QP is a UD QP able to receive, and neither its receive queue nor its SRQ has one). A
     /// dataplane may hold such a message a little while instead (see the RNIC's
