@@ -547,7 +547,8 @@ pub fn qp_queue_bytes(caps: &QpCaps, srq: bool) -> u64 {
     } else {
         queues::recv_queue_bytes(caps.max_recv_wr as usize, caps.max_recv_sge.max(1) as usize)
     };
-    sq + rq + std::mem::size_of::<Qp>() as u64
+    sq.saturating_add(rq)
+        .saturating_add(std::mem::size_of::<Qp>() as u64)
 }
 
 /// Bytes of queue memory of a CQ of `cqe` entries.

@@ -123,16 +123,23 @@ impl Slots {
 
 /// Bytes a send queue of `depth` WQEs with `max_sge` SGEs and `max_inline` inline bytes each
 /// holds (what [`SendQueue::new`] allocates).
+///
+/// The sizes come from an application before any limit is checked (a worker charges them
+/// to the client first), so the arithmetic saturates: absurd capacities come out as a
+/// size no limit admits instead of an overflow.
 pub(crate) fn send_queue_bytes(depth: usize, max_sge: usize, max_inline: usize) -> u64 {
-    (Slots::new(depth).capacity() as u64)
-        * (std::mem::size_of::<SendWqe>() + max_sge * std::mem::size_of::<Sge>() + max_inline)
-            as u64
+    let per_wqe = (std::mem::size_of::<SendWqe>() as u64)
+        .saturating_add((max_sge as u64).saturating_mul(std::mem::size_of::<Sge>() as u64))
+        .saturating_add(max_inline as u64);
+    (Slots::new(depth).capacity() as u64).saturating_mul(per_wqe)
 }
 
-/// Bytes a receive queue of `depth` WQEs with `max_sge` SGEs each holds.
+/// Bytes a receive queue of `depth` WQEs with `max_sge` SGEs each holds (saturating, as
+/// [`send_queue_bytes`]).
 pub(crate) fn recv_queue_bytes(depth: usize, max_sge: usize) -> u64 {
-    (Slots::new(depth).capacity() as u64)
-        * (std::mem::size_of::<RecvSlot>() + max_sge * std::mem::size_of::<Sge>()) as u64
+    let per_wqe = (std::mem::size_of::<RecvSlot>() as u64)
+        .saturating_add((max_sge as u64).saturating_mul(std::mem::size_of::<Sge>() as u64));
+    (Slots::new(depth).capacity() as u64).saturating_mul(per_wqe)
 }
 
 /// Bytes a completion queue of `capacity` entries holds once full.
@@ -353,6 +360,24 @@ impl CompletionQueue {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn absurd_queue_capacities_saturate_instead_of_overflowing() {
+        // What a hostile client may ask for: 2^31 + 1 WQEs (2^32 slots) of 2^32 - 1 inline
+        // bytes each, more than 2^64 bytes.
+        let huge = (1usize << 31) + 1;
+        assert_eq!(send_queue_bytes(huge, 16, u32::MAX as usize), u64::MAX);
+        assert_eq!(recv_queue_bytes(usize::MAX / 2, usize::MAX), u64::MAX);
+        assert!(send_queue_bytes(64, 2, 64) < 64 * 1024);
+        let caps = crate::verbs::QpCaps {
+            max_send_wr: u32::MAX,
+            max_recv_wr: u32::MAX,
+            max_send_sge: u32::MAX,
+            max_recv_sge: u32::MAX,
+            max_inline_data: u32::MAX,
+        };
+        assert_eq!(crate::engine::qp_queue_bytes(&caps, false), u64::MAX);
+    }
 
     #[test]
     fn ring_slots_wrap_alike_for_every_depth() {
