@@ -295,6 +295,43 @@ fn read_into_memory_without_local_write_is_local_protection_error() {
     expect_local(|b| b.read_from(0), |a| a.sge(0, 64), only_remote_read);
 }
 
+/// The INLINE flag means nothing to a READ or an ATOMIC (they carry no data out) and must
+/// not skip their SGEs' check: with a bad lkey they fail before the request leaves, as
+/// without the flag (an ATOMIC that left would change the remote memory first).
+#[test]
+fn an_inline_flag_on_a_read_or_atomic_still_checks_its_sges() {
+    type MakeOp = fn(&Endpoint) -> WrOp;
+    let ops: [(&str, MakeOp); 2] = [
+        ("READ", |b| b.read_from(0)),
+        ("FETCH_ADD", |b| WrOp::FetchAdd {
+            remote_addr: b.addr,
+            rkey: b.rkey,
+            add: 5,
+        }),
+    ];
+    for (what, op) in ops {
+        let (mut p, a, b) = setup(ConnectOpts::default());
+        let bad = Sge {
+            lkey: Lkey(a.lkey.0 + 1),
+            ..a.sge(0, 8)
+        };
+        let flags = SendFlags::SIGNALED | SendFlags::INLINE;
+        p.post_flags(0, &a, 1, op(&b), &[bad], flags);
+        p.run_until_idle(SEC);
+        let c = p.cqes(0, &a);
+        assert_eq!(
+            (c[0].wr_id, c[0].status),
+            (1, WcStatus::LocProtErr),
+            "{what}"
+        );
+        assert!(
+            p.recorded_frames(0).is_empty(),
+            "{what}: a request went out"
+        );
+        assert_eq!(b.mem.to_vec(0, 8), vec![0; 8], "{what}");
+    }
+}
+
 // ---- bad response ----
 
 #[test]

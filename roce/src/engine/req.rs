@@ -144,7 +144,10 @@ impl Qp {
     /// the response writes into it (READ, ATOMIC).
     fn check_local_sges(&self, sh: &Shared, idx: u64) -> Result<(), WcStatus> {
         let w = self.sq.get(idx);
-        if w.inline_len > 0 || w.flags.contains(SendFlags::INLINE) {
+        // Inline data has no SGEs to check; the INLINE flag on a READ or ATOMIC (which
+        // carry no data out) is ignored, as `check_send` ignores it, and their SGEs are
+        // checked like any others.
+        if w.inline_len > 0 || (w.flags.contains(SendFlags::INLINE) && !w.op.is_read_or_atomic()) {
             return Ok(());
         }
         let need = if w.op.is_read_or_atomic() {
