@@ -164,8 +164,13 @@ impl Qp {
         }
     }
 
+    /// What the current receive WQE takes: its SGEs' total, but never more than the
+    /// largest message (2^31 bytes, `max_msg_sz`, which the send side enforces in
+    /// `check_send`): a WQE with more room (up to 16 SGEs of 4 GiB) must not let a peer's
+    /// SEND run past it, which would also overflow the 32-bit offset into the WQE.
     fn recv_capacity(&self) -> u64 {
-        self.resp.recv_sges.iter().map(|s| s.length as u64).sum()
+        let sum: u64 = self.resp.recv_sges.iter().map(|s| s.length as u64).sum();
+        sum.min(MAX_MSG as u64)
     }
 
     fn rc_request(&mut self, sh: &mut Shared, pkt: &Pkt<'_>) {
