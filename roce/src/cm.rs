@@ -818,8 +818,12 @@ impl CmAgent {
             }
             Cm::Dreq(dreq) => self.on_dreq(now, from, to, h.tid, dreq),
             Cm::SidrReq(req) => self.on_sidr_req(now, from, to, h.tid, req),
+            // Like a REP: it names our request ID and must come from where the request went.
             Cm::SidrRep(rep) => match self.local(rep.request_id) {
-                Some(id) if self.state(id) == Some(State::SidrSent) => {
+                Some(id)
+                    if self.state(id) == Some(State::SidrSent)
+                        && self.conn(id).is_ok_and(|c| c.peer == from) =>
+                {
                     self.event(CmEvent::SidrReply { id, rep });
                     self.remove(id);
                 }
@@ -925,12 +929,18 @@ impl CmAgent {
     }
 
     fn on_rep(&mut self, from: Gid, to: Gid, rep: Rep) {
-        // The REP names our ID; its own ID is new to us.
+        // The REP names our ID; its own ID is new to us. Our IDs are not secret (a slot and
+        // a generation), so it must also come from the peer the REQ went to: another host
+        // naming our ID would otherwise have the QP programmed with its QPN and PSN.
         let Some(id) = self.local(rep.remote_comm_id) else {
             self.counters.rx_unmatched += 1;
             return;
         };
         let Ok(c) = self.conn_mut(id) else { return };
+        if c.peer != from {
+            self.counters.rx_unmatched += 1;
+            return;
+        }
         match c.state {
             State::ReqSent => {
                 c.state = State::RepRcvd;

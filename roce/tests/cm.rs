@@ -273,6 +273,27 @@ fn connect_accept_establish_disconnect_and_release() {
     assert_eq!(l.a.counters.retries + l.b.counters.retries, 0);
 }
 
+/// A REP names the active side's communication ID, which is no secret (a slot and a
+/// generation): one from any host but the peer the REQ went to is ignored and counted (it
+/// would program the QP with that host's QPN and PSN), and the peer's own still connects.
+#[test]
+fn a_rep_from_another_host_is_ignored() {
+    let mut l = Link::new();
+    let a = l.send_req();
+    let b = l.request();
+    l.accept(b);
+    let rep = l.b.poll_mad().expect("B's REP");
+    let spoofer = Gid::from_ipv4([10, 99, 0, 66]);
+    l.a.handle_mad(l.now, spoofer, A_GID, &rep.mad);
+    assert!(
+        l.a.poll_event().is_none(),
+        "a REP from another host was taken"
+    );
+    assert_eq!(l.a.counters.rx_unmatched, 1);
+    l.a.handle_mad(l.now, B_GID, A_GID, &rep.mad);
+    assert!(matches!(l.a.poll_event(), Some(CmEvent::RepReceived { id, .. }) if id == a));
+}
+
 #[test]
 fn a_lost_req_is_sent_again_after_the_cm_timeout() {
     let mut l = Link::losing(attr::REQ);
