@@ -427,6 +427,27 @@ fn qp_on_srq(
         .unwrap()
 }
 
+/// Endpoints for the new QPs `qa` on A and `qb` on B (with `a0`'s and `b0`'s PD, CQ and
+/// MR), connected to each other.
+fn join(
+    p: &mut Pair,
+    (a0, qa): (&Endpoint, Qpn),
+    (b0, qb): (&Endpoint, Qpn),
+    o: &ConnectOpts,
+) -> (Endpoint, Endpoint) {
+    let ea = Endpoint {
+        qpn: qa,
+        ..a0.clone()
+    };
+    let eb = Endpoint {
+        qpn: qb,
+        ..b0.clone()
+    };
+    bring_up(&mut p.a.dev, &ea, qb, node_gid(1), o, 0x10, 0x20);
+    bring_up(&mut p.b.dev, &eb, qa, node_gid(0), o, 0x20, 0x10);
+    (ea, eb)
+}
+
 #[test]
 fn srq_feeds_several_qps_and_fires_its_limit() {
     let mut p = pair(6);
@@ -448,17 +469,7 @@ fn srq_feeds_several_qps_and_fires_its_limit() {
     for _ in 0..3 {
         let qa = p.a.dev.create_qp(&QpInit::rc(a0.pd, a0.cq)).unwrap();
         let qb = qp_on_srq(&mut p, 1, b0.pd, b0.cq, srq);
-        let ea = Endpoint {
-            qpn: qa,
-            ..a0.clone()
-        };
-        let eb = Endpoint {
-            qpn: qb,
-            ..b0.clone()
-        };
-        bring_up(&mut p.a.dev, &ea, qb, node_gid(1), &o, 0x10, 0x20);
-        bring_up(&mut p.b.dev, &eb, qa, node_gid(0), &o, 0x20, 0x10);
-        pairs.push((ea, eb));
+        pairs.push(join(&mut p, (&a0, qa), (&b0, qb), &o));
     }
     for i in 0..12u64 {
         p.b.dev
@@ -1122,22 +1133,110 @@ fn entering_sqd_raises_sq_drained_once_when_nothing_is_outstanding() {
     assert_eq!(p.cqes(0, &a)[0].status, WcStatus::Success);
 }
 
-/// A local error on a UC (or UD) send moves the QP to SQE, not ERR (IBA 10.3.1): the failed
-/// WR completes with its error, later sends are flushed, receiving goes on, and SQE -> RTS
-/// resumes sending. (rxe moves the QP to ERR.)
-#[test]
-fn uc_send_error_moves_the_qp_to_sqe_and_receiving_goes_on() {
-    let mut p = pair(14);
+/// A recording pair with one UC QP pair connected.
+fn uc_pair(seed: u64) -> (Pair, Endpoint, Endpoint) {
+    let mut p = pair(seed);
     let o = ConnectOpts {
         qp_type: QpType::Uc,
         ..Default::default()
     };
     let (a, b) = connect(&mut p, &o);
-    let bad = Sge {
-        addr: a.addr,
-        length: 16,
-        lkey: Lkey(a.lkey.0 ^ 0xff),
+    (p, a, b)
+}
+
+/// An SGE of `len` bytes at the start of `ep`'s MR under a key that names no MR.
+fn bad_lkey(ep: &Endpoint, len: u32) -> Sge {
+    Sge {
+        addr: ep.addr,
+        length: len,
+        lkey: Lkey(ep.lkey.0 ^ 0xff),
+    }
+}
+
+/// A UC receive WQE the data cannot go into (a bad lkey) completes with the error and the QP
+/// goes to the error state (class A, as rxe's malformed WQE); the WQE behind it is flushed.
+/// (It used to be kept, silently swallowing every later message.)
+#[test]
+fn a_uc_receive_wqe_with_a_bad_lkey_completes_in_error() {
+    let (mut p, a, b) = uc_pair(15);
+    let bad = bad_lkey(&b, 4096);
+    p.recv(1, &b, 7, &[bad]);
+    p.recv(1, &b, 8, &[b.sge(0, 4096)]);
+    a.mem.write(0, &[0x5a; 64]).unwrap();
+    p.post(0, &a, 1, WrOp::Send, &[a.sge(0, 64)]);
+    p.post(0, &a, 2, WrOp::Send, &[a.sge(0, 64)]);
+    p.run_until_idle(SEC);
+    let c = p.cqes(1, &b);
+    let got: Vec<_> = c.iter().map(|c| (c.wr_id, c.status)).collect();
+    assert_eq!(
+        got,
+        [(7, WcStatus::LocProtErr), (8, WcStatus::WrFlushErr)],
+        "{c:?}"
+    );
+    assert_eq!(p.qp_state(1, &b), QpState::Err);
+    assert_eq!(b.mem.to_vec(0, 64), vec![0; 64], "nothing landed");
+}
+
+/// A UC SEND too long for its receive WQE: with an SRQ the WQE completes with
+/// REM_INV_REQ_ERR (class E, as rxe); the QP stays in RTS and the next message takes the next
+/// WQE. (With the QP's own receive queue the message is dropped and the WQE kept, class D:
+/// `uc_under_faults_drops_broken_messages_but_never_completes_a_wrong_one`.)
+#[test]
+fn a_uc_send_too_long_for_its_srq_wqe_completes_it_in_error() {
+    let mut p = pair(16);
+    let o = ConnectOpts {
+        qp_type: QpType::Uc,
+        ..Default::default()
     };
+    let (a0, b0) = connect(&mut p, &o);
+    let attr = SrqAttr {
+        max_wr: 8,
+        max_sge: 1,
+        srq_limit: 0,
+    };
+    let srq = p.b.dev.create_srq(b0.pd, &attr).unwrap();
+    let uc = |pd, cq| QpInit {
+        qp_type: QpType::Uc,
+        ..QpInit::rc(pd, cq)
+    };
+    let qa = p.a.dev.create_qp(&uc(a0.pd, a0.cq)).unwrap();
+    let qb =
+        p.b.dev
+            .create_qp(&QpInit {
+                srq: Some(srq),
+                ..uc(b0.pd, b0.cq)
+            })
+            .unwrap();
+    let (ea, eb) = join(&mut p, (&a0, qa), (&b0, qb), &o);
+    for (id, len) in [(1u64, 32u32), (2, 4096)] {
+        let wr = RecvWr {
+            wr_id: id,
+            sg_list: &[b0.sge(id * 8192, len)],
+        };
+        p.b.dev.post_srq_recv(srq, &wr).unwrap();
+    }
+    p.post(0, &ea, 1, WrOp::Send, &[ea.sge(0, 100)]);
+    p.post(0, &ea, 2, WrOp::Send, &[ea.sge(0, 100)]);
+    p.run_until_idle(SEC);
+    let got: Vec<_> = p
+        .cqes(1, &eb)
+        .iter()
+        .map(|c| (c.wr_id, c.status, c.qp_num))
+        .collect();
+    assert_eq!(
+        got,
+        [(1, WcStatus::RemInvReqErr, qb), (2, WcStatus::Success, qb)]
+    );
+    assert_eq!(p.qp_state(1, &eb), QpState::Rts);
+}
+
+/// A local error on a UC (or UD) send moves the QP to SQE, not ERR (IBA 10.3.1): the failed
+/// WR completes with its error, later sends are flushed, receiving goes on, and SQE -> RTS
+/// resumes sending. (rxe moves the QP to ERR.)
+#[test]
+fn uc_send_error_moves_the_qp_to_sqe_and_receiving_goes_on() {
+    let (mut p, a, b) = uc_pair(14);
+    let bad = bad_lkey(&a, 16);
     p.post(0, &a, 1, WrOp::Send, &[bad]);
     p.run_until_idle(SEC);
     assert_eq!(p.qp_state(0, &a), QpState::Sqe);

@@ -130,21 +130,38 @@ impl Qp {
             _ => {}
         }
         self.queue_nak(psn, r.nak);
-        if self.resp.have_recv {
-            self.resp.have_recv = false;
-            let c = self.recv_completion(
-                self.resp.recv_wr_id,
-                r.recv_status,
-                WcOpcode::Recv,
-                self.resp.recv_offset,
-            );
-            sh.complete(self.recv_cq, c);
-        }
+        self.fail_recv(sh, r.recv_status);
         if let Some(ev) = r.event {
             sh.events.push_back(ev(self.qpn));
         }
         self.resp.in_msg = InMsg::None;
         self.enter_error(sh);
+    }
+
+    /// Scatters a SEND packet's payload into the receive WQE in progress, at its offset.
+    fn scatter_recv(&self, sh: &Shared, pkt: &Pkt<'_>) -> Result<(), WcStatus> {
+        scatter(
+            &sh.mrs,
+            self.pd,
+            &self.resp.recv_sges,
+            self.resp.recv_offset as u64,
+            pkt,
+        )
+    }
+
+    /// Completes the receive WQE in progress (if any) with the error `status` and lets go of
+    /// it.
+    fn fail_recv(&mut self, sh: &mut Shared, status: WcStatus) {
+        if self.resp.have_recv {
+            self.resp.have_recv = false;
+            let c = self.recv_completion(
+                self.resp.recv_wr_id,
+                status,
+                WcOpcode::Recv,
+                self.resp.recv_offset,
+            );
+            sh.complete(self.recv_cq, c);
+        }
     }
 
     /// Takes the next receive WQE (from the SRQ if the QP has one). False if none.
@@ -262,13 +279,7 @@ impl Qp {
             return;
         }
         // 7. Execute: scatter into the receive WQE.
-        if let Err(status) = scatter(
-            &sh.mrs,
-            self.pd,
-            &self.resp.recv_sges,
-            self.resp.recv_offset as u64,
-            pkt,
-        ) {
+        if let Err(status) = self.scatter_recv(sh, pkt) {
             self.reject(
                 sh,
                 psn,
@@ -704,17 +715,26 @@ impl Qp {
                     }
                     self.resp.recv_offset = 0;
                 }
-                if self.resp.recv_offset as u64 + pkt.payload_len as u64 > self.recv_capacity()
-                    || scatter(
-                        &sh.mrs,
-                        self.pd,
-                        &self.resp.recv_sges,
-                        self.resp.recv_offset as u64,
-                        pkt,
-                    )
-                    .is_err()
-                {
+                if self.resp.recv_offset as u64 + pkt.payload_len as u64 > self.recv_capacity() {
+                    // Too long for the WQE (IBA 9.9.3.1, as rxe's RESPST_ERR_LENGTH): with an
+                    // SRQ the WQE completes with the error (class E); with the QP's own
+                    // receive queue the message is dropped and the WQE kept for the next
+                    // (class D).
                     drop_msg(self);
+                    if self.srq.is_some() {
+                        self.fail_recv(sh, WcStatus::RemInvReqErr);
+                    }
+                    return;
+                }
+                if let Err(status) = self.scatter_recv(sh, pkt) {
+                    // A WQE whose buffers the data cannot go into (a bad or deregistered
+                    // lkey, a range outside its MR): class A, as rxe's
+                    // RESPST_ERR_MALFORMED_WQE. It completes with the error and the QP goes
+                    // to the error state; kept instead, it would swallow every later message
+                    // without a word.
+                    drop_msg(self);
+                    self.fail_recv(sh, status);
+                    self.enter_error(sh);
                     return;
                 }
                 self.resp.recv_offset += pkt.payload_len as u32;
