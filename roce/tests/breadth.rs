@@ -1133,6 +1133,50 @@ fn entering_sqd_raises_sq_drained_once_when_nothing_is_outstanding() {
     assert_eq!(p.cqes(0, &a)[0].status, WcStatus::Success);
 }
 
+/// A drain finishes what it started, and only then is drained: a multi-packet WRITE being
+/// sent when SQD comes holds SQ_DRAINED back until its ACK, and attributes cannot change
+/// meanwhile (rxe refuses a modify out of a draining SQD); a SEND that an RNR NAK put back
+/// goes again once the peer has a receive WQE, though no new WQE may start.
+#[test]
+fn a_drain_finishes_started_messages_before_sq_drained() {
+    let (mut p, a, b) = common::connected(17, &ConnectOpts::default());
+    let aq = a.qpn;
+    // 64 KiB in 1 KiB packets, SQD after the first packets left.
+    p.post(0, &a, 1, b.write_to(0), &[a.sge(0, 65536)]);
+    p.run(SEC, |p| p.a.dev.qp_counters(aq).unwrap().sent_pkts >= 4);
+    p.post(0, &a, 2, b.write_to(0), &[a.sge(0, 64)]);
+    to_sqd(&mut p, 0, &a);
+    assert_eq!(p.a.dev.poll_event(), None, "a WRITE is half sent");
+    let timeout = QpAttr {
+        timeout: Some(12),
+        ..Default::default()
+    };
+    assert!(
+        p.a.dev.modify_qp(aq, &timeout).is_err(),
+        "an attribute changed while draining"
+    );
+    p.run_until_idle(SEC);
+    assert_eq!(p.a.dev.poll_event(), Some(AsyncEvent::SqDrained(aq)));
+    let c = p.cqes(0, &a);
+    assert_eq!(c.len(), 1, "the WRITE after the drain began waits: {c:?}");
+    assert_eq!((c[0].wr_id, c[0].status), (1, WcStatus::Success));
+    p.a.dev.modify_qp(aq, &timeout).unwrap();
+    p.set_qp_state(0, &a, QpState::Rts);
+    p.run_until_idle(SEC);
+    assert_eq!(p.cqes(0, &a)[0].wr_id, 2);
+
+    // A SEND to a peer with no receive WQE: RNR NAK, and the requester rewinds it.
+    p.post(0, &a, 3, WrOp::Send, &[a.sge(0, 64)]);
+    p.run(SEC, |p| p.a.dev.qp_counters(aq).unwrap().rcvd_rnr_err > 0);
+    to_sqd(&mut p, 0, &a);
+    assert_eq!(p.a.dev.poll_event(), None, "the SEND is not done");
+    p.recv(1, &b, 9, &[b.sge(0, 4096)]);
+    p.run_until_idle(SEC);
+    let c = p.cqes(0, &a);
+    assert_eq!((c[0].wr_id, c[0].status), (3, WcStatus::Success), "{c:?}");
+    assert_eq!(p.a.dev.poll_event(), Some(AsyncEvent::SqDrained(aq)));
+}
+
 /// A recording pair with one UC QP pair connected.
 fn uc_pair(seed: u64) -> (Pair, Endpoint, Endpoint) {
     let mut p = pair(seed);

@@ -703,6 +703,17 @@ impl Qp {
         let to = attr.state.unwrap_or(from);
         let (required, optional) = transition_rules(self.qp_type, from, to)
             .ok_or(ModifyError::BadTransition { from, to })?;
+        // SQD's attributes may change, and the QP may go back to RTS, only once the send
+        // queue has drained (IBA 10.3.1; rxe_qp_chk_attr refuses it while sq_draining);
+        // ERR and RESET end the drain at any time.
+        if from == QpState::Sqd
+            && !matches!(to, QpState::Err | QpState::Reset)
+            && !self.sq_drained()
+        {
+            return Err(ModifyError::Invalid(
+                "the send queue is still draining (wait for SQ_DRAINED)".into(),
+            ));
+        }
         let present = mask.0 & !(Mask::STATE);
         // With no state change, the attributes allowed are those of the X -> X transition.
         for bit in 0..21 {
@@ -904,11 +915,22 @@ impl Qp {
         self.comp.ack_deadline = None;
     }
 
+    /// Whether no WQE of the send queue is under way: every one not yet retired is still
+    /// unstarted (WQEs start in order, so the oldest tells) or done. A multi-packet message
+    /// being sent, or one a rewind put back for a retry, is under way (rxe: comp.psn ==
+    /// req.psn).
+    pub(crate) fn sq_drained(&self) -> bool {
+        (self.sq.head..self.sq.tail)
+            .map(|i| self.sq.get(i))
+            .find(|w| !matches!(w.state, WqeState::Done(_)))
+            .is_none_or(|w| !w.started)
+    }
+
     /// In SQD, once every WQE started before the drain has completed (at once if none was
     /// outstanding), raises SQ_DRAINED when the application asked for it (IBA 10.3.1,
     /// en_sqd_async_notify) - once per drain.
     pub(crate) fn check_sq_drained(&mut self, sh: &mut Shared) {
-        if self.state == QpState::Sqd && self.req.next <= self.sq.head && !self.sqd_notified {
+        if self.state == QpState::Sqd && self.sq_drained() && !self.sqd_notified {
             if self.attr.en_sqd_async_notify == Some(true) {
                 sh.events
                     .push_back(crate::verbs::AsyncEvent::SqDrained(self.qpn));

@@ -87,8 +87,10 @@ impl Qp {
                 continue;
             }
             if w.state == WqeState::Posted {
-                // A drained send queue starts nothing new (IBA 10.3.1: SQD).
-                if self.state == QpState::Sqd {
+                // A draining send queue starts nothing new (IBA 10.3.1: SQD), but finishes
+                // what it started: a WQE a rewind put back (a retry after a NAK, a timeout
+                // or an RNR NAK) goes again.
+                if self.state == QpState::Sqd && !w.started {
                     return ReqStep::Idle;
                 }
                 if w.flags.contains(SendFlags::FENCE) && self.req.rd_atomic_inflight > 0 {
