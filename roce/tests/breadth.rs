@@ -94,6 +94,10 @@ fn uc_under_faults_drops_broken_messages_but_never_completes_a_wrong_one() {
         let sent = p.cqes(0, &a);
         assert_eq!(sent.len(), n);
         assert!(sent.iter().all(|c| c.status == WcStatus::Success));
+        // A sent SEND with immediate says so in its completion, as rxe's do.
+        for (i, c) in sent.iter().enumerate() {
+            assert_eq!(c.wc_flags.contains(WcFlags::WITH_IMM), i % 2 == 1, "{c:?}");
+        }
         // Every receive that completed holds exactly one message, whole, in order.
         let mut last = None;
         for c in p.cqes(1, &b) {
@@ -111,6 +115,8 @@ fn uc_under_faults_drops_broken_messages_but_never_completes_a_wrong_one() {
                 );
             }
             assert_eq!(c.wc_flags.contains(WcFlags::WITH_IMM), k % 2 == 1);
+            // Every RoCE packet has a GRH (its IP header): rxe flags each receive with it.
+            assert!(c.wc_flags.contains(WcFlags::GRH), "{c:?}");
             if k % 2 == 1 {
                 assert_eq!(c.imm_data, k as u32);
             }

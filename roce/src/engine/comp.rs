@@ -496,7 +496,14 @@ impl Qp {
                     invalidated_rkey: 0,
                     qp_num: self.qpn,
                     src_qp: crate::types::Qpn::new(0),
-                    wc_flags: WcFlags::default(),
+                    // A sent SEND or WRITE with immediate says so, as rxe's make_send_cqe.
+                    wc_flags: if status == WcStatus::Success
+                        && matches!(w.op, WrOp::SendWithImm { .. } | WrOp::WriteWithImm { .. })
+                    {
+                        WcFlags::WITH_IMM
+                    } else {
+                        WcFlags::default()
+                    },
                     pkey_index: 0,
                     sl: 0,
                     solicited: false,

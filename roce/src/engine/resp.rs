@@ -426,6 +426,9 @@ impl Qp {
     /// the WQE released, the MSN advanced. One place, so RC and UC cannot drift apart.
     fn finish_recv_message(&mut self, pkt: &Pkt<'_>, opcode: WcOpcode, len: u32) -> Completion {
         let mut c = self.recv_completion(self.resp.recv_wr_id, WcStatus::Success, opcode, len);
+        // Every RoCE packet carries a GRH (its IP header stands for it): rxe flags it on each
+        // successful receive, RC and UC as UD (do_complete); only UD's buffer holds it.
+        c.wc_flags.insert(WcFlags::GRH);
         if let Some(imm) = pkt.ext.imm {
             c.imm_data = imm.imm;
             c.wc_flags.insert(WcFlags::WITH_IMM);
