@@ -1590,3 +1590,29 @@ fn a_full_ud_wait_list_holds_back_no_other_traffic() {
     drop((a, b, ua, ub));
     drop(rt);
 }
+
+/// A CQ cannot shrink below the completions it holds, counting those already in the
+/// application's ring (rxe_cq_chk_attr: EINVAL); once they are polled it can.
+#[test]
+fn a_cq_does_not_shrink_below_the_completions_it_holds() {
+    let (rt, mut a, mut b) = pair_with(test_config(3, 1024), test_config(4, 1024), QpType::Rc);
+    for i in 0..20 {
+        post_write_at(&mut a, &b, i, 0, 64);
+    }
+    // Down to 19 while the 20 completions arrive: refused once all are in. (Polling B's
+    // empty CQ drives the worker, as an application's polls do, without taking A's.)
+    let mut last = None;
+    let mut none = [Completion::default(); 1];
+    let refused = wait_until(10, || {
+        let _ = b.ctx.poll_cq(b.cq, &mut none);
+        let r = a.ctx.resize_cq(a.cq, 19);
+        let no = matches!(r, Err(roce::engine::VerbsError::InvalidArgument(_)));
+        last = Some(r);
+        no
+    });
+    assert!(refused, "shrunk below 20 unpolled completions: {last:?}");
+    assert_eq!(wait_cq(&mut a, 20, 10).len(), 20);
+    assert_eq!(a.ctx.resize_cq(a.cq, 5).unwrap(), 5);
+    drop((a, b));
+    drop(rt);
+}

@@ -488,6 +488,15 @@ fn execute(
                 .unwrap_or(0);
             let new = roce::engine::cq_queue_bytes(cqe);
             h.check_queue(new.saturating_sub(old))?;
+            // A CQ cannot shrink below the completions it holds (rxe_cq_chk_attr: EINVAL):
+            // those in the application's ring count as well as those the engine holds.
+            let in_ring = h.cqs.get_mut(cq.0 as usize).map_or(0, |(p, _)| p.held());
+            let held = in_ring + dev.cq_len(cq);
+            if held > cqe as usize {
+                return Err(VerbsError::InvalidArgument(format!(
+                    "the CQ holds {held} completions, more than {cqe}"
+                )));
+            }
             let size = dev.resize_cq(cq, cqe)?;
             h.uncharge_queue(QueueKind::Cq, cq.0);
             h.charge_queue(QueueKind::Cq, cq.0, new);

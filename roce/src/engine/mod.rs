@@ -2524,6 +2524,14 @@ impl Device {
         n
     }
 
+    /// Completions CQ `cq` holds that the dataplane has not taken yet (0 for no such CQ).
+    pub fn cq_len(&self, cq: CqId) -> usize {
+        self.sh
+            .cqs
+            .get(cq.0 as usize)
+            .map_or(0, |c| c.entries.len())
+    }
+
     /// Every CQ id that has completions waiting.
     pub fn cq_has_entries(&self, cq: CqId) -> bool {
         matches!(self.sh.cqs.get(cq.0 as usize), Some(c) if !c.entries.is_empty())

@@ -185,6 +185,12 @@ impl<T: Plain> Producer<T> {
         (self.cap - used).saturating_sub(self.staged) as usize
     }
 
+    /// How many entries the ring holds that the consumer has not taken (published or
+    /// staged), by the consumer's index read now (a consumer's nonsense counts as full).
+    pub fn held(&mut self) -> usize {
+        self.cap as usize - self.room_left()
+    }
+
     /// Whether `n` more entries fit after those staged, reading the consumer's index again
     /// only when the cached one says they do not.
     #[inline]
