@@ -208,6 +208,7 @@ fn transition_rules(t: QpType, from: QpState, to: QpState) -> Option<(u32, u32)>
             0,
             pick(
                 M::PKEY
+                    | M::PORT
                     | M::AV
                     | M::MAX_RD
                     | M::MAX_DEST_RD
@@ -1166,6 +1167,14 @@ mod tests {
             }
         );
         assert_eq!(q.state, QpState::Init);
+    }
+
+    #[test]
+    fn sqd_to_sqd_takes_the_port_on_rc_only() {
+        // ib_modify_qp_is_ok's table: IB_QP_PORT is optional for RC's SQD -> SQD only.
+        let (_, rc) = transition_rules(QpType::Rc, QpState::Sqd, QpState::Sqd).unwrap();
+        let (_, uc) = transition_rules(QpType::Uc, QpState::Sqd, QpState::Sqd).unwrap();
+        assert!(rc & Mask::PORT != 0 && uc & Mask::PORT == 0);
     }
 
     #[test]
