@@ -1153,6 +1153,7 @@ fn a_drain_finishes_started_messages_before_sq_drained() {
     p.post(0, &a, 2, b.write_to(0), &[a.sge(0, 64)]);
     to_sqd(&mut p, 0, &a);
     assert_eq!(p.a.dev.poll_event(), None, "a WRITE is half sent");
+    assert!(p.a.dev.query_qp(aq).unwrap().sq_draining);
     let timeout = QpAttr {
         timeout: Some(12),
         ..Default::default()
@@ -1163,6 +1164,7 @@ fn a_drain_finishes_started_messages_before_sq_drained() {
     );
     p.run_until_idle(SEC);
     assert_eq!(p.a.dev.poll_event(), Some(AsyncEvent::SqDrained(aq)));
+    assert!(!p.a.dev.query_qp(aq).unwrap().sq_draining);
     let c = p.cqes(0, &a);
     assert_eq!(c.len(), 1, "the WRITE after the drain began waits: {c:?}");
     assert_eq!((c[0].wr_id, c[0].status), (1, WcStatus::Success));

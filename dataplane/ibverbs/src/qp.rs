@@ -188,6 +188,7 @@ pub unsafe extern "C" fn ibv_query_qp(
     let st = info.state.to_ibv();
     o.qp_state = st;
     o.cur_qp_state = st;
+    o.sq_draining = info.sq_draining as u8;
     o.path_mtu = a.path_mtu.map_or(0, |m| m as u32);
     o.qkey = a.qkey.map_or(0, |k| k.0);
     o.rq_psn = a.rq_psn.map_or(0, |p| p.value());

@@ -1699,6 +1699,7 @@ impl Device {
                 .as_ref()
                 .and_then(|c| c.rate())
                 .map(|r| (r * 1000.0) as u64),
+            sq_draining: qp.state == QpState::Sqd && !qp.sq_drained(),
         })
     }
 

@@ -776,6 +776,10 @@ pub struct QpInfo {
     /// rate (`None`: not throttled).
     #[cfg_attr(feature = "serde", serde(default))]
     pub rate_kbps: Option<u64>,
+    /// In SQD, whether the send queue is still draining (`ibv_qp_attr.sq_draining`): a
+    /// message it started is not finished yet.
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub sq_draining: bool,
 }
 
 /// Asynchronous events (`ibv_event_type`).
