@@ -181,7 +181,8 @@ pub struct RawPfc {
     /// A priority paused without a break this long is a storm, ms (default 200; 0: no
     /// watchdog).
     pub watchdog_ms: Option<u32>,
-    /// A storm ends after this long without a pause frame for it, ms (default 200).
+    /// A storm ends after this long without a pause frame for it, ms (default 200, or twice
+    /// `watchdog_ms` when only that is set).
     pub restore_ms: Option<u32>,
     /// During a storm: `drop` (default: the priority's packets are discarded) or `forward`
     /// (they are sent regardless of pauses).
@@ -1569,7 +1570,12 @@ impl RawConfig {
         let detect = p.watchdog_ms.unwrap_or(200);
         let watchdog = (detect > 0).then(|| PfcWatchdog {
             detect_ms: detect,
-            restore_ms: p.restore_ms.unwrap_or(200).max(1),
+            // SONiC's rule (dcb.md): 200 ms by default, twice the detection time when only
+            // that was set.
+            restore_ms: p
+                .restore_ms
+                .unwrap_or(p.watchdog_ms.map_or(200, |d| d.saturating_mul(2)))
+                .max(1),
             action,
         });
         let buffer = p
@@ -2413,7 +2419,8 @@ mod tests {
         let w = c.pfc.watchdog.unwrap();
         assert_eq!(
             (w.detect_ms, w.restore_ms, w.action),
-            (50, 200, StormAction::Forward)
+            (50, 100, StormAction::Forward),
+            "restoration unset: twice the detection time (SONiC)"
         );
         assert_eq!(ok(&c.to_toml()), c);
         let off = ok("[port]\ndevice = \"net_null0\"\n[pfc]\nmode = \"pause\"\nwatchdog_ms = 0");

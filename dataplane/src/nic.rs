@@ -1630,18 +1630,25 @@ impl Nic {
             self.counters.rx_pause_malformed += 1;
             return;
         };
+        // The watchdog hears of pauses only: an XON (zero quanta) ends a pause, so a
+        // partner that has stopped pausing and sends XONs lets a stormed priority be
+        // restored (dcb.md: SONiC's known trouble of a storm that turns from XOFF to XON
+        // leaving the queue stormed).
         match f {
-            PauseFrame::Pfc { class_enable, .. } => {
+            PauseFrame::Pfc {
+                class_enable,
+                quanta,
+            } => {
                 self.counters.rx_pfc += 1;
                 if let Some(w) = self.watchdog.as_mut() {
-                    for p in (0..8).filter(|p| class_enable & (1 << p) != 0) {
+                    for p in (0..8).filter(|&p| class_enable & (1 << p) != 0 && quanta[p] != 0) {
                         w.pause_received(p, now);
                     }
                 }
             }
-            PauseFrame::Pause { .. } => {
+            PauseFrame::Pause { quanta } => {
                 self.counters.rx_pause += 1;
-                if let Some(w) = self.watchdog.as_mut() {
+                if let Some(w) = self.watchdog.as_mut().filter(|_| quanta != 0) {
                     for p in 0..8 {
                         w.pause_received(p, now);
                     }
