@@ -241,7 +241,7 @@ pub struct RawDcqcn {
     /// Target rate = current rate on a cut after a timer increase.
     pub rp_clamp_tgt_rate_ati: Option<bool>,
     /// At most one CNP per QP per this many us (paper: 50; firmware: a few; 0: one per
-    /// CE-marked packet). Default 4.
+    /// CE-marked packet). Default 4, or 50 with `variant = "paper"`.
     pub np_min_time_between_cnps: Option<u32>,
     /// DSCP of the CNPs sent (default 48).
     pub np_cnp_dscp: Option<u8>,
@@ -1705,7 +1705,13 @@ impl RawConfig {
             np_min_interval_ns: d
                 .np
                 .unwrap_or(false)
-                .then(|| us(d.np_min_time_between_cnps.unwrap_or(4))),
+                // The paper's NP sends at most one CNP per 50 us per flow (its RP cuts on
+                // every CNP, so this is its cut interval too); the firmware's a few us.
+                .then(|| {
+                    let paper = p.variant == dcb::dcqcn::Variant::Paper;
+                    us(d.np_min_time_between_cnps
+                        .unwrap_or(if paper { 50 } else { 4 }))
+                }),
             cnp_dscp,
             cnp_prio,
         })
@@ -2289,6 +2295,9 @@ mod tests {
         assert_eq!(p.hai_rate, 12.5);
         assert_eq!(p.g, 5.0 / 1024.0);
         assert_eq!(c.dcqcn.np_min_interval_ns, Some(4_000));
+        // The paper's variant: its NP's 50 us, which is also its RP's interval between cuts.
+        r.set("dcqcn.variant", "paper").unwrap();
+        assert_eq!(r.validate().unwrap().dcqcn.np_min_interval_ns, Some(50_000));
         let bad = |k: &str, v: &str| {
             let mut r = RawConfig::parse("[port]\ndevice = \"net_null0\"").unwrap();
             match r.set(k, v) {
