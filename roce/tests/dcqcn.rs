@@ -162,6 +162,31 @@ fn ce_marks_bring_cnps_at_most_one_per_interval_per_qp() {
     assert_eq!(p.a.dev.query_qp(a.qpn).unwrap().rate_kbps, None);
 }
 
+/// A CNP travels on its own priority (6), not its QP's data class: while the notification
+/// point's data priority is paused (its ACKs wait), the CNPs its marked arrivals earn still
+/// leave.
+#[test]
+fn cnps_go_while_the_qps_data_priority_is_paused() {
+    let (mut p, a, b) = pair(CongestionConfig::default(), np_only(50 * US));
+    p.mark_ce_if = Some(Box::new(|side, _, _| side == 0));
+    // B's QP sends on priority 0 (no VLAN, SL 0); its CNPs on 6.
+    p.b.dev.set_paused(1);
+    p.post(0, &a, 1, b.write_to(0), &[a.sge(0, MSG)]);
+    p.run(MS, |_| false);
+    let from_b: Vec<_> = p
+        .recorded
+        .iter()
+        .filter(|(side, _, _)| *side == 1)
+        .filter_map(|(_, _, f)| roce::wire::frame::parse(f).ok())
+        .map(|f| f.repr.transport.bth.opcode)
+        .collect();
+    assert!(from_b.contains(&Opcode::CNP), "no CNP left: {from_b:?}");
+    assert!(
+        from_b.iter().all(|&o| o == Opcode::CNP),
+        "only CNPs leave a paused QP: {from_b:?}"
+    );
+}
+
 #[test]
 fn cnps_slow_a_qp_down_and_it_climbs_back_when_marking_stops() {
     let rp = CongestionConfig {

@@ -2193,11 +2193,26 @@ impl Device {
             if paused || (qp.held_for.is_some() && qp.qp_type != QpType::Rc) {
                 // Its class is paused: every packet of the QP waits (ACKs and READ
                 // responses travel in their QP's class), the other classes go on. Or a
-                // UD or UC QP waits for a next hop (`hold_path`).
+                // UD or UC QP waits for a next hop (`hold_path`). But a CNP it owes travels
+                // on the CNP priority (dcb.md: priority 6), not its data class: a paused
+                // data class must not hold back the notification that would relieve it.
+                let cc = &self.sh.cfg.cc;
+                let cnp_prio = self
+                    .sh
+                    .cfg
+                    .priorities
+                    .priority(cc.cnp_dscp << 2, cc.cnp_prio);
+                let sent_cnp = paused
+                    && qp.held_for.is_none()
+                    && self.paused & (1 << cnp_prio) == 0
+                    && qp.next_cnp(&self.sh, tx);
                 qp.queued = false;
                 if !qp.parked {
                     qp.parked = true;
                     self.parked.push(slot);
+                }
+                if sent_cnp {
+                    return true;
                 }
                 continue;
             }
