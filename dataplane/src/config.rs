@@ -307,7 +307,8 @@ pub struct RawPort {
     pub mbufs: Option<u32>,
     /// Promiscuous mode.
     pub promiscuous: Option<bool>,
-    /// Link speed in Gb/s when the driver reports none (virtual ports).
+    /// Link speed in Gb/s (default 100): pause quanta are bit times at it and DCQCN's line
+    /// rate is it. The speed a driver reports is not read: set this to a real port's.
     pub speed_gbps: Option<u32>,
 }
 
