@@ -203,6 +203,26 @@ pub(crate) unsafe fn complete_batch(qp: *mut sys::ibv_qp_ex) -> c_int {
         b.wrs.clear();
         return libc::ENOMEM;
     }
+    // Every WR passes `post_send`'s checks (SGE count, opcode for the QP type, UD payload
+    // against the MTU, atomic buffer, inline size) before any is posted: ibv_wr_complete
+    // posts the whole batch or none of it (ibv_wr_post(3)).
+    for w in b.wrs.iter() {
+        let wr = SendWr {
+            wr_id: w.wr_id,
+            op: w.op,
+            sg_list: &w.sges[..w.nsge],
+            // Inline data goes as `submit` posts it: flagged INLINE.
+            flags: match w.inline_len {
+                Some(_) => SendFlags(w.flags.0 | SendFlags::INLINE.0),
+                None => w.flags,
+            },
+            ud: w.ud,
+        };
+        if let Err(e) = cl.check_send(q.qpn, &wr, w.inline_len) {
+            b.wrs.clear();
+            return errno_of(&e);
+        }
+    }
     // ibv_wr_complete rings the doorbell once for the whole batch.
     let r = cl.batch(|cl| {
         for w in b.wrs.iter() {

@@ -827,6 +827,13 @@ static void check_extended(void)
 	char big[1024] = {0};
 	ibv_wr_set_inline_data(x, big, sizeof(big));
 	CHECK(ibv_wr_complete(x) == EINVAL, "a batch with too much inline data: EINVAL");
+	/* A valid WRITE, then a FETCH_ADD into 4 bytes (an ATOMIC needs 8): the whole batch
+	 * fails, the WRITE included (ibv_wr_post(3): the entire posting is aborted). */
+	start_write(x, 9, mr, src, dst, 8);
+	x->wr_id = 10;
+	ibv_wr_atomic_fetch_add(x, mr->rkey, (uintptr_t)counter, 1);
+	ibv_wr_set_sge(x, mr->lkey, (uintptr_t)old, 4);
+	CHECK(ibv_wr_complete(x) == EINVAL, "a batch with a 4-byte ATOMIC buffer: EINVAL");
 	ibv_wr_start(x);
 	x->wr_id = 7;
 	ibv_wr_rdma_write(x, mr->rkey, (uintptr_t)dst);

@@ -533,24 +533,13 @@ impl<C: Channel> Client<C> {
             return Err(VerbsError::DeviceFatal);
         }
         let slot = qp_slot(qpn, self.limits.max_qp).unwrap_or(usize::MAX);
+        self.check_send(qpn, wr, inline.map(|d| d.len()))?;
         let q = self.qp_mut(qpn)?;
-        if matches!(q.state, QpState::Reset | QpState::Init | QpState::Rtr) {
-            return Err(VerbsError::InvalidState(q.state));
-        }
-        let (caps, qp_type, sq_posted) = (q.caps, q.qp_type, q.sq_posted);
+        let (caps, sq_posted) = (q.caps, q.sq_posted);
         let sq_retired = published(&self.index, slot * QP_INDEX_BYTES);
         if sq_posted.wrapping_sub(sq_retired) >= caps.max_send_wr as u64 {
             return Err(VerbsError::QueueFull);
         }
-        // The engine's own checks, made here so a bad WR is refused at once (rdma-core's
-        // EINVAL with bad_wr) instead of taking a place in the send queue.
-        roce::engine::check_send(
-            qp_type,
-            &caps,
-            self.limits.port_mtu,
-            wr,
-            inline.map(|d| d.len()),
-        )?;
         let is_inline = wr.flags.contains(SendFlags::INLINE) && !wr.op.is_read_or_atomic();
         if is_inline {
             let mut bytes = [0u8; MAX_INLINE];
@@ -894,6 +883,23 @@ impl<C: Channel> Verbs for Client<C> {
             ));
         }
         self.post_send_data(qpn, wr, Some(data))
+    }
+
+    fn check_send(
+        &mut self,
+        qpn: Qpn,
+        wr: &SendWr<'_>,
+        inline_len: Option<usize>,
+    ) -> VerbsResult<()> {
+        let port_mtu = self.limits.port_mtu;
+        let q = self.qp_mut(qpn)?;
+        if matches!(q.state, QpState::Reset | QpState::Init | QpState::Rtr) {
+            return Err(VerbsError::InvalidState(q.state));
+        }
+        // The engine's own checks, made here so a bad WR is refused at once (rdma-core's
+        // EINVAL with bad_wr) instead of taking a place in the send queue.
+        roce::engine::check_send(q.qp_type, &q.caps, port_mtu, wr, inline_len)?;
+        Ok(())
     }
 
     fn sq_room(&mut self, qpn: Qpn) -> VerbsResult<u32> {

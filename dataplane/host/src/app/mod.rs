@@ -305,6 +305,16 @@ pub trait Verbs {
     /// How many more WRs the send queue of `qpn` takes now (`max_send_wr` less those posted
     /// and not yet retired): a batch that fits is posted whole (`ibv_wr_complete`).
     fn sq_room(&mut self, qpn: Qpn) -> VerbsResult<u32>;
+    /// The checks `post_send` makes of a WR (the QP's state, the WR against the QP's type
+    /// and capabilities; `inline_len`: the length of inline data given apart from the
+    /// SGEs), without posting it: a batch whose every WR passes, and that fits, is posted
+    /// whole (`ibv_wr_complete`).
+    fn check_send(
+        &mut self,
+        qpn: Qpn,
+        wr: &SendWr<'_>,
+        inline_len: Option<usize>,
+    ) -> VerbsResult<()>;
     /// `ibv_post_recv` (one WR).
     fn post_recv(&mut self, qpn: Qpn, wr: &RecvWr<'_>) -> VerbsResult<()>;
     /// `ibv_create_srq`.
