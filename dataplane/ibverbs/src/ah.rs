@@ -72,9 +72,27 @@ pub unsafe extern "C" fn ibv_init_ah_from_wc(
     grh: *mut sys::ibv_grh,
     attr: *mut sys::ibv_ah_attr,
 ) -> c_int {
-    if ctx_of(c).is_none() || wc.is_null() || grh.is_null() || attr.is_null() {
-        set_errno(libc::EINVAL);
-        return libc::EINVAL;
+    // ibv_create_ah_from_wc(3): 0 on success, -1 on error (errno says which).
+    let fail = |e: c_int| {
+        set_errno(e);
+        -1
+    };
+    if ctx_of(c).is_none() || wc.is_null() || attr.is_null() {
+        return fail(libc::EINVAL);
+    }
+    // SAFETY: zero is a valid ibv_ah_attr.
+    let mut a: sys::ibv_ah_attr = std::mem::zeroed();
+    a.port_num = port;
+    a.dlid = (*wc).slid;
+    a.sl = (*wc).sl;
+    a.src_path_bits = (*wc).dlid_path_bits;
+    // Without a GRH the address is not global and the GRH area is not read (rdma-core).
+    if (*wc).wc_flags & sys::IBV_WC_GRH == 0 {
+        *attr = a;
+        return 0;
+    }
+    if grh.is_null() {
+        return fail(libc::EINVAL);
     }
     let raw = std::slice::from_raw_parts(grh as *const u8, 40);
     let mapped = |a: &[u8]| {
@@ -84,8 +102,9 @@ pub unsafe extern "C" fn ibv_init_ah_from_wc(
         g[12..].copy_from_slice(&a[..4]);
         g
     };
-    // (destination = the sender, our GID it was sent to, traffic class, flow label)
-    let (dgid, ours, tclass, flow) = if raw[0] >> 4 == 6 {
+    // (destination = the sender, our GID it was sent to, traffic class, flow label, hop
+    // limit: the IPv6 header's or the IPv4 TTL, as rdma-core takes them)
+    let (dgid, ours, tclass, flow, hops) = if raw[0] >> 4 == 6 {
         let g = &*grh;
         let vcf = u32::from_be(g.version_tclass_flow);
         (
@@ -93,14 +112,14 @@ pub unsafe extern "C" fn ibv_init_ah_from_wc(
             g.dgid.raw,
             ((vcf >> 20) & 0xff) as u8,
             vcf & 0xfffff,
+            g.hop_limit,
         )
     } else if raw[20] == 0x45 {
-        // IPv4 header without options: TOS at 1, source at 12, destination at 16.
+        // IPv4 header without options: TOS at 1, TTL at 8, source at 12, destination at 16.
         let h = &raw[20..];
-        (mapped(&h[12..16]), mapped(&h[16..20]), h[1], 0)
+        (mapped(&h[12..16]), mapped(&h[16..20]), h[1], 0, h[8])
     } else {
-        set_errno(libc::EINVAL);
-        return libc::EINVAL;
+        return fail(libc::EINVAL);
     };
     let mut idx = None;
     for i in 0..=u8::MAX {
@@ -114,19 +133,12 @@ pub unsafe extern "C" fn ibv_init_ah_from_wc(
         }
     }
     let Some(idx) = idx else {
-        set_errno(libc::ENOENT);
-        return libc::ENOENT;
+        return fail(libc::ENOENT);
     };
-    // SAFETY: zero is a valid ibv_ah_attr.
-    let mut a: sys::ibv_ah_attr = std::mem::zeroed();
     a.is_global = 1;
-    a.port_num = port;
-    a.dlid = (*wc).slid;
-    a.sl = (*wc).sl;
-    a.src_path_bits = (*wc).dlid_path_bits;
     a.grh.dgid.raw = dgid;
     a.grh.sgid_index = idx;
-    a.grh.hop_limit = 0xff;
+    a.grh.hop_limit = hops;
     a.grh.traffic_class = tclass;
     a.grh.flow_label = flow;
     *attr = a;
@@ -145,9 +157,9 @@ pub unsafe extern "C" fn ibv_create_ah_from_wc(
         return null_errno(libc::EINVAL);
     }
     let mut a: sys::ibv_ah_attr = std::mem::zeroed();
-    let e = ibv_init_ah_from_wc((*pd).context, port, wc, grh, &mut a);
-    if e != 0 {
-        return null_errno(e);
+    // It sets errno on failure, which the NULL returned here keeps.
+    if ibv_init_ah_from_wc((*pd).context, port, wc, grh, &mut a) != 0 {
+        return std::ptr::null_mut();
     }
     ibv_create_ah(pd, &mut a)
 }

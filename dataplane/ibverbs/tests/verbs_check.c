@@ -975,8 +975,10 @@ static void check_ud_reply(void)
 	}
 	/* A GRH area that is neither IPv6 nor IPv4: refused. */
 	char junk[40] = {0};
-	CHECK(ibv_init_ah_from_wc(ctx, 1, &wc, (struct ibv_grh *)junk, &from) != 0,
-	      "ibv_init_ah_from_wc of a GRH area that is not an IP header: an error");
+	errno = 0;
+	CHECK(ibv_init_ah_from_wc(ctx, 1, &wc, (struct ibv_grh *)junk, &from) == -1 &&
+		      errno == EINVAL,
+	      "ibv_init_ah_from_wc of a GRH area that is not an IP header: -1, EINVAL");
 	ibv_destroy_ah(to_b);
 	ibv_destroy_qp(a);
 	ibv_destroy_qp(b);
