@@ -20,6 +20,10 @@ pub(crate) struct Cq {
     pub(crate) watcher: Option<(Arc<AtomicBool>, std::thread::JoinHandle<()>)>,
     /// The completion `start_poll`/`next_poll` read last (the `read_*` accessors' source).
     pub(crate) cur: sys::ibv_wc,
+    /// Held from a successful `ibv_start_poll` to `ibv_end_poll`: `cur` and the CQ's
+    /// `wr_id`/`status` are one per CQ, so two threads polling it with the extended API
+    /// take turns, as providers lock their CQ over that span (rxe's cq_start_poll).
+    pub(crate) polling: AtomicBool,
     /// Completion events handed out by `ibv_get_cq_event`, acknowledged by
     /// `ibv_ack_cq_events`.
     pub(crate) events: Acks,
@@ -181,6 +185,7 @@ pub(crate) unsafe fn create_cq(
             id,
             watcher: None,
             cur: std::mem::zeroed(),
+            polling: AtomicBool::new(false),
             events: Default::default(),
             async_events: Default::default(),
         }));
@@ -292,7 +297,19 @@ pub(crate) unsafe extern "C" fn cqx_start_poll(
     if cq.is_null() || (!attr.is_null() && (*attr).comp_mask != 0) {
         return libc::EINVAL;
     }
-    cqx_poll_one(cq)
+    let lock = &(*(cq as *mut Cq)).polling;
+    while lock
+        .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+        .is_err()
+    {
+        std::thread::yield_now();
+    }
+    let r = cqx_poll_one(cq);
+    if r != 0 {
+        // Nothing to read (ENOENT) or an error: no ibv_end_poll follows (verbs(7)).
+        lock.store(false, Ordering::Release);
+    }
+    r
 }
 
 pub(crate) unsafe extern "C" fn cqx_next_poll(cq: *mut sys::ibv_cq_ex) -> c_int {
@@ -302,7 +319,11 @@ pub(crate) unsafe extern "C" fn cqx_next_poll(cq: *mut sys::ibv_cq_ex) -> c_int 
     cqx_poll_one(cq)
 }
 
-pub(crate) unsafe extern "C" fn cqx_end_poll(_cq: *mut sys::ibv_cq_ex) {}
+pub(crate) unsafe extern "C" fn cqx_end_poll(cq: *mut sys::ibv_cq_ex) {
+    if !cq.is_null() {
+        (*(cq as *mut Cq)).polling.store(false, Ordering::Release);
+    }
+}
 
 pub(crate) unsafe fn cqx_cur<'a>(cq: *mut sys::ibv_cq_ex) -> &'a sys::ibv_wc {
     &(*(cq as *mut Cq)).cur

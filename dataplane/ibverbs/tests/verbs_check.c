@@ -731,6 +731,29 @@ static void start_write(struct ibv_qp_ex *x, uint64_t wr_id, struct ibv_mr *mr, 
 	ibv_wr_set_sge(x, mr->lkey, (uintptr_t)src, len);
 }
 
+/* A second thread's ibv_start_poll on the same CQ (it must wait for our ibv_end_poll). */
+struct second_poll {
+	struct ibv_cq_ex *cq;
+	volatile int done;
+	uint64_t wr_id;
+};
+
+static void *second_poll_thread(void *arg)
+{
+	struct second_poll *p = arg;
+	struct ibv_poll_cq_attr pa = {0};
+	double end = now_s() + 5;
+	int r;
+	while ((r = ibv_start_poll(p->cq, &pa)) == ENOENT && now_s() < end)
+		usleep(100);
+	if (r == 0) {
+		p->wr_id = p->cq->wr_id;
+		ibv_end_poll(p->cq);
+	}
+	p->done = 1;
+	return NULL;
+}
+
 /* ibv_create_qp_ex + the ibv_wr_* API, ibv_create_cq_ex + its poll API, ibv_rereg_mr. */
 static void check_extended(void)
 {
@@ -843,6 +866,32 @@ static void check_extended(void)
 	struct ibv_wc wc;
 	CHECK(ibv_poll_cq(cq, 1, &wc) == 0, "failed and aborted batches posted nothing");
 	CHECK(ibv_wr_complete(x) == EINVAL, "ibv_wr_complete without ibv_wr_start: EINVAL");
+
+	/* ibv_start_poll .. ibv_end_poll holds the CQ: another thread's start_poll waits, so
+	 * the completion being read (wr_id, read_*) stays ours (rxe locks the CQ so). */
+	start_write(x, 11, mr, src, dst, 8);
+	x->wr_id = 12;
+	ibv_wr_rdma_write(x, mr->rkey, (uintptr_t)dst);
+	ibv_wr_set_sge(x, mr->lkey, (uintptr_t)src, 8);
+	MUST(ibv_wr_complete(x) == 0, "two WRITEs");
+	struct ibv_poll_cq_attr spa = {0};
+	double until = now_s() + 5;
+	int sr;
+	while ((sr = ibv_start_poll(cqx, &spa)) == ENOENT && now_s() < until)
+		usleep(100);
+	MUST(sr == 0, "ibv_start_poll of the first WRITE");
+	uint64_t mine = cqx->wr_id;
+	struct second_poll sp = {.cq = cqx};
+	pthread_t spt;
+	MUST(pthread_create(&spt, NULL, second_poll_thread, &sp) == 0, "pthread_create");
+	usleep(50000);
+	CHECK(!sp.done && cqx->wr_id == mine && mine == 11,
+	      "a second thread's ibv_start_poll waits for ibv_end_poll (done %d, wr_id %" PRIu64
+	      ")",
+	      sp.done, (uint64_t)cqx->wr_id);
+	ibv_end_poll(cqx);
+	pthread_join(spt, NULL);
+	CHECK(sp.done && sp.wr_id == 12, "then it reads the second (wr_id %" PRIu64 ")", sp.wr_id);
 
 	/* ibv_rereg_mr: new access; the MR keeps working with its new keys. */
 	CHECK(ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_ACCESS, NULL, NULL, 0,
