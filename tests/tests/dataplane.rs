@@ -1477,6 +1477,10 @@ fn an_overloaded_receiver_pauses_its_sender_with_pfc() {
         let mut c = test_config(host, 1024);
         c.pcp = 3;
         c.send_window = 1024;
+        // Pause quanta timed at 1 Gb/s: an XOFF holds 33.5 ms, longer than a worker of this
+        // loaded 2-core machine may go unscheduled (at 100 Gb/s it held 335 us, and a
+        // receiver that missed its refresh let the sender overflow its buffer).
+        c.speed_gbps = 1;
         c.pfc = dataplane::config::PfcConfig {
             mode: dcb::pfc::Mode::Pfc { enabled: 1 << 3 },
             watchdog: None,
