@@ -720,6 +720,33 @@ fn fast_registration_binds_a_new_key_and_local_invalidate_revokes_it() {
     );
 }
 
+/// A LOCAL_INV waits until every WQE before it has completed (IBA 10.6.5.1's local
+/// invalidate fence, mandatory in rxe): a READ into a fast-registered MR followed at once by
+/// the MR's invalidation still lands, and only then is the MR invalidated. (Run at once,
+/// the invalidation made the READ's response fail its lkey check: LOC_PROT_ERR.)
+#[test]
+fn local_invalidate_waits_for_the_read_before_it() {
+    let (mut p, a, b) = common::connected(10, &ConnectOpts::default());
+    let (frmr, mem) = fast_reg(&mut p, 0, &a, 0x42, 0xabc0_0000);
+    let key = Lkey((frmr.index() << 8) | 0x42);
+    b.mem.write(0, &[0x3c; 64]).unwrap();
+    let into = Sge {
+        addr: 0xabc0_0000,
+        length: 64,
+        lkey: key,
+    };
+    p.post(0, &a, 1, b.read_from(0), &[into]);
+    p.post(0, &a, 2, WrOp::LocalInv { rkey: Rkey(key.0) }, &[]);
+    p.run_until_idle(SEC);
+    let got: Vec<_> = p.cqes(0, &a).iter().map(|c| (c.wr_id, c.status)).collect();
+    assert_eq!(got, [(1, WcStatus::Success), (2, WcStatus::Success)]);
+    assert_eq!(mem.to_vec(0, 64), vec![0x3c; 64]);
+    // Invalidated once the READ was done: a READ into it now fails.
+    p.post(0, &a, 3, b.read_from(0), &[into]);
+    p.run_until_idle(SEC);
+    assert_eq!(p.cqes(0, &a)[0].status, WcStatus::LocProtErr);
+}
+
 /// REG_MR applies reg_mr's rules: a range that wraps, or remote write without local write,
 /// completes with LOC_QP_OP_ERR (rxe's status for a refused REG_MR) and binds nothing.
 #[test]

@@ -81,6 +81,18 @@ impl Qp {
                 if w.state == WqeState::Posted && self.state == QpState::Sqd {
                     return ReqStep::Idle;
                 }
+                // A LOCAL_INV waits until every WQE before it has completed (the local
+                // invalidate fence, IBA 10.6.5.1, which rxe makes mandatory): a READ
+                // response still to come must not find its buffer unregistered. Any other
+                // local WR with FENCE waits for outstanding READ/ATOMIC (IBA 10.8.3.3), as a
+                // remote one does below.
+                let fenced = match w.op {
+                    WrOp::LocalInv { .. } => !self.all_done_before(idx),
+                    _ => w.flags.contains(SendFlags::FENCE) && self.req.rd_atomic_inflight > 0,
+                };
+                if fenced {
+                    return ReqStep::Idle;
+                }
                 self.execute_local(sh, idx);
                 self.req.next += 1;
                 self.ev.retire = true;
@@ -452,6 +464,11 @@ impl Qp {
     }
 
     /// Executes a local operation (LOCAL_INV, REG_MR) when the requester reaches it.
+    /// Whether every WQE of the send queue before `idx` has completed.
+    fn all_done_before(&self, idx: u64) -> bool {
+        (self.sq.head..idx).all(|i| matches!(self.sq.get(i).state, WqeState::Done(_)))
+    }
+
     fn execute_local(&mut self, sh: &mut Shared, idx: u64) {
         // The operation only (the WQE is some 100 bytes).
         let op = self.sq.get(idx).op;
