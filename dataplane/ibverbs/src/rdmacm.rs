@@ -953,8 +953,12 @@ pub unsafe extern "C" fn ferroce_rdma_destroy_id(id: *mut sys::rdma_cm_id) -> c_
             let c = (*id).verbs as usize;
             let mut cl = client(ctx);
             if let Some(cid) = conn {
-                if !disconnected {
-                    let _ = cl.cm_disconnect(cid);
+                // An established connection is disconnected (DREQ); one still in its
+                // handshake (a connect request never answered, a REP not yet confirmed) is
+                // refused, as the kernel's cm_destroy_id sends a REJ: the peer hears at once
+                // instead of retrying for a minute, and the worker lets the connection go.
+                if !disconnected && cl.cm_disconnect(cid).is_err() {
+                    let _ = cl.cm_reject(cid, &[]);
                 }
                 reg().conns.remove(&(c, cid));
             }

@@ -1678,6 +1678,72 @@ static void check_rdmacm_stale_handles(void)
 	CHECK(errno == EINVAL, "rdma_destroy_event_channel twice: refused");
 }
 
+/* The next event on `ch` within `secs` seconds, or NULL. */
+static struct rdma_cm_event *cm_event_within(struct rdma_event_channel *ch, int secs)
+{
+	struct pollfd p = {.fd = ch->fd, .events = POLLIN};
+	if (poll(&p, 1, secs * 1000) <= 0)
+		return NULL;
+	struct rdma_cm_event *ev = NULL;
+	return rdma_get_cm_event(ch, &ev) == 0 ? ev : NULL;
+}
+
+/* A server that destroys a connect request's ID without answering it refuses it, as the
+ * kernel's cm_destroy_id sends a REJ: the client hears REJECTED at once, not UNREACHABLE
+ * after a minute of retries. */
+static void check_rdmacm_destroy_rejects(void)
+{
+	struct rdma_event_channel *sch = rdma_create_event_channel();
+	struct rdma_event_channel *cch = rdma_create_event_channel();
+	MUST(sch && cch, "rdma_create_event_channel");
+	struct rdma_cm_id *listen = NULL, *cid = NULL;
+	MUST(rdma_create_id(sch, &listen, NULL, RDMA_PS_TCP) == 0, "rdma_create_id (server)");
+	struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons(7479)};
+	addr.sin_addr.s_addr = htonl(0x0a630002); /* ferroce1, 10.99.0.2 */
+	MUST(rdma_bind_addr(listen, (struct sockaddr *)&addr) == 0, "rdma_bind_addr");
+	MUST(rdma_listen(listen, 4) == 0, "rdma_listen");
+	MUST(rdma_create_id(cch, &cid, NULL, RDMA_PS_TCP) == 0, "rdma_create_id (client)");
+	MUST(rdma_resolve_addr(cid, NULL, (struct sockaddr *)&addr, 2000) == 0,
+	     "rdma_resolve_addr");
+	struct rdma_cm_event *ev = cm_event_within(cch, 5);
+	MUST(ev && ev->event == RDMA_CM_EVENT_ADDR_RESOLVED, "ADDR_RESOLVED");
+	rdma_ack_cm_event(ev);
+	MUST(rdma_resolve_route(cid, 2000) == 0, "rdma_resolve_route");
+	ev = cm_event_within(cch, 5);
+	MUST(ev && ev->event == RDMA_CM_EVENT_ROUTE_RESOLVED, "ROUTE_RESOLVED");
+	rdma_ack_cm_event(ev);
+	struct ibv_pd *cpd = ibv_alloc_pd(cid->verbs);
+	struct ibv_cq *ccq = ibv_create_cq(cid->verbs, 8, NULL, NULL, 0);
+	struct ibv_qp_init_attr qa = {.send_cq = ccq,
+				      .recv_cq = ccq,
+				      .qp_type = IBV_QPT_RC,
+				      .cap = {.max_send_wr = 4,
+					      .max_recv_wr = 4,
+					      .max_send_sge = 1,
+					      .max_recv_sge = 1}};
+	MUST(cpd && ccq && rdma_create_qp(cid, cpd, &qa) == 0, "rdma_create_qp");
+	struct rdma_conn_param cp = {
+		.responder_resources = 1, .initiator_depth = 1, .retry_count = 7, .rnr_retry_count = 7};
+	MUST(rdma_connect(cid, &cp) == 0, "rdma_connect");
+	ev = cm_event_within(sch, 5);
+	MUST(ev && ev->event == RDMA_CM_EVENT_CONNECT_REQUEST, "CONNECT_REQUEST");
+	struct rdma_cm_id *child = ev->id;
+	rdma_ack_cm_event(ev);
+	CHECK(rdma_destroy_id(child) == 0, "rdma_destroy_id of a connect request's ID");
+	ev = cm_event_within(cch, 5);
+	CHECK(ev && ev->event == RDMA_CM_EVENT_REJECTED, "the client hears REJECTED at once (%s)",
+	      ev ? rdma_event_str(ev->event) : "nothing in 5 s");
+	if (ev)
+		rdma_ack_cm_event(ev);
+	rdma_destroy_qp(cid);
+	ibv_destroy_cq(ccq);
+	ibv_dealloc_pd(cpd);
+	rdma_destroy_id(cid);
+	rdma_destroy_id(listen);
+	rdma_destroy_event_channel(cch);
+	rdma_destroy_event_channel(sch);
+}
+
 int main(int argc, char **argv)
 {
 	const char *name = NULL;
@@ -1729,6 +1795,7 @@ int main(int argc, char **argv)
 	check_rereg_keeps_keys();
 	check_registration_lifecycle(dev);
 	check_rdmacm_stale_handles();
+	check_rdmacm_destroy_rejects();
 	ibv_free_device_list(list);
 
 	CHECK(ibv_dealloc_pd(pd) == 0, "ibv_dealloc_pd");
