@@ -27,6 +27,9 @@ use roce::cm::{AcceptParams, ConnectParams, SidrParams, SIDR_REJECTED, SIDR_VALI
 use roce::wire::cm::{service_id, CmaHeader, PrivateData, CMA_HDR_LEN, RDMA_UDP_QKEY as UDP_QKEY};
 /// READ/atomic depth this side offers when the application passes no connection parameters.
 const DEFAULT_RD_ATOMIC: u8 = 16;
+/// The device's limit of outstanding READ/ATOMIC per QP (`max_qp_rd_atom`, the engine's
+/// default limit).
+const MAX_RD_ATOMIC: u8 = 128;
 
 /// An event channel: the application's `rdma_event_channel` (its fd, an eventfd counting the
 /// queued events) first.
@@ -666,6 +669,11 @@ unsafe fn dispatch(c: usize, e: CmEventData) {
                 s.path_mtu = path_mtu;
                 s.retry_count = retry_count;
                 s.rnr_retry_count = rnr_retry_count;
+                // What rdma_accept agrees to unless told otherwise (librdmacm's
+                // ucma_process_conn_req): the request's depths from this side, within the
+                // device's limit.
+                s.responder_resources = initiator_depth.min(MAX_RD_ATOMIC);
+                s.initiator_depth = responder_resources.min(MAX_RD_ATOMIC);
             }
             // From the receiver's side: the requester's depth is what it may be asked to
             // answer, and the other way round.
@@ -1218,9 +1226,10 @@ pub unsafe extern "C" fn ferroce_rdma_destroy_qp(id: *mut sys::rdma_cm_id) {
     })
 }
 
-/// The application's connection parameters, or librdmacm's defaults.
+/// The application's connection parameters, or librdmacm's defaults; RDMA_MAX_RESP_RES and
+/// RDMA_MAX_INIT_DEPTH (0xFF) ask for the device's limit.
 unsafe fn conn_param(p: *const sys::rdma_conn_param) -> sys::rdma_conn_param {
-    if p.is_null() {
+    let mut p = if p.is_null() {
         sys::rdma_conn_param {
             responder_resources: DEFAULT_RD_ATOMIC,
             initiator_depth: DEFAULT_RD_ATOMIC,
@@ -1230,7 +1239,31 @@ unsafe fn conn_param(p: *const sys::rdma_conn_param) -> sys::rdma_conn_param {
         }
     } else {
         *p
+    };
+    p.responder_resources = p.responder_resources.min(MAX_RD_ATOMIC);
+    p.initiator_depth = p.initiator_depth.min(MAX_RD_ATOMIC);
+    p
+}
+
+/// rdma_accept's parameters: with none (NULL), or with RDMA_MAX_RESP_RES /
+/// RDMA_MAX_INIT_DEPTH, the depths the connect request asked for within the device's limit
+/// (librdmacm's rdma_accept), never more than the requester can use.
+unsafe fn accept_param(
+    id: *mut sys::rdma_cm_id,
+    raw: *const sys::rdma_conn_param,
+) -> sys::rdma_conn_param {
+    let (resp, init) = {
+        let s = st(id);
+        (s.responder_resources, s.initiator_depth)
+    };
+    let mut p = conn_param(raw);
+    if raw.is_null() || (*raw).responder_resources == u8::MAX {
+        p.responder_resources = resp;
     }
+    if raw.is_null() || (*raw).initiator_depth == u8::MAX {
+        p.initiator_depth = init;
+    }
+    p
 }
 
 unsafe fn private(p: &sys::rdma_conn_param) -> &[u8] {
@@ -1355,7 +1388,7 @@ pub unsafe extern "C" fn ferroce_rdma_accept(
     p: *mut sys::rdma_conn_param,
 ) -> c_int {
     on_ctx(id, |ctx| {
-        let p = conn_param(p);
+        let p = accept_param(id, p);
         let Some(cid) = st(id).conn else {
             return fail(libc::EINVAL, -1);
         };

@@ -1736,6 +1736,57 @@ static void check_rdmacm_destroy_rejects(void)
 	if (ev)
 		rdma_ack_cm_event(ev);
 	rdma_destroy_qp(cid);
+	rdma_destroy_id(cid);
+
+	/* rdma_accept(id, NULL) agrees to the depths the request asked for (1 and 1 here), not
+	 * its own defaults (librdmacm's rdma_accept). */
+	MUST(rdma_create_id(cch, &cid, NULL, RDMA_PS_TCP) == 0, "rdma_create_id (client)");
+	MUST(rdma_resolve_addr(cid, NULL, (struct sockaddr *)&addr, 2000) == 0,
+	     "rdma_resolve_addr");
+	ev = cm_event_within(cch, 5);
+	MUST(ev && ev->event == RDMA_CM_EVENT_ADDR_RESOLVED, "ADDR_RESOLVED");
+	rdma_ack_cm_event(ev);
+	MUST(rdma_resolve_route(cid, 2000) == 0, "rdma_resolve_route");
+	ev = cm_event_within(cch, 5);
+	MUST(ev && ev->event == RDMA_CM_EVENT_ROUTE_RESOLVED, "ROUTE_RESOLVED");
+	rdma_ack_cm_event(ev);
+	MUST(rdma_create_qp(cid, cpd, &qa) == 0, "rdma_create_qp");
+	MUST(rdma_connect(cid, &cp) == 0, "rdma_connect");
+	ev = cm_event_within(sch, 5);
+	MUST(ev && ev->event == RDMA_CM_EVENT_CONNECT_REQUEST, "CONNECT_REQUEST");
+	child = ev->id;
+	rdma_ack_cm_event(ev);
+	struct ibv_pd *spd = ibv_alloc_pd(child->verbs);
+	struct ibv_cq *scq = ibv_create_cq(child->verbs, 8, NULL, NULL, 0);
+	struct ibv_qp_init_attr sqa = qa;
+	sqa.send_cq = sqa.recv_cq = scq;
+	MUST(spd && scq && rdma_create_qp(child, spd, &sqa) == 0, "rdma_create_qp (server)");
+	MUST(rdma_accept(child, NULL) == 0, "rdma_accept(id, NULL)");
+	ev = cm_event_within(cch, 5);
+	CHECK(ev && ev->event == RDMA_CM_EVENT_ESTABLISHED, "the client: ESTABLISHED (%s)",
+	      ev ? rdma_event_str(ev->event) : "nothing in 5 s");
+	if (ev)
+		rdma_ack_cm_event(ev);
+	struct ibv_qp_attr sa;
+	struct ibv_qp_init_attr si;
+	CHECK(ibv_query_qp(child->qp, &sa, IBV_QP_MAX_QP_RD_ATOMIC | IBV_QP_MAX_DEST_RD_ATOMIC,
+			   &si) == 0 &&
+		      sa.max_rd_atomic == 1 && sa.max_dest_rd_atomic == 1,
+	      "rdma_accept(id, NULL) took the request's depths: %u, %u", sa.max_rd_atomic,
+	      sa.max_dest_rd_atomic);
+	rdma_disconnect(cid);
+	ev = cm_event_within(sch, 5);
+	while (ev && ev->event != RDMA_CM_EVENT_DISCONNECTED) {
+		rdma_ack_cm_event(ev);
+		ev = cm_event_within(sch, 5);
+	}
+	if (ev)
+		rdma_ack_cm_event(ev);
+	rdma_destroy_qp(child);
+	rdma_destroy_id(child);
+	ibv_destroy_cq(scq);
+	ibv_dealloc_pd(spd);
+	rdma_destroy_qp(cid);
 	ibv_destroy_cq(ccq);
 	ibv_dealloc_pd(cpd);
 	rdma_destroy_id(cid);
