@@ -1688,6 +1688,22 @@ static struct rdma_cm_event *cm_event_within(struct rdma_event_channel *ch, int 
 	return rdma_get_cm_event(ch, &ev) == 0 ? ev : NULL;
 }
 
+/* A new ID on `ch` with its address and route to `to` resolved. */
+static struct rdma_cm_id *resolved_id(struct rdma_event_channel *ch, struct sockaddr_in *to)
+{
+	struct rdma_cm_id *id = NULL;
+	MUST(rdma_create_id(ch, &id, NULL, RDMA_PS_TCP) == 0, "rdma_create_id (client)");
+	MUST(rdma_resolve_addr(id, NULL, (struct sockaddr *)to, 2000) == 0, "rdma_resolve_addr");
+	struct rdma_cm_event *ev = cm_event_within(ch, 5);
+	MUST(ev && ev->event == RDMA_CM_EVENT_ADDR_RESOLVED, "ADDR_RESOLVED");
+	rdma_ack_cm_event(ev);
+	MUST(rdma_resolve_route(id, 2000) == 0, "rdma_resolve_route");
+	ev = cm_event_within(ch, 5);
+	MUST(ev && ev->event == RDMA_CM_EVENT_ROUTE_RESOLVED, "ROUTE_RESOLVED");
+	rdma_ack_cm_event(ev);
+	return id;
+}
+
 /* A server that destroys a connect request's ID without answering it refuses it, as the
  * kernel's cm_destroy_id sends a REJ: the client hears REJECTED at once, not UNREACHABLE
  * after a minute of retries. */
@@ -1696,22 +1712,14 @@ static void check_rdmacm_destroy_rejects(void)
 	struct rdma_event_channel *sch = rdma_create_event_channel();
 	struct rdma_event_channel *cch = rdma_create_event_channel();
 	MUST(sch && cch, "rdma_create_event_channel");
-	struct rdma_cm_id *listen = NULL, *cid = NULL;
+	struct rdma_cm_id *listen = NULL, *cid;
 	MUST(rdma_create_id(sch, &listen, NULL, RDMA_PS_TCP) == 0, "rdma_create_id (server)");
 	struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons(7479)};
 	addr.sin_addr.s_addr = htonl(0x0a630002); /* ferroce1, 10.99.0.2 */
 	MUST(rdma_bind_addr(listen, (struct sockaddr *)&addr) == 0, "rdma_bind_addr");
 	MUST(rdma_listen(listen, 4) == 0, "rdma_listen");
-	MUST(rdma_create_id(cch, &cid, NULL, RDMA_PS_TCP) == 0, "rdma_create_id (client)");
-	MUST(rdma_resolve_addr(cid, NULL, (struct sockaddr *)&addr, 2000) == 0,
-	     "rdma_resolve_addr");
-	struct rdma_cm_event *ev = cm_event_within(cch, 5);
-	MUST(ev && ev->event == RDMA_CM_EVENT_ADDR_RESOLVED, "ADDR_RESOLVED");
-	rdma_ack_cm_event(ev);
-	MUST(rdma_resolve_route(cid, 2000) == 0, "rdma_resolve_route");
-	ev = cm_event_within(cch, 5);
-	MUST(ev && ev->event == RDMA_CM_EVENT_ROUTE_RESOLVED, "ROUTE_RESOLVED");
-	rdma_ack_cm_event(ev);
+	cid = resolved_id(cch, &addr);
+	struct rdma_cm_event *ev;
 	struct ibv_pd *cpd = ibv_alloc_pd(cid->verbs);
 	struct ibv_cq *ccq = ibv_create_cq(cid->verbs, 8, NULL, NULL, 0);
 	struct ibv_qp_init_attr qa = {.send_cq = ccq,
@@ -1740,16 +1748,7 @@ static void check_rdmacm_destroy_rejects(void)
 
 	/* rdma_accept(id, NULL) agrees to the depths the request asked for (1 and 1 here), not
 	 * its own defaults (librdmacm's rdma_accept). */
-	MUST(rdma_create_id(cch, &cid, NULL, RDMA_PS_TCP) == 0, "rdma_create_id (client)");
-	MUST(rdma_resolve_addr(cid, NULL, (struct sockaddr *)&addr, 2000) == 0,
-	     "rdma_resolve_addr");
-	ev = cm_event_within(cch, 5);
-	MUST(ev && ev->event == RDMA_CM_EVENT_ADDR_RESOLVED, "ADDR_RESOLVED");
-	rdma_ack_cm_event(ev);
-	MUST(rdma_resolve_route(cid, 2000) == 0, "rdma_resolve_route");
-	ev = cm_event_within(cch, 5);
-	MUST(ev && ev->event == RDMA_CM_EVENT_ROUTE_RESOLVED, "ROUTE_RESOLVED");
-	rdma_ack_cm_event(ev);
+	cid = resolved_id(cch, &addr);
 	MUST(rdma_create_qp(cid, cpd, &qa) == 0, "rdma_create_qp");
 	MUST(rdma_connect(cid, &cp) == 0, "rdma_connect");
 	ev = cm_event_within(sch, 5);
