@@ -8,7 +8,7 @@ use roce::memory::{HeapMemory, Memory, PdId};
 use roce::sim::{connect, connect_each, ConnectOpts, Endpoint, Pair};
 use roce::types::{Lkey, Msn, Psn, Rkey};
 use roce::verbs::*;
-use roce::wire::aeth::{AethKind, AethRepr, RNR_TIMER_NS};
+use roce::wire::aeth::{AethKind, AethRepr, NakCode, RNR_TIMER_NS};
 use roce::wire::bth::BthRepr;
 use roce::wire::frame::TransportRepr;
 use roce::wire::opcode::{Opcode, Operation};
@@ -333,6 +333,35 @@ fn an_inline_flag_on_a_read_or_atomic_still_checks_its_sges() {
 }
 
 // ---- bad response ----
+
+/// A NAK or RNR NAK for a PSN already acknowledged is stale (delayed or duplicated by the
+/// link) and ignored: with no RNR retries left it used to fail the QP, idle as it was.
+#[test]
+fn stale_naks_are_ignored() {
+    let o = ConnectOpts {
+        rnr_retry: 0,
+        ..Default::default()
+    };
+    let (mut p, a, b) = setup(o);
+    p.post(0, &a, 1, b.write_to(0), &[a.sge(0, 64)]);
+    p.run_until_idle(SEC);
+    assert_eq!(p.cqes(0, &a)[0].status, WcStatus::Success);
+    for aeth in [
+        AethRepr::rnr_nak(1, Msn::new(0)),
+        AethRepr::nak(NakCode::RemoteAccessError, Msn::new(0)),
+    ] {
+        let mut t = TransportRepr::new(BthRepr::new(Opcode::RC_ACK, a.qpn, a.sq_psn));
+        t.ext.aeth = Some(aeth);
+        let f = p.craft(1, t, &[]);
+        p.inject(0, &f);
+        p.run_until_idle(SEC);
+        assert_eq!(p.qp_state(0, &a), QpState::Rts, "{aeth:?}");
+        assert!(p.cqes(0, &a).is_empty(), "{aeth:?}");
+    }
+    p.post(0, &a, 2, b.write_to(0), &[a.sge(0, 64)]);
+    p.run_until_idle(SEC);
+    assert_eq!(p.cqes(0, &a)[0].status, WcStatus::Success);
+}
 
 #[test]
 fn read_response_of_the_wrong_length_is_bad_response() {

@@ -45,6 +45,13 @@ impl Qp {
                         self.counters.acks_rcvd += 1;
                         self.ack_upto(sh, now, psn);
                     }
+                    // A NAK or RNR NAK for a PSN already acknowledged is stale (the link
+                    // delayed or duplicated it): ignored, as rxe's check_psn ignores any
+                    // response before comp.psn. Acted on, an RNR NAK spent a retry and paused
+                    // the queue, and with none left failed the QP.
+                    AethKind::RnrNak { .. } | AethKind::Nak(_) if psn.before(self.comp.psn) => {
+                        self.counters.duplicate_responses += 1;
+                    }
                     AethKind::RnrNak { timer } => self.on_rnr_nak(sh, now, psn, timer),
                     AethKind::Nak(code) => self.on_nak(sh, now, psn, code),
                     AethKind::Reserved => {
