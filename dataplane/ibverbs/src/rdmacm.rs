@@ -83,6 +83,9 @@ struct IdState {
     ep_qp: Option<(sys::ibv_qp_init_attr, usize)>,
     /// CQs and completion channels the library made for the ID (`rdma_create_ep`).
     made_cqs: bool,
+    /// The application got CONNECT_RESPONSE (it had no QP) and finishes the handshake
+    /// itself with rdma_establish: librdmacm then delivers no ESTABLISHED.
+    self_established: bool,
 }
 
 /// An ID: the application's `rdma_cm_id` first.
@@ -714,6 +717,7 @@ unsafe fn dispatch(c: usize, e: CmEventData) {
             }
             if (*id).qp.is_null() {
                 // The application moves its own QP, then calls rdma_establish.
+                st(id).self_established = true;
                 p.qp_num = qpn.value();
                 p.responder_resources = responder_resources;
                 deliver(
@@ -732,6 +736,11 @@ unsafe fn dispatch(c: usize, e: CmEventData) {
             }
         }
         CmEventData::Established { .. } => {
+            // After CONNECT_RESPONSE and rdma_establish the connection is up without an
+            // event (librdmacm's rdma_establish only sends the RTU).
+            if std::mem::take(&mut st(id).self_established) {
+                return;
+            }
             let rep = st(id).rep_private.take();
             let pd = rep.unwrap_or_default();
             deliver(

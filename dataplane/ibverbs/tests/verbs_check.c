@@ -1783,9 +1783,48 @@ static void check_rdmacm_destroy_rejects(void)
 		rdma_ack_cm_event(ev);
 	rdma_destroy_qp(child);
 	rdma_destroy_id(child);
+	rdma_destroy_qp(cid);
+	rdma_destroy_id(cid);
+
+	/* A client without a QP gets CONNECT_RESPONSE and finishes with rdma_establish, after
+	 * which no ESTABLISHED comes (librdmacm's rdma_establish only sends the RTU); the
+	 * server gets its ESTABLISHED. */
+	cid = resolved_id(cch, &addr);
+	/* Its own QP, outside rdma_cm: the connect names it (conn_param.qp_num). */
+	struct ibv_qp *own = ibv_create_qp(cpd, &qa);
+	MUST(own, "ibv_create_qp");
+	struct rdma_conn_param own_cp = cp;
+	own_cp.qp_num = own->qp_num;
+	MUST(rdma_connect(cid, &own_cp) == 0, "rdma_connect without an rdma_cm QP");
+	ev = cm_event_within(sch, 5);
+	MUST(ev && ev->event == RDMA_CM_EVENT_CONNECT_REQUEST, "CONNECT_REQUEST");
+	child = ev->id;
+	rdma_ack_cm_event(ev);
+	MUST(rdma_create_qp(child, spd, &sqa) == 0, "rdma_create_qp (server)");
+	MUST(rdma_accept(child, NULL) == 0, "rdma_accept");
+	ev = cm_event_within(cch, 5);
+	MUST(ev && ev->event == RDMA_CM_EVENT_CONNECT_RESPONSE, "CONNECT_RESPONSE");
+	rdma_ack_cm_event(ev);
+	CHECK(rdma_establish(cid) == 0, "rdma_establish");
+	ev = cm_event_within(sch, 5);
+	CHECK(ev && ev->event == RDMA_CM_EVENT_ESTABLISHED, "the server: ESTABLISHED");
+	if (ev)
+		rdma_ack_cm_event(ev);
+	struct pollfd quiet = {.fd = cch->fd, .events = POLLIN};
+	CHECK(poll(&quiet, 1, 300) == 0, "no ESTABLISHED after CONNECT_RESPONSE + rdma_establish");
+	rdma_disconnect(cid);
+	ev = cm_event_within(sch, 5);
+	while (ev && ev->event != RDMA_CM_EVENT_DISCONNECTED) {
+		rdma_ack_cm_event(ev);
+		ev = cm_event_within(sch, 5);
+	}
+	if (ev)
+		rdma_ack_cm_event(ev);
+	rdma_destroy_qp(child);
+	rdma_destroy_id(child);
+	ibv_destroy_qp(own);
 	ibv_destroy_cq(scq);
 	ibv_dealloc_pd(spd);
-	rdma_destroy_qp(cid);
 	ibv_destroy_cq(ccq);
 	ibv_dealloc_pd(cpd);
 	rdma_destroy_id(cid);
