@@ -1688,6 +1688,18 @@ static struct rdma_cm_event *cm_event_within(struct rdma_event_channel *ch, int 
 	return rdma_get_cm_event(ch, &ev) == 0 ? ev : NULL;
 }
 
+/* Acknowledges the events on `ch` up to and including the first `want` (5 s each at most). */
+static void ack_until(struct rdma_event_channel *ch, enum rdma_cm_event_type want)
+{
+	struct rdma_cm_event *ev;
+	while ((ev = cm_event_within(ch, 5))) {
+		int last = ev->event == want;
+		rdma_ack_cm_event(ev);
+		if (last)
+			break;
+	}
+}
+
 /* A new ID on `ch` with its address and route to `to` resolved. */
 static struct rdma_cm_id *resolved_id(struct rdma_event_channel *ch, struct sockaddr_in *to)
 {
@@ -1774,13 +1786,7 @@ static void check_rdmacm_destroy_rejects(void)
 	      "rdma_accept(id, NULL) took the request's depths: %u, %u", sa.max_rd_atomic,
 	      sa.max_dest_rd_atomic);
 	rdma_disconnect(cid);
-	ev = cm_event_within(sch, 5);
-	while (ev && ev->event != RDMA_CM_EVENT_DISCONNECTED) {
-		rdma_ack_cm_event(ev);
-		ev = cm_event_within(sch, 5);
-	}
-	if (ev)
-		rdma_ack_cm_event(ev);
+	ack_until(sch, RDMA_CM_EVENT_DISCONNECTED);
 	rdma_destroy_qp(child);
 	rdma_destroy_id(child);
 	rdma_destroy_qp(cid);
@@ -1813,13 +1819,7 @@ static void check_rdmacm_destroy_rejects(void)
 	struct pollfd quiet = {.fd = cch->fd, .events = POLLIN};
 	CHECK(poll(&quiet, 1, 300) == 0, "no ESTABLISHED after CONNECT_RESPONSE + rdma_establish");
 	rdma_disconnect(cid);
-	ev = cm_event_within(sch, 5);
-	while (ev && ev->event != RDMA_CM_EVENT_DISCONNECTED) {
-		rdma_ack_cm_event(ev);
-		ev = cm_event_within(sch, 5);
-	}
-	if (ev)
-		rdma_ack_cm_event(ev);
+	ack_until(sch, RDMA_CM_EVENT_DISCONNECTED);
 	rdma_destroy_qp(child);
 	rdma_destroy_id(child);
 	ibv_destroy_qp(own);
