@@ -981,8 +981,12 @@ pub unsafe extern "C" fn ferroce_rdma_destroy_id(id: *mut sys::rdma_cm_id) -> c_
             }
         }
         // Events still queued for it go with it (on a channel still live: an application
-        // may have destroyed the channel first).
+        // may have destroyed the channel first), and so do the connect requests that came
+        // to it as a listener and were not taken: their IDs, never handed out, are
+        // destroyed and the requests refused, as the kernel's ucma destroys a listener's
+        // pending children (each sends a REJ).
         let ch = (*id).channel as *mut Channel;
+        let mut orphans = Vec::new();
         if live_channel(ch as *mut sys::rdma_event_channel) {
             (*ch)
                 .queue
@@ -990,13 +994,29 @@ pub unsafe extern "C" fn ferroce_rdma_destroy_id(id: *mut sys::rdma_cm_id) -> c_
                 .unwrap_or_else(|p| p.into_inner())
                 .retain(|e| {
                     let ev = *e as *mut Event;
-                    let mine = (*ev).ev.id == id;
+                    let request = (*ev).ev.event == sys::RDMA_CM_EVENT_CONNECT_REQUEST
+                        && (*ev).ev.listen_id == id;
+                    let mine = (*ev).ev.id == id || request;
+                    if request {
+                        orphans.push((*ev).ev.id);
+                    }
                     if mine {
                         drop(Box::from_raw(ev));
                         count_down((*ch).efd.as_raw_fd());
                     }
                     !mine
                 });
+        }
+        for child in orphans {
+            if !reg().ids.remove(&(child as usize)) {
+                continue;
+            }
+            let conn = st(child).conn.take();
+            if let (Some(ctx), Some(cid)) = (context(child), conn) {
+                let _ = client(ctx).cm_reject(cid, &[]);
+                reg().conns.remove(&((*child).verbs as usize, cid));
+            }
+            bury(child as usize, false);
         }
         // A synchronous ID's channel is its own (rdma_create_ep, rdma_get_request): it goes
         // with the ID, as in rdma-core's rdma_destroy_id.

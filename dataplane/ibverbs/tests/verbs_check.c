@@ -1823,6 +1823,30 @@ static void check_rdmacm_destroy_rejects(void)
 	rdma_destroy_qp(child);
 	rdma_destroy_id(child);
 	ibv_destroy_qp(own);
+	rdma_destroy_id(cid);
+
+	/* A listener destroyed while a connect request for it waits untaken: the request goes
+	 * with it (never delivered, its ID never handed out) and the client is refused, as the
+	 * kernel destroys a listener's pending children. */
+	struct rdma_cm_id *l2 = NULL;
+	MUST(rdma_create_id(sch, &l2, NULL, RDMA_PS_TCP) == 0, "rdma_create_id (listener 2)");
+	struct sockaddr_in addr2 = addr;
+	addr2.sin_port = htons(7478);
+	MUST(rdma_bind_addr(l2, (struct sockaddr *)&addr2) == 0, "rdma_bind_addr");
+	MUST(rdma_listen(l2, 4) == 0, "rdma_listen");
+	cid = resolved_id(cch, &addr2);
+	MUST(rdma_create_qp(cid, cpd, &qa) == 0, "rdma_create_qp");
+	MUST(rdma_connect(cid, &cp) == 0, "rdma_connect");
+	struct pollfd req = {.fd = sch->fd, .events = POLLIN};
+	MUST(poll(&req, 1, 5000) == 1, "the connect request is queued at the server");
+	CHECK(rdma_destroy_id(l2) == 0, "rdma_destroy_id of a listener with a request queued");
+	CHECK(poll(&req, 1, 300) == 0, "the destroyed listener's request is not delivered");
+	ev = cm_event_within(cch, 5);
+	CHECK(ev && ev->event == RDMA_CM_EVENT_REJECTED, "its client hears REJECTED (%s)",
+	      ev ? rdma_event_str(ev->event) : "nothing in 5 s");
+	if (ev)
+		rdma_ack_cm_event(ev);
+	rdma_destroy_qp(cid);
 	ibv_destroy_cq(scq);
 	ibv_dealloc_pd(spd);
 	ibv_destroy_cq(ccq);
