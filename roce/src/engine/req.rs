@@ -6,7 +6,7 @@
 //! go-back-N rewinding for the completer.
 
 use super::qp::Qp;
-use super::queues::WqeState;
+use super::queues::{SendWqe, WqeState};
 use super::transmit::{Path, Payload, Transmit};
 use super::Shared;
 use crate::memory::KeyError;
@@ -81,16 +81,7 @@ impl Qp {
                 if w.state == WqeState::Posted && self.state == QpState::Sqd {
                     return ReqStep::Idle;
                 }
-                // A LOCAL_INV waits until every WQE before it has completed (the local
-                // invalidate fence, IBA 10.6.5.1, which rxe makes mandatory): a READ
-                // response still to come must not find its buffer unregistered. Any other
-                // local WR with FENCE waits for outstanding READ/ATOMIC (IBA 10.8.3.3), as a
-                // remote one does below.
-                let fenced = match w.op {
-                    WrOp::LocalInv { .. } => !self.all_done_before(idx),
-                    _ => w.flags.contains(SendFlags::FENCE) && self.req.rd_atomic_inflight > 0,
-                };
-                if fenced {
+                if self.fenced(&w, idx) {
                     return ReqStep::Idle;
                 }
                 self.execute_local(sh, idx);
@@ -105,7 +96,7 @@ impl Qp {
                 if self.state == QpState::Sqd && !w.started {
                     return ReqStep::Idle;
                 }
-                if w.flags.contains(SendFlags::FENCE) && self.req.rd_atomic_inflight > 0 {
+                if self.fenced(&w, idx) {
                     return ReqStep::Idle;
                 }
                 let max_rd = self.attr.max_rd_atomic.unwrap_or(0).max(1) as u32;
@@ -463,12 +454,21 @@ impl Qp {
         Ok(())
     }
 
-    /// Executes a local operation (LOCAL_INV, REG_MR) when the requester reaches it.
-    /// Whether every WQE of the send queue before `idx` has completed.
-    fn all_done_before(&self, idx: u64) -> bool {
-        (self.sq.head..idx).all(|i| matches!(self.sq.get(i).state, WqeState::Done(_)))
+    /// Whether WQE `w` (at `idx`) must wait for those before it. A LOCAL_INV waits until
+    /// every WQE before it has completed (the local invalidate fence, IBA 10.6.5.1, which
+    /// rxe makes mandatory): a READ response still to come must not find its buffer
+    /// unregistered. Any other WQE with FENCE, local or remote, waits for outstanding
+    /// READ/ATOMIC (IBA 10.8.3.3).
+    fn fenced(&self, w: &SendWqe, idx: u64) -> bool {
+        match w.op {
+            WrOp::LocalInv { .. } => {
+                (self.sq.head..idx).any(|i| !matches!(self.sq.get(i).state, WqeState::Done(_)))
+            }
+            _ => w.flags.contains(SendFlags::FENCE) && self.req.rd_atomic_inflight > 0,
+        }
     }
 
+    /// Executes a local operation (LOCAL_INV, REG_MR) when the requester reaches it.
     fn execute_local(&mut self, sh: &mut Shared, idx: u64) {
         // The operation only (the WQE is some 100 bytes).
         let op = self.sq.get(idx).op;
