@@ -1096,8 +1096,10 @@ impl Nic {
         matches!(
             bth.opcode,
             Opcode::UD_SEND_ONLY | Opcode::UD_SEND_ONLY_WITH_IMM
-        ) && self.dev.ud_accepts_qkey(qpn, deth.qkey)
-            && (self.held_rx.iter().any(|h| h.qpn == qpn) || self.dev.ud_lacks_recv_wqe(qpn))
+        ) && self
+            .dev
+            .ud_wait_for_wqe(qpn, deth.qkey)
+            .is_some_and(|lacks| lacks || self.held_rx.iter().any(|h| h.qpn == qpn))
     }
 
     /// Holds a UD message (see `wants_hold`) with its parsed headers; when the wait list is

@@ -99,6 +99,10 @@ fn default_max_mw() -> u32 {
     4096
 }
 
+/// Outstanding READ/ATOMIC a QP may have (`max_qp_rd_atom`, `max_qp_init_rd_atom`) on a
+/// device with the default limits.
+pub const MAX_QP_RD_ATOM: u8 = 128;
+
 impl Default for DeviceLimits {
     fn default() -> Self {
         DeviceLimits {
@@ -110,7 +114,7 @@ impl Default for DeviceLimits {
             max_mr: 4096,
             max_mw: default_max_mw(),
             max_pd: 256,
-            max_qp_rd_atom: 128,
+            max_qp_rd_atom: MAX_QP_RD_ATOM,
             max_srq: 256,
         }
     }
@@ -1051,6 +1055,13 @@ impl std::fmt::Debug for Device {
 }
 
 /// The slot of the live QP numbered `qpn` among `qps` (see `Device::slot_of`).
+/// The priority CNPs travel on (`np_cnp_dscp` / `np_cnp_prio` through the priority map),
+/// whatever their QP's data priority.
+fn cnp_priority(cfg: &DeviceConfig) -> u8 {
+    cfg.priorities
+        .priority(cfg.cc.cnp_dscp << 2, cfg.cc.cnp_prio)
+}
+
 /// The ETS traffic class a ready QP waits in: that of its next packet's priority (class 0
 /// for all without ETS). A free function so that it can be called with a QP borrowed from
 /// the device.
@@ -2196,15 +2207,9 @@ impl Device {
                 // UD or UC QP waits for a next hop (`hold_path`). But a CNP it owes travels
                 // on the CNP priority (dcb.md: priority 6), not its data class: a paused
                 // data class must not hold back the notification that would relieve it.
-                let cc = &self.sh.cfg.cc;
-                let cnp_prio = self
-                    .sh
-                    .cfg
-                    .priorities
-                    .priority(cc.cnp_dscp << 2, cc.cnp_prio);
                 let sent_cnp = paused
                     && qp.held_for.is_none()
-                    && self.paused & (1 << cnp_prio) == 0
+                    && self.paused & (1 << cnp_priority(&self.sh.cfg)) == 0
                     && qp.next_cnp(&self.sh, tx);
                 qp.queued = false;
                 if !qp.parked {
@@ -2445,26 +2450,34 @@ impl Device {
         self.sh.complete(cq, c);
     }
 
-    /// Whether `qpn` is a UD QP able to receive that would take a message whose DETH
-    /// carries `qkey` (IBA 10.2.5: a Q_Key other than the QP's drops the message). A
-    /// dataplane holding UD messages for a receive WQE holds only these: a message the QP
-    /// would drop anyway must not take a place in the wait.
-    pub fn ud_accepts_qkey(&self, qpn: Qpn, qkey: Qkey) -> bool {
-        self.qp_ref(qpn)
-            .is_ok_and(|qp| qp.qp_type == QpType::Ud && qp.can_receive() && qp.qkey() == qkey)
-    }
-
     /// Whether a UD message for `qpn` would now be dropped for want of a receive WQE (the
     /// QP is a UD QP able to receive, and neither its receive queue nor its SRQ has one). A
     /// dataplane may hold such a message a little while instead (see the RNIC's
     /// `roce.ud_rx_hold_us`).
     pub fn ud_lacks_recv_wqe(&self, qpn: Qpn) -> bool {
-        let Ok(qp) = self.qp_ref(qpn) else {
-            return false;
-        };
-        if qp.qp_type != QpType::Ud || !qp.can_receive() {
-            return false;
-        }
+        self.ud_receiver(qpn, None)
+            .is_some_and(|qp| self.lacks_recv_wqe(qp))
+    }
+
+    /// For a UD message to `qpn` whose DETH carries `qkey`: `None` if the QP would drop it
+    /// anyway (not a UD QP able to receive, or another Q_Key: IBA 10.2.5), else whether it
+    /// lacks a receive WQE now. A dataplane holding UD messages for a receive WQE holds
+    /// only those the QP would take: a peer that does not know the Q_Key cannot fill the
+    /// wait.
+    pub fn ud_wait_for_wqe(&self, qpn: Qpn, qkey: Qkey) -> Option<bool> {
+        self.ud_receiver(qpn, Some(qkey))
+            .map(|qp| self.lacks_recv_wqe(qp))
+    }
+
+    /// `qpn` if it is a UD QP able to receive (with the Q_Key `qkey`, when given).
+    fn ud_receiver(&self, qpn: Qpn, qkey: Option<Qkey>) -> Option<&Qp> {
+        self.qp_ref(qpn).ok().filter(|qp| {
+            qp.qp_type == QpType::Ud && qp.can_receive() && qkey.is_none_or(|k| k == qp.qkey())
+        })
+    }
+
+    /// Whether neither `qp`'s receive queue nor its SRQ holds a receive WQE.
+    fn lacks_recv_wqe(&self, qp: &Qp) -> bool {
         match qp.srq {
             Some(s) => matches!(self.sh.srqs.get(s as usize), Some(srq) if srq.rq.is_empty()),
             None => qp.rq.is_empty(),
