@@ -521,6 +521,25 @@ impl<C: Channel> Client<C> {
         Ok(n)
     }
 
+    /// The checks of a send WR on `qpn` that need no queue room (the QP's state, and the
+    /// engine's own checks, made here so a bad WR is refused at once, rdma-core's EINVAL with
+    /// bad_wr, instead of taking a place in the send queue); the QP's capabilities and its
+    /// count of posted WRs, for the post that follows.
+    fn checked_qp(
+        &mut self,
+        qpn: Qpn,
+        wr: &SendWr<'_>,
+        inline_len: Option<usize>,
+    ) -> VerbsResult<(QpCaps, u64)> {
+        let port_mtu = self.limits.port_mtu;
+        let q = self.qp_mut(qpn)?;
+        if matches!(q.state, QpState::Reset | QpState::Init | QpState::Rtr) {
+            return Err(VerbsError::InvalidState(q.state));
+        }
+        roce::engine::check_send(q.qp_type, &q.caps, port_mtu, wr, inline_len)?;
+        Ok((q.caps, q.sq_posted))
+    }
+
     /// The application-side checks of a send post (synchronous, no round trip; the worker
     /// re-checks and turns a late failure into an error completion), then the post.
     fn post_send_data(
@@ -533,9 +552,7 @@ impl<C: Channel> Client<C> {
             return Err(VerbsError::DeviceFatal);
         }
         let slot = qp_slot(qpn, self.limits.max_qp).unwrap_or(usize::MAX);
-        self.check_send(qpn, wr, inline.map(|d| d.len()))?;
-        let q = self.qp_mut(qpn)?;
-        let (caps, sq_posted) = (q.caps, q.sq_posted);
+        let (caps, sq_posted) = self.checked_qp(qpn, wr, inline.map(|d| d.len()))?;
         let sq_retired = published(&self.index, slot * QP_INDEX_BYTES);
         if sq_posted.wrapping_sub(sq_retired) >= caps.max_send_wr as u64 {
             return Err(VerbsError::QueueFull);
@@ -891,15 +908,7 @@ impl<C: Channel> Verbs for Client<C> {
         wr: &SendWr<'_>,
         inline_len: Option<usize>,
     ) -> VerbsResult<()> {
-        let port_mtu = self.limits.port_mtu;
-        let q = self.qp_mut(qpn)?;
-        if matches!(q.state, QpState::Reset | QpState::Init | QpState::Rtr) {
-            return Err(VerbsError::InvalidState(q.state));
-        }
-        // The engine's own checks, made here so a bad WR is refused at once (rdma-core's
-        // EINVAL with bad_wr) instead of taking a place in the send queue.
-        roce::engine::check_send(q.qp_type, &q.caps, port_mtu, wr, inline_len)?;
-        Ok(())
+        self.checked_qp(qpn, wr, inline_len).map(|_| ())
     }
 
     fn sq_room(&mut self, qpn: Qpn) -> VerbsResult<u32> {
