@@ -27,9 +27,9 @@ use roce::cm::{AcceptParams, ConnectParams, SidrParams, SIDR_REJECTED, SIDR_VALI
 use roce::wire::cm::{service_id, CmaHeader, PrivateData, CMA_HDR_LEN, RDMA_UDP_QKEY as UDP_QKEY};
 /// READ/atomic depth this side offers when the application passes no connection parameters.
 const DEFAULT_RD_ATOMIC: u8 = 16;
-/// The device's limit of outstanding READ/ATOMIC per QP (`max_qp_rd_atom`, the engine's
-/// default limit).
-const MAX_RD_ATOMIC: u8 = 128;
+/// The device's limit of outstanding READ/ATOMIC per QP (rnicd's RNICs keep the engine's
+/// default limits).
+const MAX_RD_ATOMIC: u8 = roce::engine::MAX_QP_RD_ATOM;
 
 /// An event channel: the application's `rdma_event_channel` (its fd, an eventfd counting the
 /// queued events) first.
