@@ -1688,6 +1688,17 @@ static struct rdma_cm_event *cm_event_within(struct rdma_event_channel *ch, int 
 	return rdma_get_cm_event(ch, &ev) == 0 ? ev : NULL;
 }
 
+/* Checks that the next event on `ch` (within 5 s) is `want`, and acknowledges it. */
+static void check_event(struct rdma_event_channel *ch, enum rdma_cm_event_type want,
+			const char *what)
+{
+	struct rdma_cm_event *ev = cm_event_within(ch, 5);
+	CHECK(ev && ev->event == want, "%s (%s)", what,
+	      ev ? rdma_event_str(ev->event) : "nothing in 5 s");
+	if (ev)
+		rdma_ack_cm_event(ev);
+}
+
 /* Acknowledges the events on `ch` up to and including the first `want` (5 s each at most). */
 static void ack_until(struct rdma_event_channel *ch, enum rdma_cm_event_type want)
 {
@@ -1750,11 +1761,7 @@ static void check_rdmacm_destroy_rejects(void)
 	struct rdma_cm_id *child = ev->id;
 	rdma_ack_cm_event(ev);
 	CHECK(rdma_destroy_id(child) == 0, "rdma_destroy_id of a connect request's ID");
-	ev = cm_event_within(cch, 5);
-	CHECK(ev && ev->event == RDMA_CM_EVENT_REJECTED, "the client hears REJECTED at once (%s)",
-	      ev ? rdma_event_str(ev->event) : "nothing in 5 s");
-	if (ev)
-		rdma_ack_cm_event(ev);
+	check_event(cch, RDMA_CM_EVENT_REJECTED, "the client hears REJECTED at once");
 	rdma_destroy_qp(cid);
 	rdma_destroy_id(cid);
 
@@ -1773,11 +1780,7 @@ static void check_rdmacm_destroy_rejects(void)
 	sqa.send_cq = sqa.recv_cq = scq;
 	MUST(spd && scq && rdma_create_qp(child, spd, &sqa) == 0, "rdma_create_qp (server)");
 	MUST(rdma_accept(child, NULL) == 0, "rdma_accept(id, NULL)");
-	ev = cm_event_within(cch, 5);
-	CHECK(ev && ev->event == RDMA_CM_EVENT_ESTABLISHED, "the client: ESTABLISHED (%s)",
-	      ev ? rdma_event_str(ev->event) : "nothing in 5 s");
-	if (ev)
-		rdma_ack_cm_event(ev);
+	check_event(cch, RDMA_CM_EVENT_ESTABLISHED, "the client: ESTABLISHED");
 	struct ibv_qp_attr sa;
 	struct ibv_qp_init_attr si;
 	CHECK(ibv_query_qp(child->qp, &sa, IBV_QP_MAX_QP_RD_ATOMIC | IBV_QP_MAX_DEST_RD_ATOMIC,
@@ -1812,10 +1815,7 @@ static void check_rdmacm_destroy_rejects(void)
 	MUST(ev && ev->event == RDMA_CM_EVENT_CONNECT_RESPONSE, "CONNECT_RESPONSE");
 	rdma_ack_cm_event(ev);
 	CHECK(rdma_establish(cid) == 0, "rdma_establish");
-	ev = cm_event_within(sch, 5);
-	CHECK(ev && ev->event == RDMA_CM_EVENT_ESTABLISHED, "the server: ESTABLISHED");
-	if (ev)
-		rdma_ack_cm_event(ev);
+	check_event(sch, RDMA_CM_EVENT_ESTABLISHED, "the server: ESTABLISHED");
 	struct pollfd quiet = {.fd = cch->fd, .events = POLLIN};
 	CHECK(poll(&quiet, 1, 300) == 0, "no ESTABLISHED after CONNECT_RESPONSE + rdma_establish");
 	rdma_disconnect(cid);
@@ -1841,11 +1841,7 @@ static void check_rdmacm_destroy_rejects(void)
 	MUST(poll(&req, 1, 5000) == 1, "the connect request is queued at the server");
 	CHECK(rdma_destroy_id(l2) == 0, "rdma_destroy_id of a listener with a request queued");
 	CHECK(poll(&req, 1, 300) == 0, "the destroyed listener's request is not delivered");
-	ev = cm_event_within(cch, 5);
-	CHECK(ev && ev->event == RDMA_CM_EVENT_REJECTED, "its client hears REJECTED (%s)",
-	      ev ? rdma_event_str(ev->event) : "nothing in 5 s");
-	if (ev)
-		rdma_ack_cm_event(ev);
+	check_event(cch, RDMA_CM_EVENT_REJECTED, "its client hears REJECTED");
 	rdma_destroy_qp(cid);
 	ibv_destroy_cq(scq);
 	ibv_dealloc_pd(spd);
