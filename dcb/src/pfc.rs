@@ -511,23 +511,42 @@ impl Watchdog {
         self.stormed[p % PRIORITIES]
     }
 
-    /// Checks every priority against `pause`'s state at `now`.
+    /// Checks every priority against `pause`'s state at `now`. Under 802.3x PAUSE one pause
+    /// stops the whole link, so a storm is one storm (reported and counted as priority 0's)
+    /// that holds every priority, not eight.
     pub fn poll(&mut self, pause: &PauseState, now: u64, events: &mut Vec<StormEvent>) {
+        if pause.mode() == Mode::Pause {
+            self.poll_priority(0, pause, now, events);
+            self.stormed = [self.stormed[0]; PRIORITIES];
+            return;
+        }
         for p in 0..PRIORITIES {
-            if !self.stormed[p] {
-                if pause
-                    .paused_since(p, now)
-                    .is_some_and(|s| now.saturating_sub(s) >= self.detect_ns)
-                {
-                    self.stormed[p] = true;
-                    self.counters.detected[p] += 1;
-                    events.push(StormEvent::Detected(p));
-                }
-            } else if self.last_pause[p].is_none_or(|t| now.saturating_sub(t) >= self.restore_ns) {
-                self.stormed[p] = false;
-                self.counters.restored[p] += 1;
-                events.push(StormEvent::Restored(p));
+            self.poll_priority(p, pause, now, events);
+        }
+    }
+
+    /// Checks priority `p`: detected once paused for `detect_ns`, restored once no pause
+    /// came for `restore_ns`.
+    fn poll_priority(
+        &mut self,
+        p: usize,
+        pause: &PauseState,
+        now: u64,
+        events: &mut Vec<StormEvent>,
+    ) {
+        if !self.stormed[p] {
+            if pause
+                .paused_since(p, now)
+                .is_some_and(|s| now.saturating_sub(s) >= self.detect_ns)
+            {
+                self.stormed[p] = true;
+                self.counters.detected[p] += 1;
+                events.push(StormEvent::Detected(p));
             }
+        } else if self.last_pause[p].is_none_or(|t| now.saturating_sub(t) >= self.restore_ns) {
+            self.stormed[p] = false;
+            self.counters.restored[p] += 1;
+            events.push(StormEvent::Restored(p));
         }
     }
 }
@@ -753,5 +772,32 @@ mod tests {
             w2.poll(&s2, t + 500_000, &mut ev);
         }
         assert!(!w2.stormed(1));
+    }
+
+    /// An 802.3x PAUSE storm stops the whole link: one storm detected and one restored
+    /// (priority 0's), every priority stormed meanwhile; it used to count eight.
+    #[test]
+    fn a_link_pause_storm_is_one_storm() {
+        const MS: u64 = 1_000_000;
+        let mut s = PauseState::new(Mode::Pause, G100);
+        let mut w = Watchdog::new(50 * MS, 50 * MS, StormAction::Forward);
+        let mut ev = Vec::new();
+        let mut t = 0;
+        while t <= 60 * MS {
+            s.handle_frame(t, &PauseFrame::Pause { quanta: 0xffff });
+            // As the Nic does: a PAUSE is a pause of every priority.
+            for p in 0..PRIORITIES {
+                w.pause_received(p, t);
+            }
+            w.poll(&s, t, &mut ev);
+            t += 100_000;
+        }
+        assert_eq!(ev, vec![StormEvent::Detected(0)]);
+        assert!((0..PRIORITIES).all(|p| w.stormed(p)));
+        w.poll(&s, t + 60 * MS, &mut ev);
+        assert_eq!(ev, vec![StormEvent::Detected(0), StormEvent::Restored(0)]);
+        assert!((0..PRIORITIES).all(|p| !w.stormed(p)));
+        assert_eq!(w.counters.detected.iter().sum::<u64>(), 1);
+        assert_eq!(w.counters.restored.iter().sum::<u64>(), 1);
     }
 }
