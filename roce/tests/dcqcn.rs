@@ -28,17 +28,21 @@ fn cfg(cc: CongestionConfig) -> DeviceConfig {
     }
 }
 
-/// A QP on A writing to B over a 10 Gb/s, 2 us link, frames recorded; A's data ECN-capable.
-fn pair(a: CongestionConfig, b: CongestionConfig) -> (Pair, Endpoint, Endpoint) {
-    let mut p = Pair::new(cfg(a), cfg(b), LinkConfig::lossless(10, 2 * US), 7);
-    let o = ConnectOpts {
+/// The QPs here: MTU 4096, 16 messages of memory, 32 deep, an ACK timeout of ~4 s.
+fn opts() -> ConnectOpts {
+    ConnectOpts {
         mtu: Mtu::M4096,
         mem_len: 16 * MSG as usize,
         depth: 32,
         timeout: 20,
         ..Default::default()
-    };
-    let (a, b) = connect(&mut p, &o);
+    }
+}
+
+/// A QP on A writing to B over a 10 Gb/s, 2 us link, frames recorded; A's data ECN-capable.
+fn pair(a: CongestionConfig, b: CongestionConfig) -> (Pair, Endpoint, Endpoint) {
+    let mut p = Pair::new(cfg(a), cfg(b), LinkConfig::lossless(10, 2 * US), 7);
+    let (a, b) = connect(&mut p, &opts());
     p.record = true;
     p.ect = true;
     (p, a, b)
@@ -184,6 +188,59 @@ fn cnps_go_while_the_qps_data_priority_is_paused() {
     assert!(
         from_b.iter().all(|&o| o == Opcode::CNP),
         "only CNPs leave a paused QP: {from_b:?}"
+    );
+}
+
+/// CNPs go ahead of every ETS class (dcb.md: the CNP priority is a strict class): while a
+/// QP of B in a strict class keeps the link busy for a millisecond, the CNPs B owes for the
+/// marked WRITE arriving on another QP still leave within microseconds. They used to wait for
+/// the turn of their QP's data class, which the strict class starved.
+#[test]
+fn cnps_go_ahead_of_a_busy_strict_class() {
+    use dcb::ets::{EtsConfig, Tsa};
+    use roce::sim::connect_per_sl;
+    let mut tsa = [Tsa::Ets; 8];
+    tsa[3] = Tsa::Strict;
+    let ets = EtsConfig {
+        prio_tc: [0, 1, 2, 3, 4, 5, 6, 7],
+        tsa,
+        bw_percent: [50, 0, 0, 0, 0, 0, 50, 0],
+    };
+    ets.validate().unwrap();
+    let dcfg = DeviceConfig {
+        ets: Some(ets),
+        ..cfg(np_only(50 * US))
+    };
+    let mut p = Pair::new(dcfg.clone(), dcfg, LinkConfig::lossless(10, 2 * US), 7);
+    // Pair 0 on priority 0: A writes to B, marked. Pair 1 on priority 3 (strict): B writes
+    // to A, 1 MiB queued at once.
+    let eps = connect_per_sl(&mut p, &opts(), &[0, 3]);
+    p.record = true;
+    p.ect = true;
+    p.mark_ce_if = Some(Box::new(|side, _, f| side == 0 && f.info().is_request));
+    let (a1, b1) = &eps[1];
+    for i in 0..16u64 {
+        p.post(
+            1,
+            b1,
+            i,
+            a1.write_to(i * MSG as u64),
+            &[b1.sge(i * MSG as u64, MSG)],
+        );
+    }
+    let (a0, b0) = &eps[0];
+    p.post(0, a0, 100, b0.write_to(0), &[a0.sge(0, MSG)]);
+    p.run(300 * US, |_| false);
+    assert!(
+        p.cqes(1, b1).len() < 16,
+        "the strict class stayed busy for the whole window"
+    );
+    let c = cnps(&p);
+    assert!(!c.is_empty(), "no CNP left B in 300 us");
+    assert!(
+        c[0].0 < 100 * US,
+        "the first CNP waited until {} ns",
+        c[0].0
     );
 }
 

@@ -4,7 +4,7 @@
 
 use dcb::ets::{EtsConfig, Tsa};
 use roce::engine::DeviceConfig;
-use roce::sim::{bring_up, endpoint, node_gid, ConnectOpts, Endpoint, LinkConfig, Pair};
+use roce::sim::{connect_per_sl, ConnectOpts, LinkConfig, Pair};
 use roce::verbs::*;
 
 const US: u64 = 1_000;
@@ -18,22 +18,13 @@ fn shares(ets: Option<EtsConfig>) -> [u64; 2] {
         ..Default::default()
     };
     let mut p = Pair::new(cfg(), cfg(), LinkConfig::lossless(10, US), 3);
-    let mut eps: Vec<(Endpoint, Endpoint)> = Vec::new();
-    for (i, sl) in [0u8, 3].into_iter().enumerate() {
-        let o = ConnectOpts {
-            mtu: Mtu::M4096,
-            mem_len: 8 * MSG as usize,
-            depth: 16,
-            sl,
-            ..Default::default()
-        };
-        let base = 0x10_0000_0000 * (i as u64 + 1);
-        let a = endpoint(&mut p.a.dev, &o, base);
-        let b = endpoint(&mut p.b.dev, &o, base + 0x100_0000_0000);
-        bring_up(&mut p.a.dev, &a, b.qpn, node_gid(1), &o, 0x10, 0x20);
-        bring_up(&mut p.b.dev, &b, a.qpn, node_gid(0), &o, 0x20, 0x10);
-        eps.push((a, b));
-    }
+    let o = ConnectOpts {
+        mtu: Mtu::M4096,
+        mem_len: 8 * MSG as usize,
+        depth: 16,
+        ..Default::default()
+    };
+    let eps = connect_per_sl(&mut p, &o, &[0, 3]);
     let mut outstanding = [0u64; 2];
     let mut bytes = [0u64; 2];
     let until = 5_000 * US;

@@ -375,3 +375,48 @@ fn rereg_keeps_the_keys_and_cuts_off_the_old_translation() {
     assert_eq!(fresh.to_vec(MTU + 8, 64), vec![0x77; 64]);
     assert_eq!(b.mem.to_vec(8, 64), vec![0; 64]);
 }
+
+/// Nothing a client or a peer repeats grows the device's QP timer heap without bound. A QP
+/// waits hours for an ACK (timeout 31) and keeps the earliest entry; behind it, QPs created,
+/// sending and destroyed, and a QP reset and brought up again to send, 2000 times, used to
+/// leave one stale entry each.
+#[test]
+fn the_timer_heap_stays_bounded_under_qp_churn_and_resets() {
+    use roce::engine::QpInit;
+    use roce::sim::{bring_up, node_gid};
+    let o = ConnectOpts {
+        timeout: 31,
+        ..Default::default()
+    };
+    let cfg = DeviceConfig::default();
+    let mut p = Pair::new(cfg.clone(), cfg, LinkConfig::lossless(10, 1_000), 1);
+    let (a, b) = connect(&mut p, &o);
+    // Nothing is answered: every QP's ACK timer stays armed.
+    p.drop_if = Some(Box::new(|_, _| true));
+    p.post(0, &a, 1, b.write_to(0), &[a.sge(0, 64)]);
+    p.run(p.now + 10_000, |_| false);
+    let again = p.a.dev.create_qp(&QpInit::rc(a.pd, a.cq)).unwrap();
+    for i in 0..2000u64 {
+        let qpn = if i % 2 == 0 {
+            p.a.dev.create_qp(&QpInit::rc(a.pd, a.cq)).unwrap()
+        } else {
+            let reset = QpAttr {
+                state: Some(QpState::Reset),
+                ..Default::default()
+            };
+            p.a.dev.modify_qp(again, &reset).unwrap();
+            again
+        };
+        let e = Endpoint { qpn, ..a.clone() };
+        // Later deadlines than the first QP's: each QP is brought up a little later.
+        bring_up(&mut p.a.dev, &e, b.qpn, node_gid(1), &o, 0, 0);
+        p.post(0, &e, i, b.write_to(0), &[e.sge(0, 64)]);
+        p.run(p.now + 1_000, |_| false);
+        if qpn != again {
+            p.a.dev.destroy_qp(qpn).unwrap();
+        }
+        p.a.dev.poll_timeout();
+    }
+    let n = p.a.dev.timer_entries();
+    assert!(n <= 2 * 3 + 64 + 1, "{n} timer entries for 3 live QPs");
+}

@@ -1037,6 +1037,9 @@ pub struct Device {
     /// Priorities the peer paused (PFC; bit n = priority n) and the QPs held for it.
     paused: u8,
     parked: Vec<u32>,
+    /// QPs that owe a CNP, in the order they came to owe it: CNPs go ahead of every ETS
+    /// class (dcb.md: CNPs travel on strict priority), each QP here at most once.
+    cnp_due: VecDeque<u32>,
     port_active: bool,
     /// The connection manager of the port, fed by the GSI (QP1).
     cm: crate::cm::CmAgent,
@@ -1089,6 +1092,21 @@ fn live_qp_mut(
     Ok((slot, qp))
 }
 
+/// Queues QP `slot` for the CNP turn. A QP owes at most one CNP at a time, but one reset or
+/// destroyed (and its slot reused) while the CNP priority is paused leaves an entry behind
+/// that owes nothing: past one entry per slot the queue drops those and repeats, so it stays
+/// within about the QP table's size however long the pause.
+fn owe_cnp(due: &mut VecDeque<u32>, qps: &[Option<Box<Qp>>], slot: u32) {
+    if due.len() >= qps.len() {
+        let mut seen = vec![false; qps.len()];
+        due.retain(|&s| {
+            let owes = matches!(qps.get(s as usize), Some(Some(q)) if q.owes_cnp());
+            owes && !std::mem::replace(&mut seen[s as usize], true)
+        });
+    }
+    due.push_back(slot);
+}
+
 /// Inserts `v` into a resource table; a full table is the verbs' "no resources" for `what`.
 fn insert_or_exhausted<T>(t: &mut Table<T>, v: T, what: &'static str) -> VerbsResult<usize> {
     t.insert(v).ok_or(VerbsError::NoResources(what))
@@ -1133,6 +1151,7 @@ impl Device {
             ets: cfg_ets.and_then(|c| dcb::ets::Ets::new(c).ok()),
             paused: 0,
             parked: Vec::new(),
+            cnp_due: VecDeque::new(),
             port_active: true,
             // One agent per device: on an RNIC over several workers, each worker's agent
             // hands out communication IDs of its own stripe, as its device does QP numbers.
@@ -2147,13 +2166,14 @@ impl Device {
             l3_off: p.l3_offset,
             l3_len: p.repr.ip.header_len(),
         };
-        if p.repr.ip.ecn() == Ecn::Ce {
-            qp.on_ce(&self.sh, now);
-        }
+        let owes_cnp = p.repr.ip.ecn() == Ecn::Ce && qp.on_ce(&self.sh, now);
         if info.is_request {
             qp.handle_request(&mut self.sh, now, &pkt);
         } else {
             qp.handle_response(&mut self.sh, now, &pkt);
+        }
+        if owes_cnp {
+            owe_cnp(&mut self.cnp_due, &self.qps, slot as u32);
         }
         self.mark_ready(slot as u32);
         if !self.sh.overflowed.is_empty() {
@@ -2182,12 +2202,12 @@ impl Device {
     }
 
     /// Produces the next packet to send into `tx`; false when there is nothing to send. QPs
-    /// are served round robin; within a QP, a CNP it owes goes first, then responses (ACKs,
-    /// READ responses), then requests. A QP that DCQCN throttled sends data (requests, READ
+    /// are served round robin (CNPs owed go before all of them, `next_due_cnp`); within a
+    /// QP, responses (ACKs, READ responses) go first, then requests. A QP that DCQCN throttled sends data (requests, READ
     /// responses) only when its pacer allows, and its timer wakes it for the next packet.
     pub fn poll_transmit(&mut self, now: u64, tx: &mut Transmit) -> bool {
         // Management datagrams first: few, and a connection's setup waits on them.
-        if self.next_gsi(tx) {
+        if self.next_gsi(tx) || self.next_due_cnp(tx) {
             return true;
         }
         while let Some(tc) = self.next_class() {
@@ -2204,26 +2224,17 @@ impl Device {
             if paused || (qp.held_for.is_some() && qp.qp_type != QpType::Rc) {
                 // Its class is paused: every packet of the QP waits (ACKs and READ
                 // responses travel in their QP's class), the other classes go on. Or a
-                // UD or UC QP waits for a next hop (`hold_path`). But a CNP it owes travels
-                // on the CNP priority (dcb.md: priority 6), not its data class: a paused
-                // data class must not hold back the notification that would relieve it.
-                let sent_cnp = paused
-                    && qp.held_for.is_none()
-                    && self.paused & (1 << cnp_priority(&self.sh.cfg)) == 0
-                    && qp.next_cnp(&self.sh, tx);
+                // UD or UC QP waits for a next hop (`hold_path`). (A CNP it owes is not
+                // its class's: `next_due_cnp`.)
                 qp.queued = false;
                 if !qp.parked {
                     qp.parked = true;
                     self.parked.push(slot);
                 }
-                if sent_cnp {
-                    return true;
-                }
                 continue;
             }
             let may_data = qp.cc.as_mut().is_none_or(|c| c.may_send(now));
-            let sent = qp.next_cnp(&self.sh, tx)
-                || qp.next_response(&mut self.sh, tx, may_data)
+            let sent = qp.next_response(&mut self.sh, tx, may_data)
                 || (may_data && qp.next_request(&mut self.sh, now, tx) == req::ReqStep::Sent);
             if let Some(cc) = qp.cc.as_mut() {
                 if sent && tx.is_paced() {
@@ -2248,6 +2259,25 @@ impl Device {
         }
         if !self.sh.overflowed.is_empty() {
             self.handle_cq_overflows();
+        }
+        false
+    }
+
+    /// The next CNP owed, ahead of every ETS class: CNPs travel on their own priority
+    /// (`np_cnp_prio`, 6 by default) as a strict class (dcb.md), so neither a paused data
+    /// priority nor a busy stricter class holds back the notification that would relieve
+    /// the congestion. They wait only while their own priority is paused.
+    fn next_due_cnp(&mut self, tx: &mut Transmit) -> bool {
+        if self.cnp_due.is_empty() || self.paused & (1 << cnp_priority(&self.sh.cfg)) != 0 {
+            return false;
+        }
+        while let Some(slot) = self.cnp_due.pop_front() {
+            // A slot whose QP was destroyed (or replaced, owing nothing) produces nothing.
+            if let Some(Some(qp)) = self.qps.get_mut(slot as usize) {
+                if qp.next_cnp(&self.sh, tx) {
+                    return true;
+                }
+            }
         }
         false
     }
@@ -2310,6 +2340,9 @@ impl Device {
 
     /// The earliest QP deadline.
     fn qp_timeout(&mut self) -> Option<u64> {
+        if self.sh.timers.len() > 2 * self.live_qps as usize + 64 {
+            self.compact_timers();
+        }
         // Drop entries whose QP no longer needs them (its deadline moved or was cancelled), so
         // callers never wake for nothing.
         while let Some(&Reverse((t, qpn))) = self.sh.timers.peek() {
@@ -2335,6 +2368,30 @@ impl Device {
             }
         }
         None
+    }
+
+    /// Drops the heap entries no live QP waits for. A QP keeps one live entry (its
+    /// `timer_queued`); an earlier deadline pushes a new one and leaves the old behind, and a
+    /// destroyed QP leaves its own. Those are dropped when they surface, but behind a live
+    /// entry far ahead (an ACK timeout of hours) they would pile up: a peer's RNR NAKs with
+    /// ever shorter timers, or a client creating and destroying QPs. Run when the heap holds
+    /// more than twice the live QPs, it keeps the heap within that at amortised O(1) a push.
+    fn compact_timers(&mut self) {
+        let qps = &self.qps;
+        let max_qp = self.sh.cfg.limits.max_qp;
+        let mut entries = std::mem::take(&mut self.sh.timers).into_vec();
+        entries.retain(|&Reverse((t, qpn))| {
+            live_slot(qps, max_qp, Qpn::new(qpn))
+                .and_then(|s| qps[s].as_deref())
+                .is_some_and(|q| q.timer_queued == Some(t))
+        });
+        self.sh.timers = BinaryHeap::from(entries);
+    }
+
+    /// Entries in the QP timer heap, live and stale (`compact_timers`): for diagnostics and
+    /// tests of its bound.
+    pub fn timer_entries(&self) -> usize {
+        self.sh.timers.len()
     }
 
     /// Runs the timers due at `now` (ACK timeouts, RNR back-off ends, the connection

@@ -605,18 +605,27 @@ impl Qp {
     /// A packet for this QP arrived with CE set (DCQCN's notification point): a CNP is owed
     /// to the sending QP unless one went within `np_min_time_between_cnps`. Connected QPs
     /// only: a UD QP's CE marks are counted (its senders are many and unnamed by the path).
-    pub fn on_ce(&mut self, sh: &Shared, now: u64) {
+    /// Returns whether the QP now owes a CNP it did not owe before (the device then queues
+    /// it for the CNP turn, `Device::next_due_cnp`).
+    pub fn on_ce(&mut self, sh: &Shared, now: u64) -> bool {
         self.counters.np_ecn_marked_roce_packets += 1;
         let Some(interval) = sh.cfg.cc.np_min_interval_ns else {
-            return;
+            return false;
         };
         if self.qp_type == QpType::Ud || self.attr.av.is_none() {
-            return;
+            return false;
         }
         let cc = self.cc_mut();
-        if cc.np.on_ce(now, interval) {
+        if cc.np.on_ce(now, interval) && !cc.cnp_pending {
             cc.cnp_pending = true;
+            return true;
         }
+        false
+    }
+
+    /// Whether a CNP is owed to the peer (`on_ce`), not yet sent.
+    pub fn owes_cnp(&self) -> bool {
+        self.cc.as_ref().is_some_and(|c| c.cnp_pending)
     }
 
     /// Produces the CNP this QP owes its peer, if any: BTH opcode 0x81 to the peer QP, BECN
@@ -863,14 +872,19 @@ impl Qp {
             },
         );
         let (counters, counted) = (self.counters, self.counted);
-        let queued = self.queued;
+        let (queued, parked, timer_queued) = (self.queued, self.parked, self.timer_queued);
         let (taken, noted) = (self.positions_taken, self.moved_noted);
         *self = fresh;
         // The counters go on (port totals, `rdma statistic`), and so does what the running
         // totals took of them: reset, they would be taken in twice.
         self.counters = counters;
         self.counted = counted;
+        // The device's lists and timer heap may hold us: a fresh QP would be added again
+        // (a RESET -> RTS loop while paused, or with a long ACK timer pending, would grow
+        // them). A heap entry left for the old deadline fires harmlessly (`on_timer`).
         self.queued = queued;
+        self.parked = parked;
+        self.timer_queued = timer_queued;
         // Positions go back to 0: hosts must see that (and the moved list may hold us).
         self.positions_taken = taken;
         self.moved_noted = noted;

@@ -779,6 +779,23 @@ pub fn endpoint(dev: &mut Device, o: &ConnectOpts, base: u64) -> Endpoint {
     }
 }
 
+/// One connected pair of QPs (A's, B's) per service level in `sls`, set up by `o` with its
+/// `sl` replaced (for tests of classes sharing a link), each with its own memory range.
+pub fn connect_per_sl(p: &mut Pair, o: &ConnectOpts, sls: &[u8]) -> Vec<(Endpoint, Endpoint)> {
+    sls.iter()
+        .enumerate()
+        .map(|(i, &sl)| {
+            let o = ConnectOpts { sl, ..*o };
+            let base = 0x10_0000_0000 * (i as u64 + 1);
+            let a = endpoint(&mut p.a.dev, &o, base);
+            let b = endpoint(&mut p.b.dev, &o, base + 0x100_0000_0000);
+            bring_up(&mut p.a.dev, &a, b.qpn, node_gid(1), &o, 0x10, 0x20);
+            bring_up(&mut p.b.dev, &b, a.qpn, node_gid(0), &o, 0x20, 0x10);
+            (a, b)
+        })
+        .collect()
+}
+
 /// Brings a QP from RESET to RTS towards `peer` (the usual verbs sequence).
 pub fn bring_up(
     dev: &mut Device,
