@@ -20,14 +20,10 @@ use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 
 use crate::types::Gid;
 use crate::wire::cm::{
-    Cm, Dreq, IdsOnly, PrivateData, Rej, Rep, Req, SidrRep, SidrReq, CM_DATA_LEN,
+    Cm, Dreq, IdsOnly, PrivateData, Rej, Rep, Req, SidrRep, SidrReq, METHOD_SEND,
 };
 use crate::wire::mad::{MadHeader, CLASS_CM, HEADER_LEN, MAD_LEN};
 
-/// MAD method SEND (IBA 13.4.5): every CM message travels as one.
-const METHOD_SEND: u8 = 0x03;
-/// CM class version (IBA 12.6).
-const CM_CLASS_VERSION: u8 = 2;
 /// MADs waiting to be sent, at most.
 const MAX_OUT: usize = 4096;
 /// Events waiting for the consumer, at most.
@@ -421,6 +417,10 @@ struct Conn {
     service_id: u64,
     /// `Unclaimed`: the request waiting for a listener.
     held: Option<Box<Held>>,
+    /// An MRA extended the wait for the current answer: a second one does not (as the
+    /// kernel's CM, which leaves `MRA_REQ_RCVD` / `MRA_REP_RCVD` only for the answer), so a
+    /// peer cannot hold the connection for ever with MRAs.
+    mra_taken: bool,
 }
 
 /// The CM of one port.
@@ -603,11 +603,52 @@ impl CmAgent {
             private_data: PrivateData::from_bytes(private_data).ok_or(CmError::TooLong)?,
             ..Default::default()
         };
+        self.send_rej_and_remove(id, rej)
+    }
+
+    /// Sends `rej` on connection `id`, which is then gone.
+    fn send_rej_and_remove(&mut self, id: ConnId, rej: Rej) -> Result<(), CmError> {
+        let c = self.conn(id)?;
         let (local, peer, tid) = (c.local, c.peer, c.tid);
         self.push_mad(local, peer, tid, &Cm::Rej(rej));
         self.counters.rej_sent += 1;
         self.remove(id);
         Ok(())
+    }
+
+    /// The consumer destroyed the connection's ID (rdma_destroy_id, or its process went
+    /// away), whatever its state, as the kernel's `cm_destroy_id`: an established
+    /// connection is disconnected (DREQ); one in its handshake is refused (REJ, consumer
+    /// defined) and gone; a REQ of ours still unanswered is withdrawn with a REJ (reason
+    /// timeout, our CA GUID as its information, the kernel's) so that the peer lets its
+    /// request go at once; a SIDR request of ours is dropped. A disconnection already under
+    /// way (DREQ sent, time wait) ends on its own.
+    pub fn destroy(&mut self, now: u64, id: ConnId) -> Result<(), CmError> {
+        let c = self.conn(id)?;
+        match c.state {
+            State::Established => self.disconnect(now, id),
+            State::ReqRcvd | State::RepRcvd | State::RepSent | State::SidrRcvd => {
+                self.reject(id, reason::CONSUMER_DEFINED, &[])
+            }
+            State::ReqSent => {
+                let rej = Rej {
+                    local_comm_id: id.0,
+                    remote_comm_id: c.remote_comm_id,
+                    message: REJECTS_REQ,
+                    reason: reason::TIMEOUT,
+                    info_length: 8,
+                    ari: PrivateData::from_bytes(&self.cfg.ca_guid.to_be_bytes())
+                        .ok_or(CmError::TooLong)?,
+                    ..Default::default()
+                };
+                self.send_rej_and_remove(id, rej)
+            }
+            State::SidrSent => {
+                self.remove(id);
+                Ok(())
+            }
+            State::DreqSent | State::TimeWait | State::Unclaimed => Ok(()),
+        }
     }
 
     /// Active: after `RepReceived` (and the QP moved to RTS), sends the RTU; the connection
@@ -796,20 +837,25 @@ impl CmAgent {
             Cm::Req(req) => self.on_req(now, from, to, h.tid, req),
             Cm::Rep(rep) => self.on_rep(from, to, rep),
             Cm::Rtu(rtu) => self.on_rtu(rtu),
-            Cm::Rej(rej) => self.on_rej(rej),
+            Cm::Rej(rej) => self.on_rej(from, rej),
             Cm::Mra(mra) => {
-                // The peer needs longer: wait its service timeout more for this try.
+                // The peer needs longer: wait its service timeout more for this try. Only a
+                // REQ or REP of ours waiting for its answer waits longer (IBA 12.6.6: an MRA
+                // answers a REQ, REP or LAP; a held request must not be kept alive by its
+                // sender), once, and only from the peer the request went to.
                 match self.matched(mra.remote_comm_id, mra.local_comm_id) {
-                    // Only a request of ours waiting for its answer waits longer (a held
-                    // request must not be kept alive by its sender).
                     Some(id)
-                        if matches!(
-                            self.state(id),
-                            Some(State::ReqSent | State::RepSent | State::DreqSent)
-                        ) =>
+                        if self.conn(id).is_ok_and(|c| {
+                            matches!(c.state, State::ReqSent | State::RepSent)
+                                && c.peer == from
+                                && !c.mra_taken
+                        }) =>
                     {
                         let extra =
                             iba_ms(mra.service_timeout) + 2 * iba_ms(self.cfg.packet_life_time);
+                        if let Ok(c) = self.conn_mut(id) {
+                            c.mra_taken = true;
+                        }
                         self.clear_timer(id);
                         self.set_timer(id, now + extra * MS);
                     }
@@ -884,6 +930,7 @@ impl CmAgent {
             wait_ms,
             service_id: 0,
             held: None,
+            mra_taken: false,
         });
         self.by_remote.insert(key, id);
         self.event(CmEvent::ConnectRequest {
@@ -978,22 +1025,42 @@ impl CmAgent {
         }
     }
 
-    fn on_rej(&mut self, rej: Rej) {
-        let Some(id) = self.local(rej.remote_comm_id) else {
+    fn on_rej(&mut self, from: Gid, rej: Rej) {
+        // A requester withdrawing its REQ (its ID destroyed before an answer) does not know
+        // our ID: it names its own, with its CA GUID as the REJ's information, and is found
+        // as its duplicates are (the kernel's cm_acquire_rejected_id), if it comes from
+        // where the request came from.
+        let withdrawn =
+            (rej.message == REJECTS_REQ && rej.reason == reason::TIMEOUT && rej.info_length >= 8)
+                .then(|| {
+                    let guid = u64::from_be_bytes(rej.ari.0[..8].try_into().expect("8 bytes"));
+                    self.by_remote.get(&(rej.local_comm_id, guid)).copied()
+                })
+                .flatten()
+                .filter(|&id| self.conn(id).is_ok_and(|c| c.peer == from));
+        let Some(id) = withdrawn.or_else(|| self.local(rej.remote_comm_id)) else {
             self.counters.rx_unmatched += 1;
             return;
         };
-        match self.state(id) {
-            // A REJ of our REQ does not know the peer's ID yet: only ours must match.
-            Some(State::ReqSent | State::RepRcvd | State::RepSent) => {
-                self.event(CmEvent::Rejected {
-                    id,
-                    reason: rej.reason,
-                    private_data: rej.private_data,
-                });
-                self.remove(id);
-            }
-            _ => self.counters.rx_unmatched += 1,
+        let state = self.state(id);
+        // A REJ of our REQ does not know the peer's ID yet: only ours must match. A
+        // withdrawn REQ ends the request its consumer was given.
+        let taken = matches!(
+            state,
+            Some(State::ReqSent | State::RepRcvd | State::RepSent)
+        ) || (withdrawn.is_some() && state == Some(State::ReqRcvd));
+        if taken {
+            self.event(CmEvent::Rejected {
+                id,
+                reason: rej.reason,
+                private_data: rej.private_data,
+            });
+            self.remove(id);
+        } else if withdrawn.is_some() && state == Some(State::Unclaimed) {
+            // A request held for a listener goes quietly: no consumer knows it.
+            self.remove(id);
+        } else {
+            self.counters.rx_unmatched += 1;
         }
     }
 
@@ -1085,6 +1152,7 @@ impl CmAgent {
             wait_ms: 0,
             service_id,
             held: held.map(Box::new),
+            mra_taken: false,
         });
         self.by_remote.insert(p.key, id);
     }
@@ -1130,6 +1198,7 @@ impl CmAgent {
             wait_ms,
             service_id,
             held: None,
+            mra_taken: false,
         });
         tid
     }
@@ -1180,23 +1249,7 @@ impl CmAgent {
             self.counters.tx_dropped += 1;
             return;
         }
-        let h = MadHeader {
-            base_version: 1,
-            class: CLASS_CM,
-            class_version: CM_CLASS_VERSION,
-            method: METHOD_SEND,
-            response: false,
-            status: 0,
-            class_specific: 0,
-            tid,
-            attr_id: m.attr_id(),
-            attr_mod: 0,
-        };
-        let mut mad = [0u8; MAD_LEN];
-        let (head, body) = mad.split_at_mut(HEADER_LEN);
-        h.emit(head.try_into().expect("header length"));
-        m.emit(body.try_into().expect("CM data length"));
-        debug_assert_eq!(body.len(), CM_DATA_LEN);
+        let mad = m.to_mad(tid);
         self.counters.tx_mads += 1;
         self.out.push_back(OutMad { src, dest, mad });
     }

@@ -551,6 +551,99 @@ fn a_peer_gone_mid_handshake_times_out_after_every_retry() {
     assert_eq!(l.b.conn_count(), 0);
 }
 
+/// An MRA extends the wait for an answer once, and only from the peer the request went
+/// to; none is taken once a DREQ is out (IBA 12.6.6: an MRA answers a REQ, REP or LAP). A
+/// peer repeating MRAs with the longest service timeout (2^31 x 4.096 us, 2.4 hours) used to
+/// hold a connection, and its slot, for as long as it liked.
+#[test]
+fn an_mra_extends_the_wait_once_and_only_from_the_peer() {
+    let mut l = Link::new();
+    l.b_gone = true;
+    let a = l.send_req();
+    let first = l.a.poll_timeout().unwrap();
+    let mra = Cm::Mra(roce::wire::cm::Mra {
+        remote_comm_id: a.0,
+        service_timeout: 31,
+        ..Default::default()
+    });
+    let bytes = mra.to_mad(1);
+    let spoofer = Gid::from_ipv4([10, 99, 0, 66]);
+    l.a.handle_mad(l.now, spoofer, A_GID, &bytes);
+    assert_eq!(l.a.poll_timeout(), Some(first), "an MRA from a third party");
+    l.a.handle_mad(l.now, B_GID, A_GID, &bytes);
+    let extended = l.a.poll_timeout().unwrap();
+    assert!(
+        extended > first + 3_600_000 * MS,
+        "the peer's MRA extends the wait"
+    );
+    l.now = extended - 1;
+    l.a.handle_mad(l.now, B_GID, A_GID, &bytes);
+    assert_eq!(l.a.poll_timeout(), Some(extended), "a second MRA");
+    assert_eq!(l.a.counters.rx_unmatched, 2);
+    // In DREQ_SENT: the DREQ's retries run their course.
+    let mut l = Link::new();
+    let (a, b) = l.establish();
+    l.b_gone = true;
+    l.a.disconnect(l.now, a).unwrap();
+    l.run(false, 0);
+    let retry = l.a.poll_timeout().unwrap();
+    let mra = Cm::Mra(roce::wire::cm::Mra {
+        local_comm_id: b.0,
+        remote_comm_id: a.0,
+        service_timeout: 31,
+        ..Default::default()
+    });
+    l.a.handle_mad(l.now, B_GID, A_GID, &mra.to_mad(2));
+    assert_eq!(l.a.poll_timeout(), Some(retry), "an MRA for a DREQ");
+}
+
+/// Destroying an ID ends its connection as the kernel's cm_destroy_id does, in every state
+/// the peer can be waiting in: a REQ not yet answered is withdrawn with a REJ (reason
+/// timeout) and the peer drops its request at once (it used to hold it, and the requester
+/// its slot, until the handshake timed out); an established connection is disconnected.
+#[test]
+fn destroying_an_id_ends_its_connection_in_every_state() {
+    let mut l = Link::new();
+    let a = l.send_req();
+    let b = l.request();
+    // The same REJ from another host withdraws nothing (REQ IDs and CA GUIDs are easy to
+    // learn).
+    let rej = Cm::Rej(roce::wire::cm::Rej {
+        local_comm_id: a.0,
+        message: 0,
+        reason: reason::TIMEOUT,
+        info_length: 8,
+        ari: PrivateData::from_bytes(&0x5054_00ff_fe99_0002u64.to_be_bytes()).unwrap(),
+        ..Default::default()
+    });
+    let spoofer = Gid::from_ipv4([10, 99, 0, 66]);
+    l.b.handle_mad(l.now, spoofer, B_GID, &rej.to_mad(3));
+    assert_eq!(l.b.conn_count(), 1);
+    l.a.destroy(l.now, a).unwrap();
+    l.run(false, 0);
+    assert_eq!(names(&l.b_events), ["request", "rejected"]);
+    assert!(matches!(l.b_events[1], CmEvent::Rejected { id, .. } if id == b));
+    assert!(l.seen.contains(&(true, attr::REJ)));
+    assert_eq!((l.a.conn_count(), l.b.conn_count()), (0, 0));
+    // Handshake states of either side: refused, as `reject` does.
+    let mut l = Link::new();
+    let a = l.send_req();
+    let b = l.request();
+    l.send_rep(b);
+    l.a.destroy(l.now, a).unwrap();
+    l.run(false, 0);
+    assert_eq!(names(&l.b_events), ["request", "rejected"]);
+    assert_eq!((l.a.conn_count(), l.b.conn_count()), (0, 0));
+    // Established: disconnected, both sides released after the time wait.
+    let mut l = Link::new();
+    let (a, _) = l.establish();
+    l.a.destroy(l.now, a).unwrap();
+    l.a.destroy(l.now, a).unwrap();
+    l.run(true, 60_000 * MS);
+    assert_eq!(names(&l.b_events)[2..], ["disconnected", "released"]);
+    assert_eq!((l.a.conn_count(), l.b.conn_count()), (0, 0));
+}
+
 #[test]
 fn both_sides_disconnecting_at_once_end_cleanly() {
     let mut l = Link::new();

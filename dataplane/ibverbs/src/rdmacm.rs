@@ -948,14 +948,9 @@ pub unsafe extern "C" fn ferroce_rdma_destroy_id(id: *mut sys::rdma_cm_id) -> c_
         }
         // No event is being handed to it meanwhile.
         let _d = dispatching();
-        let (conn, listening, disconnected, on) = {
+        let (conn, listening, on) = {
             let mut s = st(id);
-            (
-                s.conn,
-                s.listening,
-                s.disconnected,
-                std::mem::take(&mut s.listening_on),
-            )
+            (s.conn, s.listening, std::mem::take(&mut s.listening_on))
         };
         if let Some(sid) = listening {
             for c in on {
@@ -970,13 +965,12 @@ pub unsafe extern "C" fn ferroce_rdma_destroy_id(id: *mut sys::rdma_cm_id) -> c_
             let c = (*id).verbs as usize;
             let mut cl = client(ctx);
             if let Some(cid) = conn {
-                // An established connection is disconnected (DREQ); one still in its
-                // handshake (a connect request never answered, a REP not yet confirmed) is
-                // refused, as the kernel's cm_destroy_id sends a REJ: the peer hears at once
+                // The worker ends the connection as the kernel's cm_destroy_id does: an
+                // established one is disconnected (DREQ), one still in its handshake (a
+                // connect request never answered, a REP not yet confirmed) is refused, a
+                // REQ of ours not yet answered is withdrawn (REJ): the peer hears at once
                 // instead of retrying for a minute, and the worker lets the connection go.
-                if !disconnected && cl.cm_disconnect(cid).is_err() {
-                    let _ = cl.cm_reject(cid, &[]);
-                }
+                let _ = cl.cm_destroy(cid);
                 reg().conns.remove(&(c, cid));
             }
         }

@@ -1727,6 +1727,21 @@ static struct rdma_cm_id *resolved_id(struct rdma_event_channel *ch, struct sock
 	return id;
 }
 
+/* Connects `cid` (its QP made from `pd` and `qa`) with `cp`; returns the request's ID as
+ * the server listening on `sch` got it in CONNECT_REQUEST. */
+static struct rdma_cm_id *requested(struct rdma_event_channel *sch, struct rdma_cm_id *cid,
+				    struct ibv_pd *pd, struct ibv_qp_init_attr *qa,
+				    struct rdma_conn_param *cp)
+{
+	MUST(rdma_create_qp(cid, pd, qa) == 0, "rdma_create_qp");
+	MUST(rdma_connect(cid, cp) == 0, "rdma_connect");
+	struct rdma_cm_event *ev = cm_event_within(sch, 5);
+	MUST(ev && ev->event == RDMA_CM_EVENT_CONNECT_REQUEST, "CONNECT_REQUEST");
+	struct rdma_cm_id *child = ev->id;
+	rdma_ack_cm_event(ev);
+	return child;
+}
+
 /* A server that destroys a connect request's ID without answering it refuses it, as the
  * kernel's cm_destroy_id sends a REJ: the client hears REJECTED at once, not UNREACHABLE
  * after a minute of retries. */
@@ -1752,28 +1767,29 @@ static void check_rdmacm_destroy_rejects(void)
 					      .max_recv_wr = 4,
 					      .max_send_sge = 1,
 					      .max_recv_sge = 1}};
-	MUST(cpd && ccq && rdma_create_qp(cid, cpd, &qa) == 0, "rdma_create_qp");
+	MUST(cpd && ccq, "ibv_alloc_pd, ibv_create_cq");
 	struct rdma_conn_param cp = {
 		.responder_resources = 1, .initiator_depth = 1, .retry_count = 7, .rnr_retry_count = 7};
-	MUST(rdma_connect(cid, &cp) == 0, "rdma_connect");
-	ev = cm_event_within(sch, 5);
-	MUST(ev && ev->event == RDMA_CM_EVENT_CONNECT_REQUEST, "CONNECT_REQUEST");
-	struct rdma_cm_id *child = ev->id;
-	rdma_ack_cm_event(ev);
+	struct rdma_cm_id *child = requested(sch, cid, cpd, &qa, &cp);
 	CHECK(rdma_destroy_id(child) == 0, "rdma_destroy_id of a connect request's ID");
 	check_event(cch, RDMA_CM_EVENT_REJECTED, "the client hears REJECTED at once");
 	rdma_destroy_qp(cid);
 	rdma_destroy_id(cid);
 
+	/* A client that destroys its ID while its connect request is unanswered withdraws it
+	 * (the kernel's cm_destroy_id sends a REJ): the server's request ID hears REJECTED at
+	 * once instead of holding the request until the handshake times out. */
+	cid = resolved_id(cch, &addr);
+	child = requested(sch, cid, cpd, &qa, &cp);
+	rdma_destroy_qp(cid);
+	CHECK(rdma_destroy_id(cid) == 0, "rdma_destroy_id of a connecting ID");
+	check_event(sch, RDMA_CM_EVENT_REJECTED, "the server's request ID hears REJECTED");
+	rdma_destroy_id(child);
+
 	/* rdma_accept(id, NULL) agrees to the depths the request asked for (1 and 1 here), not
 	 * its own defaults (librdmacm's rdma_accept). */
 	cid = resolved_id(cch, &addr);
-	MUST(rdma_create_qp(cid, cpd, &qa) == 0, "rdma_create_qp");
-	MUST(rdma_connect(cid, &cp) == 0, "rdma_connect");
-	ev = cm_event_within(sch, 5);
-	MUST(ev && ev->event == RDMA_CM_EVENT_CONNECT_REQUEST, "CONNECT_REQUEST");
-	child = ev->id;
-	rdma_ack_cm_event(ev);
+	child = requested(sch, cid, cpd, &qa, &cp);
 	struct ibv_pd *spd = ibv_alloc_pd(child->verbs);
 	struct ibv_cq *scq = ibv_create_cq(child->verbs, 8, NULL, NULL, 0);
 	struct ibv_qp_init_attr sqa = qa;

@@ -260,10 +260,7 @@ fn close(dev: &mut Device, owners: &mut Owners, h: &mut HostEnd, now: u64) {
         owners.remove_listener(sid);
     }
     for id in held.cm_ids {
-        let c = ConnId(id);
-        if dev.cm().disconnect(now, c).is_err() {
-            let _ = dev.cm().reject(c, reason::CONSUMER_DEFINED, &[]);
-        }
+        let _ = dev.cm().destroy(now, ConnId(id));
         owners.cm_conns.remove(&id);
     }
     for q in held.qps {
@@ -312,6 +309,7 @@ fn execute(
         | Command::CmRtu { .. }
         | Command::CmEstablished { .. }
         | Command::CmDisconnect { .. }
+        | Command::CmDestroy { .. }
         | Command::CmGetEvent
         | Command::CmSidrRequest { .. }
         | Command::CmSidrReply { .. } => execute_cm(dev, owners, h, now, cmd),
@@ -767,6 +765,15 @@ fn execute_cm(
         Command::CmDisconnect { id } => {
             own(h, id)?;
             none(dev.cm().disconnect(now, ConnId(id)), "cm_disconnect")
+        }
+        Command::CmDestroy { id } => {
+            own(h, id)?;
+            let r = dev.cm().destroy(now, ConnId(id));
+            // Its events stop here: an ID the client destroyed is named by none.
+            h.cm_ids.retain(|c| *c != id);
+            h.cm_events.retain(|e| e.id() != id);
+            owners.cm_conns.remove(&id);
+            none(r, "cm_destroy")
         }
         Command::CmGetEvent => Ok(ReplyData::CmEvent(h.cm_events.pop_front())),
         Command::CmSidrRequest { params } => {

@@ -1038,7 +1038,8 @@ pub struct Device {
     paused: u8,
     parked: Vec<u32>,
     /// QPs that owe a CNP, in the order they came to owe it: CNPs go ahead of every ETS
-    /// class (dcb.md: CNPs travel on strict priority), each QP here at most once.
+    /// class (dcb.md: CNPs travel on strict priority). An entry per CNP owed; an entry left
+    /// by a QP reset or destroyed meanwhile sends nothing, or what its slot's QP owes now.
     cnp_due: VecDeque<u32>,
     port_active: bool,
     /// The connection manager of the port, fed by the GSI (QP1).

@@ -14,6 +14,10 @@ use crate::types::Gid;
 
 /// Bytes of a CM message (the MAD after its header).
 pub const CM_DATA_LEN: usize = MAD_LEN - HEADER_LEN;
+/// The CM's method for every message: SEND (IBA 12.6).
+pub const METHOD_SEND: u8 = 0x03;
+/// The CM class version (IBA 12.6).
+pub const CM_CLASS_VERSION: u8 = 2;
 
 /// A message's private data: opaque bytes for the consumer (rdma_cm puts its addressing
 /// header at the start of a REQ's).
@@ -540,6 +544,28 @@ impl Cm {
             Cm::SidrReq(_) => attr::SIDR_REQ,
             Cm::SidrRep(_) => attr::SIDR_REP,
         }
+    }
+
+    /// The whole MAD that carries this message as a CM SEND (IBA 12.6: class 0x07, class
+    /// version 2, method SEND) in transaction `tid`.
+    pub fn to_mad(&self, tid: u64) -> [u8; MAD_LEN] {
+        let h = super::mad::MadHeader {
+            base_version: 1,
+            class: super::mad::CLASS_CM,
+            class_version: CM_CLASS_VERSION,
+            method: METHOD_SEND,
+            response: false,
+            status: 0,
+            class_specific: 0,
+            tid,
+            attr_id: self.attr_id(),
+            attr_mod: 0,
+        };
+        let mut mad = [0u8; MAD_LEN];
+        let (head, body) = mad.split_at_mut(HEADER_LEN);
+        h.emit(head.try_into().expect("header length"));
+        self.emit(body.try_into().expect("CM data length"));
+        mad
     }
 
     /// Writes the message into `data` (the MAD after its header): every byte of the

@@ -281,6 +281,12 @@ pub enum Command {
     CmDisconnect {
         id: u32,
     },
+    /// rdma_cm: the client destroyed the connection's ID (rdma_destroy_id): whatever its
+    /// state, the connection is ended as the kernel's CM ends it (`CmAgent::destroy`) and
+    /// the ID is no longer the client's.
+    CmDestroy {
+        id: u32,
+    },
     /// rdma_cm: the client's next connection event, if any (reply: `CmEvent`).
     CmGetEvent,
     /// rdma_cm over UDP: a SIDR request for a UD service (reply: `CmId`).
@@ -421,6 +427,7 @@ impl Command {
             Command::CmRtu { .. } => "cm_rtu",
             Command::CmEstablished { .. } => "cm_established",
             Command::CmDisconnect { .. } => "cm_disconnect",
+            Command::CmDestroy { .. } => "cm_destroy",
             Command::CmGetEvent => "cm_get_event",
             Command::CmSidrRequest { .. } => "cm_sidr_request",
             Command::CmSidrReply { .. } => "cm_sidr_reply",

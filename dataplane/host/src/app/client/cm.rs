@@ -64,6 +64,10 @@ pub trait RdmaCm: crate::app::Verbs {
     fn cm_established(&mut self, id: u32) -> VerbsResult<()>;
     /// Disconnects an established connection (DREQ); `Disconnected` follows.
     fn cm_disconnect(&mut self, id: u32) -> VerbsResult<()>;
+    /// Gives the connection up, whatever its state (rdma_destroy_id): disconnected if
+    /// established, refused if in its handshake, withdrawn if its REQ is unanswered. No
+    /// event names it afterwards.
+    fn cm_destroy(&mut self, id: u32) -> VerbsResult<()>;
     /// Asks for a UD service (SIDR, rdma_cm over UDP); the answer comes as `SidrReply` (or
     /// `TimedOut`). Returns the request's ID.
     fn cm_sidr_request(&mut self, params: SidrParams) -> VerbsResult<u32>;
@@ -156,6 +160,10 @@ impl<C: Channel> RdmaCm for Client<C> {
 
     fn cm_disconnect(&mut self, id: u32) -> VerbsResult<()> {
         self.call_ok(Command::CmDisconnect { id })
+    }
+
+    fn cm_destroy(&mut self, id: u32) -> VerbsResult<()> {
+        self.call_ok(Command::CmDestroy { id })
     }
 
     fn cm_sidr_request(&mut self, params: SidrParams) -> VerbsResult<u32> {
