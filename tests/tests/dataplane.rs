@@ -1622,3 +1622,50 @@ fn a_cq_does_not_shrink_below_the_completions_it_holds() {
     drop((a, b));
     drop(rt);
 }
+
+/// A privileged Q_Key (high bit set; QP1's 0x80010000 among them) lets a UD QP speak to
+/// other hosts' management QPs: only a privileged client may set one (Linux asks
+/// CAP_NET_RAW). A client of another user (as rnicd attaches it, uid 1000) gets EPERM; the
+/// same call by root's client, and an ordinary Q_Key by anyone, succeed.
+#[test]
+fn only_a_privileged_client_sets_a_privileged_qkey() {
+    use dataplane::abi::ClientLimits;
+    use dataplane::app::Client;
+    use roce::engine::{QpInit, VerbsError};
+    let rt = Runtime::loopback("ferroce-pqkey", test_config(1, 1024), test_config(2, 1024))
+        .expect("runtime");
+    for (uid, privileged_ok) in [(1000u32, false), (0, true)] {
+        let (rings, chan) = rt
+            .attach_host(0, ClientLimits::default(), 1, uid, "pqkey")
+            .expect("attach");
+        let mut c = Client::attach(chan, rings, rt.host_limits(0));
+        let pd = c.alloc_pd().unwrap();
+        let cq = c.create_cq(8).unwrap();
+        let qpn = c
+            .create_qp(&QpInit {
+                qp_type: QpType::Ud,
+                ..QpInit::rc(pd, cq)
+            })
+            .unwrap();
+        let init = |qkey: u32| QpAttr {
+            state: Some(QpState::Init),
+            pkey_index: Some(0),
+            port: Some(1),
+            qkey: Some(Qkey(qkey)),
+            ..Default::default()
+        };
+        let r = c.modify_qp(qpn, &init(0x8001_0000));
+        if privileged_ok {
+            r.expect("root sets a privileged Q_Key");
+        } else {
+            assert!(
+                matches!(r, Err(VerbsError::PermissionDenied(_))),
+                "uid {uid}: {r:?}"
+            );
+            c.modify_qp(qpn, &init(0x1111_1111))
+                .expect("an ordinary Q_Key");
+        }
+        c.close();
+    }
+    rt.stop();
+}

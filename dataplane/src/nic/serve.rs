@@ -591,6 +591,16 @@ fn execute(
         }
         Command::ModifyQp { qpn, attr } => {
             h.check_owned(owns(dev, owners, h, qpn), "queue pair")?;
+            // A Q_Key with the high bit is a privileged one (IBA 10.2.5: QP1's 0x80010000
+            // among them): a QP holding it can speak to other hosts' management QPs, so
+            // only a privileged client may set one (root; in-process clients own the
+            // RNIC), as Linux asks CAP_NET_RAW for it (uverbs, since 6.5).
+            if attr.qkey.is_some_and(|q| q.is_privileged()) && h.uid != 0 {
+                return Err(VerbsError::PermissionDenied(format!(
+                    "a privileged Q_Key ({:#x}) needs root",
+                    attr.qkey.map_or(0, |q| q.0)
+                )));
+            }
             dev.modify_qp(qpn, &attr)?;
             publish_qp(dev, h, qpn);
             Ok(ReplyData::None)

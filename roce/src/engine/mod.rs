@@ -329,6 +329,9 @@ pub enum VerbsError {
     /// it (IBV_EVENT_DEVICE_FATAL; verbs calls fail with EIO).
     #[error("the RNIC stopped (device fatal)")]
     DeviceFatal,
+    /// The caller may not do this (EPERM), e.g. a privileged Q_Key without privilege.
+    #[error("not permitted: {0}")]
+    PermissionDenied(String),
 }
 
 /// Result of verbs calls.

@@ -204,6 +204,7 @@ impl From<&VerbsError> for WireError {
             VerbsError::InvalidState(s) => WireError::InvalidState(*s),
             VerbsError::Modify(m) => WireError::Modify(m.to_string()),
             VerbsError::DeviceFatal => WireError::DeviceFatal,
+            VerbsError::PermissionDenied(s) => WireError::Permission(s.clone()),
         }
     }
 }
@@ -236,7 +237,7 @@ impl WireError {
             WireError::Modify(s) => VerbsError::Modify(roce::engine::ModifyError::Invalid(s)),
             WireError::DeviceFatal => VerbsError::DeviceFatal,
             WireError::Protocol(s) => VerbsError::InvalidArgument(format!("rnicd: {s}")),
-            WireError::Permission(s) => VerbsError::InvalidArgument(format!("not permitted: {s}")),
+            WireError::Permission(s) => VerbsError::PermissionDenied(s),
         }
     }
 }
