@@ -64,6 +64,27 @@ pub const DEFAULT_SEND_WINDOW: u32 = 128;
 pub const MAX_SEND_WINDOW: u32 = 1 << 22;
 /// Highest `worker.thread` (worker threads are numbered from 0).
 pub const MAX_WORKER_THREAD: u32 = 63;
+/// Upper limits of keys the command line (`set`) and a file (`validate`) both check: a
+/// file value is held to the same bound as a `--set` one.
+const MAX_HOLD_US: u32 = 10_000_000;
+const MAX_HOLD_FRAMES: u32 = 65_536;
+const MAX_DELAY_US: u32 = 10_000_000;
+const MAX_WATCHDOG_MS: u32 = 3_600_000;
+/// Idle spins and pauses before a worker sleeps: beyond this it never really idles.
+const MAX_IDLE_POLLS: u32 = 1 << 24;
+/// A worker's idle sleep: past a second an idle port (which has no wake-up) would answer
+/// the wire that late.
+const MAX_IDLE_SLEEP_US: u32 = 1_000_000;
+/// The switch model's thresholds and headroom (KiB): its buffer is at most 1 GiB.
+const MAX_SWITCH_KB: u32 = 1 << 20;
+
+/// `v`, or `default` when unset, if it is at most `max`; else the error names `key`.
+fn at_most(key: &str, v: Option<u32>, default: u32, max: u32) -> Result<u32, ConfigError> {
+    match v.unwrap_or(default) {
+        v if v > max => err(key, format!("{v} exceeds {max}")),
+        v => Ok(v),
+    }
+}
 
 /// The file as written (every field optional; defaults applied in [`RawConfig::validate`]).
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
@@ -961,10 +982,10 @@ impl RawConfig {
             "roce.credits" => self.roce.credits = Some(value.into()),
             "roce.ack_coalescing" => self.roce.ack_coalescing = Some(boolean(value)?),
             "roce.ud_rx_hold_us" => {
-                self.roce.ud_rx_hold_us = Some(small(value, 10_000_000)? as u32)
+                self.roce.ud_rx_hold_us = Some(small(value, MAX_HOLD_US as u64)? as u32)
             }
             "roce.ud_rx_hold_frames" => {
-                self.roce.ud_rx_hold_frames = Some(small(value, 65536)? as u32)
+                self.roce.ud_rx_hold_frames = Some(small(value, MAX_HOLD_FRAMES as u64)? as u32)
             }
             "roce.max_qp" => self.roce.max_qp = Some(small(value, MAX_QP_LIMIT as u64)? as u32),
             "roce.trust" => self.roce.trust = Some(value.into()),
@@ -973,8 +994,12 @@ impl RawConfig {
             "ets.prio_tc" => self.ets.prio_tc = Some(bytes(value)?),
             "pfc.mode" => self.pfc.mode = Some(value.into()),
             "pfc.priorities" => self.pfc.priorities = Some(bytes(value)?),
-            "pfc.watchdog_ms" => self.pfc.watchdog_ms = Some(small(value, 3_600_000)? as u32),
-            "pfc.restore_ms" => self.pfc.restore_ms = Some(small(value, 3_600_000)? as u32),
+            "pfc.watchdog_ms" => {
+                self.pfc.watchdog_ms = Some(small(value, MAX_WATCHDOG_MS as u64)? as u32)
+            }
+            "pfc.restore_ms" => {
+                self.pfc.restore_ms = Some(small(value, MAX_WATCHDOG_MS as u64)? as u32)
+            }
             "pfc.watchdog_action" => self.pfc.watchdog_action = Some(value.into()),
             "pfc.rx_buffer_kb" => self.pfc.rx_buffer_kb = Some(small(value, 1 << 20)? as u32),
             "pfc.rx_headroom_kb" => self.pfc.rx_headroom_kb = Some(small(value, 1 << 20)? as u32),
@@ -983,16 +1008,16 @@ impl RawConfig {
                 self.roce.send_window = Some(small(value, MAX_SEND_WINDOW as u64)? as u32)
             }
             "worker.idle_spin" => {
-                self.worker.idle_spin = Some(small(value, u32::MAX as u64)? as u32)
+                self.worker.idle_spin = Some(small(value, MAX_IDLE_POLLS as u64)? as u32)
             }
             "worker.idle_pause" => {
-                self.worker.idle_pause = Some(small(value, u32::MAX as u64)? as u32)
+                self.worker.idle_pause = Some(small(value, MAX_IDLE_POLLS as u64)? as u32)
             }
             "worker.idle_sleep_us" => {
-                self.worker.idle_sleep_us = Some(small(value, u32::MAX as u64)? as u32)
+                self.worker.idle_sleep_us = Some(small(value, MAX_IDLE_SLEEP_US as u64)? as u32)
             }
             "worker.idle_sleep_max_us" => {
-                self.worker.idle_sleep_max_us = Some(small(value, u32::MAX as u64)? as u32)
+                self.worker.idle_sleep_max_us = Some(small(value, MAX_IDLE_SLEEP_US as u64)? as u32)
             }
             "worker.app_drive" => self.worker.app_drive = Some(boolean(value)?),
             "worker.thread" => {
@@ -1053,7 +1078,9 @@ impl RawConfig {
             }
             "switch.pfc" => self.switch.pfc = Some(bytes(value)?),
             "switch.pcap" => self.switch.pcap = Some(value.into()),
-            "fault.delay_us" => self.fault.delay_us = Some(small(value, 10_000_000)? as u32),
+            "fault.delay_us" => {
+                self.fault.delay_us = Some(small(value, MAX_DELAY_US as u64)? as u32)
+            }
             "fault.rx_pps" => self.fault.rx_pps = Some(small(value, 1 << 40)?),
             "host.socket" => self.host.socket = Some(value.into()),
             "host.group" => self.host.group = Some(value.into()),
@@ -1262,9 +1289,9 @@ impl RawConfig {
                 format!("{max_qp} is not in 1..={MAX_QP_LIMIT}"),
             );
         }
-        let worker_thread = self.worker.thread.unwrap_or(0);
+        let worker_thread = at_most("worker.thread", self.worker.thread, 0, MAX_WORKER_THREAD)?;
         let worker_count = self.worker.count.unwrap_or(1);
-        if worker_count == 0 || worker_thread + worker_count > MAX_WORKER_THREAD + 1 {
+        if worker_count == 0 || worker_thread.saturating_add(worker_count) > MAX_WORKER_THREAD + 1 {
             return err(
                 "worker.count",
                 format!(
@@ -1354,7 +1381,7 @@ impl RawConfig {
             corrupt: prob("fault.corrupt", self.fault.corrupt)?,
             reorder: prob("fault.reorder", self.fault.reorder)?,
             ce: prob("fault.ce", self.fault.ce)?,
-            delay_us: self.fault.delay_us.unwrap_or(0),
+            delay_us: at_most("fault.delay_us", self.fault.delay_us, 0, MAX_DELAY_US)?,
             rx_pps: match self.fault.rx_pps.unwrap_or(0) {
                 r if r > 1_000_000_000 => {
                     return err("fault.rx_pps", format!("{r} exceeds 10^9 frames/s"))
@@ -1385,15 +1412,45 @@ impl RawConfig {
             ecn: self.roce.ecn.unwrap_or(false),
             credits_from_rq,
             ack_coalescing: self.roce.ack_coalescing.unwrap_or(true),
-            ud_rx_hold_us: self.roce.ud_rx_hold_us.unwrap_or(50_000),
-            ud_rx_hold_frames: self.roce.ud_rx_hold_frames.unwrap_or(1024),
+            ud_rx_hold_us: at_most(
+                "roce.ud_rx_hold_us",
+                self.roce.ud_rx_hold_us,
+                50_000,
+                MAX_HOLD_US,
+            )?,
+            ud_rx_hold_frames: at_most(
+                "roce.ud_rx_hold_frames",
+                self.roce.ud_rx_hold_frames,
+                1024,
+                MAX_HOLD_FRAMES,
+            )?,
             max_qp,
             send_window,
             ack_every,
-            idle_spin: self.worker.idle_spin.unwrap_or(256),
-            idle_pause: self.worker.idle_pause.unwrap_or(4096),
-            idle_sleep_us: self.worker.idle_sleep_us.unwrap_or(100),
-            idle_sleep_max_us: self.worker.idle_sleep_max_us.unwrap_or(1000),
+            idle_spin: at_most(
+                "worker.idle_spin",
+                self.worker.idle_spin,
+                256,
+                MAX_IDLE_POLLS,
+            )?,
+            idle_pause: at_most(
+                "worker.idle_pause",
+                self.worker.idle_pause,
+                4096,
+                MAX_IDLE_POLLS,
+            )?,
+            idle_sleep_us: at_most(
+                "worker.idle_sleep_us",
+                self.worker.idle_sleep_us,
+                100,
+                MAX_IDLE_SLEEP_US,
+            )?,
+            idle_sleep_max_us: at_most(
+                "worker.idle_sleep_max_us",
+                self.worker.idle_sleep_max_us,
+                1000,
+                MAX_IDLE_SLEEP_US,
+            )?,
             app_drive: self.worker.app_drive.unwrap_or(true),
             worker_thread,
             worker_count,
@@ -1465,6 +1522,13 @@ impl RawConfig {
                 return err("switch.pfc", format!("{p} is not a priority (0..=7)"));
             }
             enabled |= 1 << p;
+        }
+        for (key, v) in [
+            ("switch.xoff_kb", w.xoff_kb),
+            ("switch.xon_kb", w.xon_kb),
+            ("switch.headroom_kb", w.headroom_kb),
+        ] {
+            at_most(key, v, 0, MAX_SWITCH_KB)?;
         }
         let xoff_kb = w.xoff_kb.unwrap_or(200);
         let xoff = kib(xoff_kb);
@@ -1568,7 +1632,8 @@ impl RawConfig {
                 )
             }
         };
-        let detect = p.watchdog_ms.unwrap_or(200);
+        let detect = at_most("pfc.watchdog_ms", p.watchdog_ms, 200, MAX_WATCHDOG_MS)?;
+        at_most("pfc.restore_ms", p.restore_ms, 0, MAX_WATCHDOG_MS)?;
         let watchdog = (detect > 0).then(|| PfcWatchdog {
             detect_ms: detect,
             // SONiC's rule (dcb.md): 200 ms by default, twice the detection time when only
@@ -2561,6 +2626,38 @@ mod tests {
         let e = bad("[port]\ndevice='x'\nbogus=1");
         assert!(e.key.starts_with("line"), "{e}");
         assert!(e.problem.contains("bogus"), "{e}");
+    }
+
+    /// A file is held to the bounds `--set` applies: these values used to pass from a file
+    /// and then abort the allocation (hold frames), overflow (worker thread, idle spins) or
+    /// stall the port (an idle sleep of minutes).
+    #[test]
+    fn a_file_is_held_to_the_command_lines_bounds() {
+        for (section, key, value) in [
+            ("roce", "ud_rx_hold_frames", "4000000000"),
+            ("roce", "ud_rx_hold_us", "4000000000"),
+            ("worker", "thread", "4294967295"),
+            ("worker", "idle_spin", "4294967295"),
+            ("worker", "idle_pause", "4294967295"),
+            ("worker", "idle_sleep_us", "600000000"),
+            ("worker", "idle_sleep_max_us", "600000000"),
+            ("fault", "delay_us", "4000000000"),
+            ("pfc", "watchdog_ms", "4000000000"),
+            ("pfc", "restore_ms", "4000000000"),
+            ("switch", "headroom_kb", "4000000000"),
+        ] {
+            // (the switch model is validated only when enabled)
+            let text = format!("[port]\ndevice='x'\n[{section}]\n{key}={value}")
+                .replace("[switch]", "[switch]\nenabled=true");
+            let e = bad(&text);
+            assert_eq!(e.key, format!("{section}.{key}"), "{e}");
+            // And the command line refuses the same value.
+            let mut r = RawConfig::default();
+            assert!(
+                r.set(&format!("{section}.{key}"), value).is_err(),
+                "{section}.{key}"
+            );
+        }
     }
 
     #[test]

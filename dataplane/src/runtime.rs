@@ -744,8 +744,11 @@ pub fn loopback_raw_config(host: u8, path_mtu: u32) -> RawConfig {
         .expect("key");
     r.set("address.ipv4", &format!("10.99.0.{host}/24"))
         .expect("key");
-    r.set("port.mtu", &(path_mtu + 200).max(1500).to_string())
-        .expect("key");
+    r.set(
+        "port.mtu",
+        &path_mtu.saturating_add(200).max(1500).to_string(),
+    )
+    .expect("key");
     r.set("roce.path_mtu", &path_mtu.to_string()).expect("key");
     r
 }

@@ -235,9 +235,15 @@ fn rnic_ctl_is_a_well_behaved_cli() {
     let r = Rnicd::start("ctl-cli", &["--workers", "2"]);
     let t = String::from_utf8_lossy(&ctl(r.sock(), &["res"]).stdout).to_string();
     assert!(t.contains("no clients"), "{t}");
-    let o = ctl(r.sock(), &["stat", "--watch", "0"]);
-    assert_eq!(o.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&o.stderr).contains("more than 0"));
+    // 0 is no interval; past a day (1e20 s panicked building the Duration) neither.
+    for bad in ["0", "1e20"] {
+        let o = ctl(r.sock(), &["stat", "--watch", bad]);
+        assert_eq!(o.status.code(), Some(2), "--watch {bad}");
+        assert!(
+            String::from_utf8_lossy(&o.stderr).contains("more than 0"),
+            "--watch {bad}"
+        );
+    }
     // `rnic-ctl --json stat --watch 1 | head -c 100`: the reader goes; no panic.
     let mut c = Command::new(env!("CARGO_BIN_EXE_rnic-ctl"))
         .args(["--socket", r.sock(), "--json", "stat", "--watch", "1"])

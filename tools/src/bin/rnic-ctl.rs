@@ -178,8 +178,8 @@ fn print_dev(d: &DeviceInfo) {
 /// `--watch`: a positive number of seconds.
 fn positive_secs(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
-        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
-        Ok(_) => Err("must be more than 0 seconds".into()),
+        Ok(v) if v.is_finite() && v > 0.0 && v <= 86_400.0 => Ok(v),
+        Ok(_) => Err("must be more than 0 seconds and at most a day (86400)".into()),
         Err(_) => Err(format!("{s:?} is not a number of seconds")),
     }
 }

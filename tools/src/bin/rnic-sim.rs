@@ -377,6 +377,11 @@ fn run(cli: Cli) -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
+    // Output piped into `head` and the like: end quietly when the reader goes (SIGPIPE's
+    // default action), as rnic-ctl does, instead of a panic on EPIPE. rnic-sim holds
+    // nothing to clean up.
+    // SAFETY: resetting a signal's disposition before any thread starts.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     ferroce_tools::docgen::maybe_generate::<Cli>("rnic-sim");
     match run(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,

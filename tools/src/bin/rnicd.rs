@@ -36,8 +36,8 @@ struct Cli {
     /// DPDK ring link: applications in two processes move RDMA traffic with no NIC.
     #[arg(long)]
     loopback: bool,
-    /// Path MTU of the --loopback RNICs.
-    #[arg(long, default_value_t = 4096, value_name = "BYTES")]
+    /// Path MTU of the --loopback RNICs (256, 512, 1024, 2048 or 4096).
+    #[arg(long, default_value_t = 4096, value_name = "BYTES", value_parser = clap::value_parser!(u32).range(256..=4096))]
     loopback_mtu: u32,
     /// With --loopback: worker threads for its two RNICs (1: one drives both; 2: each its
     /// own). RNICs from files choose theirs with worker.thread.
@@ -67,6 +67,15 @@ struct Cli {
     duration: u64,
 }
 
+/// Writes a line to stdout, as `println!` but never panicking: rnicd goes on serving its
+/// clients when the reader of its output goes away (`rnicd --stats 1 | head`).
+macro_rules! say {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($t)*);
+    }};
+}
+
 /// Every non-zero counter of each RNIC by its rxe/mlx5 (or ferroce) name, port totals
 /// included.
 fn print_stats(names: &[String], snaps: &[NicSnapshot]) {
@@ -76,7 +85,7 @@ fn print_stats(names: &[String], snaps: &[NicSnapshot]) {
             .filter(|(_, v)| *v != 0)
             .map(|(k, v)| format!("{k} {v}"))
             .collect();
-        println!(
+        say!(
             "rnicd: {name} counters: {} mbufs_in_use {} clients {}",
             parts.join(", "),
             s.mbufs_in_use,
@@ -96,7 +105,7 @@ fn print_workers(rt: &Runtime, names: &[String], prev: &mut Vec<WorkerLoad>) {
         let polls = load.polls.saturating_sub(before.polls);
         let driven = load.driven_polls.saturating_sub(before.driven_polls);
         let rnics: Vec<&str> = rnics.iter().map(|&i| names[i].as_str()).collect();
-        println!(
+        say!(
             "rnicd: worker{w} ({}): busy {:.1}%, {polls} polls ({driven} by applications), {} sleeps",
             rnics.join(", "),
             100.0 * load.busy_since(&before),
@@ -169,19 +178,19 @@ fn configs(cli: &Cli) -> Result<Vec<RnicConfig>, String> {
 fn check(cfgs: &[RnicConfig]) -> ExitCode {
     let (mut failed, mut not_ready) = (false, false);
     for (i, cfg) in cfgs.iter().enumerate() {
-        println!("rnicd: ferroce{i}: configuration: {}", cfg.describe(None));
+        say!("rnicd: ferroce{i}: configuration: {}", cfg.describe(None));
         for c in cfg.preflight() {
             match c {
-                Check::Ok(m) => println!("rnicd: ok: {m}"),
+                Check::Ok(m) => say!("rnicd: ok: {m}"),
                 Check::Fail(m) => {
                     failed = true;
-                    println!("rnicd: error: {m}");
+                    say!("rnicd: error: {m}");
                 }
                 Check::NotReady(m) => {
                     not_ready = true;
-                    println!("rnicd: not here: {m}");
+                    say!("rnicd: not here: {m}");
                 }
-                Check::NeedsPort(m) => println!("rnicd: needs the port (not checked): {m}"),
+                Check::NeedsPort(m) => say!("rnicd: needs the port (not checked): {m}"),
             }
         }
     }
@@ -193,7 +202,7 @@ fn check(cfgs: &[RnicConfig]) -> ExitCode {
         ),
         (false, false) => ("configuration ok", 0),
     };
-    println!("rnicd: {verdict}");
+    say!("rnicd: {verdict}");
     ExitCode::from(code)
 }
 
@@ -201,7 +210,7 @@ fn check(cfgs: &[RnicConfig]) -> ExitCode {
 fn print_switches(rt: &dataplane::runtime::Runtime) {
     let mut i = 0;
     while let Some(s) = rt.switch_stats(i) {
-        println!("{}", ferroce_tools::perf::driver::switch_line(&s));
+        say!("{}", ferroce_tools::perf::driver::switch_line(&s));
         i += 1;
     }
 }
@@ -220,9 +229,9 @@ fn main() -> ExitCode {
     if cli.print_config {
         for (i, c) in cfgs.iter().enumerate() {
             if cfgs.len() > 1 {
-                println!("# ferroce{i}");
+                say!("# ferroce{i}");
             }
-            print!("{}", c.to_toml());
+            say!("{}", c.to_toml().trim_end_matches('\n'));
         }
         return ExitCode::SUCCESS;
     }
@@ -267,9 +276,9 @@ fn main() -> ExitCode {
     };
     for i in 0..rt.len() {
         let c = rt.config(i);
-        println!("rnicd: ferroce{i} up: {}", c.summary(rt.mac(i)));
+        say!("rnicd: ferroce{i} up: {}", c.summary(rt.mac(i)));
         for (g, gid) in c.gids(rt.mac(i)).iter().enumerate() {
-            println!("rnicd: ferroce{i} GID[{g}] {gid}");
+            say!("rnicd: ferroce{i} GID[{g}] {gid}");
         }
     }
     let daemon = match Daemon::start(rt, &host) {
@@ -279,7 +288,7 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    println!(
+    say!(
         "rnicd: listening on {} (mode {:04o}{})",
         daemon.socket().display(),
         host.mode,
@@ -317,7 +326,7 @@ fn main() -> ExitCode {
     print_switches(daemon.runtime());
     let snaps = daemon.stop();
     print_stats(&names, &snaps);
-    println!("rnicd: stopped");
+    say!("rnicd: stopped");
     if failed {
         ExitCode::from(1)
     } else {

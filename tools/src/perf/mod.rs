@@ -351,6 +351,9 @@ pub enum Output {
 
 /// perftest's `MSG_SIZE_CQ_MOD_LIMIT`.
 const MSG_SIZE_CQ_MOD_LIMIT: u64 = 8192;
+/// Iterations of a run over all its QPs at most: each is timed and its timestamps kept
+/// (8-16 bytes each), so more would ask for gigabytes before the first message.
+const MAX_ITERS: u64 = 100_000_000;
 /// Largest size of `-a`.
 pub const MAX_SIZE_ALL: u64 = 8 << 20;
 
@@ -488,6 +491,13 @@ impl Params {
                     });
                 if n < 5 {
                     return Err(format!("-n {n}: at least 5 iterations"));
+                }
+                // Every iteration's timestamps are kept (perftest's too), per QP.
+                if n.saturating_mul(a.qps as u64) > MAX_ITERS {
+                    return Err(format!(
+                        "-n {n}: at most {MAX_ITERS} iterations over all QPs (-q {})",
+                        a.qps
+                    ));
                 }
                 n
             }
@@ -720,6 +730,11 @@ mod tests {
             (Verb::Atomic, Kind::Bw, vec!["-s", "16"]),
             (Verb::Write, Kind::Bw, vec!["-m", "1000"]),
             (Verb::Write, Kind::Bw, vec!["-n", "2"]),
+            // Each iteration's timestamps are kept: -n past 10^8 (over all QPs) would
+            // abort the allocation, and past 2^32 wrapped the depths to 0.
+            (Verb::Write, Kind::Lat, vec!["-n", "100000000000"]),
+            (Verb::Send, Kind::Lat, vec!["-n", "4294967296"]),
+            (Verb::Write, Kind::Bw, vec!["-n", "1000000", "-q", "512"]),
             (Verb::Write, Kind::Bw, vec!["-s", "0"]),
             (Verb::Write, Kind::Bw, vec!["-a", "-s", "8"]),
             (Verb::Write, Kind::Bw, vec!["-D", "2", "-n", "8"]),
