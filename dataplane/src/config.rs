@@ -722,6 +722,26 @@ impl PfcConfig {
     /// Default receive buffer per priority (1 MiB: 240 full-size frames in 4 KiB mbufs).
     pub const DEFAULT_RX_BUFFER: u64 = 1 << 20;
 
+    /// With PFC or PAUSE on, XOFF must be reachable within the frames the receive buffer
+    /// may hold (a quarter of a pool of `mbufs`), each charged at least a 2 KiB mbuf: else
+    /// no pause is ever sent and lossless frames are dropped. Checked by `validate`, and
+    /// again by whoever turns PFC on afterwards (`--switch-pfc`).
+    pub fn check_reachable(&self, mbufs: u32) -> Result<(), ConfigError> {
+        let frames = mbufs as u64 / 4;
+        let xoff = self.rx_thresholds().xoff;
+        if self.mode != Mode::Off && xoff > frames * 2048 {
+            return err(
+                "pfc.rx_buffer_kb",
+                format!(
+                    "XOFF at {} KiB is more than the {frames} frames the receive buffer holds \
+                     (a quarter of port.mbufs): raise port.mbufs or lower the buffer",
+                    xoff >> 10
+                ),
+            );
+        }
+        Ok(())
+    }
+
     /// The receive side's thresholds: XOFF at the buffer less its headroom, XON at half of
     /// XOFF (a gap of many frames, so a receiver that just keeps up does not send a pause
     /// frame per frame handled).
@@ -1356,20 +1376,7 @@ impl RawConfig {
                 m => m,
             };
         }
-        // XOFF must be reachable within the frames the receive buffer may hold (a quarter of
-        // the pool), each charged at least a 2 KiB mbuf.
-        let frames = mbufs as u64 / 4;
-        let xoff = pfc.rx_thresholds().xoff;
-        if pfc.mode != Mode::Off && xoff > frames * 2048 {
-            return err(
-                "pfc.rx_buffer_kb",
-                format!(
-                    "XOFF at {} KiB is more than the {frames} frames the receive buffer holds \
-                     (a quarter of port.mbufs): raise port.mbufs or lower the buffer",
-                    xoff >> 10
-                ),
-            );
-        }
+        pfc.check_reachable(mbufs)?;
         let trust = match self.roce.trust.as_deref() {
             None | Some("pcp") => Trust::Pcp,
             Some("dscp") => Trust::Dscp,
@@ -2626,6 +2633,19 @@ mod tests {
         let e = bad("[port]\ndevice='x'\nbogus=1");
         assert!(e.key.starts_with("line"), "{e}");
         assert!(e.problem.contains("bogus"), "{e}");
+    }
+
+    /// PFC turned on after validation (`--switch-pfc`) is checked the same way: a receive
+    /// buffer whose XOFF the pool cannot reach passes with PFC off and fails once it is on.
+    #[test]
+    fn pfc_turned_on_later_is_checked_too() {
+        let mut c = ok("[port]\ndevice='x'\n[pfc]\nrx_buffer_kb=65536");
+        assert!(c.pfc.check_reachable(c.mbufs).is_ok());
+        c.pfc.mode = Mode::Pfc { enabled: 1 << 3 };
+        assert_eq!(
+            c.pfc.check_reachable(c.mbufs).unwrap_err().key,
+            "pfc.rx_buffer_kb"
+        );
     }
 
     /// A file is held to the bounds `--set` applies: these values used to pass from a file

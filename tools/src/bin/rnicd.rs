@@ -256,6 +256,10 @@ fn main() -> ExitCode {
         if let dcb::pfc::Mode::Pfc { .. } = s.pfc {
             for c in cfgs.iter_mut() {
                 c.pfc.mode = s.pfc;
+                if let Err(e) = c.pfc.check_reachable(c.mbufs) {
+                    eprintln!("rnicd: with --switch-pfc: {e}");
+                    return ExitCode::from(2);
+                }
             }
         }
         Runtime::switched("rnicd", cfgs, s)
@@ -279,6 +283,14 @@ fn main() -> ExitCode {
         say!("rnicd: ferroce{i} up: {}", c.summary(rt.mac(i)));
         for (g, gid) in c.gids(rt.mac(i)).iter().enumerate() {
             say!("rnicd: ferroce{i} GID[{g}] {gid}");
+        }
+        if c.ipv4.is_empty() && c.ipv6.is_empty() {
+            // Only the link-local GID: no RoCEv2 peer can address it (rnicd --check says so
+            // too).
+            eprintln!(
+                "rnicd: warning: ferroce{i} has no IP address (address.ipv4 / address.ipv6): \
+                 RoCEv2 peers cannot reach it"
+            );
         }
     }
     let daemon = match Daemon::start(rt, &host) {

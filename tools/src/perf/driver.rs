@@ -215,6 +215,9 @@ pub fn loopback(
             if let dcb::pfc::Mode::Pfc { .. } = s.pfc {
                 for c in [&mut cfg0, &mut cfg1] {
                     c.pfc.mode = s.pfc;
+                    c.pfc
+                        .check_reachable(c.mbufs)
+                        .map_err(|e| format!("with --switch-pfc: {e}"))?;
                 }
             }
             Runtime::switched("rnic-perf", vec![cfg0.clone(), cfg1.clone()], s)
