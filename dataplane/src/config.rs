@@ -1891,6 +1891,19 @@ impl RnicConfig {
                     .into(),
             )
         });
+        // PFC classifies what it receives by the configured trust: by PCP, an untagged
+        // frame is priority 0, so with no VLAN and priority 0 not lossless, no received
+        // RoCE frame counts towards a pause (dcb.md's RoCE setup trusts DSCP).
+        if let (Mode::Pfc { enabled }, Trust::Pcp, None) = (self.pfc.mode, self.trust, self.vlan) {
+            if enabled & 1 == 0 {
+                out.push(Check::Fail(
+                    "pfc: priorities are classified by PCP (roce.trust) but the port carries \
+                     untagged frames (no roce.vlan): every received frame is priority 0, which \
+                     is not lossless, so PFC never pauses; set roce.trust = \"dscp\" or a VLAN"
+                        .into(),
+                ));
+            }
+        }
         if let Some(p) = &self.pcap {
             let dir = p
                 .parent()
@@ -2633,6 +2646,27 @@ mod tests {
         let e = bad("[port]\ndevice='x'\nbogus=1");
         assert!(e.key.starts_with("line"), "{e}");
         assert!(e.problem.contains("bogus"), "{e}");
+    }
+
+    /// PFC on untagged frames classified by PCP can never pause (every received frame is
+    /// priority 0): `--check` and rnicd's start say so, and not once trust is DSCP, a VLAN
+    /// is set or priority 0 is lossless.
+    #[test]
+    fn pfc_that_cannot_classify_is_called_wrong() {
+        let fails = |extra: &str| {
+            ok(&format!(
+                "[port]\ndevice='net_ring0'\n[address]\nipv4=['10.99.0.1/24']\n\
+                 [pfc]\nmode='pfc'\n{extra}"
+            ))
+            .preflight()
+            .into_iter()
+            .filter(|c| matches!(c, Check::Fail(m) if m.contains("PCP")))
+            .count()
+        };
+        assert_eq!(fails("priorities=[3]"), 1);
+        assert_eq!(fails("priorities=[0,3]"), 0);
+        assert_eq!(fails("priorities=[3]\n[roce]\ntrust='dscp'"), 0);
+        assert_eq!(fails("priorities=[3]\n[roce]\nvlan=5"), 0);
     }
 
     /// PFC turned on after validation (`--switch-pfc`) is checked the same way: a receive

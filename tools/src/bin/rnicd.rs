@@ -284,13 +284,12 @@ fn main() -> ExitCode {
         for (g, gid) in c.gids(rt.mac(i)).iter().enumerate() {
             say!("rnicd: ferroce{i} GID[{g}] {gid}");
         }
-        if c.ipv4.is_empty() && c.ipv6.is_empty() {
-            // Only the link-local GID: no RoCEv2 peer can address it (rnicd --check says so
-            // too).
-            eprintln!(
-                "rnicd: warning: ferroce{i} has no IP address (address.ipv4 / address.ipv6): \
-                 RoCEv2 peers cannot reach it"
-            );
+        // What --check would call wrong (no IP address, PFC that cannot pause...) is said
+        // at start too: the RNIC runs, but not as its configuration meant.
+        for check in c.preflight() {
+            if let dataplane::config::Check::Fail(m) = check {
+                eprintln!("rnicd: warning: ferroce{i}: {m}");
+            }
         }
     }
     let daemon = match Daemon::start(rt, &host) {
