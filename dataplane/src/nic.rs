@@ -1362,6 +1362,21 @@ impl Nic {
         &self.pool
     }
 
+    /// How the RNIC reaches `dgid` (rdma_cm's address resolution): one of its own GIDs or a
+    /// next hop with a known MAC is resolved; otherwise resolution starts (or goes on) and
+    /// the caller asks again, until the neighbour table answers or gives up.
+    pub(crate) fn reach(&mut self, dgid: Gid) -> ferroce_host::abi::Reach {
+        use ferroce_host::abi::Reach;
+        if self.dev.gids().contains(&dgid) {
+            return Reach::Resolved;
+        }
+        match self.neigh.resolve(self.now, gid_ip(dgid)) {
+            Resolve::Mac(_) => Reach::Resolved,
+            Resolve::Pending => Reach::Pending,
+            Resolve::Unreachable => Reach::Unreachable,
+        }
+    }
+
     /// Starts resolving the next hop towards `dgid` if it is not known yet (nothing is held:
     /// the QP's first packet finds the answer, or waits for it as usual).
     pub(crate) fn prime_next_hop(&mut self, dgid: Gid) {

@@ -21,7 +21,7 @@ use super::*;
 use std::collections::HashSet;
 use std::net::{Ipv4Addr, SocketAddrV4};
 
-use ferroce_host::abi::CmEventData;
+use ferroce_host::abi::{CmEventData, Reach};
 use ferroce_host::app::RdmaCm;
 use roce::cm::{AcceptParams, ConnectParams, SidrParams, SIDR_REJECTED, SIDR_VALID};
 use roce::wire::cm::{service_id, CmaHeader, PrivateData, CMA_HDR_LEN, RDMA_UDP_QKEY as UDP_QKEY};
@@ -117,6 +117,17 @@ struct Registry {
     dead_ids: VecDeque<usize>,
     dead_channels: VecDeque<usize>,
     thread: bool,
+    /// Addresses being resolved (`rdma_resolve_addr`), asked of the RNIC by the event
+    /// thread until its neighbour table answers or the caller's timeout passes.
+    resolving: Vec<Resolving>,
+}
+
+/// An `rdma_resolve_addr` waiting for the RNIC to reach its destination.
+struct Resolving {
+    id: usize,
+    ctx: usize,
+    dgid: roce::types::Gid,
+    deadline: std::time::Instant,
 }
 
 /// How many destroyed IDs, and channels, stay allocated (see `Registry::dead_ids`).
@@ -521,6 +532,7 @@ fn ensure_thread() {
                 }
                 drop(moving);
             }
+            got |= advance_resolutions();
             if !got {
                 std::thread::sleep(Duration::from_millis(1));
             }
@@ -1108,7 +1120,7 @@ pub unsafe extern "C" fn ferroce_rdma_resolve_addr(
     id: *mut sys::rdma_cm_id,
     src: *mut sys::sockaddr,
     dst: *mut sys::sockaddr,
-    _timeout_ms: c_int,
+    timeout_ms: c_int,
 ) -> c_int {
     guard_id(id, -1, || {
         let Some(d) = sockaddr_v4(dst) else {
@@ -1135,9 +1147,64 @@ pub unsafe extern "C" fn ferroce_rdma_resolve_addr(
         s.dst = Some(d);
         show_addrs(id, &s);
         drop(s);
-        notify(id, sys::RDMA_CM_EVENT_ADDR_RESOLVED, 0);
+        // ADDR_RESOLVED once the RNIC knows the next hop's MAC (ARP / neighbour discovery
+        // started now), ADDR_ERROR if it has no route, its neighbour does not answer or
+        // `timeout_ms` passes, as the kernel's rdma_resolve_ip: a wrong address fails in
+        // seconds instead of a connect that retries its REQ for a minute and a half.
+        let wait = Duration::from_millis(if timeout_ms > 0 {
+            timeout_ms as u64
+        } else {
+            2000
+        });
+        let mut r = reg();
+        r.resolving.retain(|p| p.id != id as usize);
+        r.resolving.push(Resolving {
+            id: id as usize,
+            ctx: (*id).verbs as usize,
+            dgid: roce::types::Gid::from_ipv4(d.ip().octets()),
+            deadline: std::time::Instant::now() + wait,
+        });
+        drop(r);
+        ensure_thread();
         0
     })
+}
+
+/// Asks the RNIC how each address being resolved stands and delivers ADDR_RESOLVED or
+/// ADDR_ERROR for those it has an answer for (or whose time is up); returns whether any
+/// was answered.
+fn advance_resolutions() -> bool {
+    let pending = std::mem::take(&mut reg().resolving);
+    if pending.is_empty() {
+        return false;
+    }
+    let mut keep = Vec::new();
+    let mut answered = false;
+    for p in pending {
+        // SAFETY: contexts the registry keeps are never closed.
+        let Some(ctx) = (unsafe { ctx_of(p.ctx as *mut sys::ibv_context) }) else {
+            continue;
+        };
+        let reach = client(ctx).resolve_neighbor(p.dgid);
+        let outcome = match reach {
+            Ok(Reach::Resolved) => (sys::RDMA_CM_EVENT_ADDR_RESOLVED, 0),
+            Ok(Reach::Pending) if std::time::Instant::now() < p.deadline => {
+                keep.push(p);
+                continue;
+            }
+            Ok(Reach::Pending) => (sys::RDMA_CM_EVENT_ADDR_ERROR, -libc::ETIMEDOUT),
+            Ok(Reach::Unreachable) | Err(_) => (sys::RDMA_CM_EVENT_ADDR_ERROR, -libc::EHOSTUNREACH),
+        };
+        answered = true;
+        // SAFETY: an ID still listed is live: destroy unlists it before it takes DISPATCH,
+        // which this holds while delivering.
+        let _d = dispatching();
+        if reg().ids.contains(&p.id) {
+            unsafe { notify(p.id as *mut sys::rdma_cm_id, outcome.0, outcome.1) };
+        }
+    }
+    reg().resolving.extend(keep);
+    answered
 }
 
 #[no_mangle]

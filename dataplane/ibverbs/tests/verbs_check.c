@@ -1727,6 +1727,30 @@ static struct rdma_cm_id *resolved_id(struct rdma_event_channel *ch, struct sock
 	return id;
 }
 
+/* rdma_resolve_addr waits for the next hop as the kernel's does (ARP): an address on the
+ * subnet that nobody answers for ends in ADDR_ERROR within the timeout, not ADDR_RESOLVED
+ * and a connect retrying its REQ for a minute and a half. */
+static void check_rdmacm_addr_error(void)
+{
+	struct rdma_event_channel *ch = rdma_create_event_channel();
+	MUST(ch, "rdma_create_event_channel");
+	struct rdma_cm_id *id = NULL;
+	MUST(rdma_create_id(ch, &id, NULL, RDMA_PS_TCP) == 0, "rdma_create_id");
+	struct sockaddr_in nobody = {.sin_family = AF_INET, .sin_port = htons(7480)};
+	nobody.sin_addr.s_addr = htonl(0x0a63004d); /* 10.99.0.77: on the link, no such host */
+	MUST(rdma_resolve_addr(id, NULL, (struct sockaddr *)&nobody, 300) == 0,
+	     "rdma_resolve_addr");
+	struct rdma_cm_event *ev = cm_event_within(ch, 5);
+	CHECK(ev && ev->event == RDMA_CM_EVENT_ADDR_ERROR &&
+		      (ev->status == -ETIMEDOUT || ev->status == -EHOSTUNREACH),
+	      "an unanswered address: ADDR_ERROR (%s, status %d)",
+	      ev ? rdma_event_str(ev->event) : "nothing in 5 s", ev ? ev->status : 0);
+	if (ev)
+		rdma_ack_cm_event(ev);
+	rdma_destroy_id(id);
+	rdma_destroy_event_channel(ch);
+}
+
 /* Connects `cid` (its QP made from `pd` and `qa`) with `cp`; returns the request's ID as
  * the server listening on `sch` got it in CONNECT_REQUEST. */
 static struct rdma_cm_id *requested(struct rdma_event_channel *sch, struct rdma_cm_id *cid,
@@ -1921,6 +1945,7 @@ int main(int argc, char **argv)
 	check_registration_lifecycle(dev);
 	check_rdmacm_stale_handles();
 	check_rdmacm_destroy_rejects();
+	check_rdmacm_addr_error();
 	ibv_free_device_list(list);
 
 	CHECK(ibv_dealloc_pd(pd) == 0, "ibv_dealloc_pd");

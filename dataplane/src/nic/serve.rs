@@ -173,6 +173,9 @@ impl Nic {
             return Err(VerbsError::DeviceFatal);
         }
         h.reap_areas();
+        if let Command::ResolveNeighbor { dgid } = cmd {
+            return Ok(ReplyData::Neighbor(self.reach(dgid)));
+        }
         // A connected QP given its destination: resolve the next hop now, as an RNIC's driver
         // resolves the destination MAC when the QP moves to RTR (Linux: ib_resolve_eth_dmac
         // in modify_qp), so its first packets leave at once instead of waiting for ARP/ND.
@@ -313,6 +316,10 @@ fn execute(
         | Command::CmGetEvent
         | Command::CmSidrRequest { .. }
         | Command::CmSidrReply { .. } => execute_cm(dev, owners, h, now, cmd),
+        // The port's neighbour table answers it (`Nic::serve_call`, before this).
+        Command::ResolveNeighbor { .. } => Err(VerbsError::InvalidArgument(
+            "resolve_neighbor needs the port".into(),
+        )),
         Command::QueryDevice => Ok(ReplyData::Device(device_attr(dev))),
         Command::QueryPort => Ok(ReplyData::Port(port_attr(dev))),
         Command::QueryGid { index } => dev

@@ -281,6 +281,12 @@ pub enum Command {
     CmDisconnect {
         id: u32,
     },
+    /// rdma_cm's address resolution (rdma_resolve_addr): whether the RNIC reaches `dgid`,
+    /// starting ARP / neighbour discovery for it if its next hop is not known (reply:
+    /// `Neighbor`); asked again until it is known or fails.
+    ResolveNeighbor {
+        dgid: Gid,
+    },
     /// rdma_cm: the client destroyed the connection's ID (rdma_destroy_id): whatever its
     /// state, the connection is ended as the kernel's CM ends it (`CmAgent::destroy`) and
     /// the ID is no longer the client's.
@@ -428,6 +434,7 @@ impl Command {
             Command::CmEstablished { .. } => "cm_established",
             Command::CmDisconnect { .. } => "cm_disconnect",
             Command::CmDestroy { .. } => "cm_destroy",
+            Command::ResolveNeighbor { .. } => "resolve_neighbor",
             Command::CmGetEvent => "cm_get_event",
             Command::CmSidrRequest { .. } => "cm_sidr_request",
             Command::CmSidrReply { .. } => "cm_sidr_reply",
@@ -477,6 +484,20 @@ pub enum ReplyData {
     CmId(u32),
     /// The client's next connection event.
     CmEvent(Option<CmEventData>),
+    /// How the next hop towards a GID stands (`resolve_neighbor`).
+    Neighbor(Reach),
+}
+
+/// How the RNIC reaches a destination (`resolve_neighbor`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Reach {
+    /// Its next hop's MAC is known (or it is one of the RNIC's own addresses).
+    Resolved,
+    /// ARP / neighbour discovery is under way.
+    Pending,
+    /// No route, or the next hop did not answer.
+    Unreachable,
 }
 
 /// The names of the values a `Counters` reply carries: the QP (or port total) counters, the

@@ -11,7 +11,7 @@ use roce::types::{Gid, Psn, Qpn};
 use roce::verbs::{Access, AddressVector, Mtu, QpAttr, QpState};
 
 use super::Client;
-use crate::abi::{CmEventData, Command, ReplyData};
+use crate::abi::{CmEventData, Command, Reach, ReplyData};
 use crate::app::Channel;
 use roce::cm::{AcceptParams, ConnectParams, SidrParams};
 
@@ -83,6 +83,9 @@ pub trait RdmaCm: crate::app::Verbs {
     ) -> VerbsResult<()>;
     /// The next connection event, if one is waiting.
     fn cm_get_event(&mut self) -> VerbsResult<Option<CmEventData>>;
+    /// Whether the RNIC reaches `dgid` (rdma_resolve_addr): its next hop known, being
+    /// resolved (ARP / neighbour discovery started by this call if needed), or unreachable.
+    fn resolve_neighbor(&mut self, dgid: Gid) -> VerbsResult<Reach>;
     /// Waits up to `timeout` for the next connection event (`None` when none came). An
     /// in-process client drives the worker meanwhile; a remote one asks again after a
     /// growing pause (1 us doubling to 1 ms).
@@ -188,6 +191,15 @@ impl<C: Channel> RdmaCm for Client<C> {
             qkey,
             private_data,
         })
+    }
+
+    fn resolve_neighbor(&mut self, dgid: Gid) -> VerbsResult<Reach> {
+        match self.call(Command::ResolveNeighbor { dgid })? {
+            ReplyData::Neighbor(r) => Ok(r),
+            o => Err(VerbsError::InvalidArgument(format!(
+                "unexpected reply {o:?}"
+            ))),
+        }
     }
 
     fn cm_get_event(&mut self) -> VerbsResult<Option<CmEventData>> {
