@@ -451,6 +451,82 @@ fn rnr_nak_waits_the_timer_then_succeeds() {
     );
 }
 
+/// After an RNR NAK the responder answers only a request at the expected PSN (IBA
+/// 9.7.5.2.8): the rest of a multi-packet SEND the requester had already sent behind its
+/// FIRST earns no PSN sequence error NAK, which would start a go-back-N at once, ahead of
+/// the RNR wait.
+#[test]
+fn an_rnr_nak_is_not_followed_by_a_sequence_error_nak() {
+    let (mut p, a, b) = setup(rnr_opts(14, 7));
+    // Three packets at MTU 4096: FIRST, MIDDLE, LAST all leave before the RNR NAK comes.
+    p.post(0, &a, 1, WrOp::Send, &[a.sge(0, 10_000)]);
+    p.run(1_000_000, |_| false);
+    p.recv(1, &b, 8, &[b.sge(0, 16384)]);
+    p.run_until_idle(SEC);
+    let n = p.naks(1);
+    assert!(!n.is_empty());
+    assert!(
+        n.iter().all(|&(_, s)| s == 0x20 | 14),
+        "only RNR NAKs: {n:x?}"
+    );
+    assert_eq!(p.cqes(0, &a)[0].status, WcStatus::Success);
+}
+
+/// A LAST packet carries 1..=MTU bytes (C9-92, rxe's check_length): a WRITE whose LAST is
+/// empty is an invalid request, not a WRITE completed short of nothing.
+#[test]
+fn an_empty_last_packet_is_an_invalid_request() {
+    let o = ConnectOpts::default();
+    let mtu = o.mtu.bytes();
+    let (mut p, a, b) = setup(o);
+    let mut first = TransportRepr::new(BthRepr::new(Opcode(0x06), b.qpn, a.sq_psn));
+    first.ext.reth = Some(RethRepr {
+        va: b.addr,
+        rkey: b.rkey,
+        len: mtu,
+    });
+    let f = p.craft(0, first, &vec![7; mtu as usize]);
+    p.inject(1, &f);
+    let mut last = TransportRepr::new(BthRepr::new(Opcode(0x08), b.qpn, a.sq_psn.add(1)));
+    last.bth.ack_req = true;
+    let f = p.craft(0, last, &[]);
+    p.inject(1, &f);
+    p.run_until_idle(SEC);
+    assert_eq!(p.naks(1), vec![(a.sq_psn.add(1), INV_REQ.0)]);
+    assert_eq!(p.qp_state(1, &b), QpState::Err);
+}
+
+/// A duplicate WRITE is acknowledged with the PSN of the last SEND/WRITE/ATOMIC executed,
+/// not with that of a READ after it: an ACK at the READ's PSN tells the requester the READ's
+/// response was lost (implied NAK) and retries it (rxe's resp.ack_psn).
+#[test]
+fn a_duplicate_write_is_not_acknowledged_with_a_reads_psn() {
+    let (mut p, a, b) = setup(ConnectOpts::default());
+    p.post(0, &a, 1, b.write_to(0), &[a.sge(0, 64)]);
+    p.post(0, &a, 2, b.read_from(0), &[a.sge(4096, 64)]);
+    p.run_until_idle(SEC);
+    assert!(p.cqes(0, &a).iter().all(|c| c.status == WcStatus::Success));
+    let write = p
+        .recorded
+        .iter()
+        .find(|(s, _, f)| {
+            *s == 0 && roce::wire::frame::parse(f).unwrap().info().op == Operation::Write
+        })
+        .map(|(_, _, f)| f.clone())
+        .expect("the WRITE");
+    p.recorded.clear();
+    p.inject(1, &write);
+    p.run_until_idle(SEC);
+    let acks: Vec<Psn> = p
+        .recorded_frames(1)
+        .iter()
+        .filter(|f| f.repr.transport.bth.opcode == Opcode::RC_ACK)
+        .map(|f| f.repr.transport.bth.psn)
+        .collect();
+    assert_eq!(acks, vec![a.sq_psn], "the WRITE's PSN, not the READ's");
+    assert_eq!(p.b.dev.qp_counters(b.qpn).unwrap().duplicate_request, 1);
+}
+
 #[test]
 fn rnr_retries_exhausted_is_rnr_retry_exceeded() {
     let (mut p, a, b) = setup(rnr_opts(1, 2));

@@ -346,6 +346,10 @@ pub(crate) struct CompState {
 pub(crate) struct RespState {
     /// Expected PSN.
     pub epsn: Psn,
+    /// The PSN after the last SEND, WRITE or ATOMIC packet executed: a duplicate SEND or
+    /// WRITE is acknowledged with the one before it, never with a READ's PSN, which the
+    /// requester would take for an implied NAK of that READ (rxe's `resp.ack_psn`).
+    pub ack_psn: Psn,
     /// Messages completed.
     pub msn: Msn,
     /// Message in progress.
@@ -506,6 +510,7 @@ impl Qp {
             },
             resp: RespState {
                 epsn: Psn::new(0),
+                ack_psn: Psn::new(0),
                 msn: Msn::new(0),
                 in_msg: InMsg::None,
                 recv_wr_id: 0,
@@ -816,6 +821,7 @@ impl Qp {
         a.state = Some(to);
         if let Some(psn) = attr.rq_psn {
             self.resp.epsn = psn;
+            self.resp.ack_psn = psn;
         }
         if let Some(psn) = attr.sq_psn {
             self.req.psn = psn;

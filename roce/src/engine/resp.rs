@@ -101,6 +101,11 @@ impl Qp {
         let timer = self.attr.min_rnr_timer.unwrap_or(0);
         let aeth = AethRepr::rnr_nak(timer, self.resp.msn);
         self.push_ack(RespItem::Ack { psn, aeth });
+        // The requester resends from this PSN after its RNR wait: the packets it already
+        // sent behind it earn no sequence error NAK meanwhile (IBA 9.7.5.2.8: after an RNR
+        // NAK only a request at the expected PSN is answered), which would start a
+        // go-back-N retry at once and spend its retry count past the RNR back-off.
+        self.resp.nak_sent = true;
     }
 
     /// Queues an ACK/NAK item unless the same one is already last in line (a repeated
@@ -246,7 +251,12 @@ impl Qp {
     /// MTU; FIRST and MIDDLE exactly the MTU.
     fn bad_packet_length(&self, pkt: &Pkt<'_>) -> bool {
         let mtu = self.mtu() as usize;
-        pkt.payload_len > mtu || (!pkt.info.last && pkt.payload_len != mtu)
+        let info = pkt.info;
+        // A LAST carries 1..=MTU bytes (C9-92; rxe's check_length): a message whose
+        // length is a multiple of the MTU ends with a full LAST, never an empty one.
+        pkt.payload_len > mtu
+            || (!info.last && pkt.payload_len != mtu)
+            || (info.last && !info.first && pkt.payload_len == 0)
     }
 
     fn rc_send(&mut self, sh: &mut Shared, pkt: &Pkt<'_>) {
@@ -293,6 +303,7 @@ impl Qp {
         }
         self.resp.recv_offset += pkt.payload_len as u32;
         self.resp.epsn = psn.next();
+        self.resp.ack_psn = self.resp.epsn;
         if info.last {
             let invalidated = match pkt.ext.ieth {
                 Some(ieth)
@@ -354,6 +365,7 @@ impl Qp {
             return;
         }
         self.resp.epsn = psn.next();
+        self.resp.ack_psn = self.resp.epsn;
         self.end_write_packet(sh, pkt);
         if pkt.bth.ack_req {
             self.queue_ack(sh, psn);
@@ -591,6 +603,7 @@ impl Qp {
             .expect("checked free above");
         self.resp.resources[slot].orig = orig;
         self.resp.epsn = psn.next();
+        self.resp.ack_psn = self.resp.epsn;
     }
 
     /// Duplicate request (IBA 9.7.5.1.2, C9-105..C9-108).
@@ -598,8 +611,10 @@ impl Qp {
         let psn = pkt.bth.psn;
         match pkt.info.op {
             Operation::Send | Operation::Write => {
-                // Acknowledge again, with the PSN of the last request received.
-                let last = self.resp.epsn.sub(1);
+                // Acknowledge again (C9-105), with the PSN of the last SEND, WRITE or
+                // ATOMIC packet executed: not a READ's, whose response the requester may
+                // still be waiting for (an ACK past it would be an implied NAK).
+                let last = self.resp.ack_psn.sub(1);
                 self.queue_ack(sh, last);
             }
             Operation::ReadRequest => self.replay_read(sh, pkt),
