@@ -310,6 +310,43 @@ fn ud_qkey_mismatch_is_dropped_and_privileged_qkey_uses_the_qps() {
     assert_eq!(p.cqes(1, &b).len(), 1);
 }
 
+/// A UD receive WQE the datagram cannot be placed in (its lkey is wrong) completes with the
+/// error and the QP goes to ERR (class A, as rxe and the UC path): it used to go on
+/// receiving as if the application's buffers were fine.
+#[test]
+fn a_ud_receive_wqe_with_a_bad_lkey_fails_the_qp() {
+    let mut p = pair(3);
+    let (a, b) = ud_endpoints(&mut p);
+    let bad = Sge {
+        lkey: Lkey(b.lkey.0 ^ 0x01),
+        ..b.sge(0, 2048)
+    };
+    p.recv(1, &b, 7, &[bad]);
+    p.recv(1, &b, 8, &[b.sge(0, 2048)]);
+    post_ud(
+        &mut p,
+        &a,
+        1,
+        WrOp::Send,
+        10,
+        ud_dest(&b, node_gid(1), 0x1111_1111),
+    )
+    .unwrap();
+    p.run_until_idle(SEC);
+    let c = p.cqes(1, &b);
+    assert_eq!(
+        (c[0].wr_id, c[0].status),
+        (7, WcStatus::LocProtErr),
+        "{c:?}"
+    );
+    assert_eq!(
+        (c[1].wr_id, c[1].status),
+        (8, WcStatus::WrFlushErr),
+        "{c:?}"
+    );
+    assert_eq!(p.qp_state(1, &b), QpState::Err);
+}
+
 #[test]
 fn ud_messages_larger_than_the_port_mtu_are_refused_at_post_time() {
     let mut p = Pair::new(

@@ -837,7 +837,15 @@ impl Qp {
             .and_then(|_| scatter(&sh.mrs, self.pd, &self.resp.recv_sges, 40, pkt));
         let mut c = match placed {
             Ok(()) => self.recv_completion(wr_id, WcStatus::Success, WcOpcode::Recv, total as u32),
-            Err(status) => self.recv_completion(wr_id, status, WcOpcode::Recv, 0),
+            Err(status) => {
+                // A receive WQE the data cannot go into (a bad lkey, a range outside its
+                // MR): class A for every transport, as rxe's RESPST_ERR_MALFORMED_WQE and
+                // the UC path here: it completes with the error and the QP goes to ERR.
+                let c = self.recv_completion(wr_id, status, WcOpcode::Recv, 0);
+                sh.complete(self.recv_cq, c);
+                self.enter_error(sh);
+                return;
+            }
         };
         c.src_qp = deth.src_qp;
         c.wc_flags.insert(WcFlags::GRH);
