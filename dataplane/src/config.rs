@@ -1836,8 +1836,13 @@ impl RawConfig {
                 format!("at most {MAX_CLIENTS} clients can be told apart"),
             );
         }
-        if h.max_queue_bytes == Some(0) {
-            return err("host.max_queue_bytes", "0 would refuse every queue");
+        for (key, v) in [
+            ("host.max_queue_bytes", h.max_queue_bytes),
+            ("host.max_area_bytes", h.max_area_bytes),
+        ] {
+            if v == Some(0) {
+                return err(key, "0 would refuse everything");
+            }
         }
         Ok(HostConfig {
             socket,
@@ -2635,6 +2640,11 @@ mod tests {
         );
         assert_eq!(bad("[port]\ndevice='x'\nmbufs=10").key, "port.mbufs");
         // Client numbers are 16 bits on the worker: more clients could not be told apart.
+        // A client shares no memory without area bytes: refused here, not at attach.
+        assert_eq!(
+            bad("[port]\ndevice='x'\n[host]\nmax_area_bytes=0").key,
+            "host.max_area_bytes"
+        );
         let e = bad("[port]\ndevice='x'\n[host]\nmax_clients=70000");
         assert_eq!(e.key, "host.max_clients");
         assert!(e.problem.contains("65534"), "{e}");

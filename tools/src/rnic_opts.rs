@@ -173,7 +173,9 @@ pub struct SwitchOpts {
     /// Propagation delay on every switch egress, us.
     #[arg(long, value_name = "US", default_value_t = 0)]
     pub switch_delay_us: u32,
-    /// ECN marking at the switch: KMIN_KB,KMAX_KB,PMAX (RED on the bytes queued).
+    /// ECN marking at the switch: KMIN_KB,KMAX_KB,PMAX (RED on the bytes queued; KB here
+    /// are 1000 bytes, as in the DCQCN paper's settings; the configuration file's
+    /// `switch.ecn_kmin_kb` / `ecn_kmax_kb` are KiB).
     #[arg(long, value_name = "KMIN,KMAX,PMAX")]
     pub switch_ecn: Option<String>,
     /// PFC at the switch on this priority (XOFF 64 KB per ingress port), honoured by both
@@ -233,7 +235,10 @@ impl SwitchOpts {
                 let kmin: f64 = kmin.parse().map_err(|_| bad())?;
                 let kmax: f64 = kmax.parse().map_err(|_| bad())?;
                 let pmax: f64 = pmax.parse().map_err(|_| bad())?;
-                if !(0.0..=1e6).contains(&kmin) || kmax < kmin || !(0.0..=1.0).contains(&pmax) {
+                if !(0.0..=1e6).contains(&kmin)
+                    || !(kmin..=1e6).contains(&kmax)
+                    || !(0.0..=1.0).contains(&pmax)
+                {
                     return Err(bad());
                 }
                 Some(dcb::ecn::Red {
