@@ -81,8 +81,10 @@ struct IdState {
     /// A synchronous listener's QP attributes (and PD) for the IDs `rdma_get_request` hands
     /// out.
     ep_qp: Option<(sys::ibv_qp_init_attr, usize)>,
-    /// CQs and completion channels the library made for the ID (`rdma_create_ep`).
-    made_cqs: bool,
+    /// The CQs and completion channels the library made for the ID's QP (`rdma_create_qp`
+    /// with none named, `rdma_create_ep`), send then receive, as (CQ, channel) addresses
+    /// (0: the application's own): destroyed with the QP.
+    made_cqs: [(usize, usize); 2],
     /// The application got CONNECT_RESPONSE (it had no QP) and finishes the handshake
     /// itself with rdma_establish: librdmacm then delivers no ESTABLISHED.
     self_established: bool,
@@ -1271,12 +1273,85 @@ pub unsafe extern "C" fn ferroce_rdma_create_qp(
         let Some(pd) = qp_pd(id, pd) else {
             return -1;
         };
-        let qp = ibv_create_qp(pd, attr);
-        if qp.is_null() {
+        // No CQ named: the library makes them, as librdmacm's rdma_create_qp_ex, and says
+        // so in the caller's attributes.
+        if ((*attr).send_cq.is_null() || (*attr).recv_cq.is_null()) && make_cqs(id, &mut *attr) != 0
+        {
             return -1;
         }
-        adopt_qp(id, qp, pd)
+        let qp = ibv_create_qp(pd, attr);
+        let r = if qp.is_null() {
+            -1
+        } else {
+            adopt_qp(id, qp, pd)
+        };
+        if r != 0 {
+            let e = *libc::__errno_location();
+            destroy_made_cqs(id);
+            return fail(e, -1);
+        }
+        0
     })
+}
+
+/// Makes the CQs `a` does not name (librdmacm's ucma_create_cqs): each with its own
+/// completion channel and the ID as its context, as rdma_get_send_comp and
+/// rdma_get_recv_comp expect, sized by the QP's send and receive depths; kept in the ID
+/// and destroyed with its QP.
+unsafe fn make_cqs(id: *mut sys::rdma_cm_id, a: &mut sys::ibv_qp_init_attr) -> c_int {
+    let v = (*id).verbs;
+    for (i, (cq, wr)) in [
+        (&mut a.send_cq, a.cap.max_send_wr),
+        (&mut a.recv_cq, a.cap.max_recv_wr),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        if !cq.is_null() {
+            continue;
+        }
+        let ch = ibv_create_comp_channel(v);
+        let made = if ch.is_null() {
+            std::ptr::null_mut()
+        } else {
+            ibv_create_cq(v, wr.max(1) as c_int, id as *mut c_void, ch, 0)
+        };
+        st(id).made_cqs[i] = (made as usize, ch as usize);
+        if made.is_null() {
+            destroy_made_cqs(id);
+            return fail(libc::ENOMEM, -1);
+        }
+        if i == 0 {
+            (*id).send_cq_channel = ch;
+        } else {
+            (*id).recv_cq_channel = ch;
+        }
+        *cq = made;
+    }
+    0
+}
+
+/// Destroys the CQs and channels [`make_cqs`] made for the ID, if any.
+unsafe fn destroy_made_cqs(id: *mut sys::rdma_cm_id) {
+    let made = std::mem::take(&mut st(id).made_cqs);
+    for (i, (cq, ch)) in made.into_iter().enumerate() {
+        if cq != 0 {
+            ibv_destroy_cq(cq as *mut sys::ibv_cq);
+            if i == 0 {
+                (*id).send_cq = std::ptr::null_mut();
+            } else {
+                (*id).recv_cq = std::ptr::null_mut();
+            }
+        }
+        if ch != 0 {
+            ibv_destroy_comp_channel(ch as *mut sys::ibv_comp_channel);
+            if i == 0 {
+                (*id).send_cq_channel = std::ptr::null_mut();
+            } else {
+                (*id).recv_cq_channel = std::ptr::null_mut();
+            }
+        }
+    }
 }
 
 #[no_mangle]
@@ -1313,6 +1388,8 @@ pub unsafe extern "C" fn ferroce_rdma_destroy_qp(id: *mut sys::rdma_cm_id) {
             ibv_destroy_qp((*id).qp);
             (*id).qp = std::ptr::null_mut();
         }
+        // The CQs the library made for it go with it (librdmacm's ucma_destroy_cqs).
+        destroy_made_cqs(id);
     })
 }
 
@@ -1841,22 +1918,7 @@ unsafe fn endpoint_qp(
         // Not set: the ID's (from the address information), as librdmacm does.
         a.qp_type = (*id).qp_type;
     }
-    if a.send_cq.is_null() || a.recv_cq.is_null() {
-        let v = (*id).verbs;
-        let sch = ibv_create_comp_channel(v);
-        let rch = ibv_create_comp_channel(v);
-        let depth = |n: u32| n.max(1) as c_int;
-        let scq = ibv_create_cq(v, depth(a.cap.max_send_wr), id as *mut c_void, sch, 0);
-        let rcq = ibv_create_cq(v, depth(a.cap.max_recv_wr), id as *mut c_void, rch, 0);
-        if sch.is_null() || rch.is_null() || scq.is_null() || rcq.is_null() {
-            return fail(libc::ENOMEM, -1);
-        }
-        (*id).send_cq_channel = sch;
-        (*id).recv_cq_channel = rch;
-        a.send_cq = scq;
-        a.recv_cq = rcq;
-        st(id).made_cqs = true;
-    }
+    // CQs the attributes do not name are made by rdma_create_qp.
     ferroce_rdma_create_qp(id, pd, &mut a)
 }
 
@@ -1921,14 +1983,8 @@ pub unsafe extern "C" fn ferroce_rdma_create_ep(
 #[no_mangle]
 pub unsafe extern "C" fn ferroce_rdma_destroy_ep(id: *mut sys::rdma_cm_id) {
     guard_id(id, (), || {
-        let made = st(id).made_cqs;
+        // The CQs the library made go with the QP.
         ferroce_rdma_destroy_qp(id);
-        if made {
-            ibv_destroy_cq((*id).send_cq);
-            ibv_destroy_cq((*id).recv_cq);
-            ibv_destroy_comp_channel((*id).send_cq_channel);
-            ibv_destroy_comp_channel((*id).recv_cq_channel);
-        }
         // A synchronous ID's own channel goes with it (`ferroce_rdma_destroy_id`).
         ferroce_rdma_destroy_id(id);
     })

@@ -1751,6 +1751,45 @@ static void check_rdmacm_addr_error(void)
 	rdma_destroy_event_channel(ch);
 }
 
+/* rdma_create_qp with no CQ named makes them, as librdmacm's does (each with its own
+ * completion channel, in the ID and in the caller's attributes), and rdma_destroy_qp
+ * destroys them; a CQ the application names stays its own. */
+static void check_rdmacm_qp_without_cqs(void)
+{
+	struct rdma_event_channel *ch = rdma_create_event_channel();
+	MUST(ch, "rdma_create_event_channel");
+	struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons(7481)};
+	addr.sin_addr.s_addr = htonl(0x0a630002); /* ferroce1, 10.99.0.2 */
+	struct rdma_cm_id *id = resolved_id(ch, &addr);
+	struct ibv_qp_init_attr qa = {
+		.qp_type = IBV_QPT_RC,
+		.cap = {.max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1, .max_recv_sge = 1}};
+	int rc = rdma_create_qp(id, NULL, &qa);
+	CHECK(rc == 0 && qa.send_cq && qa.recv_cq && qa.send_cq != qa.recv_cq &&
+		      qa.send_cq == id->send_cq && qa.recv_cq == id->recv_cq &&
+		      id->send_cq_channel && id->recv_cq_channel,
+	      "rdma_create_qp without CQs makes them (%d, errno %d)", rc, errno);
+	if (rc == 0) {
+		rdma_destroy_qp(id);
+		CHECK(!id->send_cq && !id->recv_cq && !id->send_cq_channel && !id->recv_cq_channel,
+		      "rdma_destroy_qp destroys the CQs it made");
+	}
+	/* Only the receive CQ missing: the send CQ named is kept. */
+	struct ibv_cq *mine = ibv_create_cq(id->verbs, 8, NULL, NULL, 0);
+	MUST(mine, "ibv_create_cq");
+	struct ibv_qp_init_attr qb = qa;
+	qb.send_cq = mine;
+	qb.recv_cq = NULL;
+	rc = rdma_create_qp(id, NULL, &qb);
+	CHECK(rc == 0 && qb.send_cq == mine && qb.recv_cq && qb.recv_cq != mine,
+	      "rdma_create_qp makes only the CQ not named (%d, errno %d)", rc, errno);
+	if (rc == 0)
+		rdma_destroy_qp(id);
+	CHECK(ibv_destroy_cq(mine) == 0, "the application's CQ is still its own");
+	rdma_destroy_id(id);
+	rdma_destroy_event_channel(ch);
+}
+
 /* Connects `cid` (its QP made from `pd` and `qa`) with `cp`; returns the request's ID as
  * the server listening on `sch` got it in CONNECT_REQUEST. */
 static struct rdma_cm_id *requested(struct rdma_event_channel *sch, struct rdma_cm_id *cid,
@@ -1946,6 +1985,7 @@ int main(int argc, char **argv)
 	check_rdmacm_stale_handles();
 	check_rdmacm_destroy_rejects();
 	check_rdmacm_addr_error();
+	check_rdmacm_qp_without_cqs();
 	ibv_free_device_list(list);
 
 	CHECK(ibv_dealloc_pd(pd) == 0, "ibv_dealloc_pd");
