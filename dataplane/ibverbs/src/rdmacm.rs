@@ -939,7 +939,18 @@ pub unsafe extern "C" fn ferroce_rdma_create_id(
     ps: u32,
 ) -> c_int {
     guard(-1, || {
+        // No channel: a synchronous ID (librdmacm's rdma_create_id2), with a channel of its
+        // own that its calls wait on (resolve, connect, accept) and that goes with it.
+        let sync = ch.is_null();
+        let ch = if sync {
+            ferroce_rdma_create_event_channel()
+        } else {
+            ch
+        };
         if id.is_null() || !live_channel(ch) {
+            if sync && !ch.is_null() {
+                ferroce_rdma_destroy_event_channel(ch);
+            }
             return fail(libc::EINVAL, -1);
         }
         let qp_type = if ps == sys::RDMA_PS_UDP || ps == sys::RDMA_PS_IPOIB {
@@ -948,6 +959,7 @@ pub unsafe extern "C" fn ferroce_rdma_create_id(
             sys::IBV_QPT_RC
         };
         *id = new_id(ch, context, ps, qp_type);
+        st(*id).sync = sync;
         0
     })
 }
@@ -1168,6 +1180,9 @@ pub unsafe extern "C" fn ferroce_rdma_resolve_addr(
         });
         drop(r);
         ensure_thread();
+        if is_sync(id) {
+            return wait_for(id, sys::RDMA_CM_EVENT_ADDR_RESOLVED);
+        }
         0
     })
 }
@@ -1219,6 +1234,9 @@ pub unsafe extern "C" fn ferroce_rdma_resolve_route(
             return fail(libc::EINVAL, -1);
         }
         notify(id, sys::RDMA_CM_EVENT_ROUTE_RESOLVED, 0);
+        if is_sync(id) {
+            return wait_for(id, sys::RDMA_CM_EVENT_ROUTE_RESOLVED);
+        }
         0
     })
 }
@@ -1742,10 +1760,48 @@ pub unsafe extern "C" fn ferroce_rdma_migrate_id(
     ch: *mut sys::rdma_event_channel,
 ) -> c_int {
     guard_id(id, -1, || {
+        // No channel: the ID becomes synchronous, with a channel of its own (librdmacm).
+        let sync = ch.is_null();
+        let ch = if sync {
+            ferroce_rdma_create_event_channel()
+        } else {
+            ch
+        };
         if !live_channel(ch) {
+            if sync && !ch.is_null() {
+                ferroce_rdma_destroy_event_channel(ch);
+            }
             return fail(libc::EINVAL, -1);
         }
+        let old = (*id).channel;
+        if old != ch {
+            // The events queued for it go with it (the kernel's ucma_migrate_id moves them
+            // to the new file), in order; none is handed out meanwhile.
+            let _d = dispatching();
+            let oc = old as *mut Channel;
+            let mut moved = Vec::new();
+            if live_channel(old) {
+                (*oc).queue
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .retain(|e| {
+                        let mine = (*(*e as *const Event)).ev.id == id;
+                        if mine {
+                            moved.push(*e);
+                            count_down((*oc).efd.as_raw_fd());
+                        }
+                        !mine
+                    });
+            }
+            for e in moved {
+                queue(ch, Box::from_raw(e as *mut Event));
+            }
+        }
         (*id).channel = ch;
+        // A synchronous ID's own channel was its alone: it goes (librdmacm).
+        if std::mem::replace(&mut st(id).sync, sync) && old != ch {
+            ferroce_rdma_destroy_event_channel(old);
+        }
         0
     })
 }
@@ -1933,21 +1989,16 @@ pub unsafe extern "C" fn ferroce_rdma_create_ep(
         if id.is_null() || res.is_null() {
             return fail(libc::EINVAL, -1);
         }
-        let ch = ferroce_rdma_create_event_channel();
-        if ch.is_null() {
-            return -1;
-        }
         let ps = if (*res).ai_port_space == 0 {
             sys::RDMA_PS_TCP
         } else {
             (*res).ai_port_space as u32
         };
         let mut new: *mut sys::rdma_cm_id = std::ptr::null_mut();
-        if ferroce_rdma_create_id(ch, &mut new, std::ptr::null_mut(), ps) != 0 {
-            ferroce_rdma_destroy_event_channel(ch);
+        // A synchronous ID: its own channel, its calls waiting for their events.
+        if ferroce_rdma_create_id(std::ptr::null_mut(), &mut new, std::ptr::null_mut(), ps) != 0 {
             return -1;
         }
-        st(new).sync = true;
         if (*res).ai_qp_type != 0 {
             (*new).qp_type = (*res).ai_qp_type as u32;
         }
@@ -1956,9 +2007,7 @@ pub unsafe extern "C" fn ferroce_rdma_create_ep(
             ferroce_rdma_bind_addr(new, (*res).ai_src_addr) == 0
         } else {
             ferroce_rdma_resolve_addr(new, (*res).ai_src_addr, (*res).ai_dst_addr, 2000) == 0
-                && wait_for(new, sys::RDMA_CM_EVENT_ADDR_RESOLVED) == 0
                 && ferroce_rdma_resolve_route(new, 2000) == 0
-                && wait_for(new, sys::RDMA_CM_EVENT_ROUTE_RESOLVED) == 0
         };
         if !ok {
             let e = *libc::__errno_location();

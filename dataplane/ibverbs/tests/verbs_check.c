@@ -1790,6 +1790,48 @@ static void check_rdmacm_qp_without_cqs(void)
 	rdma_destroy_event_channel(ch);
 }
 
+/* rdma_create_id with no channel makes a synchronous ID, whose resolve calls return once
+ * resolved or fail with errno (librdmacm's rdma_create_id2); rdma_migrate_id moves an ID
+ * with the events queued for it to another channel. */
+static void check_rdmacm_sync_and_migrate(void)
+{
+	struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons(7482)};
+	addr.sin_addr.s_addr = htonl(0x0a630002); /* ferroce1, 10.99.0.2 */
+	struct sockaddr_in nobody = addr;
+	nobody.sin_addr.s_addr = htonl(0x0a63004d); /* 10.99.0.77: nobody answers */
+	struct rdma_cm_id *id = NULL;
+	MUST(rdma_create_id(NULL, &id, NULL, RDMA_PS_TCP) == 0 && id->channel,
+	     "rdma_create_id without a channel");
+	CHECK(rdma_resolve_addr(id, NULL, (struct sockaddr *)&addr, 2000) == 0 && id->verbs,
+	      "a synchronous rdma_resolve_addr returns resolved");
+	CHECK(rdma_resolve_route(id, 2000) == 0, "a synchronous rdma_resolve_route");
+	CHECK(rdma_destroy_id(id) == 0, "rdma_destroy_id of a synchronous ID");
+	MUST(rdma_create_id(NULL, &id, NULL, RDMA_PS_TCP) == 0, "rdma_create_id without a channel");
+	int rc = rdma_resolve_addr(id, NULL, (struct sockaddr *)&nobody, 300);
+	CHECK(rc == -1 && errno == EHOSTUNREACH,
+	      "a synchronous rdma_resolve_addr to nobody: -1, EHOSTUNREACH (%d, %d)", rc, errno);
+	rdma_destroy_id(id);
+
+	struct rdma_event_channel *c1 = rdma_create_event_channel();
+	struct rdma_event_channel *c2 = rdma_create_event_channel();
+	MUST(c1 && c2, "rdma_create_event_channel");
+	MUST(rdma_create_id(c1, &id, NULL, RDMA_PS_TCP) == 0, "rdma_create_id");
+	MUST(rdma_resolve_addr(id, NULL, (struct sockaddr *)&addr, 2000) == 0, "rdma_resolve_addr");
+	struct pollfd p = {.fd = c1->fd, .events = POLLIN};
+	MUST(poll(&p, 1, 5000) == 1, "ADDR_RESOLVED queued on the first channel");
+	CHECK(rdma_migrate_id(id, c2) == 0 && id->channel == c2, "rdma_migrate_id");
+	struct rdma_cm_event *ev = cm_event_within(c2, 1);
+	CHECK(ev && ev->event == RDMA_CM_EVENT_ADDR_RESOLVED && ev->id == id,
+	      "the queued event moved with the ID (%s)",
+	      ev ? rdma_event_str(ev->event) : "nothing");
+	if (ev)
+		rdma_ack_cm_event(ev);
+	CHECK(poll(&p, 1, 0) == 0, "nothing left on the first channel");
+	rdma_destroy_id(id);
+	rdma_destroy_event_channel(c1);
+	rdma_destroy_event_channel(c2);
+}
+
 /* Connects `cid` (its QP made from `pd` and `qa`) with `cp`; returns the request's ID as
  * the server listening on `sch` got it in CONNECT_REQUEST. */
 static struct rdma_cm_id *requested(struct rdma_event_channel *sch, struct rdma_cm_id *cid,
@@ -1986,6 +2028,7 @@ int main(int argc, char **argv)
 	check_rdmacm_destroy_rejects();
 	check_rdmacm_addr_error();
 	check_rdmacm_qp_without_cqs();
+	check_rdmacm_sync_and_migrate();
 	ibv_free_device_list(list);
 
 	CHECK(ibv_dealloc_pd(pd) == 0, "ibv_dealloc_pd");
