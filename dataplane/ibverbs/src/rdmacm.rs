@@ -1781,7 +1781,8 @@ pub unsafe extern "C" fn ferroce_rdma_migrate_id(
             let oc = old as *mut Channel;
             let mut moved = Vec::new();
             if live_channel(old) {
-                (*oc).queue
+                (*oc)
+                    .queue
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .retain(|e| {
