@@ -1897,16 +1897,18 @@ impl RnicConfig {
             )
         });
         // PFC classifies what it receives by the configured trust: by PCP, an untagged
-        // frame is priority 0, so with no VLAN and priority 0 not lossless, no received
-        // RoCE frame counts towards a pause (dcb.md's RoCE setup trusts DSCP).
+        // frame takes the port's default priority (`roce.pcp`, 0 unless set), so with no
+        // VLAN and that priority not lossless, no untagged RoCE frame counts towards a pause
+        // (dcb.md's RoCE setup trusts DSCP).
         if let (Mode::Pfc { enabled }, Trust::Pcp, None) = (self.pfc.mode, self.trust, self.vlan) {
-            if enabled & 1 == 0 {
-                out.push(Check::Fail(
+            let default = self.pcp & 7;
+            if enabled & (1 << default) == 0 {
+                out.push(Check::Fail(format!(
                     "pfc: priorities are classified by PCP (roce.trust) but the port carries \
-                     untagged frames (no roce.vlan): every received frame is priority 0, which \
-                     is not lossless, so PFC never pauses; set roce.trust = \"dscp\" or a VLAN"
-                        .into(),
-                ));
+                     untagged frames (no roce.vlan): each takes the default priority {default} \
+                     (roce.pcp), which is not lossless, so PFC never pauses them; set \
+                     roce.trust = \"dscp\", roce.pcp to a lossless priority, or a VLAN"
+                )));
             }
         }
         if let Some(p) = &self.pcap {
@@ -2677,6 +2679,9 @@ mod tests {
         assert_eq!(fails("priorities=[0,3]"), 0);
         assert_eq!(fails("priorities=[3]\n[roce]\ntrust='dscp'"), 0);
         assert_eq!(fails("priorities=[3]\n[roce]\nvlan=5"), 0);
+        // Untagged frames take roce.pcp: lossless when it is a PFC priority, else not.
+        assert_eq!(fails("priorities=[3]\n[roce]\npcp=3"), 0);
+        assert_eq!(fails("priorities=[0]\n[roce]\npcp=3"), 1);
     }
 
     /// PFC turned on after validation (`--switch-pfc`) is checked the same way: a receive

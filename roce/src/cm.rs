@@ -842,14 +842,19 @@ impl CmAgent {
                 // The peer needs longer: wait its service timeout more for this try. Only a
                 // REQ or REP of ours waiting for its answer waits longer (IBA 12.6.6: an MRA
                 // answers a REQ, REP or LAP; a held request must not be kept alive by its
-                // sender), once, and only from the peer the request went to.
-                match self.matched(mra.remote_comm_id, mra.local_comm_id) {
+                // sender), once, and only from the peer the request went to. An MRA of our
+                // REQ names the peer's new ID, which we do not know yet: it is matched by ours
+                // alone, as the kernel's cm_mra_handler does.
+                let waiting = |c: &Conn| match c.state {
+                    State::ReqSent => true,
+                    State::RepSent => c.remote_comm_id == mra.local_comm_id,
+                    _ => false,
+                };
+                match self.local(mra.remote_comm_id) {
                     Some(id)
-                        if self.conn(id).is_ok_and(|c| {
-                            matches!(c.state, State::ReqSent | State::RepSent)
-                                && c.peer == from
-                                && !c.mra_taken
-                        }) =>
+                        if self
+                            .conn(id)
+                            .is_ok_and(|c| waiting(c) && c.peer == from && !c.mra_taken) =>
                     {
                         let extra =
                             iba_ms(mra.service_timeout) + 2 * iba_ms(self.cfg.packet_life_time);

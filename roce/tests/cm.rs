@@ -561,7 +561,9 @@ fn an_mra_extends_the_wait_once_and_only_from_the_peer() {
     l.b_gone = true;
     let a = l.send_req();
     let first = l.a.poll_timeout().unwrap();
+    // As Linux sends it: its own new communication ID, which A does not know yet.
     let mra = Cm::Mra(roce::wire::cm::Mra {
+        local_comm_id: 0x1234_5678,
         remote_comm_id: a.0,
         service_timeout: 31,
         ..Default::default()

@@ -974,6 +974,8 @@ pub unsafe extern "C" fn ferroce_rdma_destroy_id(id: *mut sys::rdma_cm_id) -> c_
         }
         // No event is being handed to it meanwhile.
         let _d = dispatching();
+        // An address it was resolving is no longer asked for.
+        reg().resolving.retain(|p| p.id != id as usize);
         let (conn, listening, on) = {
             let mut s = st(id);
             (s.conn, s.listening, std::mem::take(&mut s.listening_on))
@@ -1199,10 +1201,10 @@ fn advance_resolutions() -> bool {
     let mut answered = false;
     for p in pending {
         // SAFETY: contexts the registry keeps are never closed.
-        let Some(ctx) = (unsafe { ctx_of(p.ctx as *mut sys::ibv_context) }) else {
-            continue;
+        let reach = match unsafe { ctx_of(p.ctx as *mut sys::ibv_context) } {
+            Some(ctx) => client(ctx).resolve_neighbor(p.dgid),
+            None => Err(VerbsError::DeviceFatal),
         };
-        let reach = client(ctx).resolve_neighbor(p.dgid);
         let outcome = match reach {
             Ok(Reach::Resolved) => (sys::RDMA_CM_EVENT_ADDR_RESOLVED, 0),
             Ok(Reach::Pending) if std::time::Instant::now() < p.deadline => {
@@ -1214,13 +1216,22 @@ fn advance_resolutions() -> bool {
         };
         answered = true;
         // SAFETY: an ID still listed is live: destroy unlists it before it takes DISPATCH,
-        // which this holds while delivering.
+        // which this holds while delivering. A newer rdma_resolve_addr of the same ID
+        // (listed meanwhile) gets the answer instead of this one. Heap writes follow: not
+        // while registration moves pages.
+        let _moving = moving_read();
         let _d = dispatching();
-        if reg().ids.contains(&p.id) {
+        let r = reg();
+        let current = r.ids.contains(&p.id) && !r.resolving.iter().any(|n| n.id == p.id);
+        drop(r);
+        if current {
             unsafe { notify(p.id as *mut sys::rdma_cm_id, outcome.0, outcome.1) };
         }
     }
-    reg().resolving.extend(keep);
+    let mut r = reg();
+    // An ID asked again meanwhile (or destroyed) is not asked on its old entry.
+    keep.retain(|p| r.ids.contains(&p.id) && !r.resolving.iter().any(|n| n.id == p.id));
+    r.resolving.extend(keep);
     answered
 }
 
@@ -1291,7 +1302,7 @@ pub unsafe extern "C" fn ferroce_rdma_create_qp(
         let Some(pd) = qp_pd(id, pd) else {
             return -1;
         };
-        // No CQ named: the library makes them, as librdmacm's rdma_create_qp_ex, and says
+        // No CQ named: the library makes them, as librdmacm's rdma_create_qp does, and says
         // so in the caller's attributes.
         if ((*attr).send_cq.is_null() || (*attr).recv_cq.is_null()) && make_cqs(id, &mut *attr) != 0
         {
@@ -1305,7 +1316,7 @@ pub unsafe extern "C" fn ferroce_rdma_create_qp(
         };
         if r != 0 {
             let e = *libc::__errno_location();
-            destroy_made_cqs(id);
+            forget_made_cqs(id, &mut *attr);
             return fail(e, -1);
         }
         0
@@ -1318,14 +1329,13 @@ pub unsafe extern "C" fn ferroce_rdma_create_qp(
 /// and destroyed with its QP.
 unsafe fn make_cqs(id: *mut sys::rdma_cm_id, a: &mut sys::ibv_qp_init_attr) -> c_int {
     let v = (*id).verbs;
-    for (i, (cq, wr)) in [
-        (&mut a.send_cq, a.cap.max_send_wr),
-        (&mut a.recv_cq, a.cap.max_recv_wr),
-    ]
-    .into_iter()
-    .enumerate()
-    {
-        if !cq.is_null() {
+    for i in 0..2 {
+        let (named, wr) = if i == 0 {
+            (a.send_cq, a.cap.max_send_wr)
+        } else {
+            (a.recv_cq, a.cap.max_recv_wr)
+        };
+        if !named.is_null() {
             continue;
         }
         let ch = ibv_create_comp_channel(v);
@@ -1336,17 +1346,30 @@ unsafe fn make_cqs(id: *mut sys::rdma_cm_id, a: &mut sys::ibv_qp_init_attr) -> c
         };
         st(id).made_cqs[i] = (made as usize, ch as usize);
         if made.is_null() {
-            destroy_made_cqs(id);
+            forget_made_cqs(id, a);
             return fail(libc::ENOMEM, -1);
         }
         if i == 0 {
             (*id).send_cq_channel = ch;
+            a.send_cq = made;
         } else {
             (*id).recv_cq_channel = ch;
+            a.recv_cq = made;
         }
-        *cq = made;
     }
     0
+}
+
+/// Undoes [`make_cqs`] after a failure: the CQs it made are destroyed and no longer named
+/// by the caller's attributes (a retry with them makes new ones).
+unsafe fn forget_made_cqs(id: *mut sys::rdma_cm_id, a: &mut sys::ibv_qp_init_attr) {
+    let made = st(id).made_cqs;
+    for (i, cq) in [&mut a.send_cq, &mut a.recv_cq].into_iter().enumerate() {
+        if made[i].0 != 0 && *cq as usize == made[i].0 {
+            *cq = std::ptr::null_mut();
+        }
+    }
+    destroy_made_cqs(id);
 }
 
 /// Destroys the CQs and channels [`make_cqs`] made for the ID, if any.
@@ -1774,26 +1797,28 @@ pub unsafe extern "C" fn ferroce_rdma_migrate_id(
             return fail(libc::EINVAL, -1);
         }
         let old = (*id).channel;
-        if old != ch {
+        // No event is dispatched to it meanwhile: one dispatched after the move but before
+        // the switch would land on the old channel.
+        let _d = dispatching();
+        if old != ch && live_channel(old) {
             // The events queued for it go with it (the kernel's ucma_migrate_id moves them
-            // to the new file), in order; none is handed out meanwhile.
-            let _d = dispatching();
+            // to the new file), in order, a listener's connect requests among them. The old
+            // channel's eventfd keeps their counts (taking one could block against a reader
+            // that holds it): a reader there finds its queue short, EAGAIN.
             let oc = old as *mut Channel;
             let mut moved = Vec::new();
-            if live_channel(old) {
-                (*oc)
-                    .queue
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .retain(|e| {
-                        let mine = (*(*e as *const Event)).ev.id == id;
-                        if mine {
-                            moved.push(*e);
-                            count_down((*oc).efd.as_raw_fd());
-                        }
-                        !mine
-                    });
-            }
+            (*oc)
+                .queue
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .retain(|e| {
+                    let ev = &(*(*e as *const Event)).ev;
+                    let mine = ev.id == id || ev.listen_id == id;
+                    if mine {
+                        moved.push(*e);
+                    }
+                    !mine
+                });
             for e in moved {
                 queue(ch, Box::from_raw(e as *mut Event));
             }
@@ -1941,10 +1966,20 @@ unsafe fn wait_for(id: *mut sys::rdma_cm_id, want: u32) -> c_int {
         if ferroce_rdma_get_cm_event((*id).channel, &mut ev) != 0 {
             return -1;
         }
-        let kind = (*ev).event;
+        let (kind, status) = ((*ev).event, (*ev).status);
         ferroce_rdma_ack_cm_event(ev);
-        if kind == want {
+        // A connect without a QP ends its wait at CONNECT_RESPONSE: the application
+        // finishes with rdma_establish (librdmacm's ucma_complete takes the first event).
+        if kind == want
+            || (want == sys::RDMA_CM_EVENT_ESTABLISHED
+                && kind == sys::RDMA_CM_EVENT_CONNECT_RESPONSE)
+        {
             return 0;
+        }
+        // The event's own status when it carries one (ADDR_ERROR's -ETIMEDOUT or
+        // -EHOSTUNREACH), as ucma_complete.
+        if status < 0 && kind != sys::RDMA_CM_EVENT_REJECTED {
+            return fail(-status, -1);
         }
         let e = match kind {
             sys::RDMA_CM_EVENT_REJECTED => libc::ECONNREFUSED,
