@@ -20,7 +20,7 @@ use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 
 use crate::types::Gid;
 use crate::wire::cm::{
-    Cm, Dreq, IdsOnly, PrivateData, Rej, Rep, Req, SidrRep, SidrReq, METHOD_SEND,
+    Cm, Dreq, IdsOnly, Mra, PrivateData, Rej, Rep, Req, SidrRep, SidrReq, METHOD_SEND,
 };
 use crate::wire::mad::{MadHeader, CLASS_CM, HEADER_LEN, MAD_LEN};
 
@@ -838,35 +838,7 @@ impl CmAgent {
             Cm::Rep(rep) => self.on_rep(from, to, rep),
             Cm::Rtu(rtu) => self.on_rtu(rtu),
             Cm::Rej(rej) => self.on_rej(from, rej),
-            Cm::Mra(mra) => {
-                // The peer needs longer: wait its service timeout more for this try. Only a
-                // REQ or REP of ours waiting for its answer waits longer (IBA 12.6.6: an MRA
-                // answers a REQ, REP or LAP; a held request must not be kept alive by its
-                // sender), once, and only from the peer the request went to. An MRA of our
-                // REQ names the peer's new ID, which we do not know yet: it is matched by ours
-                // alone, as the kernel's cm_mra_handler does.
-                let waiting = |c: &Conn| match c.state {
-                    State::ReqSent => true,
-                    State::RepSent => c.remote_comm_id == mra.local_comm_id,
-                    _ => false,
-                };
-                match self.local(mra.remote_comm_id) {
-                    Some(id)
-                        if self
-                            .conn(id)
-                            .is_ok_and(|c| waiting(c) && c.peer == from && !c.mra_taken) =>
-                    {
-                        let extra =
-                            iba_ms(mra.service_timeout) + 2 * iba_ms(self.cfg.packet_life_time);
-                        if let Ok(c) = self.conn_mut(id) {
-                            c.mra_taken = true;
-                        }
-                        self.clear_timer(id);
-                        self.set_timer(id, now + extra * MS);
-                    }
-                    _ => self.counters.rx_unmatched += 1,
-                }
-            }
+            Cm::Mra(mra) => self.on_mra(now, from, mra),
             Cm::Dreq(dreq) => self.on_dreq(now, from, to, h.tid, dreq),
             Cm::SidrReq(req) => self.on_sidr_req(now, from, to, h.tid, req),
             // Like a REP: it names our request ID and must come from where the request went.
@@ -1025,6 +997,35 @@ impl CmAgent {
                 }
                 self.clear_timer(id);
                 self.event(CmEvent::Established { id });
+            }
+            _ => self.counters.rx_unmatched += 1,
+        }
+    }
+
+    fn on_mra(&mut self, now: u64, from: Gid, mra: Mra) {
+        // The peer needs longer: wait its service timeout more for this try. Only a
+        // REQ or REP of ours waiting for its answer waits longer (IBA 12.6.6: an MRA
+        // answers a REQ, REP or LAP; a held request must not be kept alive by its
+        // sender), once, and only from the peer the request went to. An MRA of our
+        // REQ names the peer's new ID, which we do not know yet: it is matched by ours
+        // alone, as the kernel's cm_mra_handler does.
+        let waiting = |c: &Conn| match c.state {
+            State::ReqSent => true,
+            State::RepSent => c.remote_comm_id == mra.local_comm_id,
+            _ => false,
+        };
+        match self.local(mra.remote_comm_id) {
+            Some(id)
+                if self
+                    .conn(id)
+                    .is_ok_and(|c| waiting(c) && c.peer == from && !c.mra_taken) =>
+            {
+                let extra = iba_ms(mra.service_timeout) + 2 * iba_ms(self.cfg.packet_life_time);
+                if let Ok(c) = self.conn_mut(id) {
+                    c.mra_taken = true;
+                }
+                self.clear_timer(id);
+                self.set_timer(id, now + extra * MS);
             }
             _ => self.counters.rx_unmatched += 1,
         }

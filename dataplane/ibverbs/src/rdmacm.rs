@@ -931,6 +931,18 @@ pub unsafe extern "C" fn ferroce_rdma_destroy_event_channel(ch: *mut sys::rdma_e
     })
 }
 
+/// The channel an ID is to use: `ch` if it is live; for none, a new one of its own (then
+/// synchronous, the flag); `None` for a channel that is not live (or none to be made).
+unsafe fn channel_or_own(
+    ch: *mut sys::rdma_event_channel,
+) -> Option<(*mut sys::rdma_event_channel, bool)> {
+    if !ch.is_null() {
+        return live_channel(ch).then_some((ch, false));
+    }
+    let own = ferroce_rdma_create_event_channel();
+    (!own.is_null()).then_some((own, true))
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn ferroce_rdma_create_id(
     ch: *mut sys::rdma_event_channel,
@@ -941,18 +953,12 @@ pub unsafe extern "C" fn ferroce_rdma_create_id(
     guard(-1, || {
         // No channel: a synchronous ID (librdmacm's rdma_create_id2), with a channel of its
         // own that its calls wait on (resolve, connect, accept) and that goes with it.
-        let sync = ch.is_null();
-        let ch = if sync {
-            ferroce_rdma_create_event_channel()
-        } else {
-            ch
-        };
-        if id.is_null() || !live_channel(ch) {
-            if sync && !ch.is_null() {
-                ferroce_rdma_destroy_event_channel(ch);
-            }
+        if id.is_null() {
             return fail(libc::EINVAL, -1);
         }
+        let Some((ch, sync)) = channel_or_own(ch) else {
+            return fail(libc::EINVAL, -1);
+        };
         let qp_type = if ps == sys::RDMA_PS_UDP || ps == sys::RDMA_PS_IPOIB {
             sys::IBV_QPT_UD
         } else {
@@ -1244,9 +1250,10 @@ pub unsafe extern "C" fn ferroce_rdma_resolve_route(
         if st(id).dst.is_none() {
             return fail(libc::EINVAL, -1);
         }
-        notify(id, sys::RDMA_CM_EVENT_ROUTE_RESOLVED, 0);
-        if is_sync(id) {
-            return wait_for(id, sys::RDMA_CM_EVENT_ROUTE_RESOLVED);
+        // Resolved at once (the address's next hop is known): a synchronous ID has its
+        // answer now, an asynchronous one gets the event.
+        if !is_sync(id) {
+            notify(id, sys::RDMA_CM_EVENT_ROUTE_RESOLVED, 0);
         }
         0
     })
@@ -1331,9 +1338,9 @@ unsafe fn make_cqs(id: *mut sys::rdma_cm_id, a: &mut sys::ibv_qp_init_attr) -> c
     let v = (*id).verbs;
     for i in 0..2 {
         let (named, wr) = if i == 0 {
-            (a.send_cq, a.cap.max_send_wr)
+            (&mut a.send_cq, a.cap.max_send_wr)
         } else {
-            (a.recv_cq, a.cap.max_recv_wr)
+            (&mut a.recv_cq, a.cap.max_recv_wr)
         };
         if !named.is_null() {
             continue;
@@ -1349,15 +1356,22 @@ unsafe fn make_cqs(id: *mut sys::rdma_cm_id, a: &mut sys::ibv_qp_init_attr) -> c
             forget_made_cqs(id, a);
             return fail(libc::ENOMEM, -1);
         }
-        if i == 0 {
-            (*id).send_cq_channel = ch;
-            a.send_cq = made;
-        } else {
-            (*id).recv_cq_channel = ch;
-            a.recv_cq = made;
-        }
+        *named = made;
+        *id_cq(id, i).1 = ch;
     }
     0
+}
+
+/// The ID's send (`i` 0) or receive (1) CQ and its completion channel.
+unsafe fn id_cq<'a>(
+    id: *mut sys::rdma_cm_id,
+    i: usize,
+) -> (&'a mut *mut sys::ibv_cq, &'a mut *mut sys::ibv_comp_channel) {
+    if i == 0 {
+        (&mut (*id).send_cq, &mut (*id).send_cq_channel)
+    } else {
+        (&mut (*id).recv_cq, &mut (*id).recv_cq_channel)
+    }
 }
 
 /// Undoes [`make_cqs`] after a failure: the CQs it made are destroyed and no longer named
@@ -1376,21 +1390,14 @@ unsafe fn forget_made_cqs(id: *mut sys::rdma_cm_id, a: &mut sys::ibv_qp_init_att
 unsafe fn destroy_made_cqs(id: *mut sys::rdma_cm_id) {
     let made = std::mem::take(&mut st(id).made_cqs);
     for (i, (cq, ch)) in made.into_iter().enumerate() {
+        let (id_cq, id_ch) = id_cq(id, i);
         if cq != 0 {
             ibv_destroy_cq(cq as *mut sys::ibv_cq);
-            if i == 0 {
-                (*id).send_cq = std::ptr::null_mut();
-            } else {
-                (*id).recv_cq = std::ptr::null_mut();
-            }
+            *id_cq = std::ptr::null_mut();
         }
         if ch != 0 {
             ibv_destroy_comp_channel(ch as *mut sys::ibv_comp_channel);
-            if i == 0 {
-                (*id).send_cq_channel = std::ptr::null_mut();
-            } else {
-                (*id).recv_cq_channel = std::ptr::null_mut();
-            }
+            *id_ch = std::ptr::null_mut();
         }
     }
 }
@@ -1784,18 +1791,9 @@ pub unsafe extern "C" fn ferroce_rdma_migrate_id(
 ) -> c_int {
     guard_id(id, -1, || {
         // No channel: the ID becomes synchronous, with a channel of its own (librdmacm).
-        let sync = ch.is_null();
-        let ch = if sync {
-            ferroce_rdma_create_event_channel()
-        } else {
-            ch
-        };
-        if !live_channel(ch) {
-            if sync && !ch.is_null() {
-                ferroce_rdma_destroy_event_channel(ch);
-            }
+        let Some((ch, sync)) = channel_or_own(ch) else {
             return fail(libc::EINVAL, -1);
-        }
+        };
         let old = (*id).channel;
         // No event is dispatched to it meanwhile: one dispatched after the move but before
         // the switch would land on the old channel.

@@ -670,6 +670,13 @@ fn release_key<K: Copy>(
     Ok(ReplyData::None)
 }
 
+/// Client `h` no longer holds rdma_cm connection `id` (it is gone, or the client gave it
+/// up): neither its list nor the owners table names it, so no later event reaches it.
+fn release_conn(owners: &mut Owners, h: &mut HostEnd, id: u32) {
+    h.cm_ids.retain(|c| *c != id);
+    owners.cm_conns.remove(&id);
+}
+
 fn cm_error(call: &str, e: CmError) -> VerbsError {
     match e {
         CmError::NotFound => VerbsError::NotFound("rdma_cm connection"),
@@ -766,8 +773,7 @@ fn execute_cm(
                 .reject(ConnId(id), reason::CONSUMER_DEFINED, &private_data);
             if r.is_ok() {
                 // The connection is gone: no event will name it again.
-                h.cm_ids.retain(|c| *c != id);
-                owners.cm_conns.remove(&id);
+                release_conn(owners, h, id);
             }
             none(r, "cm_reject")
         }
@@ -787,9 +793,8 @@ fn execute_cm(
             own(h, id)?;
             let r = dev.cm().destroy(now, ConnId(id));
             // Its events stop here: an ID the client destroyed is named by none.
-            h.cm_ids.retain(|c| *c != id);
+            release_conn(owners, h, id);
             h.cm_events.retain(|e| e.id() != id);
-            owners.cm_conns.remove(&id);
             none(r, "cm_destroy")
         }
         Command::CmGetEvent => Ok(ReplyData::CmEvent(h.cm_events.pop_front())),
@@ -814,8 +819,7 @@ fn execute_cm(
                 .sidr_reply(ConnId(id), status, qpn, qkey, &private_data);
             if r.is_ok() {
                 // Answered: the request is gone.
-                h.cm_ids.retain(|c| *c != id);
-                owners.cm_conns.remove(&id);
+                release_conn(owners, h, id);
             }
             none(r, "cm_sidr_reply")
         }
@@ -948,8 +952,7 @@ impl Nic {
                 continue;
             };
             if done {
-                h.cm_ids.retain(|c| *c != id);
-                self.owners.cm_conns.remove(&id);
+                release_conn(&mut self.owners, h, id);
             }
             if h.cm_events.len() >= MAX_CM_EVENTS {
                 h.counters.events_dropped += 1;

@@ -1061,7 +1061,6 @@ impl std::fmt::Debug for Device {
     }
 }
 
-/// The slot of the live QP numbered `qpn` among `qps` (see `Device::slot_of`).
 /// The priority CNPs travel on (`np_cnp_dscp` / `np_cnp_prio` through the priority map),
 /// whatever their QP's data priority.
 fn cnp_priority(cfg: &DeviceConfig) -> u8 {
@@ -1076,6 +1075,7 @@ fn traffic_class(ets: &Option<dcb::ets::Ets>, qp: &Qp, sh: &Shared) -> usize {
     ets.as_ref().map_or(0, |e| e.tc_of(qp.tx_priority(sh)))
 }
 
+/// The slot of the live QP numbered `qpn` among `qps` (see `Device::slot_of`).
 fn live_slot(qps: &[Option<Box<Qp>>], max_qp: u32, qpn: Qpn) -> Option<usize> {
     let slot = qp_slot(qpn, max_qp)?;
     match qps.get(slot) {
@@ -2207,8 +2207,9 @@ impl Device {
 
     /// Produces the next packet to send into `tx`; false when there is nothing to send. QPs
     /// are served round robin (CNPs owed go before all of them, `next_due_cnp`); within a
-    /// QP, responses (ACKs, READ responses) go first, then requests. A QP that DCQCN throttled sends data (requests, READ
-    /// responses) only when its pacer allows, and its timer wakes it for the next packet.
+    /// QP, responses (ACKs, READ responses) go first, then requests. A QP that DCQCN
+    /// throttled sends data (requests, READ responses) only when its pacer allows, and its
+    /// timer wakes it for the next packet.
     pub fn poll_transmit(&mut self, now: u64, tx: &mut Transmit) -> bool {
         // Management datagrams first: few, and a connection's setup waits on them.
         if self.next_gsi(tx) || self.next_due_cnp(tx) {

@@ -95,6 +95,13 @@ impl Qp {
         self.push_ack(RespItem::Ack { psn, aeth });
     }
 
+    /// The SEND, WRITE or ATOMIC packet at `psn` was executed: the next is expected, and a
+    /// duplicate is acknowledged with this one (`RespState::ack_psn`).
+    fn executed(&mut self, psn: Psn) {
+        self.resp.epsn = psn.next();
+        self.resp.ack_psn = self.resp.epsn;
+    }
+
     fn queue_rnr_nak(&mut self, psn: Psn) {
         self.counters.send_rnr_err += 1;
         tracing::debug!(qpn = ?self.qpn, ?psn, "RNR NAK sent: no receive WQE");
@@ -302,8 +309,7 @@ impl Qp {
             return;
         }
         self.resp.recv_offset += pkt.payload_len as u32;
-        self.resp.epsn = psn.next();
-        self.resp.ack_psn = self.resp.epsn;
+        self.executed(psn);
         if info.last {
             let invalidated = match pkt.ext.ieth {
                 Some(ieth)
@@ -364,8 +370,7 @@ impl Qp {
             self.reject(sh, psn, ACCESS);
             return;
         }
-        self.resp.epsn = psn.next();
-        self.resp.ack_psn = self.resp.epsn;
+        self.executed(psn);
         self.end_write_packet(sh, pkt);
         if pkt.bth.ack_req {
             self.queue_ack(sh, psn);
@@ -602,8 +607,7 @@ impl Qp {
             .take_resource(ResKind::Atomic, psn, 1)
             .expect("checked free above");
         self.resp.resources[slot].orig = orig;
-        self.resp.epsn = psn.next();
-        self.resp.ack_psn = self.resp.epsn;
+        self.executed(psn);
     }
 
     /// Duplicate request (IBA 9.7.5.1.2, C9-105..C9-108).
