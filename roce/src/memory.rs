@@ -346,9 +346,13 @@ pub enum KeyError {
     Bounds,
 }
 
+#[derive(Default)]
 struct Slot {
     /// Key byte of the current (or last) registration.
     key: u8,
+    /// Whether the index waits in the free list (at most once: a table that also takes
+    /// indices by [`MrTable::insert_at`] would otherwise queue one index again and again).
+    queued: bool,
     mr: Option<MemoryRegion>,
 }
 
@@ -414,16 +418,58 @@ impl MrTable {
         // once the quarantine is full; otherwise a new one, while there are new ones.
         let fresh = self.slots.len().max(1);
         let idx = if self.free.len() > MR_QUARANTINE || fresh > self.max || fresh >= 1 << 24 {
-            self.free.pop_front()?
+            // An index taken meanwhile by `insert_at` is passed over.
+            loop {
+                let i = self.free.pop_front()?;
+                let slot = &mut self.slots[i as usize];
+                slot.queued = false;
+                if slot.mr.is_none() {
+                    break i;
+                }
+            }
         } else {
-            self.slots
-                .resize_with(fresh + 1, || Slot { key: 0, mr: None });
+            self.slots.resize_with(fresh + 1, Slot::default);
             fresh as u32
         };
         let reg = self.take_reg();
         let slot = &mut self.slots[idx as usize];
         slot.key = slot.key.wrapping_add(1);
         let lkey = Lkey((idx << 8) | slot.key as u32);
+        let mut mr = make(lkey);
+        mr.reg = reg;
+        slot.mr = Some(mr);
+        self.count += 1;
+        Some(lkey)
+    }
+
+    /// Inserts a region under exactly `lkey` (a replica of a registration another table
+    /// chose the key of: an RNIC spread over several workers, docs/ARCHITECTURE.md);
+    /// `None` if the index is in use or out of range, or the table is full.
+    pub fn insert_at(
+        &mut self,
+        lkey: Lkey,
+        make: impl FnOnce(Lkey) -> MemoryRegion,
+    ) -> Option<Lkey> {
+        let idx = lkey.index() as usize;
+        if self.count >= self.max || idx == 0 || idx >= 1 << 24 {
+            return None;
+        }
+        if idx >= self.slots.len() {
+            // Indices skipped over are free for `insert` (every index below the end is in
+            // use or queued).
+            let from = self.slots.len().max(1);
+            self.slots.resize_with(idx + 1, Slot::default);
+            for i in from..idx {
+                self.slots[i].queued = true;
+                self.free.push_back(i as u32);
+            }
+        }
+        if self.slots[idx].mr.is_some() {
+            return None;
+        }
+        let reg = self.take_reg();
+        let slot = &mut self.slots[idx];
+        slot.key = lkey.0 as u8;
         let mut mr = make(lkey);
         mr.reg = reg;
         slot.mr = Some(mr);
@@ -458,7 +504,10 @@ impl MrTable {
         match &slot.mr {
             Some(mr) if mr.lkey == lkey => {
                 self.count -= 1;
-                self.free.push_back(idx as u32);
+                if !slot.queued {
+                    slot.queued = true;
+                    self.free.push_back(idx as u32);
+                }
                 slot.mr.take()
             }
             _ => None,
@@ -588,6 +637,37 @@ mod tests {
         z.read(8, &mut b).unwrap();
         assert_eq!(u64::from_ne_bytes(b), 9);
         assert_eq!(z.fetch_add(16, 1), Err(MemoryError::OutOfBounds));
+    }
+
+    /// A replica table takes the keys it is given, refuses one in use, and a key removed
+    /// and taken again any number of times queues its index once; a table mixing both
+    /// passes over an index `insert_at` took.
+    #[test]
+    fn keys_given_to_a_replica_table() {
+        let mem: Arc<dyn Memory> = HeapMemory::shared(64);
+        let blank = |l| MemoryRegion::blank(PdId(1), l, mem.clone());
+        let mut t = MrTable::new(8);
+        let k = Lkey((5 << 8) | 7);
+        assert_eq!(t.insert_at(k, blank), Some(k));
+        assert_eq!(t.get(k).map(|m| m.lkey), Some(k));
+        assert_eq!(t.insert_at(Lkey((5 << 8) | 8), blank), None, "index in use");
+        assert_eq!(t.insert_at(Lkey(7), blank), None, "index 0 is never a key");
+        for _ in 0..10_000 {
+            assert!(t.remove(k).is_some());
+            assert_eq!(t.insert_at(k, blank), Some(k));
+        }
+        assert_eq!(
+            t.free.len(),
+            5,
+            "indices 1 to 4 skipped over, and 5 queued once"
+        );
+        // The allocator's own keys skip index 5 while it is taken.
+        for _ in 0..7 {
+            let l = t.insert(blank).expect("room");
+            assert_ne!(l.index(), 5);
+        }
+        assert_eq!(t.len(), 8);
+        assert_eq!(t.insert_at(Lkey((6 << 8) | 1), blank), None, "full");
     }
 
     #[test]

@@ -1241,6 +1241,21 @@ impl Device {
         Ok(PdId(i as u32 + 1))
     }
 
+    /// Allocates the protection domain `pd` (the replica of one another worker's device
+    /// allocated: see [`Device::reg_mr_at`]); `Busy` if it exists here.
+    pub fn alloc_pd_at(&mut self, pd: PdId) -> VerbsResult<()> {
+        let i = (pd.0 as usize)
+            .checked_sub(1)
+            .ok_or(VerbsError::NotFound("protection domain"))?;
+        if self.pds.contains(i) {
+            return Err(VerbsError::Busy("protection domain"));
+        }
+        self.pds
+            .insert_at(i, ())
+            .map_err(|_| VerbsError::NoResources("protection domains"))?;
+        Ok(())
+    }
+
     fn pd_ok(&self, pd: PdId) -> bool {
         pd.0 >= 1 && self.pds.contains(pd.0 as usize - 1)
     }
@@ -1264,6 +1279,39 @@ impl Device {
     /// `addr`. Returns the lkey and, with remote access, the rkey (equal to the lkey, as rxe).
     pub fn reg_mr(
         &mut self,
+        pd: PdId,
+        mem: Arc<dyn Memory>,
+        mem_offset: usize,
+        addr: u64,
+        length: u64,
+        access: Access,
+    ) -> VerbsResult<(Lkey, Option<Rkey>)> {
+        self.reg_mr_keyed(None, pd, mem, mem_offset, addr, length, access)
+    }
+
+    /// [`Device::reg_mr`] under exactly the key `lkey` (with remote access, the rkey equal
+    /// to it): the replica, on another worker's device, of a registration made by
+    /// [`Device::reg_mr`] (an RNIC spread over several workers keeps every context's MRs
+    /// on each of them under the same keys, which the context's peers hold).
+    /// `NoResources` if the key's index is in use here or the table is full.
+    #[allow(clippy::too_many_arguments)]
+    pub fn reg_mr_at(
+        &mut self,
+        lkey: Lkey,
+        pd: PdId,
+        mem: Arc<dyn Memory>,
+        mem_offset: usize,
+        addr: u64,
+        length: u64,
+        access: Access,
+    ) -> VerbsResult<(Lkey, Option<Rkey>)> {
+        self.reg_mr_keyed(Some(lkey), pd, mem, mem_offset, addr, length, access)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn reg_mr_keyed(
+        &mut self,
+        at: Option<Lkey>,
         pd: PdId,
         mem: Arc<dyn Memory>,
         mem_offset: usize,
@@ -1295,18 +1343,19 @@ impl Device {
                 mem.len()
             )));
         }
-        let lkey = self
-            .sh
-            .mrs
-            .insert(|lkey| MemoryRegion {
-                rkey: access.any_remote().then_some(Rkey(lkey.0)),
-                access,
-                addr,
-                length,
-                mem_offset,
-                ..MemoryRegion::blank(pd, lkey, mem)
-            })
-            .ok_or(VerbsError::NoResources("memory regions"))?;
+        let make = |lkey: Lkey| MemoryRegion {
+            rkey: access.any_remote().then_some(Rkey(lkey.0)),
+            access,
+            addr,
+            length,
+            mem_offset,
+            ..MemoryRegion::blank(pd, lkey, mem)
+        };
+        let lkey = match at {
+            None => self.sh.mrs.insert(make),
+            Some(k) => self.sh.mrs.insert_at(k, make),
+        }
+        .ok_or(VerbsError::NoResources("memory regions"))?;
         Ok((lkey, self.sh.mrs.get(lkey).and_then(|m| m.rkey)))
     }
 
@@ -1500,6 +1549,36 @@ impl Device {
             "completion queues",
         )?;
         Ok(CqId(id as u32))
+    }
+
+    /// Creates the CQ `cq` of at least `cqe` entries (the replica of one another worker's
+    /// device created: see [`Device::reg_mr_at`]); `Busy` if it exists here.
+    pub fn create_cq_at(&mut self, cq: CqId, cqe: u32) -> VerbsResult<()> {
+        if cqe == 0 || cqe > self.sh.cfg.limits.max_cqe {
+            return Err(VerbsError::InvalidArgument(format!(
+                "cqe {cqe} not in 1..={}",
+                self.sh.cfg.limits.max_cqe
+            )));
+        }
+        if self.sh.cqs.contains(cq.0 as usize) {
+            return Err(VerbsError::Busy("completion queue"));
+        }
+        self.sh
+            .cqs
+            .insert_at(cq.0 as usize, CompletionQueue::new(cqe as usize))
+            .map_err(|_| VerbsError::NoResources("completion queues"))?;
+        Ok(())
+    }
+
+    /// Queues a completion produced elsewhere (by a QP on another worker of an RNIC spread
+    /// over several) on CQ `cq`, as the device's own QPs do: in order, and an overflow
+    /// raises CQ_ERR once. False if there is no such CQ.
+    pub fn complete_foreign(&mut self, cq: CqId, c: Completion) -> bool {
+        if !self.sh.cqs.contains(cq.0 as usize) {
+            return false;
+        }
+        self.sh.complete(cq.0, c);
+        true
     }
 
     fn cq_mut(&mut self, cq: CqId) -> VerbsResult<&mut CompletionQueue> {
