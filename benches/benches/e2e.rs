@@ -26,7 +26,9 @@
 //! Then 64 KiB WRITEs over one QP and over 16,000 QPs taken in turn (every QP active), and
 //! the resident memory per QP (`E2E_ONLY=qps` runs only this). Then the loopback pair on one
 //! worker thread against one each (`E2E_ONLY=workers`), and two pairs of clients on RNICs of
-//! one worker against RNICs spread over two (`worker.count`, `E2E_ONLY=shards`), and the
+//! one worker against RNICs spread over two (`worker.count`, `E2E_ONLY=shards`), one
+//! context's four QPs on one worker against spread over two (`worker.spread`,
+//! `E2E_ONLY=spread`), and the
 //! in-process pair with the application threads running the worker or only its own thread
 //! (`worker.app_drive`, `E2E_ONLY=drive`). And 64 KiB, 1 MiB and 8 MiB WRITEs and
 //! READs moving the same bytes (`E2E_ONLY=large`).
@@ -827,15 +829,61 @@ fn app_drive() {
     }
 }
 
+/// What a WRITE stream from context `a` to context `b` needs: a PD, CQ (256 deep on `a`),
+/// buffer of `len` bytes and its MR on each.
+struct WriteEnds {
+    pa: roce::memory::PdId,
+    pb: roce::memory::PdId,
+    ca: roce::engine::CqId,
+    cb: roce::engine::CqId,
+    ba: dataplane::Buffer,
+    bb: dataplane::Buffer,
+    ma: dataplane::Mr,
+    mb: dataplane::Mr,
+}
+
+impl WriteEnds {
+    fn new(a: &mut dataplane::Context, b: &mut dataplane::Context, len: usize) -> WriteEnds {
+        use dataplane::Verbs;
+        use roce::verbs::Access;
+        let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
+        let (ca, cb) = (a.create_cq(256).unwrap(), b.create_cq(16).unwrap());
+        let (ba, bb) = (a.alloc_buffer(len).unwrap(), b.alloc_buffer(len).unwrap());
+        let ma = a.reg_mr(pa, &ba, 0, len, Access::ALL).unwrap();
+        let mb = b.reg_mr(pb, &bb, 0, len, Access::ALL).unwrap();
+        WriteEnds {
+            pa,
+            pb,
+            ca,
+            cb,
+            ba,
+            bb,
+            ma,
+            mb,
+        }
+    }
+
+    /// One more connected RC pair (64 deep); returns `a`'s QP.
+    fn connect(&self, a: &mut dataplane::Context, b: &mut dataplane::Context) -> roce::types::Qpn {
+        use dataplane::Verbs;
+        use ferroce_tools::dpdk_incast::rc_qp_init;
+        let qa = a
+            .create_qp(&rc_qp_init(self.pa, self.ca, 64))
+            .expect("QP on A");
+        let qb = b
+            .create_qp(&rc_qp_init(self.pb, self.cb, 64))
+            .expect("QP on B");
+        connect_rc(a, qa, b, qb);
+        qa
+    }
+}
+
 /// 64 KiB WRITEs over two pairs of clients between two loopback RNICs (MTU 4096) spread
 /// over `count` workers (`worker.count` 1 or 2): clients are placed on an RNIC's workers in
 /// turn, so with 2 the k-th client of each RNIC is on worker k and each pair has a worker to
 /// itself at both ends. Each pair moves `n` WRITEs, 32 in flight, from its own application
 /// thread (which also runs its worker while it waits). Returns the aggregate goodput in Gb/s.
 fn sharded_goodput(count: u32, n: u64) -> f64 {
-    use dataplane::Verbs;
-    use ferroce_tools::dpdk_incast::rc_qp_init;
-    use roce::verbs::Access;
     const MSG: u32 = 65536;
     const IN_FLIGHT: u64 = 32;
     let cfg = |h| {
@@ -847,15 +895,11 @@ fn sharded_goodput(count: u32, n: u64) -> f64 {
     let mut pairs = Vec::new();
     for _ in 0..2 {
         let (mut a, mut b) = (rt.open(0).expect("a"), rt.open(1).expect("b"));
-        let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
-        let (ca, cb) = (a.create_cq(256).unwrap(), b.create_cq(16).unwrap());
-        let len = MSG as usize;
-        let (ba, bb) = (a.alloc_buffer(len).unwrap(), b.alloc_buffer(len).unwrap());
-        let ma = a.reg_mr(pa, &ba, 0, len, Access::ALL).unwrap();
-        let mb = b.reg_mr(pb, &bb, 0, len, Access::ALL).unwrap();
-        let qa = a.create_qp(&rc_qp_init(pa, ca, 64)).expect("QP on A");
-        let qb = b.create_qp(&rc_qp_init(pb, cb, 64)).expect("QP on B");
-        connect_rc(&mut a, qa, &mut b, qb);
+        let e = WriteEnds::new(&mut a, &mut b, MSG as usize);
+        let qa = e.connect(&mut a, &mut b);
+        let WriteEnds {
+            ca, ba, bb, ma, mb, ..
+        } = e;
         pairs.push((a, b, ca, qa, ba, bb, ma, mb));
     }
     let start = Instant::now();
@@ -888,6 +932,50 @@ fn shards() {
     );
     println!(
         "  1 worker {a:8.2} Gb/s, 2 workers {b:8.2} Gb/s: ratio {:.2}",
+        b / a
+    );
+}
+
+/// 64 KiB WRITEs from one context with `qps` RC QPs sharing one CQ to one context on the
+/// other loopback RNIC (MTU 4096), both RNICs over two workers (`worker.count = 2`): with
+/// `worker.spread` each context's QPs are placed on both workers in turn, without it all on
+/// the one its context is on. One application thread keeps 32 WRITEs in flight, posting
+/// over the QPs in turn, until `n` completed. Returns the goodput in Gb/s.
+fn spread_goodput(spread: bool, qps: usize, n: u64) -> f64 {
+    const MSG: u32 = 65536;
+    let cfg = |h| {
+        let mut c = driver::loopback_config(h, 4096, &RnicOpts::default()).expect("config");
+        c.worker_count = 2;
+        c.worker_spread = spread;
+        c
+    };
+    let rt = dataplane::runtime::Runtime::loopback("e2e-spread", cfg(1), cfg(2)).expect("rt");
+    let (mut a, mut b) = (rt.open(0).expect("a"), rt.open(1).expect("b"));
+    let e = WriteEnds::new(&mut a, &mut b, MSG as usize);
+    let qa: Vec<_> = (0..qps).map(|_| e.connect(&mut a, &mut b)).collect();
+    let start = Instant::now();
+    let mut next = 0;
+    stream_writes(&mut a, e.ca, n, 32, |a| {
+        post_write(a, qa[next], &e.ma, &e.mb, MSG);
+        next = (next + 1) % qa.len();
+    });
+    let gbps = n as f64 * MSG as f64 * 8.0 / start.elapsed().as_secs_f64() / 1e9;
+    drop((a, b, e));
+    rt.stop();
+    gbps
+}
+
+/// [`spread_goodput`] with the context on one worker and spread over two, alternating,
+/// three runs each, medians.
+fn spread() {
+    println!("one context's QPs over two workers (worker.spread; 4 QPs, one CQ, 64 KiB WRITEs)");
+    let (a, b) = alternating_medians(
+        3,
+        || spread_goodput(false, 4, 20_000),
+        || spread_goodput(true, 4, 20_000),
+    );
+    println!(
+        "  on one worker {a:8.2} Gb/s, over two {b:8.2} Gb/s: ratio {:.2}",
         b / a
     );
 }
@@ -947,6 +1035,7 @@ fn main() {
             | Some("qps")
             | Some("workers")
             | Some("shards")
+            | Some("spread")
             | Some("large")
             | Some("drive")
     ) {
@@ -956,6 +1045,7 @@ fn main() {
             Some("qps") => qp_scale(),
             Some("workers") => workers(),
             Some("shards") => shards(),
+            Some("spread") => spread(),
             Some("large") => large_messages(),
             Some("drive") => app_drive(),
             _ => fast_registration(),
@@ -1039,6 +1129,7 @@ fn main() {
     workers();
     app_drive();
     shards();
+    spread();
 
     println!("ferroce through rnicd (two RNICs behind the daemon, server and client as processes)");
     let dir = std::env::temp_dir().join(format!("ferroce-e2e-{}", std::process::id()));

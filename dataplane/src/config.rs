@@ -413,6 +413,9 @@ pub struct RawWorker {
     /// How many worker threads share this RNIC's QPs: `thread`, `thread + 1`, ... (1 by
     /// default).
     pub count: Option<u32>,
+    /// Whether one context's QPs spread over those workers (a CQ shared by QPs on several
+    /// workers); off by default: a context is on one worker.
+    pub spread: Option<bool>,
 }
 
 /// `[capture]`
@@ -682,6 +685,10 @@ pub struct RnicConfig {
     /// `worker_thread ..= worker_thread + worker_count - 1`, the first owning the port
     /// (docs/ARCHITECTURE.md, "Several workers per RNIC").
     pub worker_count: u32,
+    /// Whether one context's QPs spread over the RNIC's workers (`worker.spread`; every
+    /// context's home is the first worker, its QPs go to the workers in turn; docs/
+    /// ARCHITECTURE.md, "One context over several workers").
+    pub worker_spread: bool,
     /// Capture file.
     pub pcap: Option<PathBuf>,
     /// Bytes kept per captured frame.
@@ -1046,6 +1053,7 @@ impl RawConfig {
             "worker.count" => {
                 self.worker.count = Some(small(value, MAX_WORKER_THREAD as u64 + 1)? as u32)
             }
+            "worker.spread" => self.worker.spread = Some(boolean(value)?),
             "capture.pcap" => self.capture.pcap = Some(value.into()),
             "capture.snaplen" => self.capture.snaplen = Some(small(value, u32::MAX as u64)? as u32),
             "capture.enabled" => self.capture.enabled = Some(boolean(value)?),
@@ -1461,6 +1469,7 @@ impl RawConfig {
             app_drive: self.worker.app_drive.unwrap_or(true),
             worker_thread,
             worker_count,
+            worker_spread: self.worker.spread.unwrap_or(false),
             pcap: self.capture.pcap.as_ref().map(PathBuf::from),
             snaplen,
             capture_enabled: self.capture.enabled.unwrap_or(true),
@@ -2123,6 +2132,7 @@ impl RnicConfig {
         line("app_drive", self.app_drive.to_string());
         line("thread", self.worker_thread.to_string());
         line("count", self.worker_count.to_string());
+        line("spread", self.worker_spread.to_string());
         out.push_str(&std::mem::take(&mut t));
         out.push_str("\n[capture]\n");
         let mut line = |k: &str, v: String| {

@@ -283,6 +283,44 @@ pub struct HostEnd {
     /// Counters.
     pub counters: HostCounters,
     closed: bool,
+    /// Its place in a context spread over several workers (`worker.spread`; None: the
+    /// context is on this worker alone).
+    pub(crate) spread: Option<Spread>,
+}
+
+/// What a QP on another worker uses of its context's objects (kept by the context's home,
+/// which must not destroy them under it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct QpUses {
+    pub pd: PdId,
+    pub send_cq: CqId,
+    pub recv_cq: CqId,
+}
+
+/// Events a satellite keeps for its home at most (past it they are counted as dropped, as
+/// with a full event ring).
+pub(crate) const MAX_RELAYED_EVENTS: usize = 1024;
+
+/// A host end's role in a context spread over the workers of its RNIC (docs/
+/// ARCHITECTURE.md, "One context over several workers").
+#[derive(Debug)]
+pub(crate) enum Spread {
+    /// The context's home, which holds its rings: every control call and post reaches the
+    /// RNIC here, and the other workers' completions and events come back here.
+    Home {
+        /// The context's QPs on other workers and what each uses.
+        remote: HashMap<Qpn, QpUses>,
+        /// How many QPs the context created (the next goes to worker `made mod count`).
+        made: u32,
+    },
+    /// The replica on another worker: the context's PDs, MRs (under the same keys) and CQs
+    /// (whose completions go home), and the QPs placed here.
+    Satellite {
+        /// The home's host id on the first worker.
+        home: u16,
+        /// Events for the home, not yet sent.
+        events: Vec<AsyncEvent>,
+    },
 }
 
 impl HostEnd {
@@ -324,6 +362,49 @@ impl HostEnd {
             scratch: Vec::with_capacity(64),
             counters: HostCounters::default(),
             closed: false,
+            spread: None,
+        }
+    }
+
+    /// The replica of this (home) client for another worker of its RNIC: the same token,
+    /// owner and limits, the home's index area (where the satellite publishes its QPs'
+    /// queue positions: each QP's words have one writer), and rings of its own that nothing
+    /// uses (its posts come from the home, its events go there).
+    pub(crate) fn satellite(&self) -> std::io::Result<HostEnd> {
+        let (_, _, posts) = ring::<PostCell>(1, "ferroce-satellite-posts")?;
+        let (_, events, _) = ring::<EventSlot>(1, "ferroce-satellite-events")?;
+        let mut h = HostEnd::new(
+            posts,
+            events,
+            self.index.clone(),
+            self.limits,
+            self.client_limits,
+        );
+        h.token = self.token;
+        h.label = self.label.clone();
+        h.pid = self.pid;
+        h.uid = self.uid;
+        h.comm = self.comm.clone();
+        h.spread = Some(Spread::Satellite {
+            home: self.id,
+            events: Vec::new(),
+        });
+        Ok(h)
+    }
+
+    /// The home's id on the first worker, for a satellite.
+    pub(crate) fn satellite_of(&self) -> Option<u16> {
+        match self.spread {
+            Some(Spread::Satellite { home, .. }) => Some(home),
+            _ => None,
+        }
+    }
+
+    /// The context's QPs on other workers (a home; empty otherwise).
+    pub(crate) fn remote_qps(&self) -> Option<&HashMap<Qpn, QpUses>> {
+        match &self.spread {
+            Some(Spread::Home { remote, .. }) => Some(remote),
+            _ => None,
         }
     }
 
@@ -589,6 +670,15 @@ impl HostEnd {
 
     /// Queues an asynchronous event for the application; counted if its ring is full.
     pub fn deliver_event(&mut self, ev: &AsyncEvent) -> bool {
+        if let Some(Spread::Satellite { events, .. }) = &mut self.spread {
+            // The home delivers it (`Nic::serve_spread`).
+            if events.len() >= MAX_RELAYED_EVENTS {
+                self.counters.events_dropped += 1;
+                return false;
+            }
+            events.push(*ev);
+            return true;
+        }
         if *ev == AsyncEvent::DeviceFatal {
             // Also where the application's post path looks (the event may wait unread, or
             // be dropped from a full ring).

@@ -36,6 +36,7 @@ use crate::host::{HostEnd, Owners};
 
 mod serve;
 mod shard;
+mod spread;
 use crate::neighbor::{Neighbors, Resolve};
 use dcb::pfc::{Ingress, PauseFrame, PauseState, StormAction, StormEvent, Watchdog};
 use ferroce_host::abi::{Command, HostLimits, ReplyData};
@@ -152,6 +153,9 @@ roce::counters!(
         rx_steer_dropped,
         /// Frames other workers of the RNIC built, sent by the port's owner.
         tx_forwarded,
+        /// Completions of a context spread over several workers (`worker.spread`) that came
+        /// home for a CQ or context already gone, dropped.
+        spread_dropped,
         /// Faults injected: lost.
         fault_lost,
         /// Faults injected: duplicated.
@@ -548,7 +552,10 @@ impl Nic {
     pub fn prepare_sleep(&self, out: &mut Vec<ferroce_host::abi::ring::WaitWord>) -> bool {
         // Armed before the look at the queues between shards (`Doorbell`).
         self.arm_links(out);
-        let mut busy = !self.rx.frames.is_empty() || !self.loopback.is_empty() || self.links_busy();
+        let mut busy = !self.rx.frames.is_empty()
+            || !self.loopback.is_empty()
+            || self.links_busy()
+            || self.spread_busy();
         for h in self.hosts.values() {
             busy |= h.prepare_sleep(out);
         }
@@ -579,24 +586,6 @@ impl Nic {
     /// The configuration.
     pub fn config(&self) -> &RnicConfig {
         &self.cfg
-    }
-
-    /// Attaches an application context.
-    ///
-    /// Clients are numbered by 16 bits in the owner tables, `u16::MAX` meaning "nobody": past
-    /// 65 535 attached clients a new one is refused (dropped, so its calls fail with
-    /// `DeviceFatal`) rather than numbered like another and handed that one's objects.
-    /// Returns whether it was attached.
-    pub fn add_host(&mut self, mut h: HostEnd) -> bool {
-        if self.hosts.is_full() {
-            tracing::warn!(client = %h.label, "refused: every client number is in use");
-            return false;
-        }
-        self.hosts.insert_with(|id| {
-            h.id = id as u16;
-            h
-        });
-        true
     }
 
     /// Executes a control call of the client `token`; a client that is no longer attached
@@ -649,8 +638,18 @@ impl Nic {
     /// Closes the client `token`, releasing everything it holds (as when its process dies).
     pub fn close_host(&mut self, token: u64) {
         if let Some(id) = self.host_id(token) {
+            // A spread context's satellite closes when its home says (in order with what
+            // the home sent it before).
+            if self
+                .hosts
+                .get(id)
+                .is_some_and(|h| h.satellite_of().is_some())
+            {
+                return;
+            }
             self.release_host(id);
             self.hosts.remove(id);
+            self.close_satellites(token);
         }
         self.forget_freed_qps();
         self.publish();
@@ -751,7 +750,11 @@ impl Nic {
 
     /// Attached application contexts.
     pub fn host_count(&self) -> usize {
-        self.hosts.len()
+        // Satellites of spread contexts are counted at their home.
+        self.hosts
+            .values()
+            .filter(|h| h.satellite_of().is_none())
+            .count()
     }
 
     /// Routes queue positions, completions and events to the hosts owning their objects;
@@ -811,6 +814,9 @@ impl Nic {
                 work += 1;
             }
         }
+        if self.spreads() && self.shard().0 != 0 {
+            work += self.send_satellite_events();
+        }
         work
     }
 
@@ -831,10 +837,15 @@ impl Nic {
             if self.hosts.contains(id) {
                 work += self.serve_posts(id, 256);
                 if self.hosts.get(id).is_some_and(|h| h.is_closed()) {
-                    self.hosts.remove(id);
+                    if let Some(h) = self.hosts.remove(id) {
+                        self.close_satellites(h.token);
+                    }
                 }
             }
         }
+        // Contexts spread over the workers: what the home sent a satellite and what came
+        // back.
+        work += self.serve_spread();
         self.forget_freed_qps();
         // UD messages that waited for a receive WQE: those that now have one (or whose
         // wait ran out) go to the engine, in arrival order per QP.

@@ -451,10 +451,17 @@ impl Runtime {
     }
 
     /// The worker and index there of the shard of RNIC `index` that takes its next client:
-    /// clients are spread over an RNIC's shards in turn, each client's objects all on one.
+    /// clients are spread over an RNIC's shards in turn, each client's objects all on one
+    /// (with `worker.spread`, the first shard is every client's home).
     fn place(&self, index: usize) -> (&WorkerSlot, usize) {
         let shards = &self.placement[index];
-        let k = self.next_shard[index].fetch_add(1, Ordering::Relaxed) % shards.len();
+        // With `worker.spread` every context's home is the first shard, and its QPs are
+        // placed on all of them (`nic/spread.rs`).
+        let k = if self.configs[index].worker_spread {
+            0
+        } else {
+            self.next_shard[index].fetch_add(1, Ordering::Relaxed) % shards.len()
+        };
         let (w, i) = shards[k];
         (&self.workers[w], i)
     }

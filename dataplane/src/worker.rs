@@ -424,11 +424,13 @@ impl Worker {
                         reply,
                     } => {
                         let _in = self.spans.get(nic).map(|s| s.enter());
-                        let r = match self.nics.get_mut(nic) {
-                            Some(n) => n.call(token, cmd, area),
-                            None => Err(roce::engine::VerbsError::NotFound("device")),
-                        };
-                        let _ = reply.try_send(r);
+                        match self.nics.get_mut(nic) {
+                            Some(n) => n.dispatch(token, cmd, area, reply),
+                            None => {
+                                let _ = reply
+                                    .try_send(Err(roce::engine::VerbsError::NotFound("device")));
+                            }
+                        }
                     }
                     Control::Inspect { qp_counters, reply } => {
                         let r = self.nics.iter().map(|n| n.report(qp_counters)).collect();
@@ -467,7 +469,7 @@ impl Worker {
                 dev,
                 qps,
                 mbufs_in_use: nic.pool_in_use(),
-                objects: nic.dev.object_counts(),
+                objects: nic.object_counts(),
                 hosts: nic.host_count() as u32,
                 area_bytes: nic.host_area_bytes(),
             };

@@ -128,6 +128,48 @@ pub fn connect_with<V: Verbs>(
     me.ctx.modify_qp(me.qpn, &rts).expect("RTS");
 }
 
+/// Brings the RC QP `qpn` of `ctx` through INIT and RTR to RTS towards QP `peer` at
+/// `peer_gid` (MTU 1024, both directions starting at PSN `psn`, `rd_atomic` READs
+/// outstanding each way, ACK timeout 14, seven retries of each kind).
+pub fn rc_to_rts<V: Verbs>(
+    ctx: &mut V,
+    qpn: Qpn,
+    peer: Qpn,
+    peer_gid: Gid,
+    psn: u32,
+    rd_atomic: u8,
+) {
+    let init = QpAttr {
+        state: Some(QpState::Init),
+        pkey_index: Some(0),
+        port: Some(1),
+        access: Some(Access::ALL),
+        ..Default::default()
+    };
+    ctx.modify_qp(qpn, &init).expect("INIT");
+    let rtr = QpAttr {
+        state: Some(QpState::Rtr),
+        av: Some(AddressVector::new(peer_gid, 1)),
+        path_mtu: Some(Mtu::M1024),
+        dest_qp: Some(peer),
+        rq_psn: Some(Psn::new(psn)),
+        max_dest_rd_atomic: Some(rd_atomic),
+        min_rnr_timer: Some(1),
+        ..Default::default()
+    };
+    ctx.modify_qp(qpn, &rtr).expect("RTR");
+    let rts = QpAttr {
+        state: Some(QpState::Rts),
+        sq_psn: Some(Psn::new(psn)),
+        timeout: Some(14),
+        retry_cnt: Some(7),
+        rnr_retry: Some(7),
+        max_rd_atomic: Some(rd_atomic),
+        ..Default::default()
+    };
+    ctx.modify_qp(qpn, &rts).expect("RTS");
+}
+
 /// Connects `a` and `b` to each other with [`connect_with`] and an ACK timeout of
 /// [`ACK_TIMEOUT`]: A sends from PSN `psn_a` and B from `psn_b`.
 pub fn connect_pair<V: Verbs, W: Verbs>(

@@ -7,7 +7,7 @@ use dataplane::{Context, Verbs};
 use ferroce_tests::on_workers;
 use roce::engine::{qp_queue_bytes, CqId, QpInit, VerbsError};
 use roce::memory::PdId;
-use roce::types::{Gid, Psn, Qpn};
+use roce::types::{Gid, Qpn};
 use roce::verbs::*;
 
 const CAPS: QpCaps = QpCaps {
@@ -26,35 +26,7 @@ fn create<V: Verbs>(ctx: &mut V, pd: PdId, cq: CqId) -> Result<Qpn, VerbsError> 
 }
 
 fn to_rts<V: Verbs>(ctx: &mut V, qpn: Qpn, peer: Qpn, peer_gid: Gid) {
-    let init = QpAttr {
-        state: Some(QpState::Init),
-        pkey_index: Some(0),
-        port: Some(1),
-        access: Some(Access::ALL),
-        ..Default::default()
-    };
-    ctx.modify_qp(qpn, &init).expect("INIT");
-    let rtr = QpAttr {
-        state: Some(QpState::Rtr),
-        av: Some(AddressVector::new(peer_gid, 1)),
-        path_mtu: Some(Mtu::M1024),
-        dest_qp: Some(peer),
-        rq_psn: Some(Psn::new(7)),
-        max_dest_rd_atomic: Some(1),
-        min_rnr_timer: Some(1),
-        ..Default::default()
-    };
-    ctx.modify_qp(qpn, &rtr).expect("RTR");
-    let rts = QpAttr {
-        state: Some(QpState::Rts),
-        sq_psn: Some(Psn::new(7)),
-        timeout: Some(14),
-        retry_cnt: Some(7),
-        rnr_retry: Some(7),
-        max_rd_atomic: Some(1),
-        ..Default::default()
-    };
-    ctx.modify_qp(qpn, &rts).expect("RTS");
+    ferroce_tests::rc_to_rts(ctx, qpn, peer, peer_gid, 7, 1);
 }
 
 /// 8192 connected RC pairs between two RNICs (16384 QPs in all, the default table size of

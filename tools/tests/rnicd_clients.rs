@@ -73,6 +73,37 @@ fn every_perftest_test_between_two_client_processes() {
     wait_idle(r.sock());
 }
 
+/// Each RNIC over two workers with `worker.spread`: one client process's four QPs are on
+/// both workers and share its CQ; every message of the bandwidth tests arrives verified, and
+/// the clients' going leaves nothing on any worker.
+#[test]
+fn one_clients_qps_over_two_workers_through_rnicd() {
+    let _one = serial();
+    let r = Rnicd::start(
+        "spread",
+        &["--set", "worker.count=2", "--set", "worker.spread=true"],
+    );
+    for (test, args) in [
+        ("write_bw", vec!["-s", "20000", "-n", "200", "-q", "4"]),
+        ("read_bw", vec!["-s", "5000", "-n", "200", "-q", "4"]),
+        ("send_bw", vec!["-s", "1500", "-n", "300", "-q", "4"]),
+    ] {
+        let mut a = args.clone();
+        a.push("--verify");
+        let (so, co) = run_pair(&r, test, &a);
+        let (s, c) = (json(&so, "server"), json(&co, "client"));
+        let verified = c["verified_messages"].as_u64().unwrap_or(0)
+            + s["verified_messages"].as_u64().unwrap_or(0);
+        let n = common::flag_number(&args, "-n").unwrap();
+        assert_eq!(
+            verified,
+            n * 4,
+            "{test} {args:?}: every message verified: {c} {s}"
+        );
+    }
+    wait_idle(r.sock());
+}
+
 /// Spawns `cmd` with its output discarded.
 fn spawn_quiet(mut cmd: Command) -> Child {
     cmd.stdout(Stdio::piped())

@@ -57,12 +57,31 @@ impl Nic {
             let Some(h) = self.hosts.get_mut(id) else {
                 break;
             };
+            // A spread context's home: posts to QPs on other shards go to their queues; one
+            // that had no room holds the rest back (program order).
+            let home = matches!(h.spread, Some(crate::host::Spread::Home { .. }));
+            if home && self.spread_backlog() {
+                break;
+            }
+            let Some(h) = self.hosts.get_mut(id) else {
+                break;
+            };
+            let token = h.token;
             let Some(next) = h.next_post(&mut buf) else {
                 break;
             };
             n += 1;
             match next {
                 Ok(()) => {
+                    let qpn = match buf.post() {
+                        Some(Post::Send { qpn, .. }) | Some(Post::Recv { qpn, .. }) => Some(qpn),
+                        _ => None,
+                    };
+                    if let (true, Some(qpn)) = (home, qpn) {
+                        if self.forward_post(token, qpn, &mut buf) {
+                            continue;
+                        }
+                    }
                     if let Some(post) = buf.post() {
                         self.execute_post(id, post);
                     }
@@ -89,7 +108,7 @@ impl Nic {
     /// QP went to the error state, its queue is full) completes in order with LOC_QP_OP_ERR
     /// and frees its queue place when it retires: the application counted it as posted. A
     /// post naming another client's object is counted and dropped.
-    fn execute_post(&mut self, id: usize, post: Post<'_>) {
+    pub(super) fn execute_post(&mut self, id: usize, post: Post<'_>) {
         let refused = match post {
             Post::Send { qpn, wr } => {
                 let own = self.owns_qp(id, qpn);
@@ -218,6 +237,10 @@ impl Nic {
         let Some(h) = self.hosts.get_mut(id) else {
             return 0;
         };
+        if h.satellite_of().is_some() {
+            // A spread context's replica of the CQ: its completions go home.
+            return self.forward_completions(id, cq);
+        }
         let dev = &mut self.dev;
         let moved = h.fill_cq_ring(cq, |out| dev.poll_cq(cq, out).unwrap_or(0));
         h.set_cq_pending(cq, dev.cq_has_entries(cq));
@@ -396,32 +419,7 @@ fn execute(
             if let Some(pd) = pd {
                 h.check_owned(h.pds.contains(&pd), "protection domain")?;
             }
-            let mut area = None;
-            let translation = match translation {
-                None => None,
-                Some(t) => {
-                    let mem = h.area(t.area)?;
-                    let mem_offset = usize::try_from(t.offset)
-                        .map_err(|_| VerbsError::InvalidArgument("offset too large".into()))?;
-                    // The new memory is faulted in as at registration.
-                    area = Some((mem.clone(), mem_offset, t.len as usize));
-                    Some(roce::engine::MrTranslation {
-                        mem,
-                        mem_offset,
-                        addr: t.iova,
-                        length: t.len,
-                    })
-                }
-            };
-            let change = roce::engine::MrChange {
-                pd,
-                translation,
-                access,
-            };
-            let (lkey, rkey) = dev.rereg_mr(lkey, change)?;
-            if let Some((mem, off, len)) = area {
-                populate_later(&mem, off, len);
-            }
+            let (lkey, rkey) = rereg(dev, h, lkey, pd, translation, access)?;
             Ok(ReplyData::Keys { lkey, rkey })
         }
         Command::AllocMw { pd, ty } => {
@@ -474,13 +472,10 @@ fn execute(
                     return Err(e);
                 }
             };
-            let entry = (Producer::attach(ring, capacity as usize), false);
-            if h.cqs.insert_at(cq.0 as usize, entry).is_err() {
-                let _ = dev.destroy_cq(cq);
+            if let Err(e) = keep_cq_ring(dev, owners, h, cq, ring, capacity) {
                 h.area_bytes -= ring_len;
-                return Err(VerbsError::NoResources("completion queues"));
+                return Err(e);
             }
-            Owners::set(&mut owners.cq, cq.0 as usize, h.id);
             h.charge_queue(QueueKind::Cq, cq.0, qbytes);
             Ok(ReplyData::Cq(cq))
         }
@@ -510,11 +505,9 @@ fn execute(
         Command::DestroyCq { cq } => {
             h.check_owned(h.owns_cq(cq), "completion queue")?;
             dev.destroy_cq(cq)?;
-            if let Some((p, _)) = h.cqs.remove(cq.0 as usize) {
+            if let Some(p) = forget_cq(owners, h, cq) {
                 h.area_bytes -= p.area().len() as u64;
             }
-            h.pending_cqs.retain(|c| *c != cq);
-            Owners::set(&mut owners.cq, cq.0 as usize, NOBODY);
             h.uncharge_queue(QueueKind::Cq, cq.0);
             Ok(ReplyData::None)
         }
@@ -655,6 +648,74 @@ fn execute(
 /// The connection manager's refusals as verbs errors (rdma_cm reports them as errnos).
 /// Releases a key the client holds (an MR or a window, found by its table index: a key
 /// another client could guess is refused as not found) with `release`, then forgets it.
+/// Re-registers the client's MR `lkey` (`ReregMr`): its new memory, if any, is the client's
+/// area, faulted in as at registration.
+pub(super) fn rereg(
+    dev: &mut Device,
+    h: &HostEnd,
+    lkey: Lkey,
+    pd: Option<roce::memory::PdId>,
+    translation: Option<ferroce_host::abi::Translation>,
+    access: Option<roce::verbs::Access>,
+) -> VerbsResult<(Lkey, Option<Rkey>)> {
+    let mut area = None;
+    let translation = match translation {
+        None => None,
+        Some(t) => {
+            let mem = h.area(t.area)?;
+            let mem_offset = usize::try_from(t.offset)
+                .map_err(|_| VerbsError::InvalidArgument("offset too large".into()))?;
+            area = Some((mem.clone(), mem_offset, t.len as usize));
+            Some(roce::engine::MrTranslation {
+                mem,
+                mem_offset,
+                addr: t.iova,
+                length: t.len,
+            })
+        }
+    };
+    let change = roce::engine::MrChange {
+        pd,
+        translation,
+        access,
+    };
+    let keys = dev.rereg_mr(lkey, change)?;
+    if let Some((mem, off, len)) = area {
+        populate_later(&mem, off, len);
+    }
+    Ok(keys)
+}
+
+/// Records the ring of the client's new CQ `cq` (destroying the CQ if the client's table
+/// has no room for it).
+pub(super) fn keep_cq_ring(
+    dev: &mut Device,
+    owners: &mut Owners,
+    h: &mut HostEnd,
+    cq: CqId,
+    ring: Arc<Area>,
+    capacity: u32,
+) -> VerbsResult<()> {
+    let entry = (Producer::attach(ring, capacity as usize), false);
+    if h.cqs.insert_at(cq.0 as usize, entry).is_err() {
+        let _ = dev.destroy_cq(cq);
+        return Err(VerbsError::NoResources("completion queues"));
+    }
+    Owners::set(&mut owners.cq, cq.0 as usize, h.id);
+    Ok(())
+}
+
+/// Forgets the client's destroyed CQ `cq`; returns its ring.
+pub(super) fn forget_cq(
+    owners: &mut Owners,
+    h: &mut HostEnd,
+    cq: CqId,
+) -> Option<Producer<CqeSlot>> {
+    h.pending_cqs.retain(|c| *c != cq);
+    Owners::set(&mut owners.cq, cq.0 as usize, NOBODY);
+    h.cqs.remove(cq.0 as usize).map(|(p, _)| p)
+}
+
 fn release_key<K: Copy>(
     keys: &mut Vec<K>,
     index: u32,

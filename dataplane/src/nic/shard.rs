@@ -22,6 +22,7 @@
 //! outbox leaves the frames with their builder, which retries as it does with a full
 //! transmit queue.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use crossbeam_queue::ArrayQueue;
@@ -29,11 +30,13 @@ use pmd_bindings::{Mbuf, Mempool, Port, RxQueue, TxQueue};
 use roce::engine::QpnStripe;
 use roce::wire::frame::{classify, dest_qpn, FrameKind};
 
+use super::spread::{out_queues, ToHome, ToSatellite, SPREAD_MSGS};
 use super::{Nic, BURST};
 use crate::config::RnicConfig;
 use crate::doorbell::Doorbell;
 use crate::host::ServiceMap;
 use ferroce_host::abi::ring::WaitWord;
+use ferroce_host::abi::slots::PostBuf;
 use roce::cm::{comm_id_owner, mad_route, MadRoute};
 use roce::types::Qpn;
 use roce::wire::frame::gsi_mad;
@@ -56,11 +59,24 @@ pub struct ShardLinks {
     pub(super) services: ServiceMap,
     /// Each shard's doorbell, rung when frames are queued for it while it sleeps.
     bells: Vec<Doorbell>,
+    /// Contexts spread over the shards (`worker.spread`): from the home (the first shard)
+    /// to each other shard, in program order (`spread.rs`).
+    pub(super) to_sat: Vec<ArrayQueue<ToSatellite>>,
+    /// And from every other shard to the home.
+    pub(super) to_home: ArrayQueue<ToHome>,
+    /// Post buffers the satellites applied, back for the home to decode into (a forwarded
+    /// post allocates nothing once they circulate).
+    pub(super) spare_posts: ArrayQueue<Box<PostBuf>>,
 }
 
 impl ShardLinks {
-    fn new(count: usize) -> ShardLinks {
+    fn new(count: usize, spread: bool) -> ShardLinks {
+        // Without spread contexts the queues stay empty: one slot each.
+        let msgs = if spread { SPREAD_MSGS } else { 1 };
         ShardLinks {
+            to_sat: (0..count).map(|_| ArrayQueue::new(msgs)).collect(),
+            to_home: ArrayQueue::new(msgs),
+            spare_posts: ArrayQueue::new(msgs),
             inbox: (0..count).map(|_| ArrayQueue::new(LINK_FRAMES)).collect(),
             copies: (0..count).map(|_| ArrayQueue::new(COPY_FRAMES)).collect(),
             outbox: ArrayQueue::new(LINK_FRAMES),
@@ -81,6 +97,12 @@ pub(super) struct Shard {
     /// Shards this one queued frames for in the current iteration (a bit each), whose
     /// doorbells it rings at the end of it: once per iteration, not per frame.
     pub due: u64,
+    /// Whether one context's QPs spread over the shards (`worker.spread`).
+    pub spread: bool,
+    /// Messages for each satellite shard its queue had no room for, in order.
+    pub out_sat: Vec<VecDeque<ToSatellite>>,
+    /// Messages for the home its queue had no room for, in order.
+    pub out_home: VecDeque<ToHome>,
 }
 
 /// Where a `Nic`'s frames come from and go.
@@ -153,14 +175,19 @@ impl Nic {
         if count <= 1 {
             return Ok(vec![Nic::new(cfg, port, pool)?]);
         }
-        let links = Arc::new(ShardLinks::new(count as usize));
+        let spread = cfg.worker_spread;
+        let links = Arc::new(ShardLinks::new(count as usize, spread));
         (0..count)
             .map(|index| {
+                let (out_sat, out_home) = out_queues(count as usize);
                 let shard = Shard {
                     index,
                     count,
                     links: links.clone(),
                     due: 0,
+                    spread,
+                    out_sat,
+                    out_home,
                 };
                 Nic::build(cfg.clone(), port.clone(), pool.clone(), Some(shard))
             })

@@ -1,0 +1,789 @@
+//! One context over several workers (`worker.spread`; docs/ARCHITECTURE.md, "One context
+//! over several workers"): an RNIC spread over n shards (`shard.rs`) whose contexts each
+//! place their QPs on every shard in turn, with CQs shared by QPs on different shards.
+//!
+//! Every context is *homed* on the first shard: its rings are there, so every control call
+//! and post reaches the RNIC there, and the first shard alone allocates its PDs, CQs and MR
+//! keys. Each other shard holds a *satellite* of it: a replica of its PDs and CQs under the
+//! same ids and of its MRs under the same keys (`Device::alloc_pd_at`, `create_cq_at`,
+//! `reg_mr_at`), so a post's lkeys and a peer's rkeys mean the same on every shard, and the
+//! QPs placed there. The home talks to each satellite through one FIFO queue, in program
+//! order: the replicas of calls, the calls on the satellite's QPs and the posts to them, so a
+//! post is applied after the calls before it and a call after the posts before it. A call
+//! the satellites replicate is answered once every shard applied it (an rkey the
+//! application hands its peer is valid on every shard from then on); a call on a
+//! satellite's QP is answered through the home, which keeps what each remote QP uses (a PD
+//! or CQ in use on any shard cannot go).
+//!
+//! A satellite's QPs complete into their CQ's replica, whose completions go home through
+//! one queue shared by the satellites, in order: the home queues them on its CQ
+//! (`Device::complete_foreign`), whose one ring the application polls. Per-QP order holds
+//! because a QP's completions come from one shard through one FIFO; none is lost (a full
+//! queue leaves them in the replica, retried as a full ring's are) or doubled (each is taken
+//! once from the replica). A satellite's QP positions go straight into the home's index
+//! area (each QP's words have one writer), its events home through the same queue.
+//!
+//! What a spread context refuses (`InvalidArgument`): SRQs, memory windows, MRs for fast
+//! registration (so no work request changes a key on one shard only) and rdma_cm (whose
+//! agent is per shard).
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use ferroce_host::abi::area::Area;
+use ferroce_host::abi::slots::PostBuf;
+use ferroce_host::abi::{Command, ReplyData, POST_RING};
+use roce::engine::{CqId, QpnStripe, VerbsError, VerbsResult};
+use roce::types::Qpn;
+use roce::verbs::{AsyncEvent, Completion};
+
+use super::Nic;
+use crate::host::{populate_later, HostEnd, Owners, QpUses, Spread};
+
+/// Messages one queue holds at most (each direction).
+pub(super) const SPREAD_MSGS: usize = 1024;
+
+/// Where a call's result goes.
+pub type Reply = std::sync::mpsc::SyncSender<VerbsResult<ReplyData>>;
+
+/// From the home (the first shard) to a satellite, in program order.
+pub(super) enum ToSatellite {
+    /// A context's satellite to attach.
+    Attach(Box<HostEnd>),
+    /// A post to one of the satellite's QPs.
+    Post { token: u64, post: Box<PostBuf> },
+    /// A call on one of its QPs, answered through the home.
+    Call {
+        token: u64,
+        cmd: Command,
+        reply: Reply,
+    },
+    /// A call the home executed, to replicate (`made`: its result there).
+    Replica {
+        token: u64,
+        cmd: Command,
+        area: Option<Arc<Area>>,
+        made: ReplyData,
+        done: Arc<Gather>,
+    },
+    /// The context closed.
+    Close { token: u64 },
+}
+
+/// From a satellite to the home.
+pub(super) enum ToHome {
+    /// A completion of one of the context's CQs.
+    Cqe {
+        home: u16,
+        token: u64,
+        cq: CqId,
+        c: Completion,
+    },
+    /// An asynchronous event of the context.
+    Event {
+        home: u16,
+        token: u64,
+        ev: AsyncEvent,
+    },
+    /// A call's result, and the QP it made or destroyed.
+    Done {
+        home: u16,
+        token: u64,
+        reply: Reply,
+        result: VerbsResult<ReplyData>,
+        change: QpChange,
+    },
+    /// A replica could not be applied: the shards no longer agree on the context's
+    /// objects, and the context is closed.
+    Diverged { home: u16, token: u64 },
+}
+
+/// What a call on a satellite did to its QPs.
+pub(super) enum QpChange {
+    None,
+    Made(Qpn, QpUses),
+    Gone(Qpn),
+}
+
+/// A replicated call's answer, sent once every shard applied it.
+pub(super) struct Gather {
+    left: AtomicUsize,
+    failed: AtomicBool,
+    reply: Mutex<Option<(Reply, VerbsResult<ReplyData>)>>,
+}
+
+impl Gather {
+    fn new(shards: usize, reply: Reply, result: VerbsResult<ReplyData>) -> Gather {
+        Gather {
+            left: AtomicUsize::new(shards),
+            failed: AtomicBool::new(false),
+            reply: Mutex::new(Some((reply, result))),
+        }
+    }
+
+    /// One shard applied it (`ok`) or could not; the last one answers.
+    fn done(&self, ok: bool) {
+        if !ok {
+            self.failed.store(true, Ordering::Release);
+        }
+        if self.left.fetch_sub(1, Ordering::AcqRel) == 1 {
+            let taken = self.reply.lock().unwrap_or_else(|e| e.into_inner()).take();
+            if let Some((reply, result)) = taken {
+                let r = if self.failed.load(Ordering::Acquire) {
+                    Err(VerbsError::DeviceFatal)
+                } else {
+                    result
+                };
+                let _ = reply.try_send(r);
+            }
+        }
+    }
+}
+
+/// Calls a spread context cannot make (see the module documentation).
+fn refused(cmd: &Command) -> Option<&'static str> {
+    Some(match cmd {
+        Command::CreateSrq { .. } => "shared receive queues",
+        Command::AllocMw { .. } => "memory windows",
+        Command::AllocMr { .. } => "MRs for fast registration",
+        Command::CmListen { .. }
+        | Command::CmConnect { .. }
+        | Command::CmAccept { .. }
+        | Command::CmSidrRequest { .. }
+        | Command::CmSidrReply { .. } => "rdma_cm",
+        _ => return None,
+    })
+}
+
+/// Calls every shard applies (the home first, the satellites after it in order).
+fn replicated(cmd: &Command) -> bool {
+    matches!(
+        cmd,
+        Command::AllocPd
+            | Command::DeallocPd { .. }
+            | Command::AddArea { .. }
+            | Command::RemoveArea { .. }
+            | Command::RegMr { .. }
+            | Command::ReregMr { .. }
+            | Command::DeregMr { .. }
+            | Command::CreateCq { .. }
+            | Command::ResizeCq { .. }
+            | Command::DestroyCq { .. }
+    )
+}
+
+/// The QP a call is on, if it is on one.
+fn call_qp(cmd: &Command) -> Option<Qpn> {
+    match cmd {
+        Command::ModifyQp { qpn, .. }
+        | Command::QueryQp { qpn }
+        | Command::DestroyQp { qpn }
+        | Command::Counters { qpn: Some(qpn) } => Some(*qpn),
+        _ => None,
+    }
+}
+
+impl Nic {
+    /// Whether contexts spread over this RNIC's shards, and there are several.
+    pub(super) fn spreads(&self) -> bool {
+        self.shard.as_ref().is_some_and(|s| s.spread)
+    }
+
+    /// The device's objects, for tools: a shard holding spread contexts' satellites counts
+    /// only its QPs (their PDs, MRs and CQs are the home's, counted there).
+    pub fn object_counts(&self) -> roce::engine::ObjectCounts {
+        let mut o = self.dev.object_counts();
+        if self.spreads() && self.shard().0 != 0 {
+            o = roce::engine::ObjectCounts {
+                qps: o.qps,
+                ..Default::default()
+            };
+        }
+        o
+    }
+
+    /// Attaches an application context. On a spread RNIC (the first shard: every
+    /// context's home) its satellites go to the other shards.
+    ///
+    /// Clients are numbered by 16 bits in the owner tables, `u16::MAX` meaning "nobody": past
+    /// 65 535 attached clients a new one is refused (dropped, so its calls fail with
+    /// `DeviceFatal`) rather than numbered like another and handed that one's objects.
+    /// Returns whether it was attached.
+    pub fn add_host(&mut self, mut h: HostEnd) -> bool {
+        if self.hosts.is_full() {
+            tracing::warn!(client = %h.label, "refused: every client number is in use");
+            return false;
+        }
+        let home = self.spreads() && h.spread.is_none();
+        if home {
+            h.spread = Some(Spread::Home {
+                remote: Default::default(),
+                made: 0,
+            });
+        }
+        let id = self.hosts.insert_with(|id| {
+            h.id = id as u16;
+            h
+        });
+        if let (true, Some(id)) = (home, id) {
+            let count = self.shard().1 as usize;
+            for k in 1..count {
+                match self.hosts.get(id).map(|h| h.satellite()) {
+                    Some(Ok(sat)) => self.tell_satellite(k, ToSatellite::Attach(Box::new(sat))),
+                    Some(Err(e)) => {
+                        tracing::warn!(error = %e, "cannot make a context's satellite");
+                        if let Some(h) = self.hosts.get_mut(id) {
+                            h.deliver_event(&AsyncEvent::DeviceFatal);
+                        }
+                        self.release_host(id);
+                        break;
+                    }
+                    None => break,
+                }
+            }
+        }
+        id.is_some()
+    }
+
+    /// Executes a control call of the client `token` and sends its result to `reply`: at
+    /// once, or (a spread context's call that other shards take part in) once they did.
+    pub fn dispatch(&mut self, token: u64, cmd: Command, area: Option<Arc<Area>>, reply: Reply) {
+        let home = self.host_id(token).filter(|&id| {
+            matches!(
+                self.hosts.get(id).and_then(|h| h.spread.as_ref()),
+                Some(Spread::Home { .. })
+            )
+        });
+        match home {
+            Some(id) => self.spread_call(id, cmd, area, reply),
+            None => {
+                let _ = reply.try_send(self.call(token, cmd, area));
+            }
+        }
+    }
+
+    /// A spread context's call at its home: refused, executed here, replicated to every
+    /// shard, or passed to the shard of the QP it is on.
+    fn spread_call(&mut self, id: usize, cmd: Command, area: Option<Arc<Area>>, reply: Reply) {
+        // Program order: the posts before the call go first (to their shards' queues, ahead
+        // of what this call sends there).
+        self.serve_posts(id, POST_RING);
+        if let Some(what) = refused(&cmd) {
+            let _ = reply.try_send(Err(VerbsError::InvalidArgument(format!(
+                "{what}: not in a context spread over several workers (worker.spread)"
+            ))));
+            return;
+        }
+        let count = self.shard().1;
+        let Some(h) = self.hosts.get_mut(id) else {
+            let _ = reply.try_send(Err(VerbsError::DeviceFatal));
+            return;
+        };
+        if h.is_closed() {
+            let _ = reply.try_send(Err(VerbsError::DeviceFatal));
+            return;
+        }
+        let token = h.token;
+        let remote_len = h.remote_qps().map_or(0, |r| r.len());
+        // Which shard the call's QP is (to be) on.
+        let target = match &cmd {
+            Command::CreateQp { .. } => {
+                if (h.qps.len() + remote_len) as u32 >= h.client_limits.max_qps {
+                    let _ =
+                        reply.try_send(Err(VerbsError::NoResources("queue pairs (host.max_qps)")));
+                    return;
+                }
+                match &mut h.spread {
+                    Some(Spread::Home { made, .. }) => {
+                        let k = *made % count;
+                        *made = made.wrapping_add(1);
+                        k
+                    }
+                    _ => 0,
+                }
+            }
+            c => call_qp(c).map_or(0, |q| QpnStripe::owner(q, count)),
+        };
+        if target != 0 {
+            self.tell_satellite(target as usize, ToSatellite::Call { token, cmd, reply });
+            return;
+        }
+        // A PD or CQ a QP on another shard uses stays (as the device keeps one its own QPs
+        // use).
+        let busy = match (&cmd, h.remote_qps()) {
+            (Command::DeallocPd { pd }, Some(r)) => r
+                .values()
+                .any(|u| u.pd == *pd)
+                .then_some("protection domain"),
+            (Command::DestroyCq { cq }, Some(r)) => r
+                .values()
+                .any(|u| u.send_cq == *cq || u.recv_cq == *cq)
+                .then_some("completion queue"),
+            _ => None,
+        };
+        if let Some(what) = busy {
+            let _ = reply.try_send(Err(VerbsError::Busy(what)));
+            return;
+        }
+        let copy = replicated(&cmd).then(|| (cmd.clone(), area.clone()));
+        let r = self.call(token, cmd, area);
+        match (copy, r) {
+            (Some((cmd, area)), Ok(made)) if count > 1 => {
+                let done = Arc::new(Gather::new(count as usize - 1, reply, Ok(made.clone())));
+                for k in 1..count as usize {
+                    self.tell_satellite(
+                        k,
+                        ToSatellite::Replica {
+                            token,
+                            cmd: cmd.clone(),
+                            area: area.clone(),
+                            made: made.clone(),
+                            done: done.clone(),
+                        },
+                    );
+                }
+            }
+            (_, r) => {
+                let _ = reply.try_send(r);
+            }
+        }
+    }
+
+    /// A post of a spread context for a QP on another shard: queued for that shard (the
+    /// post is taken from `buf`). Returns false if the QP is on this one.
+    pub(super) fn forward_post(&mut self, token: u64, qpn: Qpn, buf: &mut Box<PostBuf>) -> bool {
+        let count = self.shard().1;
+        let k = QpnStripe::owner(qpn, count);
+        if k == 0 {
+            return false;
+        }
+        let spare = self.shard.as_ref().and_then(|s| s.links.spare_posts.pop());
+        let post = std::mem::replace(buf, spare.unwrap_or_default());
+        self.tell_satellite(k as usize, ToSatellite::Post { token, post });
+        true
+    }
+
+    /// Whether the home holds messages for satellites their queues had no room for (it
+    /// then takes no more posts until they went).
+    pub(super) fn spread_backlog(&self) -> bool {
+        self.shard
+            .as_ref()
+            .is_some_and(|s| s.out_sat.iter().any(|q| !q.is_empty()) || !s.out_home.is_empty())
+    }
+
+    fn tell_satellite(&mut self, k: usize, m: ToSatellite) {
+        let Some(s) = self.shard.as_mut() else {
+            return;
+        };
+        s.due |= 1 << k;
+        let out = &mut s.out_sat[k];
+        if !out.is_empty() {
+            out.push_back(m);
+            return;
+        }
+        if let Err(m) = s.links.to_sat[k].push(m) {
+            out.push_back(m);
+        }
+    }
+
+    fn tell_home(&mut self, m: ToHome) {
+        let Some(s) = self.shard.as_mut() else {
+            return;
+        };
+        s.due |= 1;
+        if !s.out_home.is_empty() {
+            s.out_home.push_back(m);
+            return;
+        }
+        if let Err(m) = s.links.to_home.push(m) {
+            s.out_home.push_back(m);
+        }
+    }
+
+    /// Sends what waited for room, in order.
+    fn flush_spread(&mut self) {
+        let Some(s) = self.shard.as_mut() else {
+            return;
+        };
+        for (k, out) in s.out_sat.iter_mut().enumerate() {
+            while let Some(m) = out.pop_front() {
+                s.due |= 1 << k;
+                if let Err(m) = s.links.to_sat[k].push(m) {
+                    out.push_front(m);
+                    break;
+                }
+            }
+        }
+        while let Some(m) = s.out_home.pop_front() {
+            s.due |= 1;
+            if let Err(m) = s.links.to_home.push(m) {
+                s.out_home.push_front(m);
+                break;
+            }
+        }
+    }
+
+    /// Whether messages between the shards of spread contexts wait for this one.
+    pub(super) fn spread_busy(&self) -> bool {
+        self.shard.as_ref().is_some_and(|s| {
+            s.spread
+                && (if s.index == 0 {
+                    !s.links.to_home.is_empty()
+                } else {
+                    !s.links.to_sat[s.index as usize].is_empty()
+                } || s.out_sat.iter().any(|q| !q.is_empty())
+                    || !s.out_home.is_empty())
+        })
+    }
+
+    /// Moves the messages between a spread context's home and its satellites: a satellite
+    /// applies what its home sent, the home takes its satellites' completions, events and
+    /// answers. Returns how many it handled.
+    pub(super) fn serve_spread(&mut self) -> usize {
+        if !self.spreads() {
+            return 0;
+        }
+        self.flush_spread();
+        let Some(s) = self.shard.as_ref() else {
+            return 0;
+        };
+        let (index, links) = (s.index as usize, s.links.clone());
+        let mut work = 0;
+        if index == 0 {
+            while work < 4 * super::BURST {
+                let Some(m) = links.to_home.pop() else { break };
+                work += 1;
+                self.at_home(m);
+            }
+        } else {
+            while work < 4 * super::BURST {
+                let Some(m) = links.to_sat[index].pop() else {
+                    break;
+                };
+                work += 1;
+                self.at_satellite(m);
+            }
+            work += self.send_satellite_events();
+        }
+        work
+    }
+
+    /// The home's side: a satellite's message for the context `home` (if it is still the
+    /// context with `token`: a host id is reused after a close).
+    fn at_home(&mut self, m: ToHome) {
+        let live = |nic: &Nic, home: u16, token: u64| {
+            nic.hosts
+                .get(home as usize)
+                .is_some_and(|h| h.token == token && !h.is_closed())
+        };
+        match m {
+            ToHome::Cqe { home, token, cq, c } => {
+                if live(self, home, token) && self.owners.cq(cq) == Some(home as usize) {
+                    self.dev.complete_foreign(cq, c);
+                } else {
+                    self.counters.spread_dropped += 1;
+                }
+            }
+            ToHome::Event { home, token, ev } => {
+                if live(self, home, token) {
+                    if let Some(h) = self.hosts.get_mut(home as usize) {
+                        h.deliver_event(&ev);
+                    }
+                }
+            }
+            ToHome::Done {
+                home,
+                token,
+                reply,
+                result,
+                change,
+            } => {
+                if live(self, home, token) {
+                    if let Some(Spread::Home { remote, .. }) = self
+                        .hosts
+                        .get_mut(home as usize)
+                        .and_then(|h| h.spread.as_mut())
+                    {
+                        match change {
+                            QpChange::None => {}
+                            QpChange::Made(q, u) => {
+                                remote.insert(q, u);
+                            }
+                            QpChange::Gone(q) => {
+                                remote.remove(&q);
+                            }
+                        }
+                    }
+                }
+                // The positions and completions the call produced reached the application
+                // first (the satellite published them before answering).
+                self.publish();
+                let _ = reply.try_send(result);
+            }
+            ToHome::Diverged { home, token } => {
+                if live(self, home, token) {
+                    tracing::warn!("a spread context's shards disagree: closing it");
+                    if let Some(h) = self.hosts.get_mut(home as usize) {
+                        h.deliver_event(&AsyncEvent::DeviceFatal);
+                    }
+                    self.release_host(home as usize);
+                }
+            }
+        }
+    }
+
+    /// A satellite's side: a message from the home.
+    fn at_satellite(&mut self, m: ToSatellite) {
+        match m {
+            ToSatellite::Attach(h) => {
+                let (token, home) = (h.token, h.satellite_of().unwrap_or(u16::MAX));
+                if !self.add_host(*h) {
+                    self.tell_home(ToHome::Diverged { home, token });
+                }
+            }
+            ToSatellite::Post { token, post } => {
+                if let Some(id) = self.host_id(token) {
+                    if let Some(p) = post.post() {
+                        self.execute_post(id, p);
+                    }
+                }
+                self.post_buf_spare(post);
+            }
+            ToSatellite::Call { token, cmd, reply } => {
+                let made = match &cmd {
+                    Command::CreateQp { init } => Some(QpUses {
+                        pd: init.pd,
+                        send_cq: init.send_cq,
+                        recv_cq: init.recv_cq,
+                    }),
+                    _ => None,
+                };
+                let gone = match &cmd {
+                    Command::DestroyQp { qpn } => Some(*qpn),
+                    _ => None,
+                };
+                let id = self.host_id(token);
+                let home = id
+                    .and_then(|id| self.hosts.get(id))
+                    .and_then(|h| h.satellite_of())
+                    .unwrap_or(u16::MAX);
+                let result = match id {
+                    Some(_) => self.call(token, cmd, None),
+                    None => Err(VerbsError::DeviceFatal),
+                };
+                let change = match (&result, made, gone) {
+                    (Ok(ReplyData::Qp(q, _)), Some(u), _) => QpChange::Made(*q, u),
+                    (Ok(_), _, Some(q)) => QpChange::Gone(q),
+                    _ => QpChange::None,
+                };
+                // Events the call raised go first.
+                self.send_satellite_events();
+                self.tell_home(ToHome::Done {
+                    home,
+                    token,
+                    reply,
+                    result,
+                    change,
+                });
+            }
+            ToSatellite::Replica {
+                token,
+                cmd,
+                area,
+                made,
+                done,
+            } => {
+                let ok = match self.host_id(token) {
+                    Some(id) => {
+                        let r = self.hosts.get_mut(id).map(|h| {
+                            replicate(&mut self.dev, &mut self.owners, h, cmd, area, &made)
+                        });
+                        match r {
+                            Some(Ok(())) => true,
+                            Some(Err(e)) => {
+                                tracing::warn!(error = %e, "a replica failed");
+                                let home = self.hosts.get(id).and_then(|h| h.satellite_of());
+                                self.tell_home(ToHome::Diverged {
+                                    home: home.unwrap_or(u16::MAX),
+                                    token,
+                                });
+                                false
+                            }
+                            None => false,
+                        }
+                    }
+                    // Closed meanwhile: nothing to keep in step.
+                    None => true,
+                };
+                done.done(ok);
+            }
+            ToSatellite::Close { token } => {
+                if let Some(id) = self.host_id(token) {
+                    self.release_host(id);
+                    self.hosts.remove(id);
+                }
+                self.forget_freed_qps();
+            }
+        }
+    }
+
+    /// A forwarded post's buffer, applied: back to the home for another post.
+    fn post_buf_spare(&mut self, b: Box<PostBuf>) {
+        if let Some(s) = &self.shard {
+            let _ = s.links.spare_posts.push(b);
+        }
+    }
+
+    /// A satellite: its contexts' events, home.
+    pub(super) fn send_satellite_events(&mut self) -> usize {
+        let mut out = Vec::new();
+        for h in self.hosts.values_mut() {
+            let token = h.token;
+            if let Some(Spread::Satellite { home, events }) = &mut h.spread {
+                for ev in events.drain(..) {
+                    out.push(ToHome::Event {
+                        home: *home,
+                        token,
+                        ev,
+                    });
+                }
+            }
+        }
+        let n = out.len();
+        for m in out {
+            self.tell_home(m);
+        }
+        n
+    }
+
+    /// A satellite: CQ `cq`'s completions (a replica) home, in order, while the queue
+    /// takes them; the rest stay in the replica and are retried as a full ring's are.
+    pub(super) fn forward_completions(&mut self, id: usize, cq: CqId) -> usize {
+        let Some((home, token)) = self
+            .hosts
+            .get(id)
+            .and_then(|h| h.satellite_of().map(|home| (home, h.token)))
+        else {
+            return 0;
+        };
+        let mut moved = 0;
+        let mut one = [Completion::default()];
+        while !self.spread_backlog() && self.dev.poll_cq(cq, &mut one).unwrap_or(0) == 1 {
+            let c = std::mem::take(&mut one[0]);
+            self.tell_home(ToHome::Cqe { home, token, cq, c });
+            moved += 1;
+        }
+        let left = self.dev.cq_has_entries(cq);
+        if let Some(h) = self.hosts.get_mut(id) {
+            h.set_cq_pending(cq, left);
+        }
+        moved
+    }
+
+    /// A spread context's home closed: its satellites close too (after what was sent
+    /// before).
+    pub(super) fn close_satellites(&mut self, token: u64) {
+        if !self.spreads() || self.shard().0 != 0 {
+            return;
+        }
+        for k in 1..self.shard().1 as usize {
+            self.tell_satellite(k, ToSatellite::Close { token });
+        }
+    }
+}
+
+/// Applies on a satellite the call its home executed with the result `made`: the same
+/// objects under the same ids and keys. Limits and charges are the home's (it refused
+/// what went past them).
+fn replicate(
+    dev: &mut roce::engine::Device,
+    owners: &mut Owners,
+    h: &mut HostEnd,
+    cmd: Command,
+    area: Option<Arc<Area>>,
+    made: &ReplyData,
+) -> VerbsResult<()> {
+    let mismatch = || VerbsError::InvalidArgument("replica of a different result".into());
+    match (cmd, made) {
+        (Command::AllocPd, ReplyData::Pd(pd)) => {
+            dev.alloc_pd_at(*pd)?;
+            h.pds.push(*pd);
+        }
+        (Command::DeallocPd { pd }, _) => {
+            dev.dealloc_pd(pd)?;
+            h.pds.retain(|p| *p != pd);
+        }
+        (Command::AddArea { id }, _) => {
+            let a = area.ok_or_else(mismatch)?;
+            h.areas.insert(id, a);
+        }
+        (Command::RemoveArea { id }, _) => {
+            // MRs on it keep it mapped (they hold it).
+            h.areas.remove(&id);
+        }
+        (
+            Command::RegMr {
+                pd,
+                area,
+                offset,
+                len,
+                access,
+                iova,
+            },
+            ReplyData::Keys { lkey, rkey },
+        ) => {
+            let mem = h.area(area)?;
+            let offset = usize::try_from(offset).map_err(|_| mismatch())?;
+            let got = dev.reg_mr_at(*lkey, pd, mem.clone(), offset, iova, len, access)?;
+            if got != (*lkey, *rkey) {
+                let _ = dev.dereg_mr(got.0);
+                return Err(mismatch());
+            }
+            populate_later(&mem, offset, len as usize);
+            h.mrs.push(*lkey);
+        }
+        (
+            Command::ReregMr {
+                lkey,
+                pd,
+                translation,
+                access,
+            },
+            ReplyData::Keys { .. },
+        ) => {
+            super::serve::rereg(dev, h, lkey, pd, translation, access)?;
+        }
+        (Command::DeregMr { lkey }, _) => {
+            dev.dereg_mr(lkey)?;
+            h.mrs.retain(|k| k.index() != lkey.index());
+        }
+        (Command::CreateCq { cqe, capacity }, ReplyData::Cq(cq)) => {
+            let ring = area.ok_or_else(mismatch)?;
+            dev.create_cq_at(*cq, cqe)?;
+            // The home's ring: never written here (completions go home), held so the
+            // satellite's CQ table mirrors the home's.
+            super::serve::keep_cq_ring(dev, owners, h, *cq, ring, capacity)?;
+        }
+        (Command::ResizeCq { cq, cqe }, _) => {
+            // The replica only holds completions on their way home: its size matters for
+            // nothing else, and one holding more than `cqe` keeps its size.
+            let _ = dev.resize_cq(cq, cqe);
+        }
+        (Command::DestroyCq { cq }, _) => {
+            // Its completions not yet home go with it, as the home's do.
+            dev.destroy_cq(cq)?;
+            super::serve::forget_cq(owners, h, cq);
+        }
+        _ => return Err(mismatch()),
+    }
+    Ok(())
+}
+
+/// The per-shard state of spread contexts kept in `Shard`.
+pub(super) fn out_queues(count: usize) -> (Vec<VecDeque<ToSatellite>>, VecDeque<ToHome>) {
+    (
+        (0..count).map(|_| VecDeque::new()).collect(),
+        VecDeque::new(),
+    )
+}

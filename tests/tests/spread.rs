@@ -1,0 +1,338 @@
+//! One context over several workers (`worker.spread`): a context's QPs are placed on every
+//! worker of its RNIC in turn and share its CQs; its PDs, MRs and CQs are replicated on every
+//! worker under the same ids and keys. Data moves verified, each QP's completions arrive in
+//! order on the one CQ, none lost or doubled; what a QP on another worker uses cannot be
+//! destroyed under it; a context closed with work in flight leaves nothing behind.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use dataplane::config::RnicConfig;
+use dataplane::runtime::Runtime;
+use dataplane::{Buffer, Context, Mr, Verbs};
+use ferroce_tests::{on_workers, rc_to_rts, wait_until};
+use roce::engine::{CqId, QpInit, QpnStripe, SrqAttr, VerbsError};
+use roce::memory::PdId;
+use roce::types::{Gid, Qpn};
+use roce::verbs::*;
+
+/// Bytes of each QP's region in the buffers.
+const REGION: usize = 16 * 1024;
+
+fn spread(host: u8, workers: u32) -> RnicConfig {
+    let mut c = on_workers(host, workers);
+    c.worker_spread = true;
+    c
+}
+
+/// A context with `n` RC QPs sharing one CQ, a buffer of `n` regions and its MR.
+struct Many {
+    ctx: Context,
+    pd: PdId,
+    cq: CqId,
+    qps: Vec<Qpn>,
+    buf: Buffer,
+    mr: Mr,
+    gid: Gid,
+}
+
+fn many(ctx: Context, n: usize, depth: u32) -> Many {
+    let mut ctx = ctx;
+    let pd = ctx.alloc_pd().expect("pd");
+    let cq = ctx.create_cq(4 * depth * n as u32).expect("cq");
+    let qps = (0..n)
+        .map(|_| {
+            ctx.create_qp(&QpInit {
+                caps: QpCaps {
+                    max_send_wr: depth,
+                    max_recv_wr: depth,
+                    max_send_sge: 1,
+                    max_recv_sge: 1,
+                    max_inline_data: 0,
+                },
+                ..QpInit::rc(pd, cq)
+            })
+            .expect("qp")
+        })
+        .collect();
+    let buf = ctx.alloc_buffer(n * REGION).expect("buffer");
+    let mr = ctx
+        .reg_mr(pd, &buf, 0, n * REGION, Access::ALL)
+        .expect("mr");
+    let gid = ctx.query_gid(1).expect("gid");
+    Many {
+        ctx,
+        pd,
+        cq,
+        qps,
+        buf,
+        mr,
+        gid,
+    }
+}
+
+/// Brings QP `i` of `a` to RTS towards QP `i` of `b` and back.
+fn connect(a: &mut Many, b: &mut Many) {
+    for i in 0..a.qps.len() {
+        bring_up(a, b.qps[i], b.gid, i);
+        bring_up(b, a.qps[i], a.gid, i);
+    }
+}
+
+fn bring_up(me: &mut Many, peer_qp: Qpn, peer_gid: Gid, i: usize) {
+    rc_to_rts(&mut me.ctx, me.qps[i], peer_qp, peer_gid, 100, 16);
+}
+
+/// Polls `m`'s CQ until `n` completions came (or 30 s passed).
+fn take(m: &mut Many, n: usize) -> Vec<Completion> {
+    let mut out = Vec::new();
+    let mut buf = [Completion::default(); 64];
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while out.len() < n && Instant::now() < deadline {
+        let k = m.ctx.poll_cq(m.cq, &mut buf).expect("poll");
+        out.extend_from_slice(&buf[..k]);
+    }
+    out
+}
+
+fn post(m: &mut Many, i: usize, wr_id: u64, op: WrOp, off: usize, len: u32) {
+    let sge = m.mr.sge((i * REGION + off) as u64, len);
+    m.ctx
+        .post_send(
+            m.qps[i],
+            &SendWr {
+                wr_id,
+                op,
+                sg_list: std::slice::from_ref(&sge),
+                flags: SendFlags::SIGNALED,
+                ud: None,
+            },
+        )
+        .expect("post_send");
+}
+
+fn post_recv(m: &mut Many, i: usize, wr_id: u64, off: usize, len: u32) {
+    let sge = m.mr.sge((i * REGION + off) as u64, len);
+    m.ctx
+        .post_recv(
+            m.qps[i],
+            &RecvWr {
+                wr_id,
+                sg_list: std::slice::from_ref(&sge),
+            },
+        )
+        .expect("post_recv");
+}
+
+/// Checks that every QP's completions came in the order of its wr_ids (`wr_id` = QP index
+/// x 1000 + sequence), all successful, `per_qp` of each, none doubled.
+fn in_order(wc: &[Completion], qps: &[Qpn], per_qp: u64) {
+    let mut next: HashMap<Qpn, u64> = HashMap::new();
+    for c in wc {
+        assert_eq!(c.status, WcStatus::Success, "{c:?}");
+        let i = qps
+            .iter()
+            .position(|q| *q == c.qp_num)
+            .expect("a QP of the context");
+        assert_eq!(c.wr_id / 1000, i as u64, "{c:?}");
+        let n = next.entry(c.qp_num).or_insert(0);
+        assert_eq!(c.wr_id % 1000, *n, "QP {i}'s completions in order: {c:?}");
+        *n += 1;
+    }
+    for q in qps {
+        assert_eq!(
+            next.get(q).copied().unwrap_or(0),
+            per_qp,
+            "every completion of {q:?}"
+        );
+    }
+}
+
+fn pattern(i: usize, k: u64, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|j| (j as u64 * 7 + k * 13 + i as u64 * 101) as u8)
+        .collect()
+}
+
+/// One context's QPs on both workers of its RNIC, with one CQ: WRITEs, SENDs and READs
+/// to a context spread the same way on the other RNIC, every byte checked, every QP's
+/// completions in order on the shared CQs.
+#[test]
+fn one_contexts_qps_on_two_workers_share_its_cq() {
+    let rt = Runtime::loopback("ferroce-spread", spread(81, 2), spread(82, 2)).expect("loopback");
+    let n = 6;
+    let rounds = 20u64;
+    let mut a = many(rt.open(0).unwrap(), n, 64);
+    let mut b = many(rt.open(1).unwrap(), n, 64);
+    let stripes: Vec<u32> = a.qps.iter().map(|q| QpnStripe::owner(*q, 2)).collect();
+    assert_eq!(
+        stripes,
+        [0, 1, 0, 1, 0, 1],
+        "QPs placed on the workers in turn"
+    );
+    connect(&mut a, &mut b);
+    // WRITEs: each QP writes its own region of b, several messages of 3 packets each.
+    let len = 3000usize;
+    for i in 0..n {
+        let data = pattern(i, 1, len);
+        a.buf.write(i * REGION, &data);
+    }
+    for k in 0..rounds {
+        for i in 0..n {
+            let op = WrOp::Write {
+                remote_addr: b.mr.addr + (i * REGION) as u64 + k * 8,
+                rkey: b.mr.rkey.unwrap(),
+            };
+            post(&mut a, i, i as u64 * 1000 + k, op, 0, len as u32);
+        }
+        // The send queues hold 64: take what completed once they fill.
+    }
+    let wc = take(&mut a, n * rounds as usize);
+    in_order(&wc, &a.qps, rounds);
+    for i in 0..n {
+        let mut got = vec![0u8; len];
+        b.buf.read(i * REGION + (rounds as usize - 1) * 8, &mut got);
+        assert_eq!(got, pattern(i, 1, len), "QP {i}'s WRITE data");
+    }
+    // SENDs: b's receive completions of QPs on both workers on b's one CQ.
+    for i in 0..n {
+        for k in 0..rounds {
+            post_recv(&mut b, i, i as u64 * 1000 + k, 8192, 4096);
+        }
+    }
+    for k in 0..rounds {
+        for i in 0..n {
+            let data = pattern(i, 2 + k, 2500);
+            a.buf.write(i * REGION + 4096, &data);
+            post(&mut a, i, i as u64 * 1000 + k, WrOp::Send, 4096, 2500);
+            // Each SEND's data checked as it lands (the next one overwrites it).
+            let wb = take(&mut b, 1);
+            assert_eq!(wb.len(), 1, "a receive completion");
+            let qi = b.qps.iter().position(|q| *q == wb[0].qp_num).unwrap();
+            assert_eq!((qi, wb[0].byte_len), (i, 2500), "{:?}", wb[0]);
+            assert_eq!(wb[0].wr_id, i as u64 * 1000 + k, "{:?}", wb[0]);
+            let mut got = vec![0u8; 2500];
+            b.buf.read(i * REGION + 8192, &mut got);
+            assert_eq!(got, data, "QP {i}'s SEND {k}");
+        }
+    }
+    in_order(&take(&mut a, n * rounds as usize), &a.qps, rounds);
+    // READs back from b into a.
+    for i in 0..n {
+        let op = WrOp::Read {
+            remote_addr: b.mr.addr + (i * REGION + 8192) as u64,
+            rkey: b.mr.rkey.unwrap(),
+        };
+        post(&mut a, i, i as u64 * 1000, op, 12288, 2500);
+    }
+    in_order(&take(&mut a, n), &a.qps, 1);
+    for i in 0..n {
+        let mut got = vec![0u8; 2500];
+        a.buf.read(i * REGION + 12288, &mut got);
+        assert_eq!(got, pattern(i, 2 + rounds - 1, 2500), "QP {i}'s READ");
+    }
+    for i in 0..2 {
+        let s = rt.stats(i);
+        assert_eq!(s.nic.spread_dropped, 0, "{s:?}");
+        assert_eq!(s.dev.cq_overflows, 0);
+        assert_eq!(s.objects.qps, n as u32, "QPs counted once: {:?}", s.objects);
+        assert_eq!((s.objects.cqs, s.objects.mrs, s.objects.pds), (1, 1, 1));
+        assert_eq!(s.hosts, 1, "one context");
+    }
+    drop((a, b));
+    rt.stop();
+}
+
+/// A PD or CQ that a QP on another worker uses cannot go; what a spread context cannot
+/// have is refused with a clear error.
+#[test]
+fn what_a_remote_qp_uses_stays_and_the_unsupported_is_refused() {
+    let rt = Runtime::loopback("ferroce-spread2", spread(83, 2), spread(84, 2)).expect("loopback");
+    let mut a = many(rt.open(0).unwrap(), 2, 16);
+    assert_eq!(
+        QpnStripe::owner(a.qps[1], 2),
+        1,
+        "the second QP on the second worker"
+    );
+    let q0 = a.qps[0];
+    // Only the second QP (on the other worker) uses the CQ and PD now.
+    a.ctx.destroy_qp(q0).expect("destroy the first QP");
+    assert!(matches!(a.ctx.destroy_cq(a.cq), Err(VerbsError::Busy(_))));
+    a.ctx.dereg_mr(&a.mr).expect("dereg");
+    assert!(matches!(a.ctx.dealloc_pd(a.pd), Err(VerbsError::Busy(_))));
+    // Calls on the remote QP work through the home.
+    let attr = a.ctx.query_qp(a.qps[1]).expect("query the remote QP");
+    assert_eq!(attr.state, QpState::Reset);
+    a.ctx.destroy_qp(a.qps[1]).expect("destroy the remote QP");
+    assert!(a.ctx.query_qp(a.qps[1]).is_err(), "gone");
+    a.ctx.destroy_cq(a.cq).expect("the CQ goes now");
+    let srq = a.ctx.create_srq(
+        a.pd,
+        &SrqAttr {
+            max_wr: 16,
+            max_sge: 1,
+            srq_limit: 0,
+        },
+    );
+    assert!(
+        matches!(&srq, Err(VerbsError::InvalidArgument(m)) if m.contains("worker.spread")),
+        "{srq:?}"
+    );
+    a.ctx.dealloc_pd(a.pd).expect("the PD goes now");
+    // (Counters are published about every millisecond.)
+    assert!(
+        wait_until(10, || (0..2)
+            .all(|i| rt.stats(i).objects == Default::default())),
+        "nothing left: {:?}",
+        rt.stats(0).objects
+    );
+    drop(a);
+    rt.stop();
+}
+
+/// A context closed while WRITEs on its QPs on both workers are in flight: everything it
+/// had goes on every worker, the mbufs come back, and a new context works.
+#[test]
+fn a_context_closed_with_work_in_flight_leaves_nothing() {
+    let rt = Runtime::loopback("ferroce-spread3", spread(85, 2), spread(86, 2)).expect("loopback");
+    let base = rt.stats(0).mbufs_in_use + rt.stats(1).mbufs_in_use;
+    for round in 0..3 {
+        let mut a = many(rt.open(0).unwrap(), 4, 32);
+        let mut b = many(rt.open(1).unwrap(), 4, 32);
+        connect(&mut a, &mut b);
+        for k in 0..32 {
+            for i in 0..4 {
+                let op = WrOp::Write {
+                    remote_addr: b.mr.addr + (i * REGION) as u64,
+                    rkey: b.mr.rkey.unwrap(),
+                };
+                post(&mut a, i, i as u64 * 1000 + k, op, 0, 8192);
+            }
+        }
+        if round == 2 {
+            // The last round completes: the RNIC still works after the closes.
+            in_order(&take(&mut a, 4 * 32), &a.qps, 32);
+        }
+        drop(a);
+        drop(b);
+    }
+    assert!(
+        wait_until(10, || {
+            (0..2).all(|i| {
+                let s = rt.stats(i);
+                s.objects == Default::default() && s.hosts == 0
+            })
+        }),
+        "every object released on every worker: {:?} {:?}",
+        rt.stats(0).objects,
+        rt.stats(1).objects
+    );
+    assert!(
+        wait_until(10, || {
+            rt.stats(0).mbufs_in_use + rt.stats(1).mbufs_in_use <= base
+        }),
+        "mbufs back to {base}: {}",
+        rt.stats(0).mbufs_in_use + rt.stats(1).mbufs_in_use
+    );
+    rt.stop();
+}
