@@ -413,8 +413,8 @@ pub struct RawWorker {
     /// How many worker threads share this RNIC's QPs: `thread`, `thread + 1`, ... (1 by
     /// default).
     pub count: Option<u32>,
-    /// Whether one context's QPs spread over those workers (a CQ shared by QPs on several
-    /// workers); off by default: a context is on one worker.
+    /// Whether one context's QPs spread over those workers (CQs and SRQs shared by QPs on
+    /// several workers); off by default: a context is on one worker.
     pub spread: Option<bool>,
 }
 

@@ -295,6 +295,7 @@ pub(crate) struct QpUses {
     pub pd: PdId,
     pub send_cq: CqId,
     pub recv_cq: CqId,
+    pub srq: Option<SrqId>,
 }
 
 /// Events a satellite keeps for its home at most (past it they are counted as dropped, as
@@ -594,7 +595,9 @@ impl HostEnd {
             .index
             .atomic_u64(self.limits.srq_index_off(srq.0 as usize))
         {
-            a.store(pos, Ordering::Release);
+            // The position only grows; several workers publish a spread context's SRQ
+            // (`SpreadSrq`), and one that read it earlier must not store it back smaller.
+            a.fetch_max(pos, Ordering::AcqRel);
         }
     }
 

@@ -11,7 +11,7 @@ use dataplane::config::RnicConfig;
 use dataplane::runtime::Runtime;
 use dataplane::{Buffer, Context, Mr, Verbs};
 use ferroce_tests::{on_workers, rc_to_rts, wait_until};
-use roce::engine::{CqId, QpInit, QpnStripe, SrqAttr, VerbsError};
+use roce::engine::{CqId, QpInit, QpnStripe, SrqAttr, SrqId, VerbsError};
 use roce::memory::PdId;
 use roce::types::{Gid, Qpn};
 use roce::verbs::*;
@@ -30,6 +30,8 @@ struct Many {
     ctx: Context,
     pd: PdId,
     cq: CqId,
+    /// The SRQ its QPs receive from, if they share one.
+    srq: Option<SrqId>,
     qps: Vec<Qpn>,
     buf: Buffer,
     mr: Mr,
@@ -37,9 +39,22 @@ struct Many {
 }
 
 fn many(ctx: Context, n: usize, depth: u32) -> Many {
+    many_with(ctx, n, depth, None)
+}
+
+/// [`many`], the QPs receiving from one SRQ of `srq` WQEs if given.
+fn many_with(ctx: Context, n: usize, depth: u32, srq: Option<u32>) -> Many {
     let mut ctx = ctx;
     let pd = ctx.alloc_pd().expect("pd");
     let cq = ctx.create_cq(4 * depth * n as u32).expect("cq");
+    let srq = srq.map(|max_wr| {
+        let attr = SrqAttr {
+            max_wr,
+            max_sge: 1,
+            srq_limit: 0,
+        };
+        ctx.create_srq(pd, &attr).expect("srq")
+    });
     let qps = (0..n)
         .map(|_| {
             ctx.create_qp(&QpInit {
@@ -50,6 +65,7 @@ fn many(ctx: Context, n: usize, depth: u32) -> Many {
                     max_recv_sge: 1,
                     max_inline_data: 0,
                 },
+                srq,
                 ..QpInit::rc(pd, cq)
             })
             .expect("qp")
@@ -64,6 +80,7 @@ fn many(ctx: Context, n: usize, depth: u32) -> Many {
         ctx,
         pd,
         cq,
+        srq,
         qps,
         buf,
         mr,
@@ -244,7 +261,7 @@ fn one_contexts_qps_on_two_workers_share_its_cq() {
 }
 
 /// A PD or CQ that a QP on another worker uses cannot go; what a spread context cannot
-/// have is refused with a clear error.
+/// have (a memory window) is refused with a clear error.
 #[test]
 fn what_a_remote_qp_uses_stays_and_the_unsupported_is_refused() {
     let rt = Runtime::loopback("ferroce-spread2", spread(83, 2), spread(84, 2)).expect("loopback");
@@ -266,17 +283,10 @@ fn what_a_remote_qp_uses_stays_and_the_unsupported_is_refused() {
     a.ctx.destroy_qp(a.qps[1]).expect("destroy the remote QP");
     assert!(a.ctx.query_qp(a.qps[1]).is_err(), "gone");
     a.ctx.destroy_cq(a.cq).expect("the CQ goes now");
-    let srq = a.ctx.create_srq(
-        a.pd,
-        &SrqAttr {
-            max_wr: 16,
-            max_sge: 1,
-            srq_limit: 0,
-        },
-    );
+    let mw = a.ctx.alloc_mw(a.pd, dataplane::MwType::Two);
     assert!(
-        matches!(&srq, Err(VerbsError::InvalidArgument(m)) if m.contains("worker.spread")),
-        "{srq:?}"
+        matches!(&mw, Err(VerbsError::InvalidArgument(m)) if m.contains("worker.spread")),
+        "{mw:?}"
     );
     a.ctx.dealloc_pd(a.pd).expect("the PD goes now");
     // (Counters are published about every millisecond.)
@@ -334,5 +344,107 @@ fn a_context_closed_with_work_in_flight_leaves_nothing() {
         "mbufs back to {base}: {}",
         rt.stats(0).mbufs_in_use + rt.stats(1).mbufs_in_use
     );
+    rt.stop();
+}
+
+/// An SRQ shared by QPs on both workers: 200 SENDs over four QPs consume 200 WQEs, each
+/// exactly once, every message lands whole in the WQE that took it, each QP's messages in
+/// order; the limit fires once; an SRQ a remote QP uses stays.
+#[test]
+fn an_srq_shared_by_qps_on_two_workers_hands_out_each_wqe_once() {
+    const MSGS: u64 = 200;
+    const SLOT: usize = 256;
+    let rt = Runtime::loopback("ferroce-spread4", spread(87, 2), spread(88, 2)).expect("loopback");
+    let mut a = many(rt.open(0).unwrap(), 4, 64);
+    let mut b = many_with(rt.open(1).unwrap(), 4, 64, Some(256));
+    let srq = b.srq.unwrap();
+    connect(&mut a, &mut b);
+    for j in 0..MSGS {
+        let sge = b.mr.sge(j * SLOT as u64, SLOT as u32);
+        let wr = RecvWr {
+            wr_id: j,
+            sg_list: std::slice::from_ref(&sge),
+        };
+        b.ctx.post_srq_recv(srq, &wr).expect("post_srq_recv");
+    }
+    // Fires once fewer than 20 WQEs are left: after the 181st is taken.
+    b.ctx.modify_srq(srq, 20).expect("arm the limit");
+    // Message m: on QP m mod 4, its number in its first two bytes, then a pattern of it.
+    let body = |m: u64| -> Vec<u8> {
+        let mut v = pattern(m as usize, 9, 200);
+        v[..2].copy_from_slice(&(m as u16).to_le_bytes());
+        v
+    };
+    let mut wa = Vec::new();
+    for m in 0..MSGS {
+        let i = (m % 4) as usize;
+        let off = (m / 4 % 16) as usize * 512;
+        a.buf.write(i * REGION + off, &body(m));
+        post(&mut a, i, i as u64 * 1000 + m / 4, WrOp::Send, off, 200);
+        if m % 64 == 63 {
+            // The source slots are reused after 16 rounds: wait for these to go.
+            wa.extend(take(&mut a, 64));
+        }
+    }
+    wa.extend(take(&mut a, MSGS as usize % 64));
+    in_order(&wa, &a.qps, MSGS / 4);
+    let wb = take(&mut b, MSGS as usize);
+    assert_eq!(wb.len(), MSGS as usize, "every message received");
+    let mut wqes = vec![0u32; MSGS as usize];
+    let mut seen = vec![0u32; MSGS as usize];
+    let mut last: HashMap<Qpn, u64> = HashMap::new();
+    for c in &wb {
+        assert_eq!((c.status, c.byte_len), (WcStatus::Success, 200), "{c:?}");
+        wqes[c.wr_id as usize] += 1;
+        let mut got = vec![0u8; 200];
+        b.buf.read(c.wr_id as usize * SLOT, &mut got);
+        let m = u16::from_le_bytes([got[0], got[1]]) as u64;
+        assert!(m < MSGS, "{c:?}");
+        assert_eq!(got, body(m), "message {m} whole in WQE {}", c.wr_id);
+        seen[m as usize] += 1;
+        let i = b.qps.iter().position(|q| *q == c.qp_num).unwrap();
+        assert_eq!(m % 4, i as u64, "message {m} on its QP");
+        if let Some(p) = last.insert(c.qp_num, m) {
+            assert!(m > p, "QP {i}'s messages in order: {p} then {m}");
+        }
+    }
+    assert!(
+        wqes.iter().all(|&k| k == 1),
+        "each WQE taken once: {wqes:?}"
+    );
+    assert!(seen.iter().all(|&k| k == 1), "each message once: {seen:?}");
+    let stripes: std::collections::HashSet<u32> =
+        wb.iter().map(|c| QpnStripe::owner(c.qp_num, 2)).collect();
+    assert_eq!(stripes.len(), 2, "received on both workers");
+    // The limit event, once.
+    let mut events = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < deadline {
+        if let Some(e) = b.ctx.poll_event() {
+            events.push(e);
+        }
+    }
+    assert_eq!(events, [AsyncEvent::SrqLimitReached(srq.0)]);
+    assert_eq!(
+        b.ctx.query_srq(srq).expect("query").srq_limit,
+        0,
+        "disarmed"
+    );
+    // Room for a full SRQ again (every WQE was taken).
+    for j in 0..256 {
+        let sge = b.mr.sge(0, 64);
+        let wr = RecvWr {
+            wr_id: 1000 + j,
+            sg_list: std::slice::from_ref(&sge),
+        };
+        b.ctx.post_srq_recv(srq, &wr).expect("room for 256");
+    }
+    // A QP on the second worker still uses it.
+    assert!(matches!(b.ctx.destroy_srq(srq), Err(VerbsError::Busy(_))));
+    for q in b.qps.clone() {
+        b.ctx.destroy_qp(q).expect("destroy QP");
+    }
+    b.ctx.destroy_srq(srq).expect("the SRQ goes now");
+    drop((a, b));
     rt.stop();
 }

@@ -525,7 +525,13 @@ fn execute(
             }
             let qbytes = roce::engine::srq_queue_bytes(&attr);
             h.check_queue(qbytes)?;
-            let s = dev.create_srq(pd, &attr)?;
+            let s = if matches!(h.spread, Some(crate::host::Spread::Home { .. })) {
+                // Taken from by every worker its QPs are on (nic/spread.rs).
+                let wqes = Arc::new(super::spread::SpreadSrq::new(&attr));
+                dev.create_srq_shared(None, pd, wqes)?
+            } else {
+                dev.create_srq(pd, &attr)?
+            };
             if s.0 >= h.limits.max_srq {
                 let _ = dev.destroy_srq(s);
                 return Err(VerbsError::NoResources("shared receive queues"));

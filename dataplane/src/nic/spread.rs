@@ -23,20 +23,25 @@
 //! once from the replica). A satellite's QP positions go straight into the home's index
 //! area (each QP's words have one writer), its events home through the same queue.
 //!
-//! What a spread context refuses (`InvalidArgument`): SRQs, memory windows, MRs for fast
+//! An SRQ of a spread context is one bounded lock-free queue of WQEs all shards take from
+//! ([`SpreadSrq`]: each WQE taken once, its limit fired once), held by every shard's
+//! device under the same id (`Device::create_srq_shared`).
+//!
+//! What a spread context refuses (`InvalidArgument`): memory windows, MRs for fast
 //! registration (so no work request changes a key on one shard only) and rdma_cm (whose
 //! agent is per shard).
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
+use crossbeam_queue::ArrayQueue;
 use ferroce_host::abi::area::Area;
-use ferroce_host::abi::slots::PostBuf;
+use ferroce_host::abi::slots::{PostBuf, MAX_HOST_SGE};
 use ferroce_host::abi::{Command, ReplyData, POST_RING};
-use roce::engine::{CqId, QpnStripe, VerbsError, VerbsResult};
+use roce::engine::{CqId, QpnStripe, SharedWqes, VerbsError, VerbsResult};
 use roce::types::Qpn;
-use roce::verbs::{AsyncEvent, Completion};
+use roce::verbs::{AsyncEvent, Completion, Sge};
 
 use super::Nic;
 use crate::host::{populate_later, HostEnd, Owners, QpUses, Spread};
@@ -64,6 +69,8 @@ pub(super) enum ToSatellite {
         token: u64,
         cmd: Command,
         area: Option<Arc<Area>>,
+        /// An SRQ's shared WQEs (`CreateSrq`).
+        srq: Option<Arc<dyn SharedWqes>>,
         made: ReplyData,
         done: Arc<Gather>,
     },
@@ -144,7 +151,6 @@ impl Gather {
 /// Calls a spread context cannot make (see the module documentation).
 fn refused(cmd: &Command) -> Option<&'static str> {
     Some(match cmd {
-        Command::CreateSrq { .. } => "shared receive queues",
         Command::AllocMw { .. } => "memory windows",
         Command::AllocMr { .. } => "MRs for fast registration",
         Command::CmListen { .. }
@@ -170,6 +176,8 @@ fn replicated(cmd: &Command) -> bool {
             | Command::CreateCq { .. }
             | Command::ResizeCq { .. }
             | Command::DestroyCq { .. }
+            | Command::CreateSrq { .. }
+            | Command::DestroySrq { .. }
     )
 }
 
@@ -320,6 +328,10 @@ impl Nic {
                 .values()
                 .any(|u| u.send_cq == *cq || u.recv_cq == *cq)
                 .then_some("completion queue"),
+            (Command::DestroySrq { srq }, Some(r)) => r
+                .values()
+                .any(|u| u.srq == Some(*srq))
+                .then_some("shared receive queue"),
             _ => None,
         };
         if let Some(what) = busy {
@@ -330,6 +342,10 @@ impl Nic {
         let r = self.call(token, cmd, area);
         match (copy, r) {
             (Some((cmd, area)), Ok(made)) if count > 1 => {
+                let srq = match made {
+                    ReplyData::Srq(s) => self.dev.srq_shared(s),
+                    _ => None,
+                };
                 let done = Arc::new(Gather::new(count as usize - 1, reply, Ok(made.clone())));
                 for k in 1..count as usize {
                     self.tell_satellite(
@@ -338,6 +354,7 @@ impl Nic {
                             token,
                             cmd: cmd.clone(),
                             area: area.clone(),
+                            srq: srq.clone(),
                             made: made.clone(),
                             done: done.clone(),
                         },
@@ -556,6 +573,7 @@ impl Nic {
                         pd: init.pd,
                         send_cq: init.send_cq,
                         recv_cq: init.recv_cq,
+                        srq: init.srq,
                     }),
                     _ => None,
                 };
@@ -591,13 +609,15 @@ impl Nic {
                 token,
                 cmd,
                 area,
+                srq,
                 made,
                 done,
             } => {
                 let ok = match self.host_id(token) {
                     Some(id) => {
                         let r = self.hosts.get_mut(id).map(|h| {
-                            replicate(&mut self.dev, &mut self.owners, h, cmd, area, &made)
+                            let given = Given { area, srq };
+                            replicate(&mut self.dev, &mut self.owners, h, cmd, given, &made)
                         });
                         match r {
                             Some(Ok(())) => true,
@@ -696,14 +716,23 @@ impl Nic {
 /// Applies on a satellite the call its home executed with the result `made`: the same
 /// objects under the same ids and keys. Limits and charges are the home's (it refused
 /// what went past them).
+/// What a replicated call carries besides the command.
+struct Given {
+    /// The area or ring it names.
+    area: Option<Arc<Area>>,
+    /// An SRQ's shared WQEs.
+    srq: Option<Arc<dyn SharedWqes>>,
+}
+
 fn replicate(
     dev: &mut roce::engine::Device,
     owners: &mut Owners,
     h: &mut HostEnd,
     cmd: Command,
-    area: Option<Arc<Area>>,
+    given: Given,
     made: &ReplyData,
 ) -> VerbsResult<()> {
+    let Given { area, srq } = given;
     let mismatch = || VerbsError::InvalidArgument("replica of a different result".into());
     match (cmd, made) {
         (Command::AllocPd, ReplyData::Pd(pd)) => {
@@ -775,9 +804,103 @@ fn replicate(
             dev.destroy_cq(cq)?;
             super::serve::forget_cq(owners, h, cq);
         }
+        (Command::CreateSrq { pd, .. }, ReplyData::Srq(s)) => {
+            let wqes = srq.ok_or_else(mismatch)?;
+            dev.create_srq_shared(Some(*s), pd, wqes)?;
+            h.srqs.push(*s);
+            Owners::set(&mut owners.srq, s.0 as usize, h.id);
+        }
+        (Command::DestroySrq { srq }, _) => {
+            dev.destroy_srq(srq)?;
+            h.srqs.retain(|s| *s != srq);
+            Owners::set(&mut owners.srq, srq.0 as usize, crate::host::NOBODY);
+        }
         _ => return Err(mismatch()),
     }
     Ok(())
+}
+
+/// One WQE of a spread context's SRQ.
+#[derive(Clone, Copy)]
+struct SrqWqe {
+    wr_id: u64,
+    n: u8,
+    sges: [Sge; MAX_HOST_SGE],
+}
+
+/// A spread context's SRQ: its WQEs in one bounded lock-free queue every shard takes from
+/// (`crossbeam_queue::ArrayQueue`, multi-producer multi-consumer: each WQE is taken once),
+/// its limit armed and fired through one atomic (one taker wins the disarm, so the event
+/// fires once), and how many were taken (the position every shard publishes).
+pub(crate) struct SpreadSrq {
+    q: ArrayQueue<SrqWqe>,
+    limit: AtomicU32,
+    taken: AtomicU64,
+    max_wr: u32,
+    max_sge: u32,
+}
+
+impl SpreadSrq {
+    /// An empty SRQ of `attr`'s shape with its limit armed.
+    pub(crate) fn new(attr: &roce::engine::SrqAttr) -> SpreadSrq {
+        SpreadSrq {
+            q: ArrayQueue::new(attr.max_wr.max(1) as usize),
+            limit: AtomicU32::new(attr.srq_limit),
+            taken: AtomicU64::new(0),
+            max_wr: attr.max_wr,
+            max_sge: attr.max_sge.max(1),
+        }
+    }
+}
+
+impl SharedWqes for SpreadSrq {
+    fn push(&self, wr_id: u64, sges: &[Sge]) -> bool {
+        if sges.len() > MAX_HOST_SGE {
+            return false;
+        }
+        let mut w = SrqWqe {
+            wr_id,
+            n: sges.len() as u8,
+            sges: [Sge::default(); MAX_HOST_SGE],
+        };
+        w.sges[..sges.len()].copy_from_slice(sges);
+        self.q.push(w).is_ok()
+    }
+
+    fn pop(&self, out: &mut Vec<Sge>) -> Option<(u64, bool)> {
+        let w = self.q.pop()?;
+        self.taken.fetch_add(1, Ordering::AcqRel);
+        out.clear();
+        out.extend_from_slice(&w.sges[..w.n as usize]);
+        let limit = self.limit.load(Ordering::Acquire);
+        let fired = limit > 0
+            && (self.q.len() as u32) < limit
+            && self
+                .limit
+                .compare_exchange(limit, 0, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok();
+        Some((w.wr_id, fired))
+    }
+
+    fn arm(&self, limit: u32) {
+        self.limit.store(limit, Ordering::Release);
+    }
+
+    fn limit(&self) -> u32 {
+        self.limit.load(Ordering::Acquire)
+    }
+
+    fn taken(&self) -> u64 {
+        self.taken.load(Ordering::Acquire)
+    }
+
+    fn shape(&self) -> (u32, u32) {
+        (self.max_wr, self.max_sge)
+    }
+
+    fn is_empty(&self) -> bool {
+        self.q.is_empty()
+    }
 }
 
 /// The per-shard state of spread contexts kept in `Shard`.

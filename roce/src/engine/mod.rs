@@ -417,6 +417,32 @@ pub(crate) struct Srq {
     pub users: u32,
     /// In `Shared::moved_srqs`.
     pub moved_noted: bool,
+    /// The WQEs, limit and position of an SRQ shared with other devices (`rq` and `limit`
+    /// then unused).
+    pub shared: Option<Arc<dyn SharedWqes>>,
+}
+
+/// The receive WQEs of one SRQ shared by the devices of an RNIC spread over several
+/// workers (each device holds the SRQ under the same id, backed by this one queue): every
+/// WQE is taken by exactly one device, and the limit fires once. The device stays free of
+/// threads; the driver supplies a queue safe to share between them.
+pub trait SharedWqes: Send + Sync {
+    /// Queues a WQE; false if the SRQ is full.
+    fn push(&self, wr_id: u64, sges: &[Sge]) -> bool;
+    /// Takes the oldest WQE, its SGEs into `out` (cleared first); returns its wr_id and
+    /// whether taking it fired the armed limit (fewer WQEs left than the limit, IBA
+    /// 10.2.9.3), which it then disarmed: exactly one taker sees it fire.
+    fn pop(&self, out: &mut Vec<Sge>) -> Option<(u64, bool)>;
+    /// Arms the limit (0 disarms).
+    fn arm(&self, limit: u32);
+    /// The armed limit (0: none).
+    fn limit(&self) -> u32;
+    /// How many WQEs were taken so far (the SRQ's consumer position).
+    fn taken(&self) -> u64;
+    /// Its depth (`max_wr`) and SGEs per WQE.
+    fn shape(&self) -> (u32, u32);
+    /// Whether it holds no WQE.
+    fn is_empty(&self) -> bool;
 }
 
 /// The bytes an inline send WR carries: `data` as given, or gathered from its SGEs now (verbs
@@ -612,14 +638,24 @@ impl Shared {
 
     pub fn srq_pop(&mut self, srq: u32, out: &mut Vec<Sge>) -> Option<u64> {
         let s = self.srqs.get_mut(srq as usize)?;
-        let id = s.rq.pop_into(out)?;
+        let (id, fired) = match &s.shared {
+            Some(w) => w.pop(out)?,
+            None => {
+                let id = s.rq.pop_into(out)?;
+                // The limit is a one-shot trigger; the application re-arms it (IBA
+                // 10.2.9.3).
+                let fired = s.limit > 0 && (s.rq.len() as u32) < s.limit;
+                if fired {
+                    s.limit = 0;
+                }
+                (id, fired)
+            }
+        };
         if !s.moved_noted {
             s.moved_noted = true;
             self.moved_srqs.push(SrqId(srq));
         }
-        if s.limit > 0 && (s.rq.len() as u32) < s.limit {
-            // The limit is a one-shot trigger; the application re-arms it (IBA 10.2.9.3).
-            s.limit = 0;
+        if fired {
             self.events.push_back(AsyncEvent::SrqLimitReached(srq));
         }
         Some(id)
@@ -1884,9 +1920,66 @@ impl Device {
             limit: attr.srq_limit,
             users: 0,
             moved_noted: false,
+            shared: None,
         };
         let id = insert_or_exhausted(&mut self.sh.srqs, srq, "shared receive queues")?;
         Ok(SrqId(id as u32))
+    }
+
+    /// Creates an SRQ whose WQEs are `wqes`, shared with other devices (an RNIC spread over
+    /// several workers: see [`SharedWqes`]): under a free id, or (`at`) under the id another
+    /// device gave it. Its depth, SGEs and limit are the queue's.
+    pub fn create_srq_shared(
+        &mut self,
+        at: Option<SrqId>,
+        pd: PdId,
+        wqes: Arc<dyn SharedWqes>,
+    ) -> VerbsResult<SrqId> {
+        if !self.pd_ok(pd) {
+            return Err(VerbsError::NotFound("protection domain"));
+        }
+        let (max_wr, max_sge) = wqes.shape();
+        if max_wr == 0
+            || max_wr > self.sh.cfg.limits.max_qp_wr
+            || max_sge > self.sh.cfg.limits.max_sge
+        {
+            return Err(VerbsError::InvalidArgument(format!(
+                "SRQ of {max_wr} WRs x {max_sge} SGEs exceeds the device limits"
+            )));
+        }
+        if wqes.limit() > max_wr {
+            return Err(VerbsError::InvalidArgument(
+                "srq_limit exceeds max_wr".into(),
+            ));
+        }
+        let srq = Srq {
+            pd,
+            // The WQEs are the shared queue's.
+            rq: RecvQueue::new(1, 1),
+            limit: 0,
+            users: 0,
+            moved_noted: false,
+            shared: Some(wqes),
+        };
+        let id = match at {
+            None => insert_or_exhausted(&mut self.sh.srqs, srq, "shared receive queues")?,
+            Some(s) => {
+                if self.sh.srqs.contains(s.0 as usize) {
+                    return Err(VerbsError::Busy("shared receive queue"));
+                }
+                self.sh
+                    .srqs
+                    .insert_at(s.0 as usize, srq)
+                    .map_err(|_| VerbsError::NoResources("shared receive queues"))?;
+                s.0 as usize
+            }
+        };
+        Ok(SrqId(id as u32))
+    }
+
+    /// The shared WQE queue of SRQ `srq`, if it has one.
+    pub fn srq_shared(&self, srq: SrqId) -> Option<Arc<dyn SharedWqes>> {
+        self.sh.srqs.get(srq.0 as usize)?.shared.clone()
     }
 
     fn srq_mut(&mut self, srq: SrqId) -> VerbsResult<&mut Srq> {
@@ -1896,22 +1989,36 @@ impl Device {
     /// Arms the SRQ limit (`ibv_modify_srq` with IBV_SRQ_LIMIT; resizing is not supported).
     pub fn modify_srq(&mut self, srq: SrqId, limit: u32) -> VerbsResult<()> {
         let s = self.srq_mut(srq)?;
-        if limit > s.rq.depth() as u32 {
+        let depth = match &s.shared {
+            Some(w) => w.shape().0,
+            None => s.rq.depth() as u32,
+        };
+        if limit > depth {
             return Err(VerbsError::InvalidArgument(
                 "srq_limit exceeds max_wr".into(),
             ));
         }
-        s.limit = limit;
+        match &s.shared {
+            Some(w) => w.arm(limit),
+            None => s.limit = limit,
+        }
         Ok(())
     }
 
     /// `ibv_query_srq`.
     pub fn query_srq(&mut self, srq: SrqId) -> VerbsResult<SrqAttr> {
         let s = self.srq_mut(srq)?;
-        Ok(SrqAttr {
-            max_wr: s.rq.depth() as u32,
-            max_sge: s.rq.max_sge as u32,
-            srq_limit: s.limit,
+        Ok(match &s.shared {
+            Some(w) => SrqAttr {
+                max_wr: w.shape().0,
+                max_sge: w.shape().1,
+                srq_limit: w.limit(),
+            },
+            None => SrqAttr {
+                max_wr: s.rq.depth() as u32,
+                max_sge: s.rq.max_sge as u32,
+                srq_limit: s.limit,
+            },
         })
     }
 
@@ -1926,7 +2033,22 @@ impl Device {
 
     /// Posts a receive WR to an SRQ.
     pub fn post_srq_recv(&mut self, srq: SrqId, wr: &RecvWr<'_>) -> VerbsResult<()> {
-        let rq = &mut self.srq_mut(srq)?.rq;
+        let s = self.srq_mut(srq)?;
+        if let Some(w) = &s.shared {
+            let max_sge = w.shape().1 as usize;
+            if wr.sg_list.len() > max_sge {
+                return Err(VerbsError::InvalidArgument(format!(
+                    "{} SGEs exceed the SRQ's {max_sge}",
+                    wr.sg_list.len()
+                )));
+            }
+            return if w.push(wr.wr_id, wr.sg_list) {
+                Ok(())
+            } else {
+                Err(VerbsError::QueueFull)
+            };
+        }
+        let rq = &mut s.rq;
         let max_sge = rq.max_sge;
         rq.post(wr, max_sge, "the SRQ's")
     }
@@ -2516,7 +2638,10 @@ impl Device {
 
     /// How many WQEs an SRQ has handed out.
     pub fn srq_position(&self, srq: SrqId) -> Option<u64> {
-        self.sh.srqs.get(srq.0 as usize).map(|s| s.rq.head)
+        self.sh.srqs.get(srq.0 as usize).map(|s| match &s.shared {
+            Some(w) => w.taken(),
+            None => s.rq.head,
+        })
     }
 
     /// Takes something the driver tells the device besides frames, posts and verbs calls
@@ -2620,7 +2745,10 @@ impl Device {
     /// Whether neither `qp`'s receive queue nor its SRQ holds a receive WQE.
     fn lacks_recv_wqe(&self, qp: &Qp) -> bool {
         match qp.srq {
-            Some(s) => matches!(self.sh.srqs.get(s as usize), Some(srq) if srq.rq.is_empty()),
+            Some(s) => matches!(self.sh.srqs.get(s as usize), Some(srq) if match &srq.shared {
+                Some(w) => w.is_empty(),
+                None => srq.rq.is_empty(),
+            }),
             None => qp.rq.is_empty(),
         }
     }
