@@ -379,6 +379,42 @@ pub fn cm_connect<V: ferroce_host::app::RdmaCm, W: Verbs>(
     a.ctx.cm_connect(params).expect("cm_connect")
 }
 
+/// `a` connects to `b` listening on `port` through rdma_cm: REQ, REP, RTU; both QPs to RTS
+/// from what the messages carry. Returns both sides' connection IDs.
+pub fn cm_establish<V: ferroce_host::app::RdmaCm, W: ferroce_host::app::RdmaCm>(
+    a: &mut Side<V>,
+    b: &mut Side<W>,
+    port: u16,
+) -> (u32, u32) {
+    let a_id = cm_connect(a, b, port);
+    let (b_id, path) = cm_accept_request(b, 0x5678, Some(16));
+    let ferroce_host::abi::CmEventData::RepReceived {
+        id, starting_psn, ..
+    } = cm_event(a)
+    else {
+        panic!("not a REP");
+    };
+    assert_eq!(id, a_id);
+    let path = ferroce_host::app::CmQpPath {
+        peer_gid: b.gid,
+        peer_qpn: b.qpn,
+        rq_psn: 0x58642a,
+        sq_psn: starting_psn,
+        ..path
+    };
+    a.ctx.cm_bring_up(a.qpn, Access::ALL, &path).unwrap();
+    a.ctx.cm_rtu(a_id).unwrap();
+    assert_eq!(
+        cm_event(a),
+        ferroce_host::abi::CmEventData::Established { id: a_id }
+    );
+    assert_eq!(
+        cm_event(b),
+        ferroce_host::abi::CmEventData::Established { id: b_id }
+    );
+    (a_id, b_id)
+}
+
 /// The next rdma_cm event of `s` (within 10 s).
 pub fn cm_event<V: ferroce_host::app::RdmaCm>(s: &mut Side<V>) -> ferroce_host::abi::CmEventData {
     s.ctx

@@ -7,10 +7,14 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use dataplane::app::RdmaCm;
 use dataplane::config::RnicConfig;
 use dataplane::runtime::Runtime;
 use dataplane::{Buffer, Context, Mr, Verbs};
-use ferroce_tests::{on_workers, rc_to_rts, wait_until};
+use ferroce_host::abi::CmEventData;
+use ferroce_tests::{
+    cm_establish, cm_event, on_workers, post_signaled, rc_to_rts, side, wait_cq, wait_until,
+};
 use roce::engine::{CqId, QpInit, QpnStripe, SrqAttr, SrqId, VerbsError};
 use roce::memory::PdId;
 use roce::types::{Gid, Qpn};
@@ -445,6 +449,59 @@ fn an_srq_shared_by_qps_on_two_workers_hands_out_each_wqe_once() {
         b.ctx.destroy_qp(q).expect("destroy QP");
     }
     b.ctx.destroy_srq(srq).expect("the SRQ goes now");
+    drop((a, b));
+    rt.stop();
+}
+
+/// rdma_cm in spread contexts: each side's connection uses its QP on the second worker; the
+/// home's connection manager connects them (REQ, REP, RTU), a WRITE moves verified, and
+/// both sides see the disconnect.
+#[test]
+fn rdma_cm_connects_qps_on_another_worker() {
+    use roce::wire::cm::{service_id, PS_TCP};
+    let rt = Runtime::loopback("ferroce-spread5", spread(89, 2), spread(90, 2)).expect("loopback");
+    let mut a = side(rt.open(0).unwrap(), QpType::Rc, 8192, 16);
+    let mut b = side(rt.open(1).unwrap(), QpType::Rc, 8192, 16);
+    for s in [&mut a, &mut b] {
+        // The context's second QP: on the second worker.
+        let q = s
+            .ctx
+            .create_qp(&QpInit {
+                caps: QpCaps {
+                    max_send_wr: 16,
+                    max_recv_wr: 16,
+                    max_send_sge: 2,
+                    max_recv_sge: 2,
+                    max_inline_data: 64,
+                },
+                ..QpInit::rc(s.pd, s.cq)
+            })
+            .expect("second QP");
+        assert_eq!(QpnStripe::owner(q, 2), 1, "on the second worker");
+        s.qpn = q;
+    }
+    b.ctx.cm_listen(service_id(PS_TCP, 7100)).unwrap();
+    let (a_id, b_id) = cm_establish(&mut a, &mut b, 7100);
+    let data: Vec<u8> = (0..3000).map(|i| (i * 7 + 3) as u8).collect();
+    a.buf.write(0, &data);
+    let op = WrOp::Write {
+        remote_addr: b.mr.addr,
+        rkey: b.mr.rkey.unwrap(),
+    };
+    post_signaled(&mut a, 1, op, 0, 3000);
+    let wc = wait_cq(&mut a, 1, 20);
+    assert_eq!(
+        wc.first().map(|c| c.status),
+        Some(WcStatus::Success),
+        "{wc:?}"
+    );
+    assert_eq!(wc[0].qp_num, a.qpn);
+    let mut got = vec![0u8; 3000];
+    b.buf.read(0, &mut got);
+    assert_eq!(got, data, "the WRITE's data");
+    a.ctx.cm_disconnect(a_id).unwrap();
+    assert_eq!(cm_event(&mut a), CmEventData::Disconnected { id: a_id });
+    assert_eq!(cm_event(&mut b), CmEventData::Disconnected { id: b_id });
     drop((a, b));
     rt.stop();
 }

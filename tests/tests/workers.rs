@@ -8,10 +8,10 @@ use dataplane::config::RnicConfig;
 use dataplane::runtime::Runtime;
 use dataplane::Verbs;
 use ferroce_host::abi::CmEventData;
-use ferroce_host::app::{CmQpPath, RdmaCm};
+use ferroce_host::app::RdmaCm;
 use ferroce_tests::{
-    cm_accept_request, cm_connect, cm_event, connect_pair, on_workers, post_recv_one,
-    post_signaled, post_signaled_to, post_write_at, side, wait_cq, wait_until, Side,
+    cm_establish, cm_event, connect_pair, on_workers, post_recv_one, post_signaled,
+    post_signaled_to, post_write_at, side, wait_cq, wait_until, Side,
 };
 use roce::engine::QpnStripe;
 use roce::types::Qkey;
@@ -227,32 +227,6 @@ fn each_worker_holds_its_share_of_the_qp_table() {
     );
     drop(ctx);
     rt.stop();
-}
-
-/// `a` connects to `b` listening on `port` through rdma_cm: REQ, REP, RTU; both QPs to RTS
-/// from what the messages carry. Returns both sides' connection IDs.
-fn cm_establish(a: &mut Side, b: &mut Side, port: u16) -> (u32, u32) {
-    let a_id = cm_connect(a, b, port);
-    let (b_id, path) = cm_accept_request(b, 0x5678, Some(16));
-    let CmEventData::RepReceived {
-        id, starting_psn, ..
-    } = cm_event(a)
-    else {
-        panic!("not a REP");
-    };
-    assert_eq!(id, a_id);
-    let path = CmQpPath {
-        peer_gid: b.gid,
-        peer_qpn: b.qpn,
-        rq_psn: 0x58642a,
-        sq_psn: starting_psn,
-        ..path
-    };
-    a.ctx.cm_bring_up(a.qpn, Access::ALL, &path).unwrap();
-    a.ctx.cm_rtu(a_id).unwrap();
-    assert_eq!(cm_event(a), CmEventData::Established { id: a_id });
-    assert_eq!(cm_event(b), CmEventData::Established { id: b_id });
-    (a_id, b_id)
 }
 
 /// rdma_cm on every worker: the port's owner steers a REQ to the worker listening to its

@@ -823,14 +823,20 @@ fn execute_cm(
             Ok(ReplyData::None)
         }
         Command::CmConnect { params } => {
-            h.check_owned(owns(dev, owners, h, Qpn::new(params.qpn)), "queue pair")?;
+            h.check_owned(
+                owns_anywhere(dev, owners, h, Qpn::new(params.qpn)),
+                "queue pair",
+            )?;
             check_new_request(dev, h, &params.local_gid, "cm_connect")?;
             let r = dev.cm().connect(now, &params);
             opened(owners, h, r, "cm_connect")
         }
         Command::CmAccept { id, params } => {
             own(h, id)?;
-            h.check_owned(owns(dev, owners, h, Qpn::new(params.qpn)), "queue pair")?;
+            h.check_owned(
+                owns_anywhere(dev, owners, h, Qpn::new(params.qpn)),
+                "queue pair",
+            )?;
             none(dev.cm().accept(now, ConnId(id), &params), "cm_accept")
         }
         Command::CmReject { id, private_data } => {
@@ -879,7 +885,7 @@ fn execute_cm(
         } => {
             own(h, id)?;
             if status == SIDR_VALID {
-                h.check_owned(owns(dev, owners, h, Qpn::new(qpn)), "queue pair")?;
+                h.check_owned(owns_anywhere(dev, owners, h, Qpn::new(qpn)), "queue pair")?;
             }
             let r = dev
                 .cm()
@@ -1042,4 +1048,11 @@ fn owns_id(dev: &Device, owners: &Owners, id: usize, qpn: Qpn) -> bool {
 /// [`owns_id`] for client `h`.
 fn owns(dev: &Device, owners: &Owners, h: &HostEnd, qpn: Qpn) -> bool {
     owns_id(dev, owners, h.id as usize, qpn)
+}
+
+/// [`owns`], or (a spread context's home) one of the client's QPs on another worker: what
+/// rdma_cm names. Its connection manager carries only the QP's number in its messages (the
+/// client brings the QP up itself), so the home's agent serves QPs on every worker.
+fn owns_anywhere(dev: &Device, owners: &Owners, h: &HostEnd, qpn: Qpn) -> bool {
+    owns(dev, owners, h, qpn) || h.remote_qps().is_some_and(|r| r.contains_key(&qpn))
 }

@@ -27,9 +27,12 @@
 //! ([`SpreadSrq`]: each WQE taken once, its limit fired once), held by every shard's
 //! device under the same id (`Device::create_srq_shared`).
 //!
-//! What a spread context refuses (`InvalidArgument`): memory windows, MRs for fast
-//! registration (so no work request changes a key on one shard only) and rdma_cm (whose
-//! agent is per shard).
+//! rdma_cm works as on one worker: the home's connection manager serves the context's
+//! connections whichever worker their QP is on (its messages carry only the QP's number;
+//! the client brings the QP up with calls relayed like any).
+//!
+//! What a spread context refuses (`InvalidArgument`): memory windows and MRs for fast
+//! registration (so no work request changes a key on one shard only).
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -153,11 +156,6 @@ fn refused(cmd: &Command) -> Option<&'static str> {
     Some(match cmd {
         Command::AllocMw { .. } => "memory windows",
         Command::AllocMr { .. } => "MRs for fast registration",
-        Command::CmListen { .. }
-        | Command::CmConnect { .. }
-        | Command::CmAccept { .. }
-        | Command::CmSidrRequest { .. }
-        | Command::CmSidrReply { .. } => "rdma_cm",
         _ => return None,
     })
 }
