@@ -79,6 +79,9 @@ const MAX_IDLE_SLEEP_US: u32 = 1_000_000;
 const MAX_SWITCH_KB: u32 = 1 << 20;
 
 /// `v`, or `default` when unset, if it is at most `max`; else the error names `key`.
+/// The most messages a queue between spread contexts' workers may hold.
+pub const MAX_SPREAD_QUEUE: u32 = 65536;
+
 fn at_most(key: &str, v: Option<u32>, default: u32, max: u32) -> Result<u32, ConfigError> {
     match v.unwrap_or(default) {
         v if v > max => err(key, format!("{v} exceeds {max}")),
@@ -416,6 +419,8 @@ pub struct RawWorker {
     /// Whether one context's QPs spread over those workers (CQs and SRQs shared by QPs on
     /// several workers); off by default: a context is on one worker.
     pub spread: Option<bool>,
+    /// Messages each queue between a spread context's workers holds (1..=65536; 1024).
+    pub spread_queue: Option<u32>,
 }
 
 /// `[capture]`
@@ -689,6 +694,10 @@ pub struct RnicConfig {
     /// context's home is the first worker, its QPs go to the workers in turn; docs/
     /// ARCHITECTURE.md, "One context over several workers").
     pub worker_spread: bool,
+    /// Messages each queue between the workers of spread contexts holds
+    /// (`worker.spread_queue`): posts and calls one way, completions and answers the other;
+    /// past it they wait in order with their sender.
+    pub spread_queue: u32,
     /// Capture file.
     pub pcap: Option<PathBuf>,
     /// Bytes kept per captured frame.
@@ -1054,6 +1063,9 @@ impl RawConfig {
                 self.worker.count = Some(small(value, MAX_WORKER_THREAD as u64 + 1)? as u32)
             }
             "worker.spread" => self.worker.spread = Some(boolean(value)?),
+            "worker.spread_queue" => {
+                self.worker.spread_queue = Some(small(value, MAX_SPREAD_QUEUE as u64)? as u32)
+            }
             "capture.pcap" => self.capture.pcap = Some(value.into()),
             "capture.snaplen" => self.capture.snaplen = Some(small(value, u32::MAX as u64)? as u32),
             "capture.enabled" => self.capture.enabled = Some(boolean(value)?),
@@ -1470,6 +1482,15 @@ impl RawConfig {
             worker_thread,
             worker_count,
             worker_spread: self.worker.spread.unwrap_or(false),
+            spread_queue: match self.worker.spread_queue.unwrap_or(1024) {
+                0 => {
+                    return err(
+                        "worker.spread_queue",
+                        "0: a queue holds at least one message",
+                    )
+                }
+                q => at_most("worker.spread_queue", Some(q), 1024, MAX_SPREAD_QUEUE)?,
+            },
             pcap: self.capture.pcap.as_ref().map(PathBuf::from),
             snaplen,
             capture_enabled: self.capture.enabled.unwrap_or(true),
@@ -2133,6 +2154,7 @@ impl RnicConfig {
         line("thread", self.worker_thread.to_string());
         line("count", self.worker_count.to_string());
         line("spread", self.worker_spread.to_string());
+        line("spread_queue", self.spread_queue.to_string());
         out.push_str(&std::mem::take(&mut t));
         out.push_str("\n[capture]\n");
         let mut line = |k: &str, v: String| {
@@ -2765,6 +2787,17 @@ mod tests {
             assert_eq!(r.validate().unwrap().port_queues(), 1, "{k}");
         }
         assert!(c.to_toml().contains("count = 2"), "{}", c.to_toml());
+        // One context over them: off by default, its queues bounded.
+        assert!(!c.worker_spread);
+        let mut s = r.clone();
+        s.set("worker.spread", "true").unwrap();
+        s.set("worker.spread_queue", "2").unwrap();
+        let sc = s.validate().unwrap();
+        assert!(sc.worker_spread && sc.spread_queue == 2);
+        assert!(sc.to_toml().contains("spread = true"), "{}", sc.to_toml());
+        s.set("worker.spread_queue", "0").unwrap();
+        assert_eq!(s.validate().unwrap_err().key, "worker.spread_queue");
+        assert!(s.set("worker.spread_queue", "65537").is_err());
         // No worker, past the last thread, or a QP table the workers cannot share equally.
         r.set("worker.count", "0").unwrap();
         assert_eq!(r.validate().unwrap_err().key, "worker.count");

@@ -311,6 +311,8 @@ pub(crate) enum Spread {
     Home {
         /// The context's QPs on other workers and what each uses.
         remote: HashMap<Qpn, QpUses>,
+        /// What the QPs being created on other workers (not answered yet) will use.
+        creating: Vec<QpUses>,
         /// How many QPs the context created (the next goes to worker `made mod count`).
         made: u32,
     },
@@ -418,6 +420,11 @@ impl HostEnd {
         }
         out.push(self.posts.prepare_wait());
         !self.posts.is_empty()
+    }
+
+    /// Whether posts wait in the client's ring.
+    pub(crate) fn has_posts(&self) -> bool {
+        !self.closed && !self.posts.is_empty()
     }
 
     /// Whether the client closed (or lost) its context (the RNIC then drops this end).
@@ -586,6 +593,17 @@ impl HostEnd {
             if let Ok(a) = self.index.atomic_u64(slot * QP_INDEX_BYTES + 8 * queue) {
                 a.store(pos, Ordering::Release);
             }
+        }
+    }
+
+    /// Sets a new SRQ's position (a plain store: its id may be a destroyed SRQ's, whose
+    /// position was further on).
+    pub fn reset_srq_position(&self, srq: SrqId, pos: u64) {
+        if let Ok(a) = self
+            .index
+            .atomic_u64(self.limits.srq_index_off(srq.0 as usize))
+        {
+            a.store(pos, Ordering::Release);
         }
     }
 

@@ -602,6 +602,11 @@ impl Nic {
             return Err(VerbsError::DeviceFatal);
         };
         let r = self.serve_call(id, cmd, area);
+        if self.hosts.get(id).is_some_and(|h| h.is_closed()) {
+            // Closed by the call (`Close`): a spread context's satellites go now, before
+            // any other call can reuse what it held.
+            self.close_satellites(token);
+        }
         self.forget_freed_qps();
         // Completions and positions the call produced (a flushed QP, a destroyed CQ) reach
         // the rings before the reply does.
@@ -649,7 +654,6 @@ impl Nic {
             }
             self.release_host(id);
             self.hosts.remove(id);
-            self.close_satellites(token);
         }
         self.forget_freed_qps();
         self.publish();
@@ -837,9 +841,7 @@ impl Nic {
             if self.hosts.contains(id) {
                 work += self.serve_posts(id, 256);
                 if self.hosts.get(id).is_some_and(|h| h.is_closed()) {
-                    if let Some(h) = self.hosts.remove(id) {
-                        self.close_satellites(h.token);
-                    }
+                    self.hosts.remove(id);
                 }
             }
         }

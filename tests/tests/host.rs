@@ -312,6 +312,27 @@ fn srq_fullness_limit_and_verbs() {
     ));
     b.ctx.destroy_qp(bq).unwrap();
     b.ctx.destroy_srq(srq).unwrap();
+    // SRQ ids come back (cyclically): a new SRQ under this one's id starts empty, whatever
+    // position its predecessor reached (four WQEs fit).
+    let attr = SrqAttr {
+        max_wr: 4,
+        max_sge: 1,
+        srq_limit: 0,
+    };
+    let mut again = None;
+    for _ in 0..1000 {
+        let s = b.ctx.create_srq(b.pd, &attr).unwrap();
+        if s == srq {
+            again = Some(s);
+            break;
+        }
+        b.ctx.destroy_srq(s).unwrap();
+    }
+    let again = again.expect("the id comes back");
+    for i in 0..4 {
+        recv(&mut b, i).expect("room in a new SRQ");
+    }
+    b.ctx.destroy_srq(again).unwrap();
     drop((a, b, other));
     rt.stop();
 }

@@ -505,3 +505,52 @@ fn rdma_cm_connects_qps_on_another_worker() {
     drop((a, b));
     rt.stop();
 }
+
+/// Program order holds when the queue to a satellite is full: 4000 WRITEs posted to a QP on
+/// the second worker, the queues between the workers holding two messages, then the QP
+/// moved to the error state and reset at once. Every WRITE posted before the calls completes
+/// in order, each done or flushed by the move to ERR (IBA 10.8.3.3), none refused as if
+/// posted after the reset.
+#[test]
+fn posts_before_a_call_stay_before_it_when_a_satellite_lags() {
+    const N: u64 = 4000;
+    // Queues of two messages between the workers: full at once.
+    let small = |h| {
+        let mut c = spread(h, 2);
+        c.spread_queue = 2;
+        c
+    };
+    let rt = Runtime::loopback("ferroce-spread6", small(91), small(92)).expect("loopback");
+    let mut a = many(rt.open(0).unwrap(), 2, 4096);
+    let mut b = many(rt.open(1).unwrap(), 2, 16);
+    connect(&mut a, &mut b);
+    let op = WrOp::Write {
+        remote_addr: b.mr.addr + REGION as u64,
+        rkey: b.mr.rkey.unwrap(),
+    };
+    for k in 0..N {
+        post(&mut a, 1, 1000 + k, op, 0, 64);
+    }
+    let err = QpAttr {
+        state: Some(QpState::Err),
+        ..Default::default()
+    };
+    a.ctx.modify_qp(a.qps[1], &err).expect("to ERR");
+    // And to RESET: a WRITE applied only now would be refused (LOC_QP_OP_ERR).
+    let reset = QpAttr {
+        state: Some(QpState::Reset),
+        ..Default::default()
+    };
+    a.ctx.modify_qp(a.qps[1], &reset).expect("to RESET");
+    let wc = take(&mut a, N as usize);
+    assert_eq!(wc.len(), N as usize, "every WRITE completes");
+    for (k, c) in wc.iter().enumerate() {
+        assert_eq!(c.wr_id, 1000 + k as u64, "in order: {c:?}");
+        assert!(
+            matches!(c.status, WcStatus::Success | WcStatus::WrFlushErr),
+            "WRITE {k} done or flushed: {c:?}"
+        );
+    }
+    drop((a, b));
+    rt.stop();
+}

@@ -78,7 +78,7 @@ impl Nic {
                         _ => None,
                     };
                     if let (true, Some(qpn)) = (home, qpn) {
-                        if self.forward_post(token, qpn, &mut buf) {
+                        if self.forward_post(id, token, qpn, &mut buf) {
                             continue;
                         }
                     }
@@ -87,10 +87,14 @@ impl Nic {
                     }
                 }
                 Err(e) => {
+                    let Some(h) = self.hosts.get_mut(id) else {
+                        break;
+                    };
                     h.counters.bad_slots += 1;
                     tracing::warn!(client = %h.label, error = %e, "closing the client");
                     h.deliver_event(&AsyncEvent::DeviceFatal);
                     close(&mut self.dev, &mut self.owners, h, self.now);
+                    self.close_satellites(token);
                     break;
                 }
             }
@@ -214,6 +218,8 @@ impl Nic {
     pub(super) fn release_host(&mut self, id: usize) {
         if let Some(h) = self.hosts.get_mut(id) {
             close(&mut self.dev, &mut self.owners, h, self.now);
+            let token = h.token;
+            self.close_satellites(token);
         }
     }
 
@@ -539,7 +545,7 @@ fn execute(
             h.charge_queue(QueueKind::Srq, s.0, qbytes);
             h.srqs.push(s);
             Owners::set(&mut owners.srq, s.0 as usize, h.id);
-            publish_srq(dev, h, s);
+            h.reset_srq_position(s, dev.srq_position(s).unwrap_or(0));
             Ok(ReplyData::Srq(s))
         }
         Command::ModifySrq { srq, limit } => {
@@ -651,9 +657,6 @@ fn execute(
     }
 }
 
-/// The connection manager's refusals as verbs errors (rdma_cm reports them as errnos).
-/// Releases a key the client holds (an MR or a window, found by its table index: a key
-/// another client could guess is refused as not found) with `release`, then forgets it.
 /// Re-registers the client's MR `lkey` (`ReregMr`): its new memory, if any, is the client's
 /// area, faulted in as at registration.
 pub(super) fn rereg(
@@ -722,6 +725,8 @@ pub(super) fn forget_cq(
     h.cqs.remove(cq.0 as usize).map(|(p, _)| p)
 }
 
+/// Releases a key the client holds (an MR or a window, found by its table index: a key
+/// another client could guess is refused as not found) with `release`, then forgets it.
 fn release_key<K: Copy>(
     keys: &mut Vec<K>,
     index: u32,
@@ -744,6 +749,7 @@ fn release_conn(owners: &mut Owners, h: &mut HostEnd, id: u32) {
     owners.cm_conns.remove(&id);
 }
 
+/// The connection manager's refusals as verbs errors (rdma_cm reports them as errnos).
 fn cm_error(call: &str, e: CmError) -> VerbsError {
     match e {
         CmError::NotFound => VerbsError::NotFound("rdma_cm connection"),

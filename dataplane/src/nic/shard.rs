@@ -30,7 +30,7 @@ use pmd_bindings::{Mbuf, Mempool, Port, RxQueue, TxQueue};
 use roce::engine::QpnStripe;
 use roce::wire::frame::{classify, dest_qpn, FrameKind};
 
-use super::spread::{out_queues, ToHome, ToSatellite, SPREAD_MSGS};
+use super::spread::{out_queues, Deferred, ToHome, ToSatellite};
 use super::{Nic, BURST};
 use crate::config::RnicConfig;
 use crate::doorbell::Doorbell;
@@ -70,9 +70,9 @@ pub struct ShardLinks {
 }
 
 impl ShardLinks {
-    fn new(count: usize, spread: bool) -> ShardLinks {
+    fn new(count: usize, spread: Option<u32>) -> ShardLinks {
         // Without spread contexts the queues stay empty: one slot each.
-        let msgs = if spread { SPREAD_MSGS } else { 1 };
+        let msgs = spread.map_or(1, |q| q.max(1) as usize);
         ShardLinks {
             to_sat: (0..count).map(|_| ArrayQueue::new(msgs)).collect(),
             to_home: ArrayQueue::new(msgs),
@@ -103,6 +103,8 @@ pub(super) struct Shard {
     pub out_sat: Vec<VecDeque<ToSatellite>>,
     /// Messages for the home its queue had no room for, in order.
     pub out_home: VecDeque<ToHome>,
+    /// The home: spread contexts' calls waiting for the posts before them.
+    pub deferred: VecDeque<Deferred>,
 }
 
 /// Where a `Nic`'s frames come from and go.
@@ -176,7 +178,8 @@ impl Nic {
             return Ok(vec![Nic::new(cfg, port, pool)?]);
         }
         let spread = cfg.worker_spread;
-        let links = Arc::new(ShardLinks::new(count as usize, spread));
+        let queue = spread.then_some(cfg.spread_queue);
+        let links = Arc::new(ShardLinks::new(count as usize, queue));
         (0..count)
             .map(|index| {
                 let (out_sat, out_home) = out_queues(count as usize);
@@ -188,6 +191,7 @@ impl Nic {
                     spread,
                     out_sat,
                     out_home,
+                    deferred: VecDeque::new(),
                 };
                 Nic::build(cfg.clone(), port.clone(), pool.clone(), Some(shard))
             })

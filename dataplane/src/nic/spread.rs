@@ -18,10 +18,11 @@
 //! A satellite's QPs complete into their CQ's replica, whose completions go home through
 //! one queue shared by the satellites, in order: the home queues them on its CQ
 //! (`Device::complete_foreign`), whose one ring the application polls. Per-QP order holds
-//! because a QP's completions come from one shard through one FIFO; none is lost (a full
-//! queue leaves them in the replica, retried as a full ring's are) or doubled (each is taken
-//! once from the replica). A satellite's QP positions go straight into the home's index
-//! area (each QP's words have one writer), its events home through the same queue.
+//! because a QP's completions come from one shard through one FIFO (a call's answer after
+//! the completions it produced); none is lost (what the queue has no room for waits in
+//! order with the satellite) or doubled (each is taken once from the replica). A
+//! satellite's QP positions go straight into the home's index area (each QP's words have
+//! one writer), its events home through the same queue.
 //!
 //! An SRQ of a spread context is one bounded lock-free queue of WQEs all shards take from
 //! ([`SpreadSrq`]: each WQE taken once, its limit fired once), held by every shard's
@@ -48,9 +49,6 @@ use roce::verbs::{AsyncEvent, Completion, Sge};
 
 use super::Nic;
 use crate::host::{populate_later, HostEnd, Owners, QpUses, Spread};
-
-/// Messages one queue holds at most (each direction).
-pub(super) const SPREAD_MSGS: usize = 1024;
 
 /// Where a call's result goes.
 pub type Reply = std::sync::mpsc::SyncSender<VerbsResult<ReplyData>>;
@@ -112,8 +110,17 @@ pub(super) enum ToHome {
 /// What a call on a satellite did to its QPs.
 pub(super) enum QpChange {
     None,
-    Made(Qpn, QpUses),
+    /// A create answered: the QP made, if it was.
+    Created(QpUses, Option<Qpn>),
     Gone(Qpn),
+}
+
+/// A spread context's call waiting for the posts before it (`Nic::spread_call`).
+pub(super) struct Deferred {
+    token: u64,
+    cmd: Command,
+    area: Option<Arc<Area>>,
+    reply: Reply,
 }
 
 /// A replicated call's answer, sent once every shard applied it.
@@ -225,6 +232,7 @@ impl Nic {
         if home {
             h.spread = Some(Spread::Home {
                 remote: Default::default(),
+                creating: Vec::new(),
                 made: 0,
             });
         }
@@ -262,79 +270,128 @@ impl Nic {
             )
         });
         match home {
-            Some(id) => self.spread_call(id, cmd, area, reply),
+            Some(_) => {
+                let call = Deferred {
+                    token,
+                    cmd,
+                    area,
+                    reply,
+                };
+                // Calls that waited go first.
+                if self.shard.as_ref().is_some_and(|s| !s.deferred.is_empty()) {
+                    if let Some(s) = self.shard.as_mut() {
+                        s.deferred.push_back(call);
+                    }
+                    self.run_deferred();
+                } else if let Some(call) = self.spread_call(call) {
+                    if let Some(s) = self.shard.as_mut() {
+                        s.deferred.push_back(call);
+                    }
+                }
+            }
             None => {
                 let _ = reply.try_send(self.call(token, cmd, area));
             }
         }
     }
 
+    /// Runs the calls that waited for the posts before them, in order, while they can go.
+    fn run_deferred(&mut self) {
+        while let Some(call) = self.shard.as_mut().and_then(|s| s.deferred.pop_front()) {
+            if let Some(call) = self.spread_call(call) {
+                if let Some(s) = self.shard.as_mut() {
+                    s.deferred.push_front(call);
+                }
+                break;
+            }
+        }
+    }
+
     /// A spread context's call at its home: refused, executed here, replicated to every
-    /// shard, or passed to the shard of the QP it is on.
-    fn spread_call(&mut self, id: usize, cmd: Command, area: Option<Arc<Area>>, reply: Reply) {
+    /// shard, or passed to the shard of the QP it is on. Gives the call back when it must
+    /// wait: posts made before it are still in the ring, held back by a full queue to
+    /// a satellite (it then runs once they went, `run_deferred`).
+    fn spread_call(&mut self, call: Deferred) -> Option<Deferred> {
+        let Some(id) = self.host_id(call.token) else {
+            let _ = call.reply.try_send(Err(VerbsError::DeviceFatal));
+            return None;
+        };
         // Program order: the posts before the call go first (to their shards' queues, ahead
         // of what this call sends there).
         self.serve_posts(id, POST_RING);
+        if self.spread_backlog() && self.hosts.get(id).is_some_and(|h| h.has_posts()) {
+            return Some(call);
+        }
+        let Deferred {
+            token,
+            cmd,
+            area,
+            reply,
+        } = call;
         if let Some(what) = refused(&cmd) {
             let _ = reply.try_send(Err(VerbsError::InvalidArgument(format!(
                 "{what}: not in a context spread over several workers (worker.spread)"
             ))));
-            return;
+            return None;
         }
         let count = self.shard().1;
         let Some(h) = self.hosts.get_mut(id) else {
             let _ = reply.try_send(Err(VerbsError::DeviceFatal));
-            return;
+            return None;
         };
         if h.is_closed() {
             let _ = reply.try_send(Err(VerbsError::DeviceFatal));
-            return;
+            return None;
         }
-        let token = h.token;
-        let remote_len = h.remote_qps().map_or(0, |r| r.len());
+        let Some(Spread::Home {
+            remote,
+            creating,
+            made,
+        }) = &mut h.spread
+        else {
+            let _ = reply.try_send(Err(VerbsError::DeviceFatal));
+            return None;
+        };
         // Which shard the call's QP is (to be) on.
         let target = match &cmd {
-            Command::CreateQp { .. } => {
-                if (h.qps.len() + remote_len) as u32 >= h.client_limits.max_qps {
+            Command::CreateQp { init } => {
+                let held = h.qps.len() + remote.len() + creating.len();
+                if held as u32 >= h.client_limits.max_qps {
                     let _ =
                         reply.try_send(Err(VerbsError::NoResources("queue pairs (host.max_qps)")));
-                    return;
+                    return None;
                 }
-                match &mut h.spread {
-                    Some(Spread::Home { made, .. }) => {
-                        let k = *made % count;
-                        *made = made.wrapping_add(1);
-                        k
-                    }
-                    _ => 0,
+                let k = *made % count;
+                *made = made.wrapping_add(1);
+                if k != 0 {
+                    // What it will use counts from now (a destroy racing the create from
+                    // another thread is Busy), until the satellite answers.
+                    creating.push(QpUses::of(init));
                 }
+                k
             }
             c => call_qp(c).map_or(0, |q| QpnStripe::owner(q, count)),
         };
         if target != 0 {
             self.tell_satellite(target as usize, ToSatellite::Call { token, cmd, reply });
-            return;
+            return None;
         }
-        // A PD or CQ a QP on another shard uses stays (as the device keeps one its own QPs
-        // use).
-        let busy = match (&cmd, h.remote_qps()) {
-            (Command::DeallocPd { pd }, Some(r)) => r
-                .values()
-                .any(|u| u.pd == *pd)
-                .then_some("protection domain"),
-            (Command::DestroyCq { cq }, Some(r)) => r
-                .values()
+        // A PD, CQ or SRQ a QP on another shard uses (or is being created with) stays, as
+        // the device keeps one its own QPs use.
+        let mut uses = remote.values().chain(creating.iter());
+        let busy = match &cmd {
+            Command::DeallocPd { pd } => uses.any(|u| u.pd == *pd).then_some("protection domain"),
+            Command::DestroyCq { cq } => uses
                 .any(|u| u.send_cq == *cq || u.recv_cq == *cq)
                 .then_some("completion queue"),
-            (Command::DestroySrq { srq }, Some(r)) => r
-                .values()
+            Command::DestroySrq { srq } => uses
                 .any(|u| u.srq == Some(*srq))
                 .then_some("shared receive queue"),
             _ => None,
         };
         if let Some(what) = busy {
             let _ = reply.try_send(Err(VerbsError::Busy(what)));
-            return;
+            return None;
         }
         let copy = replicated(&cmd).then(|| (cmd.clone(), area.clone()));
         let r = self.call(token, cmd, area);
@@ -363,14 +420,30 @@ impl Nic {
                 let _ = reply.try_send(r);
             }
         }
+        None
     }
 
-    /// A post of a spread context for a QP on another shard: queued for that shard (the
-    /// post is taken from `buf`). Returns false if the QP is on this one.
-    pub(super) fn forward_post(&mut self, token: u64, qpn: Qpn, buf: &mut Box<PostBuf>) -> bool {
+    /// A post of the spread context `id` for one of its QPs on another shard: queued for
+    /// that shard (the post is taken from `buf`). Returns false otherwise (the post is then
+    /// applied, or refused, here).
+    pub(super) fn forward_post(
+        &mut self,
+        id: usize,
+        token: u64,
+        qpn: Qpn,
+        buf: &mut Box<PostBuf>,
+    ) -> bool {
         let count = self.shard().1;
         let k = QpnStripe::owner(qpn, count);
-        if k == 0 {
+        // Only to the context's own QPs there: a post naming any other is refused here, as
+        // one naming another context's QP on this shard is (it cannot fill a satellite's
+        // queue for everyone).
+        let mine = self
+            .hosts
+            .get(id)
+            .and_then(|h| h.remote_qps())
+            .is_some_and(|r| r.contains_key(&qpn));
+        if k == 0 || !mine {
             return false;
         }
         let spare = self.shard.as_ref().and_then(|s| s.links.spare_posts.pop());
@@ -448,7 +521,8 @@ impl Nic {
                 } else {
                     !s.links.to_sat[s.index as usize].is_empty()
                 } || s.out_sat.iter().any(|q| !q.is_empty())
-                    || !s.out_home.is_empty())
+                    || !s.out_home.is_empty()
+                    || !s.deferred.is_empty())
         })
     }
 
@@ -470,6 +544,11 @@ impl Nic {
                 let Some(m) = links.to_home.pop() else { break };
                 work += 1;
                 self.at_home(m);
+            }
+            if self.shard.as_ref().is_some_and(|s| !s.deferred.is_empty()) {
+                self.flush_spread();
+                self.run_deferred();
+                work += 1;
             }
         } else {
             while work < 4 * super::BURST {
@@ -515,15 +594,22 @@ impl Nic {
                 change,
             } => {
                 if live(self, home, token) {
-                    if let Some(Spread::Home { remote, .. }) = self
+                    if let Some(Spread::Home {
+                        remote, creating, ..
+                    }) = self
                         .hosts
                         .get_mut(home as usize)
                         .and_then(|h| h.spread.as_mut())
                     {
                         match change {
                             QpChange::None => {}
-                            QpChange::Made(q, u) => {
-                                remote.insert(q, u);
+                            QpChange::Created(u, q) => {
+                                if let Some(i) = creating.iter().position(|c| *c == u) {
+                                    creating.swap_remove(i);
+                                }
+                                if let Some(q) = q {
+                                    remote.insert(q, u);
+                                }
                             }
                             QpChange::Gone(q) => {
                                 remote.remove(&q);
@@ -567,12 +653,7 @@ impl Nic {
             }
             ToSatellite::Call { token, cmd, reply } => {
                 let made = match &cmd {
-                    Command::CreateQp { init } => Some(QpUses {
-                        pd: init.pd,
-                        send_cq: init.send_cq,
-                        recv_cq: init.recv_cq,
-                        srq: init.srq,
-                    }),
+                    Command::CreateQp { init } => Some(QpUses::of(init)),
                     _ => None,
                 };
                 let gone = match &cmd {
@@ -589,7 +670,10 @@ impl Nic {
                     None => Err(VerbsError::DeviceFatal),
                 };
                 let change = match (&result, made, gone) {
-                    (Ok(ReplyData::Qp(q, _)), Some(u), _) => QpChange::Made(*q, u),
+                    (Ok(ReplyData::Qp(q, _)), Some(u), _) => {
+                        QpChange::Created(u, Some(q.to_owned()))
+                    }
+                    (_, Some(u), _) => QpChange::Created(u, None),
                     (Ok(_), _, Some(q)) => QpChange::Gone(q),
                     _ => QpChange::None,
                 };
@@ -675,8 +759,7 @@ impl Nic {
         n
     }
 
-    /// A satellite: CQ `cq`'s completions (a replica) home, in order, while the queue
-    /// takes them; the rest stay in the replica and are retried as a full ring's are.
+    /// A satellite: CQ `cq`'s completions (a replica) home, in order.
     pub(super) fn forward_completions(&mut self, id: usize, cq: CqId) -> usize {
         let Some((home, token)) = self
             .hosts
@@ -687,7 +770,10 @@ impl Nic {
         };
         let mut moved = 0;
         let mut one = [Completion::default()];
-        while !self.spread_backlog() && self.dev.poll_cq(cq, &mut one).unwrap_or(0) == 1 {
+        // All of them, in order: a call's answer sent after this (`ToHome::Done`) must not
+        // overtake its completions. What the queue has no room for waits in `out_home`,
+        // bounded by the WQEs the satellite's QPs hold.
+        while self.dev.poll_cq(cq, &mut one).unwrap_or(0) == 1 {
             let c = std::mem::take(&mut one[0]);
             self.tell_home(ToHome::Cqe { home, token, cq, c });
             moved += 1;
@@ -907,4 +993,16 @@ pub(super) fn out_queues(count: usize) -> (Vec<VecDeque<ToSatellite>>, VecDeque<
         (0..count).map(|_| VecDeque::new()).collect(),
         VecDeque::new(),
     )
+}
+
+impl QpUses {
+    /// What a QP created with `init` uses.
+    fn of(init: &roce::engine::QpInit) -> QpUses {
+        QpUses {
+            pd: init.pd,
+            send_cq: init.send_cq,
+            recv_cq: init.recv_cq,
+            srq: init.srq,
+        }
+    }
 }
