@@ -53,13 +53,13 @@ impl Nic {
         // Every post of the batch is decoded into this one buffer and applied by reference:
         // a decoded post is some 600 bytes, and moving it showed in the per-message profile.
         let mut buf = self.post_buf.take().unwrap_or_default();
+        // A spread context's home: posts to its QPs on other shards go to their queues; one
+        // that had no room holds the rest back (program order).
+        let home = self
+            .hosts
+            .get(id)
+            .is_some_and(|h| matches!(h.spread, Some(crate::host::Spread::Home { .. })));
         while n < budget {
-            let Some(h) = self.hosts.get_mut(id) else {
-                break;
-            };
-            // A spread context's home: posts to QPs on other shards go to their queues; one
-            // that had no room holds the rest back (program order).
-            let home = matches!(h.spread, Some(crate::host::Spread::Home { .. }));
             if home && self.spread_backlog() {
                 break;
             }
@@ -73,13 +73,17 @@ impl Nic {
             n += 1;
             match next {
                 Ok(()) => {
-                    let qpn = match buf.post() {
-                        Some(Post::Send { qpn, .. }) | Some(Post::Recv { qpn, .. }) => Some(qpn),
-                        _ => None,
-                    };
-                    if let (true, Some(qpn)) = (home, qpn) {
-                        if self.forward_post(id, token, qpn, &mut buf) {
-                            continue;
+                    if home {
+                        let qpn = match buf.post() {
+                            Some(Post::Send { qpn, .. }) | Some(Post::Recv { qpn, .. }) => {
+                                Some(qpn)
+                            }
+                            _ => None,
+                        };
+                        if let Some(qpn) = qpn {
+                            if self.forward_post(id, token, qpn, &mut buf) {
+                                continue;
+                            }
                         }
                     }
                     if let Some(post) = buf.post() {
