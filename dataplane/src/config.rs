@@ -78,10 +78,10 @@ const MAX_IDLE_SLEEP_US: u32 = 1_000_000;
 /// The switch model's thresholds and headroom (KiB): its buffer is at most 1 GiB.
 const MAX_SWITCH_KB: u32 = 1 << 20;
 
-/// `v`, or `default` when unset, if it is at most `max`; else the error names `key`.
 /// The most messages a queue between spread contexts' workers may hold.
 pub const MAX_SPREAD_QUEUE: u32 = 65536;
 
+/// `v`, or `default` when unset, if it is at most `max`; else the error names `key`.
 fn at_most(key: &str, v: Option<u32>, default: u32, max: u32) -> Result<u32, ConfigError> {
     match v.unwrap_or(default) {
         v if v > max => err(key, format!("{v} exceeds {max}")),

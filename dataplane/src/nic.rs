@@ -686,13 +686,23 @@ impl Nic {
                     .iter()
                     .map(|k| (*k, self.dev.mr(*k).map_or(0, |m| m.length)))
                     .collect();
+                // A spread context's satellite: its QPs only (the rest are the home's
+                // replicas, reported there; `Runtime::inspect` adds these QPs to it).
+                let replica = h.satellite_of().is_some();
+                let (pds, cqs, srqs, mrs) = if replica {
+                    Default::default()
+                } else {
+                    (o.pds, o.cqs, o.srqs, mrs)
+                };
                 ClientReport {
+                    token: h.token,
+                    satellite: replica,
                     pid: h.pid,
                     uid: h.uid,
                     comm: h.comm.clone(),
-                    pds: o.pds,
-                    cqs: o.cqs,
-                    srqs: o.srqs,
+                    pds,
+                    cqs,
+                    srqs,
                     mrs,
                     qps,
                     qp_counters: counters,
@@ -1865,6 +1875,11 @@ impl Drop for Nic {
 /// One client's objects on an RNIC ([`Nic::report`]).
 #[derive(Debug, Clone)]
 pub struct ClientReport {
+    /// The client's token (the same on every worker of a spread context).
+    pub token: u64,
+    /// A spread context's satellite (its QPs on another worker; merged into its home's
+    /// report by `Runtime::inspect`).
+    pub satellite: bool,
     /// Owning process (0: the RNIC's own process).
     pub pid: u32,
     /// Its user id.

@@ -535,8 +535,20 @@ impl Runtime {
             let (w, i) = shards[0];
             let mut r: crate::nic::NicReport = per_worker[w].get(i)?.clone();
             for &(w, i) in &shards[1..] {
-                r.clients
-                    .extend(per_worker[w].get(i)?.clients.iter().cloned());
+                for c in &per_worker[w].get(i)?.clients {
+                    // A spread context's satellite: its QPs join its home's report.
+                    let home = r
+                        .clients
+                        .iter_mut()
+                        .find(|h| c.satellite && h.token == c.token && !h.satellite);
+                    match home {
+                        Some(h) => {
+                            h.qps.extend(c.qps.iter().cloned());
+                            h.qp_counters.extend(c.qp_counters.iter().cloned());
+                        }
+                        None => r.clients.push(c.clone()),
+                    }
+                }
             }
             out.push(r);
         }

@@ -252,6 +252,13 @@ fn one_contexts_qps_on_two_workers_share_its_cq() {
         a.buf.read(i * REGION + 12288, &mut got);
         assert_eq!(got, pattern(i, 2 + rounds - 1, 2500), "QP {i}'s READ");
     }
+    // rnic-ctl's view: one client per RNIC with all its QPs and one CQ.
+    let reports = rt.inspect(false, Duration::from_secs(10)).expect("inspect");
+    for r in &reports {
+        assert_eq!(r.clients.len(), 1, "one client");
+        let c = &r.clients[0];
+        assert_eq!((c.qps.len(), c.cqs.len(), c.mrs.len()), (n, 1, 1));
+    }
     for i in 0..2 {
         let s = rt.stats(i);
         assert_eq!(s.nic.spread_dropped, 0, "{s:?}");

@@ -1,19 +1,20 @@
 //! One context over several workers (`worker.spread`; docs/ARCHITECTURE.md, "One context
 //! over several workers"): an RNIC spread over n shards (`shard.rs`) whose contexts each
-//! place their QPs on every shard in turn, with CQs shared by QPs on different shards.
+//! place their QPs on every shard in turn, with CQs and SRQs shared by QPs on different
+//! shards.
 //!
 //! Every context is *homed* on the first shard: its rings are there, so every control call
-//! and post reaches the RNIC there, and the first shard alone allocates its PDs, CQs and MR
-//! keys. Each other shard holds a *satellite* of it: a replica of its PDs and CQs under the
-//! same ids and of its MRs under the same keys (`Device::alloc_pd_at`, `create_cq_at`,
-//! `reg_mr_at`), so a post's lkeys and a peer's rkeys mean the same on every shard, and the
-//! QPs placed there. The home talks to each satellite through one FIFO queue, in program
-//! order: the replicas of calls, the calls on the satellite's QPs and the posts to them, so a
-//! post is applied after the calls before it and a call after the posts before it. A call
-//! the satellites replicate is answered once every shard applied it (an rkey the
-//! application hands its peer is valid on every shard from then on); a call on a
-//! satellite's QP is answered through the home, which keeps what each remote QP uses (a PD
-//! or CQ in use on any shard cannot go).
+//! and post reaches the RNIC there, and the first shard alone allocates its PD, CQ and SRQ
+//! ids and MR keys. Each other shard holds a *satellite* of it: a replica of its PDs, CQs
+//! and SRQs under the same ids and of its MRs under the same keys (`Device::alloc_pd_at`,
+//! `create_cq_at`, `create_srq_shared`, `reg_mr_at`), so a post's lkeys and a peer's rkeys
+//! mean the same on every shard, and the QPs placed there. The home talks to each satellite
+//! through one FIFO queue, in program order: the replicas of calls, the calls on the
+//! satellite's QPs and the posts to them, so a post is applied after the calls before it
+//! and a call after the posts before it. A call the satellites replicate is answered once
+//! every shard applied it (an rkey the application hands its peer is valid on every shard
+//! from then on); a call on a satellite's QP is answered through the home, which keeps what
+//! each remote QP uses (a PD, CQ or SRQ in use on any shard cannot go).
 //!
 //! A satellite's QPs complete into their CQ's replica, whose completions go home through
 //! one queue shared by the satellites, in order: the home queues them on its CQ
@@ -204,7 +205,7 @@ impl Nic {
     }
 
     /// The device's objects, for tools: a shard holding spread contexts' satellites counts
-    /// only its QPs (their PDs, MRs and CQs are the home's, counted there).
+    /// only its QPs (their PDs, MRs, CQs and SRQs are the home's, counted there).
     pub fn object_counts(&self) -> roce::engine::ObjectCounts {
         let mut o = self.dev.object_counts();
         if self.spreads() && self.shard().0 != 0 {
@@ -797,9 +798,6 @@ impl Nic {
     }
 }
 
-/// Applies on a satellite the call its home executed with the result `made`: the same
-/// objects under the same ids and keys. Limits and charges are the home's (it refused
-/// what went past them).
 /// What a replicated call carries besides the command.
 struct Given {
     /// The area or ring it names.
@@ -808,6 +806,9 @@ struct Given {
     srq: Option<Arc<dyn SharedWqes>>,
 }
 
+/// Applies on a satellite the call its home executed with the result `made`: the same
+/// objects under the same ids and keys. Limits and charges are the home's (it refused
+/// what went past them).
 fn replicate(
     dev: &mut roce::engine::Device,
     owners: &mut Owners,
