@@ -431,15 +431,8 @@ impl MrTable {
             self.slots.resize_with(fresh + 1, Slot::default);
             fresh as u32
         };
-        let reg = self.take_reg();
-        let slot = &mut self.slots[idx as usize];
-        slot.key = slot.key.wrapping_add(1);
-        let lkey = Lkey((idx << 8) | slot.key as u32);
-        let mut mr = make(lkey);
-        mr.reg = reg;
-        slot.mr = Some(mr);
-        self.count += 1;
-        Some(lkey)
+        let key = self.slots[idx as usize].key.wrapping_add(1);
+        Some(self.fill(Lkey((idx << 8) | key as u32), make))
     }
 
     /// Inserts a region under exactly `lkey` (a replica of a registration another table
@@ -467,14 +460,20 @@ impl MrTable {
         if self.slots[idx].mr.is_some() {
             return None;
         }
+        Some(self.fill(lkey, make))
+    }
+
+    /// Stores the region `make` builds under `lkey` (its index free), with a new
+    /// registration number.
+    fn fill(&mut self, lkey: Lkey, make: impl FnOnce(Lkey) -> MemoryRegion) -> Lkey {
         let reg = self.take_reg();
-        let slot = &mut self.slots[idx];
+        let slot = &mut self.slots[lkey.index() as usize];
         slot.key = lkey.0 as u8;
         let mut mr = make(lkey);
         mr.reg = reg;
         slot.mr = Some(mr);
         self.count += 1;
-        Some(lkey)
+        lkey
     }
 
     /// A new registration number (for a fast-registration re-bind).

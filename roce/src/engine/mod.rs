@@ -1152,6 +1152,17 @@ fn insert_or_exhausted<T>(t: &mut Table<T>, v: T, what: &'static str) -> VerbsRe
     t.insert(v).ok_or(VerbsError::NoResources(what))
 }
 
+/// Stores `v` under the id `id` another device chose (a replica): `Busy` if it is taken here,
+/// `NoResources` if it is past the table.
+fn insert_given<T>(t: &mut Table<T>, id: usize, v: T, what: &'static str) -> VerbsResult<()> {
+    if t.contains(id) {
+        return Err(VerbsError::Busy(what));
+    }
+    t.insert_at(id, v)
+        .map(|_| ())
+        .map_err(|_| VerbsError::NoResources(what))
+}
+
 /// The live entry `id` of a resource table; a free slot is the verbs' "not found" for `what`.
 fn lookup_mut<'t, T>(t: &'t mut Table<T>, id: u32, what: &'static str) -> VerbsResult<&'t mut T> {
     t.get_mut(id as usize).ok_or(VerbsError::NotFound(what))
@@ -1283,13 +1294,7 @@ impl Device {
         let i = (pd.0 as usize)
             .checked_sub(1)
             .ok_or(VerbsError::NotFound("protection domain"))?;
-        if self.pds.contains(i) {
-            return Err(VerbsError::Busy("protection domain"));
-        }
-        self.pds
-            .insert_at(i, ())
-            .map_err(|_| VerbsError::NoResources("protection domains"))?;
-        Ok(())
+        insert_given(&mut self.pds, i, (), "protection domain")
     }
 
     fn pd_ok(&self, pd: PdId) -> bool {
@@ -1573,12 +1578,7 @@ impl Device {
 
     /// Creates a CQ of at least `cqe` entries.
     pub fn create_cq(&mut self, cqe: u32) -> VerbsResult<CqId> {
-        if cqe == 0 || cqe > self.sh.cfg.limits.max_cqe {
-            return Err(VerbsError::InvalidArgument(format!(
-                "cqe {cqe} not in 1..={}",
-                self.sh.cfg.limits.max_cqe
-            )));
-        }
+        self.check_cqe(cqe)?;
         let id = insert_or_exhausted(
             &mut self.sh.cqs,
             CompletionQueue::new(cqe as usize),
@@ -1590,19 +1590,19 @@ impl Device {
     /// Creates the CQ `cq` of at least `cqe` entries (the replica of one another worker's
     /// device created: see [`Device::reg_mr_at`]); `Busy` if it exists here.
     pub fn create_cq_at(&mut self, cq: CqId, cqe: u32) -> VerbsResult<()> {
-        if cqe == 0 || cqe > self.sh.cfg.limits.max_cqe {
+        self.check_cqe(cqe)?;
+        let q = CompletionQueue::new(cqe as usize);
+        insert_given(&mut self.sh.cqs, cq.0 as usize, q, "completion queue")
+    }
+
+    /// A CQ size the device takes.
+    fn check_cqe(&self, cqe: u32) -> VerbsResult<()> {
+        let max = self.sh.cfg.limits.max_cqe;
+        if cqe == 0 || cqe > max {
             return Err(VerbsError::InvalidArgument(format!(
-                "cqe {cqe} not in 1..={}",
-                self.sh.cfg.limits.max_cqe
+                "cqe {cqe} not in 1..={max}"
             )));
         }
-        if self.sh.cqs.contains(cq.0 as usize) {
-            return Err(VerbsError::Busy("completion queue"));
-        }
-        self.sh
-            .cqs
-            .insert_at(cq.0 as usize, CompletionQueue::new(cqe as usize))
-            .map_err(|_| VerbsError::NoResources("completion queues"))?;
         Ok(())
     }
 
@@ -1897,23 +1897,7 @@ impl Device {
 
     /// Creates an SRQ.
     pub fn create_srq(&mut self, pd: PdId, attr: &SrqAttr) -> VerbsResult<SrqId> {
-        if !self.pd_ok(pd) {
-            return Err(VerbsError::NotFound("protection domain"));
-        }
-        if attr.max_wr == 0
-            || attr.max_wr > self.sh.cfg.limits.max_qp_wr
-            || attr.max_sge > self.sh.cfg.limits.max_sge
-        {
-            return Err(VerbsError::InvalidArgument(format!(
-                "SRQ of {} WRs x {} SGEs exceeds the device limits",
-                attr.max_wr, attr.max_sge
-            )));
-        }
-        if attr.srq_limit > attr.max_wr {
-            return Err(VerbsError::InvalidArgument(
-                "srq_limit exceeds max_wr".into(),
-            ));
-        }
+        self.check_srq(pd, attr)?;
         let srq = Srq {
             pd,
             rq: RecvQueue::new(attr.max_wr as usize, attr.max_sge.max(1) as usize),
@@ -1935,23 +1919,13 @@ impl Device {
         pd: PdId,
         wqes: Arc<dyn SharedWqes>,
     ) -> VerbsResult<SrqId> {
-        if !self.pd_ok(pd) {
-            return Err(VerbsError::NotFound("protection domain"));
-        }
         let (max_wr, max_sge) = wqes.shape();
-        if max_wr == 0
-            || max_wr > self.sh.cfg.limits.max_qp_wr
-            || max_sge > self.sh.cfg.limits.max_sge
-        {
-            return Err(VerbsError::InvalidArgument(format!(
-                "SRQ of {max_wr} WRs x {max_sge} SGEs exceeds the device limits"
-            )));
-        }
-        if wqes.limit() > max_wr {
-            return Err(VerbsError::InvalidArgument(
-                "srq_limit exceeds max_wr".into(),
-            ));
-        }
+        let attr = SrqAttr {
+            max_wr,
+            max_sge,
+            srq_limit: wqes.limit(),
+        };
+        self.check_srq(pd, &attr)?;
         let srq = Srq {
             pd,
             // The WQEs are the shared queue's.
@@ -1964,17 +1938,33 @@ impl Device {
         let id = match at {
             None => insert_or_exhausted(&mut self.sh.srqs, srq, "shared receive queues")?,
             Some(s) => {
-                if self.sh.srqs.contains(s.0 as usize) {
-                    return Err(VerbsError::Busy("shared receive queue"));
-                }
-                self.sh
-                    .srqs
-                    .insert_at(s.0 as usize, srq)
-                    .map_err(|_| VerbsError::NoResources("shared receive queues"))?;
+                insert_given(&mut self.sh.srqs, s.0 as usize, srq, "shared receive queue")?;
                 s.0 as usize
             }
         };
         Ok(SrqId(id as u32))
+    }
+
+    /// Refuses an SRQ of `attr` in `pd` past the device's limits.
+    fn check_srq(&self, pd: PdId, attr: &SrqAttr) -> VerbsResult<()> {
+        if !self.pd_ok(pd) {
+            return Err(VerbsError::NotFound("protection domain"));
+        }
+        if attr.max_wr == 0
+            || attr.max_wr > self.sh.cfg.limits.max_qp_wr
+            || attr.max_sge > self.sh.cfg.limits.max_sge
+        {
+            return Err(VerbsError::InvalidArgument(format!(
+                "SRQ of {} WRs x {} SGEs exceeds the device limits",
+                attr.max_wr, attr.max_sge
+            )));
+        }
+        if attr.srq_limit > attr.max_wr {
+            return Err(VerbsError::InvalidArgument(
+                "srq_limit exceeds max_wr".into(),
+            ));
+        }
+        Ok(())
     }
 
     /// The shared WQE queue of SRQ `srq`, if it has one.
