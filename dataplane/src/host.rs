@@ -318,9 +318,8 @@ pub(crate) enum Spread {
     },
     /// The replica on another worker: the context's PDs, MRs (under the same keys) and CQs
     /// (whose completions go home), and the QPs placed here.
+    /// It has its home's host id.
     Satellite {
-        /// The home's host id on the first worker.
-        home: u16,
         /// Events for the home, not yet sent.
         events: Vec<AsyncEvent>,
     },
@@ -384,23 +383,19 @@ impl HostEnd {
             self.client_limits,
         );
         h.token = self.token;
+        // Attached under its home's id on every worker.
+        h.id = self.id;
         h.label = self.label.clone();
         h.pid = self.pid;
         h.uid = self.uid;
         h.comm = self.comm.clone();
-        h.spread = Some(Spread::Satellite {
-            home: self.id,
-            events: Vec::new(),
-        });
+        h.spread = Some(Spread::Satellite { events: Vec::new() });
         Ok(h)
     }
 
     /// The home's id on the first worker, for a satellite.
     pub(crate) fn satellite_of(&self) -> Option<u16> {
-        match self.spread {
-            Some(Spread::Satellite { home, .. }) => Some(home),
-            _ => None,
-        }
+        matches!(self.spread, Some(Spread::Satellite { .. })).then_some(self.id)
     }
 
     /// The context's QPs on other workers (a home; empty otherwise).
@@ -596,27 +591,28 @@ impl HostEnd {
         }
     }
 
-    /// Sets a new SRQ's position (a plain store: its id may be a destroyed SRQ's, whose
-    /// position was further on).
-    pub fn reset_srq_position(&self, srq: SrqId, pos: u64) {
-        if let Ok(a) = self
-            .index
-            .atomic_u64(self.limits.srq_index_off(srq.0 as usize))
-        {
-            a.store(pos, Ordering::Release);
+    /// Starts a new SRQ's position at 0 (a plain store: its id may be a destroyed SRQ's,
+    /// whose position was further on).
+    pub fn reset_srq_position(&self, srq: SrqId) {
+        if let Some(a) = self.srq_position_word(srq) {
+            a.store(0, Ordering::Release);
         }
     }
 
     /// Publishes how many WQEs an SRQ has handed out.
     pub fn publish_srq_position(&self, srq: SrqId, pos: u64) {
-        if let Ok(a) = self
-            .index
-            .atomic_u64(self.limits.srq_index_off(srq.0 as usize))
-        {
+        if let Some(a) = self.srq_position_word(srq) {
             // The position only grows; several workers publish a spread context's SRQ
             // (`SpreadSrq`), and one that read it earlier must not store it back smaller.
             a.fetch_max(pos, Ordering::AcqRel);
         }
+    }
+
+    /// The index area's word holding SRQ `srq`'s position.
+    fn srq_position_word(&self, srq: SrqId) -> Option<&AtomicU64> {
+        self.index
+            .atomic_u64(self.limits.srq_index_off(srq.0 as usize))
+            .ok()
     }
 
     /// Fills the application's ring of CQ `cq` with what `poll` takes from the engine's CQ,

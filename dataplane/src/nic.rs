@@ -605,7 +605,7 @@ impl Nic {
         if self.hosts.get(id).is_some_and(|h| h.is_closed()) {
             // Closed by the call (`Close`): a spread context's satellites go now, before
             // any other call can reuse what it held.
-            self.close_satellites(token);
+            self.close_satellites(id, token);
         }
         self.forget_freed_qps();
         // Completions and positions the call produced (a flushed QP, a destroyed CQ) reach

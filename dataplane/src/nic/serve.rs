@@ -98,7 +98,7 @@ impl Nic {
                     tracing::warn!(client = %h.label, error = %e, "closing the client");
                     h.deliver_event(&AsyncEvent::DeviceFatal);
                     close(&mut self.dev, &mut self.owners, h, self.now);
-                    self.close_satellites(token);
+                    self.close_satellites(id, token);
                     break;
                 }
             }
@@ -223,7 +223,7 @@ impl Nic {
         if let Some(h) = self.hosts.get_mut(id) {
             close(&mut self.dev, &mut self.owners, h, self.now);
             let token = h.token;
-            self.close_satellites(token);
+            self.close_satellites(id, token);
         }
     }
 
@@ -549,7 +549,7 @@ fn execute(
             h.charge_queue(QueueKind::Srq, s.0, qbytes);
             h.srqs.push(s);
             Owners::set(&mut owners.srq, s.0 as usize, h.id);
-            h.reset_srq_position(s, dev.srq_position(s).unwrap_or(0));
+            h.reset_srq_position(s);
             Ok(ReplyData::Srq(s))
         }
         Command::ModifySrq { srq, limit } => {

@@ -30,7 +30,7 @@ use pmd_bindings::{Mbuf, Mempool, Port, RxQueue, TxQueue};
 use roce::engine::QpnStripe;
 use roce::wire::frame::{classify, dest_qpn, FrameKind};
 
-use super::spread::{out_queues, Deferred, ToHome, ToSatellite};
+use super::spread::{Deferred, ToHome, ToSatellite};
 use super::{Nic, BURST};
 use crate::config::RnicConfig;
 use crate::doorbell::Doorbell;
@@ -182,15 +182,14 @@ impl Nic {
         let links = Arc::new(ShardLinks::new(count as usize, queue));
         (0..count)
             .map(|index| {
-                let (out_sat, out_home) = out_queues(count as usize);
                 let shard = Shard {
                     index,
                     count,
                     links: links.clone(),
                     due: 0,
                     spread,
-                    out_sat,
-                    out_home,
+                    out_sat: (0..count).map(|_| VecDeque::new()).collect(),
+                    out_home: VecDeque::new(),
                     deferred: VecDeque::new(),
                 };
                 Nic::build(cfg.clone(), port.clone(), pool.clone(), Some(shard))

@@ -36,7 +36,6 @@
 //! What a spread context refuses (`InvalidArgument`): memory windows and MRs for fast
 //! registration (so no work request changes a key on one shard only).
 
-use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -54,21 +53,30 @@ use crate::host::{populate_later, HostEnd, Owners, QpUses, Spread};
 /// Where a call's result goes.
 pub type Reply = std::sync::mpsc::SyncSender<VerbsResult<ReplyData>>;
 
+/// The context a message between the home and a satellite is about: its host id, the same
+/// on every shard (a satellite is attached under its home's id), and its token (a host id is
+/// reused after a close; tokens never are).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Ctx {
+    id: u16,
+    token: u64,
+}
+
 /// From the home (the first shard) to a satellite, in program order.
 pub(super) enum ToSatellite {
     /// A context's satellite to attach.
     Attach(Box<HostEnd>),
     /// A post to one of the satellite's QPs.
-    Post { token: u64, post: Box<PostBuf> },
+    Post { ctx: Ctx, post: Box<PostBuf> },
     /// A call on one of its QPs, answered through the home.
     Call {
-        token: u64,
+        ctx: Ctx,
         cmd: Command,
         reply: Reply,
     },
     /// A call the home executed, to replicate (`made`: its result there).
     Replica {
-        token: u64,
+        ctx: Ctx,
         cmd: Command,
         area: Option<Arc<Area>>,
         /// An SRQ's shared WQEs (`CreateSrq`).
@@ -77,7 +85,7 @@ pub(super) enum ToSatellite {
         done: Arc<Gather>,
     },
     /// The context closed.
-    Close { token: u64 },
+    Close { ctx: Ctx },
 }
 
 /// From a satellite to the home.
@@ -237,10 +245,22 @@ impl Nic {
                 made: 0,
             });
         }
-        let id = self.hosts.insert_with(|id| {
-            h.id = id as u16;
-            h
-        });
+        let id = if h.satellite_of().is_some() {
+            // Under its home's id, so every message names it without a search. The close
+            // of an earlier context with that id came first (the queue from the home is in
+            // order); one still there is released all the same rather than dropped.
+            let id = h.id as usize;
+            if self.hosts.contains(id) {
+                self.release_host(id);
+                self.hosts.remove(id);
+            }
+            self.hosts.insert_at(id, h).ok().map(|_| id)
+        } else {
+            self.hosts.insert_with(|id| {
+                h.id = id as u16;
+                h
+            })
+        };
         if let (true, Some(id)) = (home, id) {
             let count = self.shard().1 as usize;
             for k in 1..count {
@@ -373,8 +393,12 @@ impl Nic {
             }
             c => call_qp(c).map_or(0, |q| QpnStripe::owner(q, count)),
         };
+        let ctx = Ctx {
+            id: id as u16,
+            token,
+        };
         if target != 0 {
-            self.tell_satellite(target as usize, ToSatellite::Call { token, cmd, reply });
+            self.tell_satellite(target as usize, ToSatellite::Call { ctx, cmd, reply });
             return None;
         }
         // A PD, CQ or SRQ a QP on another shard uses (or is being created with) stays, as
@@ -407,7 +431,7 @@ impl Nic {
                     self.tell_satellite(
                         k,
                         ToSatellite::Replica {
-                            token,
+                            ctx,
                             cmd: cmd.clone(),
                             area: area.clone(),
                             srq: srq.clone(),
@@ -449,7 +473,11 @@ impl Nic {
         }
         let spare = self.shard.as_ref().and_then(|s| s.links.spare_posts.pop());
         let post = std::mem::replace(buf, spare.unwrap_or_default());
-        self.tell_satellite(k as usize, ToSatellite::Post { token, post });
+        let ctx = Ctx {
+            id: id as u16,
+            token,
+        };
+        self.tell_satellite(k as usize, ToSatellite::Post { ctx, post });
         true
     }
 
@@ -639,20 +667,20 @@ impl Nic {
     fn at_satellite(&mut self, m: ToSatellite) {
         match m {
             ToSatellite::Attach(h) => {
-                let (token, home) = (h.token, h.satellite_of().unwrap_or(u16::MAX));
+                let (token, home) = (h.token, h.id);
                 if !self.add_host(*h) {
                     self.tell_home(ToHome::Diverged { home, token });
                 }
             }
-            ToSatellite::Post { token, post } => {
-                if let Some(id) = self.host_id(token) {
+            ToSatellite::Post { ctx, post } => {
+                if let Some(id) = self.satellite_id(ctx) {
                     if let Some(p) = post.post() {
                         self.execute_post(id, p);
                     }
                 }
                 self.post_buf_spare(post);
             }
-            ToSatellite::Call { token, cmd, reply } => {
+            ToSatellite::Call { ctx, cmd, reply } => {
                 let made = match &cmd {
                     Command::CreateQp { init } => Some(QpUses::of(init)),
                     _ => None,
@@ -661,12 +689,8 @@ impl Nic {
                     Command::DestroyQp { qpn } => Some(*qpn),
                     _ => None,
                 };
-                let id = self.host_id(token);
-                let home = id
-                    .and_then(|id| self.hosts.get(id))
-                    .and_then(|h| h.satellite_of())
-                    .unwrap_or(u16::MAX);
-                let result = match id {
+                let Ctx { id: home, token } = ctx;
+                let result = match self.satellite_id(ctx) {
                     Some(_) => self.call(token, cmd, None),
                     None => Err(VerbsError::DeviceFatal),
                 };
@@ -689,14 +713,14 @@ impl Nic {
                 });
             }
             ToSatellite::Replica {
-                token,
+                ctx,
                 cmd,
                 area,
                 srq,
                 made,
                 done,
             } => {
-                let ok = match self.host_id(token) {
+                let ok = match self.satellite_id(ctx) {
                     Some(id) => {
                         let r = self.hosts.get_mut(id).map(|h| {
                             let given = Given { area, srq };
@@ -706,10 +730,9 @@ impl Nic {
                             Some(Ok(())) => true,
                             Some(Err(e)) => {
                                 tracing::warn!(error = %e, "a replica failed");
-                                let home = self.hosts.get(id).and_then(|h| h.satellite_of());
                                 self.tell_home(ToHome::Diverged {
-                                    home: home.unwrap_or(u16::MAX),
-                                    token,
+                                    home: ctx.id,
+                                    token: ctx.token,
                                 });
                                 false
                             }
@@ -721,8 +744,8 @@ impl Nic {
                 };
                 done.done(ok);
             }
-            ToSatellite::Close { token } => {
-                if let Some(id) = self.host_id(token) {
+            ToSatellite::Close { ctx } => {
+                if let Some(id) = self.satellite_id(ctx) {
                     self.release_host(id);
                     self.hosts.remove(id);
                 }
@@ -742,14 +765,10 @@ impl Nic {
     pub(super) fn send_satellite_events(&mut self) -> usize {
         let mut out = Vec::new();
         for h in self.hosts.values_mut() {
-            let token = h.token;
-            if let Some(Spread::Satellite { home, events }) = &mut h.spread {
+            let (home, token) = (h.id, h.token);
+            if let Some(Spread::Satellite { events }) = &mut h.spread {
                 for ev in events.drain(..) {
-                    out.push(ToHome::Event {
-                        home: *home,
-                        token,
-                        ev,
-                    });
+                    out.push(ToHome::Event { home, token, ev });
                 }
             }
         }
@@ -786,15 +805,28 @@ impl Nic {
         moved
     }
 
-    /// A spread context's home closed: its satellites close too (after what was sent
-    /// before).
-    pub(super) fn close_satellites(&mut self, token: u64) {
+    /// The spread context `id` (`token`) closed at its home: its satellites close too
+    /// (after what was sent before).
+    pub(super) fn close_satellites(&mut self, id: usize, token: u64) {
         if !self.spreads() || self.shard().0 != 0 {
             return;
         }
+        let ctx = Ctx {
+            id: id as u16,
+            token,
+        };
         for k in 1..self.shard().1 as usize {
-            self.tell_satellite(k, ToSatellite::Close { token });
+            self.tell_satellite(k, ToSatellite::Close { ctx });
         }
+    }
+
+    /// A satellite: the host id of the context `ctx` names, if it is still attached here.
+    fn satellite_id(&self, ctx: Ctx) -> Option<usize> {
+        let id = ctx.id as usize;
+        self.hosts
+            .get(id)
+            .is_some_and(|h| h.token == ctx.token)
+            .then_some(id)
     }
 }
 
@@ -986,14 +1018,6 @@ impl SharedWqes for SpreadSrq {
     fn is_empty(&self) -> bool {
         self.q.is_empty()
     }
-}
-
-/// The per-shard state of spread contexts kept in `Shard`.
-pub(super) fn out_queues(count: usize) -> (Vec<VecDeque<ToSatellite>>, VecDeque<ToHome>) {
-    (
-        (0..count).map(|_| VecDeque::new()).collect(),
-        VecDeque::new(),
-    )
 }
 
 impl QpUses {
